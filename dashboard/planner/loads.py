@@ -1,0 +1,123 @@
+"""Shared helpers: input checks, replica counts and GPU loads under a layout.
+
+Shape legend: L layers, E logical experts, P = E + R physical slots, G GPUs, S = P // G slots per GPU,
+T windows (time axis). A layout is ``layout_LP[l, p]`` = logical expert held by slot p (SGLang's
+``physical_to_logical_map``); slot p lives on GPU ``p // S``.
+GPU load = sum over the GPU's slots of count[e] / replicas[e] (tokens split evenly across replicas,
+as EPLB assumes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def as_counts(counts, name: str = "counts", ndim: tuple[int, ...] = (2,)) -> np.ndarray:
+    """Validate expert counts and return them as float64 (shape [L, E] or [T, L, E] per ``ndim``)."""
+    try:
+        arr = np.asarray(counts, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers: {exc}") from None
+    if arr.ndim not in ndim:
+        want = " or ".join(f"{d}-D" for d in ndim)
+        raise ValueError(f"{name} must be {want} (layers x experts), got shape {arr.shape}")
+    if arr.size == 0 or arr.shape[-1] == 0:
+        raise ValueError(f"{name} is empty (shape {arr.shape})")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if np.any(arr < 0):
+        raise ValueError(f"{name} contains negative counts")
+    return arr
+
+
+def check_shape(num_experts: int, gpus: int, redundant: int) -> int:
+    """Check E, G, R fit together and return S, the slots per GPU."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    if redundant < 0:
+        raise ValueError(f"--redundant must be >= 0, got {redundant}")
+    slots = num_experts + redundant
+    if slots % gpus:
+        raise ValueError(f"experts + redundant = {num_experts} + {redundant} = {slots} slots do not split "
+                         f"evenly over {gpus} GPUs; pick R so that (E + R) is a multiple of G")
+    per_gpu = slots // gpus
+    if redundant > 0 and per_gpu > num_experts:
+        raise ValueError(f"{per_gpu} slots per GPU exceed the {num_experts} experts: some GPU would hold "
+                         "two replicas of one expert")
+    return per_gpu
+
+
+def replica_counts(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:
+    """Replicas per logical expert, int64 [L, E]."""
+    layout_LP = np.asarray(layout_LP, dtype=np.int64)
+    L = layout_LP.shape[0]
+    offs = (np.arange(L, dtype=np.int64) * num_experts)[:, None]
+    return np.bincount((layout_LP + offs).ravel(), minlength=L * num_experts).reshape(L, num_experts)
+
+
+def slot_weights(counts_LE: np.ndarray, layout_LP: np.ndarray) -> np.ndarray:
+    """Per-slot load count[e] / replicas[e]: [L, P], or [T, L, P] for counts [T, L, E]."""
+    E = counts_LE.shape[-1]
+    rep_LE = replica_counts(layout_LP, E)
+    per_rep = counts_LE / np.maximum(rep_LE, 1)
+    if per_rep.ndim == 2:
+        return np.take_along_axis(per_rep, layout_LP, axis=1)
+    return np.take_along_axis(per_rep, np.broadcast_to(layout_LP, per_rep.shape[:2] + layout_LP.shape[1:]),
+                              axis=2)
+
+
+def gpu_loads(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
+    """GPU loads [L, G] (or [T, L, G] for counts [T, L, E]) under ``layout_LP``."""
+    w = slot_weights(np.asarray(counts_LE, dtype=np.float64), np.asarray(layout_LP, dtype=np.int64))
+    return w.reshape(w.shape[:-1] + (gpus, -1)).sum(-1)
+
+
+def imbalance(load_LG: np.ndarray) -> np.ndarray:
+    """max/mean of GPU loads along the last axis; 1.0 where a layer has no traffic."""
+    load = np.asarray(load_LG, dtype=np.float64)
+    mean = load.mean(-1)
+    mx = load.max(-1)
+    return np.where(mean > 0, mx / np.where(mean > 0, mean, 1.0), 1.0)
+
+
+def balancedness(load_LG: np.ndarray) -> np.ndarray:
+    """mean/max of GPU loads along the last axis (SGLang/vLLM 'balancedness'); 1.0 for idle layers."""
+    return 1.0 / imbalance(load_LG)
+
+
+def layer_imbalance(counts_LE, layout_LP, gpus: int) -> np.ndarray:
+    """Per-layer max/mean GPU load of a layout on given counts, [L] (or [T, L])."""
+    return imbalance(gpu_loads(counts_LE, layout_LP, gpus))
+
+
+def check_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
+    """Validate a layout: ints in [0, E), every expert >= 1 replica, P divisible by G, no expert twice on
+    one GPU. Returns it as int64 [L, P]."""
+    try:
+        lay = np.asarray(layout_LP)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"layout must be integers: {exc}") from None
+    if lay.ndim != 2:
+        raise ValueError(f"layout must be 2-D [layers, slots], got shape {lay.shape}")
+    if lay.size and not np.issubdtype(lay.dtype, np.integer):
+        if not np.all(np.equal(np.mod(lay, 1), 0)):
+            raise ValueError("layout holds non-integer expert ids")
+    lay = lay.astype(np.int64)
+    if lay.shape[1] % gpus:
+        raise ValueError(f"layout has {lay.shape[1]} slots per layer, not a multiple of {gpus} GPUs")
+    if lay.min() < 0 or lay.max() >= num_experts:
+        raise ValueError(f"layout expert ids must lie in [0, {num_experts}), found {lay.min()}..{lay.max()}")
+    rep = replica_counts(lay, num_experts)
+    if np.any(rep == 0):
+        l, e = np.argwhere(rep == 0)[0]
+        raise ValueError(f"layer {l}: expert {e} has no replica in the layout")
+    if duplicates_on_gpu(lay, gpus).any():
+        l = int(np.argmax(duplicates_on_gpu(lay, gpus)))
+        raise ValueError(f"layer {l}: some GPU holds two replicas of one expert")
+    return lay
+
+
+def duplicates_on_gpu(layout_LP: np.ndarray, gpus: int) -> np.ndarray:
+    """Bool [L]: True where some GPU holds two replicas of the same expert."""
+    L, P = layout_LP.shape
+    s = np.sort(layout_LP.reshape(L, gpus, P // gpus), axis=-1)
+    return (np.diff(s, axis=-1) == 0).any(axis=(1, 2))

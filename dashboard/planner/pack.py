@@ -1,0 +1,68 @@
+"""Replication and balanced packing primitives, vectorised across layers.
+
+Shape legend: L layers, E experts, P = E + R physical slots, N items, B bins (GPUs or nodes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def replicate_greedy(weight_LE: np.ndarray, num_slots: int) -> np.ndarray:
+    """Replica counts [L, E] (int64, each >= 1, rows sum to ``num_slots``): every extra slot goes to the
+    expert with the largest load per replica (ties: lowest id). Minimises the largest per-replica load."""
+    L, E = weight_LE.shape
+    rep_LE = np.ones((L, E), dtype=np.int64)
+    rows = np.arange(L)
+    for _ in range(num_slots - E):
+        e_L = np.argmax(weight_LE / rep_LE, axis=1)
+        rep_LE[rows, e_L] += 1
+    return rep_LE
+
+
+def expand_replicas(rep_LE: np.ndarray) -> np.ndarray:
+    """Physical-to-logical rows [L, P] listing expert e ``rep_LE[l, e]`` times in id order."""
+    L, E = rep_LE.shape
+    return np.stack([np.repeat(np.arange(E), rep_LE[l]) for l in range(L)]).astype(np.int64)
+
+
+def balanced_pack(weight_LN: np.ndarray, bins: int, forbid_dup_LN: np.ndarray | None = None) -> np.ndarray:
+    """Bin of every item, int64 [L, N]: exactly N // bins items per bin; items heaviest-first, each onto the
+    currently lightest bin that still has room (ties: lowest bin id).
+
+    ``forbid_dup_LN`` (optional, int ids [L, N]): items with the same id never share a bin when avoidable
+    (EPLB itself does not check this; pass None for parity)."""
+    L, N = weight_LN.shape
+    if N % bins:
+        raise ValueError(f"{N} items cannot be packed evenly into {bins} bins")
+    cap = N // bins
+    order_LN = np.argsort(-weight_LN, axis=1, kind="stable")
+    bin_LN = np.empty((L, N), dtype=np.int64)
+    load_LB = np.zeros((L, bins))
+    used_LB = np.zeros((L, bins), dtype=np.int64)
+    rows = np.arange(L)
+    if forbid_dup_LN is not None:
+        ids = int(forbid_dup_LN.max()) + 1
+        has_LBI = np.zeros((L, bins, ids), dtype=bool)
+    for j in range(N):
+        item_L = order_LN[:, j]
+        key_LB = np.where(used_LB < cap, load_LB, np.inf)
+        if forbid_dup_LN is not None:
+            id_L = forbid_dup_LN[rows, item_L]
+            clash_LB = has_LBI[rows, :, id_L]
+            key2_LB = np.where(clash_LB, np.inf, key_LB)
+            ok_L = np.isfinite(key2_LB).any(axis=1)
+            key_LB = np.where(ok_L[:, None], key2_LB, key_LB)
+        b_L = np.argmin(key_LB, axis=1)
+        bin_LN[rows, item_L] = b_L
+        load_LB[rows, b_L] += weight_LN[rows, item_L]
+        used_LB[rows, b_L] += 1
+        if forbid_dup_LN is not None:
+            has_LBI[rows, b_L, id_L] = True
+    return bin_LN
+
+
+def layout_from_bins(items_LN: np.ndarray, bin_LN: np.ndarray, bins: int) -> np.ndarray:
+    """Order items into slots bin-major: returns [L, N] with bin b's items in slots b*cap ... (b+1)*cap-1."""
+    L, N = items_LN.shape
+    order_LN = np.argsort(bin_LN * N + np.arange(N), axis=1, kind="stable")
+    return np.take_along_axis(items_LN, order_LN, axis=1)
