@@ -314,3 +314,50 @@ def maxlen_for_budget(memory_budget_bytes: int, num_layers: int, num_experts: in
     """Stream MAXLEN that keeps one run's step stream near memory_budget_bytes (~200 B of overhead/entry)."""
     entry_bytes = num_layers * num_experts * COUNTS_DTYPE.itemsize + sample_bytes + 200
     return max(100, int(memory_budget_bytes // entry_bytes))
+
+
+# ---------------------------------------------------------------------------------------------- traces
+# A trace file is JSON lines: {"kind": "meta", "meta": {...RunMeta...}} first, then {"kind": "step", ...}
+# with the encode_step fields (bytes values base64 in "<name>_b64") and {"kind": "gpu", ...} with the
+# encode_gpu_sample fields. No pickle: a trace is data only.
+TRACE_KINDS = ("meta", "step", "gpu")
+
+
+def trace_line(kind: str, fields: dict) -> str:
+    """One JSON line of a trace. fields: encode_step / encode_gpu_sample output, or {"meta": json}."""
+    import base64
+
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"trace kind must be one of {TRACE_KINDS}")
+    out: dict = {"kind": kind}
+    for name, value in fields.items():
+        if isinstance(value, (bytes, bytearray)):
+            out[f"{name}_b64"] = base64.b64encode(value).decode()
+        else:
+            out[name] = value
+    return json.dumps(out, separators=(",", ":"))
+
+
+def parse_trace_line(line: str) -> tuple[str, dict]:
+    """A trace line -> (kind, fields) with bytes restored, ready for decode_step / decode_gpu_sample /
+    decode_meta(fields["meta"]). ValueError on anything malformed."""
+    import base64
+    import binascii
+
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"trace line is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("kind") not in TRACE_KINDS:
+        raise ValueError("trace line lacks a known 'kind'")
+    kind = raw.pop("kind")
+    fields: dict = {}
+    for name, value in raw.items():
+        if name.endswith("_b64"):
+            try:
+                fields[name[:-4]] = base64.b64decode(value, validate=True)
+            except (binascii.Error, TypeError) as exc:
+                raise ValueError(f"field {name} is not base64: {exc}") from None
+        else:
+            fields[name] = value
+    return kind, fields

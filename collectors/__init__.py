@@ -1,0 +1,18 @@
+"""Model side of the MoE load monitor: count tokens per expert per layer per step and publish them.
+
+    from collectors import attach
+    monitor = attach(model, redis_url="redis://127.0.0.1:6379/0", run="deepseek-prod")
+    model.generate(**batch)
+    monitor.counts()      # int64 [num_moe_layers, num_experts], cumulative
+    monitor.layer_names   # module paths, same order as the rows
+    monitor.close()
+
+Engines that are not transformers models use ExpertLoadMonitor(num_layers, num_experts, top_k, ...)
+with record(layer, topk_ids) and end_step(phase).
+"""
+from .discovery import MoELayer, find_moe_layers
+from .hf import AttachedMonitor, attach
+from .monitor import ExpertLoadMonitor
+from .trace import record_trace
+
+__all__ = ["attach", "AttachedMonitor", "ExpertLoadMonitor", "find_moe_layers", "MoELayer", "record_trace"]

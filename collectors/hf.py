@@ -1,0 +1,79 @@
+"""attach(): hook an unmodified transformers MoE model; each top-level forward is one step."""
+from __future__ import annotations
+
+import torch
+
+from .discovery import find_moe_layers, model_sizes
+from .hooks import register_layer_hook, step_phase, step_shape, step_token_mask
+from .monitor import ExpertLoadMonitor
+
+
+class AttachedMonitor(ExpertLoadMonitor):
+    """An ExpertLoadMonitor wired to a model by hooks. close() also removes every hook."""
+
+    def __init__(self, model: torch.nn.Module, **kwargs):
+        layers = find_moe_layers(model)
+        try:
+            device = next(model.parameters()).device
+        except StopIteration:
+            device = torch.device("cpu")
+        sizes = model_sizes(model)
+        for key, value in sizes.items():
+            kwargs.setdefault(key, value)
+        super().__init__(len(layers), layers[0].num_experts, layers[0].top_k, device=device,
+                         layer_names=[layer.name for layer in layers], **kwargs)
+        self.layers = layers
+        self._depth = 0
+        self._handles = [register_layer_hook(self, i, layer) for i, layer in enumerate(layers)]
+        self._handles.append(model.register_forward_pre_hook(self._on_step_start, with_kwargs=True))
+        self._handles.append(model.register_forward_hook(self._on_step_end, always_call=True))
+
+    @torch.compiler.disable
+    def _on_step_start(self, module, args, kwargs):
+        self._depth += 1
+        if self._depth > 1:
+            return None
+        try:
+            shape = step_shape(args, kwargs)
+            if shape is None:
+                self._auto_phase = "unknown"
+                return None
+            batch, seq = shape
+            mask = step_token_mask(kwargs, batch, seq)
+            if mask is not None:
+                mask = mask.to(self.device)
+            self._auto_phase = step_phase(kwargs, seq)
+            self.begin_step(batch * seq, mask)
+        except Exception as exc:  # never break the model's forward
+            self._auto_phase = "unknown"
+            self._error = f"step start: {exc}"
+        return None
+
+    @torch.compiler.disable
+    def _on_step_end(self, module, args, output):
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0:
+            try:
+                self.end_step(getattr(self, "_auto_phase", "unknown"))
+            except Exception as exc:
+                self._error = f"step end: {exc}"
+        return None
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        super().close(timeout_s)
+
+
+def attach(model: torch.nn.Module, redis_url: str | None = None, run: str | None = None,
+           **options) -> AttachedMonitor:
+    """Hook every routed-expert layer of a transformers MoE model and start counting.
+
+    Each call of model(...) (each step of generate()) is one step: prefill when it carries a prompt,
+    decode when it carries one new token per sequence on top of a cache (monitor.set_phase overrides).
+    Padding tokens (attention_mask 0) are not counted. redis_url None: counts in memory only.
+    options: see ExpertLoadMonitor (sample_tokens, gpus, nodes, physical_to_logical_map, queue_steps,
+    memory_budget_bytes, nvml, trace_path, ...).
+    """
+    return AttachedMonitor(model, redis_url=redis_url, run=run, **options)

@@ -1,0 +1,106 @@
+"""Hook functions that turn a layer's routing into counter updates (per family), and the step hooks.
+
+Every per-layer hook only enqueues tensor ops on the model's device: no .item(), no .cpu(), no Python
+branching on tensor values, so it is safe under torch.compile and CUDA graph capture.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from .discovery import MoELayer
+
+if TYPE_CHECKING:
+    from .monitor import ExpertLoadMonitor
+
+
+def _arg(args: tuple, kwargs: dict, position: int, names: tuple[str, ...]):
+    if len(args) > position:
+        return args[position]
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return None
+
+
+def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
+    def pre_hook(module, args, kwargs):
+        ids = _arg(args, kwargs, 1, ("top_k_index", "router_indices", "selected_experts"))
+        if ids is None:
+            return None
+        weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights")) if layer.mask_out_of_range else None
+        monitor._record_hooked(index, ids, weights, layer.mask_out_of_range)
+        return None
+    return pre_hook
+
+
+def _llama4(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
+    def hook(module, args, output):
+        # Llama4Router.forward returns (scores, logits) and dispatches to topk(logits, k, dim=1): the same op
+        # on the same tensor gives the same ids.
+        logits = output[1]
+        ids = torch.topk(logits, module.top_k, dim=1).indices
+        monitor._record_hooked(index, ids, None, False)
+    return hook
+
+
+def _jetmoe(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
+    def hook(module, args, output):
+        # JetMoeTopKGating returns (index_sorted_experts, batch_index, batch_gates, expert_size, logits):
+        # entry j of the dispatch order is flat slot index_sorted_experts[j] = token * k + slot, and the
+        # first expert_size[0] entries go to expert 0, the next expert_size[1] to expert 1, ...
+        order, _, _, expert_size, _ = output
+        sizes = torch.as_tensor(expert_size, device=order.device)
+        experts_sorted = torch.repeat_interleave(torch.arange(sizes.numel(), device=order.device), sizes)
+        ids = torch.empty_like(order)
+        ids[order] = experts_sorted
+        monitor._record_hooked(index, ids.view(-1, module.top_k), None, False)
+    return hook
+
+
+def _doge(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
+    def pre_hook(module, args):
+        # DogeCDMoE looks up its product-key experts with down_embed(indices), indices [tokens, k].
+        monitor._record_hooked(index, args[0], None, False)
+        return None
+    return pre_hook
+
+
+def register_layer_hook(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer):
+    """Install the hook for one discovered layer; returns its removable handle."""
+    if layer.kind == "standard":
+        return layer.module.register_forward_pre_hook(_standard(monitor, index, layer), with_kwargs=True)
+    if layer.kind == "llama4":
+        return layer.module.register_forward_hook(_llama4(monitor, index, layer))
+    if layer.kind == "jetmoe":
+        return layer.module.register_forward_hook(_jetmoe(monitor, index, layer))
+    if layer.kind == "doge":
+        return layer.module.register_forward_pre_hook(_doge(monitor, index, layer))
+    raise ValueError(f"unknown MoE layer kind {layer.kind!r}")
+
+
+def step_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """(batch, seq) of a top-level causal-LM call, from input_ids or inputs_embeds; None if neither."""
+    ids = _arg(args, kwargs, 0, ("input_ids",))
+    if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
+        return int(ids.shape[0]), int(ids.shape[1])
+    embeds = kwargs.get("inputs_embeds")
+    if isinstance(embeds, torch.Tensor) and embeds.dim() == 3:
+        return int(embeds.shape[0]), int(embeds.shape[1])
+    return None
+
+
+def step_token_mask(kwargs: dict, batch: int, seq: int) -> torch.Tensor | None:
+    """The [batch*seq] mask of real tokens from a 2-D attention_mask (its last `seq` columns), or None."""
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] < seq:
+        return None
+    return mask[:, -seq:].reshape(-1).to(torch.int64)
+
+
+def step_phase(kwargs: dict, seq: int) -> str:
+    """prefill for a prompt (seq > 1 or no cache yet), decode for one new token on top of a cache."""
+    if seq == 1 and kwargs.get("past_key_values") is not None:
+        return "decode"
+    return "prefill"

@@ -1,0 +1,206 @@
+"""ExpertLoadMonitor: the generic collector (any engine can feed it) and `attach()` for transformers models.
+
+Generic use, from a serving engine's own MoE layer:
+    mon = ExpertLoadMonitor(num_layers=58, num_experts=256, top_k=8, device="cuda", redis_url=..., run="prod")
+    mon.record(layer, topk_ids)          # int [tokens, k], every MoE layer, every step
+    mon.end_step(phase="decode")         # once per step
+Shapes: counts() -> int64 [L, E], cumulative since the monitor was made, rows in layer order.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import warnings
+
+import numpy as np
+import torch
+
+import wire
+
+from .counter import DeviceCounter, HostSlot
+from .dist import rank_and_world
+from .writer import Publisher, RedisSink, StepJob
+
+log = logging.getLogger("collectors")
+
+
+class ExpertLoadMonitor:
+    """Counts tokens per expert per layer per step on the device and publishes each step.
+
+    redis_url None: counts in memory only. run: the stream's name (default: "<model>-<pid>").
+    sample_tokens: top-k rows of that many tokens per layer per step travel with each step (0: none).
+    queue_steps: steps kept while Redis is unreachable before the oldest are dropped (and counted).
+    memory_budget_bytes: the step stream is trimmed (MAXLEN ~) to stay near this size.
+    """
+
+    def __init__(self, num_layers: int, num_experts: int, top_k: int, *, device: str | torch.device = "cpu",
+                 redis_url: str | None = None, run: str | None = None, layer_names: list[str] | None = None,
+                 model_name: str = "", hidden_size: int = 0, moe_intermediate_size: int = 0,
+                 dtype_bytes: int = 2, gpus: int | None = None, nodes: int = 1,
+                 physical_to_logical_map: list[list[int]] | None = None, sample_tokens: int = 16,
+                 queue_steps: int = 1024, host_slots: int = 64, memory_budget_bytes: int = 256 << 20,
+                 nvml: bool = True, nvml_interval_s: float = 0.5, redis_timeout_s: float = 1.0,
+                 trace_path: str | None = None):
+        self.num_layers, self.num_experts, self.top_k = int(num_layers), int(num_experts), int(top_k)
+        self.layer_names = list(layer_names) if layer_names else [f"layer{i}" for i in range(self.num_layers)]
+        if len(self.layer_names) != self.num_layers:
+            raise ValueError(f"{len(self.layer_names)} layer names for {self.num_layers} layers")
+        self.rank, self.world_size = rank_and_world()
+        self.run = wire.check_run_name(run or f"{(model_name or 'moe').split('/')[-1]}-{os.getpid()}")
+        self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, sample_tokens)
+        self.device = self.counter.device
+        gpus = gpus or wire.default_gpus(self.num_experts, self.world_size)
+        layout = wire.Layout(gpus, nodes, physical_to_logical_map
+                             or wire.contiguous_layout(self.num_layers, self.num_experts))
+        self.meta = wire.RunMeta(
+            run=self.run, model_name=model_name, layer_names=self.layer_names, num_experts=self.num_experts,
+            top_k=self.top_k, hidden_size=hidden_size, moe_intermediate_size=moe_intermediate_size,
+            dtype_bytes=dtype_bytes, layout=layout, world_size=self.world_size, started_s=time.time(),
+            host=socket.gethostname(), sample_tokens_per_layer=sample_tokens)
+        wire.encode_meta(self.meta)  # validates the layout now, not in the thread
+        self.step = 0
+        self.redis_url = redis_url
+        self._phase_override: str | None = None
+        self._step_open = False
+        self._tokens_known = False
+        self._token_mask_T: torch.Tensor | None = None
+        self._error: str | None = None
+        self._closed = False
+        sinks = []
+        if trace_path:
+            from .trace import TraceFileSink
+            sinks.append(TraceFileSink(trace_path, self.meta))
+        self._publishing = redis_url is not None or bool(sinks)
+        self._free_slots = [self.counter.new_slot() for _ in range(host_slots)] if self._publishing else []
+        self._slot_lock = threading.Lock()
+        sink = None
+        if redis_url is not None:
+            maxlen = wire.maxlen_for_budget(memory_budget_bytes, self.num_layers, self.num_experts,
+                                            self.num_layers * sample_tokens * self.top_k * 2)
+            sink = RedisSink(redis_url, self.meta, maxlen, redis_timeout_s)
+        self.publisher = Publisher(sink, self._decode, self._release, self.rank, queue_steps,
+                                   extra_sinks=sinks) if self._publishing else None
+        self.sampler = None
+        if nvml and self.publisher is not None:
+            from .nvml import NvmlSampler
+            self.sampler = NvmlSampler(self.publisher.submit_sample, self.rank, nvml_interval_s, self.device)
+
+    # ------------------------------------------------------------------ the generic API
+    def begin_step(self, tokens: int | None = None, token_mask: torch.Tensor | None = None) -> None:
+        """Optional: announce a step of `tokens` tokens (token_mask [tokens], 1 = real) before recording it;
+        this picks the sampled tokens and lets padding be excluded."""
+        mask = None if token_mask is None else token_mask.reshape(-1).to(self.device, torch.int64)
+        n = int(mask.numel()) if mask is not None else int(tokens or 0)
+        self._token_mask_T = mask
+        self.counter.begin_step(n, mask)
+        self._tokens_known = True
+        self._step_open = True
+
+    def record(self, layer: int, topk_ids: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        """Count one layer's routing: topk_ids int [tokens, k] on the monitor's device (ids outside [0, E)
+        and, when weights [tokens, k] is given, slots of weight 0 are not counted)."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.is_floating_point():
+            raise ValueError(f"topk_ids must be an integer tensor [tokens, k], got "
+                             f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}")
+        if weights is not None and weights.shape != topk_ids.shape:
+            raise ValueError(f"weights {tuple(weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
+        self._step_open = True
+        self._count(layer, topk_ids, weights, mask_range=True)
+
+    def end_step(self, phase: str | None = None, tokens: int | None = None) -> int:
+        """Close the step: one copy of its counts leaves the device (asynchronously on CUDA). Returns its id."""
+        phase = self._phase_override or phase or "unknown"
+        if phase not in wire.PHASES:
+            raise ValueError(f"phase must be one of {wire.PHASES}, got {phase!r}")
+        slot = None
+        if self._publishing:
+            with self._slot_lock:
+                slot = self._free_slots.pop() if self._free_slots else None
+            if slot is None:
+                self.publisher.count_dropped()
+        self.counter.snapshot(slot)
+        step = self.step
+        self.step += 1
+        if slot is not None:
+            known = tokens if tokens is not None else (None if self._tokens_known else -1)
+            self.publisher.submit(StepJob(step, time.time(), phase, known, slot))
+        self._token_mask_T = None
+        self._tokens_known = False
+        self._step_open = False
+        return step
+
+    def set_phase(self, phase: str | None) -> None:
+        """Force the phase of the following steps ("prefill", "decode", "mixed"), or None for automatic."""
+        if phase is not None and phase not in wire.PHASES:
+            raise ValueError(f"phase must be one of {wire.PHASES} or None, got {phase!r}")
+        self._phase_override = phase
+
+    def counts(self) -> np.ndarray:
+        """int64 [L, E]: tokens per expert per layer since the monitor was made (closed steps and the open one)."""
+        return (self.counter.total_LE + self.counter.counts_LE).cpu().numpy()
+
+    def stats(self) -> dict:
+        pub = self.publisher
+        return {"steps": self.step, "dropped_steps": pub.dropped_steps if pub else 0,
+                "published_steps": pub.published_steps if pub else 0,
+                "queued_steps": len(pub.pending) if pub else 0, "last_error": (pub.last_error if pub else "")
+                or (self._error or "")}
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Publish everything buffered (up to timeout_s), stop the threads. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.sampler is not None:
+            self.sampler.stop()
+        if self.publisher is not None:
+            self.publisher.close(timeout_s)
+            for sink in self.publisher.extra_sinks:
+                sink.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _count(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None, mask_range: bool) -> None:
+        ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
+        mask = self._token_mask_T
+        valid = None
+        if mask is not None and mask.shape[0] == ids.shape[0]:
+            valid = mask.unsqueeze(1).expand_as(ids)
+        if mask_range:
+            in_range = (ids >= 0) & (ids < self.num_experts)
+            if weights is not None:
+                in_range &= weights.reshape(ids.shape) != 0
+            valid = in_range if valid is None else in_range & (valid != 0)
+            ids = ids.clamp(0, self.num_experts - 1)
+        self.counter.record(layer, ids, valid)
+
+    def _record_hooked(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None,
+                       mask_range: bool) -> None:
+        try:
+            self._count(layer, ids, weights, mask_range)
+        except Exception as exc:  # never break the model's forward
+            if self._error is None:
+                self._error = f"layer {self.layer_names[layer]}: {exc}"
+                warnings.warn(f"moe monitor stopped counting a layer: {self._error}", RuntimeWarning)
+
+    def _release(self, slot: HostSlot) -> None:
+        with self._slot_lock:
+            self._free_slots.append(slot)
+
+    def _decode(self, job: StepJob) -> wire.StepRecord:
+        counts, sample, tokens = self.counter.unpack(job.slot.wait())
+        if job.tokens is not None:
+            tokens = job.tokens if job.tokens >= 0 else int(round(counts.sum(axis=1).max() / self.top_k))
+        return wire.StepRecord(
+            run=self.run, rank=self.rank, world_size=self.world_size, step=job.step, time_s=job.time_s,
+            phase=job.phase, tokens=tokens, counts_LE=counts.astype(np.int32), sample_ids_LNK=sample)

@@ -1,0 +1,183 @@
+"""The background publisher: the only place that touches Redis. The model's forward never waits on it.
+
+Forward thread  --submit(step slot)-->  inbox (bounded by the host slots)  --> this thread:
+    wait for the slot's copy, decode it, give the slot back, queue a StepRecord (bounded: when full the
+    oldest is dropped and counted), XADD in pipelined batches with MAXLEN ~ trimming.
+Redis down: the batch stays queued, retries back off from 0.1 s to 2 s; the dropped count travels in every
+record and in the run's health hash. Metadata is (re)written after every (re)connection, so a Redis that
+restarted empty gets it back.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import redis
+
+import redisconn
+import wire
+
+log = logging.getLogger("collectors")
+
+
+@dataclass
+class StepJob:
+    """A step waiting for the publisher: its host slot and the facts known on the host at end_step."""
+
+    step: int
+    time_s: float
+    phase: str
+    tokens: int | None
+    slot: object
+
+
+class RedisSink:
+    """Writes StepRecords, GpuSamples and health to one run's keys."""
+
+    def __init__(self, url: str, meta: wire.RunMeta, maxlen: int, timeout_s: float):
+        self.url, self.meta, self.maxlen = url, meta, maxlen
+        self.client = redisconn.connect(url, timeout_s=timeout_s, retries=0)
+        self.meta_json = wire.encode_meta(meta)
+        self.needs_meta = True
+
+    def write(self, records: list, samples: list, health: dict) -> None:
+        run = self.meta.run
+        pipe = self.client.pipeline(transaction=False)
+        if self.needs_meta:
+            pipe.set(wire.meta_key(run), self.meta_json)
+        for rec in records:
+            pipe.xadd(wire.steps_key(run), wire.encode_step(rec), maxlen=self.maxlen, approximate=True)
+        for sample in samples:
+            pipe.xadd(wire.gpu_key(run), wire.encode_gpu_sample(sample), maxlen=10_000, approximate=True)
+        pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
+        pipe.zadd(wire.RUNS_KEY, {run: time.time()})
+        pipe.execute()
+        self.needs_meta = False
+
+    def lost_connection(self) -> None:
+        self.needs_meta = True
+
+
+class Publisher:
+    """Owns the background thread. `decode(job) -> StepRecord` runs on that thread."""
+
+    def __init__(self, sink: RedisSink | None, decode: Callable[[StepJob], wire.StepRecord],
+                 release: Callable[[object], None], rank: int, queue_steps: int = 1024,
+                 batch: int = 64, extra_sinks: list | None = None):
+        self.sink, self.decode, self.release, self.rank = sink, decode, release, rank
+        self.extra_sinks = extra_sinks or []
+        self.queue_steps, self.batch = queue_steps, batch
+        self.inbox: collections.deque[StepJob] = collections.deque()
+        self.samples: collections.deque[wire.GpuSample] = collections.deque(maxlen=1000)
+        self.pending: collections.deque[wire.StepRecord] = collections.deque()
+        self.dropped_steps = 0          # steps lost (queue full while Redis was down, or no free slot)
+        self.published_steps = 0
+        self.last_error = ""
+        self._wake = threading.Event()
+        self._stop = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="moe-monitor-publisher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ called from other threads
+    def submit(self, job: StepJob) -> None:
+        self.inbox.append(job)
+        self._wake.set()
+
+    def submit_sample(self, sample: wire.GpuSample) -> None:
+        self.samples.append(sample)
+        self._wake.set()
+
+    def count_dropped(self, n: int = 1) -> None:
+        with self._lock:
+            self.dropped_steps += n
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Publish what is queued (giving up after timeout_s), stop the thread. True if nothing was left."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and (self.inbox or self.pending or self.samples):
+            self._wake.set()
+            time.sleep(0.01)
+        self._stop = True
+        self._wake.set()
+        self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
+        left = len(self.inbox) + len(self.pending)
+        if left:
+            self.count_dropped(left)
+            log.warning("moe monitor: %d steps were not published before close (%s)", left, self.last_error)
+        return left == 0
+
+    # ------------------------------------------------------------------ the thread
+    def _drain_inbox(self) -> None:
+        while self.inbox:
+            job = self.inbox.popleft()
+            try:
+                record = self.decode(job)
+            except Exception as exc:  # a bug here must not kill the thread
+                self.last_error = f"decode failed: {exc}"
+                self.count_dropped()
+                continue
+            finally:
+                self.release(job.slot)
+            with self._lock:
+                record = _with_dropped(record, self.dropped_steps)
+            for sink in self.extra_sinks:
+                try:
+                    sink.write_step(record)
+                except Exception as exc:
+                    self.last_error = f"trace sink failed: {exc}"
+            if self.sink is None:
+                continue
+            self.pending.append(record)
+            while len(self.pending) > self.queue_steps:
+                self.pending.popleft()
+                self.count_dropped()
+
+    def _health(self) -> dict:
+        return {"rank": self.rank, "dropped_steps": self.dropped_steps, "published_steps": self.published_steps,
+                "queued": len(self.pending), "last_error": self.last_error, "time_s": time.time()}
+
+    def _run(self) -> None:
+        backoff_s = 0.0
+        while True:
+            self._wake.wait(timeout=0.05 if backoff_s == 0 else backoff_s)
+            self._wake.clear()
+            self._drain_inbox()
+            if self._stop and (self.sink is None or not self.pending) and not self.samples:
+                return
+            if self.sink is None:
+                self.samples.clear()
+                if self._stop:
+                    return
+                continue
+            records = [self.pending[i] for i in range(min(self.batch, len(self.pending)))]
+            samples = list(self.samples)
+            try:
+                self.sink.write(records, samples, self._health())
+            except (redis.RedisError, OSError) as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.sink.lost_connection()
+                backoff_s = min(2.0, max(0.1, backoff_s * 2))
+                if self._stop:
+                    return
+                continue
+            backoff_s = 0.0
+            for _ in records:
+                self.pending.popleft()
+            for _ in samples:
+                self.samples.popleft()
+            self.published_steps += len(records)
+            self.last_error = ""
+            if self.pending or self.samples:
+                self._wake.set()
+
+
+def _with_dropped(record: wire.StepRecord, dropped: int) -> wire.StepRecord:
+    if record.dropped_steps == dropped:
+        return record
+    return wire.StepRecord(**{**record.__dict__, "dropped_steps": dropped})
