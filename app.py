@@ -1,0 +1,21 @@
+"""MoE expert-load monitor: the Streamlit entry point. It only wires the sidebar and the navigation;
+pages live in dashboard/views (one function each), analytics in dashboard/analytics.
+
+Run: streamlit run app.py   (REDIS_URL=redis://host:port/db to choose the Redis the collectors write to)
+"""
+import streamlit as st
+
+from dashboard.sidebar import sidebar
+
+st.set_page_config(page_title="MoE load monitor", layout="wide")
+sidebar()
+
+LIVE_PAGES = [
+    st.Page("dashboard/pages/overview.py", title="Overview", url_path="overview", default=True),
+    st.Page("dashboard/pages/devices.py", title="Devices", url_path="devices"),
+    st.Page("dashboard/pages/experts.py", title="Experts", url_path="experts"),
+    st.Page("dashboard/pages/gpus.py", title="GPU panel", url_path="gpus"),
+]
+# Planning pages (the What-if layout preview built on dashboard.planner) join as a second section:
+# {"Live": LIVE_PAGES, "Plan": [st.Page("dashboard/pages/whatif.py", title="What-if", url_path="what-if")]}
+st.navigation({"Live": LIVE_PAGES}).run()

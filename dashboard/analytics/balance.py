@@ -1,0 +1,128 @@
+"""Balancedness, percentiles and stragglers from GPU loads.
+
+balancedness eta = mean/max of GPU loads (per layer per step); imbalance = max/mean = 1/eta; idle share = 1 - eta.
+A layer with no tokens at all has no balancedness: NaN, ignored by the summaries.
+p99 (and every percentile here) is numpy's default linear interpolation between closest ranks.
+
+Shape legend: T steps, L layers, G GPUs.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def balancedness(loads_XG: np.ndarray) -> np.ndarray:
+    """eta = mean/max over the last axis (GPUs). [..., G] -> [...]; NaN where every GPU has load 0."""
+    loads_XG = np.asarray(loads_XG, dtype=np.float64)
+    if loads_XG.ndim < 1 or loads_XG.shape[-1] == 0:
+        raise ValueError(f"loads need a GPU axis last, got shape {loads_XG.shape}")
+    peak = loads_XG.max(axis=-1)
+    mean = loads_XG.mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(peak > 0, mean / np.where(peak > 0, peak, 1.0), np.nan)
+
+
+def imbalance(loads_XG: np.ndarray) -> np.ndarray:
+    """max/mean over the last axis = 1/eta; NaN where every GPU has load 0."""
+    return 1.0 / balancedness(loads_XG)
+
+
+def nan_percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
+    """Percentiles (0-100) of the finite values; NaN for each when there are none."""
+    finite = np.asarray(values, dtype=np.float64)
+    finite = finite[np.isfinite(finite)]
+    if finite.size == 0:
+        return tuple(float("nan") for _ in qs)
+    return tuple(float(v) for v in np.percentile(finite, qs))
+
+
+@dataclass(frozen=True)
+class LayerSpread:
+    """min / p50 / p90 of a per-layer quantity across layers (as vLLM's balancedness gauges report)."""
+
+    min: float
+    p50: float
+    p90: float
+
+
+def across_layers(eta_L: np.ndarray) -> LayerSpread:
+    """Summarise per-layer balancedness [L] by its min, p50 and p90 across layers (NaN layers ignored)."""
+    eta_L = np.asarray(eta_L, dtype=np.float64)
+    if eta_L.ndim != 1:
+        raise ValueError(f"expected one value per layer, got shape {eta_L.shape}")
+    lo, p50, p90 = nan_percentiles(eta_L, (0.0, 50.0, 90.0))
+    return LayerSpread(min=lo, p50=p50, p90=p90)
+
+
+@dataclass(frozen=True)
+class GpuWindowStats:
+    """Per-GPU statistics of its per-step load over a window: arrays [G]."""
+
+    max_G: np.ndarray
+    mean_G: np.ndarray
+    p99_G: np.ndarray
+
+
+def window_stats(loads_TG: np.ndarray) -> GpuWindowStats:
+    """Per-GPU max, mean and p99 of the per-step load [T, G] over the T steps."""
+    loads_TG = np.asarray(loads_TG, dtype=np.float64)
+    if loads_TG.ndim != 2 or loads_TG.shape[0] == 0:
+        raise ValueError(f"loads must be [steps, GPUs] with at least one step, got shape {loads_TG.shape}")
+    return GpuWindowStats(max_G=loads_TG.max(axis=0), mean_G=loads_TG.mean(axis=0),
+                          p99_G=np.percentile(loads_TG, 99.0, axis=0))
+
+
+@dataclass(frozen=True)
+class StepVsWindow:
+    """Per-step imbalance beside window-sum imbalance, per layer.
+
+    per_step_TL: max/mean of each step's loads; window_sum_L: max/mean of the loads summed over the window;
+    per_step_mean_L / per_step_p99_L: mean and p99 over the steps of per_step_TL (NaN steps ignored)."""
+
+    per_step_TL: np.ndarray
+    window_sum_L: np.ndarray
+    per_step_mean_L: np.ndarray
+    per_step_p99_L: np.ndarray
+
+
+def step_vs_window(loads_TLG: np.ndarray) -> StepVsWindow:
+    """Imbalance of every single step vs imbalance of the window sum. A window sum averages out the
+    per-step tail: window_sum_L <= per-step imbalance of the worst step, often far below it."""
+    loads_TLG = np.asarray(loads_TLG, dtype=np.float64)
+    if loads_TLG.ndim != 3 or loads_TLG.shape[0] == 0:
+        raise ValueError(f"loads must be [steps, layers, GPUs] with at least one step, got {loads_TLG.shape}")
+    per_step_TL = imbalance(loads_TLG)
+    window_sum_L = imbalance(loads_TLG.sum(axis=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN layers stay NaN
+        mean_L = np.nanmean(per_step_TL, axis=0)
+        p99_L = np.nanpercentile(per_step_TL, 99.0, axis=0)
+    return StepVsWindow(per_step_TL=per_step_TL, window_sum_L=window_sum_L, per_step_mean_L=mean_L,
+                        per_step_p99_L=p99_L)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """The GPU with the highest mean per-step load over the window, how far above the all-GPU mean it
+    runs (ratio) and the share of steps in which it was the busiest GPU."""
+
+    gpu: int
+    ratio_to_mean: float
+    busiest_share: float
+
+
+def straggler(loads_TG: np.ndarray) -> Straggler | None:
+    """The straggler of a window of per-step GPU loads [T, G]; None when there is no load at all."""
+    loads_TG = np.asarray(loads_TG, dtype=np.float64)
+    if loads_TG.ndim != 2 or loads_TG.shape[0] == 0:
+        raise ValueError(f"loads must be [steps, GPUs] with at least one step, got shape {loads_TG.shape}")
+    mean_G = loads_TG.mean(axis=0)
+    if mean_G.max() <= 0:
+        return None
+    gpu = int(np.argmax(mean_G))
+    busy_T = loads_TG.max(axis=1) > 0
+    busiest_share = float((np.argmax(loads_TG[busy_T], axis=1) == gpu).mean()) if busy_T.any() else 0.0
+    return Straggler(gpu=gpu, ratio_to_mean=float(mean_G[gpu] / mean_G.mean()), busiest_share=busiest_share)

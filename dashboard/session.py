@@ -1,0 +1,87 @@
+"""Streamlit glue: the cached Redis client, the sidebar's settings and the Monitor kept per session.
+
+The Redis client is made once per URL (st.cache_resource) with explicit timeouts; the Monitor (source +
+window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import streamlit as st
+
+import redisconn
+from dashboard.monitor import Monitor
+from dashboard.redis_source import REDIS_ERRORS, RedisSource, list_runs
+from dashboard.trace_source import TraceSource
+
+REDIS_TIMEOUT_S = 0.5
+REDIS_RETRIES = 1
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+STALE_AFTER_S = 15.0
+REFRESH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the sidebar chose. source: 'redis' or 'trace'; layer None = all layers summed; gpus /
+    gpus_per_node None = from the run; uploaded_layout: physical_to_logical_map rows from a layout JSON."""
+
+    source: str = "redis"
+    redis_url: str = DEFAULT_REDIS_URL
+    run: str | None = None
+    trace_path: str = ""
+    phase: str = "both"
+    window_steps: int = 600
+    layer: int | None = None
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    uploaded_layout: tuple | None = None
+
+    def monitor_key(self) -> tuple:
+        where = (self.redis_url, self.run) if self.source == "redis" else (self.trace_path,)
+        return (self.source, *where, self.window_steps)
+
+
+def env_redis_url() -> str:
+    return os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+
+
+@st.cache_resource(show_spinner=False)
+def redis_client(url: str):
+    """One client per URL for the whole server, failing fast: REDIS_TIMEOUT_S per operation, one retry."""
+    return redisconn.connect(url, timeout_s=REDIS_TIMEOUT_S, retries=REDIS_RETRIES)
+
+
+def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
+    """(runs newest first, error message '' when Redis answered)."""
+    try:
+        return list_runs(redis_client(url)), ""
+    except ValueError as exc:
+        return [], str(exc)
+    except REDIS_ERRORS as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+def settings() -> Settings:
+    return st.session_state.get("settings") or Settings(redis_url=env_redis_url())
+
+
+def monitor_for(cfg: Settings) -> Monitor | None:
+    """The session's Monitor for these settings (a new one when source, run or window size changed);
+    None when there is nothing to watch yet (no run chosen, no trace path)."""
+    key = cfg.monitor_key()
+    held = st.session_state.get("monitor")
+    if held is not None and held[0] == key:
+        return held[1]
+    if cfg.source == "redis":
+        if not cfg.run:
+            return None
+        source = RedisSource(redis_client(cfg.redis_url), cfg.redis_url, cfg.run, cfg.window_steps)
+    else:
+        if not cfg.trace_path:
+            return None
+        source = TraceSource(cfg.trace_path)
+    monitor = Monitor(source, cfg.window_steps)
+    st.session_state["monitor"] = (key, monitor)
+    return monitor

@@ -1,0 +1,75 @@
+"""Everything the load pages show for one tick, computed from a window view (pure, no Streamlit).
+
+GPU loads use the layout with the even-split rule (dashboard.analytics.loads). "GPU load of" a step is
+either one layer's load or the sum over layers (total tokens the GPU served in the step).
+
+Shape legend: T steps, L layers, G GPUs.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from dashboard.analytics.balance import (GpuWindowStats, LayerSpread, Straggler, across_layers, balancedness,
+                                         straggler, window_stats)
+from dashboard.analytics.series import rate_per_s
+from dashboard.layout import ResolvedLayout
+from dashboard.window import StepWindow, WindowView
+
+
+@dataclass
+class Snapshot:
+    """One tick's numbers. latest: index in the view of the newest complete step. eta_TL per-step
+    balancedness; loads_TG per-step GPU load for the chosen layer (or all layers summed)."""
+
+    view: WindowView
+    layout: ResolvedLayout
+    layer: int | None
+    latest: int
+    eta_TL: np.ndarray
+    loads_TG: np.ndarray
+    eta_now: LayerSpread
+    eta_window_sum: LayerSpread
+    eta_step_mean: LayerSpread
+    idle_share: float
+    stats: GpuWindowStats
+    straggler: Straggler | None
+    steps_per_s: float
+    tokens_per_s: float
+
+    @property
+    def latest_G(self) -> np.ndarray:
+        return self.loads_TG[self.latest]
+
+    @property
+    def latest_step(self) -> int:
+        return int(self.view.step_T[self.latest])
+
+    def gpu_name(self, gpu: int) -> str:
+        return f"GPU {gpu} (node {self.layout.node_of(gpu)})"
+
+
+def analyse(window: StepWindow, layout: ResolvedLayout, phase: str, layer: int | None = None) -> Snapshot | None:
+    """The tick's numbers for steps passing the phase filter; None when no step passes it."""
+    if layer is not None and not 0 <= layer < window.num_layers:
+        raise ValueError(f"layer {layer} is outside 0..{window.num_layers - 1}")
+    view = window.view(phase, layout.p2l_LP, layout.gpus)
+    if view.num_steps == 0:
+        return None
+    latest = window.latest_complete(view)
+    loads_TLG = view.loads_TLG
+    eta_TL = balancedness(loads_TLG)
+    loads_TG = loads_TLG.sum(axis=1) if layer is None else loads_TLG[:, layer, :]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # layers idle in every step stay NaN
+        eta_step_mean_L = np.nanmean(eta_TL, axis=0)
+        idle = float(1.0 - np.nanmean(eta_TL)) if np.isfinite(eta_TL).any() else float("nan")
+    return Snapshot(
+        view=view, layout=layout, layer=layer, latest=latest, eta_TL=eta_TL, loads_TG=loads_TG,
+        eta_now=across_layers(eta_TL[latest]), eta_window_sum=across_layers(balancedness(loads_TLG.sum(axis=0))),
+        eta_step_mean=across_layers(eta_step_mean_L), idle_share=idle, stats=window_stats(loads_TG),
+        straggler=straggler(loads_TG), steps_per_s=rate_per_s(view.time_s_T),
+        tokens_per_s=rate_per_s(view.time_s_T, view.tokens_T),
+    )

@@ -1,0 +1,59 @@
+"""The one interface every data source implements; views never know which source they read.
+
+A Source is polled on a timer (never blocking): each poll() returns only what arrived since the last one,
+capped at max_entries. Malformed records are skipped and counted in the batch, never raised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import wire
+
+
+@dataclass
+class Batch:
+    """What one poll brought: new step records (one per step and rank) and NVML samples, oldest first.
+
+    bad_records: entries skipped because they did not decode; last_error: why the last one was skipped;
+    more: the max_entries cap was hit, so more entries are waiting for the next poll."""
+
+    steps: list[wire.StepRecord] = field(default_factory=list)
+    gpu_samples: list[wire.GpuSample] = field(default_factory=list)
+    bad_records: int = 0
+    last_error: str = ""
+    more: bool = False
+
+
+@dataclass
+class Health:
+    """Where the data comes from and whether it is flowing.
+
+    reachable: the source answered (Redis ping, trace file readable); where: redacted URL or file path;
+    error: why it is not reachable; latency_ms: round trip of the last poll; last_seen_s: unix time the
+    collector last wrote (None when unknown); collectors: rank -> the collector's own health report
+    (dropped_steps, queued, last_error, time_s)."""
+
+    reachable: bool
+    where: str
+    error: str = ""
+    latency_ms: float | None = None
+    last_seen_s: float | None = None
+    collectors: dict[int, dict] = field(default_factory=dict)
+
+
+class Source(Protocol):
+    """A run's records, read incrementally."""
+
+    def poll(self, max_entries: int) -> Batch:
+        """Records that arrived since the last poll, at most max_entries step entries. Never blocks for
+        new data; returns an empty Batch when there is none or the source is unreachable."""
+        ...
+
+    def meta(self) -> wire.RunMeta | None:
+        """The run's metadata (layer names, E, top-k, layout), or None when the collector has not written it."""
+        ...
+
+    def health(self) -> Health:
+        """Reachability, latency and collector health as of the last poll."""
+        ...

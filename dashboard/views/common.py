@@ -1,0 +1,107 @@
+"""What every live page does first on each tick: poll the source, show the states a user can meet
+(no Redis, no run, stopped run, bad records, no steps in this phase), resolve the layout, analyse."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import streamlit as st
+
+from dashboard.layout import ResolvedLayout, resolve_layout
+from dashboard.monitor import Monitor
+from dashboard.session import STALE_AFTER_S, Settings, monitor_for, runs_at, settings
+from dashboard.snapshot import Snapshot, analyse
+
+
+@dataclass
+class Frame:
+    """A tick's inputs for a page. layout and snapshot are None only for frame(require_steps=False)
+    when no step passes the filter yet."""
+
+    settings: Settings
+    monitor: Monitor
+    layout: ResolvedLayout | None
+    snapshot: Snapshot | None
+
+
+def fmt(value: float, spec: str = ".3f") -> str:
+    return "n/a" if value != value else format(value, spec)  # NaN -> n/a
+
+
+def ago(time_s: float | None) -> str:
+    if time_s is None:
+        return "never"
+    seconds = max(0.0, time.time() - time_s)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
+    return f"{stamp} ({seconds:.0f} s ago)" if seconds < 3 * 86400 else stamp
+
+
+def no_redis_message(cfg: Settings, error: str) -> None:
+    from redisconn import redact
+
+    st.error(f"**No Redis reachable at `{redact(cfg.redis_url)}`** ({error}).\n\n"
+             "Start Redis where the collectors write (e.g. `redis-server --bind 127.0.0.1`), or point the "
+             "dashboard at it: set `REDIS_URL=redis://host:port/db` before `streamlit run app.py`, or edit "
+             "the Redis URL in the sidebar.")
+
+
+def frame(require_steps: bool = True) -> Frame | None:
+    """Poll once and analyse; None (after showing why) when there is nothing to draw. With
+    require_steps=False a reachable source without steps still gives a Frame (snapshot None)."""
+    cfg = settings()
+    if cfg.source == "redis" and not cfg.run:
+        _, error = runs_at(cfg.redis_url)
+        if error:
+            no_redis_message(cfg, error)
+        else:
+            st.info("**No run yet.** Redis is reachable but no collector has written a run. Attach a collector "
+                    "to a MoE model (`from collectors import attach`) and its run appears here.")
+        return None
+    if cfg.source == "trace" and not cfg.trace_path:
+        st.info("Enter the path of a recorded trace file (JSON lines) in the sidebar.")
+        return None
+    monitor = monitor_for(cfg)
+    monitor.tick()
+    health = monitor.source.health()
+    if not health.reachable:
+        if cfg.source == "redis":
+            no_redis_message(cfg, health.error)
+        else:
+            st.error(f"Cannot read the trace `{health.where}`: {health.error}")
+        return None
+    _status_banners(cfg, monitor)
+    window = monitor.window
+    if window is None:
+        st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
+        return None if require_steps else Frame(cfg, monitor, None, None)
+    try:
+        layout = resolve_layout(monitor.source.meta(), window.num_layers, window.num_experts, monitor.world_size,
+                                gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
+                                uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout])
+    except ValueError as exc:
+        st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
+        return None if require_steps else Frame(cfg, monitor, None, None)
+    snap = analyse(window, layout, cfg.phase, cfg.layer)
+    if snap is None:
+        st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
+        return None if require_steps else Frame(cfg, monitor, layout, None)
+    return Frame(settings=cfg, monitor=monitor, layout=layout, snapshot=snap)
+
+
+def _status_banners(cfg: Settings, monitor: Monitor) -> None:
+    health = monitor.source.health()
+    if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
+        st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
+                   f"{monitor.window.size if monitor.window else 0} steps.")
+    if monitor.bad_records:
+        st.warning(f"Skipped {monitor.bad_records} bad record(s); the latest: {monitor.last_error}")
+
+
+def caption(frame_: Frame) -> None:
+    """One line under each page title: source, phase, layout and the even-split rule."""
+    cfg, snap = frame_.settings, frame_.snapshot
+    what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
+    of = "all layers summed" if snap.layer is None else f"layer {snap.layer}"
+    st.caption(f"{what} · phase: {cfg.phase} · {snap.view.num_steps} steps in window · GPU load of {of} · "
+               f"layout: {frame_.layout.origin}, {frame_.layout.gpus} GPUs on {frame_.layout.nodes} node(s), "
+               f"{frame_.layout.slots_per_gpu} slots/GPU · replicas share an expert's tokens evenly")

@@ -1,0 +1,46 @@
+"""Devices: per-GPU load over time, per-layer balancedness over time, per-step vs window-sum imbalance."""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from dashboard import figures
+from dashboard.analytics.balance import step_vs_window
+from dashboard.session import REFRESH_S
+from dashboard.views.common import Frame, caption, fmt, frame
+
+
+def page() -> None:
+    st.title("Devices")
+    live()
+
+
+@st.fragment(run_every=REFRESH_S)
+def live() -> None:
+    current = frame()
+    if current is None:
+        return
+    caption(current)
+    render(current)
+
+
+def render(current: Frame) -> None:
+    snap = current.snapshot
+    unit = "tokens/step"
+    st.plotly_chart(figures.load_bands(snap.view.step_T, snap.loads_TG, unit), key="devices_bands")
+    st.plotly_chart(figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, unit), key="devices_gpu_time")
+    st.plotly_chart(figures.eta_over_time(snap.view.step_T, snap.eta_TL), key="devices_eta_time")
+    st.plotly_chart(figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL), key="devices_layer_eta")
+    svw = step_vs_window(snap.view.loads_TLG)
+    finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
+    worst = float(finite.max()) if finite.size else float("nan")
+    st.markdown(f"**Per-step vs window-sum imbalance.** Window sum (median layer): "
+                f"{fmt(float(_nanmedian(svw.window_sum_L)))} · per step, p99 (median layer): "
+                f"{fmt(float(_nanmedian(svw.per_step_p99_L)))} · worst single step and layer: {fmt(worst)}. "
+                "A window sum averages the tail away: the layer waits on each step's busiest GPU.")
+    st.plotly_chart(figures.step_vs_window_figure(svw), key="devices_step_vs_window")
+
+
+def _nanmedian(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return np.median(finite) if finite.size else float("nan")

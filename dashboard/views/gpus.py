@@ -1,0 +1,70 @@
+"""GPU panel: NVML readings of each device beside the expert load of the same GPU, or the collector's
+"no NVIDIA GPU / NVML not available" report when that is what it sent.
+
+Matching: EP GPU g is shown with the g-th NVML device, devices ordered by (host, NVML index).
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import figures_gpu
+from dashboard.session import REFRESH_S
+from dashboard.views.common import Frame, ago, caption, frame
+
+GIB = float(1 << 30)
+
+
+def page() -> None:
+    st.title("GPU panel")
+    st.number_input("EP GPU", min_value=0, value=0, step=1, key="gpu_panel_gpu")
+    live()
+
+
+@st.fragment(run_every=REFRESH_S)
+def live() -> None:
+    current = frame(require_steps=False)
+    if current is None:
+        return
+    if current.snapshot is not None:
+        caption(current)
+    render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
+
+
+def render(current: Frame, gpu: int) -> None:
+    history, snap = current.monitor.gpus, current.snapshot
+    for (host, rank), report in sorted(history.unavailable.items()):
+        st.warning(f"**No NVIDIA GPU / NVML not available on the collector host `{host}`** (rank {rank}): "
+                   f"{report.reason or 'no reason given'} — reported {ago(report.time_s)}. Expert load is "
+                   "still shown; GPU readings appear when a collector runs on a host with NVIDIA GPUs.")
+    if not history.series and not history.unavailable:
+        st.info("The collector has not sent any NVML sample for this run yet.")
+    gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
+    gpu = min(max(gpu, 0), gpus - 1)
+    devices = history.devices()
+    device = devices[gpu] if gpu < len(devices) else None
+    rows = history.rows(device) if device else []
+    if rows:
+        last = rows[-1]
+        cols = st.columns(5)
+        cols[0].metric("utilisation (time-based)", _v(last, "gpu_utilization_percent", "{:.0f} %"))
+        cols[1].metric("memory used / total", f"{_v(last, 'memory_used_bytes', '{:.1f}', GIB)} / "
+                                              f"{_v(last, 'memory_total_bytes', '{:.1f} GiB', GIB)}")
+        cols[2].metric("power / limit", f"{_v(last, 'power_usage_w', '{:.0f}')} / {_v(last, 'power_limit_w', '{:.0f} W')}")
+        cols[3].metric("SM clock", _v(last, "sm_clock_mhz", "{:.0f} MHz"))
+        cols[4].metric("temperature", _v(last, "temperature_c", "{:.0f} C"))
+        st.caption(f"NVML device {device[1]} on `{device[0]}` ({last.get('name') or 'unknown model'}) beside EP GPU "
+                   f"{gpu}. NVML utilisation is the share of time a kernel ran, not SM occupancy.")
+    if snap is None:
+        return
+    load_T = snap.loads_TG[:, gpu]
+    st.metric(f"{snap.gpu_name(gpu)} expert load, latest step", f"{float(load_T[snap.latest]):,.0f} tokens",
+              help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
+    title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}" if rows else "")
+    st.plotly_chart(figures_gpu.nvml_figure(rows, snap.view.time_s_T, load_T, title), key="gpu_panel_fig")
+
+
+def _v(row: dict, name: str, spec: str, scale: float = 1.0) -> str:
+    value = row.get(name)
+    return "n/a" if value is None else spec.format(value / scale)
+
+

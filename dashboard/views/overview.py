@@ -1,0 +1,70 @@
+"""Overview: balancedness now and over the window, throughput, health, per-GPU bars, the straggler."""
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import figures
+from dashboard.session import REFRESH_S
+from dashboard.views.common import Frame, ago, caption, fmt, frame
+
+
+def page() -> None:
+    st.title("Overview")
+    live()
+
+
+@st.fragment(run_every=REFRESH_S)
+def live() -> None:
+    current = frame()
+    if current is None:
+        return
+    caption(current)
+    render(current)
+
+
+def render(current: Frame) -> None:
+    snap, monitor = current.snapshot, current.monitor
+    cols = st.columns(4)
+    cols[0].metric("balancedness now (p50 over layers)", fmt(snap.eta_now.p50),
+                   help=f"eta = mean/max GPU load of step {snap.latest_step}; min {fmt(snap.eta_now.min)}, "
+                        f"p90 {fmt(snap.eta_now.p90)} across layers")
+    cols[1].metric("balancedness, window per-step mean (p50)", fmt(snap.eta_step_mean.p50),
+                   help=f"per layer, the mean over steps of per-step eta; min {fmt(snap.eta_step_mean.min)}, "
+                        f"p90 {fmt(snap.eta_step_mean.p90)} across layers")
+    cols[2].metric("balancedness, window sum (p50)", fmt(snap.eta_window_sum.p50),
+                   help=f"eta of loads summed over the window; min {fmt(snap.eta_window_sum.min)}, "
+                        f"p90 {fmt(snap.eta_window_sum.p90)}. A window sum hides the per-step tail.")
+    cols[3].metric("idle share (1 - eta, window mean)", fmt(snap.idle_share, ".1%"))
+    st.caption(f"Balancedness across layers — now: min {fmt(snap.eta_now.min)} · p50 {fmt(snap.eta_now.p50)} · "
+               f"p90 {fmt(snap.eta_now.p90)}; window (per-step mean): min {fmt(snap.eta_step_mean.min)} · "
+               f"p50 {fmt(snap.eta_step_mean.p50)} · p90 {fmt(snap.eta_step_mean.p90)}; window sum: "
+               f"min {fmt(snap.eta_window_sum.min)} · p50 {fmt(snap.eta_window_sum.p50)} · "
+               f"p90 {fmt(snap.eta_window_sum.p90)}")
+    cols = st.columns(4)
+    cols[0].metric("steps/s", fmt(snap.steps_per_s, ".2f"))
+    cols[1].metric("tokens/s", fmt(snap.tokens_per_s, ",.0f"))
+    cols[2].metric("dropped steps (collectors)", f"{monitor.dropped_steps:,}")
+    cols[3].metric("bad records skipped", f"{monitor.bad_records:,}")
+    if snap.straggler is not None:
+        s = snap.straggler
+        st.markdown(f"**Straggler: {snap.gpu_name(s.gpu)}** — mean load {s.ratio_to_mean:.2f}x the all-GPU mean, "
+                    f"busiest GPU in {s.busiest_share:.0%} of the window's steps.")
+    st.plotly_chart(figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
+                                          else snap.straggler.gpu, "tokens/step"), key="overview_bars")
+    health_panel(current)
+
+
+def health_panel(current: Frame) -> None:
+    health = current.monitor.source.health()
+    tick = current.monitor.last_tick
+    with st.expander("Redis and collector health", expanded=False):
+        latency = "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms"
+        st.markdown(f"- source: `{health.where}` — reachable, poll round trip {latency}\n"
+                    f"- collector last wrote: {ago(health.last_seen_s)}\n"
+                    f"- this tick: {tick.steps_in} step entries, {tick.gpu_in} GPU samples"
+                    f"{' (more waiting)' if tick.more else ''}, {tick.ms:.1f} ms\n"
+                    f"- step records read this session: {current.monitor.steps_read:,}; ranks per step: "
+                    f"{current.monitor.world_size}")
+        for rank, report in sorted(health.collectors.items(), key=lambda kv: str(kv[0])):
+            st.markdown(f"- collector rank {rank}: dropped {report.get('dropped_steps', 'n/a')}, queued "
+                        f"{report.get('queued', 'n/a')}, last error: {report.get('last_error') or 'none'}")

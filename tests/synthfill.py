@@ -1,0 +1,69 @@
+"""WIRE-LEVEL filler for reader-side tests: writes hand-made StepRecords, RunMeta and GpuSamples to Redis
+with wire.encode_* exactly as a collector would, but without a model. Page tests use the real collector
+(tests/realfill.py); this stays for cases a real model cannot produce on demand: several ranks per step,
+malformed entries, a run that stopped long ago, exact hand-computed counts.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import wire
+
+
+def make_meta(run: str, num_layers: int, num_experts: int, gpus: int, nodes: int = 1, world_size: int = 1,
+              layout: list[list[int]] | None = None, started_s: float | None = None) -> wire.RunMeta:
+    return wire.RunMeta(
+        run=run, model_name="synthetic-moe", layer_names=[f"model.layers.{i}.mlp" for i in range(num_layers)],
+        num_experts=num_experts, top_k=2, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2,
+        layout=wire.Layout(gpus=gpus, nodes=nodes,
+                           physical_to_logical_map=layout or wire.contiguous_layout(num_layers, num_experts)),
+        world_size=world_size, started_s=time.time() if started_s is None else started_s, host="synth-host",
+    )
+
+
+def skewed_counts(rng: np.random.Generator, num_layers: int, num_experts: int, tokens: int,
+                  hot_expert: int = 0, hot_share: float = 0.3) -> np.ndarray:
+    """int32 [L, E]: `tokens` routed per layer, hot_share of them to hot_expert, the rest uniform."""
+    hot = int(tokens * hot_share)
+    counts = rng.multinomial(tokens - hot, np.full(num_experts, 1.0 / num_experts), size=num_layers)
+    counts[:, hot_expert] += hot
+    return counts.astype(np.int32)
+
+
+def fill(client, run: str, steps: int = 30, num_layers: int = 4, num_experts: int = 16, gpus: int = 4,
+         world_size: int = 1, tokens: int = 256, seed: int = 0, time0_s: float | None = None,
+         step_s: float = 0.1, meta: bool = True, gpu_status: str = "unavailable") -> list[np.ndarray]:
+    """Write `steps` steps x `world_size` ranks; return the per-step counts summed over ranks ([L, E] each).
+    Odd steps are decode, even steps prefill."""
+    rng = np.random.default_rng(seed)
+    t0 = time.time() - steps * step_s if time0_s is None else time0_s
+    if meta:
+        client.set(wire.meta_key(run), wire.encode_meta(make_meta(run, num_layers, num_experts, gpus,
+                                                                  world_size=world_size)))
+    totals = []
+    pipe = client.pipeline(transaction=False)
+    for step in range(steps):
+        total = np.zeros((num_layers, num_experts), dtype=np.int32)
+        for rank in range(world_size):
+            counts = skewed_counts(rng, num_layers, num_experts, tokens, hot_expert=(step // 10) % num_experts)
+            total += counts
+            rec = wire.StepRecord(run=run, rank=rank, world_size=world_size, step=step, time_s=t0 + step * step_s,
+                                  phase="prefill" if step % 2 == 0 else "decode", tokens=tokens, counts_LE=counts)
+            pipe.xadd(wire.steps_key(run), wire.encode_step(rec))
+        totals.append(total)
+    if gpu_status == "unavailable":
+        sample = wire.GpuSample(rank=0, host="synth-host", time_s=t0, status="unavailable",
+                                reason="NVML Shared Library Not Found")
+        pipe.xadd(wire.gpu_key(run), wire.encode_gpu_sample(sample))
+    pipe.zadd(wire.RUNS_KEY, {run: t0 + steps * step_s})
+    pipe.execute()
+    return totals
+
+
+def add_bad_entry(client, run: str) -> None:
+    """A step entry whose counts have the wrong byte length (what a buggy or foreign writer might send)."""
+    client.xadd(wire.steps_key(run), {"v": wire.SCHEMA_VERSION, "run": run, "rank": 0, "world": 1, "step": 10**6,
+                                      "t": "1.0", "phase": "decode", "tokens": 1, "L": 4, "E": 16,
+                                      "counts": b"\x00\x01\x02", "dropped": 0})
