@@ -1,24 +1,21 @@
-"""Replay source: a recorded trace file (JSON lines), read in chunks as if it were live.
+"""Replay source: a recorded trace file (JSON lines, the format of wire.trace_line), read in chunks as if
+it were live.
 
-Format (one JSON object per line, UTF-8; blank lines ignored):
+Format (wire.py owns it; one JSON object per line, UTF-8, blank lines ignored):
 
-    {"kind": "meta", ...}   the fields of wire.encode_meta's JSON (run, model_name, layer_names,
-                            num_experts, top_k, ..., layout: {gpus, nodes, physical_to_logical_map})
-    {"kind": "step", ...}   the fields of wire.encode_step(rec): v, run, rank, world, step, t, phase,
-                            tokens, L, E, dropped, and optional sample_n, sample_k; the binary fields
-                            "counts" (little-endian int32 [L, E]) and "sample" (little-endian int16
-                            [L, N, K]) base64-encoded (standard alphabet, with padding)
-    {"kind": "gpu", ...}    the fields of wire.encode_gpu_sample(sample); "gpus" may be the JSON string
-                            wire writes or the list itself
+    {"kind": "meta", "meta": <RunMeta JSON: a string as wire.encode_meta writes it, or the object>}
+    {"kind": "step", ...}   the fields of wire.encode_step(rec); bytes fields base64 in "<name>_b64"
+                            ("counts_b64": little-endian int32 [L, E]; "sample_b64": int16 [L, N, K])
+    {"kind": "gpu", ...}    the fields of wire.encode_gpu_sample(sample)
 
-Lines are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is
-skipped and counted as a bad record, as a malformed Redis entry is. The file is read incrementally: each
-poll reads at most max_entries step lines further, so a long trace never loads at once.
+collectors/trace.py writes it (TraceFileSink while collecting, record_trace() from a run in Redis). Lines
+are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
+counted as a bad record, as a malformed Redis entry is. The file is read incrementally: each poll reads at
+most max_entries step lines further, so a long trace never loads at once; a last line without its newline
+is left for the next poll (a recorder may be writing it).
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 
@@ -28,37 +25,19 @@ from dashboard.source import Batch, Health
 
 def decode_trace_line(line: str) -> tuple[str, object]:
     """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample). ValueError otherwise."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ValueError("a trace line must be a JSON object")
-    kind = obj.pop("kind", None)
+    kind, fields = wire.parse_trace_line(line)
     if kind == "meta":
-        return "meta", wire.decode_meta(json.dumps(obj))
+        meta = fields.get("meta")
+        if isinstance(meta, dict):
+            meta = json.dumps(meta)
+        if not isinstance(meta, (str, bytes)):
+            raise ValueError("a meta line needs a 'meta' field holding the run metadata")
+        return "meta", wire.decode_meta(meta)
     if kind == "step":
-        for name in ("counts", "sample"):
-            if name in obj:
-                try:
-                    obj[name] = base64.b64decode(obj[name], validate=True)
-                except (binascii.Error, TypeError, ValueError) as exc:
-                    raise ValueError(f"field {name!r} is not base64: {exc}") from None
-        return "step", wire.decode_step(obj)
-    if kind == "gpu":
-        if isinstance(obj.get("gpus"), list):
-            obj["gpus"] = json.dumps(obj["gpus"])
-        return "gpu", wire.decode_gpu_sample(obj)
-    raise ValueError(f"unknown kind {kind!r} (expected 'meta', 'step' or 'gpu')")
-
-
-def encode_trace_step(rec: wire.StepRecord) -> str:
-    """The trace line for one step record (the format this reader reads; used by tests and tools)."""
-    fields = wire.encode_step(rec)
-    obj = {"kind": "step"}
-    for name, value in fields.items():
-        obj[name] = base64.b64encode(value).decode() if isinstance(value, bytes) else value
-    return json.dumps(obj, separators=(",", ":"))
+        return "step", wire.decode_step(fields)
+    if isinstance(fields.get("gpus"), list):
+        fields["gpus"] = json.dumps(fields["gpus"])
+    return "gpu", wire.decode_gpu_sample(fields)
 
 
 class TraceSource:

@@ -1,0 +1,115 @@
+"""Every page rendered by streamlit.testing.v1.AppTest against a real redis-server filled by the real
+collector (tests/realfill.py: a tiny transformers MoE model with collectors.attach). The expected numbers
+are recomputed here from the raw stream entries with plain loops, independent of dashboard.analytics."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import redisconn
+import wire
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+RUN = "pages-run"
+
+
+def fill(url: str, run: str) -> None:
+    from tests.synthfill import fill as synth_fill  # replaced by tests/realfill.fill_with_collector
+
+    synth_fill(redisconn.connect(url, timeout_s=2.0), run, steps=30, num_layers=4, num_experts=16, gpus=4)
+
+
+@pytest.fixture(scope="module")
+def filled(redis_server):
+    redis_server.client().flushdb()
+    fill(redis_server.url, RUN)
+    return redis_server.url
+
+
+def expected(url: str, run: str, phase: str = "both") -> dict:
+    """Per-step counts (ranks summed) straight from the stream, and the numbers the pages must show."""
+    client = redisconn.connect(url, timeout_s=2.0)
+    meta = wire.decode_meta(client.get(wire.meta_key(run)))
+    steps: dict[int, list] = {}
+    for _, fields in client.xrange(wire.steps_key(run)):
+        rec = wire.decode_step(fields)
+        entry = steps.setdefault(rec.step, [np.zeros_like(rec.counts_LE, dtype=np.int64), set()])
+        entry[0] += rec.counts_LE
+        entry[1].add(rec.phase)
+    keep = [s for s in sorted(steps) if phase == "both" or steps[s][1] == {phase}]
+    p2l, gpus = meta.layout.physical_to_logical_map, meta.layout.gpus
+    slots_per_gpu = len(p2l[0]) // gpus
+
+    def loads(counts_LE):  # even split over replicas, one slot at a time
+        out = np.zeros((len(p2l), gpus))
+        for layer, row in enumerate(p2l):
+            for slot, expert in enumerate(row):
+                out[layer, slot // slots_per_gpu] += counts_LE[layer, expert] / row.count(expert)
+        return out
+
+    per_step = [loads(steps[s][0]) for s in keep]
+    latest = per_step[-1]
+    eta_now = [l.mean() / l.max() for l in latest if l.max() > 0]
+    mean_load_G = np.mean([l.sum(axis=0) for l in per_step], axis=0)
+    window_LE = sum(steps[s][0] for s in keep)
+    hot = np.unravel_index(np.argmax(window_LE), window_LE.shape)
+    return {"steps": len(keep), "eta_now_p50": float(np.percentile(eta_now, 50)),
+            "straggler": int(np.argmax(mean_load_G)), "hot": (int(hot[0]), int(hot[1])), "meta": meta}
+
+
+def app(url, monkeypatch) -> AppTest:
+    monkeypatch.setenv("REDIS_URL", url)
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    assert not at.exception, at.exception
+    return at
+
+
+def metric(at, label_start: str) -> str:
+    return next(m.value for m in at.metric if m.label.startswith(label_start))
+
+
+def test_overview(filled, monkeypatch):
+    at = app(filled, monkeypatch)
+    want = expected(filled, RUN)
+    assert metric(at, "balancedness now") == f"{want['eta_now_p50']:.3f}"
+    assert metric(at, "bad records") == "0"
+    assert any(f"Straggler: GPU {want['straggler']} " in md.value for md in at.markdown)
+    assert len(at.get("plotly_chart")) == 1
+    assert any(f"{want['steps']} steps in window" in c.value for c in at.caption)
+    assert not at.error
+
+
+def test_phase_filter_applies(filled, monkeypatch):
+    at = app(filled, monkeypatch)
+    at.sidebar.radio(key="phase").set_value("decode").run()
+    assert not at.exception
+    want = expected(filled, RUN, "decode")
+    assert any(f"phase: decode · {want['steps']} steps in window" in c.value for c in at.caption)
+    assert metric(at, "balancedness now") == f"{want['eta_now_p50']:.3f}"
+
+
+def test_devices(filled, monkeypatch):
+    at = app(filled, monkeypatch)
+    at.switch_page("dashboard/pages/devices.py").run()
+    assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) == 5
+    assert any("Per-step vs window-sum imbalance" in md.value for md in at.markdown)
+
+
+def test_experts(filled, monkeypatch):
+    at = app(filled, monkeypatch)
+    at.switch_page("dashboard/pages/experts.py").run()
+    assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) == 3  # layer x expert, expert x time, drift
+    top = at.dataframe[0].value
+    assert (int(top.iloc[0]["layer"]), int(top.iloc[0]["expert"])) == expected(filled, RUN)["hot"]
+
+
+def test_gpu_panel_without_nvidia_gpu(filled, monkeypatch):
+    at = app(filled, monkeypatch)
+    at.switch_page("dashboard/pages/gpus.py").run()
+    assert not at.exception, at.exception
+    assert any("No NVIDIA GPU / NVML not available on the collector host" in w.value for w in at.warning)
+    assert metric(at, "GPU 0 (node 0) expert load").endswith("tokens")
+    assert len(at.get("plotly_chart")) == 1
