@@ -1,0 +1,153 @@
+"""One entry point for the What-if page and the CLI: ``plan(counts, gpus, redundant, ...)``.
+
+Policies
+- "eplb": EPLB parity (hierarchical when nodes and groups are given, else global).
+- "refined": replicate by largest per-replica load, pack without duplicates, then swap and
+  replica-move refinement (global).
+- "hierarchical": groups -> nodes with primaries pinned to their group's node, spares anywhere.
+- "robust": one layout for the next window, balanced on all given windows at once (see robust.py).
+- "auto": hierarchical if nodes/groups are given, else robust for [T, L, E] input, else refined.
+Predictions are made on the target traffic: the counts for [L, E] input, the decay-weighted blend of
+normalised windows for [T, L, E] input. Layers without traffic (dense layers) get a plain layout and
+imbalance 1.0; they are planned as if every expert had equal load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bounds import best_bound, group_partition_bound
+from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
+from .hierarchical import off_node_share, plan_hierarchical
+from .loads import as_counts, check_shape, layer_imbalance, replica_counts
+from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
+from .replicas import refine_all
+from .robust import fit_robust, scenarios
+
+POLICIES = ("auto", "eplb", "refined", "hierarchical", "robust")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A recommended layout with its predictions. Shapes: layout_LP [L, P], replicas_LE [L, E], the
+    per-layer arrays [L]; ``worst_window_L`` only for windowed input, ``off_node_L`` only when nodes
+    are given."""
+    policy: str
+    layout_LP: np.ndarray
+    replicas_LE: np.ndarray
+    imbalance_L: np.ndarray
+    bound_L: np.ndarray
+    active_L: np.ndarray
+    gpus: int
+    redundant: int
+    nodes: int | None = None
+    groups: int | None = None
+    group_floor_L: np.ndarray | None = None
+    off_node_L: np.ndarray | None = None
+    worst_window_L: np.ndarray | None = None
+
+    @property
+    def gap_L(self) -> np.ndarray:
+        """Relative gap imbalance / bound - 1, [L]."""
+        return self.imbalance_L / self.bound_L - 1.0
+
+    def summary(self) -> dict:
+        a = self.active_L if self.active_L.any() else np.ones_like(self.active_L)
+        out = {"mean_imbalance": float(self.imbalance_L[a].mean()),
+               "worst_imbalance": float(self.imbalance_L[a].max()),
+               "mean_balancedness": float((1 / self.imbalance_L[a]).mean()),
+               "mean_lower_bound": float(self.bound_L[a].mean()),
+               "max_gap_to_bound": float(self.gap_L[a].max()),
+               "layers_with_traffic": int(self.active_L.sum())}
+        if self.off_node_L is not None:
+            out["mean_off_node_share"] = float(self.off_node_L[a].mean())
+        if self.worst_window_L is not None:
+            out["mean_worst_window_imbalance"] = float(self.worst_window_L[a].mean())
+        return out
+
+    def to_json(self) -> dict:
+        """SGLang-loadable dict: physical_to_logical_map plus predictions (extra keys are ignored)."""
+        d = {"physical_to_logical_map": self.layout_LP.tolist(),
+             "policy": self.policy, "gpus": self.gpus, "redundant": self.redundant,
+             "slots_per_gpu": self.layout_LP.shape[1] // self.gpus,
+             "predicted_balancedness": (1 / self.imbalance_L).round(6).tolist(),
+             "predicted_imbalance": self.imbalance_L.round(6).tolist(),
+             "lower_bound_imbalance": self.bound_L.round(6).tolist(),
+             "gap_to_bound": self.gap_L.round(6).tolist(),
+             "replica_counts": self.replicas_LE.tolist(),
+             "layers_with_traffic": self.active_L.tolist(),
+             "summary": self.summary()}
+        if self.nodes is not None:
+            d.update(nodes=self.nodes, groups=self.groups)
+        if self.group_floor_L is not None:
+            d["group_floor_imbalance"] = self.group_floor_L.round(6).tolist()
+        if self.off_node_L is not None:
+            d["off_node_token_share"] = self.off_node_L.round(6).tolist()
+        if self.worst_window_L is not None:
+            d["worst_window_imbalance"] = self.worst_window_L.round(6).tolist()
+        return d
+
+
+def plan_refined(counts_LE, gpus: int, redundant: int, windows_TLE=None) -> np.ndarray:
+    """Our global policy: layout [L, P]; refinement balances ``windows_TLE`` (default: the counts)."""
+    c = as_counts(counts_LE)
+    E = c.shape[1]
+    check_shape(E, gpus, redundant)
+    rep = replicate_greedy(c, E + redundant)
+    phys = expand_replicas(rep)
+    lay = layout_from_bins(phys, balanced_pack(np.take_along_axis(c / rep, phys, axis=1), gpus, phys), gpus)
+    lay, _ = refine_all(lay, c[None] if windows_TLE is None else windows_TLE, gpus)
+    return lay
+
+
+def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: int | None = None,
+         policy: str = "auto", decay: float = 1.0, recent: int = 16) -> PlanResult:
+    """Plan a layout for counts [L, E] or [T, L, E] (windows oldest..newest)."""
+    c = as_counts(counts, "counts", ndim=(2, 3))
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(POLICIES)})")
+    if (nodes is None) != (groups is None):
+        raise ValueError("--nodes and --groups go together: give both or neither")
+    windowed = c.ndim == 3
+    if windowed:
+        target, scen = scenarios(c, decay, recent)
+    else:
+        target, scen = c, None
+    L, E = target.shape
+    check_shape(E, gpus, redundant)
+    hier = nodes is not None
+    if hier:
+        check_hierarchy(E, gpus, redundant, nodes, groups)
+    active = target.sum(1) > 0
+    plan_in = np.where(active[:, None], target, 1.0)          # dense layers: plan as uniform
+    if policy == "auto":
+        policy = "hierarchical" if hier else ("robust" if windowed else "refined")
+    if policy == "hierarchical" and not hier:
+        raise ValueError("policy 'hierarchical' needs --nodes and --groups")
+    home = None
+    if policy == "eplb":
+        eplb_in = np.where(active[:, None], c.sum(0) if windowed else c, 1.0)
+        lay = (eplb_hierarchical(eplb_in, gpus, redundant, nodes, groups) if hier
+               else eplb_global(eplb_in, gpus, redundant))
+    elif policy == "hierarchical":
+        scen_in = None if scen is None else np.where(active[None, :, None], scen, 1.0)
+        lay, home = plan_hierarchical(plan_in, gpus, redundant, nodes, groups, weights_TLE=scen_in)
+    elif policy == "robust":
+        lay = fit_robust(np.where(active[None, :, None], c if windowed else c[None], 1.0), gpus, redundant,
+                         decay=decay, recent=recent)
+    else:
+        lay = plan_refined(plan_in, gpus, redundant)
+    imb = layer_imbalance(target, lay, gpus)
+    bound = best_bound(target, gpus, redundant)
+    floor = off = None
+    if hier:
+        floor = group_partition_bound(target, gpus, nodes, groups)
+        if home is None:
+            home = np.repeat(group_to_node(plan_in, nodes, groups), E // groups, axis=1)
+        off = off_node_share(target, lay, home, gpus, nodes)
+    worst = layer_imbalance(scen, lay, gpus).max(0) if windowed else None
+    return PlanResult(policy=policy, layout_LP=lay, replicas_LE=replica_counts(lay, E), imbalance_L=imb,
+                      bound_L=bound, active_L=active, gpus=gpus, redundant=redundant,
+                      nodes=nodes, groups=groups, group_floor_L=floor, off_node_L=off,
+                      worst_window_L=worst)
