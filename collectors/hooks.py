@@ -101,6 +101,7 @@ def step_token_mask(kwargs: dict, batch: int, seq: int) -> torch.Tensor | None:
 
 def step_phase(kwargs: dict, seq: int) -> str:
     """prefill for a prompt (seq > 1 or no cache yet), decode for one new token on top of a cache."""
-    if seq == 1 and kwargs.get("past_key_values") is not None:
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    if seq == 1 and cache is not None:
         return "decode"
     return "prefill"

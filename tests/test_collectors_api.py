@@ -1,0 +1,199 @@
+"""The collector's contract: generate() steps and phases, padding, compile, the generic API, Redis."""
+from __future__ import annotations
+
+import socket
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import wire
+from collectors import ExpertLoadMonitor, attach
+from tiny_models import build
+
+warnings.filterwarnings("ignore", category=UserWarning)
+
+
+def _steps(client, run):
+    return [wire.decode_step(fields) for _, fields in client.xrange(wire.steps_key(run))]
+
+
+def _routed_ids(model):
+    """Record the exact ids every experts module receives (an independent tap for the tests)."""
+    seen = []
+    for module in model.modules():
+        if type(module).__name__.endswith("Experts"):
+            module.register_forward_pre_hook(lambda m, a: seen.append(a[1].clone()))
+    return seen
+
+
+def test_generate_prefill_then_decode_round_trip(redis_server, redis_url):
+    model = build("qwen3_moe")
+    taps = _routed_ids(model)
+    monitor = attach(model, redis_url=redis_url, run="gen", sample_tokens=4)
+    prompt = torch.randint(3, 90, (3, 5), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=4,
+                       min_new_tokens=4, do_sample=False, pad_token_id=0)
+    monitor.close()
+    records = _steps(redis_server.client(), "gen")
+    assert [r.step for r in records] == [0, 1, 2, 3]
+    assert [r.phase for r in records] == ["prefill", "decode", "decode", "decode"]
+    assert [r.tokens for r in records] == [15, 3, 3, 3]
+    layers = len(monitor.layer_names)
+    for i, rec in enumerate(records):  # each step's counts are that step's own routing, per layer
+        for layer in range(layers):
+            ids = taps[i * layers + layer]
+            assert rec.counts_LE[layer].tolist() == np.bincount(ids.reshape(-1), minlength=8).tolist()
+        assert rec.sample_ids_LNK.shape == (layers, min(4, rec.tokens), 2)
+        assert rec.dropped_steps == 0 and rec.world_size == 1 and rec.rank == 0
+    total = sum(r.counts_LE.astype(np.int64) for r in records)
+    assert np.array_equal(total, monitor.counts())
+    meta = wire.decode_meta(redis_server.client().get(wire.meta_key("gen")))
+    assert meta.layer_names == monitor.layer_names and meta.num_experts == 8 and meta.top_k == 2
+    assert meta.layout.physical_to_logical_map == wire.contiguous_layout(layers, 8)
+    assert meta.hidden_size == 32 and meta.moe_intermediate_size == 16 and meta.dtype_bytes == 4
+
+
+def test_padding_tokens_are_not_counted():
+    model = build("mixtral")
+    monitor = attach(model, sample_tokens=8)
+    ids = torch.randint(3, 90, (2, 6), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding: 4 pad tokens in row 0
+    taps = _routed_ids(model)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    real = mask.reshape(-1).bool()
+    for layer, tap in enumerate(taps):
+        expected = np.bincount(tap[real].reshape(-1), minlength=8)
+        assert monitor.counts()[layer].tolist() == expected.tolist()
+    assert monitor.counts().sum(axis=1).tolist() == [8 * 2] * len(taps)
+    monitor.close()
+
+
+def test_sampled_rows_exclude_padding(redis_server, redis_url):
+    model = build("olmoe")
+    monitor = attach(model, redis_url=redis_url, run="pad", sample_tokens=12)
+    ids = torch.randint(3, 90, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    monitor.close()
+    (rec,) = _steps(redis_server.client(), "pad")
+    assert rec.tokens == 7
+    assert rec.sample_ids_LNK.shape == (len(monitor.layer_names), 7, 2)  # the 7 real tokens, no padding row
+    assert (rec.sample_ids_LNK >= 0).all()
+
+
+@pytest.mark.slow
+def test_torch_compile_attached_before_compiling():
+    ids = torch.randint(3, 90, (2, 6), generator=torch.Generator().manual_seed(2))
+    eager = build("qwen3_moe")
+    expected = attach(eager)
+    compiled_model = build("qwen3_moe")
+    monitor = attach(compiled_model)
+    compiled = torch.compile(compiled_model)
+    with torch.no_grad():
+        eager(input_ids=ids)
+        compiled(input_ids=ids)
+        compiled(input_ids=ids)
+    assert monitor.step == 2
+    assert np.array_equal(monitor.counts(), 2 * expected.counts())
+    assert monitor.stats()["last_error"] == ""
+
+
+def test_generic_api_for_engines(redis_server, redis_url):
+    mon = ExpertLoadMonitor(num_layers=3, num_experts=6, top_k=2, redis_url=redis_url, run="engine",
+                            gpus=3, sample_tokens=2)
+    ids = torch.tensor([[0, 1], [1, 5], [5, 7], [-1, 2]])  # 7 and -1 are out of range: not counted
+    weights = torch.tensor([[0.5, 0.5], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])  # (1, slot 1) has weight 0
+    mon.record(0, ids)
+    mon.record(2, ids, weights)
+    assert mon.end_step(phase="decode", tokens=4) == 0
+    mon.record(1, torch.tensor([[3, 4]]))
+    mon.end_step()
+    mon.close()
+    assert mon.counts().tolist() == [[1, 2, 1, 0, 0, 2], [0, 0, 0, 1, 1, 0], [1, 2, 1, 0, 0, 1]]
+    first, second = _steps(redis_server.client(), "engine")
+    assert (first.phase, first.tokens, second.phase, second.tokens) == ("decode", 4, "unknown", 1)
+    with pytest.raises(ValueError, match="layer 3"):
+        mon.record(3, ids)
+    with pytest.raises(ValueError, match=r"\[tokens, k\]"):
+        mon.record(0, torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="phase"):
+        mon.end_step(phase="warmup")
+
+
+def test_password_url_and_ranks_from_environment(tmp_path, monkeypatch):
+    from conftest import RedisServer
+    server = RedisServer(tmp_path, password="s3cret")
+    try:
+        monkeypatch.setenv("RANK", "2")
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        mon = ExpertLoadMonitor(1, 4, 1, redis_url=server.url, run="auth", gpus=4, nvml=False)
+        mon.record(0, torch.tensor([[3], [3]]))
+        mon.end_step("prefill")
+        mon.close()
+        (rec,) = _steps(server.client(), "auth")
+        assert (rec.rank, rec.world_size, rec.counts_LE.tolist()) == (2, 4, [[0, 0, 0, 2]])
+    finally:
+        server.stop()
+
+
+def _dead_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again: nothing listens there
+
+
+def test_unreachable_redis_never_blocks_the_forward_and_counts_drops():
+    model = build("qwen3_moe")
+    monitor = attach(model, redis_url=f"redis://127.0.0.1:{_dead_port()}/0", run="down", queue_steps=5,
+                     host_slots=4)
+    ids = torch.randint(3, 90, (1, 4))
+    with torch.no_grad():
+        model(input_ids=ids)  # warm up
+        start = time.perf_counter()
+        for _ in range(20):
+            model(input_ids=ids)
+        hooked_s = time.perf_counter() - start
+    time.sleep(0.3)
+    stats = monitor.stats()
+    assert stats["steps"] == 21
+    assert "ConnectionError" in stats["last_error"]
+    assert stats["queued_steps"] <= 5 and stats["dropped_steps"] >= 21 - 5 - 4
+    assert hooked_s < 5.0, "a forward waited on Redis"  # a socket timeout per step would take 20 s
+    t0 = time.perf_counter()
+    monitor.close(timeout_s=0.5)
+    assert time.perf_counter() - t0 < 3.0
+    assert monitor.stats()["dropped_steps"] == 21
+    assert monitor.counts().sum() == 21 * 4 * 2 * len(monitor.layer_names)  # counting itself lost nothing
+
+
+def test_buffered_steps_survive_a_redis_restart(tmp_path):
+    from conftest import RedisServer
+    server = RedisServer(tmp_path)
+    port = server.port
+    mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="restart", queue_steps=100, nvml=False)
+    server.stop()
+    for _ in range(5):
+        mon.record(0, torch.tensor([[1]]))
+        mon.end_step("decode")
+    time.sleep(0.5)
+    assert mon.stats()["queued_steps"] == 5
+    import subprocess
+    server.proc = subprocess.Popen(server.proc.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while mon.stats()["queued_steps"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        mon.close()
+        records = _steps(server.client(), "restart")
+        assert [r.step for r in records] == [0, 1, 2, 3, 4] and server.port == port
+        assert server.client().get(wire.meta_key("restart")) is not None  # metadata written again
+    finally:
+        server.stop()
