@@ -1,0 +1,176 @@
+"""Server-side cost of one live dashboard tick: a window of 600 steps x 58 layers x 256 experts from Redis.
+
+Starts its own redis-server on a free loopback port (never touches another Redis), fills one run with
+600 steps written by wire.encode_step (DeepSeek-V3 shape, skewed counts, 32 GPUs contiguous), then for
+each page times what the server does per tick: poll Redis for the new entries (5 new steps written before
+every tick, untimed), fold them into the window, resolve the layout, analyse, build the page's plotly
+figures and serialise them as st.plotly_chart does (Figure.to_dict, plotly.io.to_json). Prints the median over the
+repeats and the figure payload per tick (bytes of the figures' JSON summed), plus the one-off cold start
+(the first poll reading the whole 600-step backlog).
+
+    python bench/bench_dashboard.py [--repeats 30] [--steps 600] [--layers 58] [--experts 256]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "268435456",
+              "MALLOC_TOP_PAD_": "67108864"}
+if any(name not in os.environ for name in MALLOC_ENV):  # glibc reads these at start: re-exec with them set
+    os.execvpe(sys.executable, [sys.executable, *sys.argv], {**MALLOC_ENV, **os.environ})
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import plotly.io  # noqa: E402
+import plotly.tools  # noqa: E402
+
+import redisconn  # noqa: E402
+import wire  # noqa: E402
+from dashboard import figures, figures_experts, figures_gpu  # noqa: E402
+from dashboard.analytics.balance import step_vs_window  # noqa: E402
+from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence  # noqa: E402
+from dashboard.layout import resolve_layout  # noqa: E402
+from dashboard.monitor import Monitor  # noqa: E402
+from dashboard.redis_source import RedisSource  # noqa: E402
+from dashboard.snapshot import analyse  # noqa: E402
+
+RUN = "bench"
+NEW_STEPS_PER_TICK = 5
+
+
+def start_redis(tmp: str) -> tuple[subprocess.Popen, str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        sys.exit("redis-server is not installed (apt-get install -y redis-server)")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", tmp, "--loglevel", "warning"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.05)
+    proc.terminate()
+    sys.exit("redis-server did not start")
+
+
+class Writer:
+    """Writes skewed steps like a collector: a few hot experts per layer that drift slowly."""
+
+    def __init__(self, client, layers: int, experts: int, tokens: int = 4096 * 8):
+        self.client, self.layers, self.experts, self.tokens = client, layers, experts, tokens
+        self.rng = np.random.default_rng(0)
+        self.step = 0
+        self.base_LE = self.rng.gamma(0.6, size=(layers, experts))
+
+    def write(self, n: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for _ in range(n):
+            self.base_LE *= np.exp(self.rng.normal(0, 0.02, size=self.base_LE.shape))
+            p = self.base_LE / self.base_LE.sum(axis=1, keepdims=True)
+            counts = np.stack([self.rng.multinomial(self.tokens, row) for row in p]).astype(np.int32)
+            rec = wire.StepRecord(run=RUN, rank=0, world_size=1, step=self.step, time_s=time.time(),
+                                  phase="decode" if self.step % 8 else "prefill", tokens=self.tokens // 8,
+                                  counts_LE=counts)
+            pipe.xadd(wire.steps_key(RUN), wire.encode_step(rec))
+            self.step += 1
+        pipe.zadd(wire.RUNS_KEY, {RUN: time.time()})
+        pipe.execute()
+
+
+def page_figures(page: str, monitor: Monitor, snap) -> list:
+    """The figures a page builds per tick (as dashboard/views/<page>.py does)."""
+    if page == "overview":
+        return [figures.gpu_load_bars(snap.latest_G, snap.stats, snap.straggler.gpu if snap.straggler else None,
+                                      "tokens/step")]
+    if page == "devices":
+        return [figures.load_bands(snap.view.step_T, snap.loads_TG, "tokens/step"),
+                figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, "tokens/step"),
+                figures.eta_over_time(snap.view.step_T, snap.eta_TL),
+                figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL),
+                figures.step_vs_window_figure(step_vs_window(snap.view.loads_TLG))]
+    if page == "experts":
+        window, counts_LE = monitor.window, snap.view.counts_sum_LE
+        hot_experts(counts_LE, 10), dead_experts(counts_LE)
+        half = snap.view.num_steps // 2
+        older = window.counts_CLE[snap.view.slots_T[:half]].sum(axis=0, dtype=np.int64)
+        return [figures_experts.layer_expert_heatmap(counts_LE),
+                figures_experts.expert_time_heatmap(snap.view.step_T, window.layer_counts(snap.view.slots_T, 3), 3),
+                figures_experts.drift_bars(js_divergence(older, counts_LE - older))]
+    rows = [{"time_s": t, "gpu_utilization_percent": 90, "memory_used_bytes": 7e10, "memory_total_bytes": 8e10,
+             "power_usage_w": 500.0, "power_limit_w": 700.0, "sm_clock_mhz": 1980, "temperature_c": 60}
+            for t in snap.view.time_s_T[-300:]]  # NVML readings as a sampler would send them
+    return [figures_gpu.nvml_figure(rows, snap.view.time_s_T, snap.loads_TG[:, 0], "GPU 0")]
+
+
+def tick(page: str, monitor: Monitor) -> int:
+    """One server-side tick of a page; returns the figure payload in bytes."""
+    monitor.tick()
+    window = monitor.window
+    layout = resolve_layout(monitor.source.meta(), window.num_layers, window.num_experts, monitor.world_size)
+    snap = analyse(window, layout, "both", None)
+    # what st.plotly_chart does with each figure: to a dict, then plotly.io.to_json
+    return sum(len(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
+               for fig in page_figures(page, monitor, snap))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--layers", type=int, default=58)
+    parser.add_argument("--experts", type=int, default=256)
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="bench-redis-")
+    proc, url = start_redis(tmp)
+    try:
+        client = redisconn.connect(url, timeout_s=10.0)
+        gpus = wire.default_gpus(args.experts)
+        meta = wire.RunMeta(run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
+                            range(args.layers)], num_experts=args.experts, top_k=8, hidden_size=7168,
+                            moe_intermediate_size=2048, dtype_bytes=2, layout=wire.Layout(
+                                gpus=gpus, nodes=max(1, gpus // 8),
+                                physical_to_logical_map=wire.contiguous_layout(args.layers, args.experts)))
+        client.set(wire.meta_key(RUN), wire.encode_meta(meta))
+        writer = Writer(client, args.layers, args.experts)
+        writer.write(args.steps)
+        print(f"window {args.steps} steps x {args.layers} layers x {args.experts} experts, {gpus} GPUs, "
+              f"{NEW_STEPS_PER_TICK} new steps per tick, median of {args.repeats} ticks "
+              f"(poll + window + layout + analytics + figures + to_json)")
+        for page in ("overview", "devices", "experts", "gpus"):
+            monitor = Monitor(RedisSource(client, url, RUN, args.steps), args.steps)
+            started = time.perf_counter()
+            tick(page, monitor)
+            cold_ms = (time.perf_counter() - started) * 1e3
+            times_ms, payloads = [], []
+            for _ in range(args.repeats):
+                writer.write(NEW_STEPS_PER_TICK)
+                started = time.perf_counter()
+                payloads.append(tick(page, monitor))
+                times_ms.append((time.perf_counter() - started) * 1e3)
+            assert monitor.window.size == args.steps
+            print(f"{page:9s} tick {statistics.median(times_ms):7.1f} ms (p90 "
+                  f"{sorted(times_ms)[int(0.9 * (len(times_ms) - 1))]:6.1f})  payload {statistics.median(payloads):>9,.0f} B"
+                  f"   cold first tick {cold_ms:7.1f} ms")
+    finally:
+        proc.terminate()
+        proc.wait(5)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
