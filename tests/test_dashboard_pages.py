@@ -14,16 +14,12 @@ APP = str(Path(__file__).resolve().parents[1] / "app.py")
 RUN = "pages-run"
 
 
-def fill(url: str, run: str) -> None:
-    from tests.synthfill import fill as synth_fill  # replaced by tests/realfill.fill_with_collector
-
-    synth_fill(redisconn.connect(url, timeout_s=2.0), run, steps=30, num_layers=4, num_experts=16, gpus=4)
-
-
 @pytest.fixture(scope="module")
 def filled(redis_server):
+    from realfill import fill_with_collector
+
     redis_server.client().flushdb()
-    fill(redis_server.url, RUN)
+    fill_with_collector(redis_server.url, RUN, steps=30)
     return redis_server.url
 
 
@@ -80,13 +76,17 @@ def test_overview(filled, monkeypatch):
     assert not at.error
 
 
-def test_phase_filter_applies(filled, monkeypatch):
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_phase_filter_applies(filled, monkeypatch, phase):
     at = app(filled, monkeypatch)
-    at.sidebar.radio(key="phase").set_value("decode").run()
-    assert not at.exception
-    want = expected(filled, RUN, "decode")
-    assert any(f"phase: decode · {want['steps']} steps in window" in c.value for c in at.caption)
+    at.sidebar.radio(key="phase").set_value(phase).run()
+    assert not at.exception, at.exception
+    want, both = expected(filled, RUN, phase), expected(filled, RUN)
+    assert 0 < want["steps"] < both["steps"]  # the real run has both phases
+    assert any(f"phase: {phase} · {want['steps']} steps in window" in c.value for c in at.caption)
     assert metric(at, "balancedness now") == f"{want['eta_now_p50']:.3f}"
+    at.switch_page("dashboard/pages/experts.py").run()
+    assert not at.exception and any(f"phase: {phase}" in c.value for c in at.caption)
 
 
 def test_devices(filled, monkeypatch):
