@@ -1,0 +1,135 @@
+"""The CLI contract: python -m dashboard.plan --load FILE --gpus G --redundant R [...] --out OUT.json."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboard.planner.loads import check_layout, layer_imbalance
+from dashboard.planner.synthetic import drifting_windows, skewed_counts
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "dashboard.plan", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_real_json_global(tmp_path):
+    out = tmp_path / "out.json"
+    src = DATA / "prefill_in1024.json"
+    r = run("--load", src, "--gpus", 32, "--redundant", 32, "--out", out)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    lay = np.array(d["physical_to_logical_map"])
+    assert lay.shape == (61, 288)
+    check_layout(lay, 256, 32)
+    c = np.array(json.loads(src.read_text())["logical_count"])
+    imb = layer_imbalance(c, lay, 32)
+    np.testing.assert_allclose(imb, d["predicted_imbalance"], atol=1e-5)
+    assert (np.array(d["predicted_imbalance"]) >= np.array(d["lower_bound_imbalance"]) - 1e-6).all()
+    assert np.array(d["replica_counts"]).sum(1).tolist() == [288] * 61
+
+
+def test_hierarchical_flags(tmp_path):
+    out = tmp_path / "h.json"
+    r = run("--load", DATA / "decode_in500out1500.json", "--gpus", 32, "--redundant", 32,
+            "--nodes", 4, "--groups", 8, "--out", out)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert len(d["off_node_token_share"]) == 61 and d["policy"] == "hierarchical"
+    assert len(d["group_floor_imbalance"]) == 61
+
+
+def test_windowed_json_and_pt(tmp_path):
+    c = drifting_windows(windows=4, layers=5, experts=64, seed=1)
+    c[:, 0] = 0                                  # a dense layer
+    js = tmp_path / "w.json"
+    js.write_text(json.dumps({"logical_count": c.tolist()}))
+    torch = pytest.importorskip("torch")
+    pt = tmp_path / "w.pt"
+    torch.save(torch.tensor(c), pt)
+    outs = []
+    for src in (js, pt):
+        out = tmp_path / (src.stem + src.suffix[1:] + ".json")
+        r = run("--load", src, "--gpus", 8, "--redundant", 8, "--decay", 0.7, "--out", out)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(out.read_text())
+        lay = np.array(d["physical_to_logical_map"])
+        check_layout(lay, 64, 8)
+        assert d["policy"] == "robust" and d["layers_with_traffic"][0] is False
+        outs.append(lay)
+    assert (outs[0] == outs[1]).all()
+
+
+def test_pt_dict_and_eplb_policy(tmp_path):
+    torch = pytest.importorskip("torch")
+    pt = tmp_path / "c.pt"
+    torch.save({"logical_count": torch.tensor(skewed_counts(layers=3, experts=32))}, pt)
+    r = run("--load", pt, "--gpus", 4, "--redundant", 4, "--policy", "eplb", "--out", tmp_path / "o.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "o.json").read_text())["policy"] == "eplb"
+
+
+def test_repair_from_current(tmp_path):
+    c = skewed_counts(layers=3, experts=32, seed=9)
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps({"logical_count": c.tolist()}))
+    cur = tmp_path / "cur.json"
+    cur.write_text(json.dumps({"physical_to_logical_map": [list(range(32)) + [0, 8, 16, 24]] * 3}))
+    r = run("--load", src, "--gpus", 4, "--redundant", 4, "--current", cur, "--moves", 6,
+            "--out", tmp_path / "o.json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads((tmp_path / "o.json").read_text())
+    assert d["moves_used"] <= 6 and d["moves_vs_imbalance"][0]["moves"] == 0
+
+
+BAD = [
+    ("notjson.json", "{not json", "not valid JSON"),
+    ("nokey.json", '{"counts": [[1, 2]]}', "no 'logical_count'"),
+    ("ragged.json", '{"logical_count": [[1, 2], [3]]}', "rectangular"),
+    ("neg.json", '{"logical_count": [[1, -2, 3, 4]]}', "negative"),
+    ("one_d.json", '{"logical_count": [1, 2, 3, 4]}', "2-D or 3-D"),
+    ("bad.pt", "not a torch file", "weights-only"),
+    ("x.csv", "1,2", "unknown file type"),
+]
+
+
+@pytest.mark.parametrize("name,text,msg", BAD)
+def test_bad_input_exits_2_with_one_line(tmp_path, name, text, msg):
+    f = tmp_path / name
+    f.write_text(text)
+    r = run("--load", f, "--gpus", 2, "--redundant", 0, "--out", tmp_path / "o.json")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--gpus", 32, "--redundant", 3], "split evenly"),
+    (["--gpus", 32, "--redundant", 32, "--nodes", 4], "go together"),
+    (["--gpus", 32, "--redundant", 32, "--nodes", 3, "--groups", 8], "split evenly"),
+    (["--gpus", "x", "--redundant", 0], "invalid int"),
+])
+def test_bad_arguments_exit_2(tmp_path, args, msg):
+    r = run("--load", DATA / "prefill_in512.json", *args, "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and msg in r.stderr, r.stderr
+
+
+def test_dashboard_planner_never_imports_torch():
+    code = ("import sys, dashboard.plan, dashboard.planner.api, dashboard.planner.io, dashboard.planner.edits,"
+            " dashboard.planner.traffic, dashboard.planner.budget, dashboard.planner.repair;"
+            " bad = [m for m in ('torch', 'streamlit', 'pynvml') if m in sys.modules]; print(bad);"
+            " sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
