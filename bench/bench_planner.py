@@ -1,0 +1,128 @@
+"""Planner benchmark: speed side by side with the EPLB-parity policy, fitted-window gaps, hierarchical
+numbers, leave-one-out held-out table on the 12 DeepSeek-V3 workloads, and next-window drift scores.
+
+Run: .venv/bin/python bench/bench_planner.py   (re-execs itself with fixed glibc malloc settings)
+Held-out measure: per held-out file, mean over its 58 MoE layers of max/mean GPU load; then the mean
+and the worst across the 12 files. Ours: policy "robust" fitted on the 11 other files (each normalised);
+EPLB: the EPLB-parity global policy fitted on the raw sum of the 11 other files. R = 32, G = 32.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+MALLOC = {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824",
+          "MALLOC_TOP_PAD_": "268435456"}
+if any(k not in os.environ for k in MALLOC):
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from dashboard.planner.api import plan  # noqa: E402
+from dashboard.planner.bounds import best_bound, group_partition_bound  # noqa: E402
+from dashboard.planner.eplb_ref import eplb_global, eplb_hierarchical  # noqa: E402
+from dashboard.planner.loads import layer_imbalance  # noqa: E402
+from dashboard.planner.synthetic import drifting_windows, skewed_counts  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
+G = 32
+
+
+def load():
+    files = sorted(DATA.glob("*.json"))
+    return [f.stem for f in files], np.array([json.loads(f.read_text())["logical_count"] for f in files], float)
+
+
+def speed(c, runs=9):
+    t_ours, t_eplb = [], []
+    plan(c, G, 32, policy="refined")
+    eplb_global(c, G, 32)
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        eplb_global(c, G, 32)
+        t1 = time.perf_counter()
+        plan(c, G, 32, policy="refined")
+        t2 = time.perf_counter()
+        t_eplb.append(t1 - t0)
+        t_ours.append(t2 - t1)
+    me, mo = np.median(t_eplb) * 1e3, np.median(t_ours) * 1e3
+    print(f"speed 61x256, R=32, G=32 (median of {runs} interleaved runs)")
+    print(f"  EPLB-parity global   {me:8.1f} ms")
+    print(f"  planner (refined)    {mo:8.1f} ms   (layout + refinement + bounds + predictions)")
+    print(f"  ratio planner/EPLB   {mo / me:8.2f}x")
+
+
+def fitted(names, C):
+    print("\nfitted window: gap to lower bound (imbalance / bound - 1), mean / max over MoE layers")
+    cases = [(f"synthetic sigma=0.7 seed={s}", skewed_counts(seed=s)) for s in (0, 1)]
+    cases += [(n, C[i][C[i].sum(1) > 0]) for i, n in enumerate(names) if i % 4 == 0]
+    print(f"  {'case':34s} {'R':>3s}  {'EPLB mean':>9s} {'EPLB max':>9s}  {'ours mean':>9s} {'ours max':>9s}")
+    for name, c in cases:
+        for R in (0, 32, 64):
+            b = best_bound(c, G, R)
+            ge = layer_imbalance(c, eplb_global(c, G, R), G) / b - 1
+            go = plan(c, G, R, policy="refined").gap_L
+            print(f"  {name:34s} {R:3d}  {ge.mean():9.4%} {ge.max():9.4%}  {go.mean():9.4%} {go.max():9.4%}")
+
+
+def hierarchical():
+    c = skewed_counts(seed=0)
+    print("\nhierarchical, 58 synthetic layers (sigma=0.7), N=4 nodes, K=8 groups")
+    floor = group_partition_bound(c, G, 4, 8)
+    print(f"  group floor             mean {floor.mean():.4f} worst {floor.max():.4f}")
+    for R in (32, 64):
+        e = layer_imbalance(c, eplb_hierarchical(c, G, R, 4, 8), G)
+        res = plan(c, G, R, nodes=4, groups=8, policy="hierarchical")
+        print(f"  R={R:2d} EPLB hierarchical  mean {e.mean():.4f} worst {e.max():.4f}")
+        print(f"  R={R:2d} ours (cross-node)  mean {res.imbalance_L.mean():.4f} worst {res.imbalance_L.max():.4f}"
+              f"  off-node share {res.off_node_L.mean():.3f}")
+
+
+def leave_one_out(names, C):
+    C = C[:, C[0].sum(1) > 0]
+    print("\nleave-one-out, R=32, G=32: per held-out file, mean over 58 layers of max/mean (worst layer)")
+    rows = []
+    t0 = time.perf_counter()
+    for k, n in enumerate(names):
+        train = np.delete(C, k, axis=0)
+        e = layer_imbalance(C[k], eplb_global(train.sum(0), G, 32), G)
+        o = layer_imbalance(C[k], plan(train, G, 32, policy="robust").layout_LP, G)
+        rows.append((e.mean(), e.max(), o.mean(), o.max()))
+        print(f"  {n:24s} EPLB {e.mean():.4f} ({e.max():.3f})   ours {o.mean():.4f} ({o.max():.3f})")
+    r = np.array(rows)
+    print(f"  {'mean over files':24s} EPLB {r[:, 0].mean():.4f}           ours {r[:, 2].mean():.4f}")
+    print(f"  {'worst file':24s} EPLB {r[:, 0].max():.4f}           ours {r[:, 2].max():.4f}")
+    print(f"  {'worst layer':24s} EPLB {r[:, 1].max():.4f}           ours {r[:, 3].max():.4f}")
+    print(f"  ({time.perf_counter() - t0:.1f} s for 12 fits of each)")
+
+
+def drift():
+    c = drifting_windows(windows=12, layers=16, seed=5)
+    print("\ndrift (synthetic random-walk popularity, 16 layers): fit on windows 0..t-1, score on t")
+    res = {"EPLB on sum": [], "ours decay=1.0": [], "ours decay=0.6": []}
+    for t in range(4, 12):
+        res["EPLB on sum"].append(layer_imbalance(c[t], eplb_global(c[:t].sum(0), G, 32), G).mean())
+        for d in (1.0, 0.6):
+            lay = plan(c[:t], G, 32, policy="robust", decay=d).layout_LP
+            res[f"ours decay={d}"].append(layer_imbalance(c[t], lay, G).mean())
+    for k, v in res.items():
+        print(f"  {k:16s} mean {np.mean(v):.4f} worst {np.max(v):.4f}")
+
+
+def main():
+    names, C = load()
+    speed(C[names.index("prefill_in1024")])
+    fitted(names, C)
+    hierarchical()
+    leave_one_out(names, C)
+    drift()
+
+
+if __name__ == "__main__":
+    main()
