@@ -50,7 +50,7 @@ def gpu_load_bars(latest_G: np.ndarray, stats: GpuWindowStats, straggler_gpu: in
              marker=dict(symbol="x", size=8, color="#444")),
     ]
     return figure(traces, "Per-GPU load: latest step and window", "GPU", f"load ({unit})",
-                  xaxis=dict(dtick=1) if latest_G.size <= 32 else {})
+                  xaxis=dict(range=[-0.5, latest_G.size - 0.5], dtick=1 if latest_G.size <= 32 else None))
 
 
 def load_bands(step_T: np.ndarray, loads_TG: np.ndarray, unit: str) -> go.Figure:

@@ -70,6 +70,8 @@ def test_overview(filled, monkeypatch):
     want = expected(filled, RUN)
     assert metric(at, "balancedness now") == f"{want['eta_now_p50']:.3f}"
     assert metric(at, "bad records") == "0"
+    assert metric(at, "source") == "ok" and metric(at, "collector errors") == "0"
+    assert metric(at, "collector last wrote").endswith("s ago")
     assert any(f"Straggler: GPU {want['straggler']} " in md.value for md in at.markdown)
     assert len(at.get("plotly_chart")) == 1
     assert any(f"{want['steps']} steps in window" in c.value for c in at.caption)

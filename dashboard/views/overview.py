@@ -1,6 +1,8 @@
 """Overview: balancedness now and over the window, throughput, health, per-GPU bars, the straggler."""
 from __future__ import annotations
 
+import time
+
 import streamlit as st
 
 from dashboard import figures
@@ -45,6 +47,15 @@ def render(current: Frame) -> None:
     cols[1].metric("tokens/s", fmt(snap.tokens_per_s, ",.0f"))
     cols[2].metric("dropped steps (collectors)", f"{monitor.dropped_steps:,}")
     cols[3].metric("bad records skipped", f"{monitor.bad_records:,}")
+    health = monitor.source.health()
+    cols = st.columns(4)
+    cols[0].metric("source", "ok" if health.reachable else "down",
+                   help=f"{health.where}; poll round trip "
+                        f"{'n/a' if health.latency_ms is None else f'{health.latency_ms:.1f} ms'}")
+    cols[1].metric("poll round trip", "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms")
+    cols[2].metric("collector last wrote", _age(health.last_seen_s))
+    errors = [f"rank {rank}: {r.get('last_error')}" for rank, r in health.collectors.items() if r.get("last_error")]
+    cols[3].metric("collector errors", str(len(errors)), help="; ".join(errors) or "none reported")
     if snap.straggler is not None:
         s = snap.straggler
         st.markdown(f"**Straggler: {snap.gpu_name(s.gpu)}** — mean load {s.ratio_to_mean:.2f}x the all-GPU mean, "
@@ -52,6 +63,10 @@ def render(current: Frame) -> None:
     st.plotly_chart(figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
                                           else snap.straggler.gpu, "tokens/step"), key="overview_bars")
     health_panel(current)
+
+
+def _age(time_s: float | None) -> str:
+    return "unknown" if time_s is None else f"{max(0.0, time.time() - time_s):.0f} s ago"
 
 
 def health_panel(current: Frame) -> None:
