@@ -32,7 +32,7 @@ class Health:
     reachable: the source answered (Redis ping, trace file readable); where: redacted URL or file path;
     error: why it is not reachable; latency_ms: round trip of the last poll; last_seen_s: unix time the
     collector last wrote (None when unknown); collectors: rank -> the collector's own health report
-    (dropped_steps, queued, last_error, time_s)."""
+    (dropped_steps, queued, last_error, time_s); note: anything else worth a line ("replay finished")."""
 
     reachable: bool
     where: str
@@ -40,6 +40,7 @@ class Health:
     latency_ms: float | None = None
     last_seen_s: float | None = None
     collectors: dict[int, dict] = field(default_factory=dict)
+    note: str = ""
 
 
 class Source(Protocol):

@@ -99,5 +99,6 @@ class TraceSource:
 
     def health(self) -> Health:
         return Health(reachable=not self._error, where=self.path, error=self._error,
-                      last_seen_s=self._last_time_s)
+                      last_seen_s=self._last_time_s,
+                      note="replay finished" if self._finished else f"replaying (byte {self._offset})")
 

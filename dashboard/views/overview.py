@@ -75,7 +75,7 @@ def health_panel(current: Frame) -> None:
     with st.expander("Redis and collector health", expanded=False):
         latency = "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms"
         st.markdown(f"- source: `{health.where}` — reachable, poll round trip {latency}\n"
-                    f"- collector last wrote: {ago(health.last_seen_s)}\n"
+                    f"- collector last wrote: {ago(health.last_seen_s)}{' · ' + health.note if health.note else ''}\n"
                     f"- this tick: {tick.steps_in} step entries, {tick.gpu_in} GPU samples"
                     f"{' (more waiting)' if tick.more else ''}, {tick.ms:.1f} ms\n"
                     f"- step records read this session: {current.monitor.steps_read:,}; ranks per step: "
