@@ -22,12 +22,14 @@ def _presence(layout_LP: np.ndarray, gpus: int, num_experts: int) -> np.ndarray:
 
 
 def refine_swaps(layout_LP, w_TLP, gpus: int, num_experts: int, pin_LP=None, nodes: int = 1,
-                 max_iter: int = 2000, tol: float = 1e-9):
+                 max_iter: int = 2000, tol: float = 1e-9, power: float | None = None):
     """Greedy best-swap descent on the busiest GPU. Returns (layout_LP, w_TLP, pin_LP) permuted copies.
 
     Each step, per layer: h = GPU with the largest load over all windows; among all swaps of a slot on h
     with a slot on another GPU (no duplicate expert on a GPU, pins respected) take the one minimising
-    the larger of the two new loads (max over windows); apply it if that is below h's current load."""
+    the larger of the two new loads (max over windows); apply it if that is below h's current load.
+    With ``power`` p, the swap instead minimises sum over windows of load**p on the two GPUs (a smooth
+    stand-in for the max that keeps improving the runner-up windows once the max is stuck)."""
     lay = np.array(layout_LP, dtype=np.int64)
     w = np.array(w_TLP, dtype=np.float64)
     if w.ndim == 2:
@@ -56,7 +58,14 @@ def refine_swaps(layout_LP, w_TLP, gpus: int, num_experts: int, pin_LP=None, nod
         d = wh[..., :, None] - wa[..., None, :]   # [T, A, S, P] load leaving h
         new_h = lh[..., None, None] - d
         new_g = la[:, :, gpu_P][..., None, :] + d
-        cand = np.maximum(new_h, new_g).max(0)    # [A, S, P]
+        if power is None:
+            cand = np.maximum(new_h, new_g).max(0)    # [A, S, P]
+            ref = Fh
+        else:
+            cand = (np.maximum(new_h, 0) ** power + np.maximum(new_g, 0) ** power).sum(0)
+            ref = (lh[..., None] ** power + la[:, :, gpu_P] ** power).sum(0)   # [A, P] current
+            cand = cand - ref[:, None, :]
+            ref = np.zeros(A)
         ea = lay[active]
         ei = np.take_along_axis(ea, hs, axis=1)   # [A, S]
         ca = cnt[active]
@@ -72,7 +81,7 @@ def refine_swaps(layout_LP, w_TLP, gpus: int, num_experts: int, pin_LP=None, nod
         cand = np.where(bad, np.inf, cand).reshape(A, S * P)
         k = cand.argmin(1)
         best = cand[np.arange(A), k]
-        ok = best < Fh * (1 - tol)
+        ok = best < (ref * (1 - tol) if power is None else -tol * (lh ** power).sum(0))
         if not ok.any():
             break
         li = active[ok]

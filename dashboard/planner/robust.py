@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loads import as_counts, check_shape
+from .loads import as_counts, check_shape, slot_weights
 from .pack import expand_replicas, layout_from_bins, replicate_greedy
+from .refine import refine_swaps
 from .replicas import refine_all
 
 
@@ -74,8 +75,11 @@ def vector_pack(w_TLN: np.ndarray, ids_LN: np.ndarray, bins: int) -> np.ndarray:
 
 
 def fit_robust(counts_TLE, gpus: int, redundant: int, decay: float = 1.0, recent: int = 16,
-               refine: bool = True) -> np.ndarray:
-    """Layout [L, E + R] for the traffic after ``counts_TLE`` (windows oldest..newest)."""
+               refine: bool = True, power: float = 8.0, smooth_iter: int = 60) -> np.ndarray:
+    """Layout [L, E + R] for the traffic after ``counts_TLE`` (windows oldest..newest).
+
+    Refinement: minimax over the scenarios, then up to ``smooth_iter`` swaps that lower the sum over
+    scenarios of (GPU load / mean)**``power`` (improves the runner-up windows), then minimax again."""
     blend, scen = scenarios(counts_TLE, decay, recent)
     L, E = blend.shape
     check_shape(E, gpus, redundant)
@@ -85,4 +89,8 @@ def fit_robust(counts_TLE, gpus: int, redundant: int, decay: float = 1.0, recent
     lay = layout_from_bins(phys, vector_pack(w, phys, gpus), gpus)
     if refine:
         lay, _ = refine_all(lay, scen, gpus)
+        if smooth_iter > 0:
+            w = slot_weights(scen * (E + redundant) / gpus, lay)       # mean GPU load 1 per scenario
+            lay, _, _ = refine_swaps(lay, w, gpus, E, power=power, max_iter=smooth_iter)
+            lay, _ = refine_all(lay, scen, gpus)
     return lay
