@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loads import as_counts, check_layout, layer_imbalance, replica_counts
+from .loads import as_counts, check_layout, layer_imbalance, replica_counts, slot_weights
 from .refine import refine_swaps
 from .replicas import refine_replicas
 from .robust import scenarios
-from .loads import slot_weights
 
 
 def _target(counts) -> np.ndarray:

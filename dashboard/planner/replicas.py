@@ -50,7 +50,7 @@ def refine_replicas(layout_LP, counts_TLE, gpus: int, pin_LP=None, max_iter: int
         gp = gpu_P[pidx]
         rb = np.take_along_axis(ra, b, axis=1).astype(float)
         rA = np.take_along_axis(ra, a, axis=1).astype(float)
-        cnt_b = np.transpose(ka[ar[:, None], :, b], (0, 1, 2)).astype(float)  # [A, S, G]
+        cnt_b = ka[ar[:, None], :, b].astype(float)                            # [A, S, G]
         cnt_a = ka[ar[:, None], :, a].astype(float)                            # [A, M, G]
         onehot = (np.arange(gpus)[None, None, :] == gp[:, :, None]).astype(float)
         obj = np.full((A, S, M), -np.inf)

@@ -7,6 +7,8 @@ replica number (token index mod replicas) - spreading tokens evenly like the eve
 Experts are resolved in column order, single-replica experts first.
 Bytes: dispatch + combine = 2 * d * b per (token, expert) pair ("per expert", the issue's 2*k*d*b per
 token) and 2 * d * b per (token, distinct GPU) ("per GPU", a deduplicating dispatcher such as DeepEP).
+Cross-node share: (token, expert) pairs served outside the token's home node, taken as the node that
+holds most of its experts (ties: lowest id) - the least cross-node traffic any token placement allows.
 Node-limited what-if: with a cap of M nodes per token, the token keeps the M nodes that cover most of
 its experts (any replica counts); the share of (token, expert) pairs left outside must be re-routed.
 """
