@@ -4,14 +4,16 @@ Shape legend: L MoE layers, E logical experts, K top-k, T tokens in a step, N sa
 
 The step buffer (int64, allocated once on the model's device) holds, back to back:
     counts_LE [L*E]      tokens routed to each expert this step (scatter_add_, no host sync)
-    sample_LNK [L*N*K]   top-k ids of the step's N sampled tokens in every layer (-1 = not sampled)
+    sample_LNK [L*N*K]   top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
-    tokens [1]           real tokens in the step
+    tokens [1]           real tokens in the step (counted on the device only under a padding mask)
 At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
-event the writer thread waits on), then zeroed on the device. Nothing here ever waits for the device.
+event the writer thread waits on), then zeroed on the device: three device ops per step, two per layer
+(four more per step under a padding mask). Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +31,16 @@ class HostSlot:
         if self.ready is not None:
             self.ready.synchronize()
         return self.buf.numpy()
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What the host knows of a step without reading the device: tokens (-1: never begun), whether a padding
+    mask applied (then the real token count is on the device), and how many tokens were sampled."""
+
+    tokens: int
+    masked: bool
+    sample_n: int
 
 
 class DeviceCounter:
@@ -51,47 +63,65 @@ class DeviceCounter:
         self.sample_valid_N = self.buf[self._n_counts + self._n_sample: self.size - 1]
         self.tokens = self.buf[self.size - 1:]
         self.total_LE = torch.zeros(L, E, dtype=torch.int64, device=self.device)
-        self.sample_idx_N: torch.Tensor | None = None
-        self.sample_LNK.fill_(-1)
+        self._count_rows = list(self.counts_LE.unbind(0))      # per-layer views, made once
+        self._sample_rows = list(self.sample_LNK.unbind(0))
+        self._ones_buf = torch.ones(1024, dtype=torch.int64, device=self.device)
+        self.sample_slice: slice | None = None
+        self.step_src: torch.Tensor | None = None
+        self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
 
     # ------------------------------------------------------------------ hot path (inside the forward)
     def begin_step(self, num_tokens: int, token_mask_T: torch.Tensor | None) -> None:
-        """Called once per step before the layers run: counts real tokens, picks the sampled tokens."""
-        if token_mask_T is None:
-            self.tokens.add_(num_tokens)
-        else:
+        """Called once per step before the layers run. Picks the sampled tokens (every `stride`-th token
+        from a random offset: a strided view, no index tensor) and, with a padding mask, counts the real
+        tokens and prepares the per-(token, slot) weights that every layer of the step shares."""
+        self.step_tokens = num_tokens
+        self.step_masked = token_mask_T is not None
+        self.step_src = None
+        if token_mask_T is not None:
             self.tokens.add_(token_mask_T.sum())
+            self.step_src = token_mask_T.unsqueeze(1).expand(num_tokens, self.top_k).reshape(-1)
         n = min(self.sample_tokens, num_tokens)
+        self.step_sample_n = n
         if n == 0:
-            self.sample_idx_N = None
+            self.sample_slice = None
             return
-        idx = torch.randperm(num_tokens, device=self.device)[:n]
-        self.sample_idx_N = idx
-        if token_mask_T is None:
-            self.sample_valid_N[:n].fill_(1)
-        else:
-            self.sample_valid_N[:n].copy_(token_mask_T.index_select(0, idx))
+        stride = num_tokens // n
+        offset = random.randrange(stride)
+        self.sample_slice = slice(offset, offset + n * stride, stride)
+        if token_mask_T is not None:
+            self.sample_valid_N[:n].copy_(token_mask_T[self.sample_slice])
+
+    def _ones(self, n: int) -> torch.Tensor:
+        if self._ones_buf.numel() < n:
+            self._ones_buf = torch.ones(max(n, 2 * self._ones_buf.numel()), dtype=torch.int64, device=self.device)
+        return self._ones_buf[:n]
 
     def record(self, layer: int, ids_TK: torch.Tensor, valid_TK: torch.Tensor | None = None) -> None:
-        """Add one layer's routing: ids_TK int64 [T, K] expert ids; valid_TK [T, K] (bool or 0/1) marks the
-        (token, slot) pairs that count. Pairs outside [0, E) must be masked by the caller."""
+        """Add one layer's routing: ids_TK int64 [T, K] expert ids in [0, E). valid_TK [T, K] (bool or 0/1),
+        when given, marks the (token, slot) pairs that count; otherwise the step's padding mask applies.
+        Two device ops on the common path: scatter_add_ into the counts and one strided copy of the
+        sampled rows (rows of padding tokens are dropped on the host by sample_valid_N)."""
         flat = ids_TK.reshape(-1)
-        if valid_TK is None:
-            src = torch.ones_like(flat)
-        else:
+        if valid_TK is not None:
             src = valid_TK.reshape(-1).to(torch.int64)
-        self.counts_LE[layer].scatter_add_(0, flat, src)
-        idx = self.sample_idx_N
-        if idx is not None and ids_TK.shape[0] >= idx.shape[0] and ids_TK.shape[1] == self.top_k:
-            rows = ids_TK.index_select(0, idx)
+        elif self.step_src is not None and self.step_src.numel() == flat.numel():
+            src = self.step_src
+        else:
+            src = self._ones(flat.numel())
+        self._count_rows[layer].scatter_add_(0, flat, src)
+        cut = self.sample_slice
+        if cut is not None and ids_TK.shape[0] == self.step_tokens and ids_TK.shape[1] == self.top_k:
+            rows = ids_TK[cut]
             if valid_TK is not None:
-                rows = rows.masked_fill(valid_TK.index_select(0, idx) == 0, -1)
-            self.sample_LNK[layer, : idx.shape[0]].copy_(rows)
+                rows = rows.masked_fill(valid_TK[cut] == 0, -1)
+            self._sample_rows[layer][: self.step_sample_n].copy_(rows)
 
     # ------------------------------------------------------------------ step boundary
-    def snapshot(self, slot: HostSlot | None) -> None:
+    def snapshot(self, slot: HostSlot | None) -> StepFacts:
         """Copy the step buffer into `slot` (asynchronously on CUDA), fold it into the running total and
-        reset it. slot None: the step is dropped from the stream but still counted in the total."""
+        reset it; returns what the host knows of the step. slot None: the step is not published but still
+        counted in the total."""
         if slot is not None:
             on_cuda = self.device.type == "cuda"
             slot.buf.copy_(self.buf, non_blocking=on_cuda)
@@ -100,24 +130,28 @@ class DeviceCounter:
                 slot.ready.record()
         self.total_LE.add_(self.counts_LE)
         self.buf.zero_()
-        self.sample_LNK.fill_(-1)
-        self.sample_idx_N = None
+        facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n if self.sample_slice else 0)
+        self.sample_slice, self.step_src = None, None
+        self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
+        return facts
 
     def new_slot(self) -> HostSlot:
         pin = self.device.type == "cuda"
         return HostSlot(torch.empty(self.size, dtype=torch.int64, pin_memory=pin), None)
 
-    def unpack(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int]:
-        """Host copy of a step buffer -> (counts_LE int64 [L, E], sample_LNK int64 [L, n, K] with rows of
-        padding tokens set to -1, or None when nothing was sampled, tokens)."""
+    def unpack(self, flat: np.ndarray, facts: StepFacts) -> tuple[np.ndarray, np.ndarray | None, int]:
+        """Host copy of a step buffer -> (counts_LE int64 [L, E], sample_LNK int64 [L, n, K] of the real
+        sampled tokens (-1 rows for a layer that did not run), or None when nothing was sampled, tokens:
+        the real tokens, or -1 when the step was never begun)."""
         L, E, N, K = self.num_layers, self.num_experts, self.sample_tokens, self.top_k
         counts = flat[: self._n_counts].reshape(L, E).copy()
-        tokens = int(flat[-1])
+        tokens = int(flat[-1]) if facts.masked else facts.tokens
         sample = None
-        if N:
-            valid = flat[self._n_counts + self._n_sample: self.size - 1].astype(bool)
-            rows = flat[self._n_counts: self._n_counts + self._n_sample].reshape(L, N, K)
-            keep = np.flatnonzero(valid)
-            if keep.size:
-                sample = rows[:, keep, :].copy()
+        n = facts.sample_n
+        if n:
+            rows = flat[self._n_counts: self._n_counts + self._n_sample].reshape(L, N, K)[:, :n, :].copy()
+            rows[counts.sum(axis=1) == 0] = -1
+            if facts.masked:
+                rows = rows[:, flat[self._n_counts + self._n_sample: self._n_counts + self._n_sample + n] != 0]
+            sample = rows if rows.shape[1] else None
         return counts, sample, tokens

@@ -35,6 +35,7 @@ class MoELayer:
     num_experts: int
     top_k: int
     mask_out_of_range: bool = False  # ids >= E or routing weight 0 are not counted
+    index_param: str = "top_k_index"  # standard kind: name of the forward's ids parameter
 
 
 def _first_int(config, keys) -> int | None:
@@ -95,7 +96,8 @@ def find_moe_layers(model: torch.nn.Module) -> list[MoELayer]:
         hook_target = module.down_embed if kind == "doge" else module
         hook_name = f"{name}.down_embed" if kind == "doge" else name
         layers.append(MoELayer(hook_name, hook_target, kind, num_experts, top_k,
-                               mask_out_of_range=family in MASKED_FAMILIES))
+                               mask_out_of_range=family in MASKED_FAMILIES,
+                               index_param=_standard_index_param(module) or ""))
     if not layers:
         raise ValueError(
             f"no routed-expert layers found in {type(model).__name__}: expected a module whose forward takes "

@@ -25,12 +25,22 @@ def _arg(args: tuple, kwargs: dict, position: int, names: tuple[str, ...]):
 
 
 def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
+    counter, param = monitor.counter, layer.index_param
+
     def pre_hook(module, args, kwargs):
-        ids = _arg(args, kwargs, 1, ("top_k_index", "router_indices", "selected_experts"))
+        ids = args[1] if len(args) > 1 else kwargs.get(param)
         if ids is None:
             return None
-        weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights")) if layer.mask_out_of_range else None
-        monitor._record_hooked(index, ids, weights, layer.mask_out_of_range)
+        if layer.mask_out_of_range:
+            weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights"))
+            monitor._record_hooked(index, ids, weights, True)
+            return None
+        try:  # the hot path: the model's own int64 [tokens, k] ids, straight into the counter
+            if ids.dim() != 2 or ids.dtype != torch.int64:
+                ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
+            counter.record(index, ids)
+        except Exception as exc:  # never break the model's forward
+            monitor._hook_failed(index, exc)
         return None
     return pre_hook
 

@@ -65,7 +65,6 @@ class ExpertLoadMonitor:
         self.redis_url = redis_url
         self._phase_override: str | None = None
         self._step_open = False
-        self._tokens_known = False
         self._token_mask_T: torch.Tensor | None = None
         self._error: str | None = None
         self._closed = False
@@ -90,13 +89,13 @@ class ExpertLoadMonitor:
 
     # ------------------------------------------------------------------ the generic API
     def begin_step(self, tokens: int | None = None, token_mask: torch.Tensor | None = None) -> None:
-        """Optional: announce a step of `tokens` tokens (token_mask [tokens], 1 = real) before recording it;
-        this picks the sampled tokens and lets padding be excluded."""
+        """Optional: announce a step of `tokens` tokens (or token_mask [tokens], 1 = real token) before its
+        layers are recorded; this picks the sampled tokens and excludes padding. record() calls it with the
+        first layer's token count when the step was not announced."""
         mask = None if token_mask is None else token_mask.reshape(-1).to(self.device, torch.int64)
         n = int(mask.numel()) if mask is not None else int(tokens or 0)
         self._token_mask_T = mask
         self.counter.begin_step(n, mask)
-        self._tokens_known = True
         self._step_open = True
 
     def record(self, layer: int, topk_ids: torch.Tensor, weights: torch.Tensor | None = None) -> None:
@@ -109,11 +108,13 @@ class ExpertLoadMonitor:
                              f"{getattr(topk_ids, 'shape', type(topk_ids).__name__)}")
         if weights is not None and weights.shape != topk_ids.shape:
             raise ValueError(f"weights {tuple(weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
-        self._step_open = True
+        if not self._step_open:
+            self.begin_step(tokens=topk_ids.shape[0])
         self._count(layer, topk_ids, weights, mask_range=True)
 
     def end_step(self, phase: str | None = None, tokens: int | None = None) -> int:
-        """Close the step: one copy of its counts leaves the device (asynchronously on CUDA). Returns its id."""
+        """Close the step: one copy of its counts leaves the device (asynchronously on CUDA). tokens
+        overrides the step's token count. Returns the step's id."""
         phase = self._phase_override or phase or "unknown"
         if phase not in wire.PHASES:
             raise ValueError(f"phase must be one of {wire.PHASES}, got {phase!r}")
@@ -123,14 +124,12 @@ class ExpertLoadMonitor:
                 slot = self._free_slots.pop() if self._free_slots else None
             if slot is None:
                 self.publisher.count_dropped()
-        self.counter.snapshot(slot)
+        facts = self.counter.snapshot(slot)
         step = self.step
         self.step += 1
         if slot is not None:
-            known = tokens if tokens is not None else (None if self._tokens_known else -1)
-            self.publisher.submit(StepJob(step, time.time(), phase, known, slot))
+            self.publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts))
         self._token_mask_T = None
-        self._tokens_known = False
         self._step_open = False
         return step
 
@@ -171,36 +170,43 @@ class ExpertLoadMonitor:
 
     # ------------------------------------------------------------------ internals
     def _count(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None, mask_range: bool) -> None:
-        ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
+        ids = ids.reshape(-1, ids.shape[-1])
+        if ids.dtype != torch.int64:
+            ids = ids.to(torch.int64)
+        if not mask_range:  # the hot path: ids straight from the model; padding handled by the step's mask
+            self.counter.record(layer, ids)
+            return
+        valid = (ids >= 0) & (ids < self.num_experts)
+        if weights is not None:
+            valid &= weights.reshape(ids.shape) != 0
         mask = self._token_mask_T
-        valid = None
         if mask is not None and mask.shape[0] == ids.shape[0]:
-            valid = mask.unsqueeze(1).expand_as(ids)
-        if mask_range:
-            in_range = (ids >= 0) & (ids < self.num_experts)
-            if weights is not None:
-                in_range &= weights.reshape(ids.shape) != 0
-            valid = in_range if valid is None else in_range & (valid != 0)
-            ids = ids.clamp(0, self.num_experts - 1)
-        self.counter.record(layer, ids, valid)
+            valid &= mask.unsqueeze(1) != 0
+        self.counter.record(layer, ids.clamp(0, self.num_experts - 1), valid)
 
     def _record_hooked(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None,
                        mask_range: bool) -> None:
         try:
             self._count(layer, ids, weights, mask_range)
         except Exception as exc:  # never break the model's forward
-            if self._error is None:
-                self._error = f"layer {self.layer_names[layer]}: {exc}"
-                warnings.warn(f"moe monitor stopped counting a layer: {self._error}", RuntimeWarning)
+            self._hook_failed(layer, exc)
+
+    def _hook_failed(self, layer: int, exc: Exception) -> None:
+        """A hook could not count (a model that breaks our assumptions): say so once, keep the model running."""
+        if self._error is None:
+            self._error = f"layer {self.layer_names[layer]}: {type(exc).__name__}: {exc}"
+            warnings.warn(f"moe monitor could not count a layer: {self._error}", RuntimeWarning)
 
     def _release(self, slot: HostSlot) -> None:
         with self._slot_lock:
             self._free_slots.append(slot)
 
     def _decode(self, job: StepJob) -> wire.StepRecord:
-        counts, sample, tokens = self.counter.unpack(job.slot.wait())
+        counts, sample, tokens = self.counter.unpack(job.slot.wait(), job.facts)
         if job.tokens is not None:
-            tokens = job.tokens if job.tokens >= 0 else int(round(counts.sum(axis=1).max() / self.top_k))
+            tokens = job.tokens
+        elif tokens < 0:  # never begun: each token has k slots in every layer
+            tokens = int(round(counts.sum(axis=1).max() / self.top_k))
         return wire.StepRecord(
             run=self.run, rank=self.rank, world_size=self.world_size, step=job.step, time_s=job.time_s,
             phase=job.phase, tokens=tokens, counts_LE=counts.astype(np.int32), sample_ids_LNK=sample)

@@ -32,8 +32,9 @@ class StepJob:
     step: int
     time_s: float
     phase: str
-    tokens: int | None
+    tokens: int | None      # set by the caller of end_step, else taken from facts / the device
     slot: object
+    facts: object           # counter.StepFacts
 
 
 class RedisSink:
@@ -68,10 +69,10 @@ class Publisher:
 
     def __init__(self, sink: RedisSink | None, decode: Callable[[StepJob], wire.StepRecord],
                  release: Callable[[object], None], rank: int, queue_steps: int = 1024,
-                 batch: int = 64, extra_sinks: list | None = None):
+                 batch: int = 256, extra_sinks: list | None = None, flush_interval_s: float = 0.1):
         self.sink, self.decode, self.release, self.rank = sink, decode, release, rank
         self.extra_sinks = extra_sinks or []
-        self.queue_steps, self.batch = queue_steps, batch
+        self.queue_steps, self.batch, self.flush_interval_s = queue_steps, batch, flush_interval_s
         self.inbox: collections.deque[StepJob] = collections.deque()
         self.samples: collections.deque[wire.GpuSample] = collections.deque(maxlen=1000)
         self.pending: collections.deque[wire.StepRecord] = collections.deque()
@@ -86,12 +87,12 @@ class Publisher:
 
     # ------------------------------------------------------------------ called from other threads
     def submit(self, job: StepJob) -> None:
+        """Hand over a finished step. Does not wake the thread: it publishes in batches every
+        flush_interval_s, so the model's thread is not preempted for the GIL after every step."""
         self.inbox.append(job)
-        self._wake.set()
 
     def submit_sample(self, sample: wire.GpuSample) -> None:
         self.samples.append(sample)
-        self._wake.set()
 
     def count_dropped(self, n: int = 1) -> None:
         with self._lock:
@@ -145,7 +146,7 @@ class Publisher:
     def _run(self) -> None:
         backoff_s = 0.0
         while True:
-            self._wake.wait(timeout=0.05 if backoff_s == 0 else backoff_s)
+            self._wake.wait(timeout=backoff_s or self.flush_interval_s)
             self._wake.clear()
             self._drain_inbox()
             if self._stop and (self.sink is None or not self.pending) and not self.samples:
@@ -173,8 +174,8 @@ class Publisher:
                 self.samples.popleft()
             self.published_steps += len(records)
             self.last_error = ""
-            if self.pending or self.samples:
-                self._wake.set()
+            if len(self.pending) >= self.batch:
+                self._wake.set()  # a backlog (after an outage): keep going without waiting
 
 
 def _with_dropped(record: wire.StepRecord, dropped: int) -> wire.StepRecord:

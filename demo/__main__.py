@@ -1,0 +1,80 @@
+"""`make demo` / `python -m demo`: private Redis (unless REDIS_URL is set), the tiny DeepSeek-V3 driven by
+drifting traffic with the real collector attached, and the dashboard on 127.0.0.1:$PORT (default 8501)."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8501)), help="dashboard port")
+    parser.add_argument("--run", default=os.environ.get("RUN", "demo-deepseek-v3"), help="run name in Redis")
+    parser.add_argument("--no-dashboard", action="store_true", help="only drive the model")
+    parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
+    return parser.parse_args(argv)
+
+
+def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
+    env = {**os.environ, "REDIS_URL": redis_url}
+    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    from collectors import attach
+    from demo.model import build_model
+    from demo.traffic import DriftingTraffic, steps_forever
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    redis = dashboard = monitor = None
+    try:
+        redis_url = os.environ.get("REDIS_URL")
+        if not redis_url:
+            from demo.localredis import RedisServer
+            redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"))
+            redis_url = redis.url
+            print(f"demo: private redis-server on {redis_url}", flush=True)
+        model = build_model()
+        traffic = DriftingTraffic(model)
+        monitor = attach(model, redis_url=redis_url, run=args.run, gpus=32, nodes=4)
+        print(f"demo: run {args.run!r}: {len(monitor.layer_names)} MoE layers x {monitor.num_experts} experts, "
+              f"top-{monitor.top_k}, 32 GPUs in 4 nodes (contiguous layout)", flush=True)
+        if not args.no_dashboard:
+            dashboard = start_dashboard(args.port, redis_url)
+            print(f"demo: dashboard on http://127.0.0.1:{args.port}", flush=True)
+        start = time.monotonic()
+        deadline = start + args.seconds if args.seconds > 0 else float("inf")
+        steps_forever(model, traffic, clock=lambda: time.monotonic() - start,
+                      stop=lambda: stop.is_set() or time.monotonic() > deadline
+                      or (dashboard is not None and dashboard.poll() is not None))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if monitor is not None:
+            monitor.close()
+            print(f"demo: {monitor.stats()}", flush=True)
+        if dashboard is not None and dashboard.poll() is None:
+            dashboard.terminate()
+            dashboard.wait(10)
+        if redis is not None:
+            redis.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""A private redis-server child process on a free loopback port (tests and the demo; never a shared Redis)."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
+
+    def __init__(self, tmp_dir, password: str | None = None):
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
+        self.port = free_port()
+        self.password = password
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(tmp_dir), "--daemonize", "no", "--loglevel", "warning"]
+        if password:
+            args += ["--requirepass", password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def client(self):
+        import redisconn
+        return redisconn.connect(self.url, timeout_s=2.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

@@ -1,0 +1,27 @@
+"""A real transformers DeepSeek-V3 with random weights in DeepSeek-V3's routing shape, small enough for a CPU:
+256 routed experts, top-8, n_group 8, topk_group 4, one shared expert, a dense first layer, tiny widths."""
+from __future__ import annotations
+
+import torch
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+VOCAB = 1024
+
+
+def build_model(moe_layers: int = 4, seed: int = 0) -> DeepseekV3ForCausalLM:
+    config = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        num_hidden_layers=moe_layers + 1, first_k_dense_replace=1, n_routed_experts=256, num_experts_per_tok=8,
+        n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16,
+        v_head_dim=16, head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        tie_word_embeddings=False)
+    config.name_or_path = "demo/deepseek-v3-tiny-random"
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).eval()
+    with torch.no_grad():  # routers of trained models are decisive; the 0.02 init std leaves every score ~0.5
+        for layer in model.model.layers:
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None:
+                gate.weight.normal_(0.0, 1.5 / config.hidden_size ** 0.5)
+    return model

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Debian packages the tests and the demo need: redis-server (tests start their own on loopback) and
+# chromium (the browser tests drive it headless through playwright). Installs only what is missing.
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+[ "${1:-}" = "--with-browser" ] && { [ -x /usr/bin/chromium ] || need+=(chromium); }
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
+  echo "missing Debian packages: ${need[*]} (install them: apt-get install -y ${need[*]})" >&2
+  exit 1
+fi
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+echo "installing ${need[*]} with apt-get" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
