@@ -16,6 +16,6 @@ LIVE_PAGES = [
     st.Page("dashboard/pages/experts.py", title="Experts", url_path="experts"),
     st.Page("dashboard/pages/gpus.py", title="GPU panel", url_path="gpus"),
 ]
-# Planning pages (the What-if layout preview built on dashboard.planner) join as a second section:
-# {"Live": LIVE_PAGES, "Plan": [st.Page("dashboard/pages/whatif.py", title="What-if", url_path="what-if")]}
-st.navigation({"Live": LIVE_PAGES}).run()
+# Planning pages: the What-if layout preview built on dashboard.planner (no auto-refresh).
+PLAN_PAGES = [st.Page("dashboard/pages/whatif.py", title="What-if", url_path="what-if")]
+st.navigation({"Live": LIVE_PAGES, "Plan": PLAN_PAGES}).run()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import wire
 from dashboard.gpu_history import GpuHistory
 from dashboard.source import Source
+from dashboard.whatif_samples import SampleRing
 from dashboard.window import StepWindow
 
 
@@ -39,6 +40,7 @@ class Monitor:
         self.max_entries_per_tick = max_entries_per_tick
         self.window: StepWindow | None = None
         self.gpus = GpuHistory()
+        self.samples = SampleRing(window_steps)  # sampled routing rows for the What-if traffic model
         self.bad_records = 0
         self.last_error = ""
         self.steps_read = 0
@@ -56,6 +58,7 @@ class Monitor:
         for rec in batch.steps:
             try:
                 self._window_for(rec).add(rec)
+                self.samples.add(rec)
                 self.world_size = max(self.world_size, rec.world_size)
             except ValueError as exc:
                 refused += 1

@@ -4,8 +4,10 @@ Inputs: SGLang ``logical_count`` JSON ({"logical_count": [[E numbers] x L]} or a
 ``.pt`` file (a tensor, or a dict with "logical_count"), of shape [L, E] or [T, L, E] (T windows,
 oldest first). ``.pt`` files are read with ``torch.load(..., weights_only=True)`` only; torch is
 imported inside that loader, never at module level (the dashboard must run without torch).
-Hook for project traces: ``register_loader(".suffix", fn)`` where ``fn(path) -> array [L,E] | [T,L,E]``;
-the trace reader will register itself there when it lands.
+Project traces (JSON lines of wire.trace_line, ``.jsonl`` / ``.trace``, or a ``.json`` whose first line is
+a trace line) load as [T, L, E]: steps (ranks summed) in step order, split into up to TRACE_WINDOWS
+contiguous windows of summed steps (see trace_windows). Other types: ``register_loader(".suffix", fn)``
+where ``fn(path) -> array [L,E] | [T,L,E]``.
 Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads.
 """
 from __future__ import annotations
@@ -37,6 +39,10 @@ def _from_obj(obj, path: Path):
 
 
 def _load_json(path: Path):
+    with path.open("r", encoding="utf-8") as handle:
+        first = handle.readline()
+    if _is_trace_line(first):
+        return _load_trace(path)
     try:
         obj = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -55,9 +61,65 @@ def _load_pt(path: Path):
     return _from_obj(obj, path)
 
 
+def _is_trace_line(line: str) -> bool:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and obj.get("kind") in ("meta", "step", "gpu")
+
+
+def _load_trace(path: Path) -> np.ndarray:
+    with path.open("r", encoding="utf-8") as handle:
+        return trace_windows(handle, name=path.name)
+
+
 register_loader(".json", _load_json)
+register_loader(".jsonl", _load_trace)
+register_loader(".trace", _load_trace)
 register_loader(".pt", _load_pt)
 register_loader(".pth", _load_pt)
+
+
+TRACE_WINDOWS = 16
+
+
+def trace_windows(lines, max_windows: int = TRACE_WINDOWS, name: str = "trace") -> np.ndarray:
+    """Trace lines (wire.trace_line JSON lines) -> float64 [T, L, E]: every step's counts with its ranks
+    summed, in step order, split into T = min(max_windows, steps) contiguous windows of (nearly) equal
+    step counts, each summed. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
+    line for a line that does not decode, counts of another shape, or a trace without step lines."""
+    import wire  # the wire format module at the repository root; light (numpy + stdlib)
+
+    if max_windows < 1:
+        raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+    steps: dict[int, np.ndarray] = {}
+    shape = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            kind, fields = wire.parse_trace_line(line)
+            if kind == "meta":
+                meta = fields.get("meta")
+                wire.decode_meta(json.dumps(meta) if isinstance(meta, dict) else meta)
+                continue
+            if kind != "step":
+                continue
+            rec = wire.decode_step(fields)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name} line {number}: not a valid trace line ({exc})") from None
+        if shape is None:
+            shape = rec.counts_LE.shape
+        elif rec.counts_LE.shape != shape:
+            raise ValueError(f"{name} line {number}: counts are {list(rec.counts_LE.shape)}, earlier steps "
+                             f"were {list(shape)} (layers x experts)")
+        held = steps.get(rec.step)
+        steps[rec.step] = rec.counts_LE.astype(np.int64) if held is None else held + rec.counts_LE
+    if not steps:
+        raise ValueError(f"{name}: the trace holds no step lines")
+    counts_SLE = np.stack([steps[s] for s in sorted(steps)]).astype(np.float64)
+    return np.stack([chunk.sum(0) for chunk in np.array_split(counts_SLE, min(max_windows, len(steps)))])
 
 
 def load_counts(path) -> np.ndarray:

@@ -1,0 +1,187 @@
+"""What-if numbers, pure (no Streamlit): pick the fit and score windows from the watched steps, score a
+layout on the score window, and model its all-to-all traffic from the sampled routing rows.
+
+Fit window: the `fit` newest steps (or the steps of the last `fit` minutes) before the score window when
+held out, else ending with the newest step; it reaches the planner as up to MAX_FIT_WINDOWS contiguous
+windows of summed steps [T, L, E] (oldest first). Score window: the `score_steps` newest steps (the live
+tail). GPU loads use the even-split rule (tokens of an expert shared evenly by its replicas).
+
+Shape legend: S steps, T fit windows, L layers, E experts, P slots, G GPUs, N sampled tokens, K top-k.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from dashboard.planner.loads import gpu_loads, imbalance
+from dashboard.planner.traffic import traffic
+
+MAX_FIT_WINDOWS = 16
+MAX_SAMPLE_ROWS = 4096
+
+
+@dataclass(frozen=True)
+class WhatIfData:
+    """A frozen copy of the inputs (the page re-plans only when this changes).
+
+    fit_TLE float64 fit windows; score_SLE int64 per-step counts of the score window; score_tokens_S;
+    samples_LNK int16 sampled rows of the score window (None when the collector sends none);
+    fit_steps / fit_span_s: steps and seconds covered by the fit window; as_of_step: the newest step."""
+
+    fit_TLE: np.ndarray
+    score_SLE: np.ndarray
+    score_tokens_S: np.ndarray
+    samples_LNK: np.ndarray | None
+    fit_steps: int
+    fit_span_s: float
+    as_of_step: int
+    overlap: bool
+
+    @property
+    def num_layers(self) -> int:
+        return self.score_SLE.shape[1]
+
+    @property
+    def num_experts(self) -> int:
+        return self.score_SLE.shape[2]
+
+    @property
+    def score_sum_LE(self) -> np.ndarray:
+        return self.score_SLE.sum(0)
+
+
+def split_windows(counts_SLE, max_windows: int = MAX_FIT_WINDOWS) -> np.ndarray:
+    """Per-step counts [S, L, E] -> float64 [T, L, E], T = min(max_windows, S) contiguous sums."""
+    c = np.asarray(counts_SLE)
+    if c.ndim != 3 or c.shape[0] == 0:
+        raise ValueError(f"counts must be [steps >= 1, layers, experts], got shape {c.shape}")
+    return np.stack([p.sum(0) for p in np.array_split(c.astype(np.float64), min(max_windows, c.shape[0]))])
+
+
+def select_steps(time_s_S, score_steps: int, fit: float, unit: str = "steps",
+                 hold_out: bool = True) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Indices (into steps oldest..newest) of the fit and score windows, and whether they overlap.
+
+    unit 'steps': fit = that many steps; 'minutes': the steps within `fit` minutes of the fit window's
+    newest step. Held out, the fit window ends just before the score window; when that leaves no step the
+    fit window falls back to ending with the newest step (overlap True)."""
+    t = np.asarray(time_s_S, dtype=np.float64)
+    n = t.size
+    if n == 0:
+        raise ValueError("no steps to fit on")
+    if score_steps < 1 or fit <= 0:
+        raise ValueError(f"score window and fit window must be positive, got {score_steps} and {fit}")
+    if unit not in ("steps", "minutes"):
+        raise ValueError(f"fit window unit must be 'steps' or 'minutes', got {unit!r}")
+    score = np.arange(max(0, n - score_steps), n)
+    end = score[0] if hold_out and score[0] > 0 else n
+    if unit == "steps":
+        start = max(0, end - int(fit))
+    else:
+        start = int(np.searchsorted(t[:end], t[end - 1] - fit * 60.0, side="left"))
+    fit_idx = np.arange(start, end)
+    return fit_idx, score, bool(end == n)
+
+
+def take(counts_SLE, step_S, time_s_S, tokens_S, samples_of, score_steps: int, fit: float,
+         unit: str = "steps", hold_out: bool = True) -> WhatIfData:
+    """Freeze the inputs. samples_of(steps) -> [L, N, K] | None gives the sampled rows of some steps."""
+    fit_idx, score_idx, overlap = select_steps(time_s_S, score_steps, fit, unit, hold_out)
+    c = np.asarray(counts_SLE)
+    t = np.asarray(time_s_S, dtype=np.float64)
+    samples = samples_of(np.asarray(step_S)[score_idx])
+    if samples is not None and samples.shape[1] > MAX_SAMPLE_ROWS:
+        samples = samples[:, -MAX_SAMPLE_ROWS:]
+    return WhatIfData(fit_TLE=split_windows(c[fit_idx]), score_SLE=c[score_idx].astype(np.int64),
+                      score_tokens_S=np.asarray(tokens_S, dtype=np.int64)[score_idx], samples_LNK=samples,
+                      fit_steps=int(fit_idx.size), fit_span_s=float(t[fit_idx[-1]] - t[fit_idx[0]]),
+                      as_of_step=int(np.asarray(step_S)[-1]), overlap=overlap)
+
+
+@dataclass(frozen=True)
+class Score:
+    """A layout on the score window. imbalance_sum_L: max/mean of window-summed GPU loads per layer;
+    imbalance_step_SL per step; mean_load_LG: mean per-step GPU load; active_L: layers with tokens."""
+
+    imbalance_sum_L: np.ndarray
+    imbalance_step_SL: np.ndarray
+    mean_load_LG: np.ndarray
+    active_L: np.ndarray
+
+    def mean(self, values_L: np.ndarray) -> float:
+        a = self.active_L if self.active_L.any() else np.ones_like(self.active_L)
+        return float(np.mean(values_L[a]))
+
+    @property
+    def balancedness(self) -> float:
+        """Mean over active layers of the window-sum balancedness (mean/max)."""
+        return self.mean(1.0 / self.imbalance_sum_L)
+
+    @property
+    def step_balancedness(self) -> float:
+        """Mean over steps and active layers of the per-step balancedness (idle steps count as 1)."""
+        return self.mean((1.0 / self.imbalance_step_SL).mean(0))
+
+    @property
+    def worst_imbalance(self) -> float:
+        return float(self.imbalance_sum_L[self.active_L].max()) if self.active_L.any() else 1.0
+
+
+def score(layout_LP, score_SLE, gpus: int) -> Score:
+    """Score a layout [L, P] on per-step counts [S, L, E]."""
+    c = np.asarray(score_SLE, dtype=np.float64)
+    loads_SLG = gpu_loads(c, np.asarray(layout_LP, dtype=np.int64), gpus)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return Score(imbalance_sum_L=imbalance(loads_SLG.sum(0)), imbalance_step_SL=imbalance(loads_SLG),
+                     mean_load_LG=loads_SLG.mean(0), active_L=c.sum((0, 2)) > 0)
+
+
+def traffic_summary(samples_LNK, layout_LP, num_experts: int, gpus: int, nodes: int, hidden: int,
+                    dtype_bytes: int, tokens_per_step: float, node_cap: int | None = None) -> dict:
+    """Traffic of a layout from sampled rows, averaged over layers that have rows: GPUs and nodes touched
+    per token, cross-node share, all-to-all bytes per step and layer (dispatch + combine, 2*d*b per
+    (token, expert) pair, and per (token, GPU) for a deduplicating dispatcher) scaled to tokens_per_step,
+    and with node_cap the share of (token, expert) pairs a node-limited router must re-route."""
+    lay = np.asarray(layout_LP, dtype=np.int64)
+    rows = []
+    for layer in range(lay.shape[0]):
+        topk = np.asarray(samples_LNK[layer], dtype=np.int64)
+        if not (topk >= 0).any():
+            continue
+        cap = node_cap if node_cap is not None and 1 <= node_cap <= nodes else None
+        rows.append(traffic(topk, lay[layer], num_experts, gpus, nodes, hidden, dtype_bytes, cap))
+    if not rows:
+        raise ValueError("the sampled rows hold no routed token")
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mean_gpus_per_token", "mean_nodes_per_token",
+                                                             "cross_node_share")}
+    tokens = sum(r["tokens"] for r in rows)
+    per_pair = sum(r["bytes_per_expert_dispatch"] for r in rows) / tokens
+    per_gpu = sum(r["bytes_per_gpu_dispatch"] for r in rows) / tokens
+    out = {**mean, "layers": len(rows), "sampled_tokens": tokens // len(rows),
+           "bytes_per_step_layer": per_pair * tokens_per_step,
+           "dedup_bytes_per_step_layer": per_gpu * tokens_per_step,
+           "cross_node_bytes_per_step_layer": per_pair * tokens_per_step * mean["cross_node_share"]}
+    if rows[0].get("node_cap") is not None:
+        out["node_cap"] = rows[0]["node_cap"]
+        out["rerouted_pair_share"] = float(np.mean([r["rerouted_pair_share"] for r in rows]))
+        out["tokens_over_cap_share"] = float(np.mean([r["tokens_over_cap_share"] for r in rows]))
+    return out
+
+
+TRAFFIC_ROWS = (("mean_gpus_per_token", "GPUs touched per token", "{:.2f}"),
+                ("mean_nodes_per_token", "nodes touched per token", "{:.2f}"),
+                ("cross_node_share", "cross-node share of (token, expert) pairs", "{:.1%}"),
+                ("bytes_per_step_layer", "all-to-all bytes / step / layer (2·k·d·b per token)", "{:,.0f}"),
+                ("dedup_bytes_per_step_layer", "... deduplicated per GPU (DeepEP-style)", "{:,.0f}"),
+                ("cross_node_bytes_per_step_layer", "cross-node bytes / step / layer", "{:,.0f}"),
+                ("tokens_over_cap_share", "tokens over the node cap", "{:.1%}"),
+                ("rerouted_pair_share", "pairs a node-limited router re-routes", "{:.1%}"))
+
+
+def traffic_table(before: dict, after: dict) -> list[dict]:
+    """Rows {metric, before, after} (formatted strings) for the figures both summaries have."""
+    return [{"metric": label, "before": fmt.format(before[key]), "after": fmt.format(after[key])}
+            for key, label, fmt in TRAFFIC_ROWS if key in before and key in after]
