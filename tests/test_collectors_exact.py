@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from collectors import attach
-from tiny_models import REQUIRED, build
+from tiny_models import REQUIRED, STANDARD, build
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -63,7 +63,7 @@ def _capture_block_inputs(model, blocks):
     return captured, handles
 
 
-@pytest.mark.parametrize("family", REQUIRED)
+@pytest.mark.parametrize("family", REQUIRED + STANDARD)
 def test_counts_match_zeroed_expert_ground_truth(family):
     model = build(family)
     monitor = attach(model, sample_tokens=0)

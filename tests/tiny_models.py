@@ -33,9 +33,16 @@ FAMILY = {
                           q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, num_key_value_heads=4,
                           num_layers=1),
 }
+for _mla in ("deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "axk2"):
+    FAMILY[_mla] = dict(FAMILY["deepseek_v3"])
 # Families the exact-count test must cover (the issue's list plus the adapters).
 REQUIRED = ["mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe", "gpt_oss",
             "llama4_text", "jetmoe", "doge", "zaya", "longcat_flash"]
+# Every other transformers 5 family with the standard experts signature that builds tiny from SMALL.
+STANDARD = ["afmoe", "aria_text", "cohere2_moe", "deepseek_v4", "dots1", "ernie4_5_moe", "exaone_moe",
+            "flex_olmo", "flint", "glm4_moe", "granitemoe", "granitemoe_swa", "granitemoeshared", "hunyuan_v1_moe",
+            "hy_v3", "hy_v4", "kolibri1", "laguna", "lara_mini", "mellum", "mimo_v2_flash", "minimax", "minimax_m2",
+            "phimoe", "solar_open", "deepseek_v32", "glm4_moe_lite", "glm_moe_dsa", "axk2"]
 
 
 def build(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
@@ -49,8 +56,13 @@ def build(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
 
 
 def _randomise_biases(model: torch.nn.Module) -> None:
-    """Routers with score-correction biases start at zero; make them matter (as trained ones do)."""
+    """Routing state that checkpoints carry starts at zero; make it look trained: score-correction biases
+    that matter, and DeepSeek-V4's token -> experts hash table with k distinct experts per token."""
     gen = torch.Generator().manual_seed(1)
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
             buf.copy_(torch.rand(buf.shape, generator=gen) * 0.5)
+        elif name.endswith("tid2eid"):
+            num_experts = getattr(model.config.get_text_config(), "n_routed_experts", NUM_EXPERTS)
+            rows = torch.rand(buf.shape[0], num_experts, generator=gen).argsort(dim=1)[:, : buf.shape[1]]
+            buf.copy_(rows)
