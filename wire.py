@@ -117,6 +117,8 @@ def _text(fields: dict, name: str) -> str:
 
 def _raw(fields: dict, name: str) -> bytes:
     value = fields.get(name, fields.get(name.encode()))
+    if value is None:
+        raise ValueError(f"missing field {name!r}")
     if not isinstance(value, (bytes, bytearray)):
         raise ValueError(f"field {name!r} must be bytes, got {type(value).__name__}")
     return bytes(value)

@@ -139,9 +139,11 @@ class Publisher:
                 self.pending.popleft()
                 self.count_dropped()
 
-    def _health(self) -> dict:
-        return {"rank": self.rank, "dropped_steps": self.dropped_steps, "published_steps": self.published_steps,
-                "queued": len(self.pending), "last_error": self.last_error, "time_s": time.time()}
+    def _health(self, in_flight: int = 0) -> dict:
+        """Health as it will stand once the batch of `in_flight` records written with it has landed."""
+        return {"rank": self.rank, "dropped_steps": self.dropped_steps,
+                "published_steps": self.published_steps + in_flight, "queued": len(self.pending) - in_flight,
+                "last_error": self.last_error, "time_s": time.time()}
 
     def _run(self) -> None:
         backoff_s = 0.0
@@ -159,7 +161,7 @@ class Publisher:
             records = [self.pending[i] for i in range(min(self.batch, len(self.pending)))]
             samples = list(self.samples)
             try:
-                self.sink.write(records, samples, self._health())
+                self.sink.write(records, samples, self._health(len(records)))
             except (redis.RedisError, OSError) as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 self.sink.lost_connection()

@@ -16,7 +16,8 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
 
-    def __init__(self, tmp_dir, password: str | None = None):
+    def __init__(self, tmp_dir, password: str | None = None, tls_cert_key: tuple[str, str] | None = None):
+        """tls_cert_key (cert.pem, key.pem): serve TLS only; url is then rediss:// trusting that cert."""
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
@@ -24,11 +25,17 @@ class RedisServer:
         self.password = password
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(tmp_dir), "--daemonize", "no", "--loglevel", "warning"]
+        if tls_cert_key:
+            cert, key = tls_cert_key
+            args[1:3] = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file",
+                         key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
         if password:
             args += ["--requirepass", password]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        if tls_cert_key:
+            self.url = f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={tls_cert_key[0]}"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -1,0 +1,77 @@
+"""What the collector leaves behind: trace files, NVML status, trimmed streams, health."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+import wire
+from collectors import ExpertLoadMonitor, attach, record_trace
+from tiny_models import build
+
+
+def _trace(path):
+    lines = [wire.parse_trace_line(line) for line in open(path, encoding="utf-8")]
+    meta = wire.decode_meta(lines[0][1]["meta"])
+    steps = [wire.decode_step(f) for kind, f in lines if kind == "step"]
+    return meta, steps, [k for k, _ in lines]
+
+
+def test_trace_file_and_redis_hold_the_same_steps(redis_server, redis_url, tmp_path):
+    model = build("olmoe")
+    monitor = attach(model, redis_url=redis_url, run="traced", trace_path=str(tmp_path / "live.jsonl"))
+    with torch.no_grad():
+        for n in (5, 3, 1):
+            model(input_ids=torch.randint(3, 90, (2, n)))
+    monitor.close()
+    meta, steps, kinds = _trace(tmp_path / "live.jsonl")
+    assert kinds[0] == "meta" and meta.layer_names == monitor.layer_names
+    from_redis = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("traced"))]
+    assert [s.step for s in steps] == [0, 1, 2] == [s.step for s in from_redis]
+    for a, b in zip(steps, from_redis):
+        assert np.array_equal(a.counts_LE, b.counts_LE) and a.tokens == b.tokens
+    assert [s.tokens for s in steps] == [10, 6, 2]
+
+    written = record_trace(redis_url, "traced", str(tmp_path / "dump.jsonl"))
+    meta2, steps2, kinds2 = _trace(tmp_path / "dump.jsonl")
+    assert written == 3 and [s.step for s in steps2] == [0, 1, 2] and "gpu" in kinds2
+    assert meta2.run == "traced"
+
+
+def test_nvml_reports_what_the_host_has(redis_server, redis_url):
+    mon = ExpertLoadMonitor(1, 2, 1, redis_url=redis_url, run="nvml", nvml=True, nvml_interval_s=0.25)
+    mon.record(0, torch.tensor([[1]]))
+    mon.end_step()
+    import time
+    time.sleep(0.8)
+    mon.close()
+    samples = [wire.decode_gpu_sample(f) for _, f in redis_server.client().xrange(wire.gpu_key("nvml"))]
+    assert samples, "the sampler published nothing"
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        gpus = pynvml.nvmlDeviceGetCount()
+    except Exception:
+        gpus = 0
+    if gpus == 0:  # no GPU / no driver: said once, nothing invented
+        assert len(samples) == 1 and samples[0].status == "unavailable" and samples[0].gpus == []
+        assert "NVML" in samples[0].reason or "no NVIDIA GPU" in samples[0].reason
+    else:
+        assert all(s.status == "ok" for s in samples) and len(samples) >= 2
+        assert samples[0].gpus[0]["memory_total_bytes"] > 0
+
+
+def test_stream_is_trimmed_to_the_memory_budget(redis_server, redis_url):
+    mon = ExpertLoadMonitor(1, 8, 1, redis_url=redis_url, run="trim", memory_budget_bytes=1, nvml=False,
+                            host_slots=600, queue_steps=600)
+    for _ in range(500):
+        mon.record(0, torch.tensor([[3]]))
+        mon.end_step("decode")
+    mon.close()
+    client = redis_server.client()
+    assert mon.stats()["published_steps"] == 500
+    assert 100 <= client.xlen(wire.steps_key("trim")) < 300  # MAXLEN ~100: trimmed in whole stream nodes
+    health = json.loads(client.hget(wire.health_key("trim"), "0"))
+    assert health["published_steps"] == 500 and health["dropped_steps"] == 0
+    assert client.zscore(wire.RUNS_KEY, "trim") is not None

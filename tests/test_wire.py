@@ -1,0 +1,84 @@
+"""The wire format: round trips, and one clear ValueError for every kind of malformed entry."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import wire
+
+
+def _record(**over):
+    base = dict(run="r1", rank=1, world_size=2, step=7, time_s=1.5e9, phase="decode", tokens=3,
+                counts_LE=np.array([[1, 0, 2], [0, 3, 0]]), dropped_steps=4,
+                sample_ids_LNK=np.array([[[0, 2]], [[1, -1]]]))
+    base.update(over)
+    return wire.StepRecord(**base)
+
+
+def _bytes_keys(fields):  # what redis-py hands back
+    return {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in fields.items()}
+
+
+def test_step_round_trip_through_redis_shaped_fields():
+    rec = wire.decode_step(_bytes_keys(wire.encode_step(_record())))
+    assert (rec.run, rec.rank, rec.world_size, rec.step, rec.phase, rec.tokens, rec.dropped_steps) == \
+        ("r1", 1, 2, 7, "decode", 3, 4)
+    assert rec.counts_LE.dtype == np.dtype("<i4") and rec.counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
+    assert rec.sample_ids_LNK.tolist() == [[[0, 2]], [[1, -1]]]
+    assert len(wire.encode_step(_record())["counts"]) == 2 * 3 * 4  # raw int32, not JSON
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda f: f.update({b"v": b"99"}), "schema version 99"),
+    (lambda f: f.pop(b"counts"), "missing field 'counts'"),
+    (lambda f: f.update({b"counts": f[b"counts"][:-1]}), "expected 2x3 int32"),
+    (lambda f: f.update({b"counts": np.array([1, -5, 0, 0, 0, 0], "<i4").tobytes()}), "negative"),
+    (lambda f: f.update({b"phase": b"warmup"}), "unknown phase"),
+    (lambda f: f.update({b"L": b"x"}), "not an integer"),
+    (lambda f: f.update({b"rank": b"2"}), "rank 2 is not below world size 2"),
+    (lambda f: f.update({b"sample": np.array([0, 9, 1, 1], "<i2").tobytes()}), "outside"),
+    (lambda f: f.update({b"t": b"nan"}), "not finite"),
+    (lambda f: f.update({b"run": b"bad name!"}), "run name"),
+])
+def test_malformed_step_entries_raise_one_clear_error(mutate, message):
+    fields = _bytes_keys(wire.encode_step(_record()))
+    mutate(fields)
+    with pytest.raises(ValueError, match=message):
+        wire.decode_step(fields)
+
+
+def test_meta_round_trip_and_bad_layouts():
+    layout = wire.Layout(gpus=2, nodes=1, physical_to_logical_map=[[0, 1, 2, 0], [2, 1, 0, 1]])
+    meta = wire.RunMeta(run="m", model_name="x", layer_names=["a", "b"], num_experts=3, top_k=2,
+                        hidden_size=8, moe_intermediate_size=4, dtype_bytes=2, layout=layout)
+    back = wire.decode_meta(wire.encode_meta(meta))
+    assert back.layout.physical_to_logical_map == layout.physical_to_logical_map and back.top_k == 2
+    with pytest.raises(ValueError, match="every expert"):
+        wire.Layout(2, 1, [[0, 1, 1, 1]]).validate(1, 3)
+    with pytest.raises(ValueError, match="split evenly"):
+        wire.Layout(2, 1, [[0, 1, 2]]).validate(1, 3)
+    with pytest.raises(ValueError, match="malformed"):
+        wire.decode_meta("{not json")
+
+
+def test_gpu_sample_round_trip_keeps_missing_values_missing():
+    sample = wire.GpuSample(0, "h", 1.0, "ok", [{"index": 0, "name": "H200", "power_usage_w": None,
+                                                  "gpu_utilization_percent": 87}])
+    back = wire.decode_gpu_sample(_bytes_keys(wire.encode_gpu_sample(sample)))
+    assert back.gpus[0]["gpu_utilization_percent"] == 87 and back.gpus[0]["power_usage_w"] is None
+    assert set(back.gpus[0]) == set(wire.GPU_FIELDS)
+    with pytest.raises(ValueError, match="unknown GPU status"):
+        wire.decode_gpu_sample({**_bytes_keys(wire.encode_gpu_sample(sample)), b"status": b"melted"})
+
+
+def test_trace_lines_round_trip_and_reject_garbage():
+    kind, fields = wire.parse_trace_line(wire.trace_line("step", wire.encode_step(_record())))
+    assert kind == "step" and wire.decode_step(fields).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
+    for bad in ("not json", '{"kind": "pickle"}', '{"kind": "step", "counts_b64": "@@@"}'):
+        with pytest.raises(ValueError):
+            wire.parse_trace_line(bad)
+
+
+def test_stream_length_budget():
+    assert wire.maxlen_for_budget(256 << 20, 58, 256) == (256 << 20) // (58 * 256 * 4 + 200)
+    assert wire.maxlen_for_budget(1, 58, 256) == 100
