@@ -9,8 +9,7 @@ export PYTHONPATH := $(CURDIR)
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -r requirements.txt
 	touch $@
 
 venv: $(VENV)/.installed
