@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,29 +41,10 @@ from dashboard.layout import resolve_layout  # noqa: E402
 from dashboard.monitor import Monitor  # noqa: E402
 from dashboard.redis_source import RedisSource  # noqa: E402
 from dashboard.snapshot import analyse  # noqa: E402
+from demo.localredis import RedisServer  # noqa: E402
 
 RUN = "bench"
 NEW_STEPS_PER_TICK = 5
-
-
-def start_redis(tmp: str) -> tuple[subprocess.Popen, str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        sys.exit("redis-server is not installed (apt-get install -y redis-server)")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", tmp, "--loglevel", "warning"], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except OSError:
-            time.sleep(0.05)
-    proc.terminate()
-    sys.exit("redis-server did not start")
 
 
 class Writer:
@@ -136,8 +114,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=58)
     parser.add_argument("--experts", type=int, default=256)
     args = parser.parse_args()
-    tmp = tempfile.mkdtemp(prefix="bench-redis-")
-    proc, url = start_redis(tmp)
+    server = RedisServer(tempfile.mkdtemp(prefix="bench-redis-"))
+    url = server.url
     try:
         client = redisconn.connect(url, timeout_s=10.0)
         gpus = wire.default_gpus(args.experts)
@@ -166,7 +144,6 @@ def main() -> None:
             assert monitor.window.size == args.steps
             if page == "overview":
                 overview_ms = times_ms
-            if page == "overview":
                 full_ms = []
                 for _ in range(5):
                     started = time.perf_counter()
@@ -176,13 +153,11 @@ def main() -> None:
             print(f"{page:9s} tick {statistics.median(times_ms):7.1f} ms (p90 "
                   f"{sorted(times_ms)[int(0.9 * (len(times_ms) - 1))]:6.1f})  payload {statistics.median(payloads):>9,.0f} B"
                   f"   cold first tick {cold_ms:7.1f} ms")
-        print(f"side by side: recomputing GPU loads of the whole window takes {full:.1f} ms alone; the tick "
-              f"recomputes only new rows (overview tick = {statistics.median(overview_ms):.1f} ms, "
-              f"{full / statistics.median(overview_ms):.1f}x less than that recompute by itself)")
+        tick_ms = statistics.median(overview_ms)
+        print(f"side by side: GPU loads of the whole window recomputed {full:.1f} ms; a whole overview tick, "
+              f"which recomputes only the new rows, {tick_ms:.1f} ms (ratio {full / tick_ms:.2f})")
     finally:
-        proc.terminate()
-        proc.wait(5)
-        shutil.rmtree(tmp, ignore_errors=True)
+        server.stop()
 
 
 if __name__ == "__main__":
