@@ -111,18 +111,21 @@ def _point_int(point: dict | None, limit: int) -> int | None:
     if point is None:
         return None
     data = point.get("customdata")
+    if isinstance(data, dict):  # a typed-array row comes back as {"0": value}
+        data = [data[k] for k in sorted(data, key=str)]
     value = data[0] if isinstance(data, (list, tuple)) and data else data
     if value is None:
         value = point.get("x")
     try:
-        number = int(value)
+        number = int(round(float(value)))
     except (TypeError, ValueError):
         return None
     return number if 0 <= number < limit else None
 
 
 def clicked_gpu(event, gpus: int) -> int | None:
-    """GPU index of a click on a per-GPU bar chart (customdata[0], else x), None for no/odd selection."""
+    """GPU index of a click on a per-GPU bar chart (customdata[0], else x rounded: grouped bars sit off
+    the integer), None for no/odd selection."""
     return _point_int(_first_point(event), gpus)
 
 

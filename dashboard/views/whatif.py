@@ -21,6 +21,17 @@ DEFAULT_SIZES = (7168, 2048, 2)  # DeepSeek-V3 hidden, moe_intermediate, bf16: u
 UNIT = "tokens/step"
 
 
+def human_bytes(n: float, sign: bool = False) -> str:
+    """1536 -> '1.5 KiB' (binary units); sign=True prefixes + for non-negative values."""
+    value, unit = abs(float(n)), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+    return ("-" if n < 0 else "+" if sign else "") + text
+
+
 def page() -> None:
     st.title("What-if: plan, edit and export a layout")
     current = frame()
@@ -97,7 +108,7 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, assu
     bound = best_bound(data.score_sum_LE.astype(np.float64), G, picks.redundant)
     moe_layers = max(1, int(active.sum()))
     bpe = bytes_per_expert(*sizes)
-    mem = [lay.shape[1] // G * moe_layers * bpe / 2**30 for lay in (before_LP, session.current)]
+    mem = [lay.shape[1] // G * moe_layers * bpe for lay in (before_LP, session.current)]
     cols = st.columns(6)
     cols[0].metric("balancedness (score window)", fmt(after.balancedness),
                    delta=f"{after.balancedness - before.balancedness:+.3f} vs current {fmt(before.balancedness)}",
@@ -111,7 +122,7 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, assu
                    delta=f"{after.worst_imbalance - before.worst_imbalance:+.3f}", delta_color="inverse")
     cols[4].metric("moves needed", f"{whatif_state.moves_needed(before_LP, session.current, G):,}",
                    help=f"expert weights to copy onto GPUs (x {bpe / 2**20:.1f} MiB each)")
-    cols[5].metric("expert memory per GPU", f"{mem[1]:.2f} GiB", delta=f"{mem[1] - mem[0]:+.2f} GiB",
+    cols[5].metric("expert memory per GPU", human_bytes(mem[1]), delta=human_bytes(mem[1] - mem[0], sign=True),
                    delta_color="inverse", help=f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per "
                    "expert (3 x hidden x moe_intermediate x dtype bytes)"
                    + (" — sizes assumed (DeepSeek-V3), the run has no metadata" if assumed else ""))
@@ -188,5 +199,5 @@ def _budget(data, data_key, G: int, picks: Inputs, nodes, groups, sizes) -> None
     knee = curve["rows"][curve["knee"]]
     st.plotly_chart(figures_whatif.budget_curve(curve["rows"], curve["knee"], picks.redundant), key=K + "budget_fig")
     st.caption(f"Planned on the fit window with policy {picks.policy}. Knee at R = {knee['redundant']}: imbalance "
-               f"{knee['mean_imbalance']:.3f} for +{knee['extra_bytes_per_gpu'] / 2**30:.2f} GiB per GPU "
+               f"{knee['mean_imbalance']:.3f} for {human_bytes(knee['extra_bytes_per_gpu'], sign=True)} per GPU "
                f"({curve['bytes_per_expert']:,} bytes per expert, {curve['moe_layers']} MoE layers).")

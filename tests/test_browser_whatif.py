@@ -1,0 +1,95 @@
+"""The What-if page in a real browser: a private redis-server filled by the real collector, `streamlit run
+app.py` against it, headless Debian chromium through playwright. Clicking a GPU bar of the plotly chart
+lists that GPU's experts; a screenshot lands in the test's tmp_path."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from demo.localredis import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+RUN = "whatif-browser"
+
+
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited early with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+@pytest.fixture
+def app_url(tmp_path):
+    from realfill import fill_with_collector
+
+    server = RedisServer(tmp_path)
+    proc = log = None
+    try:
+        fill_with_collector(server.url, RUN, steps=40)
+        port = free_port()
+        env = dict(os.environ, REDIS_URL=server.url, PYTHONPATH=str(ROOT))
+        log = open(tmp_path / "streamlit.log", "w")
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                                 "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if log is not None:
+            log.close()
+        server.stop()
+
+
+@pytest.mark.browser
+def test_click_gpu_bar_lists_its_experts(app_url, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(f"{app_url}/what-if")
+            chart = page.locator(".js-plotly-plot").first
+            chart.wait_for(timeout=60_000)
+            page.get_by_text("Click a GPU bar").wait_for(timeout=30_000)
+            assert page.get_by_text("Experts on GPU").count() == 0
+            # the what-if trace is the second bar trace; click its tallest bar
+            bars = chart.locator(".barlayer .trace").nth(1).locator(".point path")
+            bars.first.wait_for(timeout=30_000)
+            boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
+            gpu = max(range(len(boxes)), key=lambda i: boxes[i]["height"] if boxes[i] else -1)
+            box = boxes[gpu]
+            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            heading = page.get_by_text(f"Experts on GPU {gpu} ")
+            heading.wait_for(timeout=30_000)
+            page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
+            page.wait_for_timeout(1000)
+            assert page.locator('[data-testid="stException"]').count() == 0
+            page.screenshot(path=str(tmp_path / "whatif.png"), full_page=True)
+            assert (tmp_path / "whatif.png").stat().st_size > 10_000
+        finally:
+            browser.close()

@@ -1,0 +1,202 @@
+"""The What-if page's pure parts: click -> edit -> layout (whatif_state), window selection and scoring
+(whatif_score), the sample ring, and the planner's trace loader. Expected values are recomputed here
+with plain loops."""
+import json
+
+import numpy as np
+import pytest
+
+import wire
+from dashboard import whatif_score, whatif_state
+from dashboard.layout import parse_layout_json
+from dashboard.planner.io import load_counts, trace_windows
+from dashboard.whatif_samples import SampleRing
+
+# 2 layers, 8 experts, 4 GPUs, R = 4 -> 3 slots per GPU; experts 0 and 1 have two replicas
+LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3],
+                   [0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3]])
+COUNTS = np.array([[90, 40, 10, 5, 30, 20, 8, 2], [10, 10, 10, 10, 10, 10, 10, 100]], dtype=float)
+G = 4
+
+
+def loads_by_loop(layout, counts, gpus):
+    """[L, G] loads: each slot gets count / replicas of its expert."""
+    out = np.zeros((len(layout), gpus))
+    for l, row in enumerate(layout):
+        row = list(row)
+        for p, e in enumerate(row):
+            out[l, p // (len(row) // gpus)] += counts[l][e] / row.count(e)
+    return out
+
+
+def gpu_set(layout, layer, gpu):
+    S = len(layout[layer]) // G
+    return set(int(e) for e in layout[layer][gpu * S:(gpu + 1) * S])
+
+
+@pytest.mark.parametrize("event, want", [
+    ({"selection": {"points": [{"x": 2, "customdata": [2]}]}}, 2),
+    ({"selection": {"points": [{"x": 1.2, "customdata": {"0": 1}}]}}, 1),   # typed array row, grouped bar
+    ({"selection": {"points": [{"x": 2.8}]}}, 3),                            # no customdata: nearest GPU
+    ({"selection": {"points": []}}, None), (None, None), ({}, None),
+    ({"selection": {"points": [{"customdata": [9]}]}}, None),                 # outside 0..G-1
+    ({"selection": {"points": [{"customdata": ["GPU x"]}]}}, None),
+])
+def test_clicked_gpu(event, want):
+    assert whatif_state.clicked_gpu(event, G) == want
+
+
+def test_clicked_expert_needs_customdata():
+    assert whatif_state.clicked_expert({"selection": {"points": [{"x": "e7 (x2)", "customdata": [7]}]}}, 8) == 7
+    assert whatif_state.clicked_expert({"selection": {"points": [{"x": "e7"}]}}, 8) is None
+
+
+def test_click_add_replica_then_undo():
+    session = whatif_state.start(("k",), LAYOUT, G)
+    gpu_click = {"selection": {"points": [{"customdata": [3]}]}}
+    target = whatif_state.clicked_gpu(gpu_click, G)
+    action = whatif_state.Action("add", 1, 7, target)          # hot expert 7 of layer 1 gets a second replica
+    edited = whatif_state.apply(session, action, COUNTS)
+    new = edited.current
+    assert edited.edits == 1 and edited.log == (action.describe(),)
+    assert 7 in gpu_set(new, 1, target) and list(new[1]).count(7) == 2
+    assert sorted(set(new[1])) == list(range(8)) and new.shape == LAYOUT.shape
+    assert (new[0] == LAYOUT[0]).all() and (new[1] != LAYOUT[1]).sum() == 1
+    before, after = loads_by_loop(LAYOUT, COUNTS, G)[1], loads_by_loop(new, COUNTS, G)[1]
+    assert after.max() / after.mean() < before.max() / before.mean()
+    with pytest.raises(ValueError):
+        new[0, 0] = 3  # layouts in the history are read-only
+    back = whatif_state.undo(edited)
+    assert back.edits == 0 and (back.current == LAYOUT).all()
+    with pytest.raises(ValueError, match="nothing to undo"):
+        whatif_state.undo(back)
+
+
+def test_click_move_and_refused_edits_leave_session_unchanged():
+    session = whatif_state.start(("k",), LAYOUT, G)
+    moved = whatif_state.apply(session, whatif_state.Action("move", 0, 4, 1, 2), COUNTS).current
+    assert 4 not in gpu_set(moved, 0, 1) and 4 in gpu_set(moved, 0, 2)
+    assert sorted(moved[0]) == sorted(LAYOUT[0])  # a swap: the same slots, only places changed
+    for bad, msg in ((whatif_state.Action("add", 0, 0, 0), "already holds"),
+                     (whatif_state.Action("move", 0, 4, 0, 2), "holds no replica"),
+                     (whatif_state.Action("move", 0, 4, 1, None), "destination"),
+                     (whatif_state.Action("swap", 0, 4, 1, 2), "unknown edit")):
+        with pytest.raises(ValueError, match=msg):
+            whatif_state.apply(session, bad, COUNTS)
+    assert session.edits == 0 and (session.current == LAYOUT).all()
+
+
+def test_gpu_experts_rows():
+    rows = whatif_state.gpu_experts(LAYOUT, COUNTS, 0, 1, G)
+    assert [r["slot"] for r in sorted(rows, key=lambda r: r["slot"])] == [3, 4, 5]
+    for r in rows:
+        reps = list(LAYOUT[0]).count(r["expert"])
+        assert r["expert"] == LAYOUT[0, r["slot"]] and r["replicas"] == reps
+        assert r["load"] == pytest.approx(COUNTS[0, r["expert"]] / reps)
+    assert [r["load"] for r in rows] == sorted((r["load"] for r in rows), reverse=True)
+    with pytest.raises(ValueError, match="GPU 4"):
+        whatif_state.gpu_experts(LAYOUT, COUNTS, 0, 4, G)
+
+
+def test_moves_needed_against_sets():
+    rng = np.random.default_rng(1)
+    a = np.stack([rng.permutation(12) % 8 for _ in range(3)])
+    for b in (a, np.stack([rng.permutation(12) % 8 for _ in range(3)]), np.stack([rng.permutation(16) % 8 for _ in range(3)])):
+        want = sum(len(set(b[l].reshape(G, -1)[g]) - set(a[l].reshape(G, -1)[g])) for l in range(3) for g in range(G))
+        assert whatif_state.moves_needed(a, b, G) == want
+    assert whatif_state.moves_needed(a, a, G) == 0
+
+
+def test_layout_json_is_sglang_loadable():
+    text = whatif_state.layout_json(LAYOUT)
+    assert set(json.loads(text)) == {"physical_to_logical_map"}
+    rows = parse_layout_json(text)
+    assert rows == LAYOUT.tolist() and all(len(r) == 8 + 4 for r in rows)
+    wire.Layout(gpus=G, nodes=1, physical_to_logical_map=rows).validate(2, 8)
+
+
+def test_select_steps_hold_out_overlap_and_minutes():
+    t = np.arange(100) * 6.0                                    # a step every 6 s
+    fit, score, overlap = whatif_score.select_steps(t, 10, 30)
+    assert list(score) == list(range(90, 100)) and list(fit) == list(range(60, 90)) and not overlap
+    fit, score, overlap = whatif_score.select_steps(t, 10, 30, hold_out=False)
+    assert list(fit) == list(range(70, 100)) and overlap
+    fit, _, _ = whatif_score.select_steps(t, 10, 1.0, unit="minutes")  # 60 s before step 89 (t=534)
+    assert list(fit) == list(range(79, 90))
+    fit, score, overlap = whatif_score.select_steps(t[:5], 10, 30)      # too few steps to hold out
+    assert list(score) == list(range(5)) and list(fit) == list(range(5)) and overlap
+    with pytest.raises(ValueError, match="unit"):
+        whatif_score.select_steps(t, 10, 30, unit="hours")
+
+
+def test_split_windows_and_score_by_loop():
+    rng = np.random.default_rng(0)
+    steps = rng.integers(0, 50, size=(37, 2, 8))
+    win = whatif_score.split_windows(steps)
+    assert win.shape == (16, 2, 8) and win.sum() == steps.sum() and (win[0] == steps[:3].sum(0)).all()
+    s = whatif_score.score(LAYOUT, steps, G)
+    per_sum = loads_by_loop(LAYOUT, steps.sum(0), G)
+    assert np.allclose(s.imbalance_sum_L, per_sum.max(1) / per_sum.mean(1))
+    step3 = loads_by_loop(LAYOUT, steps[3], G)
+    assert np.allclose(s.imbalance_step_SL[3], step3.max(1) / step3.mean(1))
+    assert s.balancedness == pytest.approx(np.mean(per_sum.mean(1) / per_sum.max(1)))
+
+
+def _rec(step, rank, counts, sample=None, phase="decode"):
+    return wire.StepRecord(run="r", rank=rank, world_size=2, step=step, time_s=float(step), phase=phase,
+                           tokens=int(counts.sum()), counts_LE=counts.astype(np.int32), sample_ids_LNK=sample)
+
+
+def test_sample_ring_keeps_newest_steps():
+    ring = SampleRing(capacity=3)
+    for step in range(5):
+        for rank in range(2):
+            ring.add(_rec(step, rank, np.ones((2, 8)), np.full((2, 4, 2), step, dtype=np.int16)))
+    ring.add(_rec(9, 0, np.ones((2, 8))))                      # no sample: ignored
+    assert len(ring) == 3 and ring.rows([0, 1]) is None
+    rows = ring.rows([3, 4])
+    assert rows.shape == (2, 16, 2) and sorted(set(rows.ravel().tolist())) == [3, 4]
+
+
+def _trace_lines(counts_by_step, meta=True):
+    lines = []
+    if meta:
+        m = wire.RunMeta(run="r", model_name="m", layer_names=["a", "b"], num_experts=8, top_k=2, hidden_size=4,
+                         moe_intermediate_size=4, dtype_bytes=2, layout=wire.Layout(4, 1, wire.contiguous_layout(2, 8)))
+        lines.append(wire.trace_line("meta", {"meta": wire.encode_meta(m)}))
+    for step, ranks in counts_by_step:
+        for rank, counts in enumerate(ranks):
+            lines.append(wire.trace_line("step", wire.encode_step(_rec(step, rank, counts))))
+    return lines
+
+
+def test_trace_loader_sums_ranks_and_splits_windows(tmp_path):
+    rng = np.random.default_rng(3)
+    steps = {s: [rng.integers(0, 9, (2, 8)) for _ in range(2)] for s in range(40)}
+    lines = _trace_lines(sorted(steps.items(), key=lambda kv: -kv[0]))  # out of order on purpose
+    path = tmp_path / "run.jsonl"
+    path.write_text("\n".join(lines) + "\n\n")
+    got = load_counts(path)
+    per_step = np.stack([steps[s][0] + steps[s][1] for s in range(40)])
+    assert got.shape == (16, 2, 8) and got.sum() == per_step.sum()
+    assert (got[0] == per_step[:3].sum(0)).all() and (got[-1] == per_step[-2:].sum(0)).all()
+    (tmp_path / "run.json").write_text("\n".join(lines))      # a trace named .json is sniffed
+    assert (load_counts(tmp_path / "run.json") == got).all()
+    assert trace_windows(lines, max_windows=1).shape == (1, 2, 8)
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ("not json", "line 3: not a valid trace line"),
+    (json.dumps({"kind": "step", "v": 1}), "line 3: not a valid trace line"),
+    (wire.trace_line("step", wire.encode_step(_rec(7, 0, np.ones((3, 8))))), "line 3: counts are [3, 8]"),
+])
+def test_trace_loader_bad_lines(tmp_path, bad, msg):
+    lines = _trace_lines([(0, [np.ones((2, 8))])])
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines + [bad]) + "\n")
+    with pytest.raises(ValueError) as err:
+        load_counts(path)
+    assert msg in str(err.value) and "bad.jsonl" in str(err.value)
+    (tmp_path / "empty.jsonl").write_text("\n".join(_trace_lines([])) + "\n")
+    with pytest.raises(ValueError, match="no step lines"):
+        load_counts(tmp_path / "empty.jsonl")
