@@ -48,7 +48,8 @@ def app_url(tmp_path):
         env = dict(os.environ, REDIS_URL=server.url, PYTHONPATH=str(ROOT))
         log = open(tmp_path / "streamlit.log", "w")
         proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                                 "--server.headless", "true", "--browser.gatherUsageStats", "false"],
+                                 "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                                 "--server.fileWatcherType", "none"],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
         yield f"http://127.0.0.1:{port}"

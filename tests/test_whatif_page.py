@@ -1,0 +1,158 @@
+"""The What-if page rendered by streamlit.testing.v1.AppTest against a real redis-server filled by the real
+collector (tests/realfill.py). Expected numbers come from the raw stream entries, re-planned here through
+dashboard.planner.api.plan on fit windows built with plain loops; the download is checked byte for byte
+(Streamlit names a media file by a hash of its bytes)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.runtime.memory_media_file_storage import _calculate_file_id
+from streamlit.testing.v1 import AppTest
+
+import redisconn
+import wire
+from dashboard.planner.api import plan
+from dashboard.planner.edits import add_replica
+from dashboard.planner.io import load_counts
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+RUN = "whatif-run"
+STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def filled(redis_server):
+    from realfill import fill_with_collector
+
+    redis_server.client().flushdb()
+    fill_with_collector(redis_server.url, RUN, steps=STEPS)
+    return redis_server.url
+
+
+def stream(url: str):
+    """(meta, per-step counts [S, L, E] in step order, ranks summed) straight from Redis."""
+    client = redisconn.connect(url, timeout_s=2.0)
+    meta = wire.decode_meta(client.get(wire.meta_key(RUN)))
+    steps: dict[int, np.ndarray] = {}
+    for _, fields in client.xrange(wire.steps_key(RUN)):
+        rec = wire.decode_step(fields)
+        steps[rec.step] = steps.get(rec.step, 0) + rec.counts_LE.astype(np.int64)
+    return meta, np.stack([steps[s] for s in sorted(steps)])
+
+
+def expected(url: str, redundant: int, policy: str = "auto") -> dict:
+    """The page's defaults: score on the newest max(1, min(64, S // 4)) steps, fit on the steps before
+    them, summed into up to 16 contiguous windows."""
+    meta, counts = stream(url)
+    n_score = max(1, min(64, len(counts) // 4))
+    fit, score = counts[:-n_score], counts[-n_score:]
+    chunks = np.array_split(np.arange(len(fit)), min(16, len(fit)))
+    fit_TLE = np.stack([fit[c].sum(0) for c in chunks]).astype(float)
+    p2l, G = meta.layout.physical_to_logical_map, meta.layout.gpus
+    eta = []
+    for l, row in enumerate(p2l):  # balancedness of the current layout, window-summed score loads
+        load = np.zeros(G)
+        for p, e in enumerate(row):
+            load[p // (len(row) // G)] += score[:, l, e].sum() / row.count(e)
+        if load.sum() > 0:
+            eta.append(load.mean() / load.max())
+    planned = plan(fit_TLE, G, redundant, policy=policy)
+    return {"meta": meta, "score_LE": score.sum(0), "eta_current": float(np.mean(eta)), "planned": planned}
+
+
+def page(url, monkeypatch) -> AppTest:
+    monkeypatch.setenv("REDIS_URL", url)
+    at = AppTest.from_file(APP, default_timeout=60).run()
+    at.switch_page("dashboard/pages/whatif.py").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def downloaded(at) -> str:
+    """The file id of the download button's media (a hash of its bytes)."""
+    (button,) = at.get("download_button")
+    return Path(button.proto.url).stem
+
+
+def served(text: str) -> str:
+    return _calculate_file_id(text.encode(), "application/json", "expert_layout.json")
+
+
+def layout_text(layout_LP) -> str:
+    return json.dumps({"physical_to_logical_map": np.asarray(layout_LP).tolist()})
+
+
+def metric(at, label: str):
+    return next(m for m in at.metric if m.label == label)
+
+
+def test_page_plans_scores_and_offers_the_layout(filled, monkeypatch):
+    at = page(filled, monkeypatch)
+    want = expected(filled, redundant=4)          # E=8, G=4: R=4 is the first R > 0 that fits
+    assert at.selectbox(key="whatif_r").value == 4
+    assert f"vs current {want['eta_current']:.3f}" in metric(at, "balancedness (score window)").delta
+    assert any(f"Policy {want['planned'].policy} · 0 manual edit(s)" in c.value for c in at.caption)
+    assert downloaded(at) == served(layout_text(want["planned"].layout_LP))
+    assert len(at.get("plotly_chart")) == 2        # before/after bars, budget curve
+    assert len(at.dataframe) == 1 and list(at.dataframe[0].value["metric"])[0] == "GPUs touched per token"
+    assert any("Knee at R =" in c.value for c in at.caption)
+    assert not at.error
+
+
+def test_change_r_and_policy_replans(filled, monkeypatch):
+    at = page(filled, monkeypatch)
+    at.selectbox(key="whatif_r").set_value(0).run()
+    at.selectbox(key="whatif_policy").set_value("eplb").run()
+    assert not at.exception, at.exception
+    want = expected(filled, redundant=0, policy="eplb")
+    text = layout_text(want["planned"].layout_LP)
+    assert downloaded(at) == served(text) and len(json.loads(text)["physical_to_logical_map"][0]) == 8
+    assert any("Policy eplb" in c.value for c in at.caption)
+
+
+def test_gpu_lists_experts_add_replica_and_undo(filled, monkeypatch):
+    at = page(filled, monkeypatch)
+    want = expected(filled, redundant=4)
+    planned, G = want["planned"].layout_LP, 4
+    layer = int(at.selectbox(key="whatif_layer").value)
+    S = planned.shape[1] // G
+    target = 0
+    expert = next(e for e in range(8) if e not in planned[layer, :S])          # not on GPU 0 yet
+    at.number_input(key="whatif_gpu").set_value(target).run()
+    assert any(s.value.startswith(f"Experts on GPU {target} (layer {layer}") for s in at.subheader)
+    listed = at.dataframe[0].value
+    assert sorted(listed["expert"]) == sorted(planned[layer, :S].tolist())
+    at.number_input(key="whatif_expert").set_value(expert)
+    at.number_input(key="whatif_target").set_value(target)
+    at.button(key="whatif_add").click().run()
+    assert not at.exception, at.exception
+    assert any(f"+ replica of expert {expert} on GPU {target}" in s.value for s in at.success)
+    edited = add_replica(planned, want["score_LE"], layer, expert, target, G)
+    assert expert in edited[layer, :S]
+    assert downloaded(at) == served(layout_text(edited))
+    assert any("1 manual edit(s)" in c.value for c in at.caption)
+    at.button(key="whatif_undo").click().run()
+    assert downloaded(at) == served(layout_text(planned))
+    assert at.button(key="whatif_undo").disabled
+
+
+def test_impossible_edit_says_why(filled, monkeypatch):
+    at = page(filled, monkeypatch)
+    layer = int(at.selectbox(key="whatif_layer").value)
+    planned = expected(filled, redundant=4)["planned"].layout_LP
+    at.number_input(key="whatif_expert").set_value(int(planned[layer, 0]))   # already on GPU 0
+    at.number_input(key="whatif_target").set_value(0)
+    at.button(key="whatif_add").click().run()
+    assert any("Cannot add: GPU 0 already holds expert" in e.value for e in at.error)
+
+
+def test_trace_of_the_run_loads_in_the_planner(filled, tmp_path):
+    from collectors import record_trace
+
+    path = tmp_path / "run.jsonl"
+    record_trace(filled, RUN, str(path))
+    windows = load_counts(path)
+    _, counts = stream(filled)
+    assert windows.shape == (16, *counts.shape[1:]) and windows.sum() == counts.sum()
+    assert (windows.sum(0) == counts.sum(0)).all()
