@@ -72,7 +72,7 @@ def test_click_gpu_bar_lists_its_experts(app_url, tmp_path):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page = browser.new_page(viewport={"width": 1500, "height": 2600})
             page.goto(f"{app_url}/what-if")
             chart = page.locator(".js-plotly-plot").first
             chart.wait_for(timeout=60_000)

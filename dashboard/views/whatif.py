@@ -190,14 +190,17 @@ def _traffic(layout, session, data, data_key, picks: Inputs, sizes) -> None:
 
 
 def _budget(data, data_key, G: int, picks: Inputs, nodes, groups, sizes) -> None:
+    """Budget curve on the fit window's sum. The robust policy (several plans, seconds each at DeepSeek
+    size) is replaced by 'refined', its single-window core, so the curve costs well under a second."""
     st.subheader("Replica budget")
     hidden, inter, dtype_bytes = sizes
-    key = (data_key, nodes, groups, picks.policy, sizes)
+    policy = "refined" if picks.policy in ("auto", "robust") and not groups else picks.policy
+    key = (data_key, nodes, groups, policy, sizes)
     with st.spinner("budget curve ..."):
         curve = cached(st.session_state.setdefault(K + "budget", {}), key, lambda: replica_budget_curve(
-            data.fit_TLE, G, 2 * G, hidden, inter, dtype_bytes, picks.policy, nodes, groups))
+            data.fit_TLE.sum(0), G, 2 * G, hidden, inter, dtype_bytes, policy, nodes, groups))
     knee = curve["rows"][curve["knee"]]
     st.plotly_chart(figures_whatif.budget_curve(curve["rows"], curve["knee"], picks.redundant), key=K + "budget_fig")
-    st.caption(f"Planned on the fit window with policy {picks.policy}. Knee at R = {knee['redundant']}: imbalance "
+    st.caption(f"Planned on the fit window (summed) with policy {policy}. Knee at R = {knee['redundant']}: imbalance "
                f"{knee['mean_imbalance']:.3f} for {human_bytes(knee['extra_bytes_per_gpu'], sign=True)} per GPU "
                f"({curve['bytes_per_expert']:,} bytes per expert, {curve['moe_layers']} MoE layers).")
