@@ -3,7 +3,8 @@
 python -m dashboard.plan --load FILE --gpus G --redundant R [--nodes N --groups K] [--policy NAME]
                          [--decay D] [--current LAYOUT.json --moves K] --out OUT.json
 
-FILE: SGLang logical_count JSON or .pt, shape [L, E] or [T, L, E] (windows oldest..newest).
+FILE: SGLang logical_count JSON or .pt, shape [L, E] or [T, L, E] (windows oldest..newest), or one of
+the project's traces (JSON lines, .jsonl): its steps split into up to 16 windows.
 Bad input prints one line "error: ..." on stderr and exits with code 2.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m dashboard.plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--load", required=True, help="logical_count JSON or .pt, [L,E] or [T,L,E]")
+    p.add_argument("--load", required=True, help="logical_count JSON or .pt, [L,E] or [T,L,E], or a trace (.jsonl)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the EP group (G)")
     p.add_argument("--redundant", type=int, required=True, help="redundant expert slots in total (R)")
     p.add_argument("--nodes", type=int, help="nodes (N blocks of consecutive GPUs); needs --groups")

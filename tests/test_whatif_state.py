@@ -200,3 +200,28 @@ def test_trace_loader_bad_lines(tmp_path, bad, msg):
     (tmp_path / "empty.jsonl").write_text("\n".join(_trace_lines([])) + "\n")
     with pytest.raises(ValueError, match="no step lines"):
         load_counts(tmp_path / "empty.jsonl")
+
+
+def test_plan_cli_reads_a_trace(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    rng = np.random.default_rng(5)
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(_trace_lines([(s, [rng.integers(0, 9, (2, 8))]) for s in range(20)])) + "\n")
+    out = tmp_path / "layout.json"
+    r = subprocess.run([sys.executable, "-m", "dashboard.plan", "--load", str(path), "--gpus", "4", "--redundant", "4",
+                        "--out", str(out)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    rows = parse_layout_json(out.read_text())
+    wire.Layout(gpus=4, nodes=1, physical_to_logical_map=rows).validate(2, 8)
+    assert len(rows[0]) == 12
+    path.write_text("garbage\n")
+    r = subprocess.run([sys.executable, "-m", "dashboard.plan", "--load", str(path), "--gpus", "4", "--redundant", "4",
+                        "--out", str(out)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "t.jsonl line 1: not a valid trace line" in r.stderr

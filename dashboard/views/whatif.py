@@ -129,6 +129,10 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, assu
 
 
 def _bars_and_edits(layout, session, before, after, data, layer: int) -> None:
+    for name, limit in (("gpu", session.gpus), ("target", session.gpus), ("expert", data.num_experts)):
+        held = st.session_state.get(K + name)
+        if held is not None and not 0 <= held < limit:  # another run or GPU count: forget the old pick
+            st.session_state[K + name] = None
     gpu = st.session_state.get(K + "gpu")
     fig = figures_whatif.before_after_bars(before.mean_load_LG[layer], after.mean_load_LG[layer], gpu,
                                            f"Layer {layer}: mean GPU load per step, current vs what-if", UNIT)
