@@ -8,8 +8,8 @@ The step buffer (int64, allocated once on the model's device) holds, back to bac
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
     tokens [1]           real tokens in the step (counted on the device only under a padding mask)
 At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
-event the writer thread waits on), then zeroed on the device: three device ops per step, two per layer
-(four more per step under a padding mask). Nothing here ever waits for the device.
+event the writer thread waits on), then zeroed on the device: three device ops per step, four per layer
+(a few more per step under a padding mask). Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
@@ -66,15 +66,17 @@ class DeviceCounter:
         self._count_rows = list(self.counts_LE.unbind(0))      # per-layer views, made once
         self._sample_rows = list(self.sample_LNK.unbind(0))
         self._ones_buf = torch.ones(1024, dtype=torch.int64, device=self.device)
-        self.sample_slice: slice | None = None
+        self.sample_idx_N = torch.zeros(max(sample_tokens, 1), dtype=torch.int64, device=self.device)
         self.step_src: torch.Tensor | None = None
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
 
     # ------------------------------------------------------------------ hot path (inside the forward)
     def begin_step(self, num_tokens: int, token_mask_T: torch.Tensor | None) -> None:
-        """Called once per step before the layers run. Picks the sampled tokens (every `stride`-th token
-        from a random offset: a strided view, no index tensor) and, with a padding mask, counts the real
-        tokens and prepares the per-(token, slot) weights that every layer of the step shares."""
+        """Called once per step (on the host, outside any compiled graph) before the layers run. Picks the
+        sampled tokens and, with a padding mask, counts the real tokens and prepares the per-(token, slot)
+        weights that every layer of the step shares."""
+        if num_tokens <= 0:
+            return
         self.step_tokens = num_tokens
         self.step_masked = token_mask_T is not None
         self.step_src = None
@@ -84,13 +86,16 @@ class DeviceCounter:
         n = min(self.sample_tokens, num_tokens)
         self.step_sample_n = n
         if n == 0:
-            self.sample_slice = None
             return
         stride = num_tokens // n
         offset = random.randrange(stride)
-        self.sample_slice = slice(offset, offset + n * stride, stride)
+        # every stride-th token from a random offset, written in place into a fixed [N] index tensor, so the
+        # per-layer hook reads no Python value that changes per step (torch.compile would recompile on it)
+        torch.arange(offset, offset + self.sample_tokens * stride, stride, out=self.sample_idx_N)
+        if n < self.sample_tokens:
+            self.sample_idx_N.remainder_(num_tokens)
         if token_mask_T is not None:
-            self.sample_valid_N[:n].copy_(token_mask_T[self.sample_slice])
+            self.sample_valid_N[:n].copy_(token_mask_T.index_select(0, self.sample_idx_N[:n]))
 
     def _ones(self, n: int) -> torch.Tensor:
         if self._ones_buf.numel() < n:
@@ -100,8 +105,9 @@ class DeviceCounter:
     def record(self, layer: int, ids_TK: torch.Tensor, valid_TK: torch.Tensor | None = None) -> None:
         """Add one layer's routing: ids_TK int64 [T, K] expert ids in [0, E). valid_TK [T, K] (bool or 0/1),
         when given, marks the (token, slot) pairs that count; otherwise the step's padding mask applies.
-        Two device ops on the common path: scatter_add_ into the counts and one strided copy of the
-        sampled rows (rows of padding tokens are dropped on the host by sample_valid_N)."""
+        Device ops only, and no Python value that changes from step to step: scatter_add_ into the counts,
+        then a gather of the sampled rows by the step's index tensor (clamped, so a layer that sees fewer
+        tokens can never index out of range); rows of padding tokens are dropped on the host."""
         flat = ids_TK.reshape(-1)
         if valid_TK is not None:
             src = valid_TK.reshape(-1).to(torch.int64)
@@ -110,12 +116,12 @@ class DeviceCounter:
         else:
             src = self._ones(flat.numel())
         self._count_rows[layer].scatter_add_(0, flat, src)
-        cut = self.sample_slice
-        if cut is not None and ids_TK.shape[0] == self.step_tokens and ids_TK.shape[1] == self.top_k:
-            rows = ids_TK[cut]
+        if self.sample_tokens and ids_TK.shape[1] == self.top_k:
+            rows = ids_TK.index_select(0, self.sample_idx_N.clamp(max=ids_TK.shape[0] - 1))
             if valid_TK is not None:
-                rows = rows.masked_fill(valid_TK[cut] == 0, -1)
-            self._sample_rows[layer][: self.step_sample_n].copy_(rows)
+                rows = rows.masked_fill(valid_TK.index_select(0, self.sample_idx_N.clamp(
+                    max=ids_TK.shape[0] - 1)) == 0, -1)
+            self._sample_rows[layer].copy_(rows)
 
     # ------------------------------------------------------------------ step boundary
     def snapshot(self, slot: HostSlot | None) -> StepFacts:
@@ -130,8 +136,8 @@ class DeviceCounter:
                 slot.ready.record()
         self.total_LE.add_(self.counts_LE)
         self.buf.zero_()
-        facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n if self.sample_slice else 0)
-        self.sample_slice, self.step_src = None, None
+        facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)
+        self.step_src = None
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         return facts
 

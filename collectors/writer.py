@@ -79,6 +79,7 @@ class Publisher:
         self.dropped_steps = 0          # steps lost (queue full while Redis was down, or no free slot)
         self.published_steps = 0
         self.last_error = ""
+        self._health_sent = 0.0
         self._wake = threading.Event()
         self._stop = False
         self._lock = threading.Lock()
@@ -160,6 +161,8 @@ class Publisher:
                 continue
             records = [self.pending[i] for i in range(min(self.batch, len(self.pending)))]
             samples = list(self.samples)
+            if not records and not samples and time.monotonic() - self._health_sent < 1.0:
+                continue  # idle: health once a second, no round trip every tick
             try:
                 self.sink.write(records, samples, self._health(len(records)))
             except (redis.RedisError, OSError) as exc:
@@ -170,6 +173,7 @@ class Publisher:
                     return
                 continue
             backoff_s = 0.0
+            self._health_sent = time.monotonic()
             for _ in records:
                 self.pending.popleft()
             for _ in samples:
