@@ -39,8 +39,14 @@ SIZES = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, n
              num_local_experts=64, moe_num_experts=64, num_experts_per_tok=8, top_k=8, moe_topk=8, vocab_size=512)
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def interleaved(a, b, inputs, reps: int) -> tuple[list[float], list[float]]:
-    """Seconds per call of a(**inputs) and b(**inputs), the two alternating in random order."""
+    """Seconds per call of a(**inputs) and b(**inputs), the two alternating in random order (on a GPU
+    each call is timed to its completion)."""
     times = ([], [])
     with torch.inference_mode():
         for _ in range(3):
@@ -49,8 +55,10 @@ def interleaved(a, b, inputs, reps: int) -> tuple[list[float], list[float]]:
             order = [0, 1]
             random.shuffle(order)
             for i in order:
+                _sync()
                 start = time.perf_counter()
                 (a, b)[i](**inputs)
+                _sync()
                 times[i].append(time.perf_counter() - start)
     return times
 
@@ -75,18 +83,20 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=100, help="pairs of calls per round")
     parser.add_argument("--rounds", type=int, default=4, help="rounds; the hooked copy alternates")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(1)
     random.seed(0)
     server = RedisServer(tempfile.mkdtemp(prefix="bench-redis-"))
     try:
-        m1, m2 = build("qwen3_moe", **SIZES), build("qwen3_moe", **SIZES)
+        m1, m2 = build("qwen3_moe", **SIZES).to(args.device), build("qwen3_moe", **SIZES).to(args.device)
         gen = torch.Generator().manual_seed(0)
         shapes = {"prefill 4x64": (4, 64, max(10, args.reps // 3)), "decode 16x1": (16, 1, args.reps)}
-        print("collector overhead, tiny Qwen3-MoE (4 MoE layers x 64 experts, top-8, hidden 256), CPU, 1 thread;")
+        where = "CPU, 1 thread" if args.device == "cpu" else torch.cuda.get_device_name(0)
+        print(f"collector overhead, tiny Qwen3-MoE (4 MoE layers x 64 experts, top-8, hidden 256), {where};")
         print("  publishing to a private redis-server with 16 sampled tokens per layer; medians of interleaved calls")
         for label, (batch, seq, reps) in shapes.items():
-            ids = torch.randint(3, 500, (batch, seq), generator=gen)
+            ids = torch.randint(3, 500, (batch, seq), generator=gen).to(args.device)
             inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             ratio, plain_ms, hooked_ms = overhead_ratio(m1, m2, inputs, reps, args.rounds, server.url)
             a, b = interleaved(m1, m2, inputs, reps)

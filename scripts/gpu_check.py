@@ -1,0 +1,105 @@
+"""One prepared check of the CUDA path, for a machine with an NVIDIA GPU (run: python scripts/gpu_check.py).
+
+1. counts on the GPU equal counts on the CPU for the same model and inputs;
+2. no host synchronisation inside a hooked forward (torch.cuda.set_sync_debug_mode("error"));
+3. a decode step captured in a CUDA graph with the hooks attached keeps counting on replay;
+4. NVML readings of the model's GPU arrive in Redis;
+5. the overhead ratio (bench/bench_collector.py --device cuda).
+Prints one line per check and exits non-zero on the first failure.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+warnings.filterwarnings("ignore")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import redisconn  # noqa: E402
+import wire  # noqa: E402
+from collectors import ExpertLoadMonitor, attach  # noqa: E402
+from demo.localredis import RedisServer  # noqa: E402
+from tiny_models import build  # noqa: E402
+
+
+def check(name: str, ok: bool, detail: str = "") -> None:
+    print(f"{'PASS' if ok else 'FAIL'} {name} {detail}", flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check here")
+        return 2
+    ids = torch.randint(3, 90, (4, 16), generator=torch.Generator().manual_seed(0))
+    cpu_model = build("deepseek_v3")
+    cpu_mon = attach(cpu_model, sample_tokens=0)
+    with torch.no_grad():
+        cpu_model(input_ids=ids)
+    gpu_model = build("deepseek_v3").cuda()
+    gpu_mon = attach(gpu_model, sample_tokens=8)
+    with torch.no_grad():
+        gpu_model(input_ids=ids.cuda())
+    check("counts on GPU == counts on CPU", np.array_equal(cpu_mon.counts(), gpu_mon.counts()))
+
+    mon = ExpertLoadMonitor(4, 64, 8, device="cuda", sample_tokens=16)
+    topk = torch.randint(0, 64, (256, 8), device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        mon.begin_step(tokens=256)
+        for layer in range(4):
+            mon.record(layer, topk)
+        mon.end_step("decode")
+        synced = False
+    except RuntimeError as exc:
+        synced = str(exc)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    check("no host sync in record()/end_step()", synced is False, synced or "")
+
+    graph_mon = ExpertLoadMonitor(1, 64, 8, device="cuda", sample_tokens=0)
+    static_ids = torch.randint(0, 64, (32, 8), device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph_mon.record(0, static_ids)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph_mon.end_step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_mon.counter.record(0, static_ids)
+    for _ in range(5):
+        graph.replay()
+        graph_mon.end_step("decode")
+    expected = 6 * np.bincount(static_ids.cpu().reshape(-1).numpy(), minlength=64)
+    check("CUDA graph replay keeps counting", np.array_equal(graph_mon.counts()[0], expected))
+
+    server = RedisServer(tempfile.mkdtemp())
+    try:
+        live = attach(build("qwen3_moe").cuda(), redis_url=server.url, run="gpu-check", nvml_interval_s=0.25)
+        time.sleep(1.2)
+        live.close()
+        samples = [wire.decode_gpu_sample(f) for _, f in
+                   redisconn.connect(server.url).xrange(wire.gpu_key("gpu-check"))]
+        ok = bool(samples) and samples[-1].status == "ok" and samples[-1].gpus[0]["memory_total_bytes"]
+        check("NVML samples of the model's GPU", bool(ok), str(samples[-1].gpus[0] if ok else samples[:1]))
+    finally:
+        server.stop()
+    bench = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_collector.py"), "--device", "cuda"],
+                           capture_output=True, text=True)
+    print(bench.stdout + bench.stderr)
+    return bench.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
