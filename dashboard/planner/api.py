@@ -3,7 +3,8 @@
 Policies
 - "eplb": EPLB parity (hierarchical when nodes and groups are given, else global).
 - "refined": replicate by largest per-replica load, pack without duplicates, then swap and
-  replica-move refinement (global).
+  replica-move refinement, then (when S <= 8 slots per GPU, e.g. R = 0) pair re-splits of the busiest
+  GPU until it is within 0.01% of the lower bound or no move helps (global).
 - "hierarchical": groups -> nodes with primaries pinned to their group's node, spares anywhere.
 - "robust": one layout for the next window, balanced on all given windows at once (see robust.py).
 - "auto": hierarchical if nodes/groups are given, else robust for [T, L, E] input, else refined.
@@ -20,12 +21,14 @@ import numpy as np
 from .bounds import best_bound, group_partition_bound
 from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
 from .hierarchical import off_node_share, plan_hierarchical
-from .loads import as_counts, check_shape, layer_imbalance, replica_counts
+from .loads import as_counts, check_shape, layer_imbalance, replica_counts, slot_weights
 from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
+from .pairs import MAX_SPLITS, num_splits, refine_pairs
 from .replicas import refine_all
 from .robust import fit_robust, scenarios
 
 POLICIES = ("auto", "eplb", "refined", "hierarchical", "robust")
+PAIR_STOP_GAP = 1e-4        # pair re-splits stop once a layer is within this of its lower bound
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,10 @@ def plan_refined(counts_LE, gpus: int, redundant: int, windows_TLE=None) -> np.n
     phys = expand_replicas(rep)
     lay = layout_from_bins(phys, balanced_pack(np.take_along_axis(c / rep, phys, axis=1), gpus, phys), gpus)
     lay, _ = refine_all(lay, c[None] if windows_TLE is None else windows_TLE, gpus)
+    S = (E + redundant) // gpus
+    if windows_TLE is None and num_splits(S) <= MAX_SPLITS:
+        target = best_bound(c, gpus, redundant) * c.sum(1) / gpus * (1 + PAIR_STOP_GAP)
+        lay, _ = refine_pairs(lay, slot_weights(c, lay), gpus, target_L=target)
     return lay
 
 

@@ -4,8 +4,10 @@ Shapes: counts_LE [L, E]; every function returns float64 [L] (1.0 for layers wit
 - fractional: max/mean = 1 (perfectly divisible load, W/G per GPU).
 - replica: some GPU holds the heaviest replica; with P slots the best replication makes the heaviest
   per-replica load as small as possible (greedy largest-per-replica is optimal for that).
-- slot (R = 0): among the k*G + 1 heaviest experts some GPU holds k + 1 of them (pigeonhole); the GPU
-  of the heaviest expert holds S - 1 more, at least the S - 1 lightest.
+- slot (R = 0): among the k*G + 1 heaviest experts some GPU holds k + 1 of them (pigeonhole), plus
+  S - k - 1 other experts, at least the lightest ones.
+- cardinality (R = 0): the k heaviest experts sit on some j GPUs, which hold j*S experts in all; their
+  mean load is at least (the k heaviest + the j*S - k lightest) / j, whatever j turns out to be.
 - group partition (hierarchical, replicas kept inside a node): the best split of K groups over N
   nodes (K/N each) leaves some node with at least that node's total, spread over its G/N GPUs.
 """
@@ -39,17 +41,49 @@ def replica_bound(counts_LE, gpus: int, redundant: int) -> np.ndarray:
 
 
 def slot_bound(counts_LE, gpus: int) -> np.ndarray:
-    """R = 0 pigeonhole bound [L]: max over k of the sum of the (k+1) lightest of the k*G+1 heaviest."""
+    """R = 0 pigeonhole bound [L].
+
+    With exactly S = E / G experts per GPU (one replica each): for k = 0 .. S - 1, the k*G + 1 heaviest
+    experts T cannot sit on G GPUs with at most k on each, so some GPU holds k + 1 of them, costing at
+    least the sum of the k + 1 lightest of T. That GPU also holds S - k - 1 further experts, distinct
+    from those k + 1: at least the S - k - 1 lightest experts outside T (there are E - k*G - 1 >=
+    S - k - 1 of them, and each is no heavier than any expert of T, so no cheaper choice exists).
+    (k = 0 is "the heaviest expert plus the S - 1 lightest".)"""
     c = as_counts(counts_LE)
     L, E = c.shape
+    S = E // gpus
     s = -np.sort(-c, axis=1)
-    per_gpu = E // gpus
-    # the GPU holding the heaviest expert also holds S - 1 others, at least the S - 1 lightest
-    best = s[:, 0] + (s[:, E - (per_gpu - 1):].sum(1) if per_gpu > 1 else 0.0)
-    k = 1
-    while k * gpus + 1 <= E:
-        best = np.maximum(best, s[:, k * gpus - k:k * gpus + 1].sum(1))
-        k += 1
+    light = np.concatenate([np.zeros((L, 1)), np.cumsum(s[:, ::-1], axis=1)], axis=1)   # sum of n lightest
+    best = np.zeros(L)
+    for k in range(S):
+        top = s[:, k * gpus - k:k * gpus + 1].sum(1) if k else s[:, 0]
+        best = np.maximum(best, top + light[:, S - k - 1])
+    return np.maximum(1.0, _ratio(best, c.sum(1), gpus))
+
+
+def cardinality_bound(counts_LE, gpus: int) -> np.ndarray:
+    """R = 0 bound from the heaviest experts' companions [L].
+
+    Proof. With exactly S = E / G experts per GPU (one replica each), fix k in 1 .. E and let j be the
+    number of distinct GPUs holding the k heaviest experts; ceil(k / S) <= j <= min(k, G). Those j GPUs
+    hold j*S experts: the k heaviest (total T_k) and j*S - k others, which are j*S - k distinct experts
+    outside the k heaviest, so they weigh at least the j*S - k lightest experts, Light(j*S - k) (these
+    are outside the top k because j*S - k <= E - k). The busiest GPU carries at least the mean of those
+    j GPUs: max >= (T_k + Light(j*S - k)) / j. The layout decides j, so take the smallest value over
+    the feasible j; every k gives a valid bound, so take the largest over k. k = 1 is "the heaviest plus
+    the S - 1 lightest", k = E is the fractional W / G."""
+    c = as_counts(counts_LE)
+    L, E = c.shape
+    S = E // gpus
+    s = -np.sort(-c, axis=1)
+    top = np.cumsum(s, axis=1)                                               # [L, E]: T_k at k - 1
+    light = np.concatenate([np.zeros((L, 1)), np.cumsum(s[:, ::-1], axis=1)], axis=1)   # [L, E + 1]
+    k = np.arange(1, E + 1)[:, None]                                         # [E, 1]
+    j = np.arange(1, gpus + 1)[None, :]                                      # [1, G]
+    ok = (j * S >= k) & (j <= k)                                             # [E, G]
+    n = np.where(ok, j * S - k, 0)
+    val = (top[:, :, None] + light[:, n]) / j                                # [L, E, G]
+    best = np.where(ok, val, np.inf).min(2).max(1)
     return np.maximum(1.0, _ratio(best, c.sum(1), gpus))
 
 
@@ -103,5 +137,5 @@ def best_bound(counts_LE, gpus: int, redundant: int) -> np.ndarray:
     """The tightest of the bounds above that holds for any layout with R redundant slots, [L]."""
     b = replica_bound(counts_LE, gpus, redundant)
     if redundant == 0:
-        b = np.maximum(b, slot_bound(counts_LE, gpus))
+        b = np.maximum(b, np.maximum(slot_bound(counts_LE, gpus), cardinality_bound(counts_LE, gpus)))
     return b
