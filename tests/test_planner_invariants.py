@@ -137,3 +137,23 @@ def test_r0_bounds_hold_on_random_layouts_and_plans():
         res = plan(c, 8, 0, policy="refined")
         assert_valid(res.layout_LP, 64, 8)
         assert (res.imbalance_L >= b - 1e-12).all()
+
+
+@pytest.mark.parametrize("R", [0, 16])
+def test_pair_resplits_keep_invariants_and_never_raise_the_max(R):
+    from dashboard.planner.loads import slot_weights
+    from dashboard.planner.pairs import refine_pairs
+    from dashboard.planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
+    c = skewed_counts(layers=6, experts=64, sigma=1.2, seed=9)
+    G = 16
+    rep = replicate_greedy(c, 64 + R)
+    phys = expand_replicas(rep)
+    lay = layout_from_bins(phys, balanced_pack(np.take_along_axis(c / rep, phys, axis=1), G, phys), G)
+    target = best_bound(c, G, R) * c.sum(1) / G
+    new, w = refine_pairs(lay, slot_weights(c, lay), G, target_L=target)
+    assert_valid(new, 64, G)
+    assert (np.sort(new, axis=1) == np.sort(lay, axis=1)).all()          # same replicas, only moved
+    np.testing.assert_allclose(w, slot_weights(c, new))
+    assert (layer_imbalance(c, new, G) <= layer_imbalance(c, lay, G) + 1e-12).all()
+    again, _ = refine_pairs(lay, slot_weights(c, lay), G, target_L=target)
+    assert (again == new).all()                                           # seeded: deterministic

@@ -3,7 +3,8 @@
 single swaps miss when a hot expert needs a better set of light companions. Vectorised over layers,
 GPU pairs and all C(2S-1, S-1) splits (pooled item 0 stays on the first GPU: no mirror images).
 
-Two phases, alternated per layer until the layer's busiest GPU stops improving:
+Two phases, alternated per layer until the layer's busiest GPU stops improving (then a few seeded
+random kicks and the same descent, keeping the best, for layers still above their lower bound):
 - hot: re-split the busiest GPU with each of its ``partners`` lightest GPUs; apply the best split if it
   lowers the busiest GPU's load;
 - balance: a round-robin schedule of disjoint GPU pairs (every pair once per sweep) re-split wherever
@@ -138,20 +139,22 @@ def balance_sweep(lay, w, layers, gpus, S, M, tol, chunk):
             _apply(lay, w, li[sl][ok], ga[sl][ok], gb[sl][ok], k[ok], S, M)
 
 
-def refine_pairs(layout_LP, w_LP, gpus: int, target_L=None, partners: int = 8, sweeps: int = 6,
-                 max_iter: int = 400, tol: float = 1e-9, chunk_elems: int = 4_000_000):
-    """Hot phase, then (for layers still above ``target_L``) up to ``sweeps`` x (balance sweep + hot
-    phase). Returns (layout_LP, w_LP) as permuted copies; the max GPU load of a layer never rises."""
-    lay = np.array(layout_LP, dtype=np.int64)
-    w = np.array(w_LP, dtype=np.float64)
-    L, P = lay.shape
-    S = P // gpus
-    if num_splits(S) > MAX_SPLITS:
-        raise ValueError(f"pair re-split enumerates C({2 * S - 1}, {S - 1}) splits; too many for S={S}")
-    M = split_masks(S)
-    chunk = max(1, chunk_elems // M.shape[0])
-    tgt = np.zeros(L) if target_L is None else np.asarray(target_L, dtype=np.float64)
-    left = hot_phase(lay, w, np.arange(L), gpus, S, M, tgt, partners, max_iter, tol, chunk)
+def _kick(lay, w, layers, gpus, S, kicks, rng):
+    """Swap ``kicks`` random slot pairs on distinct GPUs per layer (never doubling an expert on a GPU);
+    in place."""
+    for l in layers:
+        for _ in range(kicks):
+            a, b = rng.choice(gpus, 2, replace=False)
+            i, j = a * S + rng.integers(S), b * S + rng.integers(S)
+            if lay[l, i] in lay[l, b * S:(b + 1) * S] or lay[l, j] in lay[l, a * S:(a + 1) * S]:
+                continue
+            lay[l, [i, j]] = lay[l, [j, i]]
+            w[l, [i, j]] = w[l, [j, i]]
+
+
+def _descend(lay, w, layers, gpus, S, M, tgt, partners, sweeps, max_iter, tol, chunk):
+    """Hot phase, then balance sweep + hot phase while a sweep still lowers the max; in place."""
+    left = hot_phase(lay, w, layers, gpus, S, M, tgt, partners, max_iter, tol, chunk)
     for _ in range(sweeps):
         if left.size == 0:
             break
@@ -161,4 +164,34 @@ def refine_pairs(layout_LP, w_LP, gpus: int, target_L=None, partners: int = 8, s
         after = w[still].reshape(-1, gpus, S).sum(-1).max(1)
         keep = after < before[np.searchsorted(left, still)] * (1 - tol)     # stop where a sweep did nothing
         left = still[keep]
+
+
+def refine_pairs(layout_LP, w_LP, gpus: int, target_L=None, partners: int = 8, sweeps: int = 12,
+                 restarts: int = 30, kicks: int = 6, restart_gap: float = 4e-4, seed: int = 0, max_iter: int = 400, tol: float = 1e-9,
+                 chunk_elems: int = 4_000_000):
+    """Hot phase, then (for layers still above ``target_L``) balance sweeps + hot phase while they help;
+    then, for layers still more than ``restart_gap`` above target, up to ``restarts`` perturbations (``kicks`` random swaps of the
+    best layout so far, then the same descent), keeping each layer's best. Seeded: the same input gives
+    the same layout. Returns (layout_LP, w_LP) as permuted copies; a layer's max GPU load never rises."""
+    lay = np.array(layout_LP, dtype=np.int64)
+    w = np.array(w_LP, dtype=np.float64)
+    L, P = lay.shape
+    S = P // gpus
+    if num_splits(S) > MAX_SPLITS:
+        raise ValueError(f"pair re-split enumerates C({2 * S - 1}, {S - 1}) splits; too many for S={S}")
+    M = split_masks(S)
+    chunk = max(1, chunk_elems // M.shape[0])
+    tgt = np.zeros(L) if target_L is None else np.asarray(target_L, dtype=np.float64)
+    _descend(lay, w, np.arange(L), gpus, S, M, tgt, partners, sweeps, max_iter, tol, chunk)
+    rng = np.random.default_rng(seed)
+    for _ in range(restarts if target_L is not None else 0):       # kicks only aim at a known bound
+        peak = w.reshape(L, gpus, S).sum(-1).max(1)
+        left = np.nonzero(peak > tgt * (1 + restart_gap))[0]
+        if left.size == 0:
+            break
+        lay2, w2 = lay.copy(), w.copy()
+        _kick(lay2, w2, left, gpus, S, kicks, rng)
+        _descend(lay2, w2, left, gpus, S, M, tgt, partners, sweeps, max_iter, tol, chunk)
+        better = left[w2[left].reshape(-1, gpus, S).sum(-1).max(1) < peak[left] * (1 - tol)]
+        lay[better], w[better] = lay2[better], w2[better]
     return lay, w
