@@ -30,7 +30,8 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 COUNTS_DTYPE = np.dtype("<i4")
 SAMPLE_DTYPE = np.dtype("<i2")
 
-STEP_FIELDS = ("v", "run", "rank", "world", "step", "t", "phase", "tokens", "L", "E", "counts", "dropped")
+STEP_FIELDS = ("v", "run", "inst", "rank", "world", "step", "t", "phase", "tokens", "L", "E", "counts", "dropped")
+MAX_SAMPLE_EXPERTS = 32767  # sampled ids travel as int16
 SAMPLE_FIELDS = ("sample_n", "sample_k", "sample")
 
 
@@ -65,6 +66,8 @@ class StepRecord:
     counts_LE: int32 [L, E] tokens routed to each logical expert in each MoE layer during this step.
     sample_ids_LNK: int16 [L, N, K] top-k expert ids of N sampled tokens per layer (-1 = masked), or None.
     dropped_steps: steps this rank's writer has dropped so far (queue full / Redis down), cumulative.
+    instance: the collector process that wrote it (steps restart at 0 when a collector restarts under the
+    same run name: a new instance tells the reader to start a new window).
     """
 
     run: str
@@ -77,6 +80,16 @@ class StepRecord:
     counts_LE: np.ndarray
     dropped_steps: int = 0
     sample_ids_LNK: np.ndarray | None = None
+    instance: str = ""
+
+
+def new_instance_id() -> str:
+    """A short id unique to one collector process (time + pid + randomness)."""
+    import os
+    import secrets
+    import time
+
+    return f"{int(time.time()):x}-{os.getpid():x}-{secrets.token_hex(3)}"
 
 
 def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
@@ -89,6 +102,7 @@ def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
     fields: dict[str, bytes | str | int] = {
         "v": SCHEMA_VERSION,
         "run": check_run_name(rec.run),
+        "inst": rec.instance,
         "rank": int(rec.rank),
         "world": int(rec.world_size),
         "step": int(rec.step),
@@ -101,6 +115,8 @@ def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
         "dropped": int(rec.dropped_steps),
     }
     if rec.sample_ids_LNK is not None:
+        if counts.shape[1] > MAX_SAMPLE_EXPERTS:
+            raise ValueError(f"sampled rows need E <= {MAX_SAMPLE_EXPERTS} (int16 ids), got E={counts.shape[1]}")
         sample = np.ascontiguousarray(rec.sample_ids_LNK, dtype=SAMPLE_DTYPE)
         if sample.ndim != 3 or sample.shape[0] != counts.shape[0]:
             raise ValueError(f"sample_ids_LNK must be [L={counts.shape[0]}, N, K], got {sample.shape}")
@@ -165,10 +181,12 @@ def decode_step(fields: dict) -> StepRecord:
     rank, world = _int(fields, "rank"), _int(fields, "world", 1)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
+    has_inst = fields.get("inst", fields.get(b"inst")) is not None
     return StepRecord(
         run=check_run_name(_text(fields, "run")), rank=rank, world_size=world, step=_int(fields, "step"),
         time_s=time_s, phase=phase, tokens=_int(fields, "tokens"), counts_LE=counts,
         dropped_steps=_int(fields, "dropped"), sample_ids_LNK=sample,
+        instance=_text(fields, "inst") if has_inst else "",
     )
 
 
@@ -233,6 +251,7 @@ class RunMeta:
     sample_tokens_per_layer: int = 0
     extra: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    instance: str = ""
 
 
 def encode_meta(meta: RunMeta) -> str:
@@ -241,13 +260,42 @@ def encode_meta(meta: RunMeta) -> str:
     return json.dumps(asdict(meta), separators=(",", ":"))
 
 
+_META_TYPES = {"run": str, "model_name": str, "layer_names": list, "num_experts": int, "top_k": int,
+               "hidden_size": int, "moe_intermediate_size": int, "dtype_bytes": int, "world_size": int,
+               "started_s": (int, float), "host": str, "sample_tokens_per_layer": int, "extra": dict,
+               "schema_version": int, "instance": str}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def decode_meta(text: str | bytes) -> RunMeta:
-    """JSON -> RunMeta; ValueError when it is not valid JSON or lacks fields."""
+    """JSON -> RunMeta; ValueError (never another exception) when it is not valid JSON, lacks fields or
+    holds a field of the wrong type."""
     try:
         raw = json.loads(text)
-        layout = Layout(**raw.pop("layout"))
-        meta = RunMeta(layout=layout, **raw)
-    except (TypeError, KeyError, json.JSONDecodeError, AttributeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
+        raise ValueError(f"run metadata is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("layout"), dict):
+        raise ValueError("run metadata must be an object with a 'layout' object")
+    for name, value in raw.items():
+        want = _META_TYPES.get(name)
+        if want is None and name != "layout":
+            raise ValueError(f"run metadata has an unknown field {name!r}")
+        if want is int and not _is_int(value) or want not in (None, int) and not isinstance(value, want):
+            raise ValueError(f"run metadata field {name!r} has the wrong type ({type(value).__name__})")
+    if not all(isinstance(n, str) for n in raw.get("layer_names", [])):
+        raise ValueError("run metadata layer_names must be strings")
+    lay = raw.pop("layout")
+    rows = lay.get("physical_to_logical_map")
+    if not (_is_int(lay.get("gpus")) and _is_int(lay.get("nodes")) and isinstance(rows, list)
+            and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in rows)) or set(lay) - {
+            "gpus", "nodes", "physical_to_logical_map"}:
+        raise ValueError("run metadata layout must be {gpus: int, nodes: int, physical_to_logical_map: [[int]]}")
+    try:
+        meta = RunMeta(layout=Layout(**lay), **raw)
+    except TypeError as exc:
         raise ValueError(f"run metadata is malformed: {exc}") from None
     if meta.schema_version != SCHEMA_VERSION:
         raise ValueError(f"run metadata schema {meta.schema_version} is not supported")
@@ -294,7 +342,31 @@ def encode_gpu_sample(sample: GpuSample) -> dict[str, str | int]:
     }
 
 
+_GPU_TEXT_FIELDS = ("name", "uuid")
+
+
+def _clean_gpu(raw: dict) -> dict:
+    """One GPU's reading with every numeric field a finite number >= 0 or None; ValueError otherwise."""
+    out = {}
+    for key in GPU_FIELDS:
+        value = raw.get(key)
+        if key in _GPU_TEXT_FIELDS:
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"GPU field {key!r} must be text")
+        elif value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"GPU field {key!r} must be a finite number >= 0 or null, got {value!r}")
+            if key == "index" and not _is_int(value):
+                raise ValueError("GPU field 'index' must be an integer")
+        out[key] = value
+    if out["index"] is None:
+        raise ValueError("GPU reading lacks its index")
+    return out
+
+
 def decode_gpu_sample(fields: dict) -> GpuSample:
+    """Stream entry -> GpuSample; ValueError on any malformed entry (wrong types, NaN, negative values)."""
     version = _int(fields, "v")
     if version != SCHEMA_VERSION:
         raise ValueError(f"schema version {version} is not supported")
@@ -303,13 +375,15 @@ def decode_gpu_sample(fields: dict) -> GpuSample:
         raise ValueError(f"unknown GPU status {status!r}")
     try:
         gpus = json.loads(_text(fields, "gpus"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"gpus is not JSON: {exc}") from None
+        time_s = float(_text(fields, "t"))
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise ValueError(f"GPU sample is malformed: {exc}") from None
+    if not math.isfinite(time_s):
+        raise ValueError("time is not finite")
     if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
         raise ValueError("gpus must be a list of objects")
-    return GpuSample(rank=_int(fields, "rank"), host=_text(fields, "host"), time_s=float(_text(fields, "t")),
-                     status=status, gpus=[{k: g.get(k) for k in GPU_FIELDS} for g in gpus],
-                     reason=_text(fields, "reason"))
+    return GpuSample(rank=_int(fields, "rank"), host=_text(fields, "host"), time_s=time_s,
+                     status=status, gpus=[_clean_gpu(g) for g in gpus], reason=_text(fields, "reason"))
 
 
 def maxlen_for_budget(memory_budget_bytes: int, num_layers: int, num_experts: int, sample_bytes: int = 0) -> int:

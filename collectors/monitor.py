@@ -50,6 +50,7 @@ class ExpertLoadMonitor:
             raise ValueError(f"{len(self.layer_names)} layer names for {self.num_layers} layers")
         self.rank, self.world_size = rank_and_world()
         self.run = wire.check_run_name(run or f"{(model_name or 'moe').split('/')[-1]}-{os.getpid()}")
+        self.instance = wire.new_instance_id()
         self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, sample_tokens)
         self.device = self.counter.device
         gpus = gpus or wire.default_gpus(self.num_experts, self.world_size)
@@ -59,7 +60,7 @@ class ExpertLoadMonitor:
             run=self.run, model_name=model_name, layer_names=self.layer_names, num_experts=self.num_experts,
             top_k=self.top_k, hidden_size=hidden_size, moe_intermediate_size=moe_intermediate_size,
             dtype_bytes=dtype_bytes, layout=layout, world_size=self.world_size, started_s=time.time(),
-            host=socket.gethostname(), sample_tokens_per_layer=sample_tokens)
+            host=socket.gethostname(), sample_tokens_per_layer=sample_tokens, instance=self.instance)
         wire.encode_meta(self.meta)  # validates the layout now, not in the thread
         self.step = 0
         self.redis_url = redis_url
@@ -209,4 +210,5 @@ class ExpertLoadMonitor:
             tokens = int(round(counts.sum(axis=1).max() / self.top_k))
         return wire.StepRecord(
             run=self.run, rank=self.rank, world_size=self.world_size, step=job.step, time_s=job.time_s,
-            phase=job.phase, tokens=tokens, counts_LE=counts.astype(np.int32), sample_ids_LNK=sample)
+            phase=job.phase, tokens=tokens, counts_LE=counts.astype(np.int32), sample_ids_LNK=sample,
+            instance=self.instance)

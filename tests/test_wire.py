@@ -1,6 +1,8 @@
 """The wire format: round trips, and one clear ValueError for every kind of malformed entry."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ def _bytes_keys(fields):  # what redis-py hands back
 
 
 def test_step_round_trip_through_redis_shaped_fields():
+    assert wire.decode_step(_bytes_keys(wire.encode_step(_record(instance="abc-1")))).instance == "abc-1"
     rec = wire.decode_step(_bytes_keys(wire.encode_step(_record())))
     assert (rec.run, rec.rank, rec.world_size, rec.step, rec.phase, rec.tokens, rec.dropped_steps) == \
         ("r1", 1, 2, 7, "decode", 3, 4)
@@ -57,8 +60,18 @@ def test_meta_round_trip_and_bad_layouts():
         wire.Layout(2, 1, [[0, 1, 1, 1]]).validate(1, 3)
     with pytest.raises(ValueError, match="split evenly"):
         wire.Layout(2, 1, [[0, 1, 2]]).validate(1, 3)
-    with pytest.raises(ValueError, match="malformed"):
+    with pytest.raises(ValueError, match="not JSON"):
         wire.decode_meta("{not json")
+    good = json.loads(wire.encode_meta(meta))
+    for field, value in (("layer_names", 5), ("num_experts", "3"), ("top_k", True), ("started_s", "x")):
+        with pytest.raises(ValueError, match=field):
+            wire.decode_meta(json.dumps({**good, field: value}))
+    for layout in ({"gpus": "2", "nodes": 1, "physical_to_logical_map": [[0, 1, 2, 0]] * 2},
+                   {"gpus": 2, "nodes": 1, "physical_to_logical_map": [[[0], 1, 2, 0]] * 2}, []):
+        with pytest.raises(ValueError, match="layout"):
+            wire.decode_meta(json.dumps({**good, "layout": layout}))
+    with pytest.raises(ValueError, match="unknown field"):
+        wire.decode_meta(json.dumps({**good, "evil": 1}))
 
 
 def test_gpu_sample_round_trip_keeps_missing_values_missing():
@@ -69,6 +82,13 @@ def test_gpu_sample_round_trip_keeps_missing_values_missing():
     assert set(back.gpus[0]) == set(wire.GPU_FIELDS)
     with pytest.raises(ValueError, match="unknown GPU status"):
         wire.decode_gpu_sample({**_bytes_keys(wire.encode_gpu_sample(sample)), b"status": b"melted"})
+    fields = _bytes_keys(wire.encode_gpu_sample(sample))
+    for gpu in ({"index": 0, "power_usage_w": "x"}, {"index": 0, "temperature_c": -3},
+                {"index": 0.5}, {"name": "no index"}, {"index": 0, "name": 7}):
+        with pytest.raises(ValueError, match="GPU"):
+            wire.decode_gpu_sample({**fields, b"gpus": json.dumps([gpu]).encode()})
+    with pytest.raises(ValueError, match="not finite"):
+        wire.decode_gpu_sample({**fields, b"t": b"nan"})
 
 
 def test_trace_lines_round_trip_and_reject_garbage():
