@@ -4,7 +4,8 @@ layout on the score window, and model its all-to-all traffic from the sampled ro
 Fit window: the `fit` newest steps (or the steps of the last `fit` minutes) before the score window when
 held out, else ending with the newest step; it reaches the planner as up to MAX_FIT_WINDOWS contiguous
 windows of summed steps [T, L, E] (oldest first). Score window: the `score_steps` newest steps (the live
-tail). GPU loads use the even-split rule (tokens of an expert shared evenly by its replicas).
+tail). GPU loads use the even-split rule (tokens of an expert shared evenly by its replicas) and eta follows
+the Overview (dashboard.analytics): idle (step, layer) pairs are NaN and left out of every mean.
 
 Shape legend: S steps, T fit windows, L layers, E experts, P slots, G GPUs, N sampled tokens, K top-k.
 """
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboard.planner.loads import gpu_loads, imbalance
+from dashboard.analytics.balance import LayerSpread, across_layers
+from dashboard.planner.loads import balancedness_or_nan, gpu_weights, weighted_loads
 from dashboard.planner.traffic import traffic
 
 MAX_FIT_WINDOWS = 16
@@ -102,41 +104,71 @@ def take(counts_SLE, step_S, time_s_S, tokens_S, samples_of, score_steps: int, f
 
 @dataclass(frozen=True)
 class Score:
-    """A layout on the score window. imbalance_sum_L: max/mean of window-summed GPU loads per layer;
-    imbalance_step_SL per step; mean_load_LG: mean per-step GPU load; active_L: layers with tokens."""
+    """A layout on the score window, with the Overview's rule (dashboard.analytics): eta = mean/max GPU
+    load, NaN for a (step, layer) or layer without tokens, and every mean is NaN-safe, so idle pairs drop
+    out instead of counting as perfectly balanced. eta_sum_L: eta of window-summed loads per layer;
+    eta_step_SL: per step; mean_load_LG: mean per-step GPU load; active_L: layers with tokens."""
 
-    imbalance_sum_L: np.ndarray
-    imbalance_step_SL: np.ndarray
+    eta_sum_L: np.ndarray
+    eta_step_SL: np.ndarray
     mean_load_LG: np.ndarray
     active_L: np.ndarray
 
+    @property
+    def imbalance_sum_L(self) -> np.ndarray:
+        """max/mean of window-summed loads per layer [L]; NaN for idle layers."""
+        return 1.0 / self.eta_sum_L
+
+    @property
+    def imbalance_step_SL(self) -> np.ndarray:
+        return 1.0 / self.eta_step_SL
+
     def mean(self, values_L: np.ndarray) -> float:
+        """Mean over active layers (all layers when none is active) of a per-layer value, NaN-safe."""
         a = self.active_L if self.active_L.any() else np.ones_like(self.active_L)
-        return float(np.mean(values_L[a]))
+        return _nanmean(np.asarray(values_L, dtype=np.float64)[a])
 
     @property
     def balancedness(self) -> float:
         """Mean over active layers of the window-sum balancedness (mean/max)."""
-        return self.mean(1.0 / self.imbalance_sum_L)
+        return _nanmean(self.eta_sum_L)
 
     @property
     def step_balancedness(self) -> float:
-        """Mean over steps and active layers of the per-step balancedness (idle steps count as 1)."""
-        return self.mean((1.0 / self.imbalance_step_SL).mean(0))
+        """Mean of per-step eta over the (step, layer) pairs that had tokens = 1 - the Overview's idle share."""
+        return _nanmean(self.eta_step_SL)
+
+    @property
+    def step_spread(self) -> LayerSpread:
+        """min / p50 / p90 across layers of each layer's mean per-step eta (the Overview's 'window
+        per-step mean')."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # layers idle in every step stay NaN
+            return across_layers(np.nanmean(self.eta_step_SL, axis=0))
+
+    @property
+    def sum_spread(self) -> LayerSpread:
+        """min / p50 / p90 across layers of the window-sum eta (the Overview's 'window sum')."""
+        return across_layers(self.eta_sum_L)
 
     @property
     def worst_imbalance(self) -> float:
-        return float(self.imbalance_sum_L[self.active_L].max()) if self.active_L.any() else 1.0
+        return float(np.nanmax(self.imbalance_sum_L)) if self.active_L.any() else 1.0
+
+
+def _nanmean(values) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else float("nan")
 
 
 def score(layout_LP, score_SLE, gpus: int) -> Score:
-    """Score a layout [L, P] on per-step counts [S, L, E]."""
-    c = np.asarray(score_SLE, dtype=np.float64)
-    loads_SLG = gpu_loads(c, np.asarray(layout_LP, dtype=np.int64), gpus)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return Score(imbalance_sum_L=imbalance(loads_SLG.sum(0)), imbalance_step_SL=imbalance(loads_SLG),
-                     mean_load_LG=loads_SLG.mean(0), active_L=c.sum((0, 2)) > 0)
+    """Score a layout [L, P] on per-step counts [S, L, E] (loads by the same code as the Overview's)."""
+    c = np.asarray(score_SLE)
+    loads_SLG = weighted_loads(c, gpu_weights(layout_LP, c.shape[2], gpus))
+    return Score(eta_sum_L=balancedness_or_nan(loads_SLG.sum(0, dtype=np.float64)),
+                 eta_step_SL=balancedness_or_nan(loads_SLG), mean_load_LG=loads_SLG.mean(0, dtype=np.float64),
+                 active_L=c.sum((0, 2)) > 0)
 
 
 def traffic_summary(samples_LNK, layout_LP, num_experts: int, gpus: int, nodes: int, hidden: int,

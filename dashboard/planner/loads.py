@@ -4,7 +4,9 @@ Shape legend: L layers, E logical experts, P = E + R physical slots, G GPUs, S =
 T windows (time axis). A layout is ``layout_LP[l, p]`` = logical expert held by slot p (SGLang's
 ``physical_to_logical_map``); slot p lives on GPU ``p // S``.
 GPU load = sum over the GPU's slots of count[e] / replicas[e] (tokens split evenly across replicas,
-as EPLB assumes).
+as EPLB assumes). This module is the one implementation of that rule and of eta = mean/max for the whole
+dashboard: ``gpu_loads`` (slot form, the planner's hot path) and ``gpu_weights`` + ``weighted_loads`` (matmul
+form, many steps under one layout) give the same loads; ``balancedness_or_nan`` is NaN for an idle layer.
 """
 from __future__ import annotations
 
@@ -71,17 +73,71 @@ def gpu_loads(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.nda
     return w.reshape(w.shape[:-1] + (gpus, -1)).sum(-1)
 
 
+def balancedness_or_nan(loads_XG) -> np.ndarray:
+    """eta = mean/max over the last axis (GPUs), [..., G] -> [...]; NaN where every GPU has load 0.
+
+    The one implementation of the ratio: views (dashboard.analytics, the What-if page) keep NaN so idle
+    (step, layer) pairs drop out of NaN-safe means; the planner's ``imbalance``/``balancedness`` map NaN
+    to 1.0 so an idle (dense) layer is perfectly balanced in its sums."""
+    loads_XG = np.asarray(loads_XG, dtype=np.float64)
+    if loads_XG.ndim < 1 or loads_XG.shape[-1] == 0:
+        raise ValueError(f"loads need a GPU axis last, got shape {loads_XG.shape}")
+    peak = loads_XG.max(axis=-1)
+    mean = loads_XG.mean(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(peak > 0, mean / np.where(peak > 0, peak, 1.0), np.nan)
+
+
+def imbalance_or_nan(loads_XG) -> np.ndarray:
+    """max/mean over the last axis = 1/eta; NaN where every GPU has load 0."""
+    return 1.0 / balancedness_or_nan(loads_XG)
+
+
 def imbalance(load_LG: np.ndarray) -> np.ndarray:
-    """max/mean of GPU loads along the last axis; 1.0 where a layer has no traffic."""
-    load = np.asarray(load_LG, dtype=np.float64)
-    mean = load.mean(-1)
-    mx = load.max(-1)
-    return np.where(mean > 0, mx / np.where(mean > 0, mean, 1.0), 1.0)
+    """max/mean of GPU loads along the last axis; 1.0 where a layer has no traffic (planner rule)."""
+    return np.nan_to_num(imbalance_or_nan(load_LG), nan=1.0)
 
 
 def balancedness(load_LG: np.ndarray) -> np.ndarray:
     """mean/max of GPU loads along the last axis (SGLang/vLLM 'balancedness'); 1.0 for idle layers."""
-    return 1.0 / imbalance(load_LG)
+    return np.nan_to_num(balancedness_or_nan(load_LG), nan=1.0)
+
+
+def gpu_weights(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
+    """float32 [L, E, G]: share of expert e's tokens that GPU g serves in layer l (even split over its
+    replicas); every (l, e) row sums to 1. Checks ids in [0, E), every expert placed, P divisible by G."""
+    try:
+        lay = np.asarray(layout_LP, dtype=np.int64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"physical_to_logical_map must be a rectangular [layers][slots] integer list: {exc}") from None
+    if lay.ndim != 2 or lay.shape[1] == 0:
+        raise ValueError(f"physical_to_logical_map must be [layers][slots], got shape {lay.shape}")
+    if gpus < 1 or lay.shape[1] % gpus:
+        raise ValueError(f"{lay.shape[1]} slots per layer do not split evenly over {gpus} GPUs")
+    if lay.min() < 0 or lay.max() >= num_experts:
+        raise ValueError(f"physical_to_logical_map names experts outside 0..{num_experts - 1}")
+    rep_LE = replica_counts(lay, num_experts)
+    if np.any(rep_LE == 0):
+        layer, expert = np.argwhere(rep_LE == 0)[0]
+        raise ValueError(f"layer {layer}: expert {expert} has no slot in the layout")
+    L, P = lay.shape
+    gpu_P = np.arange(P) // (P // gpus)
+    flat = (np.arange(L)[:, None] * num_experts + lay) * gpus + gpu_P[None, :]
+    share_LP = 1.0 / np.take_along_axis(rep_LE, lay, axis=1)
+    weights = np.bincount(flat.ravel(), weights=share_LP.ravel(), minlength=L * num_experts * gpus)
+    return weights.reshape(L, num_experts, gpus).astype(np.float32)
+
+
+def weighted_loads(counts_TLE, weights_LEG: np.ndarray) -> np.ndarray:
+    """float32 [T, L, G] GPU loads of each step and layer from counts [T, L, E] and gpu_weights() [L, E, G]
+    (the matmul form of gpu_loads, for many steps under one layout)."""
+    counts_TLE = np.asarray(counts_TLE)
+    if counts_TLE.ndim != 3:
+        raise ValueError(f"counts must be [steps, layers, experts], got shape {counts_TLE.shape}")
+    if counts_TLE.shape[1:] != weights_LEG.shape[:2]:
+        raise ValueError(f"counts are [L, E] = {counts_TLE.shape[1:]}, the layout is for {weights_LEG.shape[:2]}")
+    loads_LTG = np.matmul(counts_TLE.astype(np.float32).transpose(1, 0, 2), weights_LEG)
+    return np.ascontiguousarray(loads_LTG.transpose(1, 0, 2))
 
 
 def layer_imbalance(counts_LE, layout_LP, gpus: int) -> np.ndarray:

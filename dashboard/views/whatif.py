@@ -112,10 +112,13 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, assu
     cols = st.columns(6)
     cols[0].metric("balancedness (score window)", fmt(after.balancedness),
                    delta=f"{after.balancedness - before.balancedness:+.3f} vs current {fmt(before.balancedness)}",
-                   help="mean over layers of mean/max GPU load, loads summed over the score window")
+                   help="mean over layers with tokens of mean/max GPU load, loads summed over the score window "
+                        f"(current layout: p50 over layers {fmt(before.sum_spread.p50)}, as the Overview's window sum)")
     cols[1].metric("per-step balancedness", fmt(after.step_balancedness),
                    delta=f"{after.step_balancedness - before.step_balancedness:+.3f}",
-                   help="mean over steps and layers of each step's mean/max")
+                   help="mean of each step's mean/max over the (step, layer) pairs with tokens, as the Overview "
+                        "(idle pairs left out; current layout: 1 - this = the Overview's idle share; p50 over "
+                        f"layers {fmt(before.step_spread.p50)})")
     cols[2].metric("best possible with R (lower bound)", fmt(1.0 / before.mean(bound)),
                    help=f"1 / mean lower bound on imbalance for R = {picks.redundant}: no layout does better")
     cols[3].metric("worst layer imbalance", fmt(after.worst_imbalance),

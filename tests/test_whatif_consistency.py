@@ -1,0 +1,65 @@
+"""The What-if page's numbers agree with the Overview's for the same layout and steps (idle (step, layer)
+pairs excluded, NaN-safe means), and the run's sizes fall back to DeepSeek-V3 when unknown."""
+import warnings
+
+import numpy as np
+import pytest
+
+import wire
+from dashboard import whatif_score
+from dashboard.analytics.balance import balancedness
+from dashboard.analytics.loads import gpu_loads as analytics_gpu_loads
+from dashboard.analytics.loads import gpu_weights as analytics_gpu_weights
+from dashboard.planner import loads as planner_loads
+
+# 3 layers, 8 experts, 4 GPUs, R = 4; layer 2 is dense (never any token)
+LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3]] * 3)
+G = 4
+
+
+def _counts() -> np.ndarray:
+    rng = np.random.default_rng(7)
+    c = rng.integers(0, 60, size=(6, 3, 8))
+    c[:, 0, 0] *= 5                   # a hot expert: real imbalance
+    c[:, 2] = 0                       # dense layer
+    c[2, 1] = 0                       # layer 1 idle in step 2
+    c[4] = 0                          # a step with no tokens at all
+    return c
+
+
+def _overview(counts_SLE):
+    """The Overview's window numbers, by dashboard.analytics (as dashboard/snapshot.py computes them)."""
+    loads_SLG = analytics_gpu_loads(counts_SLE, analytics_gpu_weights(LAYOUT.tolist(), 8, G))
+    eta_SL = balancedness(loads_SLG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        step_mean_L = np.nanmean(eta_SL, axis=0)
+    return {"idle_share": 1.0 - np.nanmean(eta_SL), "step_p50": np.nanpercentile(step_mean_L, 50),
+            "sum_L": balancedness(loads_SLG.sum(0)), "sum_p50": np.nanpercentile(balancedness(loads_SLG.sum(0)), 50)}
+
+
+def test_current_layout_balancedness_equals_overview_with_idle_steps():
+    counts = _counts()
+    want = _overview(counts)
+    got = whatif_score.score(LAYOUT, counts, G)
+    assert got.step_balancedness == pytest.approx(1.0 - want["idle_share"], rel=1e-6)
+    assert got.step_spread.p50 == pytest.approx(want["step_p50"], rel=1e-6)
+    assert got.sum_spread.p50 == pytest.approx(want["sum_p50"], rel=1e-6)
+    assert got.balancedness == pytest.approx(np.nanmean(want["sum_L"]), rel=1e-6)
+    # the old rule (idle steps count as eta = 1) reads higher
+    assert got.step_balancedness < np.mean([np.mean(planner_loads.balancedness(
+        planner_loads.gpu_loads(counts[s], LAYOUT, G))[:2]) for s in range(len(counts))])
+    assert np.isnan(got.eta_sum_L[2]) and np.isnan(got.eta_step_SL[4]).all() and np.isnan(got.eta_step_SL[2, 1])
+
+
+def test_one_even_split_implementation_both_forms_agree():
+    counts = _counts().astype(np.float64)
+    slot_form = planner_loads.gpu_loads(counts, LAYOUT, G)
+    matmul_form = planner_loads.weighted_loads(counts, planner_loads.gpu_weights(LAYOUT, 8, G))
+    np.testing.assert_allclose(matmul_form, slot_form, rtol=1e-6)
+    np.testing.assert_allclose(matmul_form, analytics_gpu_loads(counts, analytics_gpu_weights(LAYOUT, 8, G)))
+    eta = planner_loads.balancedness_or_nan(slot_form)
+    np.testing.assert_array_equal(np.isnan(eta), np.isnan(balancedness(slot_form)))
+    assert (planner_loads.balancedness(slot_form)[np.isnan(eta)] == 1.0).all()   # the planner's rule for sums
+    with pytest.raises(ValueError, match="no slot"):
+        planner_loads.gpu_weights([[0, 1, 2, 2]], 4, 2)
