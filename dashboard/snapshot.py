@@ -47,6 +47,10 @@ class Snapshot:
     def latest_step(self) -> int:
         return int(self.view.step_T[self.latest])
 
+    @property
+    def load_label(self) -> str:
+        return "all layers summed" if self.layer is None else f"layer {self.layer}"
+
     def gpu_name(self, gpu: int) -> str:
         return f"GPU {gpu} (node {self.layout.node_of(gpu)})"
 

@@ -13,13 +13,15 @@ import wire
 
 
 def make_meta(run: str, num_layers: int, num_experts: int, gpus: int, nodes: int = 1, world_size: int = 1,
-              layout: list[list[int]] | None = None, started_s: float | None = None) -> wire.RunMeta:
+              layout: list[list[int]] | None = None, started_s: float | None = None,
+              instance: str = "") -> wire.RunMeta:
     return wire.RunMeta(
         run=run, model_name="synthetic-moe", layer_names=[f"model.layers.{i}.mlp" for i in range(num_layers)],
         num_experts=num_experts, top_k=2, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2,
         layout=wire.Layout(gpus=gpus, nodes=nodes,
                            physical_to_logical_map=layout or wire.contiguous_layout(num_layers, num_experts)),
         world_size=world_size, started_s=time.time() if started_s is None else started_s, host="synth-host",
+        instance=instance,
     )
 
 
@@ -34,23 +36,26 @@ def skewed_counts(rng: np.random.Generator, num_layers: int, num_experts: int, t
 
 def fill(client, run: str, steps: int = 30, num_layers: int = 4, num_experts: int = 16, gpus: int = 4,
          world_size: int = 1, tokens: int = 256, seed: int = 0, time0_s: float | None = None,
-         step_s: float = 0.1, meta: bool = True, gpu_status: str = "unavailable") -> list[np.ndarray]:
-    """Write `steps` steps x `world_size` ranks; return the per-step counts summed over ranks ([L, E] each).
+         step_s: float = 0.1, meta: bool = True, gpu_status: str = "unavailable", instance: str = "",
+         first_step: int = 0, ranks: list[int] | None = None) -> list[np.ndarray]:
+    """Write `steps` steps (ids first_step...) x `world_size` ranks (or only `ranks`) as collector process
+    `instance`; return the per-step counts summed over the written ranks ([L, E] each).
     Odd steps are decode, even steps prefill."""
     rng = np.random.default_rng(seed)
     t0 = time.time() - steps * step_s if time0_s is None else time0_s
     if meta:
         client.set(wire.meta_key(run), wire.encode_meta(make_meta(run, num_layers, num_experts, gpus,
-                                                                  world_size=world_size)))
+                                                                  world_size=world_size, instance=instance)))
     totals = []
     pipe = client.pipeline(transaction=False)
-    for step in range(steps):
+    for step in range(first_step, first_step + steps):
         total = np.zeros((num_layers, num_experts), dtype=np.int32)
-        for rank in range(world_size):
+        for rank in (range(world_size) if ranks is None else ranks):
             counts = skewed_counts(rng, num_layers, num_experts, tokens, hot_expert=(step // 10) % num_experts)
             total += counts
-            rec = wire.StepRecord(run=run, rank=rank, world_size=world_size, step=step, time_s=t0 + step * step_s,
-                                  phase="prefill" if step % 2 == 0 else "decode", tokens=tokens, counts_LE=counts)
+            rec = wire.StepRecord(run=run, rank=rank, world_size=world_size, step=step,
+                                  time_s=t0 + (step - first_step) * step_s, phase="prefill" if step % 2 == 0 else
+                                  "decode", tokens=tokens, counts_LE=counts, instance=instance)
             pipe.xadd(wire.steps_key(run), wire.encode_step(rec))
         totals.append(total)
     if gpu_status == "unavailable":

@@ -93,6 +93,13 @@ def _status_banners(cfg: Settings, monitor: Monitor) -> None:
     if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
         st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
                    f"{monitor.window.size if monitor.window else 0} steps.")
+    if monitor.restart_note:
+        st.info(f"**{monitor.restart_note[0].upper()}{monitor.restart_note[1:]}** under the same run name: "
+                f"its step ids start again, so the window starts afresh"
+                f"{f'; {monitor.skipped_old_records} late record(s) of the old collector skipped' if monitor.skipped_old_records else ''}.")
+    if monitor.gap_note:
+        st.warning(f"**{monitor.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
+                   "MAXLEN if this keeps happening.")
     if monitor.bad_records:
         st.warning(f"Skipped {monitor.bad_records} bad record(s); the latest: {monitor.last_error}")
 
@@ -101,7 +108,8 @@ def caption(frame_: Frame) -> None:
     """One line under each page title: source, phase, layout and the even-split rule."""
     cfg, snap = frame_.settings, frame_.snapshot
     what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
-    of = "all layers summed" if snap.layer is None else f"layer {snap.layer}"
-    st.caption(f"{what} · phase: {cfg.phase} · {snap.view.num_steps} steps in window · GPU load of {of} · "
-               f"layout: {frame_.layout.origin}, {frame_.layout.gpus} GPUs on {frame_.layout.nodes} node(s), "
-               f"{frame_.layout.slots_per_gpu} slots/GPU · replicas share an expert's tokens evenly")
+    restart = f" · {frame_.monitor.restart_note}" if frame_.monitor.restart_note else ""
+    st.caption(f"{what}{restart} · phase: {cfg.phase} · {snap.view.num_steps} steps in window · GPU load of "
+               f"{snap.load_label} · layout: {frame_.layout.origin}, {frame_.layout.gpus} GPUs on "
+               f"{frame_.layout.nodes} node(s), {frame_.layout.slots_per_gpu} slots/GPU · replicas share an "
+               "expert's tokens evenly")

@@ -79,7 +79,9 @@ def health_panel(current: Frame) -> None:
                     f"- this tick: {tick.steps_in} step entries, {tick.gpu_in} GPU samples"
                     f"{' (more waiting)' if tick.more else ''}, {tick.ms:.1f} ms\n"
                     f"- step records read this session: {current.monitor.steps_read:,}; ranks per step: "
-                    f"{current.monitor.world_size}")
+                    f"{current.monitor.world_size}"
+                    + (f"\n- {current.monitor.restart_note}" if current.monitor.restart_note else "")
+                    + (f"\n- {current.monitor.gap_note}" if current.monitor.gap_note else ""))
         for rank, report in sorted(health.collectors.items(), key=lambda kv: str(kv[0])):
             st.markdown(f"- collector rank {rank}: dropped {report.get('dropped_steps', 'n/a')}, queued "
                         f"{report.get('queued', 'n/a')}, last error: {report.get('last_error') or 'none'}")
