@@ -6,7 +6,7 @@ unix:///path.sock. Imports neither torch nor pynvml.
 """
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -14,22 +14,27 @@ from redis.retry import Retry
 
 
 def redact(url: str) -> str:
-    """The URL with its password replaced by '***', for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """The URL with any password (user:password@ or ?password=) replaced by '***', for messages and logs."""
+    try:
+        parts = urlsplit(str(url))
+        query = parse_qsl(parts.query, keep_blank_values=True)
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if parts.password is None and "@" in str(url) and "@" not in netloc:  # no scheme: user info not parsed
+        return "***@" + str(url).rsplit("@", 1)[1]
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
+    if any(key == "password" for key, _ in query):
+        query = [(key, "***" if key == "password" else value) for key, value in query]
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="*/"), parts.fragment))
 
 
 def connect(url: str, *, timeout_s: float = 1.0, retries: int = 1) -> redis.Redis:
     """A client for url that gives up after timeout_s per socket operation and retries `retries` times
     with a short exponential backoff. Connecting is lazy: nothing is sent until the first command."""
     if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"Redis URL {url!r} must start with redis://, rediss:// or unix://")
+        raise ValueError(f"Redis URL {redact(url)!r} must start with redis://, rediss:// or unix://")
     return redis.Redis.from_url(
         url,
         socket_timeout=timeout_s,

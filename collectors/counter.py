@@ -33,6 +33,14 @@ class HostSlot:
         return self.buf.numpy()
 
 
+def _mark_static(tensor: torch.Tensor) -> None:
+    """Tell torch.compile the tensor keeps its address: a counter mutated inside a compiled graph must not
+    make mode="reduce-overhead" skip CUDA graphs."""
+    mark = getattr(torch._dynamo, "mark_static_address", None)
+    if mark is not None and tensor.device.type == "cuda":
+        mark(tensor)
+
+
 @dataclass(frozen=True)
 class StepFacts:
     """What the host knows of a step without reading the device: tokens (-1: never begun), whether a padding
@@ -69,6 +77,9 @@ class DeviceCounter:
         self.sample_idx_N = torch.zeros(max(sample_tokens, 1), dtype=torch.int64, device=self.device)
         self.step_src: torch.Tensor | None = None
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
+        self._clamp_ids = self.device.type == "cuda"
+        for tensor in (self.buf, self.sample_idx_N, self._ones_buf, self.total_LE):
+            _mark_static(tensor)
 
     # ------------------------------------------------------------------ hot path (inside the forward)
     def begin_step(self, num_tokens: int, token_mask_T: torch.Tensor | None) -> None:
@@ -100,6 +111,7 @@ class DeviceCounter:
     def _ones(self, n: int) -> torch.Tensor:
         if self._ones_buf.numel() < n:
             self._ones_buf = torch.ones(max(n, 2 * self._ones_buf.numel()), dtype=torch.int64, device=self.device)
+            _mark_static(self._ones_buf)
         return self._ones_buf[:n]
 
     def record(self, layer: int, ids_TK: torch.Tensor, valid_TK: torch.Tensor | None = None) -> None:
@@ -107,7 +119,16 @@ class DeviceCounter:
         when given, marks the (token, slot) pairs that count; otherwise the step's padding mask applies.
         Device ops only, and no Python value that changes from step to step: scatter_add_ into the counts,
         then a gather of the sampled rows by the step's index tensor (clamped, so a layer that sees fewer
-        tokens can never index out of range); rows of padding tokens are dropped on the host."""
+        tokens can never index out of range); rows of padding tokens are dropped on the host.
+        On CUDA the ids are also clamped into [0, E): an unexpected id (a family with skip slots nobody told
+        us about) must never become a device-side assert that takes the serving process down."""
+        if ids_TK.shape[0] == 0:  # an idle rank's empty batch (host-side shape check: compile-safe)
+            return
+        if ids_TK.device != self.device:  # a model spread over devices (device_map="auto")
+            ids_TK = ids_TK.to(self.device, non_blocking=True)
+            valid_TK = None if valid_TK is None else valid_TK.to(self.device, non_blocking=True)
+        if self._clamp_ids:
+            ids_TK = ids_TK.clamp(0, self.num_experts - 1)
         flat = ids_TK.reshape(-1)
         if valid_TK is not None:
             src = valid_TK.reshape(-1).to(torch.int64)
@@ -117,10 +138,10 @@ class DeviceCounter:
             src = self._ones(flat.numel())
         self._count_rows[layer].scatter_add_(0, flat, src)
         if self.sample_tokens and ids_TK.shape[1] == self.top_k:
-            rows = ids_TK.index_select(0, self.sample_idx_N.clamp(max=ids_TK.shape[0] - 1))
+            idx = self.sample_idx_N.clamp(max=ids_TK.shape[0] - 1)
+            rows = ids_TK.index_select(0, idx)
             if valid_TK is not None:
-                rows = rows.masked_fill(valid_TK.index_select(0, self.sample_idx_N.clamp(
-                    max=ids_TK.shape[0] - 1)) == 0, -1)
+                rows = rows.masked_fill(valid_TK.index_select(0, idx) == 0, -1)
             self._sample_rows[layer].copy_(rows)
 
     # ------------------------------------------------------------------ step boundary
@@ -129,11 +150,13 @@ class DeviceCounter:
         reset it; returns what the host knows of the step. slot None: the step is not published but still
         counted in the total."""
         if slot is not None:
-            on_cuda = self.device.type == "cuda"
-            slot.buf.copy_(self.buf, non_blocking=on_cuda)
-            if on_cuda:
-                slot.ready = torch.cuda.Event()
-                slot.ready.record()
+            if self.device.type == "cuda":
+                with torch.cuda.device(self.device):  # the copy and its event on the counter's own device
+                    slot.buf.copy_(self.buf, non_blocking=True)
+                    slot.ready = torch.cuda.Event(blocking=True)  # the publisher sleeps, not spins, on it
+                    slot.ready.record()
+            else:
+                slot.buf.copy_(self.buf)
         self.total_LE.add_(self.counts_LE)
         self.buf.zero_()
         facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)

@@ -24,9 +24,15 @@ class AttachedMonitor(ExpertLoadMonitor):
                          layer_names=[layer.name for layer in layers], **kwargs)
         self.layers = layers
         self._depth = 0
-        self._handles = [register_layer_hook(self, i, layer) for i, layer in enumerate(layers)]
-        self._handles.append(model.register_forward_pre_hook(self._on_step_start, with_kwargs=True))
-        self._handles.append(model.register_forward_hook(self._on_step_end, always_call=True))
+        self._handles = []
+        try:
+            for i, layer in enumerate(layers):
+                self._handles.append(register_layer_hook(self, i, layer))
+            self._handles.append(model.register_forward_pre_hook(self._on_step_start, with_kwargs=True))
+            self._handles.append(model.register_forward_hook(self._on_step_end, always_call=True))
+        except Exception:
+            self.close(timeout_s=0.0)  # no half-attached monitor, no stray threads
+            raise
 
     @torch.compiler.disable
     def _on_step_start(self, module, args, kwargs):

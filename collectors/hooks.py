@@ -62,7 +62,8 @@ def _jetmoe(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callab
         # first expert_size[0] entries go to expert 0, the next expert_size[1] to expert 1, ...
         order, _, _, expert_size, _ = output
         sizes = torch.as_tensor(expert_size, device=order.device)
-        experts_sorted = torch.repeat_interleave(torch.arange(sizes.numel(), device=order.device), sizes)
+        experts_sorted = torch.repeat_interleave(torch.arange(sizes.numel(), device=order.device), sizes,
+                                                 output_size=order.numel())  # no device->host sync
         ids = torch.empty_like(order)
         ids[order] = experts_sorted
         monitor._record_hooked(index, ids.view(-1, module.top_k), None, False)

@@ -147,9 +147,10 @@ class ExpertLoadMonitor:
     def stats(self) -> dict:
         pub = self.publisher
         return {"steps": self.step, "dropped_steps": pub.dropped_steps if pub else 0,
+                "publisher_alive": pub.alive if pub else False,
                 "published_steps": pub.published_steps if pub else 0,
-                "queued_steps": len(pub.pending) if pub else 0, "last_error": (pub.last_error if pub else "")
-                or (self._error or "")}
+                "queued_steps": len(pub.pending) if pub else 0,
+                "last_error": (pub.last_error or pub.sink_error if pub else "") or (self._error or "")}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Publish everything buffered (up to timeout_s), stop the threads. Safe to call twice."""

@@ -98,6 +98,8 @@ class NvmlSampler:
                 gpus = [read_gpu(nvml, i, h) for i, h in handles]
                 self.publish(wire.GpuSample(self.rank, self.host, time.time(), "ok", gpus))
                 next_t += self.interval_s
+                if next_t < time.monotonic():  # stalled (a suspended process): resync, no burst
+                    next_t = time.monotonic() + self.interval_s
                 self._stop.wait(max(0.0, next_t - time.monotonic()))
         except Exception as exc:
             self._unavailable(f"NVML failed on {self.host}: {exc}")

@@ -1,6 +1,7 @@
-"""Trace recording: every published step (and NVML sample) appended to a JSON-lines file (wire.trace_line).
+"""Trace recording: every published step and NVML sample appended to a JSON-lines file (wire.trace_line).
 
-Written on the publisher thread, never on the model's. `record_trace(redis_url, run, path)` dumps what a
+Written on the publisher thread, never on the model's, and flushed after every batch (a live replay sees it,
+a killed process loses at most one batch). `record_trace(redis_url, run, path)` dumps what a
 run's streams hold now, for a run collected elsewhere.
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ class TraceFileSink:
 
     def write_gpu(self, sample: wire.GpuSample) -> None:
         self._file.write(wire.trace_line("gpu", wire.encode_gpu_sample(sample)) + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
 
     def close(self) -> None:
         if not self._file.closed:

@@ -80,6 +80,8 @@ class Publisher:
         self.published_steps = 0
         self.last_error = ""
         self._health_sent = 0.0
+        self.sink_error = ""            # the trace file's last failure (kept: Redis success does not clear it)
+        self._unsent_samples: list[wire.GpuSample] = []
         self._wake = threading.Event()
         self._stop = False
         self._lock = threading.Lock()
@@ -102,7 +104,7 @@ class Publisher:
     def close(self, timeout_s: float = 5.0) -> bool:
         """Publish what is queued (giving up after timeout_s), stop the thread. True if nothing was left."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and (self.inbox or self.pending or self.samples):
+        while time.monotonic() < deadline and (self.inbox or self.pending or self.samples or self._unsent_samples):
             self._wake.set()
             time.sleep(0.01)
         self._stop = True
@@ -132,7 +134,7 @@ class Publisher:
                 try:
                     sink.write_step(record)
                 except Exception as exc:
-                    self.last_error = f"trace sink failed: {exc}"
+                    self.sink_error = f"trace sink failed: {exc}"
             if self.sink is None:
                 continue
             self.pending.append(record)
@@ -144,44 +146,61 @@ class Publisher:
         """Health as it will stand once the batch of `in_flight` records written with it has landed."""
         return {"rank": self.rank, "dropped_steps": self.dropped_steps,
                 "published_steps": self.published_steps + in_flight, "queued": len(self.pending) - in_flight,
-                "last_error": self.last_error, "time_s": time.time()}
+                "last_error": self.last_error or self.sink_error, "time_s": time.time()}
 
     def _run(self) -> None:
         backoff_s = 0.0
         while True:
             self._wake.wait(timeout=backoff_s or self.flush_interval_s)
             self._wake.clear()
-            self._drain_inbox()
-            if self._stop and (self.sink is None or not self.pending) and not self.samples:
-                return
-            if self.sink is None:
-                self.samples.clear()
-                if self._stop:
-                    return
-                continue
-            records = [self.pending[i] for i in range(min(self.batch, len(self.pending)))]
-            samples = list(self.samples)
-            if not records and not samples and time.monotonic() - self._health_sent < 1.0:
-                continue  # idle: health once a second, no round trip every tick
             try:
-                self.sink.write(records, samples, self._health(len(records)))
-            except (redis.RedisError, OSError) as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                self.sink.lost_connection()
-                backoff_s = min(2.0, max(0.1, backoff_s * 2))
-                if self._stop:
-                    return
-                continue
-            backoff_s = 0.0
-            self._health_sent = time.monotonic()
-            for _ in records:
-                self.pending.popleft()
-            for _ in samples:
-                self.samples.popleft()
-            self.published_steps += len(records)
-            self.last_error = ""
-            if len(self.pending) >= self.batch:
-                self._wake.set()  # a backlog (after an outage): keep going without waiting
+                done, backoff_s = self._cycle(backoff_s)
+            except Exception as exc:  # a bug must not end publishing for the rest of the process's life
+                self.last_error = f"publisher error: {type(exc).__name__}: {exc}"
+                log.exception("moe monitor publisher")
+                done, backoff_s = self._stop, min(2.0, max(0.1, backoff_s * 2))
+            if done:
+                return
+
+    def _cycle(self, backoff_s: float) -> tuple[bool, float]:
+        """One round: decode finished steps, hand samples to the trace sinks, write one batch to Redis.
+        Returns (stop now, next backoff)."""
+        self._drain_inbox()
+        fresh = [self.samples.popleft() for _ in range(len(self.samples))]
+        for sink in self.extra_sinks:
+            try:
+                for sample in fresh:
+                    sink.write_gpu(sample)
+                sink.flush()
+            except Exception as exc:  # a broken trace file must not stop publishing to Redis
+                self.sink_error = f"trace sink failed: {exc}"
+        samples, self._unsent_samples = self._unsent_samples + fresh, []
+        if self.sink is None:
+            return self._stop, 0.0
+        if self._stop and not self.pending and not samples:
+            return True, 0.0
+        records = [self.pending[i] for i in range(min(self.batch, len(self.pending)))]
+        if not records and not samples and time.monotonic() - self._health_sent < 1.0:
+            return False, 0.0  # idle: health once a second, no round trip every tick
+        try:
+            self.sink.write(records, samples, self._health(len(records)))
+        except (redis.RedisError, OSError) as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.sink.lost_connection()
+            self._unsent_samples = samples[-1000:]  # kept for the next try (the newest thousand)
+            return self._stop, min(2.0, max(0.1, backoff_s * 2))
+        self._health_sent = time.monotonic()
+        for _ in records:
+            self.pending.popleft()
+        self.published_steps += len(records)
+        self.last_error = ""
+        if len(self.pending) >= self.batch:
+            self._wake.set()  # a backlog (after an outage): keep going without waiting
+        return False, 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
 
 def _with_dropped(record: wire.StepRecord, dropped: int) -> wire.StepRecord:

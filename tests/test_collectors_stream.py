@@ -27,6 +27,7 @@ def test_trace_file_and_redis_hold_the_same_steps(redis_server, redis_url, tmp_p
     monitor.close()
     meta, steps, kinds = _trace(tmp_path / "live.jsonl")
     assert kinds[0] == "meta" and meta.layer_names == monitor.layer_names
+    assert "gpu" in kinds  # the NVML status travels in the live trace too
     from_redis = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("traced"))]
     assert [s.step for s in steps] == [0, 1, 2] == [s.step for s in from_redis]
     for a, b in zip(steps, from_redis):
@@ -75,3 +76,30 @@ def test_stream_is_trimmed_to_the_memory_budget(redis_server, redis_url):
     health = json.loads(client.hget(wire.health_key("trim"), "0"))
     assert health["published_steps"] == 500 and health["dropped_steps"] == 0
     assert client.zscore(wire.RUNS_KEY, "trim") is not None
+
+
+def test_publisher_survives_a_failing_trace_sink(redis_server, redis_url, tmp_path):
+    """A sink that starts failing (its file closed under it) is reported; Redis publishing goes on."""
+    mon = ExpertLoadMonitor(1, 4, 1, redis_url=redis_url, run="sinkfail", trace_path=str(tmp_path / "t.jsonl"))
+    mon.publisher.extra_sinks[0]._file.close()
+    for _ in range(3):
+        mon.record(0, torch.tensor([[2]]))
+        mon.end_step("decode")
+    import time
+    deadline = time.monotonic() + 5
+    while mon.stats()["published_steps"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = mon.stats()
+    mon.close()
+    assert stats["published_steps"] == 3 and stats["publisher_alive"]
+    assert "trace sink failed" in stats["last_error"]
+    assert redis_server.client().xlen(wire.steps_key("sinkfail")) == 3
+
+
+def test_empty_batches_from_idle_ranks_are_fine():
+    mon = ExpertLoadMonitor(2, 4, 2, nvml=False)
+    mon.record(0, torch.empty(0, 2, dtype=torch.int64))
+    mon.record(1, torch.tensor([[1, 3]]))
+    mon.end_step("decode")
+    mon.close()
+    assert mon.counts().tolist() == [[0, 0, 0, 0], [0, 1, 0, 1]]

@@ -67,6 +67,12 @@ def test_bad_urls_say_what_is_expected(url):
         redisconn.connect(url)
 
 
-def test_redact_leaves_urls_without_password_alone():
+def test_redact_hides_every_password_form():
     assert redisconn.redact("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert redisconn.redact("rediss://:pw@h:1/0") == "rediss://:***@h:1/0"
+    assert redisconn.redact("rediss://u:pw@[::1]:6380/0") == "rediss://u:***@[::1]:6380/0"
+    assert redisconn.redact("redis://h:1/0?password=pw&db=2") == "redis://h:1/0?password=***&db=2"
+    assert "pw" not in redisconn.redact("redis//:pw@host")
+    with pytest.raises(ValueError) as err:
+        redisconn.connect("redis//:pw@host")
+    assert "pw" not in str(err.value)
