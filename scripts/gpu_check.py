@@ -51,21 +51,29 @@ def main() -> int:
         gpu_model(input_ids=ids.cuda())
     check("counts on GPU == counts on CPU", np.array_equal(cpu_mon.counts(), gpu_mon.counts()))
 
-    mon = ExpertLoadMonitor(4, 64, 8, device="cuda", sample_tokens=16)
+    server = RedisServer(tempfile.mkdtemp())
+    mon = ExpertLoadMonitor(4, 64, 8, device="cuda", sample_tokens=16, redis_url=server.url, run="sync-check")
     topk = torch.randint(0, 64, (256, 8), device="cuda")
+    mask = torch.ones(256, dtype=torch.int64, device="cuda")
+    mon.begin_step(token_mask=mask)  # warm-up: first-call allocations happen outside the check
+    mon.record(0, topk)
+    mon.end_step("decode")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        mon.begin_step(tokens=256)
-        for layer in range(4):
-            mon.record(layer, topk)
-        mon.end_step("decode")
+        for _ in range(3):  # the publishing path: pinned copy + event, padding mask, sampling
+            mon.begin_step(token_mask=mask)
+            for layer in range(4):
+                mon.record(layer, topk)
+            mon.end_step("decode")
         synced = False
     except RuntimeError as exc:
         synced = str(exc)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    check("no host sync in record()/end_step()", synced is False, synced or "")
+    mon.close()
+    server.stop()
+    check("no host sync in begin_step()/record()/end_step() while publishing", synced is False, synced or "")
 
     graph_mon = ExpertLoadMonitor(1, 64, 8, device="cuda", sample_tokens=0)
     static_ids = torch.randint(0, 64, (32, 8), device="cuda")
