@@ -18,7 +18,7 @@ import numpy as np
 
 from dashboard.analytics.balance import LayerSpread, across_layers
 from dashboard.planner.loads import balancedness_or_nan, gpu_weights, weighted_loads
-from dashboard.planner.traffic import traffic
+from dashboard.whatif_samples import SampledRows
 
 MAX_FIT_WINDOWS = 16
 MAX_SAMPLE_ROWS = 4096
@@ -29,17 +29,21 @@ class WhatIfData:
     """A frozen copy of the inputs (the page re-plans only when this changes).
 
     fit_TLE float64 fit windows; score_SLE int64 per-step counts of the score window; score_tokens_S;
-    samples_LNK int16 sampled rows of the score window (None when the collector sends none);
+    samples: sampled rows of the score window with their source ranks (None when the collector sends none);
     fit_steps / fit_span_s: steps and seconds covered by the fit window; as_of_step: the newest step."""
 
     fit_TLE: np.ndarray
     score_SLE: np.ndarray
     score_tokens_S: np.ndarray
-    samples_LNK: np.ndarray | None
+    samples: SampledRows | None
     fit_steps: int
     fit_span_s: float
     as_of_step: int
     overlap: bool
+
+    @property
+    def samples_LNK(self) -> np.ndarray | None:
+        return None if self.samples is None else self.samples.ids_LNK
 
     @property
     def num_layers(self) -> int:
@@ -89,15 +93,16 @@ def select_steps(time_s_S, score_steps: int, fit: float, unit: str = "steps",
 
 def take(counts_SLE, step_S, time_s_S, tokens_S, samples_of, score_steps: int, fit: float,
          unit: str = "steps", hold_out: bool = True) -> WhatIfData:
-    """Freeze the inputs. samples_of(steps) -> [L, N, K] | None gives the sampled rows of some steps."""
+    """Freeze the inputs. samples_of(steps) -> SampledRows | None (SampleRing.sampled) gives the sampled
+    rows of some steps; the newest MAX_SAMPLE_ROWS are kept."""
     fit_idx, score_idx, overlap = select_steps(time_s_S, score_steps, fit, unit, hold_out)
     c = np.asarray(counts_SLE)
     t = np.asarray(time_s_S, dtype=np.float64)
     samples = samples_of(np.asarray(step_S)[score_idx])
-    if samples is not None and samples.shape[1] > MAX_SAMPLE_ROWS:
-        samples = samples[:, -MAX_SAMPLE_ROWS:]
+    if samples is not None:
+        samples = samples.tail(MAX_SAMPLE_ROWS)
     return WhatIfData(fit_TLE=split_windows(c[fit_idx]), score_SLE=c[score_idx].astype(np.int64),
-                      score_tokens_S=np.asarray(tokens_S, dtype=np.int64)[score_idx], samples_LNK=samples,
+                      score_tokens_S=np.asarray(tokens_S, dtype=np.int64)[score_idx], samples=samples,
                       fit_steps=int(fit_idx.size), fit_span_s=float(t[fit_idx[-1]] - t[fit_idx[0]]),
                       as_of_step=int(np.asarray(step_S)[-1]), overlap=overlap)
 
@@ -169,51 +174,3 @@ def score(layout_LP, score_SLE, gpus: int) -> Score:
     return Score(eta_sum_L=balancedness_or_nan(loads_SLG.sum(0, dtype=np.float64)),
                  eta_step_SL=balancedness_or_nan(loads_SLG), mean_load_LG=loads_SLG.mean(0, dtype=np.float64),
                  active_L=c.sum((0, 2)) > 0)
-
-
-def traffic_summary(samples_LNK, layout_LP, num_experts: int, gpus: int, nodes: int, hidden: int,
-                    dtype_bytes: int, tokens_per_step: float, node_cap: int | None = None) -> dict:
-    """Traffic of a layout from sampled rows, averaged over layers that have rows: GPUs and nodes touched
-    per token, cross-node share, all-to-all bytes per step and layer (dispatch + combine, 2*d*b per
-    (token, expert) pair, and per (token, GPU) for a deduplicating dispatcher) scaled to tokens_per_step,
-    and with node_cap the share of (token, expert) pairs a node-limited router must re-route."""
-    lay = np.asarray(layout_LP, dtype=np.int64)
-    rows = []
-    for layer in range(lay.shape[0]):
-        topk = np.asarray(samples_LNK[layer], dtype=np.int64)
-        if not (topk >= 0).any():
-            continue
-        cap = node_cap if node_cap is not None and 1 <= node_cap <= nodes else None
-        rows.append(traffic(topk, lay[layer], num_experts, gpus, nodes, hidden, dtype_bytes, cap))
-    if not rows:
-        raise ValueError("the sampled rows hold no routed token")
-    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mean_gpus_per_token", "mean_nodes_per_token",
-                                                             "cross_node_share")}
-    tokens = sum(r["tokens"] for r in rows)
-    per_pair = sum(r["bytes_per_expert_dispatch"] for r in rows) / tokens
-    per_gpu = sum(r["bytes_per_gpu_dispatch"] for r in rows) / tokens
-    out = {**mean, "layers": len(rows), "sampled_tokens": tokens // len(rows),
-           "bytes_per_step_layer": per_pair * tokens_per_step,
-           "dedup_bytes_per_step_layer": per_gpu * tokens_per_step,
-           "cross_node_bytes_per_step_layer": per_pair * tokens_per_step * mean["cross_node_share"]}
-    if rows[0].get("node_cap") is not None:
-        out["node_cap"] = rows[0]["node_cap"]
-        out["rerouted_pair_share"] = float(np.mean([r["rerouted_pair_share"] for r in rows]))
-        out["tokens_over_cap_share"] = float(np.mean([r["tokens_over_cap_share"] for r in rows]))
-    return out
-
-
-TRAFFIC_ROWS = (("mean_gpus_per_token", "GPUs touched per token", "{:.2f}"),
-                ("mean_nodes_per_token", "nodes touched per token", "{:.2f}"),
-                ("cross_node_share", "cross-node share of (token, expert) pairs", "{:.1%}"),
-                ("bytes_per_step_layer", "all-to-all bytes / step / layer (2·k·d·b per token)", "{:,.0f}"),
-                ("dedup_bytes_per_step_layer", "... deduplicated per GPU (DeepEP-style)", "{:,.0f}"),
-                ("cross_node_bytes_per_step_layer", "cross-node bytes / step / layer", "{:,.0f}"),
-                ("tokens_over_cap_share", "tokens over the node cap", "{:.1%}"),
-                ("rerouted_pair_share", "pairs a node-limited router re-routes", "{:.1%}"))
-
-
-def traffic_table(before: dict, after: dict) -> list[dict]:
-    """Rows {metric, before, after} (formatted strings) for the figures both summaries have."""
-    return [{"metric": label, "before": fmt.format(before[key]), "after": fmt.format(after[key])}
-            for key, label, fmt in TRAFFIC_ROWS if key in before and key in after]

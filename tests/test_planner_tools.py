@@ -106,3 +106,10 @@ def test_traffic_rule_and_bytes():
     assert out2["tokens_over_cap_share"] == 1.0 and out2["rerouted_pair_share"] == 0.5
     with pytest.raises(ValueError):
         traffic(np.array([[11, 0]]), layout, 11, 4)
+    both_on_node0 = np.array([[1, 2]])   # GPU 0 and GPU 0: home node 0, but the token starts on GPU 3 (node 1)
+    src = traffic(both_on_node0, layout, 11, 4, nodes=2, source_gpu_N=[3])
+    assert src["cross_node_share"] == 1.0 and src["cross_node_share_lower_bound"] == 0.0
+    assert src["cross_node_rule"] == "source rank"
+    assert traffic(both_on_node0, layout, 11, 4, nodes=2)["cross_node_share"] == 0.0
+    with pytest.raises(ValueError, match="source GPUs"):
+        traffic(both_on_node0, layout, 11, 4, nodes=2, source_gpu_N=[4])

@@ -7,8 +7,11 @@ replica number (token index mod replicas) - spreading tokens evenly like the eve
 Experts are resolved in column order, single-replica experts first.
 Bytes: dispatch + combine = 2 * d * b per (token, expert) pair ("per expert", the issue's 2*k*d*b per
 token) and 2 * d * b per (token, distinct GPU) ("per GPU", a deduplicating dispatcher such as DeepEP).
-Cross-node share: (token, expert) pairs served outside the token's home node, taken as the node that
-holds most of its experts (ties: lowest id) - the least cross-node traffic any token placement allows.
+Cross-node share: (token, expert) pairs served outside the token's source node, the node of the GPU the
+token was sampled on (real dispatch starts at the token's own rank), when ``source_gpu_N`` is given.
+Always also reported as a lower bound (``cross_node_share_lower_bound``): pairs outside the token's home
+node, the node that holds most of its experts (ties: lowest id) - the least cross-node traffic any token
+placement allows; without ``source_gpu_N`` the lower bound is all there is (``cross_node_rule`` says which).
 Node-limited what-if: with a cap of M nodes per token, the token keeps the M nodes that cover most of
 its experts (any replica counts); the share of (token, expert) pairs left outside must be re-routed.
 """
@@ -71,11 +74,16 @@ def route(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int = 1) -> np.
 
 
 def traffic(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int = 1, hidden: int = 7168,
-            dtype_bytes: int = 2, node_cap: int | None = None) -> dict:
-    """Per-layer traffic figures for one batch of sampled tokens (see module doc)."""
+            dtype_bytes: int = 2, node_cap: int | None = None, source_gpu_N=None) -> dict:
+    """Per-layer traffic figures for one batch of sampled tokens (see module doc). source_gpu_N: int [N],
+    the GPU each token starts on (None: unknown, the cross-node share is the home-node lower bound)."""
     gpu_NK = route(topk_NK, layout_P, num_experts, gpus, nodes)
     t = np.asarray(topk_NK)
     N = t.shape[0]
+    if source_gpu_N is not None:
+        source_gpu_N = np.asarray(source_gpu_N, dtype=np.int64)
+        if source_gpu_N.shape != (N,) or (N and (source_gpu_N.min() < 0 or source_gpu_N.max() >= gpus)):
+            raise ValueError(f"source GPUs must be {N} ids in [0, {gpus}), got shape {source_gpu_N.shape}")
     per_node = gpus // nodes
     valid = gpu_NK >= 0
     touched = np.zeros((N, gpus), dtype=bool)
@@ -89,13 +97,18 @@ def traffic(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int = 1, hidd
     node_NK = np.where(valid, gpu_NK // per_node, -1)
     node_hits = np.stack([(node_NK == n).sum(1) for n in range(nodes)], 1)
     home = node_hits.argmax(1)
-    cross = int((valid & (node_NK != home[:, None])).sum())
+    cross_lb = int((valid & (node_NK != home[:, None])).sum())
+    if source_gpu_N is None:
+        cross, rule = cross_lb, "home node"
+    else:
+        cross, rule = int((valid & (node_NK != (source_gpu_N // per_node)[:, None])).sum()), "source rank"
     out = {"tokens": N, "pairs": pairs,
            "bytes_per_expert_dispatch": 2 * pairs * hidden * dtype_bytes,
            "bytes_per_gpu_dispatch": 2 * int(gpus_per_tok.sum()) * hidden * dtype_bytes,
            "mean_gpus_per_token": float(gpus_per_tok.mean()) if N else 0.0,
            "mean_nodes_per_token": float(nodes_per_tok.mean()) if N else 0.0,
-           "cross_node_share": cross / pairs if pairs else 0.0,
+           "cross_node_share": cross / pairs if pairs else 0.0, "cross_node_rule": rule,
+           "cross_node_share_lower_bound": cross_lb / pairs if pairs else 0.0,
            "gpu_tokens": np.bincount(gpu_NK[valid], minlength=gpus)}
     if node_cap is not None:
         out.update(node_limited(t, layout_P, num_experts, gpus, nodes, node_cap))

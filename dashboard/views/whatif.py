@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures_whatif, whatif_score, whatif_state
+from dashboard import figures_whatif, whatif_score, whatif_state, whatif_traffic
 from dashboard.planner.api import plan
 from dashboard.planner.bounds import best_bound
 from dashboard.planner.budget import bytes_per_expert, replica_budget_curve
@@ -53,7 +53,7 @@ def _data(current: Frame, picks: Inputs) -> tuple[tuple, whatif_score.WhatIfData
     if held is None or held[0] != key:
         view = current.snapshot.view
         data = whatif_score.take(monitor.window.counts_CLE[view.slots_T], view.step_T, view.time_s_T,
-                                 view.tokens_T, monitor.samples.rows, picks.score_steps, picks.fit, picks.unit,
+                                 view.tokens_T, monitor.samples.sampled, picks.score_steps, picks.fit, picks.unit,
                                  picks.hold_out)
         held = st.session_state[K + "data"] = (key, data)
     return held
@@ -185,15 +185,16 @@ def _traffic(layout, session, data, data_key, picks: Inputs, sizes) -> None:
     hidden, _, dtype_bytes = sizes
     cap = picks.node_cap or None
     tokens = float(data.score_tokens_S.mean())
+    source_gpu_N, source_note = whatif_traffic.source_gpus(data.samples.rank_N, data.samples.world_size, layout.gpus)
     store = st.session_state.setdefault(K + "traffic", {})
-    summaries = [cached(store, (data_key, hash(lay.tobytes()), lay.shape, picks.nodes, cap), lambda lay=lay:
-                        whatif_score.traffic_summary(data.samples_LNK, lay, data.num_experts, layout.gpus,
-                                                     picks.nodes, hidden, dtype_bytes, tokens, cap))
+    summaries = [cached(store, (data_key, hash(lay.tobytes()), lay.shape, picks.nodes, cap, sizes), lambda lay=lay:
+                        whatif_traffic.traffic_summary(data.samples_LNK, lay, data.num_experts, layout.gpus,
+                                                       picks.nodes, hidden, dtype_bytes, tokens, cap, source_gpu_N))
                  for lay in (layout.p2l_LP, session.current)]
-    st.dataframe(pd.DataFrame(whatif_score.traffic_table(*summaries)), hide_index=True)
+    st.dataframe(pd.DataFrame(whatif_traffic.traffic_table(*summaries)), hide_index=True)
     st.caption(f"{summaries[0]['sampled_tokens']} sampled tokens per layer, {summaries[0]['layers']} layers; "
                f"bytes scaled to {tokens:,.0f} tokens/step; {picks.nodes} node(s) of "
-               f"{layout.gpus // picks.nodes} GPUs.")
+               f"{layout.gpus // picks.nodes} GPUs; {source_note}.")
 
 
 def _budget(data, data_key, G: int, picks: Inputs, nodes, groups, sizes) -> None:
