@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import streamlit as st
 
@@ -53,14 +54,32 @@ def redis_client(url: str):
     return redisconn.connect(url, timeout_s=REDIS_TIMEOUT_S, retries=REDIS_RETRIES)
 
 
+def shown_url(url: str) -> str:
+    """The URL as a page may show it: redacted (never its password), or a placeholder when unparseable."""
+    try:
+        return redisconn.redact(url)
+    except ValueError:
+        return "(a Redis URL that does not parse)"
+
+
+def safe_text(text: str, url: str) -> str:
+    """text with url (and its password, wherever it appears) replaced by the redacted URL."""
+    text = str(text).replace(url, shown_url(url)) if url else str(text)
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
 def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
-    """(runs newest first, error message '' when Redis answered)."""
+    """(runs newest first, error message '' when Redis answered). Messages never hold the password."""
     try:
         return list_runs(redis_client(url)), ""
-    except ValueError as exc:
-        return [], str(exc)
+    except ValueError:
+        return [], f"the Redis URL {shown_url(url)} must start with redis://, rediss:// or unix://"
     except REDIS_ERRORS as exc:
-        return [], f"{type(exc).__name__}: {exc}"
+        return [], safe_text(f"{type(exc).__name__}: {exc}", url)
 
 
 def settings() -> Settings:

@@ -16,13 +16,15 @@ class Batch:
     """What one poll brought: new step records (one per step and rank) and NVML samples, oldest first.
 
     bad_records: entries skipped because they did not decode; last_error: why the last one was skipped;
-    more: the max_entries cap was hit, so more entries are waiting for the next poll."""
+    more: the max_entries cap was hit, so more entries are waiting for the next poll; trimmed: the stream
+    was trimmed past the last entry read before, so entries were lost unread."""
 
     steps: list[wire.StepRecord] = field(default_factory=list)
     gpu_samples: list[wire.GpuSample] = field(default_factory=list)
     bad_records: int = 0
     last_error: str = ""
     more: bool = False
+    trimmed: bool = False
 
 
 @dataclass
@@ -32,7 +34,8 @@ class Health:
     reachable: the source answered (Redis ping, trace file readable); where: redacted URL or file path;
     error: why it is not reachable; latency_ms: round trip of the last poll; last_seen_s: unix time the
     collector last wrote (None when unknown); collectors: rank -> the collector's own health report
-    (dropped_steps, queued, last_error, time_s); note: anything else worth a line ("replay finished")."""
+    (dropped_steps, queued, last_error, time_s); note: anything else worth a line ("replay finished");
+    answered: not reachable, yet the server answered (a Redis error reply such as WRONGTYPE, MISCONF, OOM)."""
 
     reachable: bool
     where: str
@@ -41,6 +44,7 @@ class Health:
     last_seen_s: float | None = None
     collectors: dict[int, dict] = field(default_factory=dict)
     note: str = ""
+    answered: bool = False
 
 
 class Source(Protocol):

@@ -9,7 +9,7 @@ import streamlit as st
 
 from dashboard.layout import ResolvedLayout, resolve_layout
 from dashboard.monitor import Monitor
-from dashboard.session import STALE_AFTER_S, Settings, monitor_for, runs_at, settings
+from dashboard.session import STALE_AFTER_S, Settings, monitor_for, runs_at, safe_text, settings, shown_url
 from dashboard.snapshot import Snapshot, analyse
 
 
@@ -37,9 +37,7 @@ def ago(time_s: float | None) -> str:
 
 
 def no_redis_message(cfg: Settings, error: str) -> None:
-    from redisconn import redact
-
-    st.error(f"**No Redis reachable at `{redact(cfg.redis_url)}`** ({error}).\n\n"
+    st.error(f"**No Redis reachable at `{shown_url(cfg.redis_url)}`** ({safe_text(error, cfg.redis_url)}).\n\n"
              "Start Redis where the collectors write (e.g. `redis-server --bind 127.0.0.1`), or point the "
              "dashboard at it: set `REDIS_URL=redis://host:port/db` before `streamlit run app.py`, or edit "
              "the Redis URL in the sidebar.")
@@ -64,7 +62,12 @@ def frame(require_steps: bool = True) -> Frame | None:
     monitor.tick()
     health = monitor.source.health()
     if not health.reachable:
-        if cfg.source == "redis":
+        if cfg.source == "redis" and health.answered:
+            st.error(f"**Redis at `{shown_url(cfg.redis_url)}` answered with an error** while reading run "
+                     f"`{cfg.run}`: {safe_text(health.error, cfg.redis_url)}.\n\nA `moe:{cfg.run}:*` key of the wrong "
+                     "type (WRONGTYPE), a Redis that cannot persist (MISCONF) or out of memory (OOM) stops the "
+                     "collectors too: fix Redis, the page retries on its own.")
+        elif cfg.source == "redis":
             no_redis_message(cfg, health.error)
         else:
             st.error(f"Cannot read the trace `{health.where}`: {health.error}")

@@ -1,0 +1,117 @@
+"""Bad input gives one clear message, never a traceback: malformed metadata, binary and truncated traces,
+Redis error replies (WRONGTYPE), NVML fields of the wrong type. Real redis-server, real files."""
+import gzip
+import json
+
+import numpy as np
+
+import redisconn
+import wire
+from dashboard.monitor import Monitor
+from dashboard.redis_source import RedisSource
+from dashboard.trace_source import TraceSource
+from tests import synthfill
+from tests.test_dashboard_states import run_app
+
+
+def step_line(step: int) -> str:
+    rec = wire.StepRecord(run="t", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode", tokens=4,
+                          counts_LE=np.full((2, 8), step, dtype=np.int32))
+    return wire.trace_line("step", wire.encode_step(rec))
+
+
+def meta_line() -> str:
+    return wire.trace_line("meta", {"meta": wire.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2))})
+
+
+def test_malformed_metadata_in_redis_is_a_bad_record(redis_url):
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "bm", steps=3, meta=False)
+    raw = json.loads(wire.encode_meta(synthfill.make_meta("bm", 4, 16, gpus=4)))
+    raw["num_experts"] = "16"  # a string where an int belongs
+    client.set(wire.meta_key("bm"), json.dumps(raw))
+    monitor = Monitor(RedisSource(client, redis_url, "bm", window_steps=10), window_steps=10)
+    monitor.tick()
+    assert monitor.bad_records == 1 and "run metadata" in monitor.last_error and "num_experts" in monitor.last_error
+    monitor.source._meta_read_at = float("-inf")  # force the periodic re-read: the same bad text counts once
+    monitor.tick()
+    assert monitor.bad_records == 1 and monitor.window.size == 3
+
+
+def test_malformed_metadata_in_a_trace_is_a_bad_record(tmp_path):
+    raw = json.loads(wire.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2)))
+    raw["layout"]["gpus"] = [2]
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"kind": "meta", "meta": raw}) + "\n" + step_line(0) + "\n")
+    monitor = Monitor(TraceSource(str(path)), window_steps=10)
+    monitor.tick()
+    assert monitor.bad_records == 1 and "layout" in monitor.last_error and monitor.window.size == 1
+
+
+def test_binary_trace_is_reported_once_as_not_text(tmp_path, monkeypatch):
+    path = tmp_path / "counts.pt.gz"
+    path.write_bytes(gzip.compress(bytes(range(256)) * 64) + b"\n\xff\xfe\n")
+    source = TraceSource(str(path))
+    monitor = Monitor(source, window_steps=10)
+    monitor.tick()
+    monitor.tick()
+    assert monitor.bad_records == 1 and "not a text trace" in monitor.last_error
+    assert not source.health().reachable and "not a text trace" in source.health().error and source.finished
+    at = run_app("redis://127.0.0.1:1/0", monkeypatch)
+    at.sidebar.radio(key="source_kind").set_value("Trace file").run()
+    at.sidebar.text_input(key="trace_path").input(str(path)).run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error if "not a text trace" in e.value]
+
+
+def test_truncated_trace_reports_its_last_line_once_the_file_stops_growing(tmp_path):
+    path = tmp_path / "cut.jsonl"
+    path.write_text(meta_line() + "\n" + step_line(0) + "\n" + step_line(1)[:40])
+    source = TraceSource(str(path), stall_s=0.0)
+    monitor = Monitor(source, window_steps=10)
+    monitor.tick()
+    assert monitor.window.size == 1 and monitor.bad_records == 0 and not source.finished  # may still grow
+    monitor.tick()
+    monitor.tick()  # no growth across two polls
+    assert monitor.bad_records == 1 and "last line incomplete (truncated trace)" in monitor.last_error
+    assert source.finished and "replay finished" in source.health().note
+
+
+def test_complete_last_line_without_newline_is_taken_once_the_file_stops_growing(tmp_path):
+    path = tmp_path / "nonl.jsonl"
+    path.write_text(meta_line() + "\n" + step_line(0) + "\n" + step_line(1))
+    source = TraceSource(str(path), stall_s=0.0)
+    monitor = Monitor(source, window_steps=10)
+    for _ in range(3):
+        monitor.tick()
+    assert monitor.window.size == 2 and monitor.bad_records == 0 and source.finished
+
+
+def test_redis_error_reply_is_a_source_error(redis_url, monkeypatch):
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "wt", steps=3)
+    client.delete(wire.steps_key("wt"))
+    client.set(wire.steps_key("wt"), "not a stream")  # WRONGTYPE on XRANGE
+    source = RedisSource(client, redis_url, "wt", window_steps=10)
+    assert source.poll(10).steps == []
+    health = source.health()
+    assert not health.reachable and health.answered and "WRONGTYPE" in health.error
+    at = run_app(redis_url, monkeypatch)
+    message = next(e.value for e in at.error if "answered with an error" in e.value)
+    assert "WRONGTYPE" in message and redis_url in message
+
+
+def test_nvml_fields_of_the_wrong_type_are_bad_records(redis_url, tmp_path):
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "nv", steps=2)
+    bad = {"v": wire.SCHEMA_VERSION, "rank": 0, "host": "h", "t": "1.0", "status": "ok", "reason": "",
+           "gpus": json.dumps([{"index": 0, "power_usage_w": "high"}])}
+    client.xadd(wire.gpu_key("nv"), bad)
+    monitor = Monitor(RedisSource(client, redis_url, "nv", window_steps=10), window_steps=10)
+    monitor.tick()
+    assert monitor.bad_records == 1 and "power_usage_w" in monitor.last_error
+    path = tmp_path / "nv.jsonl"
+    path.write_text(meta_line() + "\n" + wire.trace_line("gpu", bad) + "\n")
+    trace = Monitor(TraceSource(str(path)), window_steps=10)
+    trace.tick()
+    assert trace.bad_records == 1 and "power_usage_w" in trace.last_error and not trace.gpus.series
