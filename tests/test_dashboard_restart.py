@@ -45,3 +45,36 @@ def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
     assert any("collector restarted at" in c.value and "6 steps in window" in c.value for c in at.caption), \
         [c.value for c in at.caption]
     assert not any("bad record" in w.value for w in at.warning)
+
+
+def test_backlog_is_read_in_pages_within_a_byte_budget(redis_url, monkeypatch):
+    from dashboard import redis_source
+
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    totals = synthfill.fill(client, "pg", steps=30)
+    monkeypatch.setattr(redis_source, "PAGE_ENTRIES", 4)
+    monkeypatch.setattr(redis_source, "TICK_BYTES_BUDGET", 10 * (16 * 4 * 4 + 200))  # ~10 entries a tick
+    monitor = Monitor(RedisSource(client, redis_url, "pg", window_steps=25), window_steps=25)
+    ticks = [monitor.tick() for _ in range(3)]
+    assert [t.steps_in for t in ticks] == [0, 0, 25] and ticks[0].more and ticks[1].more
+    view = monitor.window.view("both", P2L, 4)
+    assert list(view.step_T) == list(range(5, 30))
+    np.testing.assert_array_equal(view.counts_sum_LE, sum(totals[5:]))
+    synthfill.fill(client, "pg", steps=15, first_step=30, meta=False)
+    forward = monitor.tick()
+    assert forward.steps_in < 15 and forward.more  # the budget holds for forward reads too
+    while monitor.tick().more:
+        pass
+    assert monitor.window.view("both", P2L, 4).step_T[-1] == 44 and monitor.missed_steps == 0
+
+
+def test_steps_trimmed_before_they_were_read_are_reported(redis_url):
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "gap", steps=10, instance="a")
+    monitor = Monitor(RedisSource(client, redis_url, "gap", window_steps=100), window_steps=100)
+    monitor.tick()
+    synthfill.fill(client, "gap", steps=20, first_step=10, instance="a", meta=False)
+    client.xtrim(wire.steps_key("gap"), maxlen=5, approximate=False)  # steps 10..24 never read
+    monitor.tick()
+    assert monitor.missed_steps == 15 and monitor.bad_records == 0
+    assert monitor.gap_note == "missed 15 steps (stream trimmed before the dashboard read them)"
