@@ -14,6 +14,23 @@ import numpy as np
 from dashboard.planner.traffic import traffic
 
 SOURCE_RULE, HOME_RULE = "source rank", "home node"
+DEFAULT_SIZES = (7168, 2048, 2)  # DeepSeek-V3 hidden, moe_intermediate, bf16 bytes: for unknown sizes
+SIZE_NAMES = ("hidden_size", "moe_intermediate_size", "dtype_bytes")
+
+
+def run_sizes(meta) -> tuple[tuple[int, int, int], str | None]:
+    """(hidden, moe_intermediate, dtype_bytes) of the run and a note naming what was assumed, or None.
+
+    A size of 0 (or less, or missing) is unknown - the generic collector API defaults them to 0 - and
+    falls back to DeepSeek-V3's, as when the run has no metadata at all; never 0 bytes shown as real."""
+    if meta is None:
+        return DEFAULT_SIZES, "sizes assumed (DeepSeek-V3: hidden 7168, moe_intermediate 2048, bf16): the run has no metadata"
+    given = [int(getattr(meta, name, 0) or 0) for name in SIZE_NAMES]
+    sizes = tuple(v if v > 0 else d for v, d in zip(given, DEFAULT_SIZES))
+    unknown = [f"{name} = {d}" for name, v, d in zip(SIZE_NAMES, given, DEFAULT_SIZES) if v <= 0]
+    if not unknown:
+        return sizes, None
+    return sizes, f"assumed DeepSeek-V3's {', '.join(unknown)}: the run's metadata leaves them 0 (unknown)"
 
 
 def source_gpus(rank_N, world_size: int, gpus: int) -> tuple[np.ndarray | None, str]:

@@ -63,3 +63,24 @@ def test_one_even_split_implementation_both_forms_agree():
     assert (planner_loads.balancedness(slot_form)[np.isnan(eta)] == 1.0).all()   # the planner's rule for sums
     with pytest.raises(ValueError, match="no slot"):
         planner_loads.gpu_weights([[0, 1, 2, 2]], 4, 2)
+
+
+def _meta(hidden: int, inter: int, dtype_bytes: int = 2) -> wire.RunMeta:
+    return wire.RunMeta(run="r", model_name="m", layer_names=["a"], num_experts=8, top_k=2, hidden_size=hidden,
+                        moe_intermediate_size=inter, dtype_bytes=dtype_bytes,
+                        layout=wire.Layout(4, 1, wire.contiguous_layout(1, 8)))
+
+
+def test_zero_sizes_are_unknown_and_fall_back_to_deepseek_v3():
+    from dashboard.planner.budget import bytes_per_expert
+    from dashboard.whatif_traffic import DEFAULT_SIZES, run_sizes
+
+    assert run_sizes(_meta(64, 32)) == ((64, 32, 2), None)
+    sizes, note = run_sizes(_meta(0, 0))                 # the generic collector API's defaults
+    assert sizes == DEFAULT_SIZES == (7168, 2048, 2)
+    assert "hidden_size = 7168" in note and "moe_intermediate_size = 2048" in note and "0 (unknown)" in note
+    assert bytes_per_expert(*sizes) > 0                    # no silent 0 bytes
+    sizes, note = run_sizes(_meta(64, 0))
+    assert sizes == (64, 2048, 2) and "hidden_size" not in note
+    sizes, note = run_sizes(None)
+    assert sizes == DEFAULT_SIZES and "no metadata" in note

@@ -17,7 +17,6 @@ from dashboard.whatif_cache import cached
 from dashboard.whatif_controls import (K, Inputs, inputs, on_edit, on_expert_click, on_gpu_click, on_refresh,
                                        on_reset, on_undo)
 
-DEFAULT_SIZES = (7168, 2048, 2)  # DeepSeek-V3 hidden, moe_intermediate, bf16: used when the run has no metadata
 UNIT = "tokens/step"
 
 
@@ -80,13 +79,15 @@ def render(current: Frame) -> None:
     sessions = st.session_state.setdefault(K + "edits", {})
     session = sessions.setdefault(plan_key, whatif_state.start(plan_key, result.layout_LP, G))
     meta = current.monitor.source.meta()
-    sizes = (meta.hidden_size, meta.moe_intermediate_size, meta.dtype_bytes) if meta else DEFAULT_SIZES
+    sizes, sizes_note = whatif_traffic.run_sizes(meta)
+    if sizes_note:
+        st.info(f"Bytes and memory below use {sizes_note}.")
     before = whatif_score.score(layout.p2l_LP, data.score_SLE, G)
     after = whatif_score.score(session.current, data.score_SLE, G)
     layer = _layer_picker(before, after)
     st.session_state[K + "ctx"] = {"plan_key": plan_key, "layer": layer, "counts_LE": data.score_sum_LE,
                                    "gpus": G, "experts": E}
-    _metrics(layout.p2l_LP, session, before, after, data, picks, sizes, meta is None)
+    _metrics(layout.p2l_LP, session, before, after, data, picks, sizes, sizes_note)
     st.caption(f"Policy {result.policy} · {session.edits} manual edit(s). GPU load = tokens of each expert "
                "split evenly over its replicas (the EPLB assumption).")
     _bars_and_edits(layout, session, before, after, data, layer)
@@ -102,7 +103,7 @@ def _layer_picker(before: whatif_score.Score, after: whatif_score.Score) -> int:
                                                   f"{before.imbalance_sum_L[l]:.3f})"))
 
 
-def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, assumed: bool) -> None:
+def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, sizes_note: str | None) -> None:
     G = session.gpus
     active = before.active_L
     bound = best_bound(data.score_sum_LE.astype(np.float64), G, picks.redundant)
@@ -128,7 +129,7 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, assu
     cols[5].metric("expert memory per GPU", human_bytes(mem[1]), delta=human_bytes(mem[1] - mem[0], sign=True),
                    delta_color="inverse", help=f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per "
                    "expert (3 x hidden x moe_intermediate x dtype bytes)"
-                   + (" — sizes assumed (DeepSeek-V3), the run has no metadata" if assumed else ""))
+                   + (f" — {sizes_note}" if sizes_note else ""))
 
 
 def _bars_and_edits(layout, session, before, after, data, layer: int) -> None:
