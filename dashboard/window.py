@@ -4,6 +4,7 @@ Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical ex
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ PHASE_CODE = {name: code for code, name in enumerate(wire.PHASES)}
 PHASE_FILTERS = {"both": tuple(range(len(wire.PHASES))), "prefill": (PHASE_CODE["prefill"],),
                  "decode": (PHASE_CODE["decode"],)}
 _MIXED = PHASE_CODE["mixed"]
+PENDING_GRACE_S = 5.0  # a step still missing ranks is left out of views until it is this old
 
 
 @dataclass
@@ -129,19 +131,34 @@ class StepWindow:
             self._loads_version_C[stale] = self.row_version_C[stale]
         return self._loads_CLG
 
-    def view(self, phase: str, physical_to_logical_map, gpus: int) -> WindowView:
-        """Rows passing the phase filter ('both', 'prefill' or 'decode'), oldest first, with GPU loads."""
+    def pending(self, slots: np.ndarray, now_s: float | None = None, grace_s: float = PENDING_GRACE_S) -> np.ndarray:
+        """bool [len(slots)]: rows still missing ranks (fewer than the world size) and younger than grace_s,
+        both by the reader's clock (now_s, default time.time()) and by the newest step's time (clock skew,
+        replays of old traces)."""
+        now_s = time.time() if now_s is None else now_s
+        newest = self.time_s_C[self.ordered_slots()].max() if self.size else now_s
+        age_s = np.maximum(now_s - self.time_s_C[slots], newest - self.time_s_C[slots])
+        return (self.ranks_C[slots] < self.world_C[slots]) & (age_s < grace_s)
+
+    def view(self, phase: str, physical_to_logical_map, gpus: int, now_s: float | None = None) -> WindowView:
+        """Rows passing the phase filter ('both', 'prefill' or 'decode'), oldest first, with GPU loads.
+        Steps whose ranks have not all arrived are left out until PENDING_GRACE_S old (see pending())."""
         if phase not in PHASE_FILTERS:
             raise ValueError(f"phase filter must be one of {tuple(PHASE_FILTERS)}, got {phase!r}")
         codes = PHASE_FILTERS[phase]
         loads_CLG = self.loads_CLG(physical_to_logical_map, gpus)
         slots = self.ordered_slots()
         slots = slots[np.isin(self.phase_C[slots], codes)]
+        counts_sum_LE = self.sums_PLE[list(codes)].sum(axis=0)
+        waiting = self.pending(slots, now_s)
+        if waiting.any():
+            counts_sum_LE = counts_sum_LE - self.counts_CLE[slots[waiting]].sum(axis=0, dtype=np.int64)
+            slots = slots[~waiting]
         return WindowView(
             slots_T=slots, step_T=self.step_C[slots], time_s_T=self.time_s_C[slots],
             tokens_T=self.tokens_C[slots], ranks_T=self.ranks_C[slots],
             phase_T=np.asarray(wire.PHASES, dtype=object)[self.phase_C[slots]],
-            loads_TLG=loads_CLG[slots], counts_sum_LE=self.sums_PLE[list(codes)].sum(axis=0),
+            loads_TLG=loads_CLG[slots], counts_sum_LE=counts_sum_LE,
         )
 
     def layer_counts(self, slots_T: np.ndarray, layer: int) -> np.ndarray:

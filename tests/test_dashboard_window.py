@@ -76,3 +76,26 @@ def test_wrong_shape_is_refused():
     w = StepWindow(2, 2, 4)
     with pytest.raises(ValueError, match="this run is"):
         w.add(rec(0, [[1, 2, 3]]))
+
+
+def test_steps_missing_ranks_stay_out_of_window_statistics_until_the_grace_period(redis_url):
+    import time
+
+    import redisconn
+    from dashboard.monitor import Monitor
+    from dashboard.redis_source import RedisSource
+    from dashboard.window import PENDING_GRACE_S
+    from tests import synthfill
+
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    t0 = time.time() - 0.5
+    complete = synthfill.fill(client, "part", steps=5, world_size=3, time0_s=t0)
+    synthfill.fill(client, "part", steps=1, first_step=5, world_size=3, ranks=[0, 2], time0_s=t0 + 0.5, meta=False)
+    monitor = Monitor(RedisSource(client, redis_url, "part", window_steps=20), window_steps=20)
+    monitor.tick()
+    p2l = [list(range(16))] * 4
+    view = monitor.window.view("both", p2l, 4)
+    assert list(view.step_T) == [0, 1, 2, 3, 4] and list(view.ranks_T) == [3] * 5
+    np.testing.assert_array_equal(view.counts_sum_LE, sum(complete))
+    late = monitor.window.view("both", p2l, 4, now_s=time.time() + PENDING_GRACE_S + 1)
+    assert list(late.step_T) == [0, 1, 2, 3, 4, 5] and late.ranks_T[-1] == 2
