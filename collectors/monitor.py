@@ -50,6 +50,10 @@ class ExpertLoadMonitor:
             raise ValueError(f"{len(self.layer_names)} layer names for {self.num_layers} layers")
         self.rank, self.world_size = rank_and_world()
         self.run = wire.check_run_name(run or f"{(model_name or 'moe').split('/')[-1]}-{os.getpid()}")
+        if sample_tokens and self.num_experts > wire.MAX_SAMPLE_EXPERTS:
+            warnings.warn(f"{self.num_experts} experts do not fit the int16 sampled rows: sampling is off",
+                          RuntimeWarning)
+            sample_tokens = 0
         self.instance = wire.new_instance_id()
         self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, sample_tokens)
         self.device = self.counter.device

@@ -1,0 +1,32 @@
+"""The wire format between collectors (model side) and the dashboard (reader side).
+
+Both sides import this module and nothing else of each other. It imports neither torch nor pynvml.
+
+Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
+    moe:runs           sorted set: run name -> last time (unix s) a collector wrote to it
+    moe:R:meta         string: JSON of RunMeta, written once per run (rewritten when the layout changes)
+    moe:R:steps        stream: one entry per (step, rank), fields in STEP_FIELDS
+    moe:R:gpu          stream: one entry per NVML sample (or one "unavailable" status entry)
+    moe:R:health       hash: rank -> JSON {dropped_steps, queued, last_error, time_s}
+
+Shape legend: L MoE layers (rows in model order), E logical experts, N sampled tokens, K top-k.
+Counts travel as raw little-endian int32 bytes, row-major [L, E]; sampled routing rows as little-endian
+int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot).
+"""
+from __future__ import annotations
+
+from .gpu import GPU_FIELDS, GpuSample, decode_gpu_sample, encode_gpu_sample
+from .keys import (COUNTS_DTYPE, KEY_PREFIX, MAX_SAMPLE_EXPERTS, PHASES, RUNS_KEY, SAMPLE_DTYPE, SAMPLE_FIELDS,
+                   SCHEMA_VERSION, STEP_FIELDS, check_run_name, gpu_key, health_key, maxlen_for_budget, meta_key,
+                   steps_key)
+from .meta import Layout, RunMeta, contiguous_layout, decode_meta, default_gpus, encode_meta
+from .steps import StepRecord, decode_step, encode_step, new_instance_id
+from .trace import TRACE_KINDS, parse_trace_line, trace_line
+
+__all__ = [
+    "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "MAX_SAMPLE_EXPERTS", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
+    "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "RunMeta",
+    "StepRecord", "check_run_name", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step",
+    "default_gpus", "encode_gpu_sample", "encode_meta", "encode_step", "gpu_key", "health_key",
+    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_trace_line", "steps_key", "trace_line",
+]

@@ -1,0 +1,115 @@
+"""StepRecord: one step of one rank, and its stream encoding (raw little-endian int32 counts)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .fields import _int, _raw, _text
+from .keys import COUNTS_DTYPE, MAX_SAMPLE_EXPERTS, PHASES, SAMPLE_DTYPE, SCHEMA_VERSION, check_run_name
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Expert counts of one step on one rank.
+
+    counts_LE: int32 [L, E] tokens routed to each logical expert in each MoE layer during this step.
+    sample_ids_LNK: int16 [L, N, K] top-k expert ids of N sampled tokens per layer (-1 = masked), or None.
+    dropped_steps: steps this rank's writer has dropped so far (queue full / Redis down), cumulative.
+    instance: the collector process that wrote it (steps restart at 0 when a collector restarts under the
+    same run name: a new instance tells the reader to start a new window).
+    """
+
+    run: str
+    rank: int
+    world_size: int
+    step: int
+    time_s: float
+    phase: str
+    tokens: int
+    counts_LE: np.ndarray
+    dropped_steps: int = 0
+    sample_ids_LNK: np.ndarray | None = None
+    instance: str = ""
+
+
+def new_instance_id() -> str:
+    """A short id unique to one collector process (time + pid + randomness)."""
+    import os
+    import secrets
+    import time
+
+    return f"{int(time.time()):x}-{os.getpid():x}-{secrets.token_hex(3)}"
+
+
+def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
+    """StepRecord -> stream entry fields (values redis-py can send as they are)."""
+    counts = np.ascontiguousarray(rec.counts_LE, dtype=COUNTS_DTYPE)
+    if counts.ndim != 2:
+        raise ValueError(f"counts_LE must be 2-D [layers, experts], got shape {counts.shape}")
+    if rec.phase not in PHASES:
+        raise ValueError(f"phase must be one of {PHASES}, got {rec.phase!r}")
+    fields: dict[str, bytes | str | int] = {
+        "v": SCHEMA_VERSION,
+        "run": check_run_name(rec.run),
+        "inst": rec.instance,
+        "rank": int(rec.rank),
+        "world": int(rec.world_size),
+        "step": int(rec.step),
+        "t": repr(float(rec.time_s)),
+        "phase": rec.phase,
+        "tokens": int(rec.tokens),
+        "L": counts.shape[0],
+        "E": counts.shape[1],
+        "counts": counts.tobytes(),
+        "dropped": int(rec.dropped_steps),
+    }
+    if rec.sample_ids_LNK is not None:
+        if counts.shape[1] > MAX_SAMPLE_EXPERTS:
+            raise ValueError(f"sampled rows need E <= {MAX_SAMPLE_EXPERTS} (int16 ids), got E={counts.shape[1]}")
+        sample = np.ascontiguousarray(rec.sample_ids_LNK, dtype=SAMPLE_DTYPE)
+        if sample.ndim != 3 or sample.shape[0] != counts.shape[0]:
+            raise ValueError(f"sample_ids_LNK must be [L={counts.shape[0]}, N, K], got {sample.shape}")
+        fields.update(sample_n=sample.shape[1], sample_k=sample.shape[2], sample=sample.tobytes())
+    return fields
+
+
+def decode_step(fields: dict) -> StepRecord:
+    """Stream entry fields (bytes or str keys) -> StepRecord. Raises ValueError on any malformed entry:
+    wrong schema version, missing field, wrong byte length, negative counts."""
+    version = _int(fields, "v")
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"schema version {version} is not supported (this reader speaks {SCHEMA_VERSION})")
+    num_layers, num_experts = _int(fields, "L", 1), _int(fields, "E", 1)
+    raw = _raw(fields, "counts")
+    if len(raw) != num_layers * num_experts * COUNTS_DTYPE.itemsize:
+        raise ValueError(f"counts has {len(raw)} bytes, expected {num_layers}x{num_experts} int32")
+    counts = np.frombuffer(raw, dtype=COUNTS_DTYPE).reshape(num_layers, num_experts)
+    if (counts < 0).any():
+        raise ValueError("counts contain negative values")
+    phase = _text(fields, "phase")
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    time_s = float(_text(fields, "t"))
+    if not math.isfinite(time_s):
+        raise ValueError("time is not finite")
+    sample = None
+    if fields.get("sample", fields.get(b"sample")) is not None:
+        n, k = _int(fields, "sample_n"), _int(fields, "sample_k", 1)
+        raw_sample = _raw(fields, "sample")
+        if len(raw_sample) != num_layers * n * k * SAMPLE_DTYPE.itemsize:
+            raise ValueError(f"sample has {len(raw_sample)} bytes, expected {num_layers}x{n}x{k} int16")
+        sample = np.frombuffer(raw_sample, dtype=SAMPLE_DTYPE).reshape(num_layers, n, k)
+        if ((sample < -1) | (sample >= num_experts)).any():
+            raise ValueError("sample holds expert ids outside [-1, E)")
+    rank, world = _int(fields, "rank"), _int(fields, "world", 1)
+    if rank >= world:
+        raise ValueError(f"rank {rank} is not below world size {world}")
+    has_inst = fields.get("inst", fields.get(b"inst")) is not None
+    return StepRecord(
+        run=check_run_name(_text(fields, "run")), rank=rank, world_size=world, step=_int(fields, "step"),
+        time_s=time_s, phase=phase, tokens=_int(fields, "tokens"), counts_LE=counts,
+        dropped_steps=_int(fields, "dropped"), sample_ids_LNK=sample,
+        instance=_text(fields, "inst") if has_inst else "",
+    )

@@ -1,0 +1,46 @@
+"""Trace files: JSON lines of meta, step and gpu entries; data only, never pickle."""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+# A trace file is JSON lines: {"kind": "meta", "meta": "<RunMeta JSON>"} first, then {"kind": "step", ...}
+# with the encode_step fields (bytes values base64 in "<name>_b64") and {"kind": "gpu", ...} with the
+# encode_gpu_sample fields. No pickle: a trace is data only.
+TRACE_KINDS = ("meta", "step", "gpu")
+
+
+def trace_line(kind: str, fields: dict) -> str:
+    """One JSON line of a trace. fields: encode_step / encode_gpu_sample output, or {"meta": json}."""
+    if kind not in TRACE_KINDS:
+        raise ValueError(f"trace kind must be one of {TRACE_KINDS}")
+    out: dict = {"kind": kind}
+    for name, value in fields.items():
+        if isinstance(value, (bytes, bytearray)):
+            out[f"{name}_b64"] = base64.b64encode(value).decode()
+        else:
+            out[name] = value
+    return json.dumps(out, separators=(",", ":"))
+
+
+def parse_trace_line(line: str) -> tuple[str, dict]:
+    """A trace line -> (kind, fields) with bytes restored, ready for decode_step / decode_gpu_sample /
+    decode_meta(fields["meta"]). ValueError on anything malformed."""
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"trace line is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("kind") not in TRACE_KINDS:
+        raise ValueError("trace line lacks a known 'kind'")
+    kind = raw.pop("kind")
+    fields: dict = {}
+    for name, value in raw.items():
+        if name.endswith("_b64"):
+            try:
+                fields[name[:-4]] = base64.b64decode(value, validate=True)
+            except (binascii.Error, TypeError) as exc:
+                raise ValueError(f"field {name} is not base64: {exc}") from None
+        else:
+            fields[name] = value
+    return kind, fields
