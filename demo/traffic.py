@@ -58,7 +58,7 @@ class DriftingTraffic:
         return torch.stack(rows)
 
 
-def steps_forever(model, traffic: DriftingTraffic, clock, stop, batch: int = 4, prompt_len: int = 48,
+def steps_forever(model, traffic: DriftingTraffic, clock, stop, batch: int = 8, prompt_len: int = 48,
                   new_tokens: int = 12) -> None:
     """generate() rounds (one prefill step, then decode steps) until stop() is true."""
     with torch.inference_mode():
