@@ -25,7 +25,8 @@ REFRESH_S = 1.0
 
 @dataclass(frozen=True)
 class Settings:
-    """What the sidebar chose. source: 'redis' or 'trace'; layer None = all layers summed; gpus /
+    """What the sidebar chose. source: 'redis' or 'trace'; layer: one layer's load, or None for all layers:
+    summed over layers when summed, else the per-layer view (each GPU's busiest layer); gpus /
     gpus_per_node None = from the run; uploaded_layout: physical_to_logical_map rows from a layout JSON."""
 
     source: str = "redis"
@@ -35,6 +36,7 @@ class Settings:
     phase: str = "both"
     window_steps: int = 600
     layer: int | None = None
+    summed: bool = False
     gpus: int | None = None
     gpus_per_node: int | None = None
     uploaded_layout: tuple | None = None

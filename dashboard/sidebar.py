@@ -7,6 +7,7 @@ import streamlit as st
 from dashboard.layout import parse_layout_json
 from dashboard.session import Settings, env_redis_url, runs_at
 
+PER_LAYER = "per layer (busiest layer of each GPU)"
 ALL_LAYERS = "all layers (sum)"
 
 
@@ -31,12 +32,16 @@ def sidebar() -> Settings:
     phase = sb.radio("Phase", ("both", "prefill", "decode"), horizontal=True, key="phase")
     window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
                                        key="window_steps"))
-    layer_names = [ALL_LAYERS] + [f"layer {i}" for i in range(_num_layers())]
-    layer_choice = sb.selectbox("GPU load of", layer_names, key="layer_choice")
-    layer = None if layer_choice in (None, ALL_LAYERS) else int(layer_choice.split()[1])
+    layer_names = [PER_LAYER, ALL_LAYERS] + [f"layer {i}" for i in range(_num_layers())]
+    layer_choice = sb.selectbox("GPU load of", layer_names, key="layer_choice",
+                                help="A layer finishes when its own busiest GPU finishes: the per-layer view "
+                                     "takes each GPU's busiest layer per step and names the straggler per "
+                                     "(step, layer). The sum over layers lets hot GPUs of different layers cancel.")
+    layer = None if layer_choice in (None, PER_LAYER, ALL_LAYERS) else int(layer_choice.split()[1])
     gpus, per_node, uploaded = _layout_controls(sb)
     cfg = Settings(source="redis" if source == "Live Redis" else "trace", redis_url=redis_url, run=run,
-                   trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer, gpus=gpus,
+                   trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer,
+                   summed=layer_choice == ALL_LAYERS, gpus=gpus,
                    gpus_per_node=per_node, uploaded_layout=uploaded)
     st.session_state["settings"] = cfg
     return cfg

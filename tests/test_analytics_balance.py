@@ -59,3 +59,38 @@ def test_bad_shapes_raise_value_error():
         window_stats(np.zeros((0, 3)))
     with pytest.raises(ValueError):
         step_vs_window(np.zeros((2, 3)))
+
+
+def test_per_layer_straggler_differs_from_the_summed_one():
+    # one step, three layers, three GPUs. Summed over layers GPU 2 carries the most (21 vs 20 vs 10), but
+    # each layer waits on its own busiest GPU: GPU 0 in layers 0 and 1, GPU 1 in layer 2. GPU 2 is never
+    # the one a layer waits for.
+    from dashboard.analytics.balance import layer_straggler
+
+    loads_TLG = np.array([[[10.0, 0.0, 7.0], [10.0, 0.0, 7.0], [0.0, 10.0, 7.0]]])
+    assert straggler(loads_TLG.sum(axis=1)).gpu == 2
+    s = layer_straggler(loads_TLG)
+    assert s.gpu == 0 and s.basis == "(step, layer) pairs"
+    assert s.busiest_share == pytest.approx(2 / 3)
+    assert s.ratio_to_mean == pytest.approx((20 / 3) / (51 / 9))
+    assert layer_straggler(np.zeros((2, 3, 4))) is None
+
+
+def test_snapshot_defaults_to_the_per_layer_view():
+    from dashboard.layout import resolve_layout
+    from dashboard.snapshot import analyse
+    from dashboard.window import StepWindow
+    import wire
+
+    # 3 layers, 3 experts, 3 GPUs (one expert each): counts are the loads of the test above
+    window = StepWindow(4, 3, 3)
+    counts = np.array([[10, 0, 7], [10, 0, 7], [0, 10, 7]], dtype=np.int32)
+    window.add(wire.StepRecord(run="s", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=17,
+                               counts_LE=counts))
+    layout = resolve_layout(None, 3, 3, gpus=3)
+    per_layer, summed = analyse(window, layout, "both"), analyse(window, layout, "both", summed=True)
+    assert per_layer.straggler.gpu == 0 and summed.straggler.gpu == 2
+    np.testing.assert_allclose(per_layer.loads_TG, [[10, 10, 7]])  # each GPU's busiest layer
+    np.testing.assert_allclose(per_layer.stats.max_G, [10, 10, 7])
+    np.testing.assert_allclose(summed.loads_TG, [[20, 10, 21]])
+    assert "busiest layer" in per_layer.load_label and summed.load_label == "all layers summed"

@@ -48,10 +48,14 @@ def expected(url: str, run: str, phase: str = "both") -> dict:
     latest = per_step[-1]
     eta_now = [l.mean() / l.max() for l in latest if l.max() > 0]
     mean_load_G = np.mean([l.sum(axis=0) for l in per_step], axis=0)
+    wins = np.zeros(gpus)  # per (step, layer): which GPU the layer waits for
+    for l_G in (row for step_loads in per_step for row in step_loads):
+        if l_G.max() > 0:
+            wins[int(np.argmax(l_G))] += 1
     window_LE = sum(steps[s][0] for s in keep)
     hot = np.unravel_index(np.argmax(window_LE), window_LE.shape)
     return {"steps": len(keep), "eta_now_p50": float(np.percentile(eta_now, 50)),
-            "straggler": int(np.argmax(mean_load_G)), "hot": (int(hot[0]), int(hot[1])), "meta": meta}
+            "straggler": int(np.argmax(wins)), "straggler_sum": int(np.argmax(mean_load_G)), "hot": (int(hot[0]), int(hot[1])), "meta": meta}
 
 
 def app(url, monkeypatch) -> AppTest:
@@ -72,8 +76,12 @@ def test_overview(filled, monkeypatch):
     assert metric(at, "bad records") == "0"
     assert metric(at, "source") == "ok" and metric(at, "collector errors") == "0"
     assert metric(at, "collector last wrote").endswith("s ago")
-    assert any(f"Straggler: GPU {want['straggler']} " in md.value for md in at.markdown)
+    assert any(f"Straggler: GPU {want['straggler']} " in md.value and "(step, layer) pairs" in md.value
+               for md in at.markdown)
     assert len(at.get("plotly_chart")) == 1
+    at.sidebar.selectbox(key="layer_choice").set_value("all layers (sum)").run()
+    assert any(f"Straggler: GPU {want['straggler_sum']} " in md.value and "GPU load of all layers summed" in md.value
+               for md in at.markdown)
     assert any(f"{want['steps']} steps in window" in c.value for c in at.caption)
     assert not at.error
 

@@ -106,12 +106,13 @@ def step_vs_window(loads_TLG: np.ndarray) -> StepVsWindow:
 
 @dataclass(frozen=True)
 class Straggler:
-    """The GPU with the highest mean per-step load over the window, how far above the all-GPU mean it
-    runs (ratio) and the share of steps in which it was the busiest GPU."""
+    """The GPU that holds the window back, how far above the all-GPU mean its load runs (ratio) and the
+    share of `basis` (steps, or (step, layer) pairs) in which it was the busiest GPU."""
 
     gpu: int
     ratio_to_mean: float
     busiest_share: float
+    basis: str = "steps"
 
 
 def straggler(loads_TG: np.ndarray) -> Straggler | None:
@@ -126,3 +127,23 @@ def straggler(loads_TG: np.ndarray) -> Straggler | None:
     busy_T = loads_TG.max(axis=1) > 0
     busiest_share = float((np.argmax(loads_TG[busy_T], axis=1) == gpu).mean()) if busy_T.any() else 0.0
     return Straggler(gpu=gpu, ratio_to_mean=float(mean_G[gpu] / mean_G.mean()), busiest_share=busiest_share)
+
+
+def layer_straggler(loads_TLG: np.ndarray) -> Straggler | None:
+    """The straggler judged per layer: a layer finishes when its own busiest GPU finishes, so the straggler
+    is the GPU that is busiest in the most (step, layer) pairs with any load (ties: the lower GPU id);
+    busiest_share is that share of pairs, ratio_to_mean its mean load over all (step, layer) pairs over the
+    mean of all GPUs. Summing layers first would let different hot GPUs in different layers cancel.
+    None when there is no load at all."""
+    loads_TLG = np.asarray(loads_TLG, dtype=np.float64)
+    if loads_TLG.ndim != 3 or loads_TLG.shape[0] == 0:
+        raise ValueError(f"loads must be [steps, layers, GPUs] with at least one step, got {loads_TLG.shape}")
+    pairs_XG = loads_TLG.reshape(-1, loads_TLG.shape[2])
+    busy_X = pairs_XG.max(axis=1) > 0
+    if not busy_X.any():
+        return None
+    wins_G = np.bincount(np.argmax(pairs_XG[busy_X], axis=1), minlength=pairs_XG.shape[1])
+    gpu = int(np.argmax(wins_G))
+    mean_G = pairs_XG.mean(axis=0)
+    return Straggler(gpu=gpu, ratio_to_mean=float(mean_G[gpu] / mean_G.mean()),
+                     busiest_share=float(wins_G[gpu] / busy_X.sum()), basis="(step, layer) pairs")

@@ -84,7 +84,7 @@ def frame(require_steps: bool = True) -> Frame | None:
     except ValueError as exc:
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
         return None if require_steps else Frame(cfg, monitor, None, None)
-    snap = analyse(window, layout, cfg.phase, cfg.layer)
+    snap = analyse(window, layout, cfg.phase, cfg.layer, cfg.summed)
     if snap is None:
         st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
         return None if require_steps else Frame(cfg, monitor, layout, None)

@@ -26,7 +26,7 @@ def live() -> None:
 
 def render(current: Frame) -> None:
     snap = current.snapshot
-    unit = "tokens/step"
+    unit = snap.unit
     st.plotly_chart(figures.load_bands(snap.view.step_T, snap.loads_TG, unit), key="devices_bands")
     st.plotly_chart(figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, unit), key="devices_gpu_time")
     st.plotly_chart(figures.eta_over_time(snap.view.step_T, snap.eta_TL), key="devices_eta_time")

@@ -58,10 +58,10 @@ def render(current: Frame) -> None:
     cols[3].metric("collector errors", str(len(errors)), help="; ".join(errors) or "none reported")
     if snap.straggler is not None:
         s = snap.straggler
-        st.markdown(f"**Straggler: {snap.gpu_name(s.gpu)}** — mean load {s.ratio_to_mean:.2f}x the all-GPU mean, "
-                    f"busiest GPU in {s.busiest_share:.0%} of the window's steps.")
+        st.markdown(f"**Straggler: {snap.gpu_name(s.gpu)}** — busiest GPU in {s.busiest_share:.0%} of the window's "
+                    f"{s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of {snap.load_label}).")
     st.plotly_chart(figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
-                                          else snap.straggler.gpu, "tokens/step"), key="overview_bars")
+                                          else snap.straggler.gpu, snap.unit), key="overview_bars")
     health_panel(current)
 
 
