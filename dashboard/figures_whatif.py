@@ -1,5 +1,6 @@
 """Plotly builders for the What-if page: before/after per-GPU bars (clickable: customdata = GPU), the
-selected GPU's experts (clickable: customdata = expert) and the replica-budget curve with its knee.
+selected GPU's experts (clickable: customdata = expert), the replica-budget curve with its knee and the
+move-budget curve (imbalance vs expert moves from the current layout).
 
 Bars are clickable in st.plotly_chart(on_select=...); every clickable bar carries its id in customdata so
 the click handler (dashboard.whatif_state) never depends on axis labels. Shape legend: G GPUs.
@@ -72,3 +73,19 @@ def budget_curve(rows: list[dict], knee: int, chosen_r: int | None) -> go.Figure
                   f"extra memory per GPU ({unit})", shapes=shapes, yaxis=dict(side="right", showgrid=False),
                   yaxis2=dict(title=dict(text="imbalance (max/mean GPU load)"), overlaying="y", side="left"),
                   xaxis=dict(tickvals=r))
+
+
+def moves_curve(rows, chosen: dict) -> go.Figure:
+    """Mean and worst-layer imbalance (max/mean GPU load) vs expert moves spent repairing the current
+    layout (rows from dashboard.whatif_repair), the chosen budget's point starred."""
+    moves = np.asarray([r["moves"] for r in rows], dtype=np.int32)
+    line = dict(type="scatter", mode="lines+markers", x=moves)
+    traces = [{**line, "y": f32([r["mean_imbalance"] for r in rows]), "name": "imbalance (mean over layers)",
+               "line": dict(color=AFTER, shape="hv"), "hovertemplate": "%{x} moves: %{y:.3f}<extra></extra>"},
+              {**line, "y": f32([r["worst_imbalance"] for r in rows]), "name": "worst layer",
+               "line": dict(color="#ff7f0e", dash="dot", shape="hv")},
+              dict(type="scatter", mode="markers+text", x=[int(chosen["moves"])],
+                   y=[float(chosen["mean_imbalance"])], name="chosen budget", text=["chosen"],
+                   textposition="top center", marker=dict(symbol="star", size=16, color=PICKED))]
+    return figure(traces, "Move budget: imbalance vs expert moves from the current layout", "expert moves",
+                  "imbalance (max/mean GPU load)")

@@ -17,7 +17,8 @@ K = "whatif_"  # prefix of every session-state key this page owns
 @dataclass(frozen=True)
 class Inputs:
     """What the user picked: R redundant slots, nodes, expert groups (0 = none), policy, the fit window
-    (`fit` in `unit` 'steps' | 'minutes'), the score window (newest steps), hold-out, node cap (0 = none)."""
+    (`fit` in `unit` 'steps' | 'minutes'), the score window (newest steps), hold-out, node cap (0 = none),
+    move budget (0 = full re-plan; else repair the current layout with at most that many expert moves)."""
 
     redundant: int
     nodes: int
@@ -28,6 +29,7 @@ class Inputs:
     score_steps: int
     hold_out: bool
     node_cap: int
+    move_budget: int = 0
 
 
 def _divisors(n: int) -> list[int]:
@@ -37,21 +39,22 @@ def _divisors(n: int) -> list[int]:
 def inputs(num_experts: int, gpus: int, current_slots: int, current_nodes: int, steps: int) -> Inputs:
     """Draw the planning controls; returns the picks."""
     top = st.columns(4)
+    repairing = bool(st.session_state.get(K + "moves"))  # a move budget keeps the current slots: no R/policy
     r_options = feasible_redundant(num_experts, gpus, 2 * gpus) or [0]
     current_r = current_slots - num_experts
     default_r = current_r if current_r > 0 and current_r in r_options else next((r for r in r_options if r > 0), 0)
-    redundant = top[0].selectbox("redundant slots R", r_options, index=r_options.index(default_r), key=K + "r",
+    redundant = top[0].selectbox("redundant slots R", r_options, index=r_options.index(default_r), key=K + "r", disabled=repairing,
                                  help=f"(E + R) must split evenly over {gpus} GPUs; current layout: R = {current_r}")
     node_options = _divisors(gpus)
     nodes = top[1].selectbox("nodes", node_options, key=K + "nodes",
                              index=node_options.index(current_nodes) if current_nodes in node_options else 0)
     group_options = [0] + [k for k in _divisors(num_experts) if k > 1 and k % nodes == 0]
-    groups = top[2].selectbox("expert groups (hierarchical)", group_options, key=K + "groups",
+    groups = top[2].selectbox("expert groups (hierarchical)", group_options, key=K + "groups", disabled=repairing,
                               format_func=lambda k: "none (global)" if k == 0 else str(k),
                               help="K groups of consecutive expert ids, pinned to nodes (DeepSeek n_group)")
-    policy = top[3].selectbox("policy", POLICIES, key=K + "policy",
+    policy = top[3].selectbox("policy", POLICIES, key=K + "policy", disabled=repairing,
                               help="auto: hierarchical with groups, else robust over the fit windows")
-    row = st.columns([1, 1, 1, 1, 1])
+    row = st.columns([1, 1, 1, 1, 1, 1])
     fit = row[0].number_input("fit window", min_value=1, value=512, step=1, key=K + "fit")
     unit = row[1].radio("fit window in", ("steps", "minutes"), horizontal=True, key=K + "unit")
     score_steps = row[2].number_input("score window (newest steps)", min_value=1,
@@ -61,8 +64,11 @@ def inputs(num_experts: int, gpus: int, current_slots: int, current_nodes: int, 
     node_cap = row[4].number_input("node cap per token (0 = none)", min_value=0, max_value=gpus, value=0,
                                    step=1, key=K + "node_cap", disabled=nodes == 1,
                                    help="node-limited routing what-if: each token may reach at most this many nodes")
+    moves = row[5].number_input("move budget (0 = full re-plan)", min_value=0, value=0, step=1, key=K + "moves",
+                                help="repair the current layout with at most this many expert moves (one move = "
+                                     "one expert's weights copied into one slot) instead of planning from scratch")
     return Inputs(int(redundant), int(nodes), int(groups), policy, float(fit), unit, int(score_steps),
-                  bool(hold_out), min(int(node_cap), nodes))
+                  bool(hold_out), min(int(node_cap), nodes), int(moves))
 
 
 # ------------------------------------------------------------------------------------------ callbacks

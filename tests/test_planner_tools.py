@@ -113,3 +113,13 @@ def test_traffic_rule_and_bytes():
     assert traffic(both_on_node0, layout, 11, 4, nodes=2)["cross_node_share"] == 0.0
     with pytest.raises(ValueError, match="source GPUs"):
         traffic(both_on_node0, layout, 11, 4, nodes=2, source_gpu_N=[4])
+
+
+def test_repair_curve_means_skip_idle_layers():
+    c = skewed_counts(layers=4, experts=64, seed=4)
+    c[3] = 0                                                   # a dense layer: no tokens
+    cur = np.tile(np.arange(64), (4, 1))
+    lay, curve = repair_curve(c, cur, 8, 6)
+    imb = layer_imbalance(c, cur, 8)
+    assert curve[0][1] == pytest.approx(imb[:3].mean()) and curve[0][2] == pytest.approx(imb[:3].max())
+    np.testing.assert_allclose(curve[-1][1], layer_imbalance(c, lay, 8)[:3].mean())

@@ -58,7 +58,8 @@ def expected(url: str, redundant: int, policy: str = "auto") -> dict:
         if load.sum() > 0:
             eta.append(load.mean() / load.max())
     planned = plan(fit_TLE, G, redundant, policy=policy)
-    return {"meta": meta, "score_LE": score.sum(0), "eta_current": float(np.mean(eta)), "planned": planned}
+    return {"meta": meta, "score_LE": score.sum(0), "eta_current": float(np.mean(eta)), "planned": planned,
+            "fit_TLE": fit_TLE}
 
 
 def page(url, monkeypatch) -> AppTest:
@@ -145,6 +146,28 @@ def test_impossible_edit_says_why(filled, monkeypatch):
     at.number_input(key="whatif_target").set_value(0)
     at.button(key="whatif_add").click().run()
     assert any("Cannot add: GPU 0 already holds expert" in e.value for e in at.error)
+
+
+def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
+    from dashboard.planner.repair import repair_curve
+    from dashboard.whatif_state import moves_needed
+
+    at = page(filled, monkeypatch)
+    want = expected(filled, redundant=4)
+    current = np.asarray(want["meta"].layout.physical_to_logical_map)
+    full = int(metric(at, "moves needed").value.replace(",", ""))
+    at.number_input(key="whatif_moves").set_value(2).run()
+    assert not at.exception, at.exception
+    repaired, curve = repair_curve(want["fit_TLE"], current, 4, 2)
+    assert downloaded(at) == served(layout_text(repaired))
+    needed = int(metric(at, "moves needed").value.replace(",", ""))
+    assert needed == moves_needed(current, repaired, 4) <= 2 < full
+    assert at.selectbox(key="whatif_r").disabled and at.selectbox(key="whatif_policy").disabled
+    assert len(at.get("plotly_chart")) == 3        # + the moves-vs-imbalance curve
+    assert any(c.value.startswith(f"Move budget 2: {curve[-1][0]} moves used") for c in at.caption)
+    assert any("Policy repair of the current layout (<= 2 moves)" in c.value for c in at.caption)
+    at.number_input(key="whatif_moves").set_value(0).run()         # back to the full re-plan
+    assert downloaded(at) == served(layout_text(want["planned"].layout_LP))
 
 
 def test_trace_of_the_run_loads_in_the_planner(filled, tmp_path):

@@ -54,15 +54,18 @@ def layer_sequences(counts, current_LP, gpus: int, max_moves: int):
 
 def repair_curve(counts, current_LP, gpus: int, max_moves: int):
     """Spend up to ``max_moves`` moves in total over the layers. Returns (layout_LP, curve) where curve is
-    a list of (moves used, mean imbalance, worst imbalance) after each step taken."""
+    a list of (moves used, mean imbalance, worst imbalance) after each step taken; mean and worst are over
+    the layers with tokens (all layers when none has any), as everywhere else."""
     if max_moves < 0:
         raise ValueError(f"move budget must be >= 0, got {max_moves}")
     lays, cost, imb = layer_sequences(counts, current_LP, gpus, max_moves)
     L = lays.shape[1]
+    active = _target(counts).sum(1) > 0
+    a = active if active.any() else np.ones_like(active)
     taken = np.zeros(L, dtype=np.int64)
     cur_imb = imb[0].copy()
     used = 0
-    curve = [(0, float(cur_imb.mean()), float(cur_imb.max()))]
+    curve = [(0, float(cur_imb[a].mean()), float(cur_imb[a].max()))]
     while True:
         best, best_l = 0.0, -1
         for l in np.nonzero(taken < cost.shape[0])[0]:
@@ -78,7 +81,7 @@ def repair_curve(counts, current_LP, gpus: int, max_moves: int):
         taken[best_l] += 1
         used += int(cost[taken[best_l] - 1, best_l])
         cur_imb[best_l] = imb[taken[best_l], best_l]
-        curve.append((used, float(cur_imb.mean()), float(cur_imb.max())))
+        curve.append((used, float(cur_imb[a].mean()), float(cur_imb[a].max())))
     out = lays[taken, np.arange(L)]
     return out, curve
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures_whatif, whatif_score, whatif_state, whatif_traffic
+from dashboard import figures_whatif, whatif_repair, whatif_score, whatif_state, whatif_traffic
 from dashboard.planner.api import plan
 from dashboard.planner.bounds import best_bound
 from dashboard.planner.budget import bytes_per_expert, replica_budget_curve
@@ -72,10 +72,17 @@ def render(current: Frame) -> None:
     right.button("Re-read the window", on_click=on_refresh, key=K + "refresh_button")
     groups = picks.groups or None
     plan_nodes = picks.nodes if groups else None
-    plan_key = (data_key, picks.redundant, plan_nodes, groups, picks.policy)
-    with st.spinner("planning ..."):
-        result = cached(st.session_state.setdefault(K + "plans", {}), plan_key, lambda: plan(
-            data.fit_TLE, G, picks.redundant, nodes=plan_nodes, groups=groups, policy=picks.policy))
+    plans = st.session_state.setdefault(K + "plans", {})
+    if picks.move_budget > 0:
+        plan_key = (data_key, "repair", picks.move_budget)
+        with st.spinner("repairing the current layout ..."):
+            result = cached(plans, plan_key, lambda: whatif_repair.repair(data.fit_TLE, layout.p2l_LP, G,
+                                                                          picks.move_budget))
+    else:
+        plan_key = (data_key, picks.redundant, plan_nodes, groups, picks.policy)
+        with st.spinner("planning ..."):
+            result = cached(plans, plan_key, lambda: plan(
+                data.fit_TLE, G, picks.redundant, nodes=plan_nodes, groups=groups, policy=picks.policy))
     sessions = st.session_state.setdefault(K + "edits", {})
     session = sessions.setdefault(plan_key, whatif_state.start(plan_key, result.layout_LP, G))
     meta = current.monitor.source.meta()
@@ -90,6 +97,8 @@ def render(current: Frame) -> None:
     _metrics(layout.p2l_LP, session, before, after, data, picks, sizes, sizes_note)
     st.caption(f"Policy {result.policy} · {session.edits} manual edit(s). GPU load = tokens of each expert "
                "split evenly over its replicas (the EPLB assumption).")
+    if picks.move_budget > 0:
+        _moves(layout, data, data_key, result)
     _bars_and_edits(layout, session, before, after, data, layer)
     _traffic(layout, session, data, data_key, picks, sizes)
     _budget(data, data_key, G, picks, plan_nodes, groups, sizes)
@@ -130,6 +139,19 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, size
                    delta_color="inverse", help=f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per "
                    "expert (3 x hidden x moe_intermediate x dtype bytes)"
                    + (f" — {sizes_note}" if sizes_note else ""))
+
+
+def _moves(layout, data, data_key, result: whatif_repair.Repaired) -> None:
+    """The moves-vs-imbalance curve of the repair (computed once per window up to a horizon, cached)."""
+    horizon = whatif_repair.curve_horizon(data.num_layers, result.budget)
+    with st.spinner("moves-vs-imbalance curve ..."):
+        curve = cached(st.session_state.setdefault(K + "plans", {}), (data_key, "repair", horizon),
+                       lambda: whatif_repair.repair(data.fit_TLE, layout.p2l_LP, layout.gpus, horizon))
+    st.plotly_chart(figures_whatif.moves_curve(curve.curve, result.curve[-1]), key=K + "moves_fig")
+    st.caption(f"Move budget {result.budget}: {result.moves_used} moves used, imbalance "
+               f"{result.curve[0]['mean_imbalance']:.3f} -> {result.curve[-1]['mean_imbalance']:.3f} (fit window, "
+               f"mean over layers with tokens). The repair keeps the current {layout.p2l_LP.shape[1]} slots per "
+               "layer: R, groups and policy do not apply; set the budget to 0 for a full re-plan.")
 
 
 def _bars_and_edits(layout, session, before, after, data, layer: int) -> None:
