@@ -52,3 +52,20 @@ class GpuHistory:
     def rows(self, device: tuple[str, int]) -> list[dict]:
         """Readings of one device, oldest first: dicts with time_s, rank and wire.GPU_FIELDS."""
         return list(self.series.get(device, ()))
+
+    def pairing(self, gpus: int, world_size: int) -> tuple[dict[int, tuple[str, int]], str]:
+        """EP GPU -> NVML device (host, index), by the rank that sent the readings: EP GPU g is rank g's
+        device when there is one GPU per rank (world_size == gpus) and rank g reports exactly one device.
+        Returns (pairs, note); pairs is empty and note says why when no pairing can be claimed."""
+        if world_size != gpus:
+            return {}, (f"not paired: {world_size} rank(s) for {gpus} EP GPUs, so which NVML device serves which "
+                        "EP GPU is not known; NVML devices are listed by host and index")
+        devices_of_rank: dict[int, list[tuple[str, int]]] = {}
+        for device, rows in self.series.items():
+            devices_of_rank.setdefault(rows[-1].get("rank"), []).append(device)
+        pairs = {rank: found[0] for rank, found in devices_of_rank.items()
+                 if isinstance(rank, int) and 0 <= rank < gpus and len(found) == 1}
+        several = sorted(rank for rank, found in devices_of_rank.items() if len(found) > 1)
+        note = "" if not several else (f"rank(s) {', '.join(map(str, several))} report several NVML devices: "
+                                       "those EP GPUs are not paired")
+        return pairs, note

@@ -1,7 +1,9 @@
 """GPU panel: NVML readings of each device beside the expert load of the same GPU, or the collector's
 "no NVIDIA GPU / NVML not available" report when that is what it sent.
 
-Matching: EP GPU g is shown with the g-th NVML device, devices ordered by (host, NVML index).
+Matching: by the rank that sent the readings (EP GPU g = rank g when there is one GPU per rank, i.e.
+world_size == gpus and each rank reports one device). Otherwise NVML devices are shown by host and index,
+and the page says that no pairing is claimed.
 """
 from __future__ import annotations
 
@@ -40,8 +42,15 @@ def render(current: Frame, gpu: int) -> None:
         st.info("The collector has not sent any NVML sample for this run yet.")
     gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
     gpu = min(max(gpu, 0), gpus - 1)
-    devices = history.devices()
-    device = devices[gpu] if gpu < len(devices) else None
+    pairs, note = history.pairing(gpus, current.monitor.world_size)
+    device = pairs.get(gpu)
+    if device is None and history.series:
+        st.caption(note or f"EP GPU {gpu}: no rank sent NVML readings for it; devices listed by host and index.")
+        device = st.selectbox("NVML device (host, index)", history.devices(), key="gpu_panel_device",
+                              format_func=lambda d: f"{d[0]} #{d[1]}")
+        paired = False
+    else:
+        paired = device is not None
     rows = history.rows(device) if device else []
     if rows:
         last = rows[-1]
@@ -52,15 +61,21 @@ def render(current: Frame, gpu: int) -> None:
         cols[2].metric("power / limit", f"{_v(last, 'power_usage_w', '{:.0f}')} / {_v(last, 'power_limit_w', '{:.0f} W')}")
         cols[3].metric("SM clock", _v(last, "sm_clock_mhz", "{:.0f} MHz"))
         cols[4].metric("temperature", _v(last, "temperature_c", "{:.0f} C"))
-        st.caption(f"NVML device {device[1]} on `{device[0]}` ({last.get('name') or 'unknown model'}) beside EP GPU "
-                   f"{gpu}. NVML utilisation is the share of time a kernel ran, not SM occupancy.")
+        beside = f"beside EP GPU {gpu} (rank {last.get('rank')})" if paired else "(not paired with an EP GPU)"
+        st.caption(f"NVML device {device[1]} on `{device[0]}` ({last.get('name') or 'unknown model'}) {beside}. "
+                   "NVML utilisation is the share of time a kernel ran, not SM occupancy.")
     if snap is None:
         return
     load_T = snap.loads_TG[:, gpu]
     st.metric(f"{snap.gpu_name(gpu)} expert load, latest step", f"{float(load_T[snap.latest]):,.0f} tokens",
               help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
-    title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}" if rows else "")
-    st.plotly_chart(figures_gpu.nvml_figure(rows, snap.view.time_s_T, load_T, title), key="gpu_panel_fig")
+    title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}"
+                                                      if rows and paired else "")
+    st.plotly_chart(figures_gpu.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title),
+                    key="gpu_panel_fig")
+    if rows and not paired:
+        st.plotly_chart(figures_gpu.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
+                        key="gpu_panel_nvml")
 
 
 def _v(row: dict, name: str, spec: str, scale: float = 1.0) -> str:
