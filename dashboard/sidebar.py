@@ -17,8 +17,9 @@ def sidebar() -> Settings:
     source = sb.radio("Source", ("Live Redis", "Trace file"), horizontal=True, key="source_kind")
     redis_url, run, trace_path = env_redis_url(), None, ""
     if source == "Live Redis":
-        redis_url = sb.text_input("Redis URL", value=env_redis_url(), key="redis_url",
-                                  help="Default from the REDIS_URL environment variable").strip()
+        redis_url = sb.text_input("Redis URL", value=env_redis_url(), key="redis_url", type="password",
+                                  help="Default from the REDIS_URL environment variable; hidden because it may "
+                                       "hold a password (messages show it redacted)").strip()
         runs, error = runs_at(redis_url)
         if error:
             sb.caption("Redis not reachable (see the page).")

@@ -115,3 +115,17 @@ def test_nvml_fields_of_the_wrong_type_are_bad_records(redis_url, tmp_path):
     trace = Monitor(TraceSource(str(path)), window_steps=10)
     trace.tick()
     assert trace.bad_records == 1 and "power_usage_w" in trace.last_error and not trace.gpus.series
+
+
+def _all_text(at) -> str:
+    parts = [e.value for kind in ("error", "warning", "info", "caption", "markdown") for e in getattr(at, kind)]
+    parts += [e.value for e in at.sidebar.caption]
+    return "\n".join(map(str, parts))
+
+
+def test_passwords_never_reach_the_page(monkeypatch):
+    at = run_app("http://admin:s3cret@127.0.0.1:1/0", monkeypatch)  # connect() refuses the scheme
+    field = at.sidebar.text_input(key="redis_url")
+    assert field.proto.type == field.proto.PASSWORD  # the field itself is masked
+    text = _all_text(at)
+    assert "s3cret" not in text and "http://admin:***@127.0.0.1:1/0" in text, text
