@@ -3,11 +3,22 @@ pages live in dashboard/views (one function each), analytics in dashboard/analyt
 
 Run: streamlit run app.py   (REDIS_URL=redis://host:port/db to choose the Redis the collectors write to)
 """
+import os
+
 import streamlit as st
 
 from dashboard.sidebar import sidebar
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
 st.set_page_config(page_title="MoE load monitor", layout="wide")
+# .streamlit/config.toml binds to loopback only when streamlit starts in this directory: say so otherwise.
+if st.config.get_option("server.address") not in LOOPBACK and os.environ.get("MOE_DASHBOARD_ALLOW_REMOTE") != "1":
+    st.warning(f"**This dashboard is reachable from the network** (server.address = "
+               f"`{st.config.get_option('server.address') or 'all interfaces'}`): anyone who reaches this port "
+               "sees your runs and the Redis they come from. Bind it to loopback with "
+               "`streamlit run app.py --server.address 127.0.0.1`, or set MOE_DASHBOARD_ALLOW_REMOTE=1 if "
+               "exposing it is intended.")
 sidebar()
 
 LIVE_PAGES = [
