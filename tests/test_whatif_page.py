@@ -166,6 +166,7 @@ def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
     assert len(at.get("plotly_chart")) == 3        # + the moves-vs-imbalance curve
     assert any(c.value.startswith(f"Move budget 2: {curve[-1][0]} moves used") for c in at.caption)
     assert any("Policy repair of the current layout (<= 2 moves)" in c.value for c in at.caption)
+    assert "for R = 0:" in metric(at, "best possible with R (lower bound)").help   # the repair keeps R = 0
     at.number_input(key="whatif_moves").set_value(0).run()         # back to the full re-plan
     assert downloaded(at) == served(layout_text(want["planned"].layout_LP))
 

@@ -94,7 +94,7 @@ def render(current: Frame) -> None:
     layer = _layer_picker(before, after)
     st.session_state[K + "ctx"] = {"plan_key": plan_key, "layer": layer, "counts_LE": data.score_sum_LE,
                                    "gpus": G, "experts": E}
-    _metrics(layout.p2l_LP, session, before, after, data, picks, sizes, sizes_note)
+    _metrics(layout.p2l_LP, session, before, after, data, sizes, sizes_note)
     st.caption(f"Policy {result.policy} · {session.edits} manual edit(s). GPU load = tokens of each expert "
                "split evenly over its replicas (the EPLB assumption).")
     if picks.move_budget > 0:
@@ -112,10 +112,11 @@ def _layer_picker(before: whatif_score.Score, after: whatif_score.Score) -> int:
                                                   f"{before.imbalance_sum_L[l]:.3f})"))
 
 
-def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, sizes_note: str | None) -> None:
+def _metrics(before_LP, session, before, after, data, sizes, sizes_note: str | None) -> None:
     G = session.gpus
     active = before.active_L
-    bound = best_bound(data.score_sum_LE.astype(np.float64), G, picks.redundant)
+    redundant = session.current.shape[1] - data.num_experts  # the what-if layout's R (a repair keeps the current R)
+    bound = best_bound(data.score_sum_LE.astype(np.float64), G, redundant)
     moe_layers = max(1, int(active.sum()))
     bpe = bytes_per_expert(*sizes)
     mem = [lay.shape[1] // G * moe_layers * bpe for lay in (before_LP, session.current)]
@@ -130,7 +131,7 @@ def _metrics(before_LP, session, before, after, data, picks: Inputs, sizes, size
                         "(idle pairs left out; current layout: 1 - this = the Overview's idle share; p50 over "
                         f"layers {fmt(before.step_spread.p50)})")
     cols[2].metric("best possible with R (lower bound)", fmt(1.0 / before.mean(bound)),
-                   help=f"1 / mean lower bound on imbalance for R = {picks.redundant}: no layout does better")
+                   help=f"1 / mean lower bound on imbalance for R = {redundant}: no layout does better")
     cols[3].metric("worst layer imbalance", fmt(after.worst_imbalance),
                    delta=f"{after.worst_imbalance - before.worst_imbalance:+.3f}", delta_color="inverse")
     cols[4].metric("moves needed", f"{whatif_state.moves_needed(before_LP, session.current, G):,}",
