@@ -13,21 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
-def balancedness(loads_XG: np.ndarray) -> np.ndarray:
-    """eta = mean/max over the last axis (GPUs). [..., G] -> [...]; NaN where every GPU has load 0."""
-    loads_XG = np.asarray(loads_XG, dtype=np.float64)
-    if loads_XG.ndim < 1 or loads_XG.shape[-1] == 0:
-        raise ValueError(f"loads need a GPU axis last, got shape {loads_XG.shape}")
-    peak = loads_XG.max(axis=-1)
-    mean = loads_XG.mean(axis=-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(peak > 0, mean / np.where(peak > 0, peak, 1.0), np.nan)
+from dashboard.planner.loads import balancedness_or_nan, imbalance_or_nan
 
 
-def imbalance(loads_XG: np.ndarray) -> np.ndarray:
-    """max/mean over the last axis = 1/eta; NaN where every GPU has load 0."""
-    return 1.0 / balancedness(loads_XG)
+# eta = mean/max over the last axis (GPUs), [..., G] -> [...], NaN where every GPU has load 0; and 1/eta.
+# One implementation, shared with the planner and the What-if page.
+balancedness = balancedness_or_nan
+imbalance = imbalance_or_nan
 
 
 def nan_percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:

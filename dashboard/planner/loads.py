@@ -103,9 +103,10 @@ def balancedness(load_LG: np.ndarray) -> np.ndarray:
     return np.nan_to_num(balancedness_or_nan(load_LG), nan=1.0)
 
 
-def gpu_weights(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
-    """float32 [L, E, G]: share of expert e's tokens that GPU g serves in layer l (even split over its
-    replicas); every (l, e) row sums to 1. Checks ids in [0, E), every expert placed, P divisible by G."""
+def validated_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
+    """physical_to_logical_map [L][P] (lists or array) -> int64 [L, P]. ValueError when it is not
+    rectangular, names experts outside [0, E), leaves an expert without a slot, or P does not split
+    evenly over `gpus`."""
     try:
         lay = np.asarray(layout_LP, dtype=np.int64)
     except (TypeError, ValueError) as exc:
@@ -120,6 +121,14 @@ def gpu_weights(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
     if np.any(rep_LE == 0):
         layer, expert = np.argwhere(rep_LE == 0)[0]
         raise ValueError(f"layer {layer}: expert {expert} has no slot in the layout")
+    return lay
+
+
+def gpu_weights(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
+    """float32 [L, E, G]: share of expert e's tokens that GPU g serves in layer l (even split over its
+    replicas); every (l, e) row sums to 1. The layout is checked by validated_layout()."""
+    lay = validated_layout(layout_LP, num_experts, gpus)
+    rep_LE = replica_counts(lay, num_experts)
     L, P = lay.shape
     gpu_P = np.arange(P) // (P // gpus)
     flat = (np.arange(L)[:, None] * num_experts + lay) * gpus + gpu_P[None, :]
