@@ -1,8 +1,8 @@
 """Collector overhead: step time of a hooked model over the same model unhooked, measured side by side.
 
-Two copies of one tiny random-weight Qwen3-MoE (4 MoE layers, 64 experts, top-8, hidden 256) on the CPU;
+Two copies of one tiny random-weight Qwen3-MoE (8 MoE layers, 128 experts, top-8, hidden 256) on the CPU;
 one has the collector attached and publishing to a private redis-server (sampled routing rows on, the
-default 16 tokens per layer; NVML sampler on). Calls alternate in random order; the medians of the
+default 16 tokens per layer in one step of 4; NVML sampler on). Calls alternate in random order; the medians of the
 per-call times give the ratio. Prefill-shaped steps: 4 x 64 tokens; decode-shaped: 16 sequences x 1 token.
 
     python bench/bench_collector.py [--reps 200]
@@ -34,9 +34,11 @@ from collectors import attach  # noqa: E402
 from demo.localredis import RedisServer  # noqa: E402
 from tiny_models import build  # noqa: E402
 
-SIZES = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=64, n_routed_experts=64,
-             num_local_experts=64, moe_num_experts=64, num_experts_per_tok=8, top_k=8, moe_topk=8, vocab_size=512)
+# Qwen3-30B-A3B's routing shape (128 experts, top-8) with tiny widths and 8 of its 48 layers.
+SIZES = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=8,
+             num_attention_heads=8, num_key_value_heads=4, head_dim=32, num_experts=128, n_routed_experts=128,
+             num_local_experts=128, moe_num_experts=128, num_experts_per_tok=8, top_k=8, moe_topk=8,
+             vocab_size=512)
 
 
 def _sync() -> None:
@@ -64,19 +66,20 @@ def interleaved(a, b, inputs, reps: int) -> tuple[list[float], list[float]]:
 
 
 def overhead_ratio(m1, m2, inputs, reps: int, rounds: int, redis_url: str) -> tuple[float, float, float]:
-    """Hooked/unhooked step-time ratio with the roles of two identical model copies swapped every round
-    (copy 1 hooked, then copy 2 hooked, ...), so a difference between the copies themselves cancels out.
+    """Hooked/unhooked step-time ratio: the median over pairs of (hooked call / unhooked call run next to
+    it), which cancels slow drift of the machine; the roles of two identical model copies swap every round
+    (copy 1 hooked, then copy 2 hooked, ...), so a difference between the copies cancels too.
     Returns (ratio, median unhooked ms, median hooked ms)."""
-    hooked_s, plain_s = [], []
+    ratios, hooked_s, plain_s = [], [], []
     for r in range(rounds):
         target, other = (m2, m1) if r % 2 == 0 else (m1, m2)
         monitor = attach(target, redis_url=redis_url, run=f"bench-{r}", gpus=8)
         t_other, t_target = interleaved(other, target, inputs, reps)
         monitor.close()
+        ratios += [h / p for h, p in zip(t_target, t_other)]
         plain_s += t_other
         hooked_s += t_target
-    ratio = statistics.median(hooked_s) / statistics.median(plain_s)
-    return ratio, statistics.median(plain_s) * 1e3, statistics.median(hooked_s) * 1e3
+    return statistics.median(ratios), statistics.median(plain_s) * 1e3, statistics.median(hooked_s) * 1e3
 
 
 def main() -> int:
@@ -93,14 +96,14 @@ def main() -> int:
         gen = torch.Generator().manual_seed(0)
         shapes = {"prefill 4x64": (4, 64, max(10, args.reps // 3)), "decode 16x1": (16, 1, args.reps)}
         where = "CPU, 1 thread" if args.device == "cpu" else torch.cuda.get_device_name(0)
-        print(f"collector overhead, tiny Qwen3-MoE (4 MoE layers x 64 experts, top-8, hidden 256), {where};")
-        print("  publishing to a private redis-server with 16 sampled tokens per layer; medians of interleaved calls")
+        print(f"collector overhead, tiny Qwen3-MoE (8 MoE layers x 128 experts, top-8, hidden 256), {where};")
+        print("  publishing to a private redis-server with 16 sampled tokens per layer; median of per-pair ratios")
         for label, (batch, seq, reps) in shapes.items():
             ids = torch.randint(3, 500, (batch, seq), generator=gen).to(args.device)
             inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
             ratio, plain_ms, hooked_ms = overhead_ratio(m1, m2, inputs, reps, args.rounds, server.url)
             a, b = interleaved(m1, m2, inputs, reps)
-            control = statistics.median(b) / statistics.median(a)
+            control = statistics.median([y / x for x, y in zip(a, b)])
             print(f"  {label:13s} unhooked {plain_ms:8.2f} ms  hooked {hooked_ms:8.2f} ms  ratio {ratio:.3f}"
                   f"   (A/A control, both unhooked: {control:.3f}; {args.rounds}x{reps} pairs)")
     finally:

@@ -8,12 +8,11 @@ The step buffer (int64, allocated once on the model's device) holds, back to bac
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
     tokens [1]           real tokens in the step (counted on the device only under a padding mask)
 At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
-event the writer thread waits on), then zeroed on the device: three device ops per step, four per layer
+event the writer thread waits on), then zeroed on the device: three device ops per step, two per layer
 (a few more per step under a padding mask). Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,12 +54,14 @@ class DeviceCounter:
     """Counters for L layers x E experts on `device`, with N sampled token rows of width K per layer."""
 
     def __init__(self, num_layers: int, num_experts: int, top_k: int, device: torch.device | str,
-                 sample_tokens: int = 16):
-        if num_layers < 1 or num_experts < 1 or top_k < 1 or sample_tokens < 0:
+                 sample_tokens: int = 16, sample_every: int = 4):
+        if num_layers < 1 or num_experts < 1 or top_k < 1 or sample_tokens < 0 or sample_every < 1:
             raise ValueError(f"bad counter shape: layers={num_layers} experts={num_experts} top_k={top_k} "
                              f"sample_tokens={sample_tokens}")
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
-        self.sample_tokens = sample_tokens
+        self.sample_tokens, self.sample_every = sample_tokens, sample_every
+        self.sampling = False   # this step's rows are sampled (one step in sample_every)
+        self._steps_begun = 0
         self.device = torch.device(device)
         L, E, N, K = num_layers, num_experts, sample_tokens, top_k
         self._n_counts, self._n_sample = L * E, L * N * K
@@ -74,39 +75,41 @@ class DeviceCounter:
         self._count_rows = list(self.counts_LE.unbind(0))      # per-layer views, made once
         self._sample_rows = list(self.sample_LNK.unbind(0))
         self._ones_buf = torch.ones(1024, dtype=torch.int64, device=self.device)
-        self.sample_idx_N = torch.zeros(max(sample_tokens, 1), dtype=torch.int64, device=self.device)
         self.step_src: torch.Tensor | None = None
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         self._clamp_ids = self.device.type == "cuda"
-        for tensor in (self.buf, self.sample_idx_N, self._ones_buf, self.total_LE):
+        self._recorders = [self.recorder(layer) for layer in range(L)]
+        for tensor in (self.buf, self._ones_buf, self.total_LE):
             _mark_static(tensor)
 
     # ------------------------------------------------------------------ hot path (inside the forward)
     def begin_step(self, num_tokens: int, token_mask_T: torch.Tensor | None) -> None:
-        """Called once per step (on the host, outside any compiled graph) before the layers run. Picks the
-        sampled tokens and, with a padding mask, counts the real tokens and prepares the per-(token, slot)
-        weights that every layer of the step shares."""
+        """Called once per step (on the host, outside any compiled graph) before the layers run: decides
+        whether this step is sampled (one in sample_every), and prepares the per-(token, slot) weights that
+        every layer of the step shares (the padding mask repeated k times, or ones); with a padding mask it
+        also counts the real tokens on the device."""
         if num_tokens <= 0:
             return
         self.step_tokens = num_tokens
         self.step_masked = token_mask_T is not None
-        self.step_src = None
         if token_mask_T is not None:
             self.tokens.add_(token_mask_T.sum())
             self.step_src = token_mask_T.unsqueeze(1).expand(num_tokens, self.top_k).reshape(-1)
-        n = min(self.sample_tokens, num_tokens)
-        self.step_sample_n = n
-        if n == 0:
-            return
-        stride = num_tokens // n
-        offset = random.randrange(stride)
-        # every stride-th token from a random offset, written in place into a fixed [N] index tensor, so the
-        # per-layer hook reads no Python value that changes per step (torch.compile would recompile on it)
-        torch.arange(offset, offset + self.sample_tokens * stride, stride, out=self.sample_idx_N)
-        if n < self.sample_tokens:
-            self.sample_idx_N.remainder_(num_tokens)
-        if token_mask_T is not None:
-            self.sample_valid_N[:n].copy_(token_mask_T.index_select(0, self.sample_idx_N[:n]))
+        else:  # shared by every layer of the step: no slicing per layer
+            self.step_src = self._ones(num_tokens * self.top_k)
+        self.sampling = bool(self.sample_tokens) and self._steps_begun % self.sample_every == 0
+        self._steps_begun += 1
+        self.step_sample_n = min(self.sample_tokens, num_tokens) if self.sampling else 0
+        if token_mask_T is not None and self.step_sample_n:
+            self.sample_valid_N[: self.step_sample_n].copy_(self._sampled(token_mask_T))
+
+    def _sampled(self, rows_T: torch.Tensor) -> torch.Tensor:
+        """The step's sampled rows of a [T, ...] tensor: every stride-th token from the middle of the first
+        stride, stride = T // N (at most N rows; all T when T < N). Systematic sampling that spreads over
+        every sequence of the batch; the selection is a strided view computed from the tensor's own shape,
+        so the hook reads no per-step Python value (torch.compile would recompile on one) and runs no op."""
+        stride = max(1, rows_T.shape[0] // self.sample_tokens)
+        return rows_T[stride // 2:: stride][: self.sample_tokens]
 
     def _ones(self, n: int) -> torch.Tensor:
         if self._ones_buf.numel() < n:
@@ -114,35 +117,50 @@ class DeviceCounter:
             _mark_static(self._ones_buf)
         return self._ones_buf[:n]
 
+    def recorder(self, layer: int):
+        """The hot path as a closure bound to one layer: record_ids(ids_TK) counts int64 [T, K] expert ids
+        in [0, E) under the step's padding mask. Two device ops (index_add_ into the counts, one copy of the
+        sampled rows, a strided view) and no Python value that changes from step to step (torch.compile
+        would recompile on one). On CUDA the ids are also clamped into [0, E): an unexpected id must never
+        become a device-side assert that takes the serving process down. Empty batches (idle ranks) and
+        ids on another device (device_map="auto") are fine."""
+        row_E, sample_NK = self._count_rows[layer], self._sample_rows[layer]
+        K, E, device, clamp = self.top_k, self.num_experts, self.device, self._clamp_ids
+        counter = self
+
+        def record_ids(ids_TK: torch.Tensor) -> None:
+            T = ids_TK.shape[0]
+            if T == 0:
+                return
+            if ids_TK.device != device:
+                ids_TK = ids_TK.to(device, non_blocking=True)
+            if clamp:
+                ids_TK = ids_TK.clamp(0, E - 1)
+            flat = ids_TK.reshape(-1)
+            src = counter.step_src
+            if src is None or src.shape[0] != flat.shape[0]:
+                src = counter._ones(flat.shape[0])
+            row_E.index_add_(0, flat, src)
+            if counter.sampling and ids_TK.shape[1] == K:
+                rows = counter._sampled(ids_TK)
+                sample_NK[: rows.shape[0]].copy_(rows)
+        return record_ids
+
     def record(self, layer: int, ids_TK: torch.Tensor, valid_TK: torch.Tensor | None = None) -> None:
-        """Add one layer's routing: ids_TK int64 [T, K] expert ids in [0, E). valid_TK [T, K] (bool or 0/1),
-        when given, marks the (token, slot) pairs that count; otherwise the step's padding mask applies.
-        Device ops only, and no Python value that changes from step to step: scatter_add_ into the counts,
-        then a gather of the sampled rows by the step's index tensor (clamped, so a layer that sees fewer
-        tokens can never index out of range); rows of padding tokens are dropped on the host.
-        On CUDA the ids are also clamped into [0, E): an unexpected id (a family with skip slots nobody told
-        us about) must never become a device-side assert that takes the serving process down."""
-        if ids_TK.shape[0] == 0:  # an idle rank's empty batch (host-side shape check: compile-safe)
+        """Add one layer's routing: ids_TK int64 [T, K] expert ids in [0, E); valid_TK [T, K] (bool or 0/1),
+        when given, marks the (token, slot) pairs that count (their sampled rows read -1 otherwise)."""
+        if valid_TK is None:
+            self._recorders[layer](ids_TK)
             return
-        if ids_TK.device != self.device:  # a model spread over devices (device_map="auto")
-            ids_TK = ids_TK.to(self.device, non_blocking=True)
-            valid_TK = None if valid_TK is None else valid_TK.to(self.device, non_blocking=True)
-        if self._clamp_ids:
-            ids_TK = ids_TK.clamp(0, self.num_experts - 1)
-        flat = ids_TK.reshape(-1)
-        if valid_TK is not None:
-            src = valid_TK.reshape(-1).to(torch.int64)
-        elif self.step_src is not None and self.step_src.numel() == flat.numel():
-            src = self.step_src
-        else:
-            src = self._ones(flat.numel())
-        self._count_rows[layer].scatter_add_(0, flat, src)
-        if self.sample_tokens and ids_TK.shape[1] == self.top_k:
-            idx = self.sample_idx_N.clamp(max=ids_TK.shape[0] - 1)
-            rows = ids_TK.index_select(0, idx)
-            if valid_TK is not None:
-                rows = rows.masked_fill(valid_TK.index_select(0, idx) == 0, -1)
-            self._sample_rows[layer].copy_(rows)
+        if ids_TK.shape[0] == 0:
+            return
+        if ids_TK.device != self.device:
+            ids_TK, valid_TK = ids_TK.to(self.device), valid_TK.to(self.device)
+        ids_TK = ids_TK.clamp(0, self.num_experts - 1)
+        self._count_rows[layer].index_add_(0, ids_TK.reshape(-1), valid_TK.reshape(-1).to(torch.int64))
+        if self.sampling and ids_TK.shape[1] == self.top_k:
+            rows = self._sampled(ids_TK).masked_fill(self._sampled(valid_TK) == 0, -1)
+            self._sample_rows[layer][: rows.shape[0]].copy_(rows)
 
     # ------------------------------------------------------------------ step boundary
     def snapshot(self, slot: HostSlot | None) -> StepFacts:
@@ -160,7 +178,7 @@ class DeviceCounter:
         self.total_LE.add_(self.counts_LE)
         self.buf.zero_()
         facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)
-        self.step_src = None
+        self.step_src, self.sampling = None, False
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         return facts
 

@@ -25,7 +25,7 @@ def _arg(args: tuple, kwargs: dict, position: int, names: tuple[str, ...]):
 
 
 def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
-    counter, param = monitor.counter, layer.index_param
+    record_ids, param = monitor.counter.recorder(index), layer.index_param
 
     def pre_hook(module, args, kwargs):
         ids = args[1] if len(args) > 1 else kwargs.get(param)
@@ -36,9 +36,9 @@ def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Call
             monitor._record_hooked(index, ids, weights, True)
             return None
         try:  # the hot path: the model's own int64 [tokens, k] ids, straight into the counter
-            if ids.dim() != 2 or ids.dtype != torch.int64:
+            if ids.dtype != torch.int64 or ids.dim() != 2:
                 ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
-            counter.record(index, ids)
+            record_ids(ids)
         except Exception as exc:  # never break the model's forward
             monitor._hook_failed(index, exc)
         return None
@@ -102,12 +102,16 @@ def step_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
     return None
 
 
-def step_token_mask(kwargs: dict, batch: int, seq: int) -> torch.Tensor | None:
-    """The [batch*seq] mask of real tokens from a 2-D attention_mask (its last `seq` columns), or None."""
+def step_token_mask(kwargs: dict, batch: int, seq: int, skip_all_ones: bool = False) -> torch.Tensor | None:
+    """The int64 [batch*seq] mask of real tokens from a 2-D attention_mask (its last `seq` columns), or None.
+    skip_all_ones: return None for a mask without padding (worth asking only where asking is free: the CPU)."""
     mask = kwargs.get("attention_mask")
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] < seq:
         return None
-    return mask[:, -seq:].reshape(-1).to(torch.int64)
+    mask = mask[:, -seq:]
+    if skip_all_ones and bool(mask.all()):
+        return None
+    return mask.reshape(-1).to(torch.int64)
 
 
 def step_phase(kwargs: dict, seq: int) -> str:

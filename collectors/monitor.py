@@ -31,7 +31,7 @@ class ExpertLoadMonitor:
     """Counts tokens per expert per layer per step on the device and publishes each step.
 
     redis_url None: counts in memory only. run: the stream's name (default: "<model>-<pid>").
-    sample_tokens: top-k rows of that many tokens per layer per step travel with each step (0: none).
+    sample_tokens: top-k rows of that many tokens per layer travel with every sample_every-th step (0: none).
     queue_steps: steps kept while Redis is unreachable before the oldest are dropped (and counted).
     memory_budget_bytes: the step stream is trimmed (MAXLEN ~) to stay near this size.
     """
@@ -40,7 +40,7 @@ class ExpertLoadMonitor:
                  redis_url: str | None = None, run: str | None = None, layer_names: list[str] | None = None,
                  model_name: str = "", hidden_size: int = 0, moe_intermediate_size: int = 0,
                  dtype_bytes: int = 2, gpus: int | None = None, nodes: int = 1,
-                 physical_to_logical_map: list[list[int]] | None = None, sample_tokens: int = 16,
+                 physical_to_logical_map: list[list[int]] | None = None, sample_tokens: int = 16, sample_every: int = 4,
                  queue_steps: int = 1024, host_slots: int = 64, memory_budget_bytes: int = 256 << 20,
                  nvml: bool = True, nvml_interval_s: float = 0.5, redis_timeout_s: float = 1.0,
                  trace_path: str | None = None):
@@ -55,7 +55,8 @@ class ExpertLoadMonitor:
                           RuntimeWarning)
             sample_tokens = 0
         self.instance = wire.new_instance_id()
-        self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, sample_tokens)
+        self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, sample_tokens,
+                                     sample_every)
         self.device = self.counter.device
         gpus = gpus or wire.default_gpus(self.num_experts, self.world_size)
         layout = wire.Layout(gpus, nodes, physical_to_logical_map
@@ -97,7 +98,9 @@ class ExpertLoadMonitor:
         """Optional: announce a step of `tokens` tokens (or token_mask [tokens], 1 = real token) before its
         layers are recorded; this picks the sampled tokens and excludes padding. record() calls it with the
         first layer's token count when the step was not announced."""
-        mask = None if token_mask is None else token_mask.reshape(-1).to(self.device, torch.int64)
+        mask = token_mask
+        if mask is not None and (mask.dim() != 1 or mask.dtype != torch.int64 or mask.device != self.device):
+            mask = mask.reshape(-1).to(self.device, torch.int64)
         n = int(mask.numel()) if mask is not None else int(tokens or 0)
         self._token_mask_T = mask
         self.counter.begin_step(n, mask)

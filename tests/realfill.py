@@ -14,7 +14,7 @@ def fill_with_collector(redis_url: str, run: str, steps: int = 30, gpus: int = 4
     """Run about `steps` steps (one prefill then decodes, repeated) into run's streams; returns
     monitor.stats() after close(), when everything has been published."""
     model = build("qwen3_moe", seed=seed)
-    monitor = attach(model, redis_url=redis_url, run=run, gpus=gpus, sample_tokens=8)
+    monitor = attach(model, redis_url=redis_url, run=run, gpus=gpus, sample_tokens=8, sample_every=1)
     gen = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         while monitor.step < steps:
