@@ -7,33 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from browserkit import CHROMIUM, CHROMIUM_ARGS, wait_http
 from demo.localredis import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
 RUN = "whatif-browser"
-
-
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited early with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
 @pytest.fixture
@@ -51,7 +33,7 @@ def app_url(tmp_path):
                                  "--server.headless", "true", "--browser.gatherUsageStats", "false",
                                  "--server.fileWatcherType", "none"],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         if proc is not None and proc.poll() is None:

@@ -104,15 +104,20 @@ def balancedness(load_LG: np.ndarray) -> np.ndarray:
 
 
 def validated_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
-    """physical_to_logical_map [L][P] (lists or array) -> int64 [L, P]. ValueError when it is not
-    rectangular, names experts outside [0, E), leaves an expert without a slot, or P does not split
-    evenly over `gpus`."""
+    """physical_to_logical_map [L][P] (lists or array) -> int64 [L, P]. ValueError when it is not a
+    rectangular integer table, names experts outside [0, E), leaves an expert without a slot, or P does not
+    split evenly over `gpus`."""
     try:
-        lay = np.asarray(layout_LP, dtype=np.int64)
+        lay = np.asarray(layout_LP)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"physical_to_logical_map must be a rectangular [layers][slots] integer list: {exc}") from None
-    if lay.ndim != 2 or lay.shape[1] == 0:
-        raise ValueError(f"physical_to_logical_map must be [layers][slots], got shape {lay.shape}")
+    if lay.dtype == object or lay.ndim != 2 or lay.shape[1] == 0:
+        raise ValueError(f"physical_to_logical_map must be a rectangular [layers][slots] integer list, "
+                         f"got shape {lay.shape}")
+    if not np.issubdtype(lay.dtype, np.integer):
+        if not np.issubdtype(lay.dtype, np.number) or not np.all(np.equal(np.mod(lay, 1), 0)):
+            raise ValueError("physical_to_logical_map holds non-integer expert ids")
+    lay = lay.astype(np.int64)
     if gpus < 1 or lay.shape[1] % gpus:
         raise ValueError(f"{lay.shape[1]} slots per layer do not split evenly over {gpus} GPUs")
     if lay.min() < 0 or lay.max() >= num_experts:
@@ -155,29 +160,11 @@ def layer_imbalance(counts_LE, layout_LP, gpus: int) -> np.ndarray:
 
 
 def check_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
-    """Validate a layout: ints in [0, E), every expert >= 1 replica, P divisible by G, no expert twice on
-    one GPU. Returns it as int64 [L, P]."""
-    try:
-        lay = np.asarray(layout_LP)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"layout must be integers: {exc}") from None
-    if lay.ndim != 2:
-        raise ValueError(f"layout must be 2-D [layers, slots], got shape {lay.shape}")
-    if lay.size and not np.issubdtype(lay.dtype, np.integer):
-        if not np.all(np.equal(np.mod(lay, 1), 0)):
-            raise ValueError("layout holds non-integer expert ids")
-    lay = lay.astype(np.int64)
-    if lay.shape[1] % gpus:
-        raise ValueError(f"layout has {lay.shape[1]} slots per layer, not a multiple of {gpus} GPUs")
-    if lay.min() < 0 or lay.max() >= num_experts:
-        raise ValueError(f"layout expert ids must lie in [0, {num_experts}), found {lay.min()}..{lay.max()}")
-    rep = replica_counts(lay, num_experts)
-    if np.any(rep == 0):
-        l, e = np.argwhere(rep == 0)[0]
-        raise ValueError(f"layer {l}: expert {e} has no replica in the layout")
-    if duplicates_on_gpu(lay, gpus).any():
-        l = int(np.argmax(duplicates_on_gpu(lay, gpus)))
-        raise ValueError(f"layer {l}: some GPU holds two replicas of one expert")
+    """validated_layout() plus the planner's own rule: no expert twice on one GPU. Returns int64 [L, P]."""
+    lay = validated_layout(layout_LP, num_experts, gpus)
+    dup_L = duplicates_on_gpu(lay, gpus)
+    if dup_L.any():
+        raise ValueError(f"layer {int(np.argmax(dup_L))}: some GPU holds two replicas of one expert")
     return lay
 
 

@@ -1,0 +1,25 @@
+"""What the browser tests share: Debian chromium's path and flags, and waiting for a server to answer."""
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.request
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; never a browser downloaded by playwright
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+    """Return once url answers 200; RuntimeError if proc exits first, TimeoutError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server process exited early with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise TimeoutError(f"{url} did not answer within {timeout_s} s")
