@@ -248,8 +248,10 @@ def test_buffered_steps_survive_a_redis_restart(tmp_path):
     for _ in range(5):
         mon.record(0, torch.tensor([[1]]))
         mon.end_step("decode")
-    time.sleep(0.5)
-    assert mon.stats()["queued_steps"] == 5
+    deadline = time.monotonic() + 10  # the publisher decodes the steps and fails to reach Redis
+    while (mon.stats()["queued_steps"] < 5 or not mon.stats()["last_error"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mon.stats()["queued_steps"] == 5 and mon.stats()["published_steps"] == 0
     import subprocess
     server.proc = subprocess.Popen(server.proc.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
