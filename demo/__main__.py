@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         redis_url = os.environ.get("REDIS_URL")
         if not redis_url:
             from demo.localredis import RedisServer
-            redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"))
+            redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"), own_session=True)
             redis_url = redis.url
             print(f"demo: private redis-server on {redis_url}", flush=True)
         model = build_model()

@@ -16,8 +16,10 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
 
-    def __init__(self, tmp_dir, password: str | None = None, tls_cert_key: tuple[str, str] | None = None):
-        """tls_cert_key (cert.pem, key.pem): serve TLS only; url is then rediss:// trusting that cert."""
+    def __init__(self, tmp_dir, password: str | None = None, tls_cert_key: tuple[str, str] | None = None,
+                 own_session: bool = False):
+        """tls_cert_key (cert.pem, key.pem): serve TLS only; url is then rediss:// trusting that cert.
+        own_session: keep the terminal's Ctrl-C away from it, so its owner can flush before stopping it."""
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
@@ -31,7 +33,8 @@ class RedisServer:
                          key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
         if password:
             args += ["--requirepass", password]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=own_session)
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         if tls_cert_key:
