@@ -60,7 +60,6 @@ class DeviceCounter:
                              f"sample_tokens={sample_tokens}")
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.sample_tokens, self.sample_every = sample_tokens, sample_every
-        self.sampling = False   # this step's rows are sampled (one step in sample_every)
         self._steps_begun = 0
         self.device = torch.device(device)
         L, E, N, K = num_layers, num_experts, sample_tokens, top_k
@@ -74,74 +73,77 @@ class DeviceCounter:
         self.total_LE = torch.zeros(L, E, dtype=torch.int64, device=self.device)
         self._count_rows = list(self.counts_LE.unbind(0))      # per-layer views, made once
         self._sample_rows = list(self.sample_LNK.unbind(0))
-        self._ones_buf = torch.ones(1024, dtype=torch.int64, device=self.device)
-        self.step_src: torch.Tensor | None = None
+        self.src_buf = torch.ones(1024, dtype=torch.int64, device=self.device)  # per-(token, slot) weights
+        self._src_ones_upto = self.src_buf.numel()  # src_buf[:this] holds ones
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         self._clamp_ids = self.device.type == "cuda"
+        self.sample_LNK.fill_(-1)
         self._recorders = [self.recorder(layer) for layer in range(L)]
-        for tensor in (self.buf, self._ones_buf, self.total_LE):
+        for tensor in (self.buf, self.src_buf, self.total_LE):
             _mark_static(tensor)
 
     # ------------------------------------------------------------------ hot path (inside the forward)
     def begin_step(self, num_tokens: int, token_mask_T: torch.Tensor | None) -> None:
-        """Called once per step (on the host, outside any compiled graph) before the layers run: decides
-        whether this step is sampled (one in sample_every), and prepares the per-(token, slot) weights that
-        every layer of the step shares (the padding mask repeated k times, or ones); with a padding mask it
-        also counts the real tokens on the device."""
+        """Called once per step (on the host, outside any compiled or captured graph) before the layers run.
+        Writes the per-(token, slot) weights every layer of the step shares into the fixed buffer src_buf
+        (the padding mask repeated k times, or ones; rewritten only when that changes), decides whether the
+        step's sampled rows are published (one step in sample_every) and, under a padding mask, counts the
+        real tokens on the device. The hooks read only fixed buffers, so a CUDA graph captured on any step
+        replays correctly on every other."""
         if num_tokens <= 0:
             return
         self.step_tokens = num_tokens
         self.step_masked = token_mask_T is not None
+        n = num_tokens * self.top_k
+        if self.src_buf.numel() < n:
+            self.src_buf = torch.ones(max(n, 2 * self.src_buf.numel()), dtype=torch.int64, device=self.device)
+            _mark_static(self.src_buf)
+            self._src_ones_upto = self.src_buf.numel()
         if token_mask_T is not None:
             self.tokens.add_(token_mask_T.sum())
-            self.step_src = token_mask_T.unsqueeze(1).expand(num_tokens, self.top_k).reshape(-1)
-        else:  # shared by every layer of the step: no slicing per layer
-            self.step_src = self._ones(num_tokens * self.top_k)
-        self.sampling = bool(self.sample_tokens) and self._steps_begun % self.sample_every == 0
+            self.src_buf[:n].view(num_tokens, self.top_k).copy_(token_mask_T.unsqueeze(1))
+            self._src_ones_upto = 0
+        elif self._src_ones_upto < n:
+            self.src_buf[:n].fill_(1)
+            self._src_ones_upto = n
+        sampled = bool(self.sample_tokens) and self._steps_begun % self.sample_every == 0
         self._steps_begun += 1
-        self.step_sample_n = min(self.sample_tokens, num_tokens) if self.sampling else 0
+        self.step_sample_n = min(self.sample_tokens, num_tokens) if sampled else 0
         if token_mask_T is not None and self.step_sample_n:
             self.sample_valid_N[: self.step_sample_n].copy_(self._sampled(token_mask_T))
 
     def _sampled(self, rows_T: torch.Tensor) -> torch.Tensor:
         """The step's sampled rows of a [T, ...] tensor: every stride-th token from the middle of the first
         stride, stride = T // N (at most N rows; all T when T < N). Systematic sampling that spreads over
-        every sequence of the batch; the selection is a strided view computed from the tensor's own shape,
-        so the hook reads no per-step Python value (torch.compile would recompile on one) and runs no op."""
+        every sequence of the batch; a strided view computed from the tensor's own shape (no op)."""
         stride = max(1, rows_T.shape[0] // self.sample_tokens)
         return rows_T[stride // 2:: stride][: self.sample_tokens]
-
-    def _ones(self, n: int) -> torch.Tensor:
-        if self._ones_buf.numel() < n:
-            self._ones_buf = torch.ones(max(n, 2 * self._ones_buf.numel()), dtype=torch.int64, device=self.device)
-            _mark_static(self._ones_buf)
-        return self._ones_buf[:n]
 
     def recorder(self, layer: int):
         """The hot path as a closure bound to one layer: record_ids(ids_TK) counts int64 [T, K] expert ids
         in [0, E) under the step's padding mask. Two device ops (index_add_ into the counts, one copy of the
-        sampled rows, a strided view) and no Python value that changes from step to step (torch.compile
-        would recompile on one). On CUDA the ids are also clamped into [0, E): an unexpected id must never
-        become a device-side assert that takes the serving process down. Empty batches (idle ranks) and
-        ids on another device (device_map="auto") are fine."""
+        sampled rows, a strided view; the host publishes the rows of one step in sample_every) and it reads
+        only fixed buffers and constants: nothing that changes from step to step, so torch.compile does not
+        recompile and a captured CUDA graph stays right. On CUDA the ids are also clamped into [0, E): an
+        unexpected id must never become a device-side assert that takes the serving process down. Empty
+        batches (idle ranks) and ids on another device (device_map="auto") are fine."""
         row_E, sample_NK = self._count_rows[layer], self._sample_rows[layer]
-        K, E, device, clamp = self.top_k, self.num_experts, self.device, self._clamp_ids
+        K, E, device, clamp, sample = self.top_k, self.num_experts, self.device, self._clamp_ids, self.sample_tokens
         counter = self
 
         def record_ids(ids_TK: torch.Tensor) -> None:
-            T = ids_TK.shape[0]
-            if T == 0:
+            if ids_TK.shape[0] == 0:
                 return
             if ids_TK.device != device:
                 ids_TK = ids_TK.to(device, non_blocking=True)
             if clamp:
                 ids_TK = ids_TK.clamp(0, E - 1)
             flat = ids_TK.reshape(-1)
-            src = counter.step_src
-            if src is None or src.shape[0] != flat.shape[0]:
-                src = counter._ones(flat.shape[0])
-            row_E.index_add_(0, flat, src)
-            if counter.sampling and ids_TK.shape[1] == K:
+            src = counter.src_buf
+            if src.shape[0] < flat.shape[0]:  # more tokens than the step announced (or none announced)
+                src = torch.ones_like(flat)
+            row_E.index_add_(0, flat, src[: flat.shape[0]])
+            if sample and ids_TK.shape[1] == K:
                 rows = counter._sampled(ids_TK)
                 sample_NK[: rows.shape[0]].copy_(rows)
         return record_ids
@@ -158,7 +160,7 @@ class DeviceCounter:
             ids_TK, valid_TK = ids_TK.to(self.device), valid_TK.to(self.device)
         ids_TK = ids_TK.clamp(0, self.num_experts - 1)
         self._count_rows[layer].index_add_(0, ids_TK.reshape(-1), valid_TK.reshape(-1).to(torch.int64))
-        if self.sampling and ids_TK.shape[1] == self.top_k:
+        if self.sample_tokens and ids_TK.shape[1] == self.top_k:
             rows = self._sampled(ids_TK).masked_fill(self._sampled(valid_TK) == 0, -1)
             self._sample_rows[layer][: rows.shape[0]].copy_(rows)
 
@@ -178,7 +180,8 @@ class DeviceCounter:
         self.total_LE.add_(self.counts_LE)
         self.buf.zero_()
         facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)
-        self.step_src, self.sampling = None, False
+        if self.sample_tokens and self._steps_begun % self.sample_every == 0:
+            self.sample_LNK.fill_(-1)  # the next step is published: rows a layer does not write read -1
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         return facts
 

@@ -179,7 +179,9 @@ class Publisher:
             return self._stop, 0.0
         if self._stop and not self.pending and not samples:
             return True, 0.0
-        records = [self.pending[i] for i in range(min(self.batch, len(self.pending)))]
+        with self._lock:  # stamped now, not at decode: drops of steps queued behind it count before it lands
+            dropped = self.dropped_steps
+        records = [_with_dropped(self.pending[i], dropped) for i in range(min(self.batch, len(self.pending)))]
         if not records and not samples and time.monotonic() - self._health_sent < 1.0:
             return False, 0.0  # idle: health once a second, no round trip every tick
         try:

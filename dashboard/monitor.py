@@ -117,8 +117,10 @@ class Monitor:
         return True
 
     def _restart(self, rec: wire.StepRecord) -> None:
-        self._old_instances.update(self.instance_of_rank.values())
-        self.instance_of_rank = {rec.rank: rec.instance}
+        """rec's rank restarted: retire that rank's previous instance only (the other ranks' collectors go
+        on), and start a fresh window."""
+        self._old_instances.add(self.instance_of_rank[rec.rank])
+        self.instance_of_rank[rec.rank] = rec.instance
         self._instance_started_s = rec.time_s
         self.window = None
         self.samples = SampleRing(self.window_steps)

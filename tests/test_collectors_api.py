@@ -97,7 +97,7 @@ def test_sampled_rows_exclude_padding(redis_server, redis_url):
 
 
 @pytest.mark.slow
-def test_torch_compile_attached_before_compiling():
+def test_torch_compile_attached_before_compiling(tmp_path):
     """Same counts as eager, and no recompilation from step to step (the hooks read no per-step Python
     value inside the graph: sampling offsets live in a device tensor)."""
     import torch._dynamo.utils as dynamo_utils
@@ -105,7 +105,7 @@ def test_torch_compile_attached_before_compiling():
     eager = build("qwen3_moe")
     expected = attach(eager)
     compiled_model = build("qwen3_moe")
-    monitor = attach(compiled_model, sample_tokens=4, sample_every=2)
+    monitor = attach(compiled_model, sample_tokens=4, sample_every=2, trace_path=str(tmp_path / "c.jsonl"))
     compiled = torch.compile(compiled_model)
     with torch.no_grad():
         eager(input_ids=ids)
@@ -118,6 +118,17 @@ def test_torch_compile_attached_before_compiling():
     assert np.array_equal(monitor.counts(), 8 * expected.counts())
     assert monitor.stats()["last_error"] == ""
     assert dynamo_utils.counters["frames"]["total"] == frames_after_warmup, "the hooks made dynamo recompile"
+    monitor.close()
+    lines = [wire.parse_trace_line(line) for line in open(tmp_path / "c.jsonl", encoding="utf-8")]
+    records = [wire.decode_step(f) for kind, f in lines if kind == "step"]
+    assert len(records) == 8
+    for rec in records:  # sampled rows from inside the compiled graph: real ids of that very step
+        if rec.step % 2:
+            assert rec.sample_ids_LNK is None
+            continue
+        assert rec.sample_ids_LNK.shape == (len(monitor.layer_names), 4, 2)
+        for layer, rows in enumerate(rec.sample_ids_LNK):
+            assert (rec.counts_LE[layer][rows.reshape(-1)] > 0).all()
 
 
 def test_generic_api_for_engines(redis_server, redis_url):

@@ -103,3 +103,45 @@ def test_empty_batches_from_idle_ranks_are_fine():
     mon.end_step("decode")
     mon.close()
     assert mon.counts().tolist() == [[0, 0, 0, 0], [0, 1, 0, 1]]
+
+
+def test_sampled_rows_a_layer_did_not_write_read_minus_one(redis_server, redis_url):
+    """A layer that sees fewer tokens than the step announced leaves -1 rows, never fake expert-0 rows."""
+    mon = ExpertLoadMonitor(2, 8, 2, redis_url=redis_url, run="fewer", sample_tokens=4, sample_every=1,
+                            nvml=False)
+    mon.begin_step(tokens=8)
+    mon.record(0, torch.tensor([[1, 2]] * 8))
+    mon.record(1, torch.tensor([[6, 7], [6, 7]]))
+    mon.end_step("decode")
+    mon.close()
+    (rec,) = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("fewer"))]
+    assert rec.sample_ids_LNK[0].tolist() == [[1, 2]] * 4
+    assert rec.sample_ids_LNK[1].tolist() == [[6, 7], [6, 7], [-1, -1], [-1, -1]]
+
+
+def test_steps_dropped_in_an_outage_are_counted_before_the_next_published_step(tmp_path):
+    """The first record published after an outage carries every drop made while it waited, so the
+    reader can tell a gap the collector dropped from steps lost in the stream."""
+    import time
+    from conftest import RedisServer
+    server = RedisServer(tmp_path)
+    mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="gap", queue_steps=3, nvml=False)
+    server.stop()
+    for _ in range(8):
+        mon.record(0, torch.tensor([[1]]))
+        mon.end_step("decode")
+    deadline = time.monotonic() + 10
+    while mon.stats()["dropped_steps"] < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    import subprocess
+    server.proc = subprocess.Popen(server.proc.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while mon.stats()["published_steps"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mon.close()
+        records = [wire.decode_step(f) for _, f in server.client().xrange(wire.steps_key("gap"))]
+        assert [r.step for r in records] == [5, 6, 7]
+        assert records[0].dropped_steps == 5  # steps 0-4: the jump from nothing to step 5 is explained
+    finally:
+        server.stop()

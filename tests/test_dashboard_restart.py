@@ -78,3 +78,24 @@ def test_steps_trimmed_before_they_were_read_are_reported(redis_url):
     monitor.tick()
     assert monitor.missed_steps == 15 and monitor.bad_records == 0
     assert monitor.gap_note == "missed 15 steps (stream trimmed before the dashboard read them)"
+
+
+def test_one_rank_restarting_does_not_hide_the_other_ranks(redis_url):
+    """Each rank has its own collector instance; when rank 1 restarts, rank 0's records still count."""
+    client = redisconn.connect(redis_url, timeout_s=2.0)
+    t0 = time.time() - 60
+    synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[0], instance="A0", time0_s=t0)
+    synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[1], instance="A1", time0_s=t0, meta=False)
+    monitor = Monitor(RedisSource(client, redis_url, "r2", window_steps=50), window_steps=50)
+    monitor.tick()
+    assert monitor.window.size == 10
+    synthfill.fill(client, "r2", steps=3, world_size=2, ranks=[1], instance="B1", time0_s=t0 + 30, meta=False)
+    synthfill.fill(client, "r2", steps=3, world_size=2, ranks=[0], instance="A0", first_step=10,
+                   time0_s=t0 + 31, meta=False)
+    monitor.tick()
+    assert monitor.restarts == 1 and monitor.skipped_old_records == 0, monitor.last_error
+    assert monitor.instance_of_rank == {0: "A0", 1: "B1"}
+    late_old = synthfill.fill(client, "r2", steps=1, world_size=2, ranks=[1], instance="A1", first_step=10,
+                              time0_s=t0 + 5, meta=False)
+    monitor.tick()
+    assert late_old and monitor.skipped_old_records == 1  # only the restarted rank's old instance is retired

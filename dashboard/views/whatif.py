@@ -130,8 +130,9 @@ def _metrics(before_LP, session, before, after, data, sizes, sizes_note: str | N
                    help="mean of each step's mean/max over the (step, layer) pairs with tokens, as the Overview "
                         "(idle pairs left out; current layout: 1 - this = the Overview's idle share; p50 over "
                         f"layers {fmt(before.step_spread.p50)})")
-    cols[2].metric("best possible with R (lower bound)", fmt(1.0 / before.mean(bound)),
-                   help=f"1 / mean lower bound on imbalance for R = {redundant}: no layout does better")
+    cols[2].metric("best possible with R (lower bound)", fmt(before.mean(1.0 / bound)),
+                   help=f"mean over layers of 1 / (lower bound on imbalance) for R = {redundant}: the same "
+                        "average as the balancedness beside it, so no layout can score above it")
     cols[3].metric("worst layer imbalance", fmt(after.worst_imbalance),
                    delta=f"{after.worst_imbalance - before.worst_imbalance:+.3f}", delta_color="inverse")
     cols[4].metric("moves needed", f"{whatif_state.moves_needed(before_LP, session.current, G):,}",
@@ -201,7 +202,8 @@ def _bars_and_edits(layout, session, before, after, data, layer: int) -> None:
 def _traffic(layout, session, data, data_key, picks: Inputs, sizes) -> None:
     st.subheader("Traffic under the layout (from sampled routing rows)")
     if data.samples_LNK is None:
-        st.info("No sampled routing rows in the score window: the collector runs with sample_tokens=0.")
+        st.info("No sampled routing rows in the score window: the collector samples one step in "
+                "sample_every (4 by default), or none with sample_tokens=0. Widen the score window.")
         return
     if layout.gpus % picks.nodes:
         st.warning(f"{layout.gpus} GPUs do not split over {picks.nodes} nodes.")
