@@ -50,7 +50,7 @@ class TraceSource:
     """Source over a JSON-lines trace file (format in the module docstring). stall_s: seconds without growth
     after which a last line lacking its newline is taken as truncated."""
 
-    def __init__(self, path: str, stall_s: float = 2.0):
+    def __init__(self, path: str, stall_s: float = 10.0):
         self.path = str(path)
         self.stall_s = float(stall_s)
         self._offset = 0
