@@ -107,6 +107,15 @@ def _status_banners(cfg: Settings, monitor: Monitor) -> None:
         st.warning(f"Skipped {monitor.bad_records} bad record(s); the latest: {monitor.last_error}")
 
 
+def captioned_frame(require_steps: bool = True) -> Frame | None:
+    """frame() with the page caption drawn under it when there is a snapshot: what every live page's
+    fragment does first on each tick."""
+    current = frame(require_steps)
+    if current is not None and current.snapshot is not None:
+        caption(current)
+    return current
+
+
 def caption(frame_: Frame) -> None:
     """One line under each page title: source, phase, layout and the even-split rule."""
     cfg, snap = frame_.settings, frame_.snapshot

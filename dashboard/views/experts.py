@@ -8,7 +8,7 @@ import streamlit as st
 from dashboard import figures_experts
 from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
 from dashboard.session import REFRESH_S
-from dashboard.views.common import Frame, caption, frame
+from dashboard.views.common import Frame, captioned_frame
 
 
 def page() -> None:
@@ -21,11 +21,9 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = frame()
-    if current is None:
-        return
-    caption(current)
-    render(current, int(st.session_state.get("experts_layer", 0)), int(st.session_state.get("experts_top_n", 10)))
+    current = captioned_frame()
+    if current is not None:
+        render(current, int(st.session_state.get("experts_layer", 0)), int(st.session_state.get("experts_top_n", 10)))
 
 
 def render(current: Frame, layer: int, top_n: int) -> None:

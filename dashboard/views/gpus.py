@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard import figures_gpu
 from dashboard.session import REFRESH_S
-from dashboard.views.common import Frame, ago, caption, frame
+from dashboard.views.common import Frame, ago, captioned_frame
 
 GIB = float(1 << 30)
 
@@ -24,12 +24,9 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = frame(require_steps=False)
-    if current is None:
-        return
-    if current.snapshot is not None:
-        caption(current)
-    render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
+    current = captioned_frame(require_steps=False)
+    if current is not None:
+        render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
 
 
 def render(current: Frame, gpu: int) -> None:

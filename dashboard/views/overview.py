@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard import figures
 from dashboard.session import REFRESH_S
-from dashboard.views.common import Frame, ago, caption, fmt, frame
+from dashboard.views.common import Frame, ago, captioned_frame, fmt
 
 
 def page() -> None:
@@ -17,11 +17,9 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = frame()
-    if current is None:
-        return
-    caption(current)
-    render(current)
+    current = captioned_frame()
+    if current is not None:
+        render(current)
 
 
 def render(current: Frame) -> None:
