@@ -1,6 +1,7 @@
 """What the browser tests share: Debian chromium's path and flags, and waiting for a server to answer."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 import urllib.request
@@ -23,3 +24,16 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
         except OSError:
             time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+@contextlib.contextmanager
+def chromium_page(width: int, height: int):
+    """A page in headless Debian chromium (playwright's Python package, never its own browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()

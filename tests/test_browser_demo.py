@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from browserkit import CHROMIUM, CHROMIUM_ARGS, wait_http
+from browserkit import chromium_page, wait_http
 from conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,33 +54,27 @@ def _shot(page, tmp_path: Path, name: str) -> None:
 
 @pytest.mark.browser
 def test_demo_live_in_chromium(demo, tmp_path):
-    from playwright.sync_api import sync_playwright
+    with chromium_page(1400, 1000) as page:
+        page.goto(demo)
+        page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)  # data arrived, a chart drew
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')]"
+            ".some(e => /^[0-9]/.test(e.innerText))", timeout=60_000)
+        first = _metric_values(page)
+        _shot(page, tmp_path, "overview-1")
+        deadline = time.monotonic() + 30
+        second = first
+        while second == first and time.monotonic() < deadline:
+            page.wait_for_timeout(1000)
+            second = _metric_values(page)
+        _shot(page, tmp_path, "overview-2")
+        assert second != first, f"the overview numbers did not change between ticks: {first}"
+        assert page.get_by_text("Straggler:").count() >= 1
+        for path, name in (("devices", "devices"), ("experts", "experts"), ("gpus", "gpus")):
+            page.goto(f"{demo}/{path}")
+            page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(1500)
+            assert page.locator('[data-testid="stException"]').count() == 0, f"{name} shows a traceback"
+            _shot(page, tmp_path, name)
+        assert page.get_by_text("NVML", exact=False).count() >= 1  # the GPU panel says NVML is unavailable
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.goto(demo)
-            page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)  # data arrived, a chart drew
-            page.wait_for_function(
-                "() => [...document.querySelectorAll('[data-testid=\"stMetricValue\"]')]"
-                ".some(e => /^[0-9]/.test(e.innerText))", timeout=60_000)
-            first = _metric_values(page)
-            _shot(page, tmp_path, "overview-1")
-            deadline = time.monotonic() + 30
-            second = first
-            while second == first and time.monotonic() < deadline:
-                page.wait_for_timeout(1000)
-                second = _metric_values(page)
-            _shot(page, tmp_path, "overview-2")
-            assert second != first, f"the overview numbers did not change between ticks: {first}"
-            assert page.get_by_text("Straggler:").count() >= 1
-            for path, name in (("devices", "devices"), ("experts", "experts"), ("gpus", "gpus")):
-                page.goto(f"{demo}/{path}")
-                page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
-                page.wait_for_timeout(1500)
-                assert page.locator('[data-testid="stException"]').count() == 0, f"{name} shows a traceback"
-                _shot(page, tmp_path, name)
-            assert page.get_by_text("NVML", exact=False).count() >= 1  # the GPU panel says NVML is unavailable
-        finally:
-            browser.close()

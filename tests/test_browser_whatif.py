@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from browserkit import CHROMIUM, CHROMIUM_ARGS, wait_http
+from browserkit import chromium_page, wait_http
 from demo.localredis import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,30 +49,24 @@ def app_url(tmp_path):
 
 @pytest.mark.browser
 def test_click_gpu_bar_lists_its_experts(app_url, tmp_path):
-    from playwright.sync_api import sync_playwright
+    with chromium_page(1500, 2600) as page:
+        page.goto(f"{app_url}/what-if")
+        chart = page.locator(".js-plotly-plot").first
+        chart.wait_for(timeout=60_000)
+        page.get_by_text("Click a GPU bar").wait_for(timeout=30_000)
+        assert page.get_by_text("Experts on GPU").count() == 0
+        # the what-if trace is the second bar trace; click its tallest bar
+        bars = chart.locator(".barlayer .trace").nth(1).locator(".point path")
+        bars.first.wait_for(timeout=30_000)
+        boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
+        gpu = max(range(len(boxes)), key=lambda i: boxes[i]["height"] if boxes[i] else -1)
+        box = boxes[gpu]
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        heading = page.get_by_text(f"Experts on GPU {gpu} ")
+        heading.wait_for(timeout=30_000)
+        page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
+        page.wait_for_timeout(1000)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(tmp_path / "whatif.png"), full_page=True)
+        assert (tmp_path / "whatif.png").stat().st_size > 10_000
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 2600})
-            page.goto(f"{app_url}/what-if")
-            chart = page.locator(".js-plotly-plot").first
-            chart.wait_for(timeout=60_000)
-            page.get_by_text("Click a GPU bar").wait_for(timeout=30_000)
-            assert page.get_by_text("Experts on GPU").count() == 0
-            # the what-if trace is the second bar trace; click its tallest bar
-            bars = chart.locator(".barlayer .trace").nth(1).locator(".point path")
-            bars.first.wait_for(timeout=30_000)
-            boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
-            gpu = max(range(len(boxes)), key=lambda i: boxes[i]["height"] if boxes[i] else -1)
-            box = boxes[gpu]
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            heading = page.get_by_text(f"Experts on GPU {gpu} ")
-            heading.wait_for(timeout=30_000)
-            page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
-            page.wait_for_timeout(1000)
-            assert page.locator('[data-testid="stException"]').count() == 0
-            page.screenshot(path=str(tmp_path / "whatif.png"), full_page=True)
-            assert (tmp_path / "whatif.png").stat().st_size > 10_000
-        finally:
-            browser.close()

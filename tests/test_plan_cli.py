@@ -54,7 +54,7 @@ def test_windowed_json_and_pt(tmp_path):
     c[:, 0] = 0                                  # a dense layer
     js = tmp_path / "w.json"
     js.write_text(json.dumps({"logical_count": c.tolist()}))
-    torch = pytest.importorskip("torch")
+    import torch
     pt = tmp_path / "w.pt"
     torch.save(torch.tensor(c), pt)
     outs = []
@@ -70,8 +70,23 @@ def test_windowed_json_and_pt(tmp_path):
     assert (outs[0] == outs[1]).all()
 
 
+class Payload:
+    """A class a .pt may name: unpickling it would run code of the file's choosing."""
+
+
+def test_pt_with_pickled_objects_is_refused(tmp_path):
+    """weights_only=True: a .pt that needs arbitrary unpickling (an object of some class) is an error with
+    one line, and nothing of it runs."""
+    import torch
+    pt = tmp_path / "unsafe.pt"
+    torch.save({"logical_count": torch.zeros(2, 4), "extra": Payload()}, pt)
+    r = run("--load", pt, "--gpus", 2, "--redundant", 0, "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and "weights-only" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
 def test_pt_dict_and_eplb_policy(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
     pt = tmp_path / "c.pt"
     torch.save({"logical_count": torch.tensor(skewed_counts(layers=3, experts=32))}, pt)
     r = run("--load", pt, "--gpus", 4, "--redundant", 4, "--policy", "eplb", "--out", tmp_path / "o.json")

@@ -51,14 +51,9 @@ def _load_json(path: Path):
 
 
 def _load_pt(path: Path):
-    import torch  # lazily: the dashboard package never imports torch at module level
+    from ptfile import load_weights_only  # lazily: torch is needed only for .pt input
 
-    try:
-        obj = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for corrupt / unsafe files
-        raise ValueError(f"{path}: cannot read as a weights-only torch file ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
-    return _from_obj(obj, path)
+    return _from_obj(load_weights_only(str(path)), path)
 
 
 def _is_trace_line(line: str) -> bool:
