@@ -29,10 +29,8 @@ class GpuHistory:
         self.max_samples = max_samples
         self.series: dict[tuple[str, int], deque] = {}
         self.unavailable: dict[tuple[str, int], Unavailable] = {}
-        self.samples_seen = 0
 
     def add(self, sample: wire.GpuSample) -> None:
-        self.samples_seen += 1
         if sample.status == "unavailable":
             self.unavailable[(sample.host, sample.rank)] = Unavailable(sample.host, sample.rank, sample.reason,
                                                                        sample.time_s)

@@ -26,13 +26,9 @@ def _ratio(max_L: np.ndarray, total_L: np.ndarray, gpus: int) -> np.ndarray:
     return np.where(mean_L > 0, max_L / np.where(mean_L > 0, mean_L, 1.0), 1.0)
 
 
-def fractional_bound(counts_LE) -> np.ndarray:
-    """Imbalance bound 1.0 for every layer (load divides perfectly)."""
-    return np.ones(as_counts(counts_LE).shape[0])
-
-
 def replica_bound(counts_LE, gpus: int, redundant: int) -> np.ndarray:
-    """max(1, heaviest per-replica load under the best replication / mean GPU load), [L]."""
+    """max(1, heaviest per-replica load under the best replication / mean GPU load), [L]. The 1 is the
+    fractional bound W/G: the load divided perfectly over the GPUs."""
     c = as_counts(counts_LE)
     E = c.shape[1]
     check_shape(E, gpus, redundant)
