@@ -7,7 +7,7 @@ import os
 
 import streamlit as st
 
-from dashboard.sidebar import sidebar
+from dashboard.views.sidebar import sidebar
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -27,6 +27,6 @@ LIVE_PAGES = [
     st.Page("dashboard/pages/experts.py", title="Experts", url_path="experts"),
     st.Page("dashboard/pages/gpus.py", title="GPU panel", url_path="gpus"),
 ]
-# Planning pages: the What-if layout preview built on dashboard.planner (no auto-refresh).
+# Planning pages: the What-if layout preview built on planner (no auto-refresh).
 PLAN_PAGES = [st.Page("dashboard/pages/whatif.py", title="What-if", url_path="what-if")]
 st.navigation({"Live": LIVE_PAGES, "Plan": PLAN_PAGES}).run()

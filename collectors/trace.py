@@ -33,9 +33,7 @@ class TraceFileSink:
 
 def record_trace(redis_url: str, run: str, path: str, batch: int = 500) -> int:
     """Copy run's metadata, step stream and GPU stream from Redis into a trace file. Returns steps written."""
-    import redisconn
-
-    client = redisconn.connect(redis_url, timeout_s=5.0)
+    client = wire.connect(redis_url, timeout_s=5.0)
     meta_json = client.get(wire.meta_key(run))
     if meta_json is None:
         raise ValueError(f"run {run!r} has no metadata in Redis")

@@ -19,7 +19,6 @@ from typing import Callable
 
 import redis
 
-import redisconn
 import wire
 
 log = logging.getLogger("collectors")
@@ -42,7 +41,7 @@ class RedisSink:
 
     def __init__(self, url: str, meta: wire.RunMeta, maxlen: int, timeout_s: float):
         self.url, self.meta, self.maxlen = url, meta, maxlen
-        self.client = redisconn.connect(url, timeout_s=timeout_s, retries=0)
+        self.client = wire.connect(url, timeout_s=timeout_s, retries=0)
         self.meta_json = wire.encode_meta(meta)
         self.needs_meta = True
 

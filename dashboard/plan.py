@@ -1,66 +1,9 @@
-"""CLI: plan an expert layout and export it for SGLang's --init-expert-location.
-
-python -m dashboard.plan --load FILE --gpus G --redundant R [--nodes N --groups K] [--policy NAME]
-                         [--decay D] [--current LAYOUT.json --moves K] --out OUT.json
-
-FILE: SGLang logical_count JSON or .pt, shape [L, E] or [T, L, E] (windows oldest..newest), or one of
-the project's traces (JSON lines, .jsonl): its steps split into up to 16 windows.
-Bad input prints one line "error: ..." on stderr and exits with code 2.
-"""
-from __future__ import annotations
-
-import argparse
+"""Old name of the planning CLI, kept for one release: `python -m dashboard.plan` runs `python -m planner`
+and says so on stderr."""
 import sys
 
-from dashboard.planner.api import POLICIES, plan
-from dashboard.planner.io import load_counts, load_layout, write_json
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2, no usage dump
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m dashboard.plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--load", required=True, help="logical_count JSON or .pt, [L,E] or [T,L,E], or a trace (.jsonl)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the EP group (G)")
-    p.add_argument("--redundant", type=int, required=True, help="redundant expert slots in total (R)")
-    p.add_argument("--nodes", type=int, help="nodes (N blocks of consecutive GPUs); needs --groups")
-    p.add_argument("--groups", type=int, help="expert groups (K blocks of consecutive ids); needs --nodes")
-    p.add_argument("--policy", default="auto", choices=POLICIES)
-    p.add_argument("--decay", type=float, default=1.0,
-                   help="weight of each older window relative to the next newer one (1 = equal)")
-    p.add_argument("--recent", type=int, default=16, help="newest windows balanced at once")
-    p.add_argument("--current", help="current layout JSON: repair it within --moves expert moves")
-    p.add_argument("--moves", type=int, help="move budget (total over layers) for --current")
-    p.add_argument("--out", required=True, help="output JSON with physical_to_logical_map")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        counts = load_counts(args.load)
-        if args.current is not None:
-            from dashboard.planner.repair import repair_plan
-            if args.moves is None:
-                raise ValueError("--current needs --moves K (expert moves allowed)")
-            payload = repair_plan(counts, load_layout(args.current), args.gpus, args.moves)
-        else:
-            res = plan(counts, args.gpus, args.redundant, nodes=args.nodes, groups=args.groups,
-                       policy=args.policy, decay=args.decay, recent=args.recent)
-            payload = res.to_json()
-        write_json(args.out, payload)
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    s = payload.get("summary", {})
-    print(f"wrote {args.out}: " + ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
-                                           for k, v in s.items()))
-    return 0
-
+from planner.cli import main
 
 if __name__ == "__main__":
+    print("note: `python -m dashboard.plan` is now `python -m planner` (same flags)", file=sys.stderr)
     sys.exit(main())

@@ -50,8 +50,8 @@ class RedisServer:
         raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def client(self):
-        import redisconn
-        return redisconn.connect(self.url, timeout_s=2.0)
+        import wire
+        return wire.connect(self.url, timeout_s=2.0)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

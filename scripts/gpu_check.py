@@ -1,10 +1,10 @@
-"""One prepared check of the CUDA path, for a machine with an NVIDIA GPU (run: python scripts/gpu_check.py).
+"""One prepared check of the CUDA path, for a machine with an NVIDIA GPU (run from the repo root: python -m scripts.gpu_check).
 
 1. counts on the GPU equal counts on the CPU for the same model and inputs;
 2. no host synchronisation inside a hooked forward (torch.cuda.set_sync_debug_mode("error"));
 3. a decode step captured in a CUDA graph with the hooks attached keeps counting on replay;
 4. NVML readings of the model's GPU arrive in Redis;
-5. the overhead ratio (bench/bench_collector.py --device cuda).
+5. the overhead ratio (python -m bench.collector --device cuda).
 Prints one line per check and exits non-zero on the first failure.
 """
 from __future__ import annotations
@@ -16,18 +16,15 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 warnings.filterwarnings("ignore")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import redisconn  # noqa: E402
 import wire  # noqa: E402
 from collectors import ExpertLoadMonitor, attach  # noqa: E402
 from demo.localredis import RedisServer  # noqa: E402
-from tiny_models import build  # noqa: E402
+from tests.support.tiny_models import build  # noqa: E402
 
 
 def check(name: str, ok: bool, detail: str = "") -> None:
@@ -98,12 +95,12 @@ def main() -> int:
         time.sleep(1.2)
         live.close()
         samples = [wire.decode_gpu_sample(f) for _, f in
-                   redisconn.connect(server.url).xrange(wire.gpu_key("gpu-check"))]
+                   wire.connect(server.url).xrange(wire.gpu_key("gpu-check"))]
         ok = bool(samples) and samples[-1].status == "ok" and samples[-1].gpus[0]["memory_total_bytes"]
         check("NVML samples of the model's GPU", bool(ok), str(samples[-1].gpus[0] if ok else samples[:1]))
     finally:
         server.stop()
-    bench = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_collector.py"), "--device", "cuda"],
+    bench = subprocess.run([sys.executable, "-m", "bench.collector", "--device", "cuda"],
                            capture_output=True, text=True)
     print(bench.stdout + bench.stderr)
     return bench.returncode

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from demo.localredis import RedisServer, free_port  # noqa: F401  (tests import them from here)
+from demo.localredis import RedisServer
 
 
 @pytest.fixture(scope="session")

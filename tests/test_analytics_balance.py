@@ -77,9 +77,9 @@ def test_per_layer_straggler_differs_from_the_summed_one():
 
 
 def test_snapshot_defaults_to_the_per_layer_view():
-    from dashboard.layout import resolve_layout
-    from dashboard.snapshot import analyse
-    from dashboard.window import StepWindow
+    from dashboard.live.layout import resolve_layout
+    from dashboard.live.snapshot import analyse
+    from dashboard.live.window import StepWindow
     import wire
 
     # 3 layers, 3 experts, 3 GPUs (one expert each): counts are the loads of the test above

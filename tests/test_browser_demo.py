@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from browserkit import chromium_page, wait_http
-from conftest import free_port
+from tests.support.browserkit import chromium_page, wait_http
+from demo.localredis import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def demo(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    env["PYTHONPATH"] = str(ROOT)
     log = open(tmp_path / "demo.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "demo", "--port", str(port)], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

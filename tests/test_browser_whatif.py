@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from browserkit import chromium_page, wait_http
+from tests.support.browserkit import chromium_page, wait_http
 from demo.localredis import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,14 +20,14 @@ RUN = "whatif-browser"
 
 @pytest.fixture
 def app_url(tmp_path):
-    from realfill import fill_with_collector
+    from tests.support.realfill import fill_with_collector
 
     server = RedisServer(tmp_path)
     proc = log = None
     try:
         fill_with_collector(server.url, RUN, steps=40)
         port = free_port()
-        env = dict(os.environ, REDIS_URL=server.url, PYTHONPATH=str(ROOT))
+        env = dict(os.environ, REDIS_URL=server.url)
         log = open(tmp_path / "streamlit.log", "w")
         proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
                                  "--server.headless", "true", "--browser.gatherUsageStats", "false",

@@ -12,7 +12,7 @@ import torch
 
 import wire
 from collectors import ExpertLoadMonitor, attach
-from tiny_models import build
+from tests.support.tiny_models import build
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
@@ -154,7 +154,7 @@ def test_generic_api_for_engines(redis_server, redis_url):
 
 
 def test_password_url_and_ranks_from_environment(tmp_path, monkeypatch):
-    from conftest import RedisServer
+    from demo.localredis import RedisServer
     server = RedisServer(tmp_path, password="s3cret")
     try:
         monkeypatch.setenv("RANK", "2")
@@ -251,7 +251,7 @@ def test_hanging_redis_never_blocks_the_forward():
 
 
 def test_buffered_steps_survive_a_redis_restart(tmp_path):
-    from conftest import RedisServer
+    from demo.localredis import RedisServer
     server = RedisServer(tmp_path)
     port = server.port
     mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="restart", queue_steps=100, nvml=False)

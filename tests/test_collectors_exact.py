@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from collectors import attach
-from tiny_models import REQUIRED, STANDARD, build
+from tests.support.tiny_models import REQUIRED, STANDARD, build
 
 warnings.filterwarnings("ignore", category=UserWarning)
 

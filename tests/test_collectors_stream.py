@@ -8,7 +8,7 @@ import torch
 
 import wire
 from collectors import ExpertLoadMonitor, attach, record_trace
-from tiny_models import build
+from tests.support.tiny_models import build
 
 
 def _trace(path):
@@ -123,7 +123,7 @@ def test_steps_dropped_in_an_outage_are_counted_before_the_next_published_step(t
     """The first record published after an outage carries every drop made while it waited, so the
     reader can tell a gap the collector dropped from steps lost in the stream."""
     import time
-    from conftest import RedisServer
+    from demo.localredis import RedisServer
     server = RedisServer(tmp_path)
     mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="gap", queue_steps=3, nvml=False)
     server.stop()

@@ -5,12 +5,11 @@ import json
 
 import numpy as np
 
-import redisconn
 import wire
-from dashboard.monitor import Monitor
-from dashboard.redis_source import RedisSource
-from dashboard.trace_source import TraceSource
-from tests import synthfill
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import RedisSource
+from dashboard.sources.trace import TraceSource
+from tests.support import synthfill
 from tests.test_dashboard_states import run_app
 
 
@@ -25,17 +24,17 @@ def meta_line() -> str:
 
 
 def test_malformed_metadata_in_redis_is_a_bad_record(redis_url):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "bm", steps=3, meta=False)
     raw = json.loads(wire.encode_meta(synthfill.make_meta("bm", 4, 16, gpus=4)))
     raw["num_experts"] = "16"  # a string where an int belongs
     client.set(wire.meta_key("bm"), json.dumps(raw))
-    monitor = Monitor(RedisSource(client, redis_url, "bm", window_steps=10), window_steps=10)
-    monitor.tick()
-    assert monitor.bad_records == 1 and "run metadata" in monitor.last_error and "num_experts" in monitor.last_error
-    monitor.source._meta_read_at = float("-inf")  # force the periodic re-read: the same bad text counts once
-    monitor.tick()
-    assert monitor.bad_records == 1 and monitor.window.size == 3
+    watched = WatchedRun(RedisSource(client, redis_url, "bm", window_steps=10), window_steps=10)
+    watched.tick()
+    assert watched.bad_records == 1 and "run metadata" in watched.last_error and "num_experts" in watched.last_error
+    watched.source._meta_read_at = float("-inf")  # force the periodic re-read: the same bad text counts once
+    watched.tick()
+    assert watched.bad_records == 1 and watched.window.size == 3
 
 
 def test_malformed_metadata_in_a_trace_is_a_bad_record(tmp_path):
@@ -43,19 +42,19 @@ def test_malformed_metadata_in_a_trace_is_a_bad_record(tmp_path):
     raw["layout"]["gpus"] = [2]
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"kind": "meta", "meta": raw}) + "\n" + step_line(0) + "\n")
-    monitor = Monitor(TraceSource(str(path)), window_steps=10)
-    monitor.tick()
-    assert monitor.bad_records == 1 and "layout" in monitor.last_error and monitor.window.size == 1
+    watched = WatchedRun(TraceSource(str(path)), window_steps=10)
+    watched.tick()
+    assert watched.bad_records == 1 and "layout" in watched.last_error and watched.window.size == 1
 
 
 def test_binary_trace_is_reported_once_as_not_text(tmp_path, monkeypatch):
     path = tmp_path / "counts.pt.gz"
     path.write_bytes(gzip.compress(bytes(range(256)) * 64) + b"\n\xff\xfe\n")
     source = TraceSource(str(path))
-    monitor = Monitor(source, window_steps=10)
-    monitor.tick()
-    monitor.tick()
-    assert monitor.bad_records == 1 and "not a text trace" in monitor.last_error
+    watched = WatchedRun(source, window_steps=10)
+    watched.tick()
+    watched.tick()
+    assert watched.bad_records == 1 and "not a text trace" in watched.last_error
     assert not source.health().reachable and "not a text trace" in source.health().error and source.finished
     at = run_app("redis://127.0.0.1:1/0", monkeypatch)
     at.sidebar.radio(key="source_kind").set_value("Trace file").run()
@@ -68,12 +67,12 @@ def test_truncated_trace_reports_its_last_line_once_the_file_stops_growing(tmp_p
     path = tmp_path / "cut.jsonl"
     path.write_text(meta_line() + "\n" + step_line(0) + "\n" + step_line(1)[:40])
     source = TraceSource(str(path), stall_s=0.0)
-    monitor = Monitor(source, window_steps=10)
-    monitor.tick()
-    assert monitor.window.size == 1 and monitor.bad_records == 0 and not source.finished  # may still grow
-    monitor.tick()
-    monitor.tick()  # no growth across two polls
-    assert monitor.bad_records == 1 and "last line incomplete (truncated trace)" in monitor.last_error
+    watched = WatchedRun(source, window_steps=10)
+    watched.tick()
+    assert watched.window.size == 1 and watched.bad_records == 0 and not source.finished  # may still grow
+    watched.tick()
+    watched.tick()  # no growth across two polls
+    assert watched.bad_records == 1 and "last line incomplete (truncated trace)" in watched.last_error
     assert source.finished and "replay finished" in source.health().note
 
 
@@ -81,14 +80,14 @@ def test_complete_last_line_without_newline_is_taken_once_the_file_stops_growing
     path = tmp_path / "nonl.jsonl"
     path.write_text(meta_line() + "\n" + step_line(0) + "\n" + step_line(1))
     source = TraceSource(str(path), stall_s=0.0)
-    monitor = Monitor(source, window_steps=10)
+    watched = WatchedRun(source, window_steps=10)
     for _ in range(3):
-        monitor.tick()
-    assert monitor.window.size == 2 and monitor.bad_records == 0 and source.finished
+        watched.tick()
+    assert watched.window.size == 2 and watched.bad_records == 0 and source.finished
 
 
 def test_redis_error_reply_is_a_source_error(redis_url, monkeypatch):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "wt", steps=3)
     client.delete(wire.steps_key("wt"))
     client.set(wire.steps_key("wt"), "not a stream")  # WRONGTYPE on XRANGE
@@ -102,17 +101,17 @@ def test_redis_error_reply_is_a_source_error(redis_url, monkeypatch):
 
 
 def test_nvml_fields_of_the_wrong_type_are_bad_records(redis_url, tmp_path):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "nv", steps=2)
     bad = {"v": wire.SCHEMA_VERSION, "rank": 0, "host": "h", "t": "1.0", "status": "ok", "reason": "",
            "gpus": json.dumps([{"index": 0, "power_usage_w": "high"}])}
     client.xadd(wire.gpu_key("nv"), bad)
-    monitor = Monitor(RedisSource(client, redis_url, "nv", window_steps=10), window_steps=10)
-    monitor.tick()
-    assert monitor.bad_records == 1 and "power_usage_w" in monitor.last_error
+    watched = WatchedRun(RedisSource(client, redis_url, "nv", window_steps=10), window_steps=10)
+    watched.tick()
+    assert watched.bad_records == 1 and "power_usage_w" in watched.last_error
     path = tmp_path / "nv.jsonl"
     path.write_text(meta_line() + "\n" + wire.trace_line("gpu", bad) + "\n")
-    trace = Monitor(TraceSource(str(path)), window_steps=10)
+    trace = WatchedRun(TraceSource(str(path)), window_steps=10)
     trace.tick()
     assert trace.bad_records == 1 and "power_usage_w" in trace.last_error and not trace.gpus.series
 

@@ -2,9 +2,8 @@
 so when no pairing can be claimed. Real redis-server, AppTest."""
 import time
 
-import redisconn
 import wire
-from tests import synthfill
+from tests.support import synthfill
 from tests.test_dashboard_states import run_app
 
 
@@ -17,7 +16,7 @@ def nvml(client, run, rank, host, index, util):
 
 
 def test_ep_gpu_is_paired_with_its_ranks_device(redis_url, monkeypatch):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "pair", steps=8, world_size=2, gpus=2, num_experts=16, gpu_status="none",
                    time0_s=time.time() - 60)
     nvml(client, "pair", rank=0, host="node-b", index=3, util=11)  # sorted by host it would come second
@@ -31,7 +30,7 @@ def test_ep_gpu_is_paired_with_its_ranks_device(redis_url, monkeypatch):
 
 
 def test_no_pairing_is_claimed_when_ranks_do_not_match_gpus(redis_url, monkeypatch):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "nopair", steps=8, world_size=1, gpus=4, num_experts=16, gpu_status="none")
     nvml(client, "nopair", rank=0, host="node-a", index=0, util=40)
     at = run_app(redis_url, monkeypatch)

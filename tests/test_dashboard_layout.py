@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from dashboard.layout import parse_layout_json, resolve_layout
-from tests.synthfill import make_meta
+from dashboard.live.layout import parse_layout_json, resolve_layout
+from tests.support.synthfill import make_meta
 
 
 def test_default_without_meta_is_contiguous():

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import redisconn
 import wire
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -16,7 +15,7 @@ RUN = "pages-run"
 
 @pytest.fixture(scope="module")
 def filled(redis_server):
-    from realfill import fill_with_collector
+    from tests.support.realfill import fill_with_collector
 
     redis_server.client().flushdb()
     fill_with_collector(redis_server.url, RUN, steps=30)
@@ -25,7 +24,7 @@ def filled(redis_server):
 
 def expected(url: str, run: str, phase: str = "both") -> dict:
     """Per-step counts (ranks summed) straight from the stream, and the numbers the pages must show."""
-    client = redisconn.connect(url, timeout_s=2.0)
+    client = wire.connect(url, timeout_s=2.0)
     meta = wire.decode_meta(client.get(wire.meta_key(run)))
     steps: dict[int, list] = {}
     for _, fields in client.xrange(wire.steps_key(run)):

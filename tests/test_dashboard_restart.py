@@ -3,41 +3,40 @@ import time
 
 import numpy as np
 
-import redisconn
 import wire
-from dashboard.monitor import Monitor
-from dashboard.redis_source import RedisSource
-from tests import synthfill
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import RedisSource
+from tests.support import synthfill
 
 P2L = [list(range(16))] * 4
 
 
 def test_restart_under_the_same_run_name_starts_a_new_window(redis_url):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "rs", steps=30, instance="old", time0_s=t0)
-    monitor = Monitor(RedisSource(client, redis_url, "rs", window_steps=50), window_steps=50)
-    monitor.tick()
-    assert monitor.window.size == 30 and monitor.restart_note == ""
+    watched = WatchedRun(RedisSource(client, redis_url, "rs", window_steps=50), window_steps=50)
+    watched.tick()
+    assert watched.window.size == 30 and watched.restart_note == ""
     new = synthfill.fill(client, "rs", steps=5, instance="new", time0_s=t0 + 30)  # step ids restart at 0
-    monitor.tick()
-    assert monitor.bad_records == 0, monitor.last_error
-    view = monitor.window.view("both", P2L, 4)
+    watched.tick()
+    assert watched.bad_records == 0, watched.last_error
+    view = watched.window.view("both", P2L, 4)
     assert list(view.step_T) == [0, 1, 2, 3, 4]
     np.testing.assert_array_equal(view.counts_sum_LE, sum(new))
-    assert "collector restarted at" in monitor.restart_note and monitor.restarts == 1
+    assert "collector restarted at" in watched.restart_note and watched.restarts == 1
     # a late record of the old collector is skipped, not counted as bad
     synthfill.fill(client, "rs", steps=1, instance="old", first_step=30, time0_s=t0 + 3, meta=False)
     synthfill.fill(client, "rs", steps=1, instance="new", first_step=5, time0_s=t0 + 31, meta=False)
-    monitor.tick()
-    assert monitor.bad_records == 0 and monitor.skipped_old_records == 1
-    assert list(monitor.window.view("both", P2L, 4).step_T) == [0, 1, 2, 3, 4, 5]
+    watched.tick()
+    assert watched.bad_records == 0 and watched.skipped_old_records == 1
+    assert list(watched.window.view("both", P2L, 4).step_T) == [0, 1, 2, 3, 4, 5]
 
 
 def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
     from tests.test_dashboard_states import run_app
 
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "rp", steps=30, instance="old", time0_s=t0)
     synthfill.fill(client, "rp", steps=6, instance="new", time0_s=t0 + 30, meta=False)
@@ -48,54 +47,54 @@ def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
 
 
 def test_backlog_is_read_in_pages_within_a_byte_budget(redis_url, monkeypatch):
-    from dashboard import redis_source
+    from dashboard.sources import redis as redis_source
 
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     totals = synthfill.fill(client, "pg", steps=30)
     monkeypatch.setattr(redis_source, "PAGE_ENTRIES", 4)
     monkeypatch.setattr(redis_source, "TICK_BYTES_BUDGET", 10 * (16 * 4 * 4 + 200))  # ~10 entries a tick
-    monitor = Monitor(RedisSource(client, redis_url, "pg", window_steps=25), window_steps=25)
-    ticks = [monitor.tick() for _ in range(3)]
+    watched = WatchedRun(RedisSource(client, redis_url, "pg", window_steps=25), window_steps=25)
+    ticks = [watched.tick() for _ in range(3)]
     assert [t.steps_in for t in ticks] == [0, 0, 25] and ticks[0].more and ticks[1].more
-    view = monitor.window.view("both", P2L, 4)
+    view = watched.window.view("both", P2L, 4)
     assert list(view.step_T) == list(range(5, 30))
     np.testing.assert_array_equal(view.counts_sum_LE, sum(totals[5:]))
     synthfill.fill(client, "pg", steps=15, first_step=30, meta=False)
-    forward = monitor.tick()
+    forward = watched.tick()
     assert forward.steps_in < 15 and forward.more  # the budget holds for forward reads too
-    while monitor.tick().more:
+    while watched.tick().more:
         pass
-    assert monitor.window.view("both", P2L, 4).step_T[-1] == 44 and monitor.missed_steps == 0
+    assert watched.window.view("both", P2L, 4).step_T[-1] == 44 and watched.missed_steps == 0
 
 
 def test_steps_trimmed_before_they_were_read_are_reported(redis_url):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "gap", steps=10, instance="a")
-    monitor = Monitor(RedisSource(client, redis_url, "gap", window_steps=100), window_steps=100)
-    monitor.tick()
+    watched = WatchedRun(RedisSource(client, redis_url, "gap", window_steps=100), window_steps=100)
+    watched.tick()
     synthfill.fill(client, "gap", steps=20, first_step=10, instance="a", meta=False)
     client.xtrim(wire.steps_key("gap"), maxlen=5, approximate=False)  # steps 10..24 never read
-    monitor.tick()
-    assert monitor.missed_steps == 15 and monitor.bad_records == 0
-    assert monitor.gap_note == "missed 15 steps (stream trimmed before the dashboard read them)"
+    watched.tick()
+    assert watched.missed_steps == 15 and watched.bad_records == 0
+    assert watched.gap_note == "missed 15 steps (stream trimmed before the dashboard read them)"
 
 
 def test_one_rank_restarting_does_not_hide_the_other_ranks(redis_url):
     """Each rank has its own collector instance; when rank 1 restarts, rank 0's records still count."""
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[0], instance="A0", time0_s=t0)
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[1], instance="A1", time0_s=t0, meta=False)
-    monitor = Monitor(RedisSource(client, redis_url, "r2", window_steps=50), window_steps=50)
-    monitor.tick()
-    assert monitor.window.size == 10
+    watched = WatchedRun(RedisSource(client, redis_url, "r2", window_steps=50), window_steps=50)
+    watched.tick()
+    assert watched.window.size == 10
     synthfill.fill(client, "r2", steps=3, world_size=2, ranks=[1], instance="B1", time0_s=t0 + 30, meta=False)
     synthfill.fill(client, "r2", steps=3, world_size=2, ranks=[0], instance="A0", first_step=10,
                    time0_s=t0 + 31, meta=False)
-    monitor.tick()
-    assert monitor.restarts == 1 and monitor.skipped_old_records == 0, monitor.last_error
-    assert monitor.instance_of_rank == {0: "A0", 1: "B1"}
+    watched.tick()
+    assert watched.restarts == 1 and watched.skipped_old_records == 0, watched.last_error
+    assert watched.instance_of_rank == {0: "A0", 1: "B1"}
     late_old = synthfill.fill(client, "r2", steps=1, world_size=2, ranks=[1], instance="A1", first_step=10,
                               time0_s=t0 + 5, meta=False)
-    monitor.tick()
-    assert late_old and monitor.skipped_old_records == 1  # only the restarted rank's old instance is retired
+    watched.tick()
+    assert late_old and watched.skipped_old_records == 1  # only the restarted rank's old instance is retired

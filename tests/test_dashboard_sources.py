@@ -6,50 +6,49 @@ import time
 import numpy as np
 import pytest
 
-import redisconn
 import wire
-from dashboard.monitor import Monitor
-from dashboard.redis_source import RedisSource, list_runs
-from dashboard.trace_source import TraceSource
-from tests import synthfill
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import RedisSource, list_runs
+from dashboard.sources.trace import TraceSource
+from tests.support import synthfill
 
 
 def test_incremental_reads_sum_ranks_and_count_bad_records(redis_url):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     totals = synthfill.fill(client, "inc", steps=12, world_size=2)
     synthfill.add_bad_entry(client, "inc")
-    monitor = Monitor(RedisSource(client, redis_url, "inc", window_steps=50), window_steps=50)
-    first = monitor.tick()
-    assert (first.steps_in, first.bad) == (24, 1) and monitor.bad_records == 1
-    assert "counts has 3 bytes" in monitor.last_error
-    view = monitor.window.view("both", [list(range(16))] * 4, 4)
+    watched = WatchedRun(RedisSource(client, redis_url, "inc", window_steps=50), window_steps=50)
+    first = watched.tick()
+    assert (first.steps_in, first.bad) == (24, 1) and watched.bad_records == 1
+    assert "counts has 3 bytes" in watched.last_error
+    view = watched.window.view("both", [list(range(16))] * 4, 4)
     np.testing.assert_array_equal(view.counts_sum_LE, sum(totals))
     assert list(view.ranks_T) == [2] * 12
-    assert monitor.tick().steps_in == 0  # nothing new: nothing re-read
+    assert watched.tick().steps_in == 0  # nothing new: nothing re-read
     rec = wire.StepRecord(run="inc", rank=0, world_size=2, step=12, time_s=time.time(), phase="decode", tokens=3,
                           counts_LE=np.ones((4, 16), dtype=np.int32), dropped_steps=7)
     client.xadd(wire.steps_key("inc"), wire.encode_step(rec))
-    assert monitor.tick().steps_in == 1
-    assert monitor.window.size == 13 and monitor.dropped_steps == 7
+    assert watched.tick().steps_in == 1
+    assert watched.window.size == 13 and watched.dropped_steps == 7
     assert [name for name, _ in list_runs(client)] == ["inc"]
 
 
 def test_first_poll_reads_only_the_window_backlog(redis_url):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "tail", steps=40)
-    monitor = Monitor(RedisSource(client, redis_url, "tail", window_steps=10), window_steps=10)
-    assert monitor.tick().steps_in == 10
-    assert list(monitor.window.view("both", [list(range(16))] * 4, 4).step_T) == list(range(30, 40))
+    watched = WatchedRun(RedisSource(client, redis_url, "tail", window_steps=10), window_steps=10)
+    assert watched.tick().steps_in == 10
+    assert list(watched.window.view("both", [list(range(16))] * 4, 4).step_T) == list(range(30, 40))
 
 
 def test_count_cap_per_tick(redis_url):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "cap", steps=1)
-    monitor = Monitor(RedisSource(client, redis_url, "cap", window_steps=100), window_steps=100,
+    watched = WatchedRun(RedisSource(client, redis_url, "cap", window_steps=100), window_steps=100,
                       max_entries_per_tick=4)
-    monitor.tick()
+    watched.tick()
     synthfill.fill(client, "cap", steps=10, seed=3, meta=False)
-    tick = monitor.tick()
+    tick = watched.tick()
     assert tick.steps_in == 4 and tick.more
 
 
@@ -58,7 +57,7 @@ def test_unreachable_redis_is_reported_not_raised():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again below: nothing listens there
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
-    source = RedisSource(redisconn.connect(url, timeout_s=0.3, retries=0), url, "gone", window_steps=5)
+    source = RedisSource(wire.connect(url, timeout_s=0.3, retries=0), url, "gone", window_steps=5)
     started = time.monotonic()
     batch = source.poll(10)
     assert time.monotonic() - started < 3
@@ -81,16 +80,16 @@ def test_trace_source_replays_in_chunks_and_skips_bad_lines(tmp_path):
     lines.append(wire.trace_line("gpu", wire.encode_gpu_sample(gpu)))
     path = tmp_path / "run.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    monitor = Monitor(TraceSource(str(path)), window_steps=100, max_entries_per_tick=4)
-    first = monitor.tick()
-    assert first.steps_in == 4 and first.more and monitor.bad_records == 2
-    assert monitor.source.meta().num_experts == 8
-    second = monitor.tick()
-    assert second.steps_in == 2 and not second.more and monitor.source.finished
-    assert monitor.window.size == 6 and ("h", 0) in monitor.gpus.unavailable
+    watched = WatchedRun(TraceSource(str(path)), window_steps=100, max_entries_per_tick=4)
+    first = watched.tick()
+    assert first.steps_in == 4 and first.more and watched.bad_records == 2
+    assert watched.source.meta().num_experts == 8
+    second = watched.tick()
+    assert second.steps_in == 2 and not second.more and watched.source.finished
+    assert watched.window.size == 6 and ("h", 0) in watched.gpus.unavailable
     with open(path, "a") as handle:
         handle.write(lines[1][:20])  # a line still being written is left for later
-    assert monitor.tick().steps_in == 0 and monitor.bad_records == 2
+    assert watched.tick().steps_in == 0 and watched.bad_records == 2
 
 
 def test_missing_trace_file_is_unreachable(tmp_path):

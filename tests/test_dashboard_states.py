@@ -7,9 +7,8 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-import redisconn
 import wire
-from tests import synthfill
+from tests.support import synthfill
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
@@ -38,7 +37,7 @@ def test_no_run_yet(redis_url, monkeypatch):
 
 
 def test_stopped_run_and_bad_records_are_shown(redis_url, monkeypatch):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "old", steps=20, world_size=2, time0_s=time.time() - 3600)
     synthfill.add_bad_entry(client, "old")
     at = run_app(redis_url, monkeypatch)
@@ -50,7 +49,7 @@ def test_stopped_run_and_bad_records_are_shown(redis_url, monkeypatch):
 
 
 def test_layout_override_changes_gpus(redis_url, monkeypatch):
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "lay", steps=10, num_experts=16, gpus=4)
     at = run_app(redis_url, monkeypatch)
     assert any("4 GPUs on 1 node(s)" in c.value for c in at.caption)

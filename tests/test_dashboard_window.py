@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard.analytics.loads import gpu_loads, gpu_weights
-from dashboard.window import StepWindow
+from planner.loads import gpu_weights, weighted_loads
+from dashboard.live.window import StepWindow
 
 
 def rec(step, counts, rank=0, world=1, phase="decode", tokens=4, t=None):
@@ -59,7 +59,7 @@ def test_cached_loads_match_full_recompute_after_updates_and_layout_change():
             w.view("both", P2L, 2)  # the cache is refreshed between ranks on purpose
     slots = w.ordered_slots()
     for p2l, gpus in ((P2L, 2), ([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 0, 0]], 3)):
-        expected = gpu_loads(w.counts_CLE[slots], gpu_weights(p2l, 4, gpus))
+        expected = weighted_loads(w.counts_CLE[slots], gpu_weights(p2l, 4, gpus))
         np.testing.assert_allclose(w.view("both", p2l, gpus).loads_TLG, expected)
 
 
@@ -81,21 +81,20 @@ def test_wrong_shape_is_refused():
 def test_steps_missing_ranks_stay_out_of_window_statistics_until_the_grace_period(redis_url):
     import time
 
-    import redisconn
-    from dashboard.monitor import Monitor
-    from dashboard.redis_source import RedisSource
-    from dashboard.window import PENDING_GRACE_S
-    from tests import synthfill
+    from dashboard.live.watched import WatchedRun
+    from dashboard.sources.redis import RedisSource
+    from dashboard.live.window import PENDING_GRACE_S
+    from tests.support import synthfill
 
-    client = redisconn.connect(redis_url, timeout_s=2.0)
+    client = wire.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 0.5
     complete = synthfill.fill(client, "part", steps=5, world_size=3, time0_s=t0)
     synthfill.fill(client, "part", steps=1, first_step=5, world_size=3, ranks=[0, 2], time0_s=t0 + 0.5, meta=False)
-    monitor = Monitor(RedisSource(client, redis_url, "part", window_steps=20), window_steps=20)
-    monitor.tick()
+    watched = WatchedRun(RedisSource(client, redis_url, "part", window_steps=20), window_steps=20)
+    watched.tick()
     p2l = [list(range(16))] * 4
-    view = monitor.window.view("both", p2l, 4)
+    view = watched.window.view("both", p2l, 4)
     assert list(view.step_T) == [0, 1, 2, 3, 4] and list(view.ranks_T) == [3] * 5
     np.testing.assert_array_equal(view.counts_sum_LE, sum(complete))
-    late = monitor.window.view("both", p2l, 4, now_s=time.time() + PENDING_GRACE_S + 1)
+    late = watched.window.view("both", p2l, 4, now_s=time.time() + PENDING_GRACE_S + 1)
     assert list(late.step_T) == [0, 1, 2, 3, 4, 5] and late.ranks_T[-1] == 2

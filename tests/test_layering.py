@@ -28,7 +28,7 @@ print("IMPORTED", len(names), "HEAVY", heavy)
 
 
 def test_dashboard_never_imports_torch_or_pynvml():
-    env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0")
     result = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "app.py")], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -40,7 +40,7 @@ def test_dashboard_never_imports_torch_or_pynvml():
 def test_probe_detects_a_heavy_import():
     """The same sys.modules check sees torch when something does import it (so the test above can fail)."""
     probe = "import sys, collectors; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:1])"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "torch" in result.stdout

@@ -1,4 +1,4 @@
-"""The CLI contract: python -m dashboard.plan --load FILE --gpus G --redundant R [...] --out OUT.json."""
+"""The CLI contract: python -m planner --load FILE --gpus G --redundant R [...] --out OUT.json."""
 from __future__ import annotations
 
 import json
@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboard.planner.loads import check_layout, layer_imbalance
-from dashboard.planner.synthetic import drifting_windows, skewed_counts
+from planner.loads import check_layout, layer_imbalance
+from planner.synthetic import drifting_windows, skewed_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 
 
 def run(*args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "dashboard.plan", *map(str, args)], cwd=ROOT, env=env,
+    env = dict(os.environ)
+    return subprocess.run([sys.executable, "-m", "planner", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -141,10 +141,10 @@ def test_bad_arguments_exit_2(tmp_path, args, msg):
 
 
 def test_dashboard_planner_never_imports_torch():
-    code = ("import sys, dashboard.plan, dashboard.planner.api, dashboard.planner.io, dashboard.planner.edits,"
-            " dashboard.planner.traffic, dashboard.planner.budget, dashboard.planner.repair;"
+    code = ("import sys, planner, planner.api, planner.io, planner.edits,"
+            " planner.traffic, planner.budget, planner.repair;"
             " bad = [m for m in ('torch', 'streamlit', 'pynvml') if m in sys.modules]; print(bad);"
             " sys.exit(1 if bad else 0)")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dashboard.planner.api import plan
-from dashboard.planner.eplb_ref import eplb_global
-from dashboard.planner.loads import layer_imbalance
-from dashboard.planner.synthetic import drifting_windows
+from planner.api import plan
+from planner.eplb_ref import eplb_global
+from planner.loads import layer_imbalance
+from planner.synthetic import drifting_windows
 
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 

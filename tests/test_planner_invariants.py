@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dashboard.planner.api import plan
-from dashboard.planner.bounds import best_bound, group_partition_bound, replica_bound, slot_bound
-from dashboard.planner.loads import (check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance,
+from planner.api import plan
+from planner.bounds import best_bound, group_partition_bound, replica_bound, slot_bound
+from planner.loads import (check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance,
                                      replica_counts)
-from dashboard.planner.synthetic import skewed_counts
+from planner.synthetic import skewed_counts
 
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 
@@ -109,7 +109,7 @@ def _brute_optimum(c_LE, G):
 
 @pytest.mark.parametrize("E,G", [(8, 4), (9, 3)])
 def test_r0_bounds_below_exhaustive_optimum(E, G):
-    from dashboard.planner.bounds import cardinality_bound
+    from planner.bounds import cardinality_bound
     rng = np.random.default_rng(E * 10 + G)
     # heavy-tailed rows (where the cardinality bounds bind) and flat ones
     c = np.concatenate([np.round(rng.lognormal(0, 1.5, (12, E)) * 100), rng.integers(1, 100, (4, E))]) + 1.0
@@ -125,7 +125,7 @@ def test_r0_bounds_below_exhaustive_optimum(E, G):
 
 
 def test_r0_bounds_hold_on_random_layouts_and_plans():
-    from dashboard.planner.bounds import cardinality_bound
+    from planner.bounds import cardinality_bound
     rng = np.random.default_rng(11)
     for sigma in (0.5, 1.5, 2.5):
         c = np.round(rng.lognormal(0, sigma, (20, 64)) * 1000) + 1
@@ -141,9 +141,9 @@ def test_r0_bounds_hold_on_random_layouts_and_plans():
 
 @pytest.mark.parametrize("R", [0, 16])
 def test_pair_resplits_keep_invariants_and_never_raise_the_max(R):
-    from dashboard.planner.loads import slot_weights
-    from dashboard.planner.pairs import refine_pairs
-    from dashboard.planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
+    from planner.loads import slot_weights
+    from planner.pairs import refine_pairs
+    from planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
     c = skewed_counts(layers=6, experts=64, sigma=1.2, seed=9)
     G = 16
     rep = replicate_greedy(c, 64 + R)

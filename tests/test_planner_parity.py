@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from dashboard.planner.api import plan
-from dashboard.planner.bounds import best_bound, group_partition_bound
-from dashboard.planner.eplb_ref import eplb_global, eplb_hierarchical
-from dashboard.planner.loads import duplicates_on_gpu, layer_imbalance
-from dashboard.planner.synthetic import skewed_counts
+from planner.api import plan
+from planner.bounds import best_bound, group_partition_bound
+from planner.eplb_ref import eplb_global, eplb_hierarchical
+from planner.loads import duplicates_on_gpu, layer_imbalance
+from planner.synthetic import skewed_counts
 
 G = 32
 

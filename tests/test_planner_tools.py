@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dashboard.planner.api import plan
-from dashboard.planner.budget import bytes_per_expert, knee_index, replica_budget_curve
-from dashboard.planner.edits import add_replica, move_replica, push, undo
-from dashboard.planner.loads import check_layout, layer_imbalance, replica_counts
-from dashboard.planner.repair import moves_between, repair_curve
-from dashboard.planner.synthetic import skewed_counts
-from dashboard.planner.traffic import route, traffic
+from planner.api import plan
+from planner.budget import bytes_per_expert, knee_index, replica_budget_curve
+from planner.edits import add_replica, move_replica, push, undo
+from planner.loads import check_layout, layer_imbalance, replica_counts
+from planner.repair import moves_between, repair_curve
+from planner.synthetic import skewed_counts
+from planner.traffic import route, traffic
 
 G = 8
 

@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard import whatif_score
+from dashboard.whatif import score as whatif_score
 from dashboard.analytics.balance import balancedness
-from dashboard.analytics.loads import gpu_loads as analytics_gpu_loads
-from dashboard.analytics.loads import gpu_weights as analytics_gpu_weights
-from dashboard.planner import loads as planner_loads
+from planner import loads as planner_loads
 
 # 3 layers, 8 experts, 4 GPUs, R = 4; layer 2 is dense (never any token)
 LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3]] * 3)
@@ -28,8 +26,8 @@ def _counts() -> np.ndarray:
 
 
 def _overview(counts_SLE):
-    """The Overview's window numbers, by dashboard.analytics (as dashboard/snapshot.py computes them)."""
-    loads_SLG = analytics_gpu_loads(counts_SLE, analytics_gpu_weights(LAYOUT.tolist(), 8, G))
+    """The Overview's window numbers, by dashboard.analytics (as dashboard/live/snapshot.py computes them)."""
+    loads_SLG = planner_loads.weighted_loads(counts_SLE, planner_loads.gpu_weights(LAYOUT.tolist(), 8, G))
     eta_SL = balancedness(loads_SLG)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -57,7 +55,7 @@ def test_one_even_split_implementation_both_forms_agree():
     slot_form = planner_loads.gpu_loads(counts, LAYOUT, G)
     matmul_form = planner_loads.weighted_loads(counts, planner_loads.gpu_weights(LAYOUT, 8, G))
     np.testing.assert_allclose(matmul_form, slot_form, rtol=1e-6)
-    np.testing.assert_allclose(matmul_form, analytics_gpu_loads(counts, analytics_gpu_weights(LAYOUT, 8, G)))
+    np.testing.assert_allclose(matmul_form, planner_loads.weighted_loads(counts, planner_loads.gpu_weights(LAYOUT, 8, G)))
     eta = planner_loads.balancedness_or_nan(slot_form)
     np.testing.assert_array_equal(np.isnan(eta), np.isnan(balancedness(slot_form)))
     assert (planner_loads.balancedness(slot_form)[np.isnan(eta)] == 1.0).all()   # the planner's rule for sums
@@ -72,8 +70,8 @@ def _meta(hidden: int, inter: int, dtype_bytes: int = 2) -> wire.RunMeta:
 
 
 def test_zero_sizes_are_unknown_and_fall_back_to_deepseek_v3():
-    from dashboard.planner.budget import bytes_per_expert
-    from dashboard.whatif_traffic import DEFAULT_SIZES, run_sizes
+    from planner.budget import bytes_per_expert
+    from dashboard.whatif.traffic import DEFAULT_SIZES, run_sizes
 
     assert run_sizes(_meta(64, 32)) == ((64, 32, 2), None)
     sizes, note = run_sizes(_meta(0, 0))                 # the generic collector API's defaults

@@ -1,6 +1,6 @@
 """The What-if page rendered by streamlit.testing.v1.AppTest against a real redis-server filled by the real
 collector (tests/realfill.py). Expected numbers come from the raw stream entries, re-planned here through
-dashboard.planner.api.plan on fit windows built with plain loops; the download is checked byte for byte
+planner.api.plan on fit windows built with plain loops; the download is checked byte for byte
 (Streamlit names a media file by a hash of its bytes)."""
 import json
 from pathlib import Path
@@ -10,11 +10,10 @@ import pytest
 from streamlit.runtime.memory_media_file_storage import _calculate_file_id
 from streamlit.testing.v1 import AppTest
 
-import redisconn
 import wire
-from dashboard.planner.api import plan
-from dashboard.planner.edits import add_replica
-from dashboard.planner.io import load_counts
+from planner.api import plan
+from planner.edits import add_replica
+from planner.io import load_counts
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 RUN = "whatif-run"
@@ -23,7 +22,7 @@ STEPS = 30
 
 @pytest.fixture(scope="module")
 def filled(redis_server):
-    from realfill import fill_with_collector
+    from tests.support.realfill import fill_with_collector
 
     redis_server.client().flushdb()
     fill_with_collector(redis_server.url, RUN, steps=STEPS)
@@ -32,7 +31,7 @@ def filled(redis_server):
 
 def stream(url: str):
     """(meta, per-step counts [S, L, E] in step order, ranks summed) straight from Redis."""
-    client = redisconn.connect(url, timeout_s=2.0)
+    client = wire.connect(url, timeout_s=2.0)
     meta = wire.decode_meta(client.get(wire.meta_key(RUN)))
     steps: dict[int, np.ndarray] = {}
     for _, fields in client.xrange(wire.steps_key(RUN)):
@@ -149,8 +148,8 @@ def test_impossible_edit_says_why(filled, monkeypatch):
 
 
 def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
-    from dashboard.planner.repair import repair_curve
-    from dashboard.whatif_state import moves_needed
+    from planner.repair import repair_curve
+    from dashboard.whatif.edits import moves_needed
 
     at = page(filled, monkeypatch)
     want = expected(filled, redundant=4)

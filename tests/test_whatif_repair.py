@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from dashboard import whatif_repair, whatif_state
-from dashboard.planner.loads import check_layout
-from dashboard.planner.synthetic import skewed_counts
+from dashboard.whatif import edits as whatif_state, repair as whatif_repair
+from planner.loads import check_layout
+from planner.synthetic import skewed_counts
 
 
 def test_repair_stays_within_the_budget_and_the_curve_falls():

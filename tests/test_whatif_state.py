@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard import whatif_score, whatif_state
-from dashboard.layout import parse_layout_json
-from dashboard.planner.io import load_counts, trace_windows
-from dashboard.whatif_samples import SampleRing
+from dashboard.whatif import edits as whatif_state, score as whatif_score
+from dashboard.live.layout import parse_layout_json
+from planner.io import load_counts, trace_windows
+from dashboard.live.samples import SampleRing
 
 # 2 layers, 8 experts, 4 GPUs, R = 4 -> 3 slots per GPU; experts 0 and 1 have two replicas
 LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3],
@@ -213,15 +213,15 @@ def test_plan_cli_reads_a_trace(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(_trace_lines([(s, [rng.integers(0, 9, (2, 8))]) for s in range(20)])) + "\n")
     out = tmp_path / "layout.json"
-    r = subprocess.run([sys.executable, "-m", "dashboard.plan", "--load", str(path), "--gpus", "4", "--redundant", "4",
-                        "--out", str(out)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+    r = subprocess.run([sys.executable, "-m", "planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
+                        "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     rows = parse_layout_json(out.read_text())
     wire.Layout(gpus=4, nodes=1, physical_to_logical_map=rows).validate(2, 8)
     assert len(rows[0]) == 12
     path.write_text("garbage\n")
-    r = subprocess.run([sys.executable, "-m", "dashboard.plan", "--load", str(path), "--gpus", "4", "--redundant", "4",
-                        "--out", str(out)], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+    r = subprocess.run([sys.executable, "-m", "planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
+                        "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "t.jsonl line 1: not a valid trace line" in r.stderr

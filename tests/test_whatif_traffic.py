@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard import whatif_score, whatif_traffic
-from dashboard.whatif_samples import SampleRing
+from dashboard.whatif import score as whatif_score, traffic as whatif_traffic
+from dashboard.live.samples import SampleRing
 
 # 12 experts, 4 GPUs x 3 slots, 2 nodes: GPUs 0-1 = node 0 (experts 0-5), GPUs 2-3 = node 1 (experts 6-11)
 LAYOUT = np.arange(12)[None]

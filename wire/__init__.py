@@ -15,6 +15,7 @@ int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot).
 """
 from __future__ import annotations
 
+from .client import connect, redact
 from .gpu import GPU_FIELDS, GpuSample, decode_gpu_sample, encode_gpu_sample
 from .keys import (COUNTS_DTYPE, KEY_PREFIX, MAX_SAMPLE_EXPERTS, PHASES, RUNS_KEY, SAMPLE_DTYPE, SAMPLE_FIELDS,
                    SCHEMA_VERSION, STEP_FIELDS, check_run_name, gpu_key, health_key, maxlen_for_budget, meta_key,
@@ -26,7 +27,7 @@ from .trace import TRACE_KINDS, parse_trace_line, trace_line
 __all__ = [
     "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "MAX_SAMPLE_EXPERTS", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
     "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "RunMeta",
-    "StepRecord", "check_run_name", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step",
+    "StepRecord", "check_run_name", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step",
     "default_gpus", "encode_gpu_sample", "encode_meta", "encode_step", "gpu_key", "health_key",
-    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_trace_line", "steps_key", "trace_line",
+    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]

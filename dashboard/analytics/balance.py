@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboard.planner.loads import balancedness_or_nan, imbalance_or_nan
+from planner.loads import balancedness_or_nan, imbalance_or_nan
 
 
 # eta = mean/max over the last axis (GPUs), [..., G] -> [...], NaN where every GPU has load 0; and 1/eta.

@@ -1,4 +1,4 @@
 """Page entry file for st.navigation; the page itself is dashboard.views.devices.page()."""
-from dashboard.views import devices
+from dashboard.views.devices import page
 
-devices.page()
+page()

@@ -1,4 +1,4 @@
 """Page entry file for st.navigation; the page itself is dashboard.views.experts.page()."""
-from dashboard.views import experts
+from dashboard.views.experts import page
 
-experts.page()
+page()

@@ -1,4 +1,4 @@
 """Page entry file for st.navigation; the page itself is dashboard.views.gpus.page()."""
-from dashboard.views import gpus
+from dashboard.views.gpus import page
 
-gpus.page()
+page()

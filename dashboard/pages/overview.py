@@ -1,4 +1,4 @@
 """Page entry file for st.navigation; the page itself is dashboard.views.overview.page()."""
-from dashboard.views import overview
+from dashboard.views.overview import page
 
-overview.page()
+page()

@@ -1,4 +1,4 @@
-"""Page entry file for st.navigation; the page itself is dashboard.views.whatif.page()."""
-from dashboard.views import whatif
+"""Page entry file for st.navigation; the page itself is dashboard.views.whatif.page.page()."""
+from dashboard.views.whatif.page import page
 
-whatif.page()
+page()

@@ -1,2 +1,2 @@
-"""One function per page; each reads the session's settings and Monitor and only formats what
-dashboard.snapshot / dashboard.analytics computed."""
+"""One function per page; each reads the session's settings and WatchedRun and only formats what
+dashboard.live.snapshot / dashboard.analytics computed."""

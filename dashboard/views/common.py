@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from dashboard.layout import ResolvedLayout, resolve_layout
-from dashboard.monitor import Monitor
-from dashboard.session import STALE_AFTER_S, Settings, monitor_for, runs_at, safe_text, settings, shown_url
-from dashboard.snapshot import Snapshot, analyse
+from dashboard.live.layout import ResolvedLayout, resolve_layout
+from dashboard.live.watched import WatchedRun
+from dashboard.views.session import STALE_AFTER_S, Settings, watched_run_for, runs_at, safe_text, settings, shown_url
+from dashboard.live.snapshot import Snapshot, analyse
 
 
 @dataclass
@@ -19,7 +19,7 @@ class Frame:
     when no step passes the filter yet."""
 
     settings: Settings
-    monitor: Monitor
+    watched: WatchedRun
     layout: ResolvedLayout | None
     snapshot: Snapshot | None
 
@@ -58,9 +58,9 @@ def frame(require_steps: bool = True) -> Frame | None:
     if cfg.source == "trace" and not cfg.trace_path:
         st.info("Enter the path of a recorded trace file (JSON lines) in the sidebar.")
         return None
-    monitor = monitor_for(cfg)
-    monitor.tick()
-    health = monitor.source.health()
+    watched = watched_run_for(cfg)
+    watched.tick()
+    health = watched.source.health()
     if not health.reachable:
         if cfg.source == "redis" and health.answered:
             st.error(f"**Redis at `{shown_url(cfg.redis_url)}` answered with an error** while reading run "
@@ -72,39 +72,39 @@ def frame(require_steps: bool = True) -> Frame | None:
         else:
             st.error(f"Cannot read the trace `{health.where}`: {health.error}")
         return None
-    _status_banners(cfg, monitor)
-    window = monitor.window
+    _status_banners(cfg, watched)
+    window = watched.window
     if window is None:
         st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
-        return None if require_steps else Frame(cfg, monitor, None, None)
+        return None if require_steps else Frame(cfg, watched, None, None)
     try:
-        layout = resolve_layout(monitor.source.meta(), window.num_layers, window.num_experts, monitor.world_size,
+        layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
                                 gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
                                 uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout])
     except ValueError as exc:
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
-        return None if require_steps else Frame(cfg, monitor, None, None)
+        return None if require_steps else Frame(cfg, watched, None, None)
     snap = analyse(window, layout, cfg.phase, cfg.layer, cfg.summed)
     if snap is None:
         st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
-        return None if require_steps else Frame(cfg, monitor, layout, None)
-    return Frame(settings=cfg, monitor=monitor, layout=layout, snapshot=snap)
+        return None if require_steps else Frame(cfg, watched, layout, None)
+    return Frame(settings=cfg, watched=watched, layout=layout, snapshot=snap)
 
 
-def _status_banners(cfg: Settings, monitor: Monitor) -> None:
-    health = monitor.source.health()
+def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
+    health = watched.source.health()
     if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
         st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
-                   f"{monitor.window.size if monitor.window else 0} steps.")
-    if monitor.restart_note:
-        st.info(f"**{monitor.restart_note[0].upper()}{monitor.restart_note[1:]}** under the same run name: "
+                   f"{watched.window.size if watched.window else 0} steps.")
+    if watched.restart_note:
+        st.info(f"**{watched.restart_note[0].upper()}{watched.restart_note[1:]}** under the same run name: "
                 f"its step ids start again, so the window starts afresh"
-                f"{f'; {monitor.skipped_old_records} late record(s) of the old collector skipped' if monitor.skipped_old_records else ''}.")
-    if monitor.gap_note:
-        st.warning(f"**{monitor.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
+                f"{f'; {watched.skipped_old_records} late record(s) of the old collector skipped' if watched.skipped_old_records else ''}.")
+    if watched.gap_note:
+        st.warning(f"**{watched.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
                    "MAXLEN if this keeps happening.")
-    if monitor.bad_records:
-        st.warning(f"Skipped {monitor.bad_records} bad record(s); the latest: {monitor.last_error}")
+    if watched.bad_records:
+        st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {watched.last_error}")
 
 
 def captioned_frame(require_steps: bool = True) -> Frame | None:
@@ -120,7 +120,7 @@ def caption(frame_: Frame) -> None:
     """One line under each page title: source, phase, layout and the even-split rule."""
     cfg, snap = frame_.settings, frame_.snapshot
     what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
-    restart = f" · {frame_.monitor.restart_note}" if frame_.monitor.restart_note else ""
+    restart = f" · {frame_.watched.restart_note}" if frame_.watched.restart_note else ""
     st.caption(f"{what}{restart} · phase: {cfg.phase} · {snap.view.num_steps} steps in window · GPU load of "
                f"{snap.load_label} · layout: {frame_.layout.origin}, {frame_.layout.gpus} GPUs on "
                f"{frame_.layout.nodes} node(s), {frame_.layout.slots_per_gpu} slots/GPU · replicas share an "

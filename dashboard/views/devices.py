@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dashboard import figures
+from dashboard.figures import load as load_figures
 from dashboard.analytics.balance import step_vs_window
-from dashboard.session import REFRESH_S
+from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, captioned_frame, fmt
 
 
@@ -25,10 +25,10 @@ def live() -> None:
 def render(current: Frame) -> None:
     snap = current.snapshot
     unit = snap.unit
-    st.plotly_chart(figures.load_bands(snap.view.step_T, snap.loads_TG, unit), key="devices_bands")
-    st.plotly_chart(figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, unit), key="devices_gpu_time")
-    st.plotly_chart(figures.eta_over_time(snap.view.step_T, snap.eta_TL), key="devices_eta_time")
-    st.plotly_chart(figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL), key="devices_layer_eta")
+    st.plotly_chart(load_figures.load_bands(snap.view.step_T, snap.loads_TG, unit), key="devices_bands")
+    st.plotly_chart(load_figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, unit), key="devices_gpu_time")
+    st.plotly_chart(load_figures.eta_over_time(snap.view.step_T, snap.eta_TL), key="devices_eta_time")
+    st.plotly_chart(load_figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL), key="devices_layer_eta")
     svw = step_vs_window(snap.view.loads_TLG)
     finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
     worst = float(finite.max()) if finite.size else float("nan")
@@ -36,7 +36,7 @@ def render(current: Frame) -> None:
                 f"{fmt(float(_nanmedian(svw.window_sum_L)))} · per step, p99 (median layer): "
                 f"{fmt(float(_nanmedian(svw.per_step_p99_L)))} · worst single step and layer: {fmt(worst)}. "
                 "A window sum averages the tail away: the layer waits on each step's busiest GPU.")
-    st.plotly_chart(figures.step_vs_window_figure(svw), key="devices_step_vs_window")
+    st.plotly_chart(load_figures.step_vs_window_figure(svw), key="devices_step_vs_window")
 
 
 def _nanmedian(values: np.ndarray) -> float:

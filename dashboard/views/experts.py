@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import figures_experts
+from dashboard.figures import experts as expert_figures
 from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
-from dashboard.session import REFRESH_S
+from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, captioned_frame
 
 
@@ -27,12 +27,12 @@ def live() -> None:
 
 
 def render(current: Frame, layer: int, top_n: int) -> None:
-    snap, window = current.snapshot, current.monitor.window
+    snap, window = current.snapshot, current.watched.window
     counts_LE = snap.view.counts_sum_LE
     layer = min(max(layer, 0), window.num_layers - 1)
-    st.plotly_chart(figures_experts.layer_expert_heatmap(counts_LE), key="experts_layer_expert")
+    st.plotly_chart(expert_figures.layer_expert_heatmap(counts_LE), key="experts_layer_expert")
     counts_TE = window.layer_counts(snap.view.slots_T, layer)
-    st.plotly_chart(figures_experts.expert_time_heatmap(snap.view.step_T, counts_TE, layer), key="experts_time")
+    st.plotly_chart(expert_figures.expert_time_heatmap(snap.view.step_T, counts_TE, layer), key="experts_time")
     left, right = st.columns(2)
     with left:
         st.subheader(f"Top {top_n} hot experts")
@@ -53,4 +53,4 @@ def render(current: Frame, layer: int, top_n: int) -> None:
         half = snap.view.num_steps // 2
         older = window.counts_CLE[snap.view.slots_T[:half]].sum(axis=0, dtype=np.int64)
         newer = counts_LE - older
-        st.plotly_chart(figures_experts.drift_bars(js_divergence(older, newer)), key="experts_drift")
+        st.plotly_chart(expert_figures.drift_bars(js_divergence(older, newer)), key="experts_drift")

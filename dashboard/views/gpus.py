@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import figures_gpu
-from dashboard.session import REFRESH_S
+from dashboard.figures import gpu as gpu_figures
+from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, ago, captioned_frame
 
 GIB = float(1 << 30)
@@ -30,7 +30,7 @@ def live() -> None:
 
 
 def render(current: Frame, gpu: int) -> None:
-    history, snap = current.monitor.gpus, current.snapshot
+    history, snap = current.watched.gpus, current.snapshot
     for (host, rank), report in sorted(history.unavailable.items()):
         st.warning(f"**No NVIDIA GPU / NVML not available on the collector host `{host}`** (rank {rank}): "
                    f"{report.reason or 'no reason given'} — reported {ago(report.time_s)}. Expert load is "
@@ -39,7 +39,7 @@ def render(current: Frame, gpu: int) -> None:
         st.info("The collector has not sent any NVML sample for this run yet.")
     gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
     gpu = min(max(gpu, 0), gpus - 1)
-    pairs, note = history.pairing(gpus, current.monitor.world_size)
+    pairs, note = history.pairing(gpus, current.watched.world_size)
     device = pairs.get(gpu)
     if device is None and history.series:
         st.caption(note or f"EP GPU {gpu}: no rank sent NVML readings for it; devices listed by host and index.")
@@ -68,10 +68,10 @@ def render(current: Frame, gpu: int) -> None:
               help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
     title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}"
                                                       if rows and paired else "")
-    st.plotly_chart(figures_gpu.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title),
+    st.plotly_chart(gpu_figures.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title),
                     key="gpu_panel_fig")
     if rows and not paired:
-        st.plotly_chart(figures_gpu.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
+        st.plotly_chart(gpu_figures.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
                         key="gpu_panel_nvml")
 
 

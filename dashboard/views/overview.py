@@ -5,8 +5,8 @@ import time
 
 import streamlit as st
 
-from dashboard import figures
-from dashboard.session import REFRESH_S
+from dashboard.figures import load as load_figures
+from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, ago, captioned_frame, fmt
 
 
@@ -23,7 +23,7 @@ def live() -> None:
 
 
 def render(current: Frame) -> None:
-    snap, monitor = current.snapshot, current.monitor
+    snap, watched = current.snapshot, current.watched
     cols = st.columns(4)
     cols[0].metric("balancedness now (p50 over layers)", fmt(snap.eta_now.p50),
                    help=f"eta = mean/max GPU load of step {snap.latest_step}; min {fmt(snap.eta_now.min)}, "
@@ -43,9 +43,9 @@ def render(current: Frame) -> None:
     cols = st.columns(4)
     cols[0].metric("steps/s", fmt(snap.steps_per_s, ".2f"))
     cols[1].metric("tokens/s", fmt(snap.tokens_per_s, ",.0f"))
-    cols[2].metric("dropped steps (collectors)", f"{monitor.dropped_steps:,}")
-    cols[3].metric("bad records skipped", f"{monitor.bad_records:,}")
-    health = monitor.source.health()
+    cols[2].metric("dropped steps (collectors)", f"{watched.dropped_steps:,}")
+    cols[3].metric("bad records skipped", f"{watched.bad_records:,}")
+    health = watched.source.health()
     cols = st.columns(4)
     cols[0].metric("source", "ok" if health.reachable else "down",
                    help=f"{health.where}; poll round trip "
@@ -58,7 +58,7 @@ def render(current: Frame) -> None:
         s = snap.straggler
         st.markdown(f"**Straggler: {snap.gpu_name(s.gpu)}** — busiest GPU in {s.busiest_share:.0%} of the window's "
                     f"{s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of {snap.load_label}).")
-    st.plotly_chart(figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
+    st.plotly_chart(load_figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
                                           else snap.straggler.gpu, snap.unit), key="overview_bars")
     health_panel(current)
 
@@ -68,18 +68,18 @@ def _age(time_s: float | None) -> str:
 
 
 def health_panel(current: Frame) -> None:
-    health = current.monitor.source.health()
-    tick = current.monitor.last_tick
+    health = current.watched.source.health()
+    tick = current.watched.last_tick
     with st.expander("Redis and collector health", expanded=False):
         latency = "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms"
         st.markdown(f"- source: `{health.where}` — reachable, poll round trip {latency}\n"
                     f"- collector last wrote: {ago(health.last_seen_s)}{' · ' + health.note if health.note else ''}\n"
                     f"- this tick: {tick.steps_in} step entries, {tick.gpu_in} GPU samples"
                     f"{' (more waiting)' if tick.more else ''}, {tick.ms:.1f} ms\n"
-                    f"- step records read this session: {current.monitor.steps_read:,}; ranks per step: "
-                    f"{current.monitor.world_size}"
-                    + (f"\n- {current.monitor.restart_note}" if current.monitor.restart_note else "")
-                    + (f"\n- {current.monitor.gap_note}" if current.monitor.gap_note else ""))
+                    f"- step records read this session: {current.watched.steps_read:,}; ranks per step: "
+                    f"{current.watched.world_size}"
+                    + (f"\n- {current.watched.restart_note}" if current.watched.restart_note else "")
+                    + (f"\n- {current.watched.gap_note}" if current.watched.gap_note else ""))
         for rank, report in sorted(health.collectors.items(), key=lambda kv: str(kv[0])):
             st.markdown(f"- collector rank {rank}: dropped {report.get('dropped_steps', 'n/a')}, queued "
                         f"{report.get('queued', 'n/a')}, last error: {report.get('last_error') or 'none'}")

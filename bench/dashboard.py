@@ -1,0 +1,160 @@
+"""Server-side cost of one live dashboard tick: a window of 600 steps x 58 layers x 256 experts from Redis.
+
+Starts its own redis-server on a free loopback port (never touches another Redis), fills one run with
+600 steps written by wire.encode_step (DeepSeek-V3 shape, skewed counts, 32 GPUs contiguous), then for
+each page times what the server does per tick: poll Redis for the new entries (5 new steps written before
+every tick, untimed), fold them into the window, resolve the layout, analyse, build the page's plotly
+figures and serialise them as st.plotly_chart does (Figure.to_dict, plotly.io.to_json). Prints the median over the
+repeats and the figure payload per tick (bytes of the figures' JSON summed), plus the one-off cold start
+(the first poll reading the whole 600-step backlog).
+
+    python -m bench.dashboard [--repeats 30] [--steps 600] [--layers 58] [--experts 256]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.malloc_env import pin_malloc
+
+pin_malloc()
+
+import numpy as np  # noqa: E402
+import plotly.io  # noqa: E402
+import plotly.tools  # noqa: E402
+
+import wire  # noqa: E402
+from dashboard.figures import experts as expert_figures, gpu as gpu_figures, load as load_figures  # noqa: E402
+from dashboard.analytics.balance import step_vs_window  # noqa: E402
+from planner.loads import weighted_loads  # noqa: E402
+from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence  # noqa: E402
+from dashboard.live.layout import resolve_layout  # noqa: E402
+from dashboard.live.watched import WatchedRun  # noqa: E402
+from dashboard.sources.redis import RedisSource  # noqa: E402
+from dashboard.live.snapshot import analyse  # noqa: E402
+from demo.localredis import RedisServer  # noqa: E402
+
+RUN = "bench"
+NEW_STEPS_PER_TICK = 5
+
+
+class Writer:
+    """Writes skewed steps like a collector: a few hot experts per layer that drift slowly."""
+
+    def __init__(self, client, layers: int, experts: int, tokens: int = 4096 * 8):
+        self.client, self.layers, self.experts, self.tokens = client, layers, experts, tokens
+        self.rng = np.random.default_rng(0)
+        self.step = 0
+        self.base_LE = self.rng.gamma(0.6, size=(layers, experts))
+
+    def write(self, n: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for _ in range(n):
+            self.base_LE *= np.exp(self.rng.normal(0, 0.02, size=self.base_LE.shape))
+            p = self.base_LE / self.base_LE.sum(axis=1, keepdims=True)
+            counts = np.stack([self.rng.multinomial(self.tokens, row) for row in p]).astype(np.int32)
+            rec = wire.StepRecord(run=RUN, rank=0, world_size=1, step=self.step, time_s=time.time(),
+                                  phase="decode" if self.step % 8 else "prefill", tokens=self.tokens // 8,
+                                  counts_LE=counts)
+            pipe.xadd(wire.steps_key(RUN), wire.encode_step(rec))
+            self.step += 1
+        pipe.zadd(wire.RUNS_KEY, {RUN: time.time()})
+        pipe.execute()
+
+
+def page_figures(page: str, watched: WatchedRun, snap) -> list:
+    """The figures a page builds per tick (as dashboard/views/<page>.py does)."""
+    if page == "overview":
+        return [load_figures.gpu_load_bars(snap.latest_G, snap.stats, snap.straggler.gpu if snap.straggler else None,
+                                      "tokens/step")]
+    if page == "devices":
+        return [load_figures.load_bands(snap.view.step_T, snap.loads_TG, "tokens/step"),
+                load_figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, "tokens/step"),
+                load_figures.eta_over_time(snap.view.step_T, snap.eta_TL),
+                load_figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL),
+                load_figures.step_vs_window_figure(step_vs_window(snap.view.loads_TLG))]
+    if page == "experts":
+        window, counts_LE = watched.window, snap.view.counts_sum_LE
+        hot_experts(counts_LE, 10), dead_experts(counts_LE)
+        half = snap.view.num_steps // 2
+        older = window.counts_CLE[snap.view.slots_T[:half]].sum(axis=0, dtype=np.int64)
+        return [expert_figures.layer_expert_heatmap(counts_LE),
+                expert_figures.expert_time_heatmap(snap.view.step_T, window.layer_counts(snap.view.slots_T, 3), 3),
+                expert_figures.drift_bars(js_divergence(older, counts_LE - older))]
+    rows = [{"time_s": t, "gpu_utilization_percent": 90, "memory_used_bytes": 7e10, "memory_total_bytes": 8e10,
+             "power_usage_w": 500.0, "power_limit_w": 700.0, "sm_clock_mhz": 1980, "temperature_c": 60}
+            for t in snap.view.time_s_T[-300:]]  # NVML readings as a sampler would send them
+    return [gpu_figures.nvml_figure(rows, snap.view.time_s_T, snap.loads_TG[:, 0], "GPU 0")]
+
+
+def tick(page: str, watched: WatchedRun) -> int:
+    """One server-side tick of a page; returns the figure payload in bytes."""
+    watched.tick()
+    window = watched.window
+    layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size)
+    snap = analyse(window, layout, "both", None)
+    # what st.plotly_chart does with each figure: to a dict, then plotly.io.to_json
+    return sum(len(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
+               for fig in page_figures(page, watched, snap))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--layers", type=int, default=58)
+    parser.add_argument("--experts", type=int, default=256)
+    args = parser.parse_args()
+    server = RedisServer(tempfile.mkdtemp(prefix="bench-redis-"))
+    url = server.url
+    try:
+        client = wire.connect(url, timeout_s=10.0)
+        gpus = wire.default_gpus(args.experts)
+        meta = wire.RunMeta(run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
+                            range(args.layers)], num_experts=args.experts, top_k=8, hidden_size=7168,
+                            moe_intermediate_size=2048, dtype_bytes=2, layout=wire.Layout(
+                                gpus=gpus, nodes=max(1, gpus // 8),
+                                physical_to_logical_map=wire.contiguous_layout(args.layers, args.experts)))
+        client.set(wire.meta_key(RUN), wire.encode_meta(meta))
+        writer = Writer(client, args.layers, args.experts)
+        writer.write(args.steps)
+        print(f"window {args.steps} steps x {args.layers} layers x {args.experts} experts, {gpus} GPUs, "
+              f"{NEW_STEPS_PER_TICK} new steps per tick, median of {args.repeats} ticks "
+              f"(poll + window + layout + analytics + figures + to_json)")
+        for page in ("overview", "devices", "experts", "gpus"):
+            watched = WatchedRun(RedisSource(client, url, RUN, args.steps), args.steps)
+            started = time.perf_counter()
+            tick(page, watched)
+            cold_ms = (time.perf_counter() - started) * 1e3
+            times_ms, payloads = [], []
+            for _ in range(args.repeats):
+                writer.write(NEW_STEPS_PER_TICK)
+                started = time.perf_counter()
+                payloads.append(tick(page, watched))
+                times_ms.append((time.perf_counter() - started) * 1e3)
+            assert watched.window.size == args.steps
+            if page == "overview":
+                overview_ms = times_ms
+                full_ms = []
+                for _ in range(5):
+                    started = time.perf_counter()
+                    weighted_loads(watched.window.counts_CLE, watched.window._weights_LEG)
+                    full_ms.append((time.perf_counter() - started) * 1e3)
+                full = statistics.median(full_ms)
+            print(f"{page:9s} tick {statistics.median(times_ms):7.1f} ms (p90 "
+                  f"{sorted(times_ms)[int(0.9 * (len(times_ms) - 1))]:6.1f})  payload {statistics.median(payloads):>9,.0f} B"
+                  f"   cold first tick {cold_ms:7.1f} ms")
+        tick_ms = statistics.median(overview_ms)
+        print(f"side by side: GPU loads of the whole window recomputed {full:.1f} ms; a whole overview tick, "
+              f"which recomputes only the new rows, {tick_ms:.1f} ms (ratio {full / tick_ms:.2f})")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

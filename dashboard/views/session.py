@@ -1,0 +1,108 @@
+"""Streamlit glue: the cached Redis client, the sidebar's settings and the WatchedRun kept per session.
+
+The Redis client is made once per URL (st.cache_resource) with explicit timeouts; the WatchedRun (source +
+window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import streamlit as st
+
+import wire
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import REDIS_ERRORS, RedisSource, list_runs
+from dashboard.sources.trace import TraceSource
+
+REDIS_TIMEOUT_S = 0.5
+REDIS_RETRIES = 1
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+STALE_AFTER_S = 15.0
+REFRESH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the sidebar chose. source: 'redis' or 'trace'; layer: one layer's load, or None for all layers:
+    summed over layers when summed, else the per-layer view (each GPU's busiest layer); gpus /
+    gpus_per_node None = from the run; uploaded_layout: physical_to_logical_map rows from a layout JSON."""
+
+    source: str = "redis"
+    redis_url: str = DEFAULT_REDIS_URL
+    run: str | None = None
+    trace_path: str = ""
+    phase: str = "both"
+    window_steps: int = 600
+    layer: int | None = None
+    summed: bool = False
+    gpus: int | None = None
+    gpus_per_node: int | None = None
+    uploaded_layout: tuple | None = None
+
+    def monitor_key(self) -> tuple:
+        where = (self.redis_url, self.run) if self.source == "redis" else (self.trace_path,)
+        return (self.source, *where, self.window_steps)
+
+
+def env_redis_url() -> str:
+    return os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+
+
+@st.cache_resource(show_spinner=False)
+def redis_client(url: str):
+    """One client per URL for the whole server, failing fast: REDIS_TIMEOUT_S per operation, one retry."""
+    return wire.connect(url, timeout_s=REDIS_TIMEOUT_S, retries=REDIS_RETRIES)
+
+
+def shown_url(url: str) -> str:
+    """The URL as a page may show it: redacted (never its password), or a placeholder when unparseable."""
+    try:
+        return wire.redact(url)
+    except ValueError:
+        return "(a Redis URL that does not parse)"
+
+
+def safe_text(text: str, url: str) -> str:
+    """text with url (and its password, wherever it appears) replaced by the redacted URL."""
+    text = str(text).replace(url, shown_url(url)) if url else str(text)
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    return text.replace(password, "***") if password else text
+
+
+def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
+    """(runs newest first, error message '' when Redis answered). Messages never hold the password."""
+    try:
+        return list_runs(redis_client(url)), ""
+    except ValueError:
+        return [], f"the Redis URL {shown_url(url)} must start with redis://, rediss:// or unix://"
+    except REDIS_ERRORS as exc:
+        return [], safe_text(f"{type(exc).__name__}: {exc}", url)
+
+
+def settings() -> Settings:
+    return st.session_state.get("settings") or Settings(redis_url=env_redis_url())
+
+
+def watched_run_for(cfg: Settings) -> WatchedRun | None:
+    """The session's WatchedRun for these settings (a new one when source, run or window size changed);
+    None when there is nothing to watch yet (no run chosen, no trace path)."""
+    key = cfg.monitor_key()
+    held = st.session_state.get("watched_run")
+    if held is not None and held[0] == key:
+        return held[1]
+    if cfg.source == "redis":
+        if not cfg.run:
+            return None
+        source = RedisSource(redis_client(cfg.redis_url), cfg.redis_url, cfg.run, cfg.window_steps)
+    else:
+        if not cfg.trace_path:
+            return None
+        source = TraceSource(cfg.trace_path)
+    watched = WatchedRun(source, cfg.window_steps)
+    st.session_state["watched_run"] = (key, watched)
+    return watched

@@ -1,0 +1,1 @@
+"""The What-if page (page.py) and its Streamlit controls and callbacks (controls.py)."""

@@ -1,0 +1,54 @@
+"""What-if under a move budget, pure (no Streamlit): instead of a full re-plan (whose "moves needed" can
+be most of the cluster), repair the current layout with at most `budget` expert moves
+(planner.repair, migration-aware greedy), and the moves-vs-imbalance curve to pick a budget from.
+
+One move = one expert's weights copied into one slot. The repair keeps the current layout's slots (its R),
+so the R, nodes and groups pickers do not apply. Imbalance is predicted on the fit window (the planner's
+blend of its windows), mean over layers with tokens.
+
+Shapes: fit_TLE [T, L, E] float fit windows, current_LP int [L, P].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.repair import repair_curve
+
+CURVE_MOVES_PER_LAYER = 4        # the curve reaches at least this many moves per layer
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """A repair within `budget` moves: layout_LP int64 [L, P]; curve rows {moves, mean_imbalance,
+    worst_imbalance} after each greedy step (the first row is the current layout)."""
+
+    layout_LP: np.ndarray
+    budget: int
+    curve: tuple[dict, ...]
+
+    @property
+    def policy(self) -> str:
+        return f"repair of the current layout (<= {self.budget} moves)"
+
+    @property
+    def moves_used(self) -> int:
+        return int(self.curve[-1]["moves"])
+
+
+def repair(fit_TLE, current_LP, gpus: int, budget: int) -> Repaired:
+    """The best layout the greedy repair reaches from current_LP within `budget` moves."""
+    if budget < 1:
+        raise ValueError(f"move budget must be >= 1, got {budget}")
+    lay, curve = repair_curve(fit_TLE, current_LP, gpus, int(budget))
+    lay = np.array(lay, dtype=np.int64)
+    lay.flags.writeable = False
+    rows = tuple({"moves": int(m), "mean_imbalance": mi, "worst_imbalance": wi} for m, mi, wi in curve)
+    return Repaired(layout_LP=lay, budget=int(budget), curve=rows)
+
+
+def curve_horizon(num_layers: int, budget: int) -> int:
+    """Moves the page's curve spans: CURVE_MOVES_PER_LAYER per layer, or the budget when larger (so the
+    curve is computed once per window, not once per budget picked)."""
+    return max(int(budget), CURVE_MOVES_PER_LAYER * int(num_layers))

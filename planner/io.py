@@ -1,0 +1,156 @@
+"""Reading expert counts and writing layouts.
+
+Inputs: SGLang ``logical_count`` JSON ({"logical_count": [[E numbers] x L]} or a bare nested list) or a
+``.pt`` file (a tensor, or a dict with "logical_count"), of shape [L, E] or [T, L, E] (T windows,
+oldest first). ``.pt`` files are read with ``torch.load(..., weights_only=True)`` only; torch is
+imported inside that loader, never at module level (the dashboard must run without torch).
+Project traces (JSON lines of wire.trace_line, ``.jsonl`` / ``.trace``, or a ``.json`` whose first line is
+a trace line) load as [T, L, E]: steps (ranks summed) in step order, split into up to TRACE_WINDOWS
+contiguous windows of summed steps (see trace_windows). Other types: ``register_loader(".suffix", fn)``
+where ``fn(path) -> array [L,E] | [T,L,E]``.
+Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .loads import as_counts
+
+_LOADERS: dict[str, Callable[[Path], object]] = {}
+
+
+def register_loader(suffix: str, fn: Callable[[Path], object]) -> None:
+    """Teach ``load_counts`` a new file type (e.g. the project's trace files)."""
+    _LOADERS[suffix.lower()] = fn
+
+
+def _from_obj(obj, path: Path):
+    if isinstance(obj, dict):
+        if "logical_count" not in obj:
+            raise ValueError(f"{path}: no 'logical_count' key (found: {', '.join(map(str, obj)) or 'none'})")
+        obj = obj["logical_count"]
+    if hasattr(obj, "detach"):  # a torch tensor
+        obj = obj.detach().cpu().double().numpy()
+    return obj
+
+
+def _load_json(path: Path):
+    with path.open("r", encoding="utf-8") as handle:
+        first = handle.readline()
+    if _is_trace_line(first):
+        return _load_trace(path)
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return _from_obj(obj, path)
+
+
+def _load_pt(path: Path):
+    from planner.ptfile import load_weights_only  # lazily: torch is needed only for .pt input
+
+    return _from_obj(load_weights_only(str(path)), path)
+
+
+def _is_trace_line(line: str) -> bool:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(obj, dict) and obj.get("kind") in ("meta", "step", "gpu")
+
+
+def _load_trace(path: Path) -> np.ndarray:
+    with path.open("r", encoding="utf-8") as handle:
+        return trace_windows(handle, name=path.name)
+
+
+register_loader(".json", _load_json)
+register_loader(".jsonl", _load_trace)
+register_loader(".trace", _load_trace)
+register_loader(".pt", _load_pt)
+register_loader(".pth", _load_pt)
+
+
+TRACE_WINDOWS = 16
+
+
+def trace_windows(lines, max_windows: int = TRACE_WINDOWS, name: str = "trace") -> np.ndarray:
+    """Trace lines (wire.trace_line JSON lines) -> float64 [T, L, E]: every step's counts with its ranks
+    summed, in step order, split into T = min(max_windows, steps) contiguous windows of (nearly) equal
+    step counts, each summed. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
+    line for a line that does not decode, counts of another shape, or a trace without step lines."""
+    import wire  # the wire format module at the repository root; light (numpy + stdlib)
+
+    if max_windows < 1:
+        raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+    steps: dict[int, np.ndarray] = {}
+    shape = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            kind, fields = wire.parse_trace_line(line)
+            if kind == "meta":
+                meta = fields.get("meta")
+                wire.decode_meta(json.dumps(meta) if isinstance(meta, dict) else meta)
+                continue
+            if kind != "step":
+                continue
+            rec = wire.decode_step(fields)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{name} line {number}: not a valid trace line ({exc})") from None
+        if shape is None:
+            shape = rec.counts_LE.shape
+        elif rec.counts_LE.shape != shape:
+            raise ValueError(f"{name} line {number}: counts are {list(rec.counts_LE.shape)}, earlier steps "
+                             f"were {list(shape)} (layers x experts)")
+        held = steps.get(rec.step)
+        steps[rec.step] = rec.counts_LE.astype(np.int64) if held is None else held + rec.counts_LE
+    if not steps:
+        raise ValueError(f"{name}: the trace holds no step lines")
+    counts_SLE = np.stack([steps[s] for s in sorted(steps)]).astype(np.float64)
+    return np.stack([chunk.sum(0) for chunk in np.array_split(counts_SLE, min(max_windows, len(steps)))])
+
+
+def load_counts(path) -> np.ndarray:
+    """Expert counts from a file, float64 [L, E] or [T, L, E]."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: no such file")
+    loader = _LOADERS.get(p.suffix.lower())
+    if loader is None:
+        raise ValueError(f"{p}: unknown file type '{p.suffix}' (expected one of {', '.join(sorted(_LOADERS))})")
+    obj = loader(p)
+    try:
+        arr = np.asarray(obj, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{p}: logical_count must be a rectangular array of numbers "
+                         "[layers][experts] or [windows][layers][experts]") from None
+    return as_counts(arr, f"{p.name}: logical_count", ndim=(2, 3))
+
+
+def load_layout(path) -> np.ndarray:
+    """A layout JSON ({"physical_to_logical_map": [[...]]}) as int64 [L, P]."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: no such file")
+    try:
+        obj = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{p}: not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict) or "physical_to_logical_map" not in obj:
+        raise ValueError(f"{p}: no 'physical_to_logical_map' key")
+    try:
+        return np.asarray(obj["physical_to_logical_map"], dtype=np.int64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{p}: physical_to_logical_map must be a rectangular array of ints") from None
+
+
+def write_json(path, payload: dict) -> None:
+    """Write a plan (see PlanResult.to_json) as JSON."""
+    Path(path).write_text(json.dumps(payload))

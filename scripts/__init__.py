@@ -1,0 +1,1 @@
+"""Helper scripts run from the repo root with python -m scripts.<name>."""
