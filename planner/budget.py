@@ -3,7 +3,7 @@
 Only R with (E + R) divisible by G are feasible (every GPU has the same S slots). Memory: a gated FFN
 expert holds 3 matrices hidden x moe_intermediate, so bytes_per_expert = 3 * hidden * moe_intermediate
 * dtype_bytes; R redundant slots cost R / G experts per GPU in every MoE layer. Defaults: DeepSeek-V3
-(hidden 7168, moe_intermediate 2048, bf16). The knee is the point farthest from the straight line
+(planner.sizes.DEEPSEEK_V3: hidden 7168, moe_intermediate 2048, bf16). The knee is the point farthest from the straight line
 between the curve's ends (Kneedle), i.e. where more replicas stop paying off.
 
 Shapes: counts_LE [L, E] (or [T, L, E], planned robustly); returns a list of dict rows.
@@ -14,6 +14,7 @@ import numpy as np
 
 from .api import plan
 from .loads import as_counts
+from .sizes import DEEPSEEK_V3
 
 
 def bytes_per_expert(hidden: int, moe_intermediate: int, dtype_bytes: int) -> int:
@@ -39,8 +40,8 @@ def knee_index(x, y) -> int:
     return int(np.argmax(chord - yn))
 
 
-def replica_budget_curve(counts, gpus: int, max_redundant: int | None = None, hidden: int = 7168,
-                         moe_intermediate: int = 2048, dtype_bytes: int = 2, policy: str = "auto",
+def replica_budget_curve(counts, gpus: int, max_redundant: int | None = None, hidden: int = DEEPSEEK_V3.hidden_size,
+                         moe_intermediate: int = DEEPSEEK_V3.moe_intermediate_size, dtype_bytes: int = DEEPSEEK_V3.dtype_bytes, policy: str = "auto",
                          nodes: int | None = None, groups: int | None = None) -> dict:
     """{"rows": [{redundant, mean_imbalance, worst_imbalance, mean_lower_bound, extra_bytes_per_gpu,
     extra_bytes_total}], "knee": index into rows, "bytes_per_expert": int}."""

@@ -5,7 +5,7 @@ Inputs: SGLang ``logical_count`` JSON ({"logical_count": [[E numbers] x L]} or a
 oldest first). ``.pt`` files are read with ``torch.load(..., weights_only=True)`` only; torch is
 imported inside that loader, never at module level (the dashboard must run without torch).
 Project traces (JSON lines of wire.trace_line, ``.jsonl`` / ``.trace``, or a ``.json`` whose first line is
-a trace line) load as [T, L, E]: steps (ranks summed) in step order, split into up to TRACE_WINDOWS
+a trace line) load as [T, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
 contiguous windows of summed steps (see trace_windows). Other types: ``register_loader(".suffix", fn)``
 where ``fn(path) -> array [L,E] | [T,L,E]``.
 Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads.
@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from .loads import as_counts
+from .windows import MAX_WINDOWS, split_windows
 
 _LOADERS: dict[str, Callable[[Path], object]] = {}
 
@@ -76,10 +77,7 @@ register_loader(".pt", _load_pt)
 register_loader(".pth", _load_pt)
 
 
-TRACE_WINDOWS = 16
-
-
-def trace_windows(lines, max_windows: int = TRACE_WINDOWS, name: str = "trace") -> np.ndarray:
+def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") -> np.ndarray:
     """Trace lines (wire.trace_line JSON lines) -> float64 [T, L, E]: every step's counts with its ranks
     summed, in step order, split into T = min(max_windows, steps) contiguous windows of (nearly) equal
     step counts, each summed. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
@@ -113,8 +111,7 @@ def trace_windows(lines, max_windows: int = TRACE_WINDOWS, name: str = "trace") 
         steps[rec.step] = rec.counts_LE.astype(np.int64) if held is None else held + rec.counts_LE
     if not steps:
         raise ValueError(f"{name}: the trace holds no step lines")
-    counts_SLE = np.stack([steps[s] for s in sorted(steps)]).astype(np.float64)
-    return np.stack([chunk.sum(0) for chunk in np.array_split(counts_SLE, min(max_windows, len(steps)))])
+    return split_windows(np.stack([steps[s] for s in sorted(steps)]), max_windows)
 
 
 def load_counts(path) -> np.ndarray:

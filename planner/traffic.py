@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .sizes import DEEPSEEK_V3
+
 
 def _replica_table(layout_P: np.ndarray, num_experts: int, gpus: int) -> tuple[np.ndarray, np.ndarray]:
     S = layout_P.size // gpus
@@ -73,8 +75,8 @@ def route(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int = 1) -> np.
     return gpu_NK
 
 
-def traffic(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int = 1, hidden: int = 7168,
-            dtype_bytes: int = 2, node_cap: int | None = None, source_gpu_N=None) -> dict:
+def traffic(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int = 1, hidden: int = DEEPSEEK_V3.hidden_size,
+            dtype_bytes: int = DEEPSEEK_V3.dtype_bytes, node_cap: int | None = None, source_gpu_N=None) -> dict:
     """Per-layer traffic figures for one batch of sampled tokens (see module doc). source_gpu_N: int [N],
     the GPU each token starts on (None: unknown, the cross-node share is the home-node lower bound)."""
     gpu_NK = route(topk_NK, layout_P, num_experts, gpus, nodes)

@@ -8,8 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from dashboard.figures.common import f32
+from dashboard.figures.units import GIB
 
-GIB = float(1 << 30)
 PANELS = (  # (title, [(field, scale, trace name, dashed)])
     ("expert load (tokens/step)", []),
     ("GPU utilisation % (time-based: a kernel was running)", [("gpu_utilization_percent", 1.0, "util %", False)]),

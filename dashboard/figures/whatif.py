@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from dashboard.figures.units import byte_unit
 from dashboard.figures.common import HEIGHT_PX, f32, figure
 
 BEFORE, AFTER, PICKED = "#9aa5b1", "#1f77b4", "#d62728"
@@ -53,8 +54,7 @@ def budget_curve(rows: list[dict], knee: int, chosen_r: int | None) -> go.Figure
     on top), extra memory per GPU as bars (right axis, unit scaled to the largest value), the knee marked."""
     r = np.asarray([row["redundant"] for row in rows], dtype=np.int32)
     extra = np.asarray([row["extra_bytes_per_gpu"] for row in rows], dtype=np.float64)
-    scale, unit = next((s, u) for s, u in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
-                       if extra.max(initial=0) >= s or s == 1)
+    scale, unit = byte_unit(extra.max(initial=0))
     line = dict(type="scatter", yaxis="y2", mode="lines+markers")
     traces = [dict(type="bar", x=r, y=f32(extra / scale), name=f"extra memory per GPU ({unit})", opacity=0.5,
                    marker=dict(color="#9ecae1"), hovertemplate="R=%{x}: +%{y:.2f} " + unit + "/GPU<extra></extra>"),

@@ -10,10 +10,10 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.figures import gpu as gpu_figures
+from dashboard.figures.units import GIB
 from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, ago, captioned_frame
 
-GIB = float(1 << 30)
 
 
 def page() -> None:

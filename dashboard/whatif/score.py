@@ -2,7 +2,7 @@
 layout on the score window, and model its all-to-all traffic from the sampled routing rows.
 
 Fit window: the `fit` newest steps (or the steps of the last `fit` minutes) before the score window when
-held out, else ending with the newest step; it reaches the planner as up to MAX_FIT_WINDOWS contiguous
+held out, else ending with the newest step; it reaches the planner as up to planner.windows.MAX_WINDOWS contiguous
 windows of summed steps [T, L, E] (oldest first). Score window: the `score_steps` newest steps (the live
 tail). GPU loads use the even-split rule (tokens of an expert shared evenly by its replicas) and eta follows
 the Overview (dashboard.analytics): idle (step, layer) pairs are NaN and left out of every mean.
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from dashboard.analytics.balance import LayerSpread, across_layers
+from planner.windows import split_windows
 from planner.loads import balancedness_or_nan, gpu_weights, weighted_loads
 from dashboard.live.samples import SampledRows
 
-MAX_FIT_WINDOWS = 16
 MAX_SAMPLE_ROWS = 4096
 
 
@@ -56,14 +56,6 @@ class WhatIfData:
     @property
     def score_sum_LE(self) -> np.ndarray:
         return self.score_SLE.sum(0)
-
-
-def split_windows(counts_SLE, max_windows: int = MAX_FIT_WINDOWS) -> np.ndarray:
-    """Per-step counts [S, L, E] -> float64 [T, L, E], T = min(max_windows, S) contiguous sums."""
-    c = np.asarray(counts_SLE)
-    if c.ndim != 3 or c.shape[0] == 0:
-        raise ValueError(f"counts must be [steps >= 1, layers, experts], got shape {c.shape}")
-    return np.stack([p.sum(0) for p in np.array_split(c.astype(np.float64), min(max_windows, c.shape[0]))])
 
 
 def select_steps(time_s_S, score_steps: int, fit: float, unit: str = "steps",

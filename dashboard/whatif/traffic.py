@@ -9,12 +9,15 @@ Shape legend: L layers, P slots, N sampled tokens, K top-k.
 """
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import numpy as np
 
+from planner.sizes import DEEPSEEK_V3
 from planner.traffic import traffic
 
 SOURCE_RULE, HOME_RULE = "source rank", "home node"
-DEFAULT_SIZES = (7168, 2048, 2)  # DeepSeek-V3 hidden, moe_intermediate, bf16 bytes: for unknown sizes
+DEFAULT_SIZES = astuple(DEEPSEEK_V3)  # (hidden, moe_intermediate, dtype bytes) for sizes a run leaves unknown
 SIZE_NAMES = ("hidden_size", "moe_intermediate_size", "dtype_bytes")
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.figures import whatif as whatif_figures
+from dashboard.figures.units import format_bytes
 from dashboard.whatif import edits as whatif_state, repair as whatif_repair, score as whatif_score, traffic as whatif_traffic
 from planner.api import plan
 from planner.bounds import best_bound
@@ -19,17 +20,6 @@ from dashboard.views.whatif.controls import (K, Inputs, inputs, on_edit, on_expe
                                        on_reset, on_undo)
 
 UNIT = "tokens/step"
-
-
-def human_bytes(n: float, sign: bool = False) -> str:
-    """1536 -> '1.5 KiB' (binary units); sign=True prefixes + for non-negative values."""
-    value, unit = abs(float(n)), "B"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    text = f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-    return ("-" if n < 0 else "+" if sign else "") + text
 
 
 def page() -> None:
@@ -137,8 +127,8 @@ def _metrics(before_LP, session, before, after, data, sizes, sizes_note: str | N
     cols[3].metric("worst layer imbalance", fmt(after.worst_imbalance),
                    delta=f"{after.worst_imbalance - before.worst_imbalance:+.3f}", delta_color="inverse")
     cols[4].metric("moves needed", f"{whatif_state.moves_needed(before_LP, session.current, G):,}",
-                   help=f"expert weights to copy onto GPUs (x {bpe / 2**20:.1f} MiB each)")
-    cols[5].metric("expert memory per GPU", human_bytes(mem[1]), delta=human_bytes(mem[1] - mem[0], sign=True),
+                   help=f"expert weights to copy onto GPUs (x {format_bytes(bpe)} each)")
+    cols[5].metric("expert memory per GPU", format_bytes(mem[1]), delta=format_bytes(mem[1] - mem[0], sign=True),
                    delta_color="inverse", help=f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per "
                    "expert (3 x hidden x moe_intermediate x dtype bytes)"
                    + (f" — {sizes_note}" if sizes_note else ""))
@@ -237,5 +227,5 @@ def _budget(data, data_key, G: int, picks: Inputs, nodes, groups, sizes) -> None
     knee = curve["rows"][curve["knee"]]
     st.plotly_chart(whatif_figures.budget_curve(curve["rows"], curve["knee"], picks.redundant), key=K + "budget_fig")
     st.caption(f"Planned on the fit window (summed) with policy {policy}. Knee at R = {knee['redundant']}: imbalance "
-               f"{knee['mean_imbalance']:.3f} for {human_bytes(knee['extra_bytes_per_gpu'], sign=True)} per GPU "
+               f"{knee['mean_imbalance']:.3f} for {format_bytes(knee['extra_bytes_per_gpu'], sign=True)} per GPU "
                f"({curve['bytes_per_expert']:,} bytes per expert, {curve['moe_layers']} MoE layers).")
