@@ -18,6 +18,8 @@ from typing import Callable
 
 import numpy as np
 
+import wire
+
 from .loads import as_counts
 from .windows import MAX_WINDOWS, split_windows
 
@@ -82,8 +84,6 @@ def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") ->
     summed, in step order, split into T = min(max_windows, steps) contiguous windows of (nearly) equal
     step counts, each summed. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
     line for a line that does not decode, counts of another shape, or a trace without step lines."""
-    import wire  # the wire format module at the repository root; light (numpy + stdlib)
-
     if max_windows < 1:
         raise ValueError(f"max_windows must be >= 1, got {max_windows}")
     steps: dict[int, np.ndarray] = {}
@@ -92,16 +92,11 @@ def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") ->
         if not line.strip():
             continue
         try:
-            kind, fields = wire.parse_trace_line(line)
-            if kind == "meta":
-                meta = fields.get("meta")
-                wire.decode_meta(json.dumps(meta) if isinstance(meta, dict) else meta)
-                continue
-            if kind != "step":
-                continue
-            rec = wire.decode_step(fields)
+            kind, rec = wire.decode_trace_line(line)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{name} line {number}: not a valid trace line ({exc})") from None
+        if not isinstance(rec, wire.StepRecord):
+            continue
         if shape is None:
             shape = rec.counts_LE.shape
         elif rec.counts_LE.shape != shape:

@@ -22,12 +22,12 @@ from .keys import (COUNTS_DTYPE, KEY_PREFIX, MAX_SAMPLE_EXPERTS, PHASES, RUNS_KE
                    steps_key)
 from .meta import Layout, RunMeta, contiguous_layout, decode_meta, default_gpus, encode_meta
 from .steps import StepRecord, decode_step, encode_step, new_instance_id
-from .trace import TRACE_KINDS, parse_trace_line, trace_line
+from .trace import TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
 __all__ = [
     "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "MAX_SAMPLE_EXPERTS", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
     "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "RunMeta",
-    "StepRecord", "check_run_name", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step",
+    "StepRecord", "check_run_name", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step", "decode_trace_line",
     "default_gpus", "encode_gpu_sample", "encode_meta", "encode_step", "gpu_key", "health_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]

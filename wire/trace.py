@@ -5,6 +5,10 @@ import base64
 import binascii
 import json
 
+from .gpu import GpuSample, decode_gpu_sample
+from .meta import RunMeta, decode_meta
+from .steps import StepRecord, decode_step
+
 # A trace file is JSON lines: {"kind": "meta", "meta": "<RunMeta JSON>"} first, then {"kind": "step", ...}
 # with the encode_step fields (bytes values base64 in "<name>_b64") and {"kind": "gpu", ...} with the
 # encode_gpu_sample fields. No pickle: a trace is data only.
@@ -44,3 +48,21 @@ def parse_trace_line(line: str) -> tuple[str, dict]:
         else:
             fields[name] = value
     return kind, fields
+
+
+def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample]:
+    """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample): the one decoder of
+    trace lines (replay source and planner alike). ValueError on anything malformed."""
+    kind, fields = parse_trace_line(line)
+    if kind == "meta":
+        meta = fields.get("meta")
+        if isinstance(meta, dict):
+            meta = json.dumps(meta)
+        if not isinstance(meta, (str, bytes)):
+            raise ValueError("a meta line needs a 'meta' field holding the run metadata")
+        return "meta", decode_meta(meta)
+    if kind == "step":
+        return "step", decode_step(fields)
+    if isinstance(fields.get("gpus"), list):
+        fields["gpus"] = json.dumps(fields["gpus"])
+    return "gpu", decode_gpu_sample(fields)

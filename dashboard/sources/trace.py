@@ -19,7 +19,6 @@ text (a .pt or .gz picked by mistake) is reported once as "not a text trace" and
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -27,23 +26,6 @@ import wire
 from dashboard.sources.base import Batch, Health
 
 STALL_POLLS = 2
-
-
-def decode_trace_line(line: str) -> tuple[str, object]:
-    """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample). ValueError otherwise."""
-    kind, fields = wire.parse_trace_line(line)
-    if kind == "meta":
-        meta = fields.get("meta")
-        if isinstance(meta, dict):
-            meta = json.dumps(meta)
-        if not isinstance(meta, (str, bytes)):
-            raise ValueError("a meta line needs a 'meta' field holding the run metadata")
-        return "meta", wire.decode_meta(meta)
-    if kind == "step":
-        return "step", wire.decode_step(fields)
-    if isinstance(fields.get("gpus"), list):
-        fields["gpus"] = json.dumps(fields["gpus"])
-    return "gpu", wire.decode_gpu_sample(fields)
 
 
 class TraceSource:
@@ -129,7 +111,7 @@ class TraceSource:
 
     def _take(self, line: str, batch: Batch) -> None:
         try:
-            kind, item = decode_trace_line(line)
+            kind, item = wire.decode_trace_line(line)
         except ValueError as exc:
             batch.bad_records += 1
             batch.last_error = f"trace line at byte {self._offset}: {exc}"
