@@ -7,9 +7,9 @@ Policies
   GPU until it is within 0.01% of the lower bound or no move helps (global).
 - "hierarchical": groups -> nodes with primaries pinned to their group's node, spares anywhere.
 - "robust": one layout for the next window, balanced on all given windows at once (see robust.py).
-- "auto": hierarchical if nodes/groups are given, else robust for [T, L, E] input, else refined.
+- "auto": hierarchical if nodes/groups are given, else robust for [W, L, E] input, else refined.
 Predictions are made on the target traffic: the counts for [L, E] input, the decay-weighted blend of
-normalised windows for [T, L, E] input. Layers without traffic (dense layers) get a plain layout and
+normalised windows for [W, L, E] input. Layers without traffic (dense layers) get a plain layout and
 imbalance 1.0; they are planned as if every expert had equal load.
 """
 from __future__ import annotations
@@ -92,17 +92,17 @@ class PlanResult:
         return d
 
 
-def plan_refined(counts_LE, gpus: int, redundant: int, windows_TLE=None) -> np.ndarray:
-    """Our global policy: layout [L, P]; refinement balances ``windows_TLE`` (default: the counts)."""
+def plan_refined(counts_LE, gpus: int, redundant: int, windows_WLE=None) -> np.ndarray:
+    """Our global policy: layout [L, P]; refinement balances ``windows_WLE`` (default: the counts)."""
     c = as_counts(counts_LE)
     E = c.shape[1]
     check_shape(E, gpus, redundant)
     rep = replicate_greedy(c, E + redundant)
     phys = expand_replicas(rep)
     lay = layout_from_bins(phys, balanced_pack(np.take_along_axis(c / rep, phys, axis=1), gpus, phys), gpus)
-    lay, _ = refine_all(lay, c[None] if windows_TLE is None else windows_TLE, gpus)
+    lay, _ = refine_all(lay, c[None] if windows_WLE is None else windows_WLE, gpus)
     S = (E + redundant) // gpus
-    if windows_TLE is None and num_splits(S) <= MAX_SPLITS:
+    if windows_WLE is None and num_splits(S) <= MAX_SPLITS:
         target = best_bound(c, gpus, redundant) * c.sum(1) / gpus * (1 + PAIR_STOP_GAP)
         lay, _ = refine_pairs(lay, slot_weights(c, lay), gpus, target_L=target)
     return lay
@@ -110,7 +110,7 @@ def plan_refined(counts_LE, gpus: int, redundant: int, windows_TLE=None) -> np.n
 
 def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: int | None = None,
          policy: str = "auto", decay: float = 1.0, recent: int = 16) -> PlanResult:
-    """Plan a layout for counts [L, E] or [T, L, E] (windows oldest..newest)."""
+    """Plan a layout for counts [L, E] or [W, L, E] (windows oldest..newest)."""
     c = as_counts(counts, "counts", ndim=(2, 3))
     if policy not in POLICIES:
         raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(POLICIES)})")
@@ -139,7 +139,7 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
                else eplb_global(eplb_in, gpus, redundant))
     elif policy == "hierarchical":
         scen_in = None if scen is None else np.where(active[None, :, None], scen, 1.0)
-        lay, home = plan_hierarchical(plan_in, gpus, redundant, nodes, groups, weights_TLE=scen_in)
+        lay, home = plan_hierarchical(plan_in, gpus, redundant, nodes, groups, weights_WLE=scen_in)
     elif policy == "robust":
         lay = fit_robust(np.where(active[None, :, None], c if windowed else c[None], 1.0), gpus, redundant,
                          decay=decay, recent=recent)

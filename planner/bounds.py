@@ -8,8 +8,8 @@ Shapes: counts_LE [L, E]; every function returns float64 [L] (1.0 for layers wit
   S - k - 1 other experts, at least the lightest ones.
 - cardinality (R = 0): the k heaviest experts sit on some j GPUs, which hold j*S experts in all; their
   mean load is at least (the k heaviest + the j*S - k lightest) / j, whatever j turns out to be.
-- group partition (hierarchical, replicas kept inside a node): the best split of K groups over N
-  nodes (K/N each) leaves some node with at least that node's total, spread over its G/N GPUs.
+- group partition (hierarchical, replicas kept inside a node): the best split of Q groups over M
+  nodes (Q/M each) leaves some node with at least that node's total, spread over its G/M GPUs.
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def group_partition_bound(counts_LE, gpus: int, nodes: int, groups: int, max_enu
     L, E = c.shape
     if E % groups or groups % nodes or gpus % nodes:
         raise ValueError("groups must split the experts, nodes must split the groups and the GPUs")
-    g_LK = c.reshape(L, groups, E // groups).sum(-1)
+    group_LQ = c.reshape(L, groups, E // groups).sum(-1)
     per = groups // nodes
     total = c.sum(1)
     splits = []
@@ -117,10 +117,10 @@ def group_partition_bound(counts_LE, gpus: int, nodes: int, groups: int, max_enu
         for q, part in enumerate(splits):
             for n, block in enumerate(part):
                 onehot[q, n, list(block)] = 1.0
-        node_LQN = np.einsum("lk,qnk->lqn", g_LK, onehot)
-        node_max_L = node_LQN.max(2).min(1)
+        node_LJM = np.einsum("lk,qnk->lqn", group_LQ, onehot)
+        node_max_L = node_LJM.max(2).min(1)
     else:
-        s = -np.sort(-g_LK, axis=1)
+        s = -np.sort(-group_LQ, axis=1)
         node_max_L = np.maximum(total / nodes, s[:, 0])
         k = 1
         while k * nodes + 1 <= groups:

@@ -6,7 +6,7 @@ expert holds 3 matrices hidden x moe_intermediate, so bytes_per_expert = 3 * hid
 (planner.sizes.DEEPSEEK_V3: hidden 7168, moe_intermediate 2048, bf16). The knee is the point farthest from the straight line
 between the curve's ends (Kneedle), i.e. where more replicas stop paying off.
 
-Shapes: counts_LE [L, E] (or [T, L, E], planned robustly); returns a list of dict rows.
+Shapes: counts_LE [L, E] (or [W, L, E], planned robustly); returns a list of dict rows.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 python -m planner --load FILE --gpus G --redundant R [--nodes N --groups K] [--policy NAME]
                          [--decay D] [--current LAYOUT.json --moves K] --out OUT.json
 
-FILE: SGLang logical_count JSON or .pt, shape [L, E] or [T, L, E] (windows oldest..newest), or one of
+FILE: SGLang logical_count JSON or .pt, shape [L, E] or [W, L, E] (windows oldest..newest), or one of
 the project's traces (JSON lines, .jsonl): its steps split into up to 16 windows.
 Bad input prints one line "error: ..." on stderr and exits with code 2.
 """

@@ -3,9 +3,9 @@
 global: replicate every extra slot onto the expert with the largest load per replica, then pack the
 P physical replicas onto G GPUs with exactly S = P / G slots each, heaviest replica first onto the
 lightest GPU with a free slot. Like EPLB it may put two replicas of one expert on one GPU.
-hierarchical: pack K groups of consecutive experts onto N nodes (K/N each, balanced packing on group
-totals), replicate within each node with its P / N slots, then pack each node's replicas onto its
-G / N GPUs. Like EPLB, its node loads are fixed by the group packing ("group floor").
+hierarchical: pack Q groups of consecutive experts onto M nodes (Q/M each, balanced packing on group
+totals), replicate within each node with its P / M slots, then pack each node's replicas onto its
+G / M GPUs. Like EPLB, its node loads are fixed by the group packing ("group floor").
 
 Shapes: weight_LE [L, E] token counts; returns layout_LP [L, P] int64 (slot p on GPU p // S).
 """
@@ -30,7 +30,7 @@ def eplb_global(weight_LE, gpus: int, redundant: int) -> np.ndarray:
 
 
 def check_hierarchy(num_experts: int, gpus: int, redundant: int, nodes: int, groups: int) -> None:
-    """ValueError unless K groups split E evenly, N nodes split G, K and the R spares evenly."""
+    """ValueError unless Q groups split E evenly, M nodes split G, K and the R spares evenly."""
     if nodes < 1 or groups < 1:
         raise ValueError(f"--nodes and --groups must be >= 1, got {nodes} and {groups}")
     if num_experts % groups:
@@ -44,23 +44,23 @@ def check_hierarchy(num_experts: int, gpus: int, redundant: int, nodes: int, gro
 
 
 def group_to_node(weight_LE: np.ndarray, nodes: int, groups: int) -> np.ndarray:
-    """Node of every group, [L, K]: balanced packing of group totals, K/N groups per node."""
+    """Node of every group, [L, K]: balanced packing of group totals, Q/M groups per node."""
     L, E = weight_LE.shape
-    group_LK = weight_LE.reshape(L, groups, E // groups).sum(-1)
-    return balanced_pack(group_LK, nodes)
+    group_LQ = weight_LE.reshape(L, groups, E // groups).sum(-1)
+    return balanced_pack(group_LQ, nodes)
 
 
 def eplb_hierarchical(weight_LE, gpus: int, redundant: int, nodes: int, groups: int) -> np.ndarray:
-    """EPLB's hierarchical policy: layout [L, E + redundant]; node n owns GPUs n*G/N ... and all replicas
+    """EPLB's hierarchical policy: layout [L, E + redundant]; node n owns GPUs n*G/M ... and all replicas
     of the experts in its groups."""
     w = as_counts(weight_LE)
     L, E = w.shape
     check_shape(E, gpus, redundant)
     check_hierarchy(E, gpus, redundant, nodes, groups)
     gsize = E // groups
-    node_LK = group_to_node(w, nodes, groups)
+    node_LQ = group_to_node(w, nodes, groups)
     # experts of each node, node-major, group order kept (like EPLB's log->mlog map)
-    node_LE = np.repeat(node_LK, gsize, axis=1)
+    node_LE = np.repeat(node_LQ, gsize, axis=1)
     order_LE = np.argsort(node_LE * E + np.arange(E), axis=1, kind="stable")
     per_node = E // nodes
     mlog_LNe = order_LE.reshape(L * nodes, per_node)

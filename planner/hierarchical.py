@@ -1,9 +1,9 @@
 """Hierarchical planner with cross-node spares.
 
-Experts form K groups of consecutive ids; nodes are N blocks of consecutive GPUs (G/N each). The groups
-are packed onto nodes (K/N per node, balanced on group totals, as EPLB does) and the primary copy of
+Experts form Q groups of consecutive ids; nodes are M blocks of consecutive GPUs (G/M each). The groups
+are packed onto nodes (Q/M per node, balanced on group totals, as EPLB does) and the primary copy of
 every expert stays on its group's node, so node-limited routing keeps working. Unlike EPLB, the R
-redundant copies may live on any node: each node has exactly R/N spare slots, which serve the hottest
+redundant copies may live on any node: each node has exactly R/M spare slots, which serve the hottest
 experts wherever they are. The off-node token share (tokens served by a replica outside the expert's
 home node, even split across replicas) is reported.
 
@@ -20,27 +20,27 @@ from .pack import expand_replicas, replicate_greedy
 from .replicas import refine_all
 
 
-def pinned_pack(weight_LN, expert_LN, pin_LN, gpus: int, nodes: int, num_experts: int) -> np.ndarray:
-    """GPU of every item [L, N]: heaviest first onto the lightest GPU with a free slot that holds no
+def pinned_pack(weight_LI, expert_LI, pin_LI, gpus: int, nodes: int, num_experts: int) -> np.ndarray:
+    """GPU of every item [L, I]: heaviest first onto the lightest GPU with a free slot that holds no
     replica of the same expert; a pinned item only on its node; a spare only where its node keeps room
     for the primaries still to come."""
-    L, N = weight_LN.shape
-    S = N // gpus
+    L, I = weight_LI.shape
+    S = I // gpus
     per_node = gpus // nodes
     node_G = np.arange(gpus) // per_node
-    order = np.argsort(-weight_LN, axis=1, kind="stable")
+    order = np.argsort(-weight_LI, axis=1, kind="stable")
     rows = np.arange(L)
-    gpu_LN = np.empty((L, N), dtype=np.int64)
+    gpu_LI = np.empty((L, I), dtype=np.int64)
     load = np.zeros((L, gpus))
     used = np.zeros((L, gpus), dtype=np.int64)
     has = np.zeros((L, gpus, num_experts), dtype=bool)
     pins_left = np.zeros((L, nodes), dtype=np.int64)
     for n in range(nodes):
-        pins_left[:, n] = (pin_LN == n).sum(1)
-    for j in range(N):
+        pins_left[:, n] = (pin_LI == n).sum(1)
+    for j in range(I):
         it = order[:, j]
-        e, pn = expert_LN[rows, it], pin_LN[rows, it]
-        node_free = (S - used).reshape(L, nodes, per_node).sum(2)                       # [L, N]
+        e, pn = expert_LI[rows, it], pin_LI[rows, it]
+        node_free = (S - used).reshape(L, nodes, per_node).sum(2)                       # [L, M]
         ok = (used < S) & ~has[rows, :, e]
         spare_ok = (node_free > pins_left)[:, node_G]
         ok &= np.where(pn[:, None] >= 0, node_G[None, :] == pn[:, None], spare_ok)
@@ -50,26 +50,26 @@ def pinned_pack(weight_LN, expert_LN, pin_LN, gpus: int, nodes: int, num_experts
             ok2 = (used < S) & np.where(pn[:, None] >= 0, node_G[None, :] == pn[:, None], spare_ok)
             key[none] = np.where(ok2[none], load[none], np.inf)
         g = key.argmin(1)
-        gpu_LN[rows, it] = g
-        load[rows, g] += weight_LN[rows, it]
+        gpu_LI[rows, it] = g
+        load[rows, g] += weight_LI[rows, it]
         used[rows, g] += 1
         has[rows, g, e] = True
         pins_left[rows[pn >= 0], pn[pn >= 0]] -= 1
-    return gpu_LN
+    return gpu_LI
 
 
 def plan_hierarchical(counts_LE, gpus: int, redundant: int, nodes: int, groups: int,
-                      refine: bool = True, weights_TLE=None):
+                      refine: bool = True, weights_WLE=None):
     """Layout [L, P] and home node of every expert [L, E].
 
-    ``weights_TLE`` (optional) are the per-window loads the refinement balances at once (defaults to
+    ``weights_WLE`` (optional) are the per-window loads the refinement balances at once (defaults to
     ``counts_LE`` itself); replication and packing use ``counts_LE``."""
     c = as_counts(counts_LE)
     L, E = c.shape
     S = check_shape(E, gpus, redundant)
     check_hierarchy(E, gpus, redundant, nodes, groups)
-    node_LK = group_to_node(c, nodes, groups)
-    home_LE = np.repeat(node_LK, E // groups, axis=1)
+    node_LQ = group_to_node(c, nodes, groups)
+    home_LE = np.repeat(node_LQ, E // groups, axis=1)
     rep = replicate_greedy(c, E + redundant)
     phys = expand_replicas(rep)
     first = np.concatenate([np.ones((L, 1), bool), np.diff(phys, axis=1) != 0], axis=1)
@@ -80,7 +80,7 @@ def plan_hierarchical(counts_LE, gpus: int, redundant: int, nodes: int, groups: 
     lay = np.take_along_axis(phys, order, axis=1)
     pin = np.take_along_axis(pin, order, axis=1)
     if refine:
-        win = c[None] if weights_TLE is None else as_counts(weights_TLE, ndim=(3,))
+        win = c[None] if weights_WLE is None else as_counts(weights_WLE, ndim=(3,))
         lay, pin = refine_all(lay, win, gpus, pin_LP=pin, nodes=nodes)
     del S
     return lay, home_LE

@@ -1,11 +1,11 @@
 """Reading expert counts and writing layouts.
 
 Inputs: SGLang ``logical_count`` JSON ({"logical_count": [[E numbers] x L]} or a bare nested list) or a
-``.pt`` file (a tensor, or a dict with "logical_count"), of shape [L, E] or [T, L, E] (T windows,
+``.pt`` file (a tensor, or a dict with "logical_count"), of shape [L, E] or [W, L, E] (W windows,
 oldest first). ``.pt`` files are read with ``torch.load(..., weights_only=True)`` only; torch is
 imported inside that loader, never at module level (the dashboard must run without torch).
 Project traces (JSON lines of wire.trace_line, ``.jsonl`` / ``.trace``, or a ``.json`` whose first line is
-a trace line) load as [T, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
+a trace line) load as [W, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
 contiguous windows of summed steps (see trace_windows). Other types: ``register_loader(".suffix", fn)``
 where ``fn(path) -> array [L,E] | [T,L,E]``.
 Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads.
@@ -80,7 +80,7 @@ register_loader(".pth", _load_pt)
 
 
 def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") -> np.ndarray:
-    """Trace lines (wire.trace_line JSON lines) -> float64 [T, L, E]: every step's counts with its ranks
+    """Trace lines (wire.trace_line JSON lines) -> float64 [W, L, E]: every step's counts with its ranks
     summed, in step order, split into T = min(max_windows, steps) contiguous windows of (nearly) equal
     step counts, each summed. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
     line for a line that does not decode, counts of another shape, or a trace without step lines."""
@@ -110,7 +110,7 @@ def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") ->
 
 
 def load_counts(path) -> np.ndarray:
-    """Expert counts from a file, float64 [L, E] or [T, L, E]."""
+    """Expert counts from a file, float64 [L, E] or [W, L, E]."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: no such file")

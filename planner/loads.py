@@ -1,8 +1,8 @@
 """Shared helpers: input checks, replica counts and GPU loads under a layout.
 
-Shape legend: L layers, E logical experts, P = E + R physical slots, G GPUs, S = P // G slots per GPU,
-T windows (time axis). A layout is ``layout_LP[l, p]`` = logical expert held by slot p (SGLang's
-``physical_to_logical_map``); slot p lives on GPU ``p // S``.
+Shape legend (README, Conventions): L layers, E logical experts, P = E + R physical slots, G GPUs,
+S = P // G slots per GPU, T steps, W windows, X any leading axes. A layout is ``layout_LP[l, p]`` = logical
+expert held by slot p (SGLang's ``physical_to_logical_map``); slot p lives on GPU ``p // S``.
 GPU load = sum over the GPU's slots of count[e] / replicas[e] (tokens split evenly across replicas,
 as EPLB assumes). This module is the one implementation of that rule and of eta = mean/max for the whole
 dashboard: ``gpu_loads`` (slot form, the planner's hot path) and ``gpu_weights`` + ``weighted_loads`` (matmul
@@ -14,7 +14,7 @@ import numpy as np
 
 
 def as_counts(counts, name: str = "counts", ndim: tuple[int, ...] = (2,)) -> np.ndarray:
-    """Validate expert counts and return them as float64 (shape [L, E] or [T, L, E] per ``ndim``)."""
+    """Validate expert counts and return them as float64 (shape [L, E] or [W, L, E] per ``ndim``)."""
     try:
         arr = np.asarray(counts, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -57,7 +57,7 @@ def replica_counts(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:
 
 
 def slot_weights(counts_LE: np.ndarray, layout_LP: np.ndarray) -> np.ndarray:
-    """Per-slot load count[e] / replicas[e]: [L, P], or [T, L, P] for counts [T, L, E]."""
+    """Per-slot load count[e] / replicas[e]: [L, P], or [X, L, P] for counts [X, L, E] (steps or windows)."""
     E = counts_LE.shape[-1]
     rep_LE = replica_counts(layout_LP, E)
     per_rep = counts_LE / np.maximum(rep_LE, 1)
@@ -68,7 +68,7 @@ def slot_weights(counts_LE: np.ndarray, layout_LP: np.ndarray) -> np.ndarray:
 
 
 def gpu_loads(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
-    """GPU loads [L, G] (or [T, L, G] for counts [T, L, E]) under ``layout_LP``."""
+    """GPU loads [L, G] (or [X, L, G] for counts [X, L, E], steps or windows) under ``layout_LP``."""
     w = slot_weights(np.asarray(counts_LE, dtype=np.float64), np.asarray(layout_LP, dtype=np.int64))
     return w.reshape(w.shape[:-1] + (gpus, -1)).sum(-1)
 

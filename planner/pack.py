@@ -1,6 +1,6 @@
 """Replication and balanced packing primitives, vectorised across layers.
 
-Shape legend: L layers, E experts, P = E + R physical slots, N items, B bins (GPUs or nodes).
+Shape legend: L layers, E experts, P = E + R physical slots, I items, B bins (GPUs or nodes).
 """
 from __future__ import annotations
 
@@ -25,44 +25,44 @@ def expand_replicas(rep_LE: np.ndarray) -> np.ndarray:
     return np.stack([np.repeat(np.arange(E), rep_LE[l]) for l in range(L)]).astype(np.int64)
 
 
-def balanced_pack(weight_LN: np.ndarray, bins: int, forbid_dup_LN: np.ndarray | None = None) -> np.ndarray:
-    """Bin of every item, int64 [L, N]: exactly N // bins items per bin; items heaviest-first, each onto the
+def balanced_pack(weight_LI: np.ndarray, bins: int, forbid_dup_LI: np.ndarray | None = None) -> np.ndarray:
+    """Bin of every item, int64 [L, I]: exactly I // bins items per bin; items heaviest-first, each onto the
     currently lightest bin that still has room (ties: lowest bin id).
 
-    ``forbid_dup_LN`` (optional, int ids [L, N]): items with the same id never share a bin when avoidable
+    ``forbid_dup_LI`` (optional, int ids [L, I]): items with the same id never share a bin when avoidable
     (EPLB itself does not check this; pass None for parity)."""
-    L, N = weight_LN.shape
-    if N % bins:
-        raise ValueError(f"{N} items cannot be packed evenly into {bins} bins")
-    cap = N // bins
-    order_LN = np.argsort(-weight_LN, axis=1, kind="stable")
-    bin_LN = np.empty((L, N), dtype=np.int64)
+    L, I = weight_LI.shape
+    if I % bins:
+        raise ValueError(f"{I} items cannot be packed evenly into {bins} bins")
+    cap = I // bins
+    order_LI = np.argsort(-weight_LI, axis=1, kind="stable")
+    bin_LI = np.empty((L, I), dtype=np.int64)
     load_LB = np.zeros((L, bins))
     used_LB = np.zeros((L, bins), dtype=np.int64)
     rows = np.arange(L)
-    if forbid_dup_LN is not None:
-        ids = int(forbid_dup_LN.max()) + 1
-        has_LBI = np.zeros((L, bins, ids), dtype=bool)
-    for j in range(N):
-        item_L = order_LN[:, j]
+    if forbid_dup_LI is not None:
+        ids = int(forbid_dup_LI.max()) + 1
+        has_LBE = np.zeros((L, bins, ids), dtype=bool)
+    for j in range(I):
+        item_L = order_LI[:, j]
         key_LB = np.where(used_LB < cap, load_LB, np.inf)
-        if forbid_dup_LN is not None:
-            id_L = forbid_dup_LN[rows, item_L]
-            clash_LB = has_LBI[rows, :, id_L]
+        if forbid_dup_LI is not None:
+            id_L = forbid_dup_LI[rows, item_L]
+            clash_LB = has_LBE[rows, :, id_L]
             key2_LB = np.where(clash_LB, np.inf, key_LB)
             ok_L = np.isfinite(key2_LB).any(axis=1)
             key_LB = np.where(ok_L[:, None], key2_LB, key_LB)
         b_L = np.argmin(key_LB, axis=1)
-        bin_LN[rows, item_L] = b_L
-        load_LB[rows, b_L] += weight_LN[rows, item_L]
+        bin_LI[rows, item_L] = b_L
+        load_LB[rows, b_L] += weight_LI[rows, item_L]
         used_LB[rows, b_L] += 1
-        if forbid_dup_LN is not None:
-            has_LBI[rows, b_L, id_L] = True
-    return bin_LN
+        if forbid_dup_LI is not None:
+            has_LBE[rows, b_L, id_L] = True
+    return bin_LI
 
 
-def layout_from_bins(items_LN: np.ndarray, bin_LN: np.ndarray, bins: int) -> np.ndarray:
-    """Order items into slots bin-major: returns [L, N] with bin b's items in slots b*cap ... (b+1)*cap-1."""
-    L, N = items_LN.shape
-    order_LN = np.argsort(bin_LN * N + np.arange(N), axis=1, kind="stable")
-    return np.take_along_axis(items_LN, order_LN, axis=1)
+def layout_from_bins(items_LI: np.ndarray, bin_LI: np.ndarray, bins: int) -> np.ndarray:
+    """Order items into slots bin-major: returns [L, I] with bin b's items in slots b*cap ... (b+1)*cap-1."""
+    L, I = items_LI.shape
+    order_LI = np.argsort(bin_LI * I + np.arange(I), axis=1, kind="stable")
+    return np.take_along_axis(items_LI, order_LI, axis=1)

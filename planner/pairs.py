@@ -35,7 +35,7 @@ def num_splits(slots: int) -> int:
 @lru_cache(maxsize=8)
 def split_masks(slots: int) -> np.ndarray:
     """All ways to keep ``slots`` of 2*``slots`` pooled items on the first GPU with item 0 kept there,
-    float64 [K, 2S] of 0/1 (K = C(2S-1, S-1))."""
+    float64 [J, 2S] of 0/1 (J = C(2S-1, S-1))."""
     n = 2 * slots
     idx = np.array([(0,) + c for c in combinations(range(1, n), slots - 1)], dtype=np.int64)
     m = np.zeros((idx.shape[0], n))

@@ -2,7 +2,7 @@
 lowers the hottest GPU's load, never putting two replicas of one expert on one GPU. Works on one
 window or on several at once (minimising the max over windows of each window's GPU loads).
 
-Shapes: layout_LP [L, P]; w_TLP [T, L, P] per-slot load (count / replicas, per window); pin_LP
+Shapes: layout_LP [L, P]; w_WLP [W, L, P] per-slot load (count / replicas, per window); pin_LP
 optional [L, P] node a slot's content must stay on (-1 = free), carried with the content.
 Replica counts never change here, so per-slot loads travel with their slot contents.
 """
@@ -21,9 +21,9 @@ def _presence(layout_LP: np.ndarray, gpus: int, num_experts: int) -> np.ndarray:
     return cnt
 
 
-def refine_swaps(layout_LP, w_TLP, gpus: int, num_experts: int, pin_LP=None, nodes: int = 1,
+def refine_swaps(layout_LP, w_WLP, gpus: int, num_experts: int, pin_LP=None, nodes: int = 1,
                  max_iter: int = 2000, tol: float = 1e-9, power: float | None = None):
-    """Greedy best-swap descent on the busiest GPU. Returns (layout_LP, w_TLP, pin_LP) permuted copies.
+    """Greedy best-swap descent on the busiest GPU. Returns (layout_LP, w_WLP, pin_LP) permuted copies.
 
     Each step, per layer: h = GPU with the largest load over all windows; among all swaps of a slot on h
     with a slot on another GPU (no duplicate expert on a GPU, pins respected) take the one minimising
@@ -31,31 +31,31 @@ def refine_swaps(layout_LP, w_TLP, gpus: int, num_experts: int, pin_LP=None, nod
     With ``power`` p, the swap instead minimises sum over windows of load**p on the two GPUs (a smooth
     stand-in for the max that keeps improving the runner-up windows once the max is stuck)."""
     lay = np.array(layout_LP, dtype=np.int64)
-    w = np.array(w_TLP, dtype=np.float64)
+    w = np.array(w_WLP, dtype=np.float64)
     if w.ndim == 2:
         w = w[None]
-    T, L, P = w.shape
+    W, L, P = w.shape
     S = P // gpus
     pin = None if pin_LP is None else np.array(pin_LP, dtype=np.int64)
     gpu_P = np.arange(P) // S
     node_P = gpu_P // (gpus // nodes)
     cnt = _presence(lay, gpus, num_experts)
-    load = w.reshape(T, L, gpus, S).sum(-1)
+    load = w.reshape(W, L, gpus, S).sum(-1)
     active = np.arange(L)
     ar_S = np.arange(S)
     for _ in range(max_iter):
         if active.size == 0:
             break
         A = active.size
-        la = load[:, active]                      # [T, A, G]
+        la = load[:, active]                      # [W, A, G]
         F = la.max(0)                             # [A, G]
         h = F.argmax(1)                           # [A]
         Fh = F[np.arange(A), h]
         hs = h[:, None] * S + ar_S                # [A, S]
-        wa = w[:, active]                         # [T, A, P]
-        wh = np.take_along_axis(wa, np.broadcast_to(hs, (T, A, S)), axis=2)  # [T, A, S]
-        lh = la[:, np.arange(A), h]               # [T, A]
-        d = wh[..., :, None] - wa[..., None, :]   # [T, A, S, P] load leaving h
+        wa = w[:, active]                         # [W, A, P]
+        wh = np.take_along_axis(wa, np.broadcast_to(hs, (W, A, S)), axis=2)  # [W, A, S]
+        lh = la[:, np.arange(A), h]               # [W, A]
+        d = wh[..., :, None] - wa[..., None, :]   # [W, A, S, P] load leaving h
         new_h = lh[..., None, None] - d
         new_g = la[:, :, gpu_P][..., None, :] + d
         if power is None:

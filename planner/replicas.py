@@ -2,7 +2,7 @@
 an expert b held by the busiest GPU, when that lowers the largest GPU load (max over windows). This
 changes per-replica loads of a and b on every GPU that holds them, which swaps alone cannot do.
 
-Shapes: layout_LP [L, P]; counts_TLE [T, L, E] per-window loads (normalise windows first if they
+Shapes: layout_LP [L, P]; counts_WLE [W, L, E] per-window loads (normalise windows first if they
 should weigh equally); pin_LP [L, P] node a content must stay on (-1 = free; pinned slots are never
 reassigned).
 """
@@ -14,14 +14,14 @@ from .loads import replica_counts, slot_weights
 from .refine import _presence, refine_swaps
 
 
-def refine_replicas(layout_LP, counts_TLE, gpus: int, pin_LP=None, max_iter: int = 200,
+def refine_replicas(layout_LP, counts_WLE, gpus: int, pin_LP=None, max_iter: int = 200,
                     candidates: int = 64, tol: float = 1e-9) -> tuple[np.ndarray, int]:
     """Greedy replica reassignment; returns (layout_LP, moves applied)."""
     lay = np.array(layout_LP, dtype=np.int64)
-    c = np.asarray(counts_TLE, dtype=np.float64)
+    c = np.asarray(counts_WLE, dtype=np.float64)
     if c.ndim == 2:
         c = c[None]
-    T, L, E = c.shape
+    W, L, E = c.shape
     P = lay.shape[1]
     S = P // gpus
     gpu_P = np.arange(P) // S
@@ -36,7 +36,7 @@ def refine_replicas(layout_LP, counts_TLE, gpus: int, pin_LP=None, max_iter: int
         A = active.size
         ar = np.arange(A)
         la, ca, ra, ka = lay[active], c[:, active], rep[active], cnt[active]
-        load = slot_weights(ca, la).reshape(T, A, gpus, S).sum(-1)          # [T, A, G]
+        load = slot_weights(ca, la).reshape(W, A, gpus, S).sum(-1)          # [W, A, G]
         F = load.max(0)
         h = F.argmax(1)
         Fh = F[ar, h]
@@ -54,7 +54,7 @@ def refine_replicas(layout_LP, counts_TLE, gpus: int, pin_LP=None, max_iter: int
         cnt_a = ka[ar[:, None], :, a].astype(float)                            # [A, M, G]
         onehot = (np.arange(gpus)[None, None, :] == gp[:, :, None]).astype(float)
         obj = np.full((A, S, M), -np.inf)
-        for t in range(T):
+        for t in range(W):
             cb = np.take_along_axis(ca[t], b, axis=1)
             cA = np.take_along_axis(ca[t], a, axis=1)
             db = cb / rb - cb / (rb + 1)
@@ -86,10 +86,10 @@ def refine_replicas(layout_LP, counts_TLE, gpus: int, pin_LP=None, max_iter: int
     return lay, moves
 
 
-def refine_all(layout_LP, counts_TLE, gpus: int, pin_LP=None, nodes: int = 1, rounds: int = 4,
+def refine_all(layout_LP, counts_WLE, gpus: int, pin_LP=None, nodes: int = 1, rounds: int = 4,
                replica_moves: bool = True):
     """Alternate swap refinement and replica reassignment until neither helps. Returns (layout, pin)."""
-    c = np.asarray(counts_TLE, dtype=np.float64)
+    c = np.asarray(counts_WLE, dtype=np.float64)
     if c.ndim == 2:
         c = c[None]
     E = c.shape[-1]

@@ -10,7 +10,7 @@ whatever its token volume), then:
 With ``decay`` < 1 older windows fade out of the blend and only the ``recent`` newest windows are kept
 as scenarios, which follows drifting traffic.
 
-Shapes: counts_TLE [T, L, E] (T windows); layout_LP [L, P].
+Shapes: counts_WLE [W, L, E] (W windows); layout_LP [L, P].
 """
 from __future__ import annotations
 
@@ -22,65 +22,65 @@ from .refine import refine_swaps
 from .replicas import refine_all
 
 
-def normalise(counts_TLE: np.ndarray) -> np.ndarray:
-    """Per-window, per-layer share of tokens [T, L, E] (rows without traffic stay zero)."""
-    s = counts_TLE.sum(-1, keepdims=True)
-    return counts_TLE / np.where(s > 0, s, 1.0)
+def normalise(counts_WLE: np.ndarray) -> np.ndarray:
+    """Per-window, per-layer share of tokens [W, L, E] (rows without traffic stay zero)."""
+    s = counts_WLE.sum(-1, keepdims=True)
+    return counts_WLE / np.where(s > 0, s, 1.0)
 
 
 def window_weights(num_windows: int, decay: float) -> np.ndarray:
-    """Weights [T] of windows oldest..newest: decay ** age, summing to 1 (decay=1: equal)."""
+    """Weights [W] of windows oldest..newest: decay ** age, summing to 1 (decay=1: equal)."""
     if not 0.0 < decay <= 1.0:
         raise ValueError(f"decay must be in (0, 1], got {decay}")
     w = decay ** np.arange(num_windows - 1, -1, -1, dtype=np.float64)
     return w / w.sum()
 
 
-def scenarios(counts_TLE, decay: float = 1.0, recent: int = 16) -> tuple[np.ndarray, np.ndarray]:
-    """(blend_LE, scen_SLE): the decay-weighted blend of normalised windows and the scenario set
+def scenarios(counts_WLE, decay: float = 1.0, recent: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """(blend_LE, scenarios_WLE): the decay-weighted blend of normalised windows and the scenario set
     (the ``recent`` newest normalised windows plus the blend), each normalised per layer."""
-    c = as_counts(counts_TLE, "counts", ndim=(3,))
+    c = as_counts(counts_WLE, "counts", ndim=(3,))
     n = normalise(c)
     blend = np.einsum("t,tle->le", window_weights(c.shape[0], decay), n)
     scen = np.concatenate([n[-recent:], blend[None]], axis=0)
     return blend, scen
 
 
-def vector_pack(w_TLN: np.ndarray, ids_LN: np.ndarray, bins: int) -> np.ndarray:
-    """Bin [L, N] of each item, N // bins per bin: items by mean weight, heaviest first, onto the bin whose
+def vector_pack(w_WLI: np.ndarray, ids_LI: np.ndarray, bins: int) -> np.ndarray:
+    """Bin [L, I] of each item, I // bins per bin: items by mean weight, heaviest first, onto the bin whose
     worst window after adding the item is lowest; never two items with the same id in one bin when
     avoidable."""
-    T, L, N = w_TLN.shape
-    cap = N // bins
-    order = np.argsort(-w_TLN.mean(0), axis=1, kind="stable")
+    W, L, I = w_WLI.shape
+    cap = I // bins
+    order = np.argsort(-w_WLI.mean(0), axis=1, kind="stable")
     rows = np.arange(L)
-    bin_LN = np.empty((L, N), dtype=np.int64)
-    load = np.zeros((T, L, bins))
+    bin_LI = np.empty((L, I), dtype=np.int64)
+    load = np.zeros((W, L, bins))
     used = np.zeros((L, bins), dtype=np.int64)
-    has = np.zeros((L, bins, int(ids_LN.max()) + 1), dtype=bool)
-    for j in range(N):
+    has = np.zeros((L, bins, int(ids_LI.max()) + 1), dtype=bool)
+    for j in range(I):
         it = order[:, j]
-        wt = w_TLN[:, rows, it]
-        e = ids_LN[rows, it]
+        wt = w_WLI[:, rows, it]
+        e = ids_LI[rows, it]
         key = (load + wt[:, :, None]).max(0)
         room = used < cap
         free = room & ~has[rows, :, e]
         key = np.where(np.where(free.any(1)[:, None], free, room), key, np.inf)
         b = key.argmin(1)
-        bin_LN[rows, it] = b
+        bin_LI[rows, it] = b
         load[:, rows, b] += wt
         used[rows, b] += 1
         has[rows, b, e] = True
-    return bin_LN
+    return bin_LI
 
 
-def fit_robust(counts_TLE, gpus: int, redundant: int, decay: float = 1.0, recent: int = 16,
+def fit_robust(counts_WLE, gpus: int, redundant: int, decay: float = 1.0, recent: int = 16,
                refine: bool = True, power: float = 8.0, smooth_iter: int = 60) -> np.ndarray:
-    """Layout [L, E + R] for the traffic after ``counts_TLE`` (windows oldest..newest).
+    """Layout [L, E + R] for the traffic after ``counts_WLE`` (windows oldest..newest).
 
     Refinement: minimax over the scenarios, then up to ``smooth_iter`` swaps that lower the sum over
     scenarios of (GPU load / mean)**``power`` (improves the runner-up windows), then minimax again."""
-    blend, scen = scenarios(counts_TLE, decay, recent)
+    blend, scen = scenarios(counts_WLE, decay, recent)
     L, E = blend.shape
     check_shape(E, gpus, redundant)
     rep = replicate_greedy(scen.max(0), E + redundant)

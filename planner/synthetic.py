@@ -20,7 +20,7 @@ def skewed_counts(layers: int = 58, experts: int = 256, sigma: float = 0.7, toke
 
 def drifting_windows(windows: int = 12, layers: int = 16, experts: int = 256, sigma: float = 0.9,
                      drift: float = 0.15, tokens: float = 2e6, seed: int = 0) -> np.ndarray:
-    """Counts [T, L, E] (float64), windows oldest..newest."""
+    """Counts [W, L, E] (float64), windows oldest..newest."""
     rng = np.random.default_rng(seed)
     logp = rng.normal(0.0, sigma, (layers, experts))
     out = np.empty((windows, layers, experts))
