@@ -1,46 +1,71 @@
-"""The dashboard runs on a laptop without a GPU: importing it (and running the app once) must load
-neither torch nor pynvml. Checked in a fresh interpreter through sys.modules."""
+"""The layers stay one-way, checked in fresh interpreters through sys.modules after importing every module
+of a package:
+- dashboard (and one run of the app over every page) loads neither torch nor pynvml: it runs on a laptop;
+- planner loads neither torch nor streamlit nor plotly: a pure numpy library with its own CLI;
+- collectors and wire load neither streamlit nor plotly: the model side never pulls in the UI.
+"""
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
-PROBE = r"""
+WALK = r"""
 import importlib, pkgutil, sys
-import dashboard
 names = []
-for info in pkgutil.walk_packages(dashboard.__path__, "dashboard."):
-    if info.name.startswith("dashboard.pages"):
-        continue  # page entry files run a page when imported; the app run below covers them
-    importlib.import_module(info.name)
-    names.append(info.name)
-from streamlit.testing.v1 import AppTest
-at = AppTest.from_file(sys.argv[1], default_timeout=30).run()
-assert not at.exception, at.exception
-for page in ("devices", "experts", "gpus"):
-    at.switch_page(f"dashboard/pages/{page}.py").run()
+for package in sys.argv[1].split(","):
+    module = importlib.import_module(package)
+    names.append(package)
+    for info in pkgutil.walk_packages(module.__path__, package + "."):
+        if info.name.startswith("dashboard.pages") or info.name.endswith("__main__"):
+            continue  # page entry files run a page when imported, __main__ runs a CLI; the app run covers pages
+        importlib.import_module(info.name)
+        names.append(info.name)
+if len(sys.argv) > 2:
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(sys.argv[2], default_timeout=30).run()
     assert not at.exception, at.exception
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "pynvml"))
-print("IMPORTED", len(names), "HEAVY", heavy)
+    for page in ("devices", "experts", "gpus", "whatif"):
+        at.switch_page(f"dashboard/pages/{page}.py").run()
+        assert not at.exception, at.exception
+loaded = sorted({m.split(".")[0] for m in sys.modules})
+print("IMPORTED", len(names), "LOADED", " ".join(loaded))
 """
 
 
-def test_dashboard_never_imports_torch_or_pynvml():
+def _walk(packages: str, *extra: str) -> tuple[int, set[str]]:
     env = dict(os.environ, REDIS_URL="redis://127.0.0.1:1/0")
-    result = subprocess.run([sys.executable, "-c", PROBE, str(ROOT / "app.py")], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", WALK, packages, *extra], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(l for l in result.stdout.splitlines() if l.startswith("IMPORTED"))
-    assert int(line.split()[1]) >= 15, line  # the walk really imported the package
-    assert line.endswith("HEAVY []"), line
+    head, loaded = line.split(" LOADED ")
+    return int(head.split()[1]), set(loaded.split())
 
 
-def test_probe_detects_a_heavy_import():
-    """The same sys.modules check sees torch when something does import it (so the test above can fail)."""
-    probe = "import sys, collectors; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:1])"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=dict(os.environ),
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "torch" in result.stdout
+def test_dashboard_never_imports_torch_or_pynvml():
+    imported, loaded = _walk("dashboard", str(ROOT / "app.py"))
+    assert imported >= 30, imported  # the walk really imported the package
+    assert not loaded & {"torch", "pynvml"}, sorted(loaded & {"torch", "pynvml"})
+
+
+def test_planner_never_imports_torch_or_the_ui():
+    imported, loaded = _walk("planner")
+    assert imported >= 15, imported
+    assert not loaded & {"torch", "streamlit", "plotly"}, sorted(loaded & {"torch", "streamlit", "plotly"})
+
+
+@pytest.mark.parametrize("package", ["collectors", "wire"])
+def test_model_side_never_imports_the_ui(package):
+    imported, loaded = _walk(package)
+    assert imported >= 5, imported
+    assert not loaded & {"streamlit", "plotly", "pandas"}, sorted(loaded & {"streamlit", "plotly", "pandas"})
+
+
+def test_the_walk_sees_a_heavy_import():
+    """The same sys.modules check sees torch when something does import it (so the tests above can fail)."""
+    _, loaded = _walk("collectors")
+    assert "torch" in loaded
