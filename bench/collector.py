@@ -10,25 +10,23 @@ per-call times give the ratio. Prefill-shaped steps: 4 x 64 tokens; decode-shape
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import statistics
 import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 
 from bench.malloc_env import pin_malloc
 
 pin_malloc()
 warnings.filterwarnings("ignore")
 
-import torch  # noqa: E402
+import torch
 
-from collectors import attach  # noqa: E402
-from demo.localredis import RedisServer  # noqa: E402
-from tests.support.tiny_models import build  # noqa: E402
+from collectors import attach
+from demo.localredis import RedisServer
+from tests.support.tiny_models import build
 
 # Qwen3-30B-A3B's routing shape (128 experts, top-8) with tiny widths and 8 of its 48 layers.
 SIZES = dict(hidden_size=256, intermediate_size=512, moe_intermediate_size=64, num_hidden_layers=8,

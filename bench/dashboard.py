@@ -13,31 +13,30 @@ repeats and the figure payload per tick (bytes of the figures' JSON summed), plu
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 from bench.malloc_env import pin_malloc
 
 pin_malloc()
 
-import numpy as np  # noqa: E402
-import plotly.io  # noqa: E402
-import plotly.tools  # noqa: E402
+import numpy as np
+import plotly.io
+import plotly.tools
 
-import wire  # noqa: E402
-from dashboard.figures import experts as expert_figures, gpu as gpu_figures, load as load_figures  # noqa: E402
-from dashboard.analytics.balance import step_vs_window  # noqa: E402
-from planner.loads import weighted_loads  # noqa: E402
-from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence  # noqa: E402
-from dashboard.live.layout import resolve_layout  # noqa: E402
-from dashboard.live.watched import WatchedRun  # noqa: E402
-from dashboard.sources.redis import RedisSource  # noqa: E402
-from dashboard.live.snapshot import analyse  # noqa: E402
-from demo.localredis import RedisServer  # noqa: E402
+import wire
+from dashboard.analytics.balance import step_vs_window
+from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
+from dashboard.figures import experts as expert_figures
+from dashboard.figures import gpu as gpu_figures
+from dashboard.figures import load as load_figures
+from dashboard.live.layout import resolve_layout
+from dashboard.live.snapshot import analyse
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import RedisSource
+from demo.localredis import RedisServer
+from planner.loads import weighted_loads
 
 RUN = "bench"
 NEW_STEPS_PER_TICK = 5

@@ -10,8 +10,6 @@ EPLB: the EPLB-parity global policy fitted on the raw sum of the 11 other files.
 from __future__ import annotations
 
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -22,13 +20,13 @@ pin_malloc({"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1
             "MALLOC_TOP_PAD_": "268435456"})
 ROOT = Path(__file__).resolve().parents[1]
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from planner.api import plan  # noqa: E402
-from planner.bounds import best_bound, group_partition_bound  # noqa: E402
-from planner.eplb_ref import eplb_global, eplb_hierarchical  # noqa: E402
-from planner.loads import layer_imbalance  # noqa: E402
-from planner.synthetic import drifting_windows, skewed_counts  # noqa: E402
+from planner.api import plan
+from planner.bounds import best_bound, group_partition_bound
+from planner.eplb_ref import eplb_global, eplb_hierarchical
+from planner.loads import layer_imbalance
+from planner.synthetic import drifting_windows, skewed_counts
 
 DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G = 32

@@ -123,8 +123,8 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
         target, scen = c, None
     L, E = target.shape
     check_shape(E, gpus, redundant)
-    hier = nodes is not None
-    if hier:
+    hier = nodes is not None and groups is not None
+    if nodes is not None and groups is not None:
         check_hierarchy(E, gpus, redundant, nodes, groups)
     active = target.sum(1) > 0
     plan_in = np.where(active[:, None], target, 1.0)          # dense layers: plan as uniform
@@ -135,9 +135,9 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
     home = None
     if policy == "eplb":
         eplb_in = np.where(active[:, None], c.sum(0) if windowed else c, 1.0)
-        lay = (eplb_hierarchical(eplb_in, gpus, redundant, nodes, groups) if hier
-               else eplb_global(eplb_in, gpus, redundant))
-    elif policy == "hierarchical":
+        lay = (eplb_hierarchical(eplb_in, gpus, redundant, nodes, groups)
+               if nodes is not None and groups is not None else eplb_global(eplb_in, gpus, redundant))
+    elif policy == "hierarchical" and nodes is not None and groups is not None:
         scen_in = None if scen is None else np.where(active[None, :, None], scen, 1.0)
         lay, home = plan_hierarchical(plan_in, gpus, redundant, nodes, groups, weights_WLE=scen_in)
     elif policy == "robust":
@@ -148,7 +148,7 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
     imb = layer_imbalance(target, lay, gpus)
     bound = best_bound(target, gpus, redundant)
     floor = off = None
-    if hier:
+    if nodes is not None and groups is not None:
         floor = group_partition_bound(target, gpus, nodes, groups)
         if home is None:
             home = np.repeat(group_to_node(plan_in, nodes, groups), E // groups, axis=1)

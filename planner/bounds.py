@@ -106,11 +106,11 @@ def group_partition_bound(counts_LE, gpus: int, nodes: int, groups: int, max_enu
     group_LQ = c.reshape(L, groups, E // groups).sum(-1)
     per = groups // nodes
     total = c.sum(1)
-    splits = []
+    splits: list = []
     for part in _partitions(tuple(range(groups)), per):
         splits.append(part)
         if len(splits) > max_enum:
-            splits = None
+            splits = []  # too many to enumerate: the pigeonhole bound below
             break
     if splits:
         onehot = np.zeros((len(splits), nodes, groups))

@@ -13,8 +13,8 @@ Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-e
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 

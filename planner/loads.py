@@ -114,9 +114,9 @@ def validated_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
     if lay.dtype == object or lay.ndim != 2 or lay.shape[1] == 0:
         raise ValueError(f"physical_to_logical_map must be a rectangular [layers][slots] integer list, "
                          f"got shape {lay.shape}")
-    if not np.issubdtype(lay.dtype, np.integer):
-        if not np.issubdtype(lay.dtype, np.number) or not np.all(np.equal(np.mod(lay, 1), 0)):
-            raise ValueError("physical_to_logical_map holds non-integer expert ids")
+    if not np.issubdtype(lay.dtype, np.integer) and (
+            not np.issubdtype(lay.dtype, np.number) or not np.all(np.equal(np.mod(lay, 1), 0))):
+        raise ValueError("physical_to_logical_map holds non-integer expert ids")
     lay = lay.astype(np.int64)
     if gpus < 1 or lay.shape[1] % gpus:
         raise ValueError(f"{lay.shape[1]} slots per layer do not split evenly over {gpus} GPUs")

@@ -50,7 +50,7 @@ def balanced_pack(weight_LI: np.ndarray, bins: int, forbid_dup_LI: np.ndarray | 
             id_L = forbid_dup_LI[rows, item_L]
             clash_LB = has_LBE[rows, :, id_L]
             key2_LB = np.where(clash_LB, np.inf, key_LB)
-            ok_L = np.isfinite(key2_LB).any(axis=1)
+            ok_L = np.asarray(np.isfinite(key2_LB).any(axis=1))
             key_LB = np.where(ok_L[:, None], key2_LB, key_LB)
         b_L = np.argmin(key_LB, axis=1)
         bin_LI[rows, item_L] = b_L

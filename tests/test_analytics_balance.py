@@ -4,8 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from dashboard.analytics.balance import (across_layers, balancedness, imbalance, step_vs_window, straggler,
-                                         window_stats)
+from dashboard.analytics.balance import across_layers, balancedness, imbalance, step_vs_window, straggler, window_stats
 
 
 def test_eta_is_mean_over_max():
@@ -77,10 +76,10 @@ def test_per_layer_straggler_differs_from_the_summed_one():
 
 
 def test_snapshot_defaults_to_the_per_layer_view():
+    import wire
     from dashboard.live.layout import resolve_layout
     from dashboard.live.snapshot import analyse
     from dashboard.live.window import StepWindow
-    import wire
 
     # 3 layers, 3 experts, 3 GPUs (one expert each): counts are the loads of the test above
     window = StepWindow(4, 3, 3)

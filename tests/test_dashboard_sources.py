@@ -4,7 +4,6 @@ import socket
 import time
 
 import numpy as np
-import pytest
 
 import wire
 from dashboard.live.watched import WatchedRun

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 import wire
-from planner.loads import gpu_weights, weighted_loads
 from dashboard.live.window import StepWindow
+from planner.loads import gpu_weights, weighted_loads
 
 
 def rec(step, counts, rank=0, world=1, phase="decode", tokens=4, t=None):
@@ -82,8 +82,8 @@ def test_steps_missing_ranks_stay_out_of_window_statistics_until_the_grace_perio
     import time
 
     from dashboard.live.watched import WatchedRun
-    from dashboard.sources.redis import RedisSource
     from dashboard.live.window import PENDING_GRACE_S
+    from dashboard.sources.redis import RedisSource
     from tests.support import synthfill
 
     client = wire.connect(redis_url, timeout_s=2.0)

@@ -9,8 +9,7 @@ import pytest
 
 from planner.api import plan
 from planner.bounds import best_bound, group_partition_bound, replica_bound, slot_bound
-from planner.loads import (check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance,
-                                     replica_counts)
+from planner.loads import check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance, replica_counts
 from planner.synthetic import skewed_counts
 
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
@@ -142,8 +141,8 @@ def test_r0_bounds_hold_on_random_layouts_and_plans():
 @pytest.mark.parametrize("R", [0, 16])
 def test_pair_resplits_keep_invariants_and_never_raise_the_max(R):
     from planner.loads import slot_weights
-    from planner.pairs import refine_pairs
     from planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
+    from planner.pairs import refine_pairs
     c = skewed_counts(layers=6, experts=64, sigma=1.2, seed=9)
     G = 16
     rep = replicate_greedy(c, 64 + R)

@@ -17,9 +17,23 @@ from __future__ import annotations
 
 from .client import connect, redact
 from .gpu import GPU_FIELDS, GpuSample, decode_gpu_sample, encode_gpu_sample
-from .keys import (COUNTS_DTYPE, KEY_PREFIX, MAX_SAMPLE_EXPERTS, PHASES, RUNS_KEY, SAMPLE_DTYPE, SAMPLE_FIELDS,
-                   SCHEMA_VERSION, STEP_FIELDS, check_run_name, gpu_key, health_key, maxlen_for_budget, meta_key,
-                   steps_key)
+from .keys import (
+                   COUNTS_DTYPE,
+                   KEY_PREFIX,
+                   MAX_SAMPLE_EXPERTS,
+                   PHASES,
+                   RUNS_KEY,
+                   SAMPLE_DTYPE,
+                   SAMPLE_FIELDS,
+                   SCHEMA_VERSION,
+                   STEP_FIELDS,
+                   check_run_name,
+                   gpu_key,
+                   health_key,
+                   maxlen_for_budget,
+                   meta_key,
+                   steps_key,
+)
 from .meta import Layout, RunMeta, contiguous_layout, decode_meta, default_gpus, encode_meta
 from .steps import StepRecord, decode_step, encode_step, new_instance_id
 from .trace import TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line

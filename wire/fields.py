@@ -1,6 +1,7 @@
 """Reading typed values out of stream entry fields (bytes or str keys); every failure is a ValueError."""
 from __future__ import annotations
 
+
 def _text(fields: dict, name: str) -> str:
     value = fields.get(name, fields.get(name.encode()))
     if value is None:

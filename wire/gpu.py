@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from .fields import _int, _is_int, _text
 from .keys import SCHEMA_VERSION
 
-
 GPU_FIELDS = (
     # name                      unit      DCGM exporter field / nvitop attribute
     "index",                  # -         gpu

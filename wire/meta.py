@@ -26,7 +26,7 @@ class Layout:
     nodes: int
     physical_to_logical_map: list[list[int]]
 
-    def validate(self, num_layers: int, num_experts: int) -> "Layout":
+    def validate(self, num_layers: int, num_experts: int) -> Layout:
         if self.gpus < 1 or self.nodes < 1 or self.gpus % self.nodes:
             raise ValueError(f"gpus={self.gpus} must be a positive multiple of nodes={self.nodes}")
         rows = self.physical_to_logical_map
@@ -77,7 +77,7 @@ def encode_meta(meta: RunMeta) -> str:
     return json.dumps(asdict(meta), separators=(",", ":"))
 
 
-_META_TYPES = {"run": str, "model_name": str, "layer_names": list, "num_experts": int, "top_k": int,
+_META_TYPES: dict[str, type | tuple[type, ...]] = {"run": str, "model_name": str, "layer_names": list, "num_experts": int, "top_k": int,
                "hidden_size": int, "moe_intermediate_size": int, "dtype_bytes": int, "world_size": int,
                "started_s": (int, float), "host": str, "sample_tokens_per_layer": int, "extra": dict,
                "schema_version": int, "instance": str}

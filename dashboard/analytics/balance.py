@@ -15,7 +15,6 @@ import numpy as np
 
 from planner.loads import balancedness_or_nan, imbalance_or_nan
 
-
 # eta = mean/max over the last axis (GPUs), [..., G] -> [...], NaN where every GPU has load 0; and 1/eta.
 # One implementation, shared with the planner and the What-if page.
 balancedness = balancedness_or_nan

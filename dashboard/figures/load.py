@@ -14,6 +14,7 @@ from dashboard.analytics.balance import GpuWindowStats, StepVsWindow
 from dashboard.analytics.series import downsample_max, downsample_sum, small_ints
 from dashboard.figures.common import MAX_COLUMNS, f32, figure
 
+
 def gpu_load_bars(latest_G: np.ndarray, stats: GpuWindowStats, straggler_gpu: int | None,
                   unit: str) -> go.Figure:
     """Per-GPU load: the latest step as bars (the straggler in red), the window's mean / p99 / max per GPU

@@ -25,7 +25,7 @@ class SampledRows:
     rank_N: np.ndarray
     world_size: int
 
-    def tail(self, max_rows: int) -> "SampledRows":
+    def tail(self, max_rows: int) -> SampledRows:
         """The newest max_rows rows (all when fewer)."""
         if self.ids_LNK.shape[1] <= max_rows:
             return self

@@ -14,8 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dashboard.analytics.balance import (GpuWindowStats, LayerSpread, Straggler, across_layers, balancedness,
-                                         layer_straggler, straggler, window_stats)
+from dashboard.analytics.balance import (
+    GpuWindowStats,
+    LayerSpread,
+    Straggler,
+    across_layers,
+    balancedness,
+    layer_straggler,
+    straggler,
+    window_stats,
+)
 from dashboard.analytics.series import rate_per_s
 from dashboard.live.layout import ResolvedLayout
 from dashboard.live.window import StepWindow, WindowView

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import wire
 from dashboard.live.gpu_history import GpuHistory
-from dashboard.sources.base import Source
 from dashboard.live.samples import SampleRing
 from dashboard.live.window import StepWindow
+from dashboard.sources.base import Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
 

@@ -1,4 +1,4 @@
-"""A ring of the last W steps of one run, ranks of the same step summed, with cached GPU loads.
+"""A ring of the last C steps of one run, ranks of the same step summed, with cached GPU loads.
 
 Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical experts, G GPUs.
 """
@@ -57,15 +57,16 @@ class StepWindow:
         self.world_C = np.ones(capacity, dtype=np.int32)
         self.phase_C = np.zeros(capacity, dtype=np.int8)
         self.row_version_C = np.zeros(capacity, dtype=np.int64)
-        self.sums_PLE = np.zeros((len(wire.PHASES), num_layers, num_experts), dtype=np.int64)
+        # per phase code (wire.PHASES order): counts summed over the steps of that phase in the ring, [phases, L, E]
+        self.sums_by_phase_LE = np.zeros((len(wire.PHASES), num_layers, num_experts), dtype=np.int64)
         self._ranks_seen: list[set[int]] = [set() for _ in range(capacity)]
         self._slot_of_step: dict[int, int] = {}
         self.size = 0
         self.head = 0  # next slot to write
         self.dropped_by_rank: dict[int, int] = {}
         self._version = 0
-        self._loads_key = None
-        self._loads_CLG: np.ndarray | None = None
+        self._loads_key: tuple[int, int] | None = None
+        self._loads_CLG = np.zeros((0, self.num_layers, 0), dtype=np.float32)  # sized at the first loads_CLG()
         self._loads_version_C = np.full(capacity, -1, dtype=np.int64)
 
     # ------------------------------------------------------------------------------------------ writes
@@ -83,10 +84,10 @@ class StepWindow:
                 raise ValueError(f"step {rec.step} rank {rec.rank} arrived twice")
             self._ranks_seen[slot].add(rec.rank)
             old = int(self.phase_C[slot])
-            self.sums_PLE[old] -= self.counts_CLE[slot]
+            self.sums_by_phase_LE[old] -= self.counts_CLE[slot]
             self.counts_CLE[slot] += rec.counts_LE
             self.phase_C[slot] = old if old == code else _MIXED
-            self.sums_PLE[self.phase_C[slot]] += self.counts_CLE[slot]
+            self.sums_by_phase_LE[self.phase_C[slot]] += self.counts_CLE[slot]
             self.time_s_C[slot] = max(self.time_s_C[slot], rec.time_s)
             self.tokens_C[slot] += rec.tokens
             self.ranks_C[slot] += 1
@@ -96,13 +97,13 @@ class StepWindow:
             raise ValueError(f"step {rec.step} is older than the window (oldest kept: {self.step_C[self.head]})")
         slot = self.head
         if self.size == self.capacity:
-            self.sums_PLE[self.phase_C[slot]] -= self.counts_CLE[slot]
+            self.sums_by_phase_LE[self.phase_C[slot]] -= self.counts_CLE[slot]
             del self._slot_of_step[int(self.step_C[slot])]
         else:
             self.size += 1
         self.head = (self.head + 1) % self.capacity
         self.counts_CLE[slot] = rec.counts_LE
-        self.sums_PLE[code] += rec.counts_LE
+        self.sums_by_phase_LE[code] += rec.counts_LE
         self.step_C[slot], self.time_s_C[slot], self.tokens_C[slot] = rec.step, rec.time_s, rec.tokens
         self.phase_C[slot], self.ranks_C[slot], self.world_C[slot] = code, 1, rec.world_size
         self._ranks_seen[slot] = {rec.rank}
@@ -149,7 +150,7 @@ class StepWindow:
         loads_CLG = self.loads_CLG(physical_to_logical_map, gpus)
         slots = self.ordered_slots()
         slots = slots[np.isin(self.phase_C[slots], codes)]
-        counts_sum_LE = self.sums_PLE[list(codes)].sum(axis=0)
+        counts_sum_LE = self.sums_by_phase_LE[list(codes)].sum(axis=0)
         waiting = self.pending(slots, now_s)
         if waiting.any():
             counts_sum_LE = counts_sum_LE - self.counts_CLE[slots[waiting]].sum(axis=0, dtype=np.int64)
@@ -167,9 +168,10 @@ class StepWindow:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
         return self.counts_CLE[slots_T, layer, :]
 
-    def latest_complete(self, view: WindowView) -> int | None:
-        """Index in the view of the newest step whose ranks have all arrived (else the newest step)."""
+    def latest_complete(self, view: WindowView) -> int:
+        """Index in the view of the newest step whose ranks have all arrived (else the newest step).
+        ValueError for an empty view."""
         if view.num_steps == 0:
-            return None
+            raise ValueError("an empty view has no latest step")
         complete = np.flatnonzero(view.ranks_T >= self.world_C[view.slots_T])
         return int(complete[-1]) if complete.size else view.num_steps - 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import cast
 
 import redis
 
@@ -27,17 +28,25 @@ PAGE_ENTRIES = 200
 TICK_BYTES_BUDGET = 24 << 20
 
 
+# One stream entry as redis-py returns it without decoding: (entry id, {field: value}).
+StreamEntry = tuple[bytes, dict[bytes, bytes]]
+
+
+def _entries(reply: object) -> list[StreamEntry]:
+    """An XRANGE / XREVRANGE reply as typed entries (redis-py types its replies loosely)."""
+    return cast("list[StreamEntry]", reply or [])
+
+
 def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
     """Runs present in Redis, newest first: (run, last time a collector wrote, unix s).
 
     Reads the moe:runs sorted set; runs whose metadata exists but that are missing from it are listed
     with time 0. Raises the client's ConnectionError/TimeoutError when Redis is unreachable."""
-    runs = {}
-    for name, score in client.zrevrange(wire.RUNS_KEY, 0, 99, withscores=True):
-        runs[name.decode() if isinstance(name, bytes) else name] = float(score)
+    runs: dict[str, float] = {}
+    for member, score in cast("list[tuple[bytes, float]]", client.zrevrange(wire.RUNS_KEY, 0, 99, withscores=True)):
+        runs[member.decode() if isinstance(member, bytes) else member] = float(score)
     for key in client.scan_iter(match=f"{wire.KEY_PREFIX}:*:meta", count=500):
-        name = (key.decode() if isinstance(key, bytes) else key).split(":")[1]
-        runs.setdefault(name, 0.0)
+        runs.setdefault((key.decode() if isinstance(key, bytes) else key).split(":")[1], 0.0)
     return sorted(runs.items(), key=lambda item: -item[1])
 
 
@@ -63,7 +72,7 @@ class RedisSource:
             raise ValueError(f"window_steps must be at least 1, got {window_steps}")
         self.window_steps = int(window_steps)
         self._last_step_id: bytes | None = None  # None until the backlog is read
-        self._backlog: list = []  # entries newest first while paging backwards
+        self._backlog: list[StreamEntry] = []  # entries newest first while paging backwards
         self._backlog_bytes = 0
         self._last_gpu_id: bytes | None = None
         self._meta: wire.RunMeta | None = None
@@ -81,7 +90,7 @@ class RedisSource:
             if self._last_step_id is None:
                 step_entries = self._read_backlog(batch)
             else:
-                step_entries = self._read_forward(max_entries, batch)
+                step_entries = self._read_forward(self._last_step_id, max_entries, batch)
             pipe = self.client.pipeline(transaction=False)
             gpu = wire.gpu_key(self.run)
             if self._last_gpu_id is None:
@@ -127,7 +136,7 @@ class RedisSource:
         )
         return batch
 
-    def _read_backlog(self, batch: Batch) -> list:
+    def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the last window x world entries; [] (batch.more) until all are read,
         then all of them oldest first."""
         world = self._meta.world_size if self._meta else 1
@@ -136,7 +145,7 @@ class RedisSource:
         while len(self._backlog) < want and self._backlog_bytes < budget:
             before = _after(self._backlog[-1][0]) if self._backlog else "+"
             count = min(PAGE_ENTRIES, want - len(self._backlog))
-            page = self.client.xrevrange(wire.steps_key(self.run), max=before, count=count)
+            page = _entries(self.client.xrevrange(wire.steps_key(self.run), max=before, count=count))
             self._backlog.extend(page)
             self._backlog_bytes += sum(_entry_bytes(f) for _, f in page)
             if len(page) < count:  # the start of the stream
@@ -149,20 +158,21 @@ class RedisSource:
         self._last_step_id = entries[-1][0] if entries else b"0-0"
         return entries
 
-    def _read_forward(self, max_entries: int, batch: Batch) -> list:
-        """Entries after the last id seen, in pages, up to max_entries and the byte budget."""
-        key, entries, spent = wire.steps_key(self.run), [], 0
+    def _read_forward(self, last_id: bytes, max_entries: int, batch: Batch) -> list[StreamEntry]:
+        """Entries after last_id, in pages, up to max_entries and the byte budget."""
+        key, spent = wire.steps_key(self.run), 0
+        entries: list[StreamEntry] = []
         while len(entries) < max_entries and spent < TICK_BYTES_BUDGET:
             count = min(PAGE_ENTRIES, max_entries - len(entries))
-            page = self.client.xrange(key, min=_after(self._last_step_id), count=count)
-            if page and not entries and self._last_step_id != b"0-0":
-                first = self.client.xrange(key, min="-", max="+", count=1)
-                batch.trimmed = bool(first) and _id_key(first[0][0]) > _id_key(self._last_step_id) \
+            page = _entries(self.client.xrange(key, min=_after(last_id), count=count))
+            if page and not entries and last_id != b"0-0":
+                first = _entries(self.client.xrange(key, min="-", max="+", count=1))
+                batch.trimmed = bool(first) and _id_key(first[0][0]) > _id_key(last_id) \
                     and first[0][0] == page[0][0]
             entries.extend(page)
             spent += sum(_entry_bytes(f) for _, f in page)
             if page:
-                self._last_step_id = page[-1][0]
+                last_id = self._last_step_id = page[-1][0]
             if len(page) < count:
                 return entries
         batch.more = True

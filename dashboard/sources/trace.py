@@ -111,14 +111,14 @@ class TraceSource:
 
     def _take(self, line: str, batch: Batch) -> None:
         try:
-            kind, item = wire.decode_trace_line(line)
+            _, item = wire.decode_trace_line(line)
         except ValueError as exc:
             batch.bad_records += 1
             batch.last_error = f"trace line at byte {self._offset}: {exc}"
             return
-        if kind == "meta":
+        if isinstance(item, wire.RunMeta):
             self._meta = item
-        elif kind == "step":
+        elif isinstance(item, wire.StepRecord):
             batch.steps.append(item)
             self._last_time_s = item.time_s
         else:

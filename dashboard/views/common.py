@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import streamlit as st
 
 from dashboard.live.layout import ResolvedLayout, resolve_layout
-from dashboard.live.watched import WatchedRun
-from dashboard.views.session import STALE_AFTER_S, Settings, watched_run_for, runs_at, safe_text, settings, shown_url
 from dashboard.live.snapshot import Snapshot, analyse
+from dashboard.live.watched import WatchedRun
+from dashboard.views.session import STALE_AFTER_S, Settings, runs_at, safe_text, settings, shown_url, watched_run_for
 
 
 @dataclass

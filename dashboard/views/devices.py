@@ -4,10 +4,10 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dashboard.figures import load as load_figures
 from dashboard.analytics.balance import step_vs_window
-from dashboard.views.session import REFRESH_S
+from dashboard.figures import load as load_figures
 from dashboard.views.common import Frame, captioned_frame, fmt
+from dashboard.views.session import REFRESH_S
 
 
 def page() -> None:

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard.figures import experts as expert_figures
 from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
-from dashboard.views.session import REFRESH_S
+from dashboard.figures import experts as expert_figures
 from dashboard.views.common import Frame, captioned_frame
+from dashboard.views.session import REFRESH_S
 
 
 def page() -> None:

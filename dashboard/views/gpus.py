@@ -11,9 +11,8 @@ import streamlit as st
 
 from dashboard.figures import gpu as gpu_figures
 from dashboard.figures.units import GIB
-from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, ago, captioned_frame
-
+from dashboard.views.session import REFRESH_S
 
 
 def page() -> None:
@@ -52,12 +51,12 @@ def render(current: Frame, gpu: int) -> None:
     if rows:
         last = rows[-1]
         cols = st.columns(5)
-        cols[0].metric("utilisation (time-based)", _v(last, "gpu_utilization_percent", "{:.0f} %"))
-        cols[1].metric("memory used / total", f"{_v(last, 'memory_used_bytes', '{:.1f}', GIB)} / "
-                                              f"{_v(last, 'memory_total_bytes', '{:.1f} GiB', GIB)}")
-        cols[2].metric("power / limit", f"{_v(last, 'power_usage_w', '{:.0f}')} / {_v(last, 'power_limit_w', '{:.0f} W')}")
-        cols[3].metric("SM clock", _v(last, "sm_clock_mhz", "{:.0f} MHz"))
-        cols[4].metric("temperature", _v(last, "temperature_c", "{:.0f} C"))
+        cols[0].metric("utilisation (time-based)", reading(last, "gpu_utilization_percent", "{:.0f} %"))
+        cols[1].metric("memory used / total", f"{reading(last, 'memory_used_bytes', '{:.1f}', GIB)} / "
+                                              f"{reading(last, 'memory_total_bytes', '{:.1f} GiB', GIB)}")
+        cols[2].metric("power / limit", f"{reading(last, 'power_usage_w', '{:.0f}')} / {reading(last, 'power_limit_w', '{:.0f} W')}")
+        cols[3].metric("SM clock", reading(last, "sm_clock_mhz", "{:.0f} MHz"))
+        cols[4].metric("temperature", reading(last, "temperature_c", "{:.0f} C"))
         beside = f"beside EP GPU {gpu} (rank {last.get('rank')})" if paired else "(not paired with an EP GPU)"
         st.caption(f"NVML device {device[1]} on `{device[0]}` ({last.get('name') or 'unknown model'}) {beside}. "
                    "NVML utilisation is the share of time a kernel ran, not SM occupancy.")
@@ -75,7 +74,8 @@ def render(current: Frame, gpu: int) -> None:
                         key="gpu_panel_nvml")
 
 
-def _v(row: dict, name: str, spec: str, scale: float = 1.0) -> str:
+def reading(row: dict, name: str, spec: str, scale: float = 1.0) -> str:
+    """One NVML reading of a sample row, divided by scale and formatted; "n/a" where NVML had no value."""
     value = row.get(name)
     return "n/a" if value is None else spec.format(value / scale)
 

@@ -6,8 +6,8 @@ import time
 import streamlit as st
 
 from dashboard.figures import load as load_figures
-from dashboard.views.session import REFRESH_S
 from dashboard.views.common import Frame, ago, captioned_frame, fmt
+from dashboard.views.session import REFRESH_S
 
 
 def page() -> None:
