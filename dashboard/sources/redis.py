@@ -64,7 +64,7 @@ def _entry_bytes(fields: dict) -> int:
 
 
 class RedisSource:
-    """Source over moe:<run>:{steps,gpu,meta,health} (see wire.py)."""
+    """Source over moe:<run>:{steps,gpu,meta,health} (keys and records: wire/)."""
 
     def __init__(self, client: redis.Redis, url: str, run: str, window_steps: int):
         self.client, self.where, self.run = client, wire.redact(url), wire.check_run_name(run)

@@ -1,7 +1,7 @@
 """Replay source: a recorded trace file (JSON lines, the format of wire.trace_line), read in chunks as if
 it were live.
 
-Format (wire.py owns it; one JSON object per line, UTF-8, blank lines ignored):
+Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines ignored):
 
     {"kind": "meta", "meta": <RunMeta JSON: a string as wire.encode_meta writes it, or the object>}
     {"kind": "step", ...}   the fields of wire.encode_step(rec); bytes fields base64 in "<name>_b64"

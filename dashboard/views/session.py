@@ -2,6 +2,8 @@
 
 The Redis client is made once per URL (st.cache_resource) with explicit timeouts; the WatchedRun (source +
 window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
+This module owns the session-state entries the live pages share ("settings", "watched_run"); widgets keep
+their own keys, and the What-if page keeps its edit state in dashboard.views.whatif.controls.
 """
 from __future__ import annotations
 
@@ -84,8 +86,21 @@ def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
         return [], safe_text(f"{type(exc).__name__}: {exc}", url)
 
 
+def keep_settings(cfg: Settings) -> None:
+    """The sidebar's choices for this rerun, read by every page through settings()."""
+    st.session_state["settings"] = cfg
+
+
 def settings() -> Settings:
+    """This session's settings (the sidebar's last choices; REDIS_URL defaults before the first run)."""
     return st.session_state.get("settings") or Settings(redis_url=env_redis_url())
+
+
+def watched_layers() -> int:
+    """MoE layers of the run this session watches; 0 before its first step."""
+    held = st.session_state.get("watched_run")
+    window = held[1].window if held else None
+    return window.num_layers if window is not None else 0
 
 
 def watched_run_for(cfg: Settings) -> WatchedRun | None:

@@ -1,11 +1,12 @@
 """The sidebar: source (live Redis or trace file), run, phase filter, window size, layer choice and the
-layout override / upload. Returns a Settings; pages read it from st.session_state["settings"]."""
+layout override / upload. Returns a Settings and keeps it in the session (dashboard.views.session owns the
+session state); pages read it with session.settings()."""
 from __future__ import annotations
 
 import streamlit as st
 
 from dashboard.live.layout import parse_layout_json
-from dashboard.views.session import Settings, env_redis_url, runs_at
+from dashboard.views.session import Settings, env_redis_url, keep_settings, runs_at, watched_layers
 
 PER_LAYER = "per layer (busiest layer of each GPU)"
 ALL_LAYERS = "all layers (sum)"
@@ -33,7 +34,7 @@ def sidebar() -> Settings:
     phase = sb.radio("Phase", ("both", "prefill", "decode"), horizontal=True, key="phase")
     window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
                                        key="window_steps"))
-    layer_names = [PER_LAYER, ALL_LAYERS] + [f"layer {i}" for i in range(_num_layers())]
+    layer_names = [PER_LAYER, ALL_LAYERS] + [f"layer {i}" for i in range(watched_layers())]
     layer_choice = sb.selectbox("GPU load of", layer_names, key="layer_choice",
                                 help="A layer finishes when its own busiest GPU finishes: the per-layer view "
                                      "takes each GPU's busiest layer per step and names the straggler per "
@@ -44,17 +45,11 @@ def sidebar() -> Settings:
                    trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer,
                    summed=layer_choice == ALL_LAYERS, gpus=gpus,
                    gpus_per_node=per_node, uploaded_layout=uploaded)
-    st.session_state["settings"] = cfg
+    keep_settings(cfg)
     return cfg
 
 
-def _num_layers() -> int:
-    held = st.session_state.get("watched_run")
-    window = held[1].window if held else None
-    return window.num_layers if window is not None else 0
-
-
-def _layout_controls(sb):
+def _layout_controls(sb) -> tuple[int | None, int | None, tuple[tuple[int, ...], ...] | None]:
     with sb.expander("Layout and topology"):
         st.caption("Default: the run's metadata (else contiguous, E/G experts per GPU). 0 = from the run.")
         gpus = int(st.number_input("GPUs", min_value=0, max_value=4096, value=0, step=1, key="gpus_override"))
