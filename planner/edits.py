@@ -1,18 +1,22 @@
-"""Click-to-edit: pure functions that return a NEW read-only layout; undo = keep the old one.
+"""Click-to-edit: pure functions that return a NEW read-only layout and leave their input as it was (the
+What-if page's edit session, dashboard.whatif.edits, keeps the history and undoes by going back to it).
 
 A GPU has exactly S slots, so edits replace or swap slots; they never grow a GPU. Every result keeps
 each expert >= 1 replica and never puts two replicas of one expert on one GPU (else ValueError).
-Shapes: layout_LP [L, P] (slot p on GPU p // S), counts_LE [L, E]; ``layer`` picks the row edited.
-History helpers: ``push(history, layout)`` and ``undo(history)`` on a tuple of layouts.
+Shape legend (README, Conventions): L layers, E logical experts, P slots, G GPUs, S slots per GPU.
+layout_LP [L, P] (slot p on GPU p // S), counts_LE [L, E]; ``layer`` picks the row edited.
 """
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .loads import replica_counts
 
 
-def _prep(layout_LP, counts_LE, layer: int, gpus: int):
+def _checked_copy(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, gpus: int
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+    """(a writable int64 copy of the layout, counts as float64, S slots per GPU), or ValueError."""
     lay = np.array(layout_LP, dtype=np.int64)
     if lay.ndim != 2:
         raise ValueError(f"layout must be [layers, slots], got shape {lay.shape}")
@@ -26,24 +30,25 @@ def _prep(layout_LP, counts_LE, layer: int, gpus: int):
     return lay, c, lay.shape[1] // gpus
 
 
-def _check(e: int, E: int, g: int, gpus: int, what: str = "GPU"):
+def _check_expert_and_gpu(e: int, E: int, g: int, gpus: int, what: str = "GPU") -> None:
     if not 0 <= e < E:
         raise ValueError(f"expert {e} out of range 0..{E - 1}")
     if not 0 <= g < gpus:
         raise ValueError(f"{what} {g} out of range 0..{gpus - 1}")
 
 
-def _frozen(lay: np.ndarray) -> np.ndarray:
+def _read_only(lay: np.ndarray) -> np.ndarray:
     lay.setflags(write=False)
     return lay
 
 
-def add_replica(layout_LP, counts_LE, layer: int, expert: int, gpu: int, gpus: int) -> np.ndarray:
+def add_replica(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, expert: int, gpu: int, gpus: int
+                ) -> np.ndarray:
     """Put one more replica of ``expert`` on ``gpu``: it replaces the slot on that GPU whose expert keeps
     >= 1 replica elsewhere and has the lowest per-replica load (count / replicas)."""
-    lay, c, S = _prep(layout_LP, counts_LE, layer, gpus)
+    lay, c, S = _checked_copy(layout_LP, counts_LE, layer, gpus)
     E = c.shape[1]
-    _check(expert, E, gpu, gpus)
+    _check_expert_and_gpu(expert, E, gpu, gpus)
     row = lay[layer]
     slots = np.arange(gpu * S, (gpu + 1) * S)
     if np.any(row[slots] == expert):
@@ -55,18 +60,17 @@ def add_replica(layout_LP, counts_LE, layer: int, expert: int, gpu: int, gpus: i
                          "nothing can be replaced")
     value = c[layer, row[cand]] / rep[row[cand]]
     lay[layer, cand[np.argmin(value)]] = expert
-    return _frozen(lay)
+    return _read_only(lay)
 
 
-def move_replica(layout_LP, counts_LE, layer: int, expert: int, src_gpu: int, dst_gpu: int, gpus: int,
-                 swap_slot: int | None = None) -> np.ndarray:
-    """Move ``expert``'s replica from ``src_gpu`` to ``dst_gpu`` by swapping it with a slot there:
-    ``swap_slot`` (a global slot index on dst_gpu) or else the dst slot with the lowest per-replica load
-    whose expert is not already on src_gpu."""
-    lay, c, S = _prep(layout_LP, counts_LE, layer, gpus)
+def move_replica(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, expert: int, src_gpu: int, dst_gpu: int,
+                 gpus: int) -> np.ndarray:
+    """Move ``expert``'s replica from ``src_gpu`` to ``dst_gpu`` by swapping it with the slot on dst_gpu with
+    the lowest per-replica load whose expert is not already on src_gpu."""
+    lay, c, S = _checked_copy(layout_LP, counts_LE, layer, gpus)
     E = c.shape[1]
-    _check(expert, E, src_gpu, gpus, "source GPU")
-    _check(expert, E, dst_gpu, gpus, "destination GPU")
+    _check_expert_and_gpu(expert, E, src_gpu, gpus, "source GPU")
+    _check_expert_and_gpu(expert, E, dst_gpu, gpus, "destination GPU")
     if src_gpu == dst_gpu:
         raise ValueError("source and destination GPU are the same")
     row = lay[layer]
@@ -78,30 +82,10 @@ def move_replica(layout_LP, counts_LE, layer: int, expert: int, src_gpu: int, ds
     if np.any(row[dst] == expert):
         raise ValueError(f"GPU {dst_gpu} already holds expert {expert}")
     ok = dst[~np.isin(row[dst], row[src])]
-    if swap_slot is not None:
-        if swap_slot not in dst:
-            raise ValueError(f"slot {swap_slot} is not on GPU {dst_gpu}")
-        if swap_slot not in ok:
-            raise ValueError(f"slot {swap_slot} holds expert {row[swap_slot]}, already on GPU {src_gpu}")
-        j = swap_slot
-    else:
-        if ok.size == 0:
-            raise ValueError(f"every expert on GPU {dst_gpu} is already on GPU {src_gpu}; no swap possible")
-        rep = replica_counts(row[None], E)[0]
-        j = ok[np.argmin(c[layer, row[ok]] / rep[row[ok]])]
+    if ok.size == 0:
+        raise ValueError(f"every expert on GPU {dst_gpu} is already on GPU {src_gpu}; no swap possible")
+    rep = replica_counts(row[None], E)[0]
+    j = ok[np.argmin(c[layer, row[ok]] / rep[row[ok]])]
     i = hit[0]
     lay[layer, i], lay[layer, j] = row[j], row[i]
-    return _frozen(lay)
-
-
-def push(history: tuple, layout_LP) -> tuple:
-    """New history with ``layout_LP`` appended (the newest is last)."""
-    return tuple(history) + (layout_LP,)
-
-
-def undo(history: tuple) -> tuple[tuple, np.ndarray]:
-    """(shorter history, layout now current) after undoing the newest edit."""
-    if len(history) < 2:
-        raise ValueError("nothing to undo")
-    h = tuple(history)[:-1]
-    return h, h[-1]
+    return _read_only(lay)

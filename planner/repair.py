@@ -1,15 +1,21 @@
-"""Migration-aware repair: from the current layout, the best layout reachable within k expert moves.
+"""Migration-aware repair: from the current layout, the best layout reachable within a budget of moves.
 
-One move = one expert's weights copied into one slot. Steps, greedy per layer on the busiest GPU:
-a slot swap between two GPUs (2 moves) or turning a spare replica into a replica of an expert on the
-busiest GPU (1 move). Each layer yields a sequence of (cost, imbalance) steps; a total budget is spent
-across layers on the steps with the largest imbalance drop per move first (each layer's steps in order).
+One move = one expert's weights (of one layer) copied onto a GPU that did not hold that expert in the current
+layout; ``experts_copied`` counts them, and the budget, the moves-vs-imbalance curve and the CLI payload all
+use it. Steps, greedy per layer on the busiest GPU: a slot swap between two GPUs (usually 2 moves) or turning
+a spare replica into a replica of an expert on the busiest GPU (usually 1 move); a step's cost is what it adds
+to ``experts_copied`` from the current layout (less when it brings an expert back to a GPU that held it).
+Each layer yields a sequence of (moves, imbalance) steps; the total budget is spent across layers on the
+steps with the largest imbalance drop per move first (each layer's steps in order).
 
-Shapes: counts_LE [L, E] (or [T, L, E]: the blend of normalised windows is used), current_LP [L, P].
+Shape legend (README, Conventions): L layers, E logical experts, P slots, G GPUs, W windows of summed steps,
+X greedy steps. counts_LE [L, E] or counts_WLE [W, L, E] (then the blend of per-layer normalised windows is
+balanced), current_LP [L, P].
 """
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .loads import as_counts, check_layout, layer_imbalance, replica_counts, slot_weights
 from .refine import refine_swaps
@@ -17,93 +23,136 @@ from .replicas import refine_replicas
 from .robust import scenarios
 
 
-def _target(counts) -> np.ndarray:
+def _balanced_counts_LE(counts: ArrayLike) -> np.ndarray:
+    """The counts the repair balances, [L, E]: counts_LE as given, or the blend of counts_WLE's windows."""
     c = as_counts(counts, "counts", ndim=(2, 3))
     return scenarios(c)[0] if c.ndim == 3 else c
 
 
-def layer_sequences(counts, current_LP, gpus: int, max_moves: int):
-    """Per-layer greedy steps: (layouts [M+1, L, P], cost_ML [M, L] moves per step, imb [M+1, L])."""
-    c = _target(counts)
-    lay = check_layout(current_LP, c.shape[1], gpus)
-    if lay.shape[0] != c.shape[0]:
-        raise ValueError(f"layout has {lay.shape[0]} layers, counts have {c.shape[0]}")
-    E = c.shape[1]
-    lays, costs, imbs = [lay], [], [layer_imbalance(c, lay, gpus)]
-    spent = np.zeros(lay.shape[0], dtype=np.int64)
+def _held_LGE(layout_LP: np.ndarray, gpus: int, num_experts: int) -> np.ndarray:
+    """Bool [L, G, E]: GPU g holds (a replica of) expert e in layer l."""
+    L, P = layout_LP.shape
+    held = np.zeros((L, gpus, num_experts), dtype=bool)
+    held[np.arange(L)[:, None], np.arange(P) // (P // gpus), layout_LP] = True
+    return held
+
+
+def _experts_copied_L(held_before_LGE: np.ndarray, after_LP: np.ndarray, gpus: int) -> np.ndarray:
+    """Moves per layer, int64 [L] (see experts_copied), from what the GPUs held before ([L, G, E], E above
+    every expert id of after_LP)."""
+    new_LGE = _held_LGE(after_LP, gpus, held_before_LGE.shape[2]) & ~held_before_LGE
+    return new_LGE.sum((1, 2)).astype(np.int64)
+
+
+def _as_layouts(before_LP: ArrayLike, after_LP: ArrayLike, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    a, b = np.asarray(before_LP, dtype=np.int64), np.asarray(after_LP, dtype=np.int64)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
+        raise ValueError(f"layouts must be [layers, slots] with the same layers, got {a.shape} and {b.shape}")
+    if gpus < 1 or a.shape[1] % gpus or b.shape[1] % gpus:
+        raise ValueError(f"slots ({a.shape[1]}, {b.shape[1]}) do not split over {gpus} GPUs")
+    if (a.size and a.min() < 0) or (b.size and b.min() < 0):
+        raise ValueError("layouts hold negative expert ids")
+    return a, b
+
+
+def experts_copied(before_LP: ArrayLike, after_LP: ArrayLike, gpus: int) -> int:
+    """Moves from one layout to another: one move = one expert's weights (of one layer) copied onto a GPU that
+    did not hold that expert before, i.e. the (layer, GPU, expert) triples held after and not before. Dropping
+    a replica costs nothing; the layouts may have different slot counts (a full re-plan may change R)."""
+    a, b = _as_layouts(before_LP, after_LP, gpus)
+    E = int(max(a.max(initial=-1), b.max(initial=-1))) + 1
+    return int(_experts_copied_L(_held_LGE(a, gpus, E), b, gpus).sum())
+
+
+def _greedy_steps(counts_LE: np.ndarray, current_LP: ArrayLike, gpus: int, max_moves: int
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-layer greedy steps from current_LP, each layer within max_moves: (layouts_XLP [X+1, L, P],
+    moves_XL [X+1, L] experts_copied per layer from current_LP, imbalance_XL [X+1, L], steps_L [L] the steps
+    each layer took: rows past a layer's last step repeat it)."""
+    E = counts_LE.shape[1]
+    start = check_layout(current_LP, E, gpus)
+    if start.shape[0] != counts_LE.shape[0]:
+        raise ValueError(f"layout has {start.shape[0]} layers, counts have {counts_LE.shape[0]}")
+    L = start.shape[0]
+    held_LGE = _held_LGE(start, gpus, E)
+    layouts, moves, imbalances = [start], [np.zeros(L, dtype=np.int64)], [layer_imbalance(counts_LE, start, gpus)]
+    steps_L = np.zeros(L, dtype=np.int64)
     while True:
-        cur, imb = lays[-1], imbs[-1]
-        sw, _, _ = refine_swaps(cur, slot_weights(c, cur), gpus, E, max_iter=1)
-        rp, _ = refine_replicas(cur, c, gpus, max_iter=1)
-        i_sw, i_rp = layer_imbalance(c, sw, gpus), layer_imbalance(c, rp, gpus)
-        g_sw = np.where(spent + 2 <= max_moves, (imb - i_sw) / 2, 0.0)
-        g_rp = np.where(spent + 1 <= max_moves, imb - i_rp, 0.0)
+        cur, imb, used = layouts[-1], imbalances[-1], moves[-1]
+        swapped, _, _ = refine_swaps(cur, slot_weights(counts_LE, cur), gpus, E, max_iter=1)
+        replicated, _ = refine_replicas(cur, counts_LE, gpus, max_iter=1)
+        candidates = []
+        for lay in (swapped, replicated):
+            m = _experts_copied_L(held_LGE, lay, gpus)
+            i = layer_imbalance(counts_LE, lay, gpus)
+            drop, cost = imb - i, m - used
+            per_move = np.where(cost > 0, drop / np.maximum(cost, 1), np.where(drop > 0, np.inf, 0.0))
+            candidates.append((lay, m, i, np.where((m <= max_moves) & (drop > 1e-12), per_move, 0.0)))
+        (sw, m_sw, i_sw, g_sw), (rp, m_rp, i_rp, g_rp) = candidates
         use_rp = g_rp >= g_sw
-        gain = np.where(use_rp, g_rp, g_sw)
-        step = gain > 1e-12
+        step = np.where(use_rp, g_rp, g_sw) > 0
         if not step.any():
             break
-        cost = np.where(step, np.where(use_rp, 1, 2), 0)
-        nxt = np.where((step & use_rp)[:, None], rp, np.where(step[:, None], sw, cur))
-        lays.append(nxt)
-        costs.append(cost)
-        imbs.append(np.where(step, np.where(use_rp, i_rp, i_sw), imb))
-        spent += cost
-    return np.stack(lays), np.array(costs).reshape(-1, lay.shape[0]), np.stack(imbs)
+        layouts.append(np.where((step & use_rp)[:, None], rp, np.where(step[:, None], sw, cur)))
+        moves.append(np.where(step, np.where(use_rp, m_rp, m_sw), used))
+        imbalances.append(np.where(step, np.where(use_rp, i_rp, i_sw), imb))
+        steps_L += step
+    return np.stack(layouts), np.stack(moves), np.stack(imbalances), steps_L
 
 
-def repair_curve(counts, current_LP, gpus: int, max_moves: int):
-    """Spend up to ``max_moves`` moves in total over the layers. Returns (layout_LP, curve) where curve is
-    a list of (moves used, mean imbalance, worst imbalance) after each step taken; mean and worst are over
-    the layers with tokens (all layers when none has any), as everywhere else."""
+def repair_curve(counts: ArrayLike, current_LP: ArrayLike, gpus: int, max_moves: int
+                 ) -> tuple[np.ndarray, list[tuple[int, float, float]]]:
+    """Spend up to ``max_moves`` moves (experts_copied from current_LP) in total over the layers. Returns
+    (layout_LP, curve) where curve is a list of (moves, mean imbalance, worst imbalance) for the current layout
+    and after each step taken; the last row's moves == experts_copied(current_LP, layout_LP, gpus). Mean and
+    worst are over the layers with tokens (all layers when none has any), as everywhere else."""
     if max_moves < 0:
         raise ValueError(f"move budget must be >= 0, got {max_moves}")
-    lays, cost, imb = layer_sequences(counts, current_LP, gpus, max_moves)
-    L = lays.shape[1]
-    active = _target(counts).sum(1) > 0
+    c = _balanced_counts_LE(counts)
+    layouts, moves, imb, steps_L = _greedy_steps(c, current_LP, gpus, max_moves)
+    L = layouts.shape[1]
+    active = c.sum(1) > 0
     a = active if active.any() else np.ones_like(active)
     taken = np.zeros(L, dtype=np.int64)
     cur_imb = imb[0].copy()
     used = 0
     curve = [(0, float(cur_imb[a].mean()), float(cur_imb[a].max()))]
     while True:
-        best, best_l = 0.0, -1
-        for l in np.nonzero(taken < cost.shape[0])[0]:
-            k = taken[l]
-            cst = cost[k, l]
-            if cst == 0 or used + cst > max_moves:
+        best, best_layer = 0.0, -1
+        for layer in np.flatnonzero(taken < steps_L):
+            k = taken[layer]
+            cost = int(moves[k + 1, layer] - moves[k, layer])
+            if used + cost > max_moves:
                 continue
-            g = (imb[k, l] - imb[k + 1, l]) / cst
-            if g > best:
-                best, best_l = g, l
-        if best_l < 0:
+            drop = float(imb[k, layer] - imb[k + 1, layer])
+            per_move = drop / cost if cost > 0 else np.inf
+            if per_move > best:
+                best, best_layer = per_move, int(layer)
+        if best_layer < 0:
             break
-        taken[best_l] += 1
-        used += int(cost[taken[best_l] - 1, best_l])
-        cur_imb[best_l] = imb[taken[best_l], best_l]
+        k = taken[best_layer]
+        used += int(moves[k + 1, best_layer] - moves[k, best_layer])
+        taken[best_layer] += 1
+        cur_imb[best_layer] = imb[k + 1, best_layer]
         curve.append((used, float(cur_imb[a].mean()), float(cur_imb[a].max())))
-    out = lays[taken, np.arange(L)]
-    return out, curve
+    return layouts[taken, np.arange(L)], curve
 
 
-def moves_between(old_LP, new_LP) -> int:
-    """Expert moves (slots whose content changed) from one layout to another."""
-    return int((np.asarray(old_LP) != np.asarray(new_LP)).sum())
-
-
-def repair_plan(counts, current_LP, gpus: int, max_moves: int) -> dict:
-    """CLI payload: repaired physical_to_logical_map plus the moves-vs-imbalance curve."""
+def repair_plan(counts: ArrayLike, current_LP: ArrayLike, gpus: int, max_moves: int) -> dict:
+    """CLI payload: repaired physical_to_logical_map, its moves (experts_copied) and the moves-vs-imbalance
+    curve."""
     lay, curve = repair_curve(counts, current_LP, gpus, max_moves)
-    c = _target(counts)
+    c = _balanced_counts_LE(counts)
     imb = layer_imbalance(c, lay, gpus)
     active = c.sum(1) > 0
     a = active if active.any() else np.ones_like(active)
+    moves = experts_copied(current_LP, lay, gpus)
     return {"physical_to_logical_map": lay.tolist(), "policy": "repair", "gpus": gpus,
-            "moves_budget": max_moves, "moves_used": moves_between(current_LP, lay),
+            "moves_budget": max_moves, "moves_used": moves,
             "predicted_imbalance": imb.round(6).tolist(),
             "predicted_balancedness": (1 / imb).round(6).tolist(),
             "replica_counts": replica_counts(lay, c.shape[1]).tolist(),
             "moves_vs_imbalance": [{"moves": m, "mean_imbalance": mi, "worst_imbalance": wi}
                                    for m, mi, wi in curve],
             "summary": {"mean_imbalance": float(imb[a].mean()), "worst_imbalance": float(imb[a].max()),
-                        "moves_used": moves_between(current_LP, lay)}}
+                        "moves_used": moves}}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.browserkit import chromium_page, wait_http
 from demo.localredis import RedisServer, free_port
+from tests.support.browserkit import chromium_page, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "whatif-browser"
@@ -23,27 +23,26 @@ def app_url(tmp_path):
     from tests.support.realfill import fill_with_collector
 
     server = RedisServer(tmp_path)
-    proc = log = None
     try:
         fill_with_collector(server.url, RUN, steps=40)
         port = free_port()
         env = dict(os.environ, REDIS_URL=server.url)
-        log = open(tmp_path / "streamlit.log", "w")
-        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                                 "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                                 "--server.fileWatcherType", "none"],
-                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+        with open(tmp_path / "streamlit.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
+                                     "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                                     "--server.fileWatcherType", "none"],
+                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        if log is not None:
-            log.close()
+                wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    try:
+                        proc.wait(15)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
         server.stop()
 
 

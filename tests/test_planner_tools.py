@@ -6,9 +6,9 @@ import pytest
 
 from planner.api import plan
 from planner.budget import bytes_per_expert, knee_index, replica_budget_curve
-from planner.edits import add_replica, move_replica, push, undo
+from planner.edits import add_replica, move_replica
 from planner.loads import check_layout, layer_imbalance, replica_counts
-from planner.repair import moves_between, repair_curve
+from planner.repair import experts_copied, repair_curve, repair_plan
 from planner.synthetic import skewed_counts
 from planner.traffic import route, traffic
 
@@ -31,7 +31,7 @@ def test_add_replica_replaces_lowest_value_spare(case):
     assert not new.flags.writeable and lay.flags.writeable
     assert replica_counts(new, 32)[1, cold] == rep[cold] + 1
     check_layout(new, 32, G)
-    assert (new[0] == lay[0]).all() and moves_between(lay, new) == 1
+    assert (new[0] == lay[0]).all() and experts_copied(lay, new, G) == 1
     with pytest.raises(ValueError, match="already holds"):
         add_replica(new, c, 1, cold, g, G)
 
@@ -43,19 +43,16 @@ def test_add_replica_refuses_when_all_slots_unique():
         add_replica(lay, c, 0, 0, 1, 4)
 
 
-def test_move_replica_swaps_and_undo(case):
+def test_move_replica_swaps(case):
     c, lay = case
     e = lay[0, 0]
     dst = next(g for g in range(1, G) if e not in lay[0, g * 5:(g + 1) * 5])
     new = move_replica(lay, c, 0, e, 0, dst, G)
     check_layout(new, 32, G)
+    assert not new.flags.writeable and lay.flags.writeable
     assert e in new[0, dst * 5:(dst + 1) * 5] and e not in new[0, :5]
-    assert moves_between(lay, new) == 2
-    hist = push(push((), lay), new)
-    hist, cur = undo(hist)
-    assert cur is lay
-    with pytest.raises(ValueError):
-        undo(hist)
+    assert experts_copied(lay, new, G) == 2            # e onto dst, the swapped expert onto GPU 0
+    assert experts_copied(new, lay, G) == 2            # and back
     with pytest.raises(ValueError, match="no replica"):
         move_replica(lay, c, 0, e, dst, 0, G)
 
@@ -66,13 +63,35 @@ def test_repair_curve_is_monotone_and_within_budget():
     check_layout(cur, 64, 8)
     lay, curve = repair_curve(c, cur, 8, 12)
     check_layout(lay, 64, 8)
-    assert moves_between(cur, lay) <= 12
     means = [m for _, m, _ in curve]
     assert means == sorted(means, reverse=True) and means[-1] < means[0]
-    assert curve[-1][0] <= 12
+    assert curve[-1][0] == experts_copied(cur, lay, 8) <= 12      # the curve counts moves as experts_copied
     np.testing.assert_allclose(layer_imbalance(c, lay, 8).mean(), means[-1])
+    for budget in (1, 3, 40):
+        lay_b, curve_b = repair_curve(c, cur, 8, budget)
+        assert curve_b[-1][0] == experts_copied(cur, lay_b, 8) <= budget
+        assert all(0 <= m <= budget for m, _, _ in curve_b)
     same, curve0 = repair_curve(c, cur, 8, 0)
     assert (same == cur).all() and len(curve0) == 1
+
+
+def test_experts_copied_counts_weights_new_on_a_gpu():
+    before = np.array([[0, 1, 2, 3]])                            # 2 GPUs x 2 slots
+    assert experts_copied(before, [[1, 0, 2, 3]], 2) == 0          # slots reordered on a GPU: nothing copied
+    assert experts_copied(before, [[0, 2, 1, 3]], 2) == 2          # a swap across GPUs: two copies
+    assert experts_copied(before, [[0, 1, 2, 0]], 2) == 1          # a replica of 0 onto GPU 1 (3 dropped: free)
+    assert experts_copied(before, [[0, 1, 2, 2, 3, 0]], 2) == 2    # more slots (R = 2): 2 onto GPU 0, 0 onto 1
+    with pytest.raises(ValueError, match="do not split"):
+        experts_copied(before, [[0, 1, 2]], 2)
+
+
+def test_repair_plan_reports_moves_as_experts_copied():
+    c = skewed_counts(layers=3, experts=32, seed=9)
+    cur = np.array([list(range(32)) + [0, 8, 16, 24]] * 3)
+    out = repair_plan(c, cur, 4, 6)
+    moves = experts_copied(cur, out["physical_to_logical_map"], 4)
+    assert 0 < moves <= 6 and out["moves_budget"] == 6
+    assert out["moves_used"] == out["summary"]["moves_used"] == out["moves_vs_imbalance"][-1]["moves"] == moves
 
 
 def test_budget_curve_memory_and_knee():

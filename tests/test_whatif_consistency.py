@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard.whatif import score as whatif_score
 from dashboard.analytics.balance import balancedness
+from dashboard.whatif import score as whatif_score
 from planner import loads as planner_loads
 
 # 3 layers, 8 experts, 4 GPUs, R = 4; layer 2 is dense (never any token)
@@ -25,15 +25,15 @@ def _counts() -> np.ndarray:
     return c
 
 
-def _overview(counts_SLE):
+def _overview(counts_TLE):
     """The Overview's window numbers, by dashboard.analytics (as dashboard/live/snapshot.py computes them)."""
-    loads_SLG = planner_loads.weighted_loads(counts_SLE, planner_loads.gpu_weights(LAYOUT.tolist(), 8, G))
-    eta_SL = balancedness(loads_SLG)
+    loads_TLG = planner_loads.weighted_loads(counts_TLE, planner_loads.gpu_weights(LAYOUT.tolist(), 8, G))
+    eta_TL = balancedness(loads_TLG)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        step_mean_L = np.nanmean(eta_SL, axis=0)
-    return {"idle_share": 1.0 - np.nanmean(eta_SL), "step_p50": np.nanpercentile(step_mean_L, 50),
-            "sum_L": balancedness(loads_SLG.sum(0)), "sum_p50": np.nanpercentile(balancedness(loads_SLG.sum(0)), 50)}
+        step_mean_L = np.nanmean(eta_TL, axis=0)
+    return {"idle_share": 1.0 - np.nanmean(eta_TL), "step_p50": np.nanpercentile(step_mean_L, 50),
+            "sum_L": balancedness(loads_TLG.sum(0)), "sum_p50": np.nanpercentile(balancedness(loads_TLG.sum(0)), 50)}
 
 
 def test_current_layout_balancedness_equals_overview_with_idle_steps():
@@ -47,7 +47,7 @@ def test_current_layout_balancedness_equals_overview_with_idle_steps():
     # the old rule (idle steps count as eta = 1) reads higher
     assert got.step_balancedness < np.mean([np.mean(planner_loads.balancedness(
         planner_loads.gpu_loads(counts[s], LAYOUT, G))[:2]) for s in range(len(counts))])
-    assert np.isnan(got.eta_sum_L[2]) and np.isnan(got.eta_step_SL[4]).all() and np.isnan(got.eta_step_SL[2, 1])
+    assert np.isnan(got.eta_sum_L[2]) and np.isnan(got.eta_step_TL[4]).all() and np.isnan(got.eta_step_TL[2, 1])
 
 
 def test_one_even_split_implementation_both_forms_agree():
@@ -70,8 +70,8 @@ def _meta(hidden: int, inter: int, dtype_bytes: int = 2) -> wire.RunMeta:
 
 
 def test_zero_sizes_are_unknown_and_fall_back_to_deepseek_v3():
-    from planner.budget import bytes_per_expert
     from dashboard.whatif.traffic import DEFAULT_SIZES, run_sizes
+    from planner.budget import bytes_per_expert
 
     assert run_sizes(_meta(64, 32)) == ((64, 32, 2), None)
     sizes, note = run_sizes(_meta(0, 0))                 # the generic collector API's defaults

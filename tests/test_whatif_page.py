@@ -1,5 +1,5 @@
 """The What-if page rendered by streamlit.testing.v1.AppTest against a real redis-server filled by the real
-collector (tests/realfill.py). Expected numbers come from the raw stream entries, re-planned here through
+collector (tests/support/realfill.py). Expected numbers come from the raw stream entries, re-planned here through
 planner.api.plan on fit windows built with plain loops; the download is checked byte for byte
 (Streamlit names a media file by a hash of its bytes)."""
 import json
@@ -11,9 +11,11 @@ from streamlit.runtime.memory_media_file_storage import _calculate_file_id
 from streamlit.testing.v1 import AppTest
 
 import wire
+from dashboard.views.whatif.controls import STATE_KEY, WhatIfState
 from planner.api import plan
 from planner.edits import add_replica
 from planner.io import load_counts
+from planner.repair import experts_copied
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 RUN = "whatif-run"
@@ -30,7 +32,7 @@ def filled(redis_server):
 
 
 def stream(url: str):
-    """(meta, per-step counts [S, L, E] in step order, ranks summed) straight from Redis."""
+    """(meta, per-step counts [T, L, E] in step order, ranks summed) straight from Redis."""
     client = wire.connect(url, timeout_s=2.0)
     meta = wire.decode_meta(client.get(wire.meta_key(RUN)))
     steps: dict[int, np.ndarray] = {}
@@ -41,13 +43,13 @@ def stream(url: str):
 
 
 def expected(url: str, redundant: int, policy: str = "auto") -> dict:
-    """The page's defaults: score on the newest max(1, min(64, S // 4)) steps, fit on the steps before
+    """The page's defaults: score on the newest max(1, min(64, T // 4)) steps, fit on the steps before
     them, summed into up to 16 contiguous windows."""
     meta, counts = stream(url)
     n_score = max(1, min(64, len(counts) // 4))
     fit, score = counts[:-n_score], counts[-n_score:]
     chunks = np.array_split(np.arange(len(fit)), min(16, len(fit)))
-    fit_TLE = np.stack([fit[c].sum(0) for c in chunks]).astype(float)
+    fit_WLE = np.stack([fit[c].sum(0) for c in chunks]).astype(float)
     p2l, G = meta.layout.physical_to_logical_map, meta.layout.gpus
     eta = []
     for l, row in enumerate(p2l):  # balancedness of the current layout, window-summed score loads
@@ -56,9 +58,9 @@ def expected(url: str, redundant: int, policy: str = "auto") -> dict:
             load[p // (len(row) // G)] += score[:, l, e].sum() / row.count(e)
         if load.sum() > 0:
             eta.append(load.mean() / load.max())
-    planned = plan(fit_TLE, G, redundant, policy=policy)
+    planned = plan(fit_WLE, G, redundant, policy=policy)
     return {"meta": meta, "score_LE": score.sum(0), "eta_current": float(np.mean(eta)), "planned": planned,
-            "fit_TLE": fit_TLE}
+            "fit_WLE": fit_WLE}
 
 
 def page(url, monkeypatch) -> AppTest:
@@ -81,6 +83,9 @@ def served(text: str) -> str:
 
 def layout_text(layout_LP) -> str:
     return json.dumps({"physical_to_logical_map": np.asarray(layout_LP).tolist()})
+
+
+MOVES = "moves (expert copies onto GPUs)"      # the page's moves metric
 
 
 def metric(at, label: str):
@@ -132,9 +137,13 @@ def test_gpu_lists_experts_add_replica_and_undo(filled, monkeypatch):
     assert expert in edited[layer, :S]
     assert downloaded(at) == served(layout_text(edited))
     assert any("1 manual edit(s)" in c.value for c in at.caption)
+    assert metric(at, MOVES).value == f"{experts_copied(want['meta'].layout.physical_to_logical_map, edited, G):,}"
     at.button(key="whatif_undo").click().run()
     assert downloaded(at) == served(layout_text(planned))
     assert at.button(key="whatif_undo").disabled
+    state = at.session_state[STATE_KEY]            # the page's one state object holds the edit session
+    assert isinstance(state, WhatIfState) and state.target.layer == layer
+    assert state.sessions[state.target.plan_key].num_edits == 0
 
 
 def test_impossible_edit_says_why(filled, monkeypatch):
@@ -149,21 +158,23 @@ def test_impossible_edit_says_why(filled, monkeypatch):
 
 def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
     from planner.repair import repair_curve
-    from dashboard.whatif.edits import moves_needed
 
     at = page(filled, monkeypatch)
     want = expected(filled, redundant=4)
     current = np.asarray(want["meta"].layout.physical_to_logical_map)
-    full = int(metric(at, "moves needed").value.replace(",", ""))
+    full = int(metric(at, MOVES).value.replace(",", ""))
+    assert full == experts_copied(current, want["planned"].layout_LP, 4)   # a full re-plan, counted the same way
+    assert "copied onto a GPU that did not hold that expert" in metric(at, MOVES).help
     at.number_input(key="whatif_moves").set_value(2).run()
     assert not at.exception, at.exception
-    repaired, curve = repair_curve(want["fit_TLE"], current, 4, 2)
+    repaired, curve = repair_curve(want["fit_WLE"], current, 4, 2)
     assert downloaded(at) == served(layout_text(repaired))
-    needed = int(metric(at, "moves needed").value.replace(",", ""))
-    assert needed == moves_needed(current, repaired, 4) <= 2 < full
+    shown = int(metric(at, MOVES).value.replace(",", ""))
+    # one definition of a move: the page's metric, the repair's curve and its budget agree
+    assert shown == experts_copied(current, repaired, 4) == curve[-1][0] <= 2 < full
     assert at.selectbox(key="whatif_r").disabled and at.selectbox(key="whatif_policy").disabled
     assert len(at.get("plotly_chart")) == 3        # + the moves-vs-imbalance curve
-    assert any(c.value.startswith(f"Move budget 2: {curve[-1][0]} moves used") for c in at.caption)
+    assert any(c.value.startswith(f"Move budget 2: {shown} moves used") for c in at.caption)
     assert any("Policy repair of the current layout (<= 2 moves)" in c.value for c in at.caption)
     assert "for R = 0:" in metric(at, "best possible with R (lower bound)").help   # the repair keeps R = 0
     at.number_input(key="whatif_moves").set_value(0).run()         # back to the full re-plan

@@ -1,16 +1,19 @@
-"""The What-if page's pure parts: click -> edit -> layout (whatif_state), window selection and scoring
-(whatif_score), the sample ring, and the planner's trace loader. Expected values are recomputed here
-with plain loops."""
+"""The What-if page's pure parts: click -> edit -> layout and undo (dashboard.whatif.edits), moves between
+layouts (planner.repair.experts_copied), window selection and scoring (dashboard.whatif.score), the sample ring,
+and the planner's trace loader. Expected values are recomputed here with plain loops."""
 import json
 
 import numpy as np
 import pytest
 
 import wire
-from dashboard.whatif import edits as whatif_state, score as whatif_score
 from dashboard.live.layout import parse_layout_json
-from planner.io import load_counts, trace_windows
 from dashboard.live.samples import SampleRing
+from dashboard.whatif import edits
+from dashboard.whatif import score as whatif_score
+from planner.io import load_counts, trace_windows
+from planner.repair import experts_copied
+from planner.windows import split_windows
 
 # 2 layers, 8 experts, 4 GPUs, R = 4 -> 3 slots per GPU; experts 0 and 1 have two replicas
 LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3],
@@ -43,51 +46,53 @@ def gpu_set(layout, layer, gpu):
     ({"selection": {"points": [{"customdata": ["GPU x"]}]}}, None),
 ])
 def test_clicked_gpu(event, want):
-    assert whatif_state.clicked_gpu(event, G) == want
+    assert edits.clicked_gpu(event, G) == want
 
 
 def test_clicked_expert_needs_customdata():
-    assert whatif_state.clicked_expert({"selection": {"points": [{"x": "e7 (x2)", "customdata": [7]}]}}, 8) == 7
-    assert whatif_state.clicked_expert({"selection": {"points": [{"x": "e7"}]}}, 8) is None
+    assert edits.clicked_expert({"selection": {"points": [{"x": "e7 (x2)", "customdata": [7]}]}}, 8) == 7
+    assert edits.clicked_expert({"selection": {"points": [{"x": "e7"}]}}, 8) is None
 
 
 def test_click_add_replica_then_undo():
-    session = whatif_state.start(("k",), LAYOUT, G)
+    session = edits.new_session(("k",), LAYOUT, G)
     gpu_click = {"selection": {"points": [{"customdata": [3]}]}}
-    target = whatif_state.clicked_gpu(gpu_click, G)
-    action = whatif_state.Action("add", 1, 7, target)          # hot expert 7 of layer 1 gets a second replica
-    edited = whatif_state.apply(session, action, COUNTS)
+    target = edits.clicked_gpu(gpu_click, G)
+    action = edits.Action("add", 1, 7, target)          # hot expert 7 of layer 1 gets a second replica
+    edited = edits.apply_action(session, action, COUNTS)
     new = edited.current
-    assert edited.edits == 1 and edited.log == (action.describe(),)
+    assert edited.num_edits == 1 and edited.log == (action.describe(),)
     assert 7 in gpu_set(new, 1, target) and list(new[1]).count(7) == 2
     assert sorted(set(new[1])) == list(range(8)) and new.shape == LAYOUT.shape
     assert (new[0] == LAYOUT[0]).all() and (new[1] != LAYOUT[1]).sum() == 1
+    assert experts_copied(LAYOUT, new, G) == 1                # expert 7's weights copied onto the target GPU
     before, after = loads_by_loop(LAYOUT, COUNTS, G)[1], loads_by_loop(new, COUNTS, G)[1]
     assert after.max() / after.mean() < before.max() / before.mean()
     with pytest.raises(ValueError):
         new[0, 0] = 3  # layouts in the history are read-only
-    back = whatif_state.undo(edited)
-    assert back.edits == 0 and (back.current == LAYOUT).all()
+    back = edits.undo(edited)
+    assert back.num_edits == 0 and (back.current == LAYOUT).all()
     with pytest.raises(ValueError, match="nothing to undo"):
-        whatif_state.undo(back)
+        edits.undo(back)
 
 
 def test_click_move_and_refused_edits_leave_session_unchanged():
-    session = whatif_state.start(("k",), LAYOUT, G)
-    moved = whatif_state.apply(session, whatif_state.Action("move", 0, 4, 1, 2), COUNTS).current
+    session = edits.new_session(("k",), LAYOUT, G)
+    moved = edits.apply_action(session, edits.Action("move", 0, 4, 1, 2), COUNTS).current
     assert 4 not in gpu_set(moved, 0, 1) and 4 in gpu_set(moved, 0, 2)
     assert sorted(moved[0]) == sorted(LAYOUT[0])  # a swap: the same slots, only places changed
-    for bad, msg in ((whatif_state.Action("add", 0, 0, 0), "already holds"),
-                     (whatif_state.Action("move", 0, 4, 0, 2), "holds no replica"),
-                     (whatif_state.Action("move", 0, 4, 1, None), "destination"),
-                     (whatif_state.Action("swap", 0, 4, 1, 2), "unknown edit")):
+    assert experts_copied(LAYOUT, moved, G) == 2  # expert 4 onto GPU 2, the swapped expert onto GPU 1
+    for bad, msg in ((edits.Action("add", 0, 0, 0), "already holds"),
+                     (edits.Action("move", 0, 4, 0, 2), "holds no replica"),
+                     (edits.Action("move", 0, 4, 1, None), "destination"),
+                     (edits.Action("swap", 0, 4, 1, 2), "unknown edit")):
         with pytest.raises(ValueError, match=msg):
-            whatif_state.apply(session, bad, COUNTS)
-    assert session.edits == 0 and (session.current == LAYOUT).all()
+            edits.apply_action(session, bad, COUNTS)
+    assert session.num_edits == 0 and (session.current == LAYOUT).all()
 
 
 def test_gpu_experts_rows():
-    rows = whatif_state.gpu_experts(LAYOUT, COUNTS, 0, 1, G)
+    rows = edits.gpu_experts(LAYOUT, COUNTS, 0, 1, G)
     assert [r["slot"] for r in sorted(rows, key=lambda r: r["slot"])] == [3, 4, 5]
     for r in rows:
         reps = list(LAYOUT[0]).count(r["expert"])
@@ -95,50 +100,50 @@ def test_gpu_experts_rows():
         assert r["load"] == pytest.approx(COUNTS[0, r["expert"]] / reps)
     assert [r["load"] for r in rows] == sorted((r["load"] for r in rows), reverse=True)
     with pytest.raises(ValueError, match="GPU 4"):
-        whatif_state.gpu_experts(LAYOUT, COUNTS, 0, 4, G)
+        edits.gpu_experts(LAYOUT, COUNTS, 0, 4, G)
 
 
-def test_moves_needed_against_sets():
+def test_experts_copied_against_sets():
     rng = np.random.default_rng(1)
     a = np.stack([rng.permutation(12) % 8 for _ in range(3)])
     for b in (a, np.stack([rng.permutation(12) % 8 for _ in range(3)]), np.stack([rng.permutation(16) % 8 for _ in range(3)])):
         want = sum(len(set(b[l].reshape(G, -1)[g]) - set(a[l].reshape(G, -1)[g])) for l in range(3) for g in range(G))
-        assert whatif_state.moves_needed(a, b, G) == want
-    assert whatif_state.moves_needed(a, a, G) == 0
+        assert experts_copied(a, b, G) == want
+    assert experts_copied(a, a, G) == 0
 
 
 def test_layout_json_is_sglang_loadable():
-    text = whatif_state.layout_json(LAYOUT)
+    text = edits.layout_json(LAYOUT)
     assert set(json.loads(text)) == {"physical_to_logical_map"}
     rows = parse_layout_json(text)
     assert rows == LAYOUT.tolist() and all(len(r) == 8 + 4 for r in rows)
     wire.Layout(gpus=G, nodes=1, physical_to_logical_map=rows).validate(2, 8)
 
 
-def test_select_steps_hold_out_overlap_and_minutes():
+def test_fit_and_score_steps_hold_out_overlap_and_minutes():
     t = np.arange(100) * 6.0                                    # a step every 6 s
-    fit, score, overlap = whatif_score.select_steps(t, 10, 30)
+    fit, score, overlap = whatif_score.fit_and_score_steps(t, 10, 30)
     assert list(score) == list(range(90, 100)) and list(fit) == list(range(60, 90)) and not overlap
-    fit, score, overlap = whatif_score.select_steps(t, 10, 30, hold_out=False)
+    fit, score, overlap = whatif_score.fit_and_score_steps(t, 10, 30, hold_out=False)
     assert list(fit) == list(range(70, 100)) and overlap
-    fit, _, _ = whatif_score.select_steps(t, 10, 1.0, unit="minutes")  # 60 s before step 89 (t=534)
+    fit, _, _ = whatif_score.fit_and_score_steps(t, 10, 1.0, unit="minutes")  # 60 s before step 89 (t=534)
     assert list(fit) == list(range(79, 90))
-    fit, score, overlap = whatif_score.select_steps(t[:5], 10, 30)      # too few steps to hold out
+    fit, score, overlap = whatif_score.fit_and_score_steps(t[:5], 10, 30)      # too few steps to hold out
     assert list(score) == list(range(5)) and list(fit) == list(range(5)) and overlap
     with pytest.raises(ValueError, match="unit"):
-        whatif_score.select_steps(t, 10, 30, unit="hours")
+        whatif_score.fit_and_score_steps(t, 10, 30, unit="hours")
 
 
 def test_split_windows_and_score_by_loop():
     rng = np.random.default_rng(0)
     steps = rng.integers(0, 50, size=(37, 2, 8))
-    win = whatif_score.split_windows(steps)
+    win = split_windows(steps)
     assert win.shape == (16, 2, 8) and win.sum() == steps.sum() and (win[0] == steps[:3].sum(0)).all()
     s = whatif_score.score(LAYOUT, steps, G)
     per_sum = loads_by_loop(LAYOUT, steps.sum(0), G)
     assert np.allclose(s.imbalance_sum_L, per_sum.max(1) / per_sum.mean(1))
     step3 = loads_by_loop(LAYOUT, steps[3], G)
-    assert np.allclose(s.imbalance_step_SL[3], step3.max(1) / step3.mean(1))
+    assert np.allclose(1.0 / s.eta_step_TL[3], step3.max(1) / step3.mean(1))
     assert s.balancedness == pytest.approx(np.mean(per_sum.mean(1) / per_sum.max(1)))
 
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard.whatif import score as whatif_score, traffic as whatif_traffic
 from dashboard.live.samples import SampleRing
+from dashboard.whatif import score as whatif_score
+from dashboard.whatif import traffic as whatif_traffic
 
 # 12 experts, 4 GPUs x 3 slots, 2 nodes: GPUs 0-1 = node 0 (experts 0-5), GPUs 2-3 = node 1 (experts 6-11)
 LAYOUT = np.arange(12)[None]
@@ -28,7 +29,7 @@ def _data(world=4):
         ring.add(rec)
     steps = np.array([0, 1])
     counts = np.stack([sum(r.counts_LE for r in recs if r.step == s) for s in steps])
-    return whatif_score.take(counts, steps, steps.astype(float), [2, 1], ring.sampled, score_steps=2, fit=1,
+    return whatif_score.fit_and_score_windows(counts, steps, steps.astype(float), [2, 1], ring.sampled, score_steps=2, fit=1,
                              hold_out=False)
 
 
@@ -43,7 +44,7 @@ def test_cross_node_share_and_bytes_from_the_source_rank():
     data = _data()
     gpu_N, note = whatif_traffic.source_gpus(data.samples.rank_N, data.samples.world_size, 4)
     assert gpu_N.tolist() == [2, 3, 0] and "own rank" in note
-    out = whatif_traffic.traffic_summary(data.samples_LNK, LAYOUT, 12, 4, 2, HIDDEN, DTYPE_BYTES, tokens_per_step=8,
+    out = whatif_traffic.traffic_summary(data.samples.ids_LNK, LAYOUT, 12, 4, 2, HIDDEN, DTYPE_BYTES, tokens_per_step=8,
                                          source_gpu_N=gpu_N)
     # pairs: 8; from the source rank 3 + 0 + 2 = 5 leave the token's node; home-node bound: 0 + 0 + 1 = 1
     assert out["cross_node_rule"] == "source rank"
@@ -60,7 +61,7 @@ def test_ranks_not_one_to_one_fall_back_to_the_home_node_and_say_so():
     data = _data(world=2)
     gpu_N, note = whatif_traffic.source_gpus(data.samples.rank_N, data.samples.world_size, 4)
     assert gpu_N is None and "lower bound" in note and "2 rank(s)" in note
-    out = whatif_traffic.traffic_summary(data.samples_LNK, LAYOUT, 12, 4, 2, HIDDEN, DTYPE_BYTES, 8, source_gpu_N=gpu_N)
+    out = whatif_traffic.traffic_summary(data.samples.ids_LNK, LAYOUT, 12, 4, 2, HIDDEN, DTYPE_BYTES, 8, source_gpu_N=gpu_N)
     assert out["cross_node_rule"] == "home node" and out["cross_node_share"] == pytest.approx(1 / 8)
     labels = [row["metric"] for row in whatif_traffic.traffic_table(out, out)]
     assert "cross-node share of (token, expert) pairs, lower bound (home node)" in labels

@@ -1,17 +1,20 @@
 """Plotly builders for the What-if page: before/after per-GPU bars (clickable: customdata = GPU), the
 selected GPU's experts (clickable: customdata = expert), the replica-budget curve with its knee and the
-move-budget curve (imbalance vs expert moves from the current layout).
+move-budget curve (imbalance vs moves from the current layout, counted by planner.repair.experts_copied).
 
 Bars are clickable in st.plotly_chart(on_select=...); every clickable bar carries its id in customdata so
-the click handler (dashboard.whatif.edits) never depends on axis labels. Shape legend: G GPUs.
+the click parsing (dashboard.whatif.edits.clicked_gpu / clicked_expert) never depends on axis labels.
+Shape legend (README, Conventions): G GPUs.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.figures.units import byte_unit
 from dashboard.figures.common import HEIGHT_PX, f32, figure
+from dashboard.figures.units import byte_unit
 
 BEFORE, AFTER, PICKED = "#9aa5b1", "#1f77b4", "#d62728"
 
@@ -36,7 +39,7 @@ def before_after_bars(before_G, after_G, selected_gpu: int | None, title: str, u
 
 
 def gpu_expert_bars(rows: list[dict], gpu: int, selected_expert: int | None, unit: str) -> go.Figure:
-    """One bar per slot of the GPU (rows from whatif_state.gpu_experts): its share of the expert's load;
+    """One bar per slot of the GPU (rows from dashboard.whatif.edits.gpu_experts): its share of the expert's load;
     click one to select the expert for an edit."""
     experts = np.asarray([r["expert"] for r in rows], dtype=np.int32)
     labels = [f"e{r['expert']}" + (f" (x{r['replicas']})" if r["replicas"] > 1 else "") for r in rows]
@@ -56,7 +59,7 @@ def budget_curve(rows: list[dict], knee: int, chosen_r: int | None) -> go.Figure
     extra = np.asarray([row["extra_bytes_per_gpu"] for row in rows], dtype=np.float64)
     scale, unit = byte_unit(extra.max(initial=0))
     line = dict(type="scatter", yaxis="y2", mode="lines+markers")
-    traces = [dict(type="bar", x=r, y=f32(extra / scale), name=f"extra memory per GPU ({unit})", opacity=0.5,
+    traces: list[dict] = [dict(type="bar", x=r, y=f32(extra / scale), name=f"extra memory per GPU ({unit})", opacity=0.5,
                    marker=dict(color="#9ecae1"), hovertemplate="R=%{x}: +%{y:.2f} " + unit + "/GPU<extra></extra>"),
               {**line, "x": r, "y": f32([row["mean_imbalance"] for row in rows]),
                "name": "imbalance (mean over layers)", "line": dict(color=AFTER)},
@@ -75,9 +78,9 @@ def budget_curve(rows: list[dict], knee: int, chosen_r: int | None) -> go.Figure
                   xaxis=dict(tickvals=r))
 
 
-def moves_curve(rows, chosen: dict) -> go.Figure:
-    """Mean and worst-layer imbalance (max/mean GPU load) vs expert moves spent repairing the current
-    layout (rows from dashboard.whatif.repair), the chosen budget's point starred."""
+def moves_curve(rows: Sequence[dict], chosen: dict) -> go.Figure:
+    """Mean and worst-layer imbalance (max/mean GPU load) vs moves (expert copies onto GPUs) spent repairing
+    the current layout (Repaired.curve rows from dashboard.whatif.repair), the chosen budget's point starred."""
     moves = np.asarray([r["moves"] for r in rows], dtype=np.int32)
     line = dict(type="scatter", mode="lines+markers", x=moves)
     traces = [{**line, "y": f32([r["mean_imbalance"] for r in rows]), "name": "imbalance (mean over layers)",
@@ -87,5 +90,5 @@ def moves_curve(rows, chosen: dict) -> go.Figure:
               dict(type="scatter", mode="markers+text", x=[int(chosen["moves"])],
                    y=[float(chosen["mean_imbalance"])], name="chosen budget", text=["chosen"],
                    textposition="top center", marker=dict(symbol="star", size=16, color=PICKED))]
-    return figure(traces, "Move budget: imbalance vs expert moves from the current layout", "expert moves",
+    return figure(traces, "Move budget: imbalance vs moves from the current layout", "moves (expert copies onto GPUs)",
                   "imbalance (max/mean GPU load)")

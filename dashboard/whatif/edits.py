@@ -1,17 +1,23 @@
 """The What-if page's edit session, pure (no Streamlit): the planned layout, the user's edits on it as a
-history, and the page's clicks turned into edits.
+history (the one undo of the page), and the page's clicks turned into edits.
 
 A click on a GPU bar selects that GPU (clicked_gpu); a click on one of its expert bars selects the expert
 (clicked_expert); an Action (add a replica of the expert on a GPU, or move the expert's replica from the
-selected GPU to another) applied to the session gives a new session whose current layout is the edited one.
-Layouts are physical_to_logical_map arrays int64 [L, P] (slot p on GPU p // S, S = P / G).
+selected GPU to another) applied to the session (apply_action) gives a new session whose current layout is the
+edited one; undo gives the session without its newest edit.
+
+Shape legend (README, Conventions): L layers, E logical experts, P slots, G GPUs, S slots per GPU. Layouts
+are physical_to_logical_map arrays int64 [L, P] (slot p on GPU p // S, S = P / G).
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from planner.edits import add_replica, move_replica
 from planner.loads import replica_counts
@@ -38,13 +44,13 @@ class Action:
 
 @dataclass(frozen=True)
 class EditSession:
-    """history[0] is the planned layout, history[-1] the current one; log[i] describes history[i + 1].
-    `key` names the plan (its inputs) the edits belong to: a new plan starts a new session."""
+    """history[0] is the planned layout, history[-1] the current one (each read-only); log[i] describes
+    history[i + 1]. `key` names the plan (its inputs) the edits belong to: a new plan starts a new session."""
 
     key: tuple
     gpus: int
-    history: tuple
-    log: tuple = ()
+    history: tuple[np.ndarray, ...]
+    log: tuple[str, ...] = ()
 
     @property
     def current(self) -> np.ndarray:
@@ -55,11 +61,11 @@ class EditSession:
         return self.history[0]
 
     @property
-    def edits(self) -> int:
+    def num_edits(self) -> int:
         return len(self.history) - 1
 
 
-def _frozen(layout_LP) -> np.ndarray:
+def _read_only_layout(layout_LP: ArrayLike) -> np.ndarray:
     lay = np.array(layout_LP, dtype=np.int64)
     if lay.ndim != 2:
         raise ValueError(f"layout must be [layers, slots], got shape {lay.shape}")
@@ -67,15 +73,15 @@ def _frozen(layout_LP) -> np.ndarray:
     return lay
 
 
-def start(key: tuple, layout_LP, gpus: int) -> EditSession:
+def new_session(key: tuple, layout_LP: ArrayLike, gpus: int) -> EditSession:
     """A session without edits on a planned layout [L, P]."""
-    lay = _frozen(layout_LP)
+    lay = _read_only_layout(layout_LP)
     if gpus < 1 or lay.shape[1] % gpus:
         raise ValueError(f"{lay.shape[1]} slots do not split over {gpus} GPUs")
     return EditSession(key=key, gpus=gpus, history=(lay,))
 
 
-def apply(session: EditSession, action: Action, counts_LE) -> EditSession:
+def apply_action(session: EditSession, action: Action, counts_LE: ArrayLike) -> EditSession:
     """The session with `action` applied to its current layout; counts_LE [L, E] pick the slot an edit
     replaces (the lightest per-replica load). ValueError (the session unchanged) when the edit is impossible."""
     if action.kind not in ACTIONS:
@@ -93,27 +99,29 @@ def apply(session: EditSession, action: Action, counts_LE) -> EditSession:
 
 def undo(session: EditSession) -> EditSession:
     """The session without its newest edit; ValueError when there is none."""
-    if session.edits == 0:
+    if session.num_edits == 0:
         raise ValueError("nothing to undo")
     return EditSession(key=session.key, gpus=session.gpus, history=session.history[:-1], log=session.log[:-1])
 
 
-def _first_point(event) -> dict | None:
+def _first_point(event: Any) -> Mapping[str, Any] | None:
     """The first selected point of a st.plotly_chart selection event (or its 'selection' part)."""
-    if not event:
+    if not isinstance(event, Mapping) or not event:
         return None
-    selection = event.get("selection", event) if hasattr(event, "get") else None
-    points = selection.get("points") if hasattr(selection, "get") else None
-    return points[0] if points else None
+    selection = event.get("selection", event)
+    points = selection.get("points") if isinstance(selection, Mapping) else None
+    point = points[0] if isinstance(points, (list, tuple)) and points else None
+    return point if isinstance(point, Mapping) else None
 
 
-def _point_int(point: dict | None, limit: int) -> int | None:
+def _point_int(point: Mapping[str, Any] | None, limit: int) -> int | None:
+    """customdata[0] (else x) of a clicked point rounded to an int in 0..limit-1, None otherwise."""
     if point is None:
         return None
     data = point.get("customdata")
-    if isinstance(data, dict):  # a typed-array row comes back as {"0": value}
+    if isinstance(data, Mapping):  # a typed-array row comes back as {"0": value}
         data = [data[k] for k in sorted(data, key=str)]
-    value = data[0] if isinstance(data, (list, tuple)) and data else data
+    value: Any = data[0] if isinstance(data, (list, tuple)) and data else data
     if value is None:
         value = point.get("x")
     try:
@@ -123,13 +131,13 @@ def _point_int(point: dict | None, limit: int) -> int | None:
     return number if 0 <= number < limit else None
 
 
-def clicked_gpu(event, gpus: int) -> int | None:
+def clicked_gpu(event: Any, gpus: int) -> int | None:
     """GPU index of a click on a per-GPU bar chart (customdata[0], else x rounded: grouped bars sit off
     the integer), None for no/odd selection."""
     return _point_int(_first_point(event), gpus)
 
 
-def clicked_expert(event, num_experts: int) -> int | None:
+def clicked_expert(event: Any, num_experts: int) -> int | None:
     """Logical expert of a click on a GPU's expert bars (customdata[0]), None for no/odd selection."""
     point = _first_point(event)
     if point is None or point.get("customdata") is None:
@@ -137,7 +145,7 @@ def clicked_expert(event, num_experts: int) -> int | None:
     return _point_int(point, num_experts)
 
 
-def gpu_experts(layout_LP, counts_LE, layer: int, gpu: int, gpus: int) -> list[dict]:
+def gpu_experts(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, gpu: int, gpus: int) -> list[dict]:
     """The slots of one GPU in one layer, heaviest first: [{slot, expert, replicas, tokens, load}] where
     load = tokens / replicas (the even-split share this GPU serves)."""
     lay = np.asarray(layout_LP, dtype=np.int64)
@@ -154,23 +162,7 @@ def gpu_experts(layout_LP, counts_LE, layer: int, gpu: int, gpus: int) -> list[d
     return sorted(rows, key=lambda r: (-r["load"], r["slot"]))
 
 
-def moves_needed(before_LP, after_LP, gpus: int) -> int:
-    """Expert weights to copy to go from one layout to the other: per layer and GPU, the experts the GPU
-    holds after and did not hold before (works when the slot counts differ)."""
-    a, b = np.asarray(before_LP, dtype=np.int64), np.asarray(after_LP, dtype=np.int64)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[0] != b.shape[0]:
-        raise ValueError(f"layouts must be [layers, slots] with the same layers, got {a.shape} and {b.shape}")
-    if a.shape[1] % gpus or b.shape[1] % gpus:
-        raise ValueError(f"slots ({a.shape[1]}, {b.shape[1]}) do not split over {gpus} GPUs")
-    L, E = a.shape[0], int(max(a.max(), b.max())) + 1
-    held_LGE = np.zeros((L, gpus, E), dtype=bool)
-    held_LGE[np.arange(L)[:, None], np.arange(a.shape[1]) // (a.shape[1] // gpus), a] = True
-    new_LGE = np.zeros((L, gpus, E), dtype=bool)
-    new_LGE[np.arange(L)[:, None], np.arange(b.shape[1]) // (b.shape[1] // gpus), b] = True
-    return int((new_LGE & ~held_LGE).sum())
-
-
-def layout_json(layout_LP) -> str:
+def layout_json(layout_LP: ArrayLike) -> str:
     """SGLang --init-expert-location JSON: {"physical_to_logical_map": [[P ints] x L]}."""
     lay = np.asarray(layout_LP, dtype=np.int64)
     if lay.ndim != 2:

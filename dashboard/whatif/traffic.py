@@ -5,23 +5,26 @@ Cross-node traffic is counted from the token's source node (the node of the GPU 
 ranks map one-to-one onto GPUs (world_size == gpus: rank r is GPU r); otherwise from its experts' home node,
 a lower bound, and the page says so. The lower bound is always shown beside it.
 
-Shape legend: L layers, P slots, N sampled tokens, K top-k.
+Shape legend (README, Conventions): L layers, E logical experts, P slots, G GPUs, N sampled tokens, K top-k.
 """
 from __future__ import annotations
 
 from dataclasses import astuple
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from planner.sizes import DEEPSEEK_V3
 from planner.traffic import traffic
 
 SOURCE_RULE, HOME_RULE = "source rank", "home node"
-DEFAULT_SIZES = astuple(DEEPSEEK_V3)  # (hidden, moe_intermediate, dtype bytes) for sizes a run leaves unknown
+# (hidden, moe_intermediate, dtype bytes) for sizes a run leaves unknown
+DEFAULT_SIZES: tuple[int, int, int] = astuple(DEEPSEEK_V3)
 SIZE_NAMES = ("hidden_size", "moe_intermediate_size", "dtype_bytes")
 
 
-def run_sizes(meta) -> tuple[tuple[int, int, int], str | None]:
+def run_sizes(meta: Any) -> tuple[tuple[int, int, int], str | None]:
     """(hidden, moe_intermediate, dtype_bytes) of the run and a note naming what was assumed, or None.
 
     A size of 0 (or less, or missing) is unknown - the generic collector API defaults them to 0 - and
@@ -29,43 +32,45 @@ def run_sizes(meta) -> tuple[tuple[int, int, int], str | None]:
     if meta is None:
         return DEFAULT_SIZES, "sizes assumed (DeepSeek-V3: hidden 7168, moe_intermediate 2048, bf16): the run has no metadata"
     given = [int(getattr(meta, name, 0) or 0) for name in SIZE_NAMES]
-    sizes = tuple(v if v > 0 else d for v, d in zip(given, DEFAULT_SIZES))
+    hidden, inter, dtype_bytes = (v if v > 0 else d for v, d in zip(given, DEFAULT_SIZES))
+    sizes = (hidden, inter, dtype_bytes)
     unknown = [f"{name} = {d}" for name, v, d in zip(SIZE_NAMES, given, DEFAULT_SIZES) if v <= 0]
     if not unknown:
         return sizes, None
     return sizes, f"assumed DeepSeek-V3's {', '.join(unknown)}: the run's metadata leaves them 0 (unknown)"
 
 
-def source_gpus(rank_N, world_size: int, gpus: int) -> tuple[np.ndarray | None, str]:
+def source_gpus(rank_N: ArrayLike | None, world_size: int, gpus: int) -> tuple[np.ndarray | None, str]:
     """GPU each sampled row starts on, int64 [N], and a note. GPU of rank r = r when world_size == gpus;
     otherwise None and a note saying the home-node rule (a lower bound) is used instead."""
     if rank_N is None:
         return None, "the sampled rows carry no rank: cross-node share from the home-node rule (a lower bound)"
-    rank_N = np.asarray(rank_N, dtype=np.int64)
+    ranks_N = np.asarray(rank_N, dtype=np.int64)
     if world_size != gpus:
         return None, (f"{world_size} rank(s) do not map one-to-one onto {gpus} GPUs: cross-node share from the "
                       "home-node rule (each token placed on the node holding most of its experts; a lower bound)")
-    if rank_N.size and (rank_N.min() < 0 or rank_N.max() >= gpus):
+    if ranks_N.size and (ranks_N.min() < 0 or ranks_N.max() >= gpus):
         return None, f"sampled ranks outside 0..{gpus - 1}: cross-node share from the home-node rule (a lower bound)"
-    return rank_N, "cross-node share counted from each token's own rank (rank r = GPU r)"
+    return ranks_N, "cross-node share counted from each token's own rank (rank r = GPU r)"
 
 
-def traffic_summary(samples_LNK, layout_LP, num_experts: int, gpus: int, nodes: int, hidden: int,
-                    dtype_bytes: int, tokens_per_step: float, node_cap: int | None = None,
-                    source_gpu_N=None) -> dict:
+def traffic_summary(ids_LNK: ArrayLike, layout_LP: ArrayLike, num_experts: int, gpus: int, nodes: int,
+                    hidden: int, dtype_bytes: int, tokens_per_step: float, node_cap: int | None = None,
+                    source_gpu_N: ArrayLike | None = None) -> dict:
     """Traffic of a layout from sampled rows, averaged over layers that have rows: GPUs and nodes touched
     per token, cross-node share (from source_gpu_N when given, else the home-node lower bound) and its lower
     bound, all-to-all bytes per step and layer (dispatch + combine, 2*d*b per (token, expert) pair, and per
     (token, GPU) for a deduplicating dispatcher) scaled to tokens_per_step, and with node_cap the share of
     (token, expert) pairs a node-limited router must re-route."""
     lay = np.asarray(layout_LP, dtype=np.int64)
+    ids = np.asarray(ids_LNK)
     rows = []
     for layer in range(lay.shape[0]):
-        topk = np.asarray(samples_LNK[layer], dtype=np.int64)
-        if not (topk >= 0).any():
+        ids_NK = ids[layer].astype(np.int64)
+        if not (ids_NK >= 0).any():
             continue
         cap = node_cap if node_cap is not None and 1 <= node_cap <= nodes else None
-        rows.append(traffic(topk, lay[layer], num_experts, gpus, nodes, hidden, dtype_bytes, cap, source_gpu_N))
+        rows.append(traffic(ids_NK, lay[layer], num_experts, gpus, nodes, hidden, dtype_bytes, cap, source_gpu_N))
     if not rows:
         raise ValueError("the sampled rows hold no routed token")
     mean = {k: float(np.mean([r[k] for r in rows])) for k in ("mean_gpus_per_token", "mean_nodes_per_token",
@@ -85,7 +90,10 @@ def traffic_summary(samples_LNK, layout_LP, num_experts: int, gpus: int, nodes: 
     return out
 
 
-def _rows(rule: str) -> tuple[tuple[str, str, str], ...]:
+def _table_rows(rule: str) -> tuple[tuple[str, str, str], ...]:
+    """(summary key, label, format) of each row of the table, for the summaries' cross-node rule."""
+    cross: tuple[tuple[str, str, str], ...]
+    cross_bytes: tuple[tuple[str, str, str], ...]
     if rule == SOURCE_RULE:
         cross = (("cross_node_share", "cross-node share of (token, expert) pairs (from the token's rank)", "{:.1%}"),
                  ("cross_node_share_lower_bound", "... lower bound (token on its experts' home node)", "{:.1%}"))
@@ -108,4 +116,4 @@ def _rows(rule: str) -> tuple[tuple[str, str, str], ...]:
 def traffic_table(before: dict, after: dict) -> list[dict]:
     """Rows {metric, before, after} (formatted strings) for the figures both summaries have."""
     return [{"metric": label, "before": fmt.format(before[key]), "after": fmt.format(after[key])}
-            for key, label, fmt in _rows(before.get("cross_node_rule", HOME_RULE)) if key in before and key in after]
+            for key, label, fmt in _table_rows(before.get("cross_node_rule", HOME_RULE)) if key in before and key in after]

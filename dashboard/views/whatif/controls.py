@@ -1,24 +1,91 @@
-"""The What-if page's Streamlit controls and callbacks: planning inputs, click handlers (a GPU bar, an
-expert bar) and the edit buttons. Callbacks run before the rerun, so an edit shows at once. The pure
-logic they call lives in dashboard.whatif.edits."""
+"""The What-if page's Streamlit controls and callbacks, and the page's state between reruns.
+
+WhatIfState is the page's one state object: it lives under one session-state key (STATE_KEY) and page.py reads
+it through page_state() only. It holds the frozen windows, the caches, the edit sessions, what the edit callbacks
+act on (EditTarget, set by the page on every run) and the message a callback leaves for the next run.
+
+Every widget whose value the page or a callback reads is drawn here, under its own key (whatif_<name>, the
+keys the tests drive): the planning inputs, the layer picker, the clickable bars (a GPU bar, an expert bar), the
+GPU / expert / target pickers and the edit buttons; page.py draws only display elements (and the download). Callbacks run before the rerun, so an edit shows at once. The pure logic
+they call lives in dashboard.whatif.edits.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+import plotly.graph_objects as go
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
-from dashboard.whatif import edits as whatif_state
+from dashboard.whatif import edits
+from dashboard.whatif.score import Score, WhatIfData
 from planner.api import POLICIES
 from planner.budget import feasible_redundant
 
-K = "whatif_"  # prefix of every session-state key this page owns
+STATE_KEY = "whatif_state"  # the session-state key of the page's WhatIfState
+# widget keys the callbacks read (the other widgets' keys appear once, where they are drawn)
+_MOVES, _GPU, _EXPERT, _TARGET = "whatif_moves", "whatif_gpu", "whatif_expert", "whatif_target"
+_GPU_BARS, _EXPERT_BARS = "whatif_bars", "whatif_expert_bars"
+
+
+@dataclass(frozen=True)
+class EditTarget:
+    """What the edit callbacks act on, set by the page on every run: the plan (its key names the edit session),
+    the layer shown, the score window's counts [L, E] (pick the slot an edit replaces), GPUs and experts."""
+
+    plan_key: tuple
+    layer: int
+    counts_LE: np.ndarray
+    gpus: int
+    experts: int
+
+
+@dataclass
+class WhatIfState:
+    """The What-if page's state between reruns (one per browser session).
+
+    refresh: "Re-read the window" clicks (part of the frozen windows' key); windows: (key, the frozen fit and
+    score windows); plans / traffic / budget: dashboard.whatif.cache stores of plans and repairs, traffic
+    summaries and replica-budget curves; sessions: the edit session of each plan key; target: what the edit
+    callbacks act on; message: ("ok" | "error", text) a callback leaves for the next run to show once."""
+
+    refresh: int = 0
+    windows: tuple[tuple, WhatIfData] | None = None
+    plans: dict[tuple, Any] = field(default_factory=dict)
+    traffic: dict[tuple, Any] = field(default_factory=dict)
+    budget: dict[tuple, Any] = field(default_factory=dict)
+    sessions: dict[tuple, edits.EditSession] = field(default_factory=dict)
+    target: EditTarget | None = None
+    message: tuple[str, str] | None = None
+
+    def session(self, plan_key: tuple, planned_LP: np.ndarray, gpus: int) -> edits.EditSession:
+        """The edit session of a plan, started on its planned layout the first time."""
+        if plan_key not in self.sessions:
+            self.sessions[plan_key] = edits.new_session(plan_key, planned_LP, gpus)
+        return self.sessions[plan_key]
+
+    def pop_message(self) -> tuple[str, str] | None:
+        """The message a callback left, once."""
+        message, self.message = self.message, None
+        return message
+
+
+def page_state() -> WhatIfState:
+    """The page's WhatIfState, created on first use (and again if a code reload left an older one)."""
+    held = st.session_state.get(STATE_KEY)
+    if not isinstance(held, WhatIfState):
+        held = st.session_state[STATE_KEY] = WhatIfState()
+    return held
 
 
 @dataclass(frozen=True)
 class Inputs:
     """What the user picked: R redundant slots, nodes, expert groups (0 = none), policy, the fit window
     (`fit` in `unit` 'steps' | 'minutes'), the score window (newest steps), hold-out, node cap (0 = none),
-    move budget (0 = full re-plan; else repair the current layout with at most that many expert moves)."""
+    move budget (0 = full re-plan; else repair the current layout within that many moves, counted as
+    planner.repair.experts_copied counts them)."""
 
     redundant: int
     nodes: int
@@ -36,97 +103,151 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def inputs(num_experts: int, gpus: int, current_slots: int, current_nodes: int, steps: int) -> Inputs:
+def planning_inputs(num_experts: int, gpus: int, current_slots: int, current_nodes: int, steps: int) -> Inputs:
     """Draw the planning controls; returns the picks."""
     top = st.columns(4)
-    repairing = bool(st.session_state.get(K + "moves"))  # a move budget keeps the current slots: no R/policy
+    repairing = bool(st.session_state.get(_MOVES))  # a move budget keeps the current slots: no R/groups/policy
     r_options = feasible_redundant(num_experts, gpus, 2 * gpus) or [0]
     current_r = current_slots - num_experts
     default_r = current_r if current_r > 0 and current_r in r_options else next((r for r in r_options if r > 0), 0)
-    redundant = top[0].selectbox("redundant slots R", r_options, index=r_options.index(default_r), key=K + "r", disabled=repairing,
+    redundant = top[0].selectbox("redundant slots R", r_options, index=r_options.index(default_r), key="whatif_r",
+                                 disabled=repairing,
                                  help=f"(E + R) must split evenly over {gpus} GPUs; current layout: R = {current_r}")
     node_options = _divisors(gpus)
-    nodes = top[1].selectbox("nodes", node_options, key=K + "nodes",
+    nodes = top[1].selectbox("nodes", node_options, key="whatif_nodes",
                              index=node_options.index(current_nodes) if current_nodes in node_options else 0)
     group_options = [0] + [k for k in _divisors(num_experts) if k > 1 and k % nodes == 0]
-    groups = top[2].selectbox("expert groups (hierarchical)", group_options, key=K + "groups", disabled=repairing,
+    groups = top[2].selectbox("expert groups (hierarchical)", group_options, key="whatif_groups", disabled=repairing,
                               format_func=lambda k: "none (global)" if k == 0 else str(k),
-                              help="K groups of consecutive expert ids, pinned to nodes (DeepSeek n_group)")
-    policy = top[3].selectbox("policy", POLICIES, key=K + "policy", disabled=repairing,
+                              help="groups of consecutive expert ids, pinned to nodes (DeepSeek n_group)")
+    policy = top[3].selectbox("policy", POLICIES, key="whatif_policy", disabled=repairing,
                               help="auto: hierarchical with groups, else robust over the fit windows")
     row = st.columns([1, 1, 1, 1, 1, 1])
-    fit = row[0].number_input("fit window", min_value=1, value=512, step=1, key=K + "fit")
-    unit = row[1].radio("fit window in", ("steps", "minutes"), horizontal=True, key=K + "unit")
+    fit = row[0].number_input("fit window", min_value=1, value=512, step=1, key="whatif_fit")
+    unit = row[1].radio("fit window in", ("steps", "minutes"), horizontal=True, key="whatif_unit")
     score_steps = row[2].number_input("score window (newest steps)", min_value=1,
-                                      value=max(1, min(64, steps // 4)), step=1, key=K + "score")
-    hold_out = row[3].checkbox("fit ends where the score window starts", value=True, key=K + "hold_out",
+                                      value=max(1, min(64, steps // 4)), step=1, key="whatif_score")
+    hold_out = row[3].checkbox("fit ends where the score window starts", value=True, key="whatif_hold_out",
                                help="score on steps the plan never saw (held out)")
     node_cap = row[4].number_input("node cap per token (0 = none)", min_value=0, max_value=gpus, value=0,
-                                   step=1, key=K + "node_cap", disabled=nodes == 1,
+                                   step=1, key="whatif_node_cap", disabled=nodes == 1,
                                    help="node-limited routing what-if: each token may reach at most this many nodes")
-    moves = row[5].number_input("move budget (0 = full re-plan)", min_value=0, value=0, step=1, key=K + "moves",
-                                help="repair the current layout with at most this many expert moves (one move = "
-                                     "one expert's weights copied into one slot) instead of planning from scratch")
-    return Inputs(int(redundant), int(nodes), int(groups), policy, float(fit), unit, int(score_steps),
+    moves = row[5].number_input("move budget (0 = full re-plan)", min_value=0, value=0, step=1, key=_MOVES,
+                                help="repair the current layout within this many expert moves instead of planning "
+                                     "from scratch; one move = one expert's weights (of one layer) copied onto a "
+                                     "GPU that did not hold that expert")
+    return Inputs(int(redundant), int(nodes), int(groups), str(policy), float(fit), str(unit), int(score_steps),
                   bool(hold_out), min(int(node_cap), nodes), int(moves))
+
+
+def refresh_button(container: DeltaGenerator) -> None:
+    container.button("Re-read the window", on_click=on_refresh, key="whatif_refresh_button")
+
+
+def layer_picker(before: Score) -> int:
+    """The layer to show and edit (layers with tokens; the current layout's worst by default)."""
+    layers = [int(layer) for layer in np.flatnonzero(before.active_L)] or list(range(before.active_L.size))
+    worst = max(layers, key=lambda layer: before.imbalance_sum_L[layer])
+    return int(st.selectbox("layer to show and edit", layers, index=layers.index(worst), key="whatif_layer",
+                            format_func=lambda layer: f"layer {layer} (current layout: imbalance "
+                                                      f"{before.imbalance_sum_L[layer]:.3f})"))
+
+
+def picked_gpu(gpus: int, experts: int) -> int | None:
+    """The GPU picked (by a bar click or typed); picks out of range (another run or GPU count) are forgotten.
+    Call before edit_controls draws the pickers."""
+    for key, limit in ((_GPU, gpus), (_TARGET, gpus), (_EXPERT, experts)):
+        held = st.session_state.get(key)
+        if held is not None and not 0 <= held < limit:
+            st.session_state[key] = None
+    gpu = st.session_state.get(_GPU)
+    return None if gpu is None else int(gpu)
+
+
+def gpu_bars(fig: go.Figure) -> None:
+    """The before/after per-GPU bars; a click selects that GPU."""
+    st.plotly_chart(fig, key=_GPU_BARS, on_select=on_gpu_click, selection_mode="points")
+
+
+def edit_controls(gpus: int, experts: int, lightest_gpu: int, num_edits: int) -> tuple[int | None, int | None]:
+    """GPU, expert and target GPU pickers and the edit buttons; returns (GPU, expert) picked."""
+    c = st.columns([1, 1, 1, 1, 1, 1, 1])
+    gpu = c[0].number_input("GPU", min_value=0, max_value=gpus - 1, value=None, step=1, key=_GPU,
+                            placeholder="click a bar")
+    expert = c[1].number_input("expert", min_value=0, max_value=experts - 1, value=None, step=1, key=_EXPERT,
+                               placeholder="click an expert")
+    c[2].number_input("target GPU", min_value=0, max_value=gpus - 1, value=None, step=1, key=_TARGET,
+                      placeholder=f"e.g. {lightest_gpu} (lightest)")
+    c[3].button("Add replica on target", on_click=on_edit, args=("add",), key="whatif_add")
+    c[4].button("Move to target", on_click=on_edit, args=("move",), key="whatif_move")
+    c[5].button("Undo", on_click=on_undo, disabled=num_edits == 0, key="whatif_undo")
+    c[6].button("Reset to plan", on_click=on_reset, disabled=num_edits == 0, key="whatif_reset")
+    return (None if gpu is None else int(gpu)), (None if expert is None else int(expert))
+
+
+def expert_bars(container: DeltaGenerator, fig: go.Figure) -> None:
+    """The picked GPU's expert bars; a click selects that expert."""
+    container.plotly_chart(fig, key=_EXPERT_BARS, on_select=on_expert_click, selection_mode="points")
 
 
 # ------------------------------------------------------------------------------------------ callbacks
 def on_gpu_click() -> None:
     """A click on the before/after bars selects that GPU (its experts get listed)."""
-    gpus = st.session_state.get(K + "ctx", {}).get("gpus", 0)
-    gpu = whatif_state.clicked_gpu(st.session_state.get(K + "bars"), gpus)
+    target = page_state().target
+    gpu = edits.clicked_gpu(st.session_state.get(_GPU_BARS), target.gpus if target else 0)
     if gpu is not None:
-        st.session_state[K + "gpu"] = gpu
-        st.session_state[K + "expert"] = None
+        st.session_state[_GPU] = gpu
+        st.session_state[_EXPERT] = None
 
 
 def on_expert_click() -> None:
     """A click on the GPU's expert bars selects that expert for an edit."""
-    experts = st.session_state.get(K + "ctx", {}).get("experts", 0)
-    expert = whatif_state.clicked_expert(st.session_state.get(K + "expert_bars"), experts)
+    target = page_state().target
+    expert = edits.clicked_expert(st.session_state.get(_EXPERT_BARS), target.experts if target else 0)
     if expert is not None:
-        st.session_state[K + "expert"] = expert
+        st.session_state[_EXPERT] = expert
 
 
-def _session() -> tuple[dict, whatif_state.EditSession]:
-    ctx = st.session_state[K + "ctx"]
-    return ctx, st.session_state[K + "edits"][ctx["plan_key"]]
-
-
-def _store(ctx: dict, session: whatif_state.EditSession, message: tuple[str, str]) -> None:
-    st.session_state[K + "edits"][ctx["plan_key"]] = session
-    st.session_state[K + "message"] = message
+def _current() -> tuple[WhatIfState, EditTarget, edits.EditSession]:
+    state = page_state()
+    if state.target is None:
+        raise RuntimeError("an edit callback ran before the What-if page drew its plan")
+    return state, state.target, state.sessions[state.target.plan_key]
 
 
 def on_edit(kind: str) -> None:
     """Apply 'add' (a replica of the selected expert on the target GPU) or 'move' (the selected expert's
     replica from the selected GPU to the target GPU) to the current layout."""
-    ctx, session = _session()
-    expert, gpu, target = (st.session_state.get(K + name) for name in ("expert", "gpu", "target"))
-    if expert is None or target is None or (kind == "move" and gpu is None):
-        st.session_state[K + "message"] = ("error", "Pick an expert (click its bar), a GPU and a target GPU first.")
+    state, target, session = _current()
+    expert, gpu, dst = (st.session_state.get(key) for key in (_EXPERT, _GPU, _TARGET))
+    if kind == "add" and expert is not None and dst is not None:
+        action = edits.Action(kind, target.layer, int(expert), int(dst))
+    elif expert is not None and gpu is not None and dst is not None:
+        action = edits.Action(kind, target.layer, int(expert), int(gpu), int(dst))
+    else:
+        state.message = ("error", "Pick an expert (click its bar), a GPU and a target GPU first.")
         return
-    action = whatif_state.Action(kind, ctx["layer"], int(expert), int(target) if kind == "add" else int(gpu),
-                                 None if kind == "add" else int(target))
     try:
-        _store(ctx, whatif_state.apply(session, action, ctx["counts_LE"]), ("ok", action.describe()))
+        state.sessions[target.plan_key] = edits.apply_action(session, action, target.counts_LE)
+        state.message = ("ok", action.describe())
     except ValueError as exc:
-        st.session_state[K + "message"] = ("error", f"Cannot {kind}: {exc}")
+        state.message = ("error", f"Cannot {kind}: {exc}")
 
 
 def on_undo() -> None:
-    ctx, session = _session()
+    state, target, session = _current()
     try:
-        _store(ctx, whatif_state.undo(session), ("ok", f"undid: {session.log[-1]}"))
+        state.sessions[target.plan_key] = edits.undo(session)
+        state.message = ("ok", f"undid: {session.log[-1]}")
     except ValueError as exc:
-        st.session_state[K + "message"] = ("error", str(exc))
+        state.message = ("error", str(exc))
 
 
 def on_reset() -> None:
-    ctx, session = _session()
-    _store(ctx, whatif_state.start(session.key, session.planned, session.gpus), ("ok", "back to the plan"))
+    state, target, session = _current()
+    state.sessions[target.plan_key] = edits.new_session(session.key, session.planned, session.gpus)
+    state.message = ("ok", "back to the plan")
 
 
 def on_refresh() -> None:
-    st.session_state[K + "refresh"] = st.session_state.get(K + "refresh", 0) + 1
+    page_state().refresh += 1
