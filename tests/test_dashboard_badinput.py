@@ -10,7 +10,7 @@ from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import RedisSource
 from dashboard.sources.trace import TraceSource
 from tests.support import synthfill
-from tests.test_dashboard_states import run_app
+from tests.support.apptest import run_app
 
 
 def step_line(step: int) -> str:

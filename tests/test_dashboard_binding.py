@@ -2,7 +2,7 @@
 import pytest
 import streamlit as st
 
-from tests.test_dashboard_states import run_app
+from tests.support.apptest import run_app
 
 
 @pytest.fixture

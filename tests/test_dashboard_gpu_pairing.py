@@ -4,7 +4,7 @@ import time
 
 import wire
 from tests.support import synthfill
-from tests.test_dashboard_states import run_app
+from tests.support.apptest import run_app
 
 
 def nvml(client, run, rank, host, index, util):

@@ -1,15 +1,14 @@
 """Every page rendered by streamlit.testing.v1.AppTest against a real redis-server filled by the real
 collector (tests/realfill.py: a tiny transformers MoE model with collectors.attach). The expected numbers
 are recomputed here from the raw stream entries with plain loops, independent of dashboard.analytics."""
-from pathlib import Path
 
 import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
 import wire
+from tests.support.apptest import APP
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
 RUN = "pages-run"
 
 

@@ -34,7 +34,7 @@ def test_restart_under_the_same_run_name_starts_a_new_window(redis_url):
 
 
 def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
-    from tests.test_dashboard_states import run_app
+    from tests.support.apptest import run_app
 
     client = wire.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60

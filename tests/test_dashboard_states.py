@@ -2,22 +2,12 @@
 stopped, bad records (multi-rank wire-level fill), a layout override and a trace file replayed."""
 import socket
 import time
-from pathlib import Path
 
 import numpy as np
-from streamlit.testing.v1 import AppTest
 
 import wire
 from tests.support import synthfill
-
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
-
-
-def run_app(url, monkeypatch) -> AppTest:
-    monkeypatch.setenv("REDIS_URL", url)
-    at = AppTest.from_file(APP, default_timeout=60).run()
-    assert not at.exception, at.exception
-    return at
+from tests.support.apptest import run_app
 
 
 def test_no_redis_reachable_names_the_redacted_url(monkeypatch):

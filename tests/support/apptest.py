@@ -1,0 +1,17 @@
+"""Runs the real app.py in Streamlit's AppTest against a Redis URL (the tests' own redis-server, or an
+unreachable one), failing on any page exception."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+
+def run_app(url: str, monkeypatch, timeout_s: float = 60) -> AppTest:
+    """app.py run once with REDIS_URL=url; asserts the run raised nothing."""
+    monkeypatch.setenv("REDIS_URL", url)
+    at = AppTest.from_file(APP, default_timeout=timeout_s).run()
+    assert not at.exception, at.exception
+    return at
