@@ -132,15 +132,12 @@ def load_layout(path) -> np.ndarray:
     if not p.is_file():
         raise ValueError(f"{p}: no such file")
     try:
-        obj = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{p}: not valid JSON ({exc.msg})") from None
-    if not isinstance(obj, dict) or "physical_to_logical_map" not in obj:
-        raise ValueError(f"{p}: no 'physical_to_logical_map' key")
-    try:
-        return np.asarray(obj["physical_to_logical_map"], dtype=np.int64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{p}: physical_to_logical_map must be a rectangular array of ints") from None
+        rows = wire.parse_layout_json(p.read_bytes())
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
+    if len({len(row) for row in rows}) != 1:
+        raise ValueError(f"{p}: physical_to_logical_map must have the same number of slots in every layer")
+    return np.asarray(rows, dtype=np.int64)
 
 
 def write_json(path, payload: dict) -> None:

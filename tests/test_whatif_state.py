@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import wire
-from dashboard.live.layout import parse_layout_json
 from dashboard.live.samples import SampleRing
 from dashboard.whatif import edits
 from dashboard.whatif import score as whatif_score
@@ -115,7 +114,7 @@ def test_experts_copied_against_sets():
 def test_layout_json_is_sglang_loadable():
     text = edits.layout_json(LAYOUT)
     assert set(json.loads(text)) == {"physical_to_logical_map"}
-    rows = parse_layout_json(text)
+    rows = wire.parse_layout_json(text)
     assert rows == LAYOUT.tolist() and all(len(r) == 8 + 4 for r in rows)
     wire.Layout(gpus=G, nodes=1, physical_to_logical_map=rows).validate(2, 8)
 
@@ -222,7 +221,7 @@ def test_plan_cli_reads_a_trace(tmp_path):
                         "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    rows = parse_layout_json(out.read_text())
+    rows = wire.parse_layout_json(out.read_text())
     wire.Layout(gpus=4, nodes=1, physical_to_logical_map=rows).validate(2, 8)
     assert len(rows[0]) == 12
     path.write_text("garbage\n")

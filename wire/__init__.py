@@ -34,7 +34,7 @@ from .keys import (
                    meta_key,
                    steps_key,
 )
-from .meta import Layout, RunMeta, contiguous_layout, decode_meta, default_gpus, encode_meta
+from .meta import Layout, RunMeta, contiguous_layout, decode_meta, default_gpus, encode_meta, parse_layout_json
 from .steps import StepRecord, decode_step, encode_step, new_instance_id
 from .trace import TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
@@ -43,5 +43,5 @@ __all__ = [
     "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "RunMeta",
     "StepRecord", "check_run_name", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step", "decode_trace_line",
     "default_gpus", "encode_gpu_sample", "encode_meta", "encode_step", "gpu_key", "health_key",
-    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_trace_line", "redact", "steps_key", "trace_line",
+    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]

@@ -114,3 +114,19 @@ def decode_meta(text: str | bytes) -> RunMeta:
         raise ValueError(f"run metadata schema {meta.schema_version} is not supported")
     meta.layout.validate(len(meta.layer_names), meta.num_experts)
     return meta
+
+
+def parse_layout_json(text: str | bytes) -> list[list[int]]:
+    """SGLang's {"physical_to_logical_map": [[...], ...]} -> the map [L][P] of int expert ids: the one parser of
+    layout files (the dashboard's upload and the planner's --current). Whether the map fits a run (layers,
+    experts, GPUs) is Layout.validate's job. ValueError when the text is not such a JSON object."""
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"layout file is not JSON: {exc}") from None
+    rows = raw.get("physical_to_logical_map") if isinstance(raw, dict) else None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
+        raise ValueError('layout file needs {"physical_to_logical_map": [[slot experts of layer 0], ...]}')
+    if not all(isinstance(v, int) and not isinstance(v, bool) for row in rows for v in row):
+        raise ValueError("physical_to_logical_map must hold integer expert ids")
+    return rows

@@ -5,7 +5,6 @@ default, when the run has no metadata, is contiguous: E/G experts per GPU with G
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,20 +32,6 @@ class ResolvedLayout:
 
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
-
-
-def parse_layout_json(text: str | bytes) -> list[list[int]]:
-    """SGLang's {"physical_to_logical_map": [[...], ...]} -> the map [L][P]. ValueError when it is not."""
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"layout file is not JSON: {exc}") from None
-    rows = raw.get("physical_to_logical_map") if isinstance(raw, dict) else None
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
-        raise ValueError('layout file needs {"physical_to_logical_map": [[slot experts of layer 0], ...]}')
-    if not all(isinstance(v, int) and not isinstance(v, bool) for row in rows for v in row):
-        raise ValueError("physical_to_logical_map must hold integer expert ids")
-    return rows
 
 
 def resolve_layout(meta: wire.RunMeta | None, num_layers: int, num_experts: int, world_size: int = 1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard.live.layout import parse_layout_json
+import wire
 from dashboard.views.session import Settings, env_redis_url, keep_settings, runs_at, watched_layers
 
 PER_LAYER = "per layer (busiest layer of each GPU)"
@@ -60,7 +60,7 @@ def _layout_controls(sb) -> tuple[int | None, int | None, tuple[tuple[int, ...],
         uploaded = None
         if upload is not None:
             try:
-                uploaded = tuple(tuple(row) for row in parse_layout_json(upload.getvalue()))
+                uploaded = tuple(tuple(row) for row in wire.parse_layout_json(upload.getvalue()))
                 st.caption(f"Using {upload.name}: {len(uploaded)} layers x {len(uploaded[0])} slots.")
             except ValueError as exc:
                 st.error(str(exc))
