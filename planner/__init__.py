@@ -1,6 +1,31 @@
-"""Pure planning core: layouts (physical_to_logical_map [L, P]), bounds, policies and what-if tools.
+"""Expert-layout planning, pure numpy (no torch, no UI): layouts are SGLang's physical_to_logical_map,
+int [L, P] with slot p on GPU p // S (shape legend: README, Conventions).
 
-No torch / streamlit imports here. Public entry points:
-plan (api), bounds (bounds), replica_budget_curve (budget), traffic_under_layout (traffic),
-repair_layout / repair_curve (repair), add_replica / move_replica (edits), load_counts (io).
+- plan(counts, gpus, redundant, ...) -> PlanResult: a layout with its predicted balancedness and bounds
+  (policies in POLICIES: EPLB parity, refined, robust over windows, hierarchical over nodes);
+- best_bound / group_partition_bound: how good any layout could be;
+- repair_plan / repair_curve / experts_copied: fix the current layout within a move budget;
+- add_replica / move_replica: one hand edit; replica_budget_curve: imbalance against redundant slots;
+- traffic: all-to-all traffic of sampled top-k rows under a layout;
+- gpu_loads / gpu_weights / weighted_loads / balancedness: the one even-split GPU-load rule;
+- load_counts / load_layout / split_windows: inputs (SGLang logical_count JSON or .pt, traces, layouts).
+
+The CLI is `python -m planner` (planner/cli.py).
 """
+from .api import POLICIES, PlanResult, plan
+from .bounds import best_bound, group_partition_bound
+from .budget import bytes_per_expert, replica_budget_curve
+from .edits import add_replica, move_replica
+from .io import load_counts, load_layout
+from .loads import balancedness, gpu_loads, gpu_weights, imbalance, replica_counts, validated_layout, weighted_loads
+from .repair import experts_copied, repair_curve, repair_plan
+from .sizes import DEEPSEEK_V3, ExpertSizes
+from .traffic import traffic
+from .windows import MAX_WINDOWS, split_windows
+
+__all__ = [
+    "DEEPSEEK_V3", "MAX_WINDOWS", "POLICIES", "ExpertSizes", "PlanResult", "add_replica", "balancedness",
+    "best_bound", "bytes_per_expert", "experts_copied", "gpu_loads", "gpu_weights", "group_partition_bound",
+    "imbalance", "load_counts", "load_layout", "move_replica", "plan", "repair_curve", "repair_plan",
+    "replica_budget_curve", "replica_counts", "split_windows", "traffic", "validated_layout", "weighted_loads",
+]

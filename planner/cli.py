@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of each older window relative to the next newer one (1 = equal)")
     p.add_argument("--recent", type=int, default=16, help="newest windows balanced at once")
     p.add_argument("--current", help="current layout JSON: repair it within --moves expert moves")
-    p.add_argument("--moves", type=int, help="move budget (total over layers) for --current")
+    p.add_argument("--moves", type=int, help="move budget for --current, total over layers: one move = one "
+                   "expert's weights (of one layer) copied onto a GPU that did not hold that expert")
     p.add_argument("--out", required=True, help="output JSON with physical_to_logical_map")
     return p
 
