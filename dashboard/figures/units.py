@@ -1,4 +1,5 @@
-"""Units and number formatting shared by every page and figure: one way to write bytes (binary units)."""
+"""Units and number formatting shared by every page and figure: one way to write bytes (binary units) and
+one way to write a number that may be unknown (NaN)."""
 from __future__ import annotations
 
 GIB = float(1 << 30)
@@ -16,3 +17,8 @@ def format_bytes(n: float, sign: bool = False) -> str:
     scale, unit = byte_unit(n)
     text = f"{abs(n):.0f} B" if unit == "B" else f"{abs(n) / scale:.2f} {unit}"
     return ("-" if n < 0 else "+" if sign else "") + text
+
+
+def format_number(value: float, spec: str = ".3f") -> str:
+    """value formatted with spec; "n/a" for NaN (a statistic with no data, e.g. eta of idle layers)."""
+    return "n/a" if value != value else format(value, spec)

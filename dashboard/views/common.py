@@ -14,18 +14,14 @@ from dashboard.views.session import STALE_AFTER_S, Settings, runs_at, safe_text,
 
 
 @dataclass
-class Frame:
-    """A tick's inputs for a page. layout and snapshot are None only for frame(require_steps=False)
+class PageData:
+    """A tick's inputs for a page. layout and snapshot are None only for poll_and_analyse(require_steps=False)
     when no step passes the filter yet."""
 
     settings: Settings
     watched: WatchedRun
     layout: ResolvedLayout | None
     snapshot: Snapshot | None
-
-
-def fmt(value: float, spec: str = ".3f") -> str:
-    return "n/a" if value != value else format(value, spec)  # NaN -> n/a
 
 
 def ago(time_s: float | None) -> str:
@@ -43,9 +39,9 @@ def no_redis_message(cfg: Settings, error: str) -> None:
              "the Redis URL in the sidebar.")
 
 
-def frame(require_steps: bool = True) -> Frame | None:
+def poll_and_analyse(require_steps: bool = True) -> PageData | None:
     """Poll once and analyse; None (after showing why) when there is nothing to draw. With
-    require_steps=False a reachable source without steps still gives a Frame (snapshot None)."""
+    require_steps=False a reachable source without steps still gives a PageData (snapshot None)."""
     cfg = settings()
     if cfg.source == "redis" and not cfg.run:
         _, error = runs_at(cfg.redis_url)
@@ -76,19 +72,19 @@ def frame(require_steps: bool = True) -> Frame | None:
     window = watched.window
     if window is None:
         st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
-        return None if require_steps else Frame(cfg, watched, None, None)
+        return None if require_steps else PageData(cfg, watched, None, None)
     try:
         layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
                                 gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
                                 uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout])
     except ValueError as exc:
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
-        return None if require_steps else Frame(cfg, watched, None, None)
+        return None if require_steps else PageData(cfg, watched, None, None)
     snap = analyse(window, layout, cfg.phase, cfg.layer, cfg.summed)
     if snap is None:
         st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
-        return None if require_steps else Frame(cfg, watched, layout, None)
-    return Frame(settings=cfg, watched=watched, layout=layout, snapshot=snap)
+        return None if require_steps else PageData(cfg, watched, layout, None)
+    return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap)
 
 
 def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
@@ -107,21 +103,21 @@ def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
         st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {watched.last_error}")
 
 
-def captioned_frame(require_steps: bool = True) -> Frame | None:
-    """frame() with the page caption drawn under it when there is a snapshot: what every live page's
+def poll_and_caption(require_steps: bool = True) -> PageData | None:
+    """poll_and_analyse() with the page caption drawn under it when there is a snapshot: what every live page's
     fragment does first on each tick."""
-    current = frame(require_steps)
+    current = poll_and_analyse(require_steps)
     if current is not None and current.snapshot is not None:
         caption(current)
     return current
 
 
-def caption(frame_: Frame) -> None:
+def caption(data: PageData) -> None:
     """One line under each page title: source, phase, layout and the even-split rule."""
-    cfg, snap = frame_.settings, frame_.snapshot
+    cfg, snap = data.settings, data.snapshot
     what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
-    restart = f" · {frame_.watched.restart_note}" if frame_.watched.restart_note else ""
+    restart = f" · {data.watched.restart_note}" if data.watched.restart_note else ""
     st.caption(f"{what}{restart} · phase: {cfg.phase} · {snap.view.num_steps} steps in window · GPU load of "
-               f"{snap.load_label} · layout: {frame_.layout.origin}, {frame_.layout.gpus} GPUs on "
-               f"{frame_.layout.nodes} node(s), {frame_.layout.slots_per_gpu} slots/GPU · replicas share an "
+               f"{snap.load_label} · layout: {data.layout.origin}, {data.layout.gpus} GPUs on "
+               f"{data.layout.nodes} node(s), {data.layout.slots_per_gpu} slots/GPU · replicas share an "
                "expert's tokens evenly")

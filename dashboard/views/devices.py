@@ -6,7 +6,8 @@ import streamlit as st
 
 from dashboard.analytics.balance import step_vs_window
 from dashboard.figures import load as load_figures
-from dashboard.views.common import Frame, captioned_frame, fmt
+from dashboard.figures.units import format_number
+from dashboard.views.common import PageData, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
 
@@ -17,12 +18,12 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = captioned_frame()
+    current = poll_and_caption()
     if current is not None:
         render(current)
 
 
-def render(current: Frame) -> None:
+def render(current: PageData) -> None:
     snap = current.snapshot
     unit = snap.unit
     st.plotly_chart(load_figures.load_bands(snap.view.step_T, snap.loads_TG, unit), key="devices_bands")
@@ -33,8 +34,8 @@ def render(current: Frame) -> None:
     finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
     worst = float(finite.max()) if finite.size else float("nan")
     st.markdown(f"**Per-step vs window-sum imbalance.** Window sum (median layer): "
-                f"{fmt(float(_nanmedian(svw.window_sum_L)))} · per step, p99 (median layer): "
-                f"{fmt(float(_nanmedian(svw.per_step_p99_L)))} · worst single step and layer: {fmt(worst)}. "
+                f"{format_number(float(_nanmedian(svw.window_sum_L)))} · per step, p99 (median layer): "
+                f"{format_number(float(_nanmedian(svw.per_step_p99_L)))} · worst single step and layer: {format_number(worst)}. "
                 "A window sum averages the tail away: the layer waits on each step's busiest GPU.")
     st.plotly_chart(load_figures.step_vs_window_figure(svw), key="devices_step_vs_window")
 

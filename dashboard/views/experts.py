@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
 from dashboard.figures import experts as expert_figures
-from dashboard.views.common import Frame, captioned_frame
+from dashboard.views.common import PageData, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
 
@@ -21,12 +21,12 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = captioned_frame()
+    current = poll_and_caption()
     if current is not None:
         render(current, int(st.session_state.get("experts_layer", 0)), int(st.session_state.get("experts_top_n", 10)))
 
 
-def render(current: Frame, layer: int, top_n: int) -> None:
+def render(current: PageData, layer: int, top_n: int) -> None:
     snap, window = current.snapshot, current.watched.window
     counts_LE = snap.view.counts_sum_LE
     layer = min(max(layer, 0), window.num_layers - 1)

@@ -11,7 +11,7 @@ import streamlit as st
 
 from dashboard.figures import gpu as gpu_figures
 from dashboard.figures.units import GIB
-from dashboard.views.common import Frame, ago, captioned_frame
+from dashboard.views.common import PageData, ago, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
 
@@ -23,12 +23,12 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = captioned_frame(require_steps=False)
+    current = poll_and_caption(require_steps=False)
     if current is not None:
         render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
 
 
-def render(current: Frame, gpu: int) -> None:
+def render(current: PageData, gpu: int) -> None:
     history, snap = current.watched.gpus, current.snapshot
     for (host, rank), report in sorted(history.unavailable.items()):
         st.warning(f"**No NVIDIA GPU / NVML not available on the collector host `{host}`** (rank {rank}): "

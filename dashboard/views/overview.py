@@ -6,7 +6,8 @@ import time
 import streamlit as st
 
 from dashboard.figures import load as load_figures
-from dashboard.views.common import Frame, ago, captioned_frame, fmt
+from dashboard.figures.units import format_number
+from dashboard.views.common import PageData, ago, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
 
@@ -17,32 +18,32 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = captioned_frame()
+    current = poll_and_caption()
     if current is not None:
         render(current)
 
 
-def render(current: Frame) -> None:
+def render(current: PageData) -> None:
     snap, watched = current.snapshot, current.watched
     cols = st.columns(4)
-    cols[0].metric("balancedness now (p50 over layers)", fmt(snap.eta_now.p50),
-                   help=f"eta = mean/max GPU load of step {snap.latest_step}; min {fmt(snap.eta_now.min)}, "
-                        f"p90 {fmt(snap.eta_now.p90)} across layers")
-    cols[1].metric("balancedness, window per-step mean (p50)", fmt(snap.eta_step_mean.p50),
-                   help=f"per layer, the mean over steps of per-step eta; min {fmt(snap.eta_step_mean.min)}, "
-                        f"p90 {fmt(snap.eta_step_mean.p90)} across layers")
-    cols[2].metric("balancedness, window sum (p50)", fmt(snap.eta_window_sum.p50),
-                   help=f"eta of loads summed over the window; min {fmt(snap.eta_window_sum.min)}, "
-                        f"p90 {fmt(snap.eta_window_sum.p90)}. A window sum hides the per-step tail.")
-    cols[3].metric("idle share (1 - eta, window mean)", fmt(snap.idle_share, ".1%"))
-    st.caption(f"Balancedness across layers — now: min {fmt(snap.eta_now.min)} · p50 {fmt(snap.eta_now.p50)} · "
-               f"p90 {fmt(snap.eta_now.p90)}; window (per-step mean): min {fmt(snap.eta_step_mean.min)} · "
-               f"p50 {fmt(snap.eta_step_mean.p50)} · p90 {fmt(snap.eta_step_mean.p90)}; window sum: "
-               f"min {fmt(snap.eta_window_sum.min)} · p50 {fmt(snap.eta_window_sum.p50)} · "
-               f"p90 {fmt(snap.eta_window_sum.p90)}")
+    cols[0].metric("balancedness now (p50 over layers)", format_number(snap.eta_now.p50),
+                   help=f"eta = mean/max GPU load of step {snap.latest_step}; min {format_number(snap.eta_now.min)}, "
+                        f"p90 {format_number(snap.eta_now.p90)} across layers")
+    cols[1].metric("balancedness, window per-step mean (p50)", format_number(snap.eta_step_mean.p50),
+                   help=f"per layer, the mean over steps of per-step eta; min {format_number(snap.eta_step_mean.min)}, "
+                        f"p90 {format_number(snap.eta_step_mean.p90)} across layers")
+    cols[2].metric("balancedness, window sum (p50)", format_number(snap.eta_window_sum.p50),
+                   help=f"eta of loads summed over the window; min {format_number(snap.eta_window_sum.min)}, "
+                        f"p90 {format_number(snap.eta_window_sum.p90)}. A window sum hides the per-step tail.")
+    cols[3].metric("idle share (1 - eta, window mean)", format_number(snap.idle_share, ".1%"))
+    st.caption(f"Balancedness across layers — now: min {format_number(snap.eta_now.min)} · p50 {format_number(snap.eta_now.p50)} · "
+               f"p90 {format_number(snap.eta_now.p90)}; window (per-step mean): min {format_number(snap.eta_step_mean.min)} · "
+               f"p50 {format_number(snap.eta_step_mean.p50)} · p90 {format_number(snap.eta_step_mean.p90)}; window sum: "
+               f"min {format_number(snap.eta_window_sum.min)} · p50 {format_number(snap.eta_window_sum.p50)} · "
+               f"p90 {format_number(snap.eta_window_sum.p90)}")
     cols = st.columns(4)
-    cols[0].metric("steps/s", fmt(snap.steps_per_s, ".2f"))
-    cols[1].metric("tokens/s", fmt(snap.tokens_per_s, ",.0f"))
+    cols[0].metric("steps/s", format_number(snap.steps_per_s, ".2f"))
+    cols[1].metric("tokens/s", format_number(snap.tokens_per_s, ",.0f"))
     cols[2].metric("dropped steps (collectors)", f"{watched.dropped_steps:,}")
     cols[3].metric("bad records skipped", f"{watched.bad_records:,}")
     health = watched.source.health()
@@ -67,7 +68,7 @@ def _age(time_s: float | None) -> str:
     return "unknown" if time_s is None else f"{max(0.0, time.time() - time_s):.0f} s ago"
 
 
-def health_panel(current: Frame) -> None:
+def health_panel(current: PageData) -> None:
     health = current.watched.source.health()
     tick = current.watched.last_tick
     with st.expander("Redis and collector health", expanded=False):

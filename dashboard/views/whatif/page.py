@@ -13,10 +13,10 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.figures import whatif as whatif_figures
-from dashboard.figures.units import format_bytes
+from dashboard.figures.units import format_bytes, format_number
 from dashboard.live.layout import ResolvedLayout
 from dashboard.live.window import StepWindow, WindowView
-from dashboard.views.common import Frame, caption, fmt, frame
+from dashboard.views.common import PageData, caption, poll_and_analyse
 from dashboard.views.whatif import controls
 from dashboard.views.whatif.controls import EditTarget, Inputs, WhatIfState
 from dashboard.whatif import edits
@@ -35,7 +35,7 @@ MOVES_LABEL = "moves (expert copies onto GPUs)"  # what planner.repair.experts_c
 
 def page() -> None:
     st.title("What-if: plan, edit and export a layout")
-    current = frame()
+    current = poll_and_analyse()
     if current is None:
         return
     caption(current)
@@ -45,7 +45,7 @@ def page() -> None:
         st.error(f"Cannot plan with these inputs: {exc}")
 
 
-def _frozen_windows(current: Frame, layout: ResolvedLayout, window: StepWindow, view: WindowView, picks: Inputs,
+def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindow, view: WindowView, picks: Inputs,
                     state: WhatIfState) -> tuple[tuple, whatif_score.WhatIfData]:
     """(key, the frozen fit and score windows); re-read only when settings, windows or the refresh count
     change."""
@@ -60,9 +60,9 @@ def _frozen_windows(current: Frame, layout: ResolvedLayout, window: StepWindow, 
     return state.windows
 
 
-def render(current: Frame) -> None:
+def render(current: PageData) -> None:
     layout, snapshot, window = current.layout, current.snapshot, current.watched.window
-    if layout is None or snapshot is None or window is None:  # frame() gives all three when there are steps
+    if layout is None or snapshot is None or window is None:  # poll_and_analyse() gives all three when there are steps
         return
     view, state = snapshot.view, controls.page_state()
     E, G = window.num_experts, layout.gpus
@@ -72,7 +72,8 @@ def render(current: Frame) -> None:
     left, right = st.columns([4, 1])
     left.caption(f"Fit on {data.fit_steps} steps ({data.fit_span_s:.0f} s, {data.fit_WLE.shape[0]} windows), "
                  f"scored on the newest {data.score_TLE.shape[0]} steps up to step {data.as_of_step}"
-                 + (" — **fit and score windows overlap** (too few steps to hold out)" if data.overlap else "")
+                 + ((" — **fit and score windows overlap** (" + ("too few steps to hold out)" if picks.hold_out
+                                                                   else "hold-out is off)")) if data.overlap else "")
                  + (f" · {newer} newer steps arrived since" if newer > 0 else ""))
     controls.refresh_button(right)
     groups = picks.groups or None
@@ -119,19 +120,19 @@ def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_s
     mem = [lay.shape[1] // G * moe_layers * bpe for lay in (before_LP, session.current)]
     moves = experts_copied(before_LP, session.current, G)
     cols = st.columns(6)
-    cols[0].metric("balancedness (score window)", fmt(after.balancedness),
-                   delta=f"{after.balancedness - before.balancedness:+.3f} vs current {fmt(before.balancedness)}",
+    cols[0].metric("balancedness (score window)", format_number(after.balancedness),
+                   delta=f"{after.balancedness - before.balancedness:+.3f} vs current {format_number(before.balancedness)}",
                    help="mean over layers with tokens of mean/max GPU load, loads summed over the score window "
-                        f"(current layout: p50 over layers {fmt(before.sum_spread.p50)}, as the Overview's window sum)")
-    cols[1].metric("per-step balancedness", fmt(after.step_balancedness),
+                        f"(current layout: p50 over layers {format_number(before.sum_spread.p50)}, as the Overview's window sum)")
+    cols[1].metric("per-step balancedness", format_number(after.step_balancedness),
                    delta=f"{after.step_balancedness - before.step_balancedness:+.3f}",
                    help="mean of each step's mean/max over the (step, layer) pairs with tokens, as the Overview "
                         "(idle pairs left out; current layout: 1 - this = the Overview's idle share; p50 over "
-                        f"layers {fmt(before.step_spread.p50)})")
-    cols[2].metric("best possible with R (lower bound)", fmt(before.mean_over_active_layers(1.0 / bound)),
+                        f"layers {format_number(before.step_spread.p50)})")
+    cols[2].metric("best possible with R (lower bound)", format_number(before.mean_over_active_layers(1.0 / bound)),
                    help=f"mean over layers of 1 / (lower bound on imbalance) for R = {redundant}: the same "
                         "average as the balancedness beside it, so no layout can score above it")
-    cols[3].metric("worst layer imbalance", fmt(after.worst_imbalance),
+    cols[3].metric("worst layer imbalance", format_number(after.worst_imbalance),
                    delta=f"{after.worst_imbalance - before.worst_imbalance:+.3f}", delta_color="inverse")
     cols[4].metric(MOVES_LABEL, f"{moves:,}",
                    help="one move = one expert's weights (of one layer) copied onto a GPU that did not hold that "
