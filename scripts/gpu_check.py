@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 
 warnings.filterwarnings("ignore")
 

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.browserkit import chromium_page, wait_http
 from demo.localredis import free_port
+from tests.support.browserkit import chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,20 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def demo(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    log = open(tmp_path / "demo.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "demo", "--port", str(port)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 120, proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    with serving(["-m", "demo", "--port", str(port)], port, tmp_path / "demo.log", env, ready_s=120) as url:
+        yield url
 
 
 def _metric_values(page) -> list[str]:

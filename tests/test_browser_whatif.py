@@ -4,15 +4,12 @@ lists that GPU's experts; a screenshot lands in the test's tmp_path."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from demo.localredis import RedisServer, free_port
-from tests.support.browserkit import chromium_page, wait_http
+from tests.support.browserkit import chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "whatif-browser"
@@ -27,21 +24,10 @@ def app_url(tmp_path):
         fill_with_collector(server.url, RUN, steps=40)
         port = free_port()
         env = dict(os.environ, REDIS_URL=server.url)
-        with open(tmp_path / "streamlit.log", "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port),
-                                     "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                                     "--server.fileWatcherType", "none"],
-                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                wait_http(f"http://127.0.0.1:{port}/_stcore/health", 60, proc)
-                yield f"http://127.0.0.1:{port}"
-            finally:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    try:
-                        proc.wait(15)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(proc.pid, signal.SIGKILL)
+        with serving(["-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+                      "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+                     port, tmp_path / "streamlit.log", env) as url:
+            yield url
     finally:
         server.stop()
 

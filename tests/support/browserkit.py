@@ -1,10 +1,15 @@
-"""What the browser tests share: Debian chromium's path and flags, and waiting for a server to answer."""
+"""What the browser tests share: a server process (the demo or the app) started and stopped with its log,
+waiting for it to answer, and Debian chromium's path and flags."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; never a browser downloaded by playwright
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -24,6 +29,29 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
         except OSError:
             time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def serving(python_args: list[str], port: int, log_path: Path, env: dict[str, str], ready_s: float = 60):
+    """`python <python_args>` started in the repo root in its own process group, its output in log_path;
+    yields http://127.0.0.1:<port> once /_stcore/health answers, and stops the whole group afterwards
+    (SIGTERM, then SIGKILL after 20 s)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, *python_args], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/_stcore/health", ready_s, proc)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
