@@ -4,7 +4,7 @@ changes per-replica loads of a and b on every GPU that holds them, which swaps a
 
 Shapes: layout_LP [L, P]; counts_WLE [W, L, E] per-window loads (normalise windows first if they
 should weigh equally); pin_LP [L, P] node a content must stay on (-1 = free; pinned slots are never
-reassigned).
+reassigned). Inside the loop A are the active layers, C the candidate spare slots (at most `candidates`).
 """
 from __future__ import annotations
 
@@ -29,51 +29,51 @@ def refine_replicas(layout_LP, counts_WLE, gpus: int, pin_LP=None, max_iter: int
     cnt = _presence(lay, gpus, E)
     active = np.arange(L)
     moves = 0
-    M = min(P, candidates)
+    num_cand = min(P, candidates)
     for _ in range(max_iter):
         if active.size == 0:
             break
         A = active.size
         ar = np.arange(A)
-        la, ca, ra, ka = lay[active], c[:, active], rep[active], cnt[active]
-        load = slot_weights(ca, la).reshape(W, A, gpus, S).sum(-1)          # [W, A, G]
+        lay_AP, counts_WAE, rep_AE, presence_AGE = lay[active], c[:, active], rep[active], cnt[active]
+        load = slot_weights(counts_WAE, lay_AP).reshape(W, A, gpus, S).sum(-1)          # [W, A, G]
         F = load.max(0)
         h = F.argmax(1)
         Fh = F[ar, h]
-        b = la[ar[:, None], h[:, None] * S + np.arange(S)]                    # [A, S]
-        free = np.take_along_axis(ra, la, axis=1) >= 2
+        hot_AS = lay_AP[ar[:, None], h[:, None] * S + np.arange(S)]            # experts on the busiest GPU
+        free = np.take_along_axis(rep_AE, lay_AP, axis=1) >= 2                 # spare replicas
         if pin_LP is not None:
             free &= pin_LP[active] < 0
-        pidx = np.argsort(~free, axis=1, kind="stable")[:, :M]                # [A, M] candidate slots
+        pidx = np.argsort(~free, axis=1, kind="stable")[:, :num_cand]         # [A, cand] candidate slots
         pok = np.take_along_axis(free, pidx, axis=1)
-        a = np.take_along_axis(la, pidx, axis=1)
+        spare_AC = np.take_along_axis(lay_AP, pidx, axis=1)                   # their experts
         gp = gpu_P[pidx]
-        rb = np.take_along_axis(ra, b, axis=1).astype(float)
-        rA = np.take_along_axis(ra, a, axis=1).astype(float)
-        cnt_b = ka[ar[:, None], :, b].astype(float)                            # [A, S, G]
-        cnt_a = ka[ar[:, None], :, a].astype(float)                            # [A, M, G]
+        rep_hot = np.take_along_axis(rep_AE, hot_AS, axis=1).astype(float)
+        rep_spare = np.take_along_axis(rep_AE, spare_AC, axis=1).astype(float)
+        on_gpu_hot = presence_AGE[ar[:, None], :, hot_AS].astype(float)          # [A, S, G]
+        on_gpu_spare = presence_AGE[ar[:, None], :, spare_AC].astype(float)      # [A, cand, G]
         onehot = (np.arange(gpus)[None, None, :] == gp[:, :, None]).astype(float)
-        obj = np.full((A, S, M), -np.inf)
+        obj = np.full((A, S, num_cand), -np.inf)
         for t in range(W):
-            cb = np.take_along_axis(ca[t], b, axis=1)
-            cA = np.take_along_axis(ca[t], a, axis=1)
-            db = cb / rb - cb / (rb + 1)
-            da = np.where(rA > 1, cA / np.maximum(rA - 1, 1) - cA / rA, 0.0)
-            new = (load[t][:, None, None, :] - db[:, :, None, None] * cnt_b[:, :, None, :]
-                   + da[:, None, :, None] * cnt_a[:, None, :, :])
-            fix = (cb / (rb + 1))[:, :, None] - (cA / rA + da)[:, None, :]     # [A, S, M] at GPU gp
+            count_hot = np.take_along_axis(counts_WAE[t], hot_AS, axis=1)
+            count_spare = np.take_along_axis(counts_WAE[t], spare_AC, axis=1)
+            drop_hot = count_hot / rep_hot - count_hot / (rep_hot + 1)   # per-replica load a new replica removes
+            rise_spare = np.where(rep_spare > 1, count_spare / np.maximum(rep_spare - 1, 1) - count_spare / rep_spare, 0.0)
+            new = (load[t][:, None, None, :] - drop_hot[:, :, None, None] * on_gpu_hot[:, :, None, :]
+                   + rise_spare[:, None, :, None] * on_gpu_spare[:, None, :, :])
+            fix = (count_hot / (rep_hot + 1))[:, :, None] - (count_spare / rep_spare + rise_spare)[:, None, :]  # at GPU gp
             new += fix[..., None] * onehot[:, None, :, :]
             obj = np.maximum(obj, new.max(-1))
-        bad = (a[:, None, :] == b[:, :, None]) | ~pok[:, None, :]
-        bad |= ka[ar[:, None, None], gp[:, None, :], b[:, :, None]] > 0           # b already on gp
-        obj = np.where(bad, np.inf, obj).reshape(A, S * M)
+        bad = (spare_AC[:, None, :] == hot_AS[:, :, None]) | ~pok[:, None, :]
+        bad |= presence_AGE[ar[:, None, None], gp[:, None, :], hot_AS[:, :, None]] > 0  # already on gp
+        obj = np.where(bad, np.inf, obj).reshape(A, S * num_cand)
         k = obj.argmin(1)
         ok = obj[ar, k] < Fh * (1 - tol)
         if not ok.any():
             break
         li = active[ok]
-        bi = b[ok, k[ok] // M]
-        pi = pidx[ok, k[ok] % M]
+        bi = hot_AS[ok, k[ok] // num_cand]
+        pi = pidx[ok, k[ok] % num_cand]
         ai = lay[li, pi]
         gi = gpu_P[pi]
         lay[li, pi] = bi
