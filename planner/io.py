@@ -81,18 +81,20 @@ register_loader(".pth", _load_pt)
 
 def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") -> np.ndarray:
     """Trace lines (wire.trace_line JSON lines) -> float64 [W, L, E]: every step's counts with its ranks
-    summed, in step order, split into T = min(max_windows, steps) contiguous windows of (nearly) equal
-    step counts, each summed. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
+    summed, in step order, split into W = min(max_windows, steps) contiguous windows of (nearly) equal
+    step counts, each summed. A record repeated in the file (the same step of the same rank and collector,
+    as a retried write can leave) counts once. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
     line for a line that does not decode, counts of another shape, or a trace without step lines."""
     if max_windows < 1:
         raise ValueError(f"max_windows must be >= 1, got {max_windows}")
     steps: dict[int, np.ndarray] = {}
+    seen: set[tuple[str, int, int]] = set()  # (collector instance, rank, step)
     shape = None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            kind, rec = wire.decode_trace_line(line)
+            _, rec = wire.decode_trace_line(line)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{name} line {number}: not a valid trace line ({exc})") from None
         if not isinstance(rec, wire.StepRecord):
@@ -102,6 +104,9 @@ def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") ->
         elif rec.counts_LE.shape != shape:
             raise ValueError(f"{name} line {number}: counts are {list(rec.counts_LE.shape)}, earlier steps "
                              f"were {list(shape)} (layers x experts)")
+        if (rec.instance, rec.rank, rec.step) in seen:
+            continue
+        seen.add((rec.instance, rec.rank, rec.step))
         held = steps.get(rec.step)
         steps[rec.step] = rec.counts_LE.astype(np.int64) if held is None else held + rec.counts_LE
     if not steps:

@@ -187,6 +187,8 @@ def test_trace_loader_sums_ranks_and_splits_windows(tmp_path):
     (tmp_path / "run.json").write_text("\n".join(lines))      # a trace named .json is sniffed
     assert (load_counts(tmp_path / "run.json") == got).all()
     assert trace_windows(lines, max_windows=1).shape == (1, 2, 8)
+    repeated = lines[:5] + lines[3:]                            # a retried write repeats two records
+    assert (trace_windows(repeated) == got).all()
 
 
 @pytest.mark.parametrize("bad, msg", [
