@@ -3,16 +3,23 @@
     from collectors import attach
     monitor = attach(model, redis_url="redis://127.0.0.1:6379/0", run="deepseek-prod")
     model.generate(**batch)
-    monitor.counts()      # int64 [num_moe_layers, num_experts], cumulative
+    monitor.counts()      # int64 [L, E] (MoE layers x experts), cumulative
     monitor.layer_names   # module paths, same order as the rows
     monitor.close()
 
 Engines that are not transformers models use ExpertLoadMonitor(num_layers, num_experts, top_k, ...)
-with record(layer, topk_ids) and end_step(phase).
+with record(layer, topk_ids) and end_step(phase). Tuning knobs (sampling, layout, buffering, NVML, trace
+file) are MonitorOptions fields, passed as options= or by name.
+
+Modules: discovery (find the MoE layers), hooks (per-family hooks), counter (on-device counts), monitor
+(ExpertLoadMonitor), hf (attach), options (MonitorOptions), publisher (the background thread), sinks
+(Redis, trace file), nvml (GPU sampler), trace (record_trace), dist (rank and world size).
 """
 from .discovery import MoELayer, find_moe_layers
 from .hf import AttachedMonitor, attach
 from .monitor import ExpertLoadMonitor
+from .options import MonitorOptions
 from .trace import record_trace
 
-__all__ = ["attach", "AttachedMonitor", "ExpertLoadMonitor", "find_moe_layers", "MoELayer", "record_trace"]
+__all__ = ["attach", "AttachedMonitor", "ExpertLoadMonitor", "find_moe_layers", "MoELayer", "MonitorOptions",
+           "record_trace"]

@@ -1,18 +1,22 @@
 """On-device expert counting: one flat int64 buffer per monitor, one host copy per step.
 
-Shape legend: L MoE layers, E logical experts, K top-k, T tokens in a step, N sampled tokens per layer.
+Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens (a step's tokens, or
+its sampled rows: at most sample_tokens of them per layer).
 
 The step buffer (int64, allocated once on the model's device) holds, back to back:
-    counts_LE [L*E]      tokens routed to each expert this step (scatter_add_, no host sync)
+    counts_LE [L*E]      tokens routed to each expert this step (index_add_, no host sync)
     sample_LNK [L*N*K]   top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
     tokens [1]           real tokens in the step (counted on the device only under a padding mask)
 At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
-event the writer thread waits on), then zeroed on the device: three device ops per step, two per layer
-(a few more per step under a padding mask). Nothing here ever waits for the device.
+event the publisher thread waits on), folded into the running total and zeroed on the device. Device ops:
+per layer an index_add_ and, when sampling, one copy of the sampled rows (plus a clamp on CUDA); per step
+the copy, the add and the zeroing (plus a fill of the sampled rows with -1 before a step whose rows are
+published, and a few more under a padding mask). Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,9 +28,10 @@ class HostSlot:
     """A host copy of one step buffer; `ready` is a CUDA event (None on the CPU)."""
 
     buf: torch.Tensor
-    ready: "torch.cuda.Event | None"
+    ready: torch.cuda.Event | None
 
     def wait(self) -> np.ndarray:
+        """The host copy (a numpy view), once the device has finished writing it."""
         if self.ready is not None:
             self.ready.synchronize()
         return self.buf.numpy()
@@ -57,7 +62,8 @@ class DeviceCounter:
                  sample_tokens: int = 16, sample_every: int = 4):
         if num_layers < 1 or num_experts < 1 or top_k < 1 or sample_tokens < 0 or sample_every < 1:
             raise ValueError(f"bad counter shape: layers={num_layers} experts={num_experts} top_k={top_k} "
-                             f"sample_tokens={sample_tokens}")
+                             f"sample_tokens={sample_tokens} sample_every={sample_every} (each >= 1, "
+                             f"sample_tokens >= 0)")
         self.num_layers, self.num_experts, self.top_k = num_layers, num_experts, top_k
         self.sample_tokens, self.sample_every = sample_tokens, sample_every
         self._steps_begun = 0
@@ -83,7 +89,7 @@ class DeviceCounter:
             _mark_static(tensor)
 
     # ------------------------------------------------------------------ hot path (inside the forward)
-    def begin_step(self, num_tokens: int, token_mask_T: torch.Tensor | None) -> None:
+    def begin_step(self, num_tokens: int, token_mask_N: torch.Tensor | None) -> None:
         """Called once per step (on the host, outside any compiled or captured graph) before the layers run.
         Writes the per-(token, slot) weights every layer of the step shares into the fixed buffer src_buf
         (the padding mask repeated k times, or ones; rewritten only when that changes), decides whether the
@@ -93,15 +99,15 @@ class DeviceCounter:
         if num_tokens <= 0:
             return
         self.step_tokens = num_tokens
-        self.step_masked = token_mask_T is not None
+        self.step_masked = token_mask_N is not None
         n = num_tokens * self.top_k
         if self.src_buf.numel() < n:
             self.src_buf = torch.ones(max(n, 2 * self.src_buf.numel()), dtype=torch.int64, device=self.device)
             _mark_static(self.src_buf)
             self._src_ones_upto = self.src_buf.numel()
-        if token_mask_T is not None:
-            self.tokens.add_(token_mask_T.sum())
-            self.src_buf[:n].view(num_tokens, self.top_k).copy_(token_mask_T.unsqueeze(1))
+        if token_mask_N is not None:
+            self.tokens.add_(token_mask_N.sum())
+            self.src_buf[:n].view(num_tokens, self.top_k).copy_(token_mask_N.unsqueeze(1))
             self._src_ones_upto = 0
         elif self._src_ones_upto < n:
             self.src_buf[:n].fill_(1)
@@ -109,59 +115,61 @@ class DeviceCounter:
         sampled = bool(self.sample_tokens) and self._steps_begun % self.sample_every == 0
         self._steps_begun += 1
         self.step_sample_n = min(self.sample_tokens, num_tokens) if sampled else 0
-        if token_mask_T is not None and self.step_sample_n:
-            self.sample_valid_N[: self.step_sample_n].copy_(self._sampled(token_mask_T))
+        if token_mask_N is not None and self.step_sample_n:
+            self.sample_valid_N[: self.step_sample_n].copy_(self._sampled(token_mask_N))
 
-    def _sampled(self, rows_T: torch.Tensor) -> torch.Tensor:
-        """The step's sampled rows of a [T, ...] tensor: every stride-th token from the middle of the first
-        stride, stride = T // N (at most N rows; all T when T < N). Systematic sampling that spreads over
-        every sequence of the batch; a strided view computed from the tensor's own shape (no op)."""
-        stride = max(1, rows_T.shape[0] // self.sample_tokens)
-        return rows_T[stride // 2:: stride][: self.sample_tokens]
+    def _sampled(self, rows_N: torch.Tensor) -> torch.Tensor:
+        """The step's sampled rows of an [N, ...] tensor: every stride-th token from the middle of the first
+        stride, stride = N // sample_tokens (at most sample_tokens rows; all N when N < sample_tokens).
+        Systematic sampling that spreads over every sequence of the batch; a strided view computed from the
+        tensor's own shape (no op)."""
+        stride = max(1, rows_N.shape[0] // self.sample_tokens)
+        return rows_N[stride // 2:: stride][: self.sample_tokens]
 
-    def recorder(self, layer: int):
-        """The hot path as a closure bound to one layer: record_ids(ids_TK) counts int64 [T, K] expert ids
+    def recorder(self, layer: int) -> Callable[[torch.Tensor], None]:
+        """The hot path as a closure bound to one layer: record_ids(ids_NK) counts int64 [N, K] expert ids
         in [0, E) under the step's padding mask. Two device ops (index_add_ into the counts, one copy of the
         sampled rows, a strided view; the host publishes the rows of one step in sample_every) and it reads
         only fixed buffers and constants: nothing that changes from step to step, so torch.compile does not
-        recompile and a captured CUDA graph stays right. On CUDA the ids are also clamped into [0, E): an
-        unexpected id must never become a device-side assert that takes the serving process down. Empty
-        batches (idle ranks) and ids on another device (device_map="auto") are fine."""
+        recompile and a captured CUDA graph stays right. On CUDA the ids are also clamped into [0, E) (a
+        third op): an unexpected id must never become a device-side assert that takes the serving process
+        down. Empty batches (idle ranks) and ids on another device (device_map="auto") are fine."""
         row_E, sample_NK = self._count_rows[layer], self._sample_rows[layer]
         K, E, device, clamp, sample = self.top_k, self.num_experts, self.device, self._clamp_ids, self.sample_tokens
         counter = self
 
-        def record_ids(ids_TK: torch.Tensor) -> None:
-            if ids_TK.shape[0] == 0:
+        def record_ids(ids_NK: torch.Tensor) -> None:
+            if ids_NK.shape[0] == 0:
                 return
-            if ids_TK.device != device:
-                ids_TK = ids_TK.to(device, non_blocking=True)
+            if ids_NK.device != device:
+                ids_NK = ids_NK.to(device, non_blocking=True)
             if clamp:
-                ids_TK = ids_TK.clamp(0, E - 1)
-            flat = ids_TK.reshape(-1)
+                ids_NK = ids_NK.clamp(0, E - 1)
+            flat = ids_NK.reshape(-1)
             src = counter.src_buf
             if src.shape[0] < flat.shape[0]:  # more tokens than the step announced (or none announced)
                 src = torch.ones_like(flat)
             row_E.index_add_(0, flat, src[: flat.shape[0]])
-            if sample and ids_TK.shape[1] == K:
-                rows = counter._sampled(ids_TK)
+            if sample and ids_NK.shape[1] == K:
+                rows = counter._sampled(ids_NK)
                 sample_NK[: rows.shape[0]].copy_(rows)
         return record_ids
 
-    def record(self, layer: int, ids_TK: torch.Tensor, valid_TK: torch.Tensor | None = None) -> None:
-        """Add one layer's routing: ids_TK int64 [T, K] expert ids in [0, E); valid_TK [T, K] (bool or 0/1),
-        when given, marks the (token, slot) pairs that count (their sampled rows read -1 otherwise)."""
-        if valid_TK is None:
-            self._recorders[layer](ids_TK)
+    def record(self, layer: int, ids_NK: torch.Tensor, valid_NK: torch.Tensor | None = None) -> None:
+        """Add one layer's routing: ids_NK int64 [N, K] expert ids in [0, E); valid_NK [N, K] (bool or 0/1),
+        when given, marks the (token, slot) pairs that count (their sampled rows read -1 otherwise; ids
+        outside [0, E) are clamped, so they must be marked invalid)."""
+        if valid_NK is None:
+            self._recorders[layer](ids_NK)
             return
-        if ids_TK.shape[0] == 0:
+        if ids_NK.shape[0] == 0:
             return
-        if ids_TK.device != self.device:
-            ids_TK, valid_TK = ids_TK.to(self.device), valid_TK.to(self.device)
-        ids_TK = ids_TK.clamp(0, self.num_experts - 1)
-        self._count_rows[layer].index_add_(0, ids_TK.reshape(-1), valid_TK.reshape(-1).to(torch.int64))
-        if self.sample_tokens and ids_TK.shape[1] == self.top_k:
-            rows = self._sampled(ids_TK).masked_fill(self._sampled(valid_TK) == 0, -1)
+        if ids_NK.device != self.device:
+            ids_NK, valid_NK = ids_NK.to(self.device), valid_NK.to(self.device)
+        ids_NK = ids_NK.clamp(0, self.num_experts - 1)
+        self._count_rows[layer].index_add_(0, ids_NK.reshape(-1), valid_NK.reshape(-1).to(torch.int64))
+        if self.sample_tokens and ids_NK.shape[1] == self.top_k:
+            rows = self._sampled(ids_NK).masked_fill(self._sampled(valid_NK) == 0, -1)
             self._sample_rows[layer][: rows.shape[0]].copy_(rows)
 
     # ------------------------------------------------------------------ step boundary
@@ -186,6 +194,7 @@ class DeviceCounter:
         return facts
 
     def new_slot(self) -> HostSlot:
+        """A host copy of the step buffer to snapshot into (pinned memory on CUDA)."""
         pin = self.device.type == "cuda"
         return HostSlot(torch.empty(self.size, dtype=torch.int64, pin_memory=pin), None)
 

@@ -1,30 +1,36 @@
 """attach(): hook an unmodified transformers MoE model; each top-level forward is one step."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .discovery import find_moe_layers, model_sizes
 from .hooks import register_layer_hook, step_phase, step_shape, step_token_mask
 from .monitor import ExpertLoadMonitor
+from .options import MonitorOptions
 
 
 class AttachedMonitor(ExpertLoadMonitor):
     """An ExpertLoadMonitor wired to a model by hooks. close() also removes every hook."""
 
-    def __init__(self, model: torch.nn.Module, **kwargs):
+    def __init__(self, model: torch.nn.Module, *, redis_url: str | None = None, run: str | None = None,
+                 options: MonitorOptions | None = None, **overrides: Any):
         layers = find_moe_layers(model)
         try:
             device = next(model.parameters()).device
         except StopIteration:
             device = torch.device("cpu")
         sizes = model_sizes(model)
-        for key, value in sizes.items():
-            kwargs.setdefault(key, value)
-        super().__init__(len(layers), layers[0].num_experts, layers[0].top_k, device=device,
-                         layer_names=[layer.name for layer in layers], **kwargs)
+        super().__init__(len(layers), layers[0].num_experts, layers[0].top_k, device=device, redis_url=redis_url,
+                         run=run, layer_names=[layer.name for layer in layers], model_name=sizes.model_name,
+                         hidden_size=sizes.hidden_size, moe_intermediate_size=sizes.moe_intermediate_size,
+                         dtype_bytes=sizes.dtype_bytes, options=options, **overrides)
         self.layers = layers
         self._depth = 0
-        self._handles = []
+        self._auto_phase = "unknown"
+        self._handles: list[RemovableHandle] = []
         try:
             for i, layer in enumerate(layers):
                 self._handles.append(register_layer_hook(self, i, layer))
@@ -35,7 +41,7 @@ class AttachedMonitor(ExpertLoadMonitor):
             raise
 
     @torch.compiler.disable
-    def _on_step_start(self, module, args, kwargs):
+    def _on_step_start(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._depth += 1
         if self._depth > 1:
             return None
@@ -54,11 +60,11 @@ class AttachedMonitor(ExpertLoadMonitor):
         return None
 
     @torch.compiler.disable
-    def _on_step_end(self, module, args, output):
+    def _on_step_end(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         self._depth = max(0, self._depth - 1)
         if self._depth == 0:
             try:
-                self.end_step(getattr(self, "_auto_phase", "unknown"))
+                self.end_step(self._auto_phase)
             except Exception as exc:
                 self._error = f"step end: {exc}"
         return None
@@ -71,13 +77,15 @@ class AttachedMonitor(ExpertLoadMonitor):
 
 
 def attach(model: torch.nn.Module, redis_url: str | None = None, run: str | None = None,
-           **options) -> AttachedMonitor:
+           options: MonitorOptions | None = None, **overrides: Any) -> AttachedMonitor:
     """Hook every routed-expert layer of a transformers MoE model and start counting.
 
     Each call of model(...) (each step of generate()) is one step: prefill when it carries a prompt,
     decode when it carries one new token per sequence on top of a cache (monitor.set_phase overrides).
     Padding tokens (attention_mask 0) are not counted. redis_url None: counts in memory only.
-    options: see ExpertLoadMonitor (sample_tokens, gpus, nodes, physical_to_logical_map, queue_steps,
-    memory_budget_bytes, nvml, trace_path, ...).
+    E, top-k, the layer names and the model's sizes come from the model and its config. options: a
+    MonitorOptions; overrides: its fields by name (sample_tokens, sample_every, gpus, nodes,
+    physical_to_logical_map, queue_steps, host_slots, memory_budget_bytes, nvml, nvml_interval_s,
+    redis_timeout_s, trace_path), which win over options. An unknown name raises TypeError.
     """
-    return AttachedMonitor(model, redis_url=redis_url, run=run, **options)
+    return AttachedMonitor(model, redis_url=redis_url, run=run, options=options, **overrides)

@@ -1,13 +1,17 @@
-"""Hook functions that turn a layer's routing into counter updates (per family), and the step hooks.
+"""Hook functions that turn a layer's routing into counter updates (per family), and what the step hooks
+read from a top-level call (its shape, padding mask and phase).
 
 Every per-layer hook only enqueues tensor ops on the model's device: no .item(), no .cpu(), no Python
 branching on tensor values, so it is safe under torch.compile and CUDA graph capture.
+Shape legend (README, Conventions): N tokens, K top-k; ids_NK are the int64 [N, K] ids a layer dispatches.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .discovery import MoELayer
 
@@ -15,7 +19,7 @@ if TYPE_CHECKING:
     from .monitor import ExpertLoadMonitor
 
 
-def _arg(args: tuple, kwargs: dict, position: int, names: tuple[str, ...]):
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, names: tuple[str, ...]) -> Any:
     if len(args) > position:
         return args[position]
     for name in names:
@@ -24,10 +28,10 @@ def _arg(args: tuple, kwargs: dict, position: int, names: tuple[str, ...]):
     return None
 
 
-def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
+def _standard(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
     record_ids, param = monitor.counter.recorder(index), layer.index_param
 
-    def pre_hook(module, args, kwargs):
+    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         ids = args[1] if len(args) > 1 else kwargs.get(param)
         if ids is None:
             return None
@@ -35,7 +39,7 @@ def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Call
             weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights"))
             monitor._record_hooked(index, ids, weights, True)
             return None
-        try:  # the hot path: the model's own int64 [tokens, k] ids, straight into the counter
+        try:  # the hot path: the model's own int64 [N, K] ids, straight into the counter
             if ids.dtype != torch.int64 or ids.dim() != 2:
                 ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
             record_ids(ids)
@@ -45,8 +49,8 @@ def _standard(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Call
     return pre_hook
 
 
-def _llama4(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
-    def hook(module, args, output):
+def _llama4(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         # Llama4Router.forward returns (scores, logits) and dispatches to topk(logits, k, dim=1): the same op
         # on the same tensor gives the same ids.
         logits = output[1]
@@ -55,8 +59,8 @@ def _llama4(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callab
     return hook
 
 
-def _jetmoe(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
-    def hook(module, args, output):
+def _jetmoe(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         # JetMoeTopKGating returns (index_sorted_experts, batch_index, batch_gates, expert_size, logits):
         # entry j of the dispatch order is flat slot index_sorted_experts[j] = token * k + slot, and the
         # first expert_size[0] entries go to expert 0, the next expert_size[1] to expert 1, ...
@@ -70,15 +74,15 @@ def _jetmoe(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callab
     return hook
 
 
-def _doge(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer) -> Callable:
-    def pre_hook(module, args):
-        # DogeCDMoE looks up its product-key experts with down_embed(indices), indices [tokens, k].
+def _doge(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        # DogeCDMoE looks up its product-key experts with down_embed(indices), indices [N, K].
         monitor._record_hooked(index, args[0], None, False)
         return None
     return pre_hook
 
 
-def register_layer_hook(monitor: "ExpertLoadMonitor", index: int, layer: MoELayer):
+def register_layer_hook(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> RemovableHandle:
     """Install the hook for one discovered layer; returns its removable handle."""
     if layer.kind == "standard":
         return layer.module.register_forward_pre_hook(_standard(monitor, index, layer), with_kwargs=True)
@@ -91,7 +95,7 @@ def register_layer_hook(monitor: "ExpertLoadMonitor", index: int, layer: MoELaye
     raise ValueError(f"unknown MoE layer kind {layer.kind!r}")
 
 
-def step_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+def step_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
     """(batch, seq) of a top-level causal-LM call, from input_ids or inputs_embeds; None if neither."""
     ids = _arg(args, kwargs, 0, ("input_ids",))
     if isinstance(ids, torch.Tensor) and ids.dim() >= 2:
@@ -102,8 +106,9 @@ def step_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
     return None
 
 
-def step_token_mask(kwargs: dict, batch: int, seq: int, skip_all_ones: bool = False) -> torch.Tensor | None:
-    """The int64 [batch*seq] mask of real tokens from a 2-D attention_mask (its last `seq` columns), or None.
+def step_token_mask(kwargs: dict[str, Any], batch: int, seq: int,
+                    skip_all_ones: bool = False) -> torch.Tensor | None:
+    """token_mask_N: the int64 [N = batch*seq] mask of real tokens from a 2-D attention_mask (its last `seq` columns), or None.
     skip_all_ones: return None for a mask without padding (worth asking only where asking is free: the CPU)."""
     mask = kwargs.get("attention_mask")
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] < seq:
@@ -114,7 +119,7 @@ def step_token_mask(kwargs: dict, batch: int, seq: int, skip_all_ones: bool = Fa
     return mask.reshape(-1).to(torch.int64)
 
 
-def step_phase(kwargs: dict, seq: int) -> str:
+def step_phase(kwargs: dict[str, Any], seq: int) -> str:
     """prefill for a prompt (seq > 1 or no cache yet), decode for one new token on top of a cache."""
     cache = kwargs.get("past_key_values", kwargs.get("cache"))
     if seq == 1 and cache is not None:

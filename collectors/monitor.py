@@ -1,19 +1,23 @@
-"""ExpertLoadMonitor: the generic collector (any engine can feed it) and `attach()` for transformers models.
+"""ExpertLoadMonitor: the generic collector, fed by any engine (hf.attach() feeds it from hooks).
 
-Generic use, from a serving engine's own MoE layer:
-    mon = ExpertLoadMonitor(num_layers=58, num_experts=256, top_k=8, device="cuda", redis_url=..., run="prod")
+    mon = ExpertLoadMonitor(num_layers=58, num_experts=256, top_k=8, device="cuda", redis_url=..., run="prod",
+                            gpus=32, nodes=4)
     mon.record(layer, topk_ids)          # int [tokens, k], every MoE layer, every step
     mon.end_step(phase="decode")         # once per step
-Shapes: counts() -> int64 [L, E], cumulative since the monitor was made, rows in layer order.
+
+Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens of a step.
+counts() -> int64 [L, E], cumulative since the monitor was made, rows in layer order.
 """
 from __future__ import annotations
 
-import logging
+import dataclasses
 import os
 import socket
 import threading
 import time
 import warnings
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -22,76 +26,72 @@ import wire
 
 from .counter import DeviceCounter, HostSlot
 from .dist import rank_and_world
-from .writer import Publisher, RedisSink, StepJob
+from .nvml import NvmlSampler
+from .options import MonitorOptions, resolve_options
+from .publisher import Publisher, StepJob
+from .sinks import RedisSink, Sink, TraceFileSink
 
-log = logging.getLogger("collectors")
+_Monitor = TypeVar("_Monitor", bound="ExpertLoadMonitor")
 
 
 class ExpertLoadMonitor:
     """Counts tokens per expert per layer per step on the device and publishes each step.
 
-    redis_url None: counts in memory only. run: the stream's name (default: "<model>-<pid>").
-    sample_tokens: top-k rows of that many tokens per layer travel with every sample_every-th step (0: none).
-    queue_steps: steps kept while Redis is unreachable before the oldest are dropped (and counted).
-    memory_budget_bytes: the step stream is trimmed (MAXLEN ~) to stay near this size.
+    redis_url None: counts in memory only (unless options.trace_path names a trace file).
+    run: the stream's name (default: "<model>-<pid>"). layer_names: one per layer (default layer0, ...).
+    model_name, hidden_size, moe_intermediate_size, dtype_bytes: for the run's metadata (the traffic and
+    memory figures need the sizes). options: a MonitorOptions; overrides: MonitorOptions fields by name
+    (they win over options), e.g. ExpertLoadMonitor(58, 256, 8, gpus=32, nodes=4, sample_tokens=0).
     """
 
     def __init__(self, num_layers: int, num_experts: int, top_k: int, *, device: str | torch.device = "cpu",
-                 redis_url: str | None = None, run: str | None = None, layer_names: list[str] | None = None,
+                 redis_url: str | None = None, run: str | None = None, layer_names: Sequence[str] | None = None,
                  model_name: str = "", hidden_size: int = 0, moe_intermediate_size: int = 0,
-                 dtype_bytes: int = 2, gpus: int | None = None, nodes: int = 1,
-                 physical_to_logical_map: list[list[int]] | None = None, sample_tokens: int = 16, sample_every: int = 4,
-                 queue_steps: int = 1024, host_slots: int = 64, memory_budget_bytes: int = 256 << 20,
-                 nvml: bool = True, nvml_interval_s: float = 0.5, redis_timeout_s: float = 1.0,
-                 trace_path: str | None = None):
+                 dtype_bytes: int = 2, options: MonitorOptions | None = None, **overrides: Any):
+        opts = resolve_options(options, overrides)
         self.num_layers, self.num_experts, self.top_k = int(num_layers), int(num_experts), int(top_k)
         self.layer_names = list(layer_names) if layer_names else [f"layer{i}" for i in range(self.num_layers)]
         if len(self.layer_names) != self.num_layers:
             raise ValueError(f"{len(self.layer_names)} layer names for {self.num_layers} layers")
         self.rank, self.world_size = rank_and_world()
         self.run = wire.check_run_name(run or f"{(model_name or 'moe').split('/')[-1]}-{os.getpid()}")
-        if sample_tokens and self.num_experts > wire.MAX_SAMPLE_EXPERTS:
+        if opts.sample_tokens and self.num_experts > wire.MAX_SAMPLE_EXPERTS:
             warnings.warn(f"{self.num_experts} experts do not fit the int16 sampled rows: sampling is off",
-                          RuntimeWarning)
-            sample_tokens = 0
+                          RuntimeWarning, stacklevel=2)
+            opts = dataclasses.replace(opts, sample_tokens=0)
         self.instance = wire.new_instance_id()
-        self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, sample_tokens,
-                                     sample_every)
+        self.counter = DeviceCounter(self.num_layers, self.num_experts, self.top_k, device, opts.sample_tokens,
+                                     opts.sample_every)
         self.device = self.counter.device
-        gpus = gpus or wire.default_gpus(self.num_experts, self.world_size)
-        layout = wire.Layout(gpus, nodes, physical_to_logical_map
-                             or wire.contiguous_layout(self.num_layers, self.num_experts))
+        gpus = opts.gpus or wire.default_gpus(self.num_experts, self.world_size)
+        rows = opts.physical_to_logical_map
+        layout = wire.Layout(gpus, opts.nodes, [list(row) for row in rows] if rows is not None
+                             else wire.contiguous_layout(self.num_layers, self.num_experts))
         self.meta = wire.RunMeta(
             run=self.run, model_name=model_name, layer_names=self.layer_names, num_experts=self.num_experts,
             top_k=self.top_k, hidden_size=hidden_size, moe_intermediate_size=moe_intermediate_size,
             dtype_bytes=dtype_bytes, layout=layout, world_size=self.world_size, started_s=time.time(),
-            host=socket.gethostname(), sample_tokens_per_layer=sample_tokens, instance=self.instance)
+            host=socket.gethostname(), sample_tokens_per_layer=opts.sample_tokens, instance=self.instance)
         wire.encode_meta(self.meta)  # validates the layout now, not in the thread
         self.step = 0
-        self.redis_url = redis_url
         self._phase_override: str | None = None
         self._step_open = False
-        self._token_mask_T: torch.Tensor | None = None
+        self._token_mask_N: torch.Tensor | None = None
         self._error: str | None = None
         self._closed = False
-        sinks = []
-        if trace_path:
-            from .trace import TraceFileSink
-            sinks.append(TraceFileSink(trace_path, self.meta))
-        self._publishing = redis_url is not None or bool(sinks)
-        self._free_slots = [self.counter.new_slot() for _ in range(host_slots)] if self._publishing else []
+        sinks: list[Sink] = []
+        if redis_url is not None:  # made first: a bad URL raises before a trace file is opened
+            maxlen = wire.maxlen_for_budget(opts.memory_budget_bytes, self.num_layers, self.num_experts,
+                                            self.num_layers * opts.sample_tokens * self.top_k * 2)
+            sinks.append(RedisSink(redis_url, self.meta, maxlen, opts.redis_timeout_s))
+        if opts.trace_path is not None:  # written first: a trace failure reaches the Redis health at once
+            sinks.insert(0, TraceFileSink(opts.trace_path, self.meta))
+        self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
         self._slot_lock = threading.Lock()
-        sink = None
-        if redis_url is not None:
-            maxlen = wire.maxlen_for_budget(memory_budget_bytes, self.num_layers, self.num_experts,
-                                            self.num_layers * sample_tokens * self.top_k * 2)
-            sink = RedisSink(redis_url, self.meta, maxlen, redis_timeout_s)
-        self.publisher = Publisher(sink, self._decode, self._release, self.rank, queue_steps,
-                                   extra_sinks=sinks) if self._publishing else None
-        self.sampler = None
-        if nvml and self.publisher is not None:
-            from .nvml import NvmlSampler
-            self.sampler = NvmlSampler(self.publisher.submit_sample, self.rank, nvml_interval_s, self.device)
+        self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps) if sinks else None
+        self.sampler: NvmlSampler | None = None
+        if opts.nvml and self.publisher is not None:
+            self.sampler = NvmlSampler(self.publisher.submit_sample, self.rank, opts.nvml_interval_s, self.device)
 
     # ------------------------------------------------------------------ the generic API
     def begin_step(self, tokens: int | None = None, token_mask: torch.Tensor | None = None) -> None:
@@ -102,7 +102,7 @@ class ExpertLoadMonitor:
         if mask is not None and (mask.dim() != 1 or mask.dtype != torch.int64 or mask.device != self.device):
             mask = mask.reshape(-1).to(self.device, torch.int64)
         n = int(mask.numel()) if mask is not None else int(tokens or 0)
-        self._token_mask_T = mask
+        self._token_mask_N = mask
         self.counter.begin_step(n, mask)
         self._step_open = True
 
@@ -126,18 +126,18 @@ class ExpertLoadMonitor:
         phase = self._phase_override or phase or "unknown"
         if phase not in wire.PHASES:
             raise ValueError(f"phase must be one of {wire.PHASES}, got {phase!r}")
-        slot = None
-        if self._publishing:
+        publisher, slot = self.publisher, None
+        if publisher is not None:
             with self._slot_lock:
                 slot = self._free_slots.pop() if self._free_slots else None
             if slot is None:
-                self.publisher.count_dropped()
+                publisher.count_dropped()
         facts = self.counter.snapshot(slot)
         step = self.step
         self.step += 1
-        if slot is not None:
-            self.publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts))
-        self._token_mask_T = None
+        if publisher is not None and slot is not None:
+            publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts))
+        self._token_mask_N = None
         self._step_open = False
         return step
 
@@ -151,16 +151,20 @@ class ExpertLoadMonitor:
         """int64 [L, E]: tokens per expert per layer since the monitor was made (closed steps and the open one)."""
         return (self.counter.total_LE + self.counter.counts_LE).cpu().numpy()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
+        """steps: closed so far; with more than one sink (Redis and a trace file) the step figures are the
+        worst sink's: published_steps every sink has, queued_steps and dropped_steps of the sink that lacks
+        the most; sinks: the same figures per sink, by name; last_error: every failure that still stands."""
         pub = self.publisher
-        return {"steps": self.step, "dropped_steps": pub.dropped_steps if pub else 0,
-                "publisher_alive": pub.alive if pub else False,
-                "published_steps": pub.published_steps if pub else 0,
-                "queued_steps": len(pub.pending) if pub else 0,
-                "last_error": (pub.last_error or pub.sink_error if pub else "") or (self._error or "")}
+        if pub is None:
+            return {"steps": self.step, "dropped_steps": 0, "publisher_alive": False, "published_steps": 0,
+                    "queued_steps": 0, "last_error": self._error or "", "sinks": {}}
+        return {"steps": self.step, "dropped_steps": pub.dropped_steps, "publisher_alive": pub.alive,
+                "published_steps": pub.published_steps, "queued_steps": pub.queued_steps,
+                "last_error": pub.last_error or self._error or "", "sinks": pub.sink_stats()}
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Publish everything buffered (up to timeout_s), stop the threads. Safe to call twice."""
+        """Publish everything buffered (up to timeout_s), stop the threads, close the sinks. Safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -168,13 +172,11 @@ class ExpertLoadMonitor:
             self.sampler.stop()
         if self.publisher is not None:
             self.publisher.close(timeout_s)
-            for sink in self.publisher.extra_sinks:
-                sink.close()
 
-    def __enter__(self):
+    def __enter__(self: _Monitor) -> _Monitor:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ internals
@@ -188,10 +190,10 @@ class ExpertLoadMonitor:
         valid = (ids >= 0) & (ids < self.num_experts)
         if weights is not None:
             valid &= weights.reshape(ids.shape) != 0
-        mask = self._token_mask_T
+        mask = self._token_mask_N
         if mask is not None and mask.shape[0] == ids.shape[0]:
             valid &= mask.unsqueeze(1) != 0
-        self.counter.record(layer, ids.clamp(0, self.num_experts - 1), valid)
+        self.counter.record(layer, ids, valid)
 
     def _record_hooked(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None,
                        mask_range: bool) -> None:
@@ -204,7 +206,7 @@ class ExpertLoadMonitor:
         """A hook could not count (a model that breaks our assumptions): say so once, keep the model running."""
         if self._error is None:
             self._error = f"layer {self.layer_names[layer]}: {type(exc).__name__}: {exc}"
-            warnings.warn(f"moe monitor could not count a layer: {self._error}", RuntimeWarning)
+            warnings.warn(f"moe monitor could not count a layer: {self._error}", RuntimeWarning, stacklevel=2)
 
     def _release(self, slot: HostSlot) -> None:
         with self._slot_lock:

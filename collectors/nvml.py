@@ -1,58 +1,88 @@
 """NVML sampler (nvidia-ml-py, import name pynvml) on its own thread, 1-4 Hz, drift-free on a monotonic clock.
 
-Every NVML call goes through `_read`, which turns a missing function, an unsupported query or a lost GPU
+Every per-GPU query goes through `_read`, which turns a missing function, an unsupported query or a lost GPU
 into None: a value that could not be read is reported as missing, never invented. No driver / no GPU: one
 GpuSample with status "unavailable" and the reason, then the thread ends.
 Utilisation is NVML's time-based figure (share of the sample period in which a kernel ran), not SM occupancy.
+The NVML module is a parameter (default: pynvml, imported on the sampler's thread), so tests can hand in a
+stand-in that answers like a real GPU.
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 
 import wire
 
 
-def _read(fn: Callable, *args, scale: float = 1.0):
+class Nvml(Protocol):
+    """The part of pynvml the sampler calls. Handles are opaque; readings are NVML's own units
+    (milliwatts, bytes, MHz, degrees C, percent)."""
+
+    NVML_CLOCK_SM: int
+    NVML_TEMPERATURE_GPU: int
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any: ...
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: bytes) -> Any: ...
+    def nvmlDeviceGetIndex(self, handle: Any) -> int: ...
+    def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...  # .gpu: percent
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...        # .used, .total: bytes
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...        # milliwatts
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int: ...  # milliwatts
+    def nvmlDeviceGetClockInfo(self, handle: Any, clock: int) -> int: ...  # MHz
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int: ...  # degrees C
+
+
+def _read(query: Callable[[], Any]) -> Any:
     try:
-        value = fn(*args)
+        return query()
     except Exception:  # pynvml.NVMLError and friends: not supported, GPU lost, function missing
         return None
-    return value * scale if scale != 1.0 else value
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_gpu(nvml, index: int, handle) -> dict:
-    """One GPU's reading with the field names of wire.GPU_FIELDS (None where NVML could not say)."""
-    util = _read(nvml.nvmlDeviceGetUtilizationRates, handle)
-    mem = _read(nvml.nvmlDeviceGetMemoryInfo, handle)
+def _watts(milliwatts: float | None) -> float | None:
+    return None if milliwatts is None else milliwatts / 1000
+
+
+def read_gpu(nvml: Nvml, index: int, handle: Any) -> dict[str, Any]:
+    """One GPU's reading with the field names and units of wire.GPU_FIELDS (None where NVML could not say)."""
+    util = _read(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    mem = _read(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
     return {
         "index": index,
-        "name": _text(_read(nvml.nvmlDeviceGetName, handle) or ""),
-        "uuid": _text(_read(nvml.nvmlDeviceGetUUID, handle) or ""),
-        "gpu_utilization_percent": None if util is None else util.gpu,
+        "name": _text(_read(lambda: nvml.nvmlDeviceGetName(handle)) or ""),
+        "uuid": _text(_read(lambda: nvml.nvmlDeviceGetUUID(handle)) or ""),
+        "gpu_utilization_percent": util,
         "memory_used_bytes": None if mem is None else mem.used,
         "memory_total_bytes": None if mem is None else mem.total,
-        "power_usage_w": _read(nvml.nvmlDeviceGetPowerUsage, handle, scale=1e-3),
-        "power_limit_w": _read(nvml.nvmlDeviceGetEnforcedPowerLimit, handle, scale=1e-3),
-        "sm_clock_mhz": _read(nvml.nvmlDeviceGetClockInfo, handle, nvml.NVML_CLOCK_SM),
-        "temperature_c": _read(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU),
+        "power_usage_w": _watts(_read(lambda: nvml.nvmlDeviceGetPowerUsage(handle))),
+        "power_limit_w": _watts(_read(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))),
+        "sm_clock_mhz": _read(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)),
+        "temperature_c": _read(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)),
     }
 
 
-def _local_indices(nvml, device: torch.device, count: int) -> list[int]:
+def _local_indices(nvml: Nvml, device: torch.device, count: int) -> list[int]:
     """The NVML index of the CUDA device the model runs on (by PCI bus id), or every GPU for a CPU model."""
     if device.type != "cuda":
         return list(range(count))
     try:
-        props = torch.cuda.get_device_properties(device)
+        props: Any = torch.cuda.get_device_properties(device)
         bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode())
         return [nvml.nvmlDeviceGetIndex(handle)]
@@ -60,27 +90,33 @@ def _local_indices(nvml, device: torch.device, count: int) -> list[int]:
         return list(range(count))
 
 
+def _pynvml() -> Nvml:
+    import pynvml  # nvidia-ml-py
+    return pynvml
+
+
 class NvmlSampler:
-    """Calls publish(GpuSample) every interval_s (clamped to 0.25-1 s) until stop()."""
+    """Calls publish(GpuSample) every interval_s (clamped to 0.25-1 s) until stop(). nvml: the NVML module
+    (None: pynvml, imported on the sampler's thread); an error importing or initialising it is published
+    as the "unavailable" record with its reason."""
 
     def __init__(self, publish: Callable[[wire.GpuSample], None], rank: int, interval_s: float = 0.5,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", nvml: Nvml | None = None):
         self.publish, self.rank = publish, rank
         self.interval_s = min(1.0, max(0.25, interval_s))
         self.device = torch.device(device)
         self.host = socket.gethostname()
-        self.status = "starting"
+        self._nvml = nvml
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="moe-monitor-nvml", daemon=True)
         self._thread.start()
 
     def _unavailable(self, reason: str) -> None:
-        self.status = f"unavailable: {reason}"
         self.publish(wire.GpuSample(self.rank, self.host, time.time(), "unavailable", reason=reason))
 
     def _run(self) -> None:
         try:
-            import pynvml as nvml
+            nvml = self._nvml if self._nvml is not None else _pynvml()
             nvml.nvmlInit()
         except Exception as exc:
             self._unavailable(f"NVML not available on {self.host}: {exc}")
@@ -90,9 +126,7 @@ class NvmlSampler:
             if count == 0:
                 self._unavailable(f"no NVIDIA GPU on {self.host}")
                 return
-            indices = _local_indices(nvml, self.device, count)
-            handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
-            self.status = "ok"
+            handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in _local_indices(nvml, self.device, count)]
             next_t = time.monotonic()
             while not self._stop.is_set():
                 gpus = [read_gpu(nvml, i, h) for i, h in handles]
@@ -104,10 +138,8 @@ class NvmlSampler:
         except Exception as exc:
             self._unavailable(f"NVML failed on {self.host}: {exc}")
         finally:
-            try:
+            with contextlib.suppress(Exception):
                 nvml.nvmlShutdown()
-            except Exception:
-                pass
 
     def stop(self) -> None:
         self._stop.set()

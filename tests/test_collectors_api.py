@@ -119,7 +119,8 @@ def test_torch_compile_attached_before_compiling(tmp_path):
     assert monitor.stats()["last_error"] == ""
     assert dynamo_utils.counters["frames"]["total"] == frames_after_warmup, "the hooks made dynamo recompile"
     monitor.close()
-    lines = [wire.parse_trace_line(line) for line in open(tmp_path / "c.jsonl", encoding="utf-8")]
+    with open(tmp_path / "c.jsonl", encoding="utf-8") as trace:
+        lines = [wire.parse_trace_line(line) for line in trace]
     records = [wire.decode_step(f) for kind, f in lines if kind == "step"]
     assert len(records) == 8
     for rec in records:  # sampled rows from inside the compiled graph: real ids of that very step
@@ -275,3 +276,56 @@ def test_buffered_steps_survive_a_redis_restart(tmp_path):
         assert server.client().get(wire.meta_key("restart")) is not None  # metadata written again
     finally:
         server.stop()
+
+
+def test_options_by_object_and_by_name():
+    """MonitorOptions holds the knobs; names passed to attach()/ExpertLoadMonitor override its fields."""
+    from collectors import MonitorOptions
+    opts = MonitorOptions(sample_tokens=4, gpus=2, nvml=False)
+    layout = [[1, 0, 3, 2]]
+    mon = ExpertLoadMonitor(1, 4, 2, options=opts, gpus=4, physical_to_logical_map=layout)
+    layout[0][0] = 3  # the monitor keeps its own copy
+    assert mon.counter.sample_tokens == 4 and mon.meta.layout.gpus == 4
+    assert mon.meta.layout.physical_to_logical_map == [[1, 0, 3, 2]] and mon.publisher is None
+    mon.close()
+    monitor = attach(build("qwen3_moe"), options=opts, sample_tokens=0)
+    assert monitor.counter.sample_tokens == 0 and monitor.meta.layout.gpus == 2
+    monitor.close()
+    assert opts.sample_tokens == 4  # the options object is unchanged (frozen)
+
+
+def test_unknown_option_names_the_valid_ones():
+    with pytest.raises(TypeError, match=r"unknown monitor option\(s\) sample_token;.*sample_tokens.*trace_path"):
+        ExpertLoadMonitor(1, 4, 1, sample_token=3)
+    with pytest.raises(TypeError, match="sample_token;"):
+        attach(build("qwen3_moe"), sample_token=3)
+    with pytest.raises(TypeError, match="options must be a MonitorOptions"):
+        ExpertLoadMonitor(1, 4, 1, options={"gpus": 4})
+
+
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("sample_tokens", -1, "sample_tokens must be an integer >= 0, got -1"),
+    ("sample_every", 0, "sample_every must be an integer >= 1, got 0"),
+    ("queue_steps", 2.5, "queue_steps must be an integer >= 1, got 2.5"),
+    ("host_slots", 0, "host_slots must be an integer >= 1"),
+    ("memory_budget_bytes", 0, "memory_budget_bytes must be an integer >= 1"),
+    ("gpus", 0, "gpus must be a positive integer"),
+    ("nodes", 3, "gpus=8 must be a multiple of nodes=3"),
+    ("nvml", "yes", "nvml must be True or False"),
+    ("nvml_interval_s", 0, "nvml_interval_s must be a positive number of seconds"),
+    ("redis_timeout_s", float("nan"), "redis_timeout_s must be a positive number of seconds"),
+    ("trace_path", "", "trace_path must be a file path"),
+    ("physical_to_logical_map", [[0, 1.5]], r"physical_to_logical_map must be a list of rows of integer"),
+])
+def test_bad_options_say_what_is_expected(name, value, message):
+    from collectors import MonitorOptions
+    extra = {"gpus": 8} if name == "nodes" else {}
+    with pytest.raises(ValueError, match=message):
+        MonitorOptions(**{name: value, **extra})
+    with pytest.raises(ValueError, match=message):
+        ExpertLoadMonitor(1, 8, 1, **{name: value, **extra})
+
+
+def test_layout_that_does_not_fit_the_model_is_refused():
+    with pytest.raises(ValueError, match="every expert 0..3 needs a slot"):
+        ExpertLoadMonitor(1, 4, 1, gpus=2, physical_to_logical_map=[[0, 1, 2, 2]])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import torch
@@ -12,7 +13,8 @@ from tests.support.tiny_models import build
 
 
 def _trace(path):
-    lines = [wire.parse_trace_line(line) for line in open(path, encoding="utf-8")]
+    with open(path, encoding="utf-8") as lines_file:
+        lines = [wire.parse_trace_line(line) for line in lines_file]
     meta = wire.decode_meta(lines[0][1]["meta"])
     steps = [wire.decode_step(f) for kind, f in lines if kind == "step"]
     return meta, steps, [k for k, _ in lines]
@@ -44,7 +46,6 @@ def test_nvml_reports_what_the_host_has(redis_server, redis_url):
     mon = ExpertLoadMonitor(1, 2, 1, redis_url=redis_url, run="nvml", nvml=True, nvml_interval_s=0.25)
     mon.record(0, torch.tensor([[1]]))
     mon.end_step()
-    import time
     time.sleep(0.8)
     mon.close()
     samples = [wire.decode_gpu_sample(f) for _, f in redis_server.client().xrange(wire.gpu_key("nvml"))]
@@ -78,22 +79,74 @@ def test_stream_is_trimmed_to_the_memory_budget(redis_server, redis_url):
     assert client.zscore(wire.RUNS_KEY, "trim") is not None
 
 
-def test_publisher_survives_a_failing_trace_sink(redis_server, redis_url, tmp_path):
-    """A sink that starts failing (its file closed under it) is reported; Redis publishing goes on."""
-    mon = ExpertLoadMonitor(1, 4, 1, redis_url=redis_url, run="sinkfail", trace_path=str(tmp_path / "t.jsonl"))
-    mon.publisher.extra_sinks[0]._file.close()
+def test_publisher_survives_a_failing_trace_sink(redis_server, redis_url):
+    """A trace on a full disk (/dev/full: every flush fails) is reported and keeps its steps for a retry;
+    Redis publishing goes on, and its records do not count the trace's troubles as dropped steps."""
+    mon = ExpertLoadMonitor(1, 4, 1, redis_url=redis_url, run="sinkfail", trace_path="/dev/full", nvml=False)
     for _ in range(3):
         mon.record(0, torch.tensor([[2]]))
         mon.end_step("decode")
-    import time
     deadline = time.monotonic() + 5
-    while mon.stats()["published_steps"] < 3 and time.monotonic() < deadline:
+    while mon.stats()["sinks"]["redis"]["published_steps"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     stats = mon.stats()
-    mon.close()
-    assert stats["published_steps"] == 3 and stats["publisher_alive"]
+    mon.close(timeout_s=0.5)
+    assert stats["publisher_alive"] and stats["published_steps"] == 0  # not every sink has them
+    assert stats["sinks"]["redis"] == {"published_steps": 3, "queued_steps": 0, "dropped_steps": 0, "last_error": ""}
+    assert stats["sinks"]["trace"]["queued_steps"] == 3
+    assert "trace sink failed: OSError" in stats["sinks"]["trace"]["last_error"]
     assert "trace sink failed" in stats["last_error"]
-    assert redis_server.client().xlen(wire.steps_key("sinkfail")) == 3
+    records = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("sinkfail"))]
+    assert [(r.step, r.dropped_steps) for r in records] == [(0, 0), (1, 0), (2, 0)]
+    health = json.loads(redis_server.client().hget(wire.health_key("sinkfail"), "0"))
+    assert "trace sink failed" in health["last_error"] and health["dropped_steps"] == 0
+    after = mon.stats()
+    assert after["sinks"]["trace"]["dropped_steps"] == 3 and after["dropped_steps"] == 3
+
+
+class _MemorySink:
+    """A sink that keeps what it is given; fails its first `failures` writes."""
+
+    def __init__(self, name, failures=0):
+        self.name, self.failures = name, failures
+        self.records, self.samples, self.calls, self.closed = [], [], 0, False
+
+    def write(self, records, samples, health):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionError(f"{self.name} is down")
+        self.records += [r.step for r in records]
+        self.samples += samples
+
+    def close(self):
+        self.closed = True
+
+
+def _record(step):
+    return wire.StepRecord(run="mem", rank=0, world_size=1, step=step, time_s=float(step), phase="decode",
+                           tokens=1, counts_LE=np.zeros((1, 2), dtype=np.int32))
+
+
+def test_one_failing_sink_does_not_hold_up_another():
+    """Every sink gets every step in order: the healthy one at once, the failing one after its backoff."""
+    from collectors.publisher import Publisher, StepJob
+    flaky, steady = _MemorySink("flaky", failures=3), _MemorySink("steady")
+    released = []
+    pub = Publisher([flaky, steady], decode=lambda job: _record(job.step), release=released.append, rank=0,
+                    flush_interval_s=0.02)
+    for step in range(5):
+        pub.submit(StepJob(step, float(step), "decode", None, slot=step, facts=None))
+    pub.submit_sample(wire.GpuSample(0, "h", 1.0, "unavailable", reason="none"))
+    deadline = time.monotonic() + 2
+    while steady.records != list(range(5)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert steady.records == list(range(5)) and flaky.records == [] and len(steady.samples) == 1
+    assert "flaky sink failed: ConnectionError: flaky is down" in pub.last_error
+    assert pub.sink_stats()["flaky"]["queued_steps"] == 5 and pub.published_steps == 0
+    assert pub.close(timeout_s=5.0)  # close() retries at once, backoff or not: the flaky sink takes it all
+    assert flaky.records == list(range(5)) and len(flaky.samples) == 1 and flaky.calls == 4
+    assert pub.published_steps == 5 and pub.dropped_steps == 0 and pub.last_error == ""
+    assert sorted(released) == list(range(5)) and flaky.closed and steady.closed
 
 
 def test_empty_batches_from_idle_ranks_are_fine():
@@ -122,8 +175,8 @@ def test_sampled_rows_a_layer_did_not_write_read_minus_one(redis_server, redis_u
 def test_steps_dropped_in_an_outage_are_counted_before_the_next_published_step(tmp_path):
     """The first record published after an outage carries every drop made while it waited, so the
     reader can tell a gap the collector dropped from steps lost in the stream."""
-    import time
     from demo.localredis import RedisServer
+
     server = RedisServer(tmp_path)
     mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="gap", queue_steps=3, nvml=False)
     server.stop()

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 
 import pytest
+import redis
 import torch
 
 import wire
@@ -56,7 +57,7 @@ def test_rediss_tls_with_password(tls_server):
 
 def test_plain_client_cannot_talk_to_the_tls_port(tls_server):
     plain = tls_server.url.replace("rediss://", "redis://").split("?")[0]
-    with pytest.raises(Exception):
+    with pytest.raises(redis.RedisError):
         wire.connect(plain, timeout_s=0.5, retries=0).ping()
 
 
