@@ -1,5 +1,5 @@
 """Every page rendered by streamlit.testing.v1.AppTest against a real redis-server filled by the real
-collector (tests/realfill.py: a tiny transformers MoE model with collectors.attach). The expected numbers
+collector (tests/support/realfill.py: a tiny transformers MoE model with collectors.attach). The expected numbers
 are recomputed here from the raw stream entries with plain loops, independent of dashboard.analytics."""
 
 import numpy as np

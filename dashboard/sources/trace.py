@@ -8,8 +8,8 @@ Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines igno
                             ("counts_b64": little-endian int32 [L, E]; "sample_b64": int16 [L, N, K])
     {"kind": "gpu", ...}    the fields of wire.encode_gpu_sample(sample)
 
-collectors/trace.py writes it (TraceFileSink while collecting, record_trace() from a run in Redis). Lines
-are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
+The collectors write it (collectors.sinks.TraceFileSink while collecting, collectors.record_trace() from a
+run in Redis). Lines are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
 counted as a bad record, as a malformed Redis entry is. The file is read incrementally (as bytes, each line
 decoded on its own): each poll reads at most max_entries step lines further, so a long trace never loads at
 once. A last line without its newline is left for the next poll (a recorder may be writing it); once the
@@ -93,7 +93,7 @@ class TraceSource:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
             self._not_text = (f"{self.path} is not a text trace (binary data at byte {self._offset - len(raw)}; "
-                              "a trace is JSON lines, e.g. from collectors/trace.py)")
+                              "a trace is JSON lines, e.g. from collectors.record_trace or trace_path=)")
             batch.bad_records += 1
             batch.last_error = self._not_text
             self._finished = True
