@@ -82,7 +82,6 @@ class MonitorOptions:
             object.__setattr__(self, "physical_to_logical_map", tuple(tuple(row) for row in rows))
 
 
-
 OPTION_NAMES: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(MonitorOptions))
 
 
