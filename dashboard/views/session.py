@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import streamlit as st
@@ -84,6 +85,12 @@ def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
         return [], f"the Redis URL {shown_url(url)} must start with redis://, rediss:// or unix://"
     except REDIS_ERRORS as exc:
         return [], safe_text(f"{type(exc).__name__}: {exc}", url)
+
+
+def trace_root() -> Path:
+    """The folder the dashboard may replay trace files from: MOE_TRACE_DIR, else ./traces (resolved). The
+    trace field and uploads only ever name files inside it."""
+    return Path(os.environ.get("MOE_TRACE_DIR") or "traces").resolve()
 
 
 def keep_settings(cfg: Settings) -> None:
