@@ -9,6 +9,12 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:R:gpu          stream: one entry per NVML sample (or one "unavailable" status entry)
     moe:R:health       hash: rank -> JSON {dropped_steps, queued, last_error, time_s}
 
+Bounds (wire/keys.py): every decoder refuses, with one ValueError, a record beyond MAX_LAYERS layers,
+MAX_EXPERTS experts, MAX_SLOTS slots per layer, MAX_CELLS counts or layout cells, MAX_WORLD ranks, step ids
+from MAX_STEP, MAX_TOKENS tokens a step per rank, times from MAX_TIME_S, MAX_META_BYTES of metadata JSON,
+trace lines over MAX_TRACE_LINE_BYTES: a hostile or corrupt record can neither allocate gigabytes nor
+overflow a reader's arrays.
+
 Shape legend: L MoE layers (rows in model order), E logical experts, N sampled tokens, K top-k.
 Counts travel as raw little-endian int32 bytes, row-major [L, E]; sampled routing rows as little-endian
 int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot).
@@ -16,11 +22,22 @@ int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot).
 from __future__ import annotations
 
 from .client import connect, redact
-from .gpu import GPU_FIELDS, GpuSample, decode_gpu_sample, encode_gpu_sample
+from .fields import parse_json
+from .gpu import GPU_FIELDS, MAX_GPUS_PER_SAMPLE, GpuSample, decode_gpu_sample, encode_gpu_sample
 from .keys import (
                    COUNTS_DTYPE,
                    KEY_PREFIX,
+                   MAX_CELLS,
+                   MAX_EXPERTS,
+                   MAX_LAYERS,
+                   MAX_META_BYTES,
+                   MAX_NAME_CHARS,
                    MAX_SAMPLE_EXPERTS,
+                   MAX_SLOTS,
+                   MAX_STEP,
+                   MAX_TIME_S,
+                   MAX_TOKENS,
+                   MAX_WORLD,
                    PHASES,
                    RUNS_KEY,
                    SAMPLE_DTYPE,
@@ -34,14 +51,25 @@ from .keys import (
                    meta_key,
                    steps_key,
 )
-from .meta import Layout, RunMeta, contiguous_layout, decode_meta, default_gpus, encode_meta, parse_layout_json
+from .meta import (
+                   Layout,
+                   RunMeta,
+                   check_sizes,
+                   contiguous_layout,
+                   decode_meta,
+                   default_gpus,
+                   encode_meta,
+                   parse_layout_json,
+)
 from .steps import StepRecord, decode_step, encode_step, new_instance_id
-from .trace import TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
+from .trace import MAX_TRACE_LINE_BYTES, TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
 __all__ = [
-    "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "MAX_SAMPLE_EXPERTS", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
+    "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "MAX_CELLS", "MAX_EXPERTS", "MAX_GPUS_PER_SAMPLE", "MAX_LAYERS",
+    "MAX_META_BYTES", "MAX_NAME_CHARS", "MAX_SAMPLE_EXPERTS", "MAX_SLOTS", "MAX_STEP", "MAX_TIME_S", "MAX_TOKENS",
+    "MAX_TRACE_LINE_BYTES", "MAX_WORLD", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
     "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "RunMeta",
-    "StepRecord", "check_run_name", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step", "decode_trace_line",
+    "StepRecord", "check_run_name", "check_sizes", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step", "decode_trace_line",
     "default_gpus", "encode_gpu_sample", "encode_meta", "encode_step", "gpu_key", "health_key",
-    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
+    "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]

@@ -5,8 +5,12 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .fields import _int, _is_int, _text
-from .keys import SCHEMA_VERSION
+from .fields import _int, _is_int, _json, _text, _time
+from .keys import MAX_NAME_CHARS, MAX_WORLD, SCHEMA_VERSION
+
+MAX_GPUS_PER_SAMPLE = 1024  # GPUs one host reports in one sample
+MAX_GPU_VALUE = 1 << 62     # any numeric reading (bytes of memory are the largest: ~1e11 today)
+MAX_REASON_CHARS = 4096
 
 GPU_FIELDS = (
     # name                      unit      DCGM exporter field / nvitop attribute
@@ -50,17 +54,21 @@ _GPU_TEXT_FIELDS = ("name", "uuid")
 
 
 def _clean_gpu(raw: dict) -> dict:
-    """One GPU's reading with every numeric field a finite number >= 0 or None; ValueError otherwise."""
+    """One GPU's reading with every numeric field a finite number in 0..MAX_GPU_VALUE or None and text fields
+    of at most MAX_NAME_CHARS characters; ValueError otherwise."""
     out = {}
     for key in GPU_FIELDS:
         value = raw.get(key)
         if key in _GPU_TEXT_FIELDS:
-            if value is not None and not isinstance(value, str):
-                raise ValueError(f"GPU field {key!r} must be text")
+            if value is not None and not (isinstance(value, str) and len(value) <= MAX_NAME_CHARS):
+                raise ValueError(f"GPU field {key!r} must be text of at most {MAX_NAME_CHARS} characters")
         elif value is not None:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value < 0:
-                raise ValueError(f"GPU field {key!r} must be a finite number >= 0 or null, got {value!r}")
+            number = isinstance(value, float) and math.isfinite(value) or _is_int(value)
+            if not number or not 0 <= value <= MAX_GPU_VALUE:
+                shown = repr(value)[:40] if isinstance(value, (str, float)) or _is_int(value) and value < 10**20 \
+                    else type(value).__name__
+                raise ValueError(f"GPU field {key!r} must be a finite number in 0..{MAX_GPU_VALUE} or null, "
+                                 f"got {shown}")
             if key == "index" and not _is_int(value):
                 raise ValueError("GPU field 'index' must be an integer")
         out[key] = value
@@ -70,21 +78,21 @@ def _clean_gpu(raw: dict) -> dict:
 
 
 def decode_gpu_sample(fields: dict) -> GpuSample:
-    """Stream entry -> GpuSample; ValueError on any malformed entry (wrong types, NaN, negative values)."""
+    """Stream entry -> GpuSample; ValueError (never another exception) on any malformed entry: wrong types,
+    NaN, negative or huge values, more than MAX_GPUS_PER_SAMPLE GPUs, JSON nested too deeply, rank >= MAX_WORLD,
+    a host name over MAX_NAME_CHARS or a reason over MAX_REASON_CHARS characters."""
     version = _int(fields, "v")
     if version != SCHEMA_VERSION:
         raise ValueError(f"schema version {version} is not supported")
-    status = _text(fields, "status")
+    status = _text(fields, "status", max_chars=16)
     if status not in ("ok", "unavailable"):
         raise ValueError(f"unknown GPU status {status!r}")
-    try:
-        gpus = json.loads(_text(fields, "gpus"))
-        time_s = float(_text(fields, "t"))
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise ValueError(f"GPU sample is malformed: {exc}") from None
-    if not math.isfinite(time_s):
-        raise ValueError("time is not finite")
-    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
+    gpus = _json(_text(fields, "gpus"), "GPU sample 'gpus'", max_bytes=MAX_GPUS_PER_SAMPLE * 1024)
+    time_s = _time(fields, "t")
+    if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus[:MAX_GPUS_PER_SAMPLE + 1]):
         raise ValueError("gpus must be a list of objects")
-    return GpuSample(rank=_int(fields, "rank"), host=_text(fields, "host"), time_s=time_s,
-                     status=status, gpus=[_clean_gpu(g) for g in gpus], reason=_text(fields, "reason"))
+    if len(gpus) > MAX_GPUS_PER_SAMPLE:
+        raise ValueError(f"a GPU sample lists {len(gpus)} GPUs, at most {MAX_GPUS_PER_SAMPLE} are supported")
+    return GpuSample(rank=_int(fields, "rank", 0, MAX_WORLD), host=_text(fields, "host", max_chars=MAX_NAME_CHARS),
+                     time_s=time_s, status=status, gpus=[_clean_gpu(g) for g in gpus],
+                     reason=_text(fields, "reason", max_chars=MAX_REASON_CHARS))

@@ -13,6 +13,19 @@ _RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 COUNTS_DTYPE = np.dtype("<i4")
 SAMPLE_DTYPE = np.dtype("<i2")
 
+# Bounds a reader enforces on every record (decode raises ValueError beyond them; the collectors stay far inside).
+# They keep one hostile or corrupt record from allocating gigabytes or overflowing the reader's int64 arrays.
+MAX_LAYERS = 1024              # L: MoE layers of a run
+MAX_EXPERTS = 65536            # E: logical experts
+MAX_SLOTS = 65536              # P: physical slots of a layout (E + redundant)
+MAX_CELLS = 1 << 20            # L x E of a step's counts, L x P of a layout (DeepSeek-V3: 58 x 288 = 16,704)
+MAX_WORLD = 65536              # ranks: 0 <= rank < world <= MAX_WORLD
+MAX_STEP = 1 << 62             # step ids and dropped-step counts: 0 <= value < MAX_STEP
+MAX_TOKENS = 1 << 40           # tokens of one step on one rank: 0 <= tokens < MAX_TOKENS
+MAX_TIME_S = 1e11              # times (unix s): finite and |t| < MAX_TIME_S (year ~5100)
+MAX_NAME_CHARS = 256           # collector instance ids, host names, GPU names and UUIDs
+MAX_META_BYTES = 16 << 20      # the run metadata JSON (and a layout file)
+
 STEP_FIELDS = ("v", "run", "inst", "rank", "world", "step", "t", "phase", "tokens", "L", "E", "counts", "dropped")
 MAX_SAMPLE_EXPERTS = 32767  # sampled ids travel as int16
 SAMPLE_FIELDS = ("sample_n", "sample_k", "sample")

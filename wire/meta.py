@@ -2,15 +2,60 @@
 from __future__ import annotations
 
 import json
+import math
+import operator
 from dataclasses import asdict, dataclass, field
 
-from .fields import _is_int
-from .keys import SCHEMA_VERSION, check_run_name
+import numpy as np
+
+from .fields import _in_range, _is_int, _json
+from .keys import (
+    MAX_CELLS,
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_META_BYTES,
+    MAX_NAME_CHARS,
+    MAX_SLOTS,
+    MAX_TIME_S,
+    MAX_WORLD,
+    SCHEMA_VERSION,
+    check_run_name,
+)
+
+MAX_MODEL_DIM = 1 << 24  # hidden_size and moe_intermediate_size of the metadata
+MAX_DTYPE_BYTES = 64
+
+
+def _short(value) -> str:
+    """value for a message: a huge int is not spelled out (str() of 10**5000 would itself fail)."""
+    return str(value) if not _is_int(value) or abs(value) < 10**20 else "a huge number"
+
+
+def _size(value, name: str, lo: int, hi: int) -> int:
+    """value as an int in lo..hi (numpy integers welcome); ValueError otherwise."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if isinstance(value, bool) or not lo <= number <= hi:
+        raise ValueError(f"{name} = {_short(number)} is outside {lo}..{hi}")
+    return int(number)
+
+
+def check_sizes(num_layers, num_experts, num_slots=None) -> tuple[int, int, int]:
+    """(L, E, P) as ints within the bounds in wire/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, P <= MAX_SLOTS,
+    L x P <= MAX_CELLS; P defaults to E); ValueError naming the first that is not."""
+    num_layers = _size(num_layers, "layers", 1, MAX_LAYERS)
+    num_experts = _size(num_experts, "experts", 1, MAX_EXPERTS)
+    num_slots = num_experts if num_slots is None else _size(num_slots, "slots per layer", 0, MAX_SLOTS)
+    if num_layers * max(num_slots, num_experts) > MAX_CELLS:
+        raise ValueError(f"{num_layers} layers x {max(num_slots, num_experts)} slots exceed {MAX_CELLS} cells")
+    return num_layers, num_experts, num_slots
 
 
 def contiguous_layout(num_layers: int, num_experts: int, num_slots: int | None = None) -> list[list[int]]:
     """physical_to_logical_map [L][P] with P = num_slots (default E): slot p holds expert p % E."""
-    num_slots = num_experts if num_slots is None else num_slots
+    num_layers, num_experts, num_slots = check_sizes(num_layers, num_experts, num_slots)
     if num_slots < num_experts:
         raise ValueError(f"{num_slots} slots cannot hold {num_experts} experts")
     row = [p % num_experts for p in range(num_slots)]
@@ -27,17 +72,54 @@ class Layout:
     physical_to_logical_map: list[list[int]]
 
     def validate(self, num_layers: int, num_experts: int) -> Layout:
-        if self.gpus < 1 or self.nodes < 1 or self.gpus % self.nodes:
-            raise ValueError(f"gpus={self.gpus} must be a positive multiple of nodes={self.nodes}")
+        """self when the map fits a run of num_layers x num_experts: L rows of P slots each, P a multiple of
+        gpus, every expert 0..E-1 in every row and nothing else; ValueError otherwise. Sizes are checked
+        against the bounds in wire/keys.py before anything is allocated, and the map with numpy."""
+        num_layers, num_experts, _ = check_sizes(num_layers, num_experts)
+        gpus, nodes = self.gpus, self.nodes
+        if not (_in_range(_index_or_none(gpus), 1, MAX_SLOTS) and _in_range(_index_or_none(nodes), 1, MAX_SLOTS)) \
+                or gpus % nodes:
+            raise ValueError(f"gpus={_short(gpus)} must be a positive multiple of nodes={_short(nodes)} "
+                             f"(at most {MAX_SLOTS})")
         rows = self.physical_to_logical_map
-        if len(rows) != num_layers:
-            raise ValueError(f"layout has {len(rows)} layers, the model has {num_layers}")
-        for layer, row in enumerate(rows):
-            if len(row) % self.gpus or len(row) != len(rows[0]):
-                raise ValueError(f"layer {layer}: {len(row)} slots do not split evenly over {self.gpus} GPUs")
-            if sorted(set(row)) != list(range(num_experts)):
-                raise ValueError(f"layer {layer}: every expert 0..{num_experts - 1} needs a slot, and only those")
+        try:
+            num_rows = len(rows)
+            widths = [len(row) for row in rows] if num_rows <= MAX_LAYERS else []
+        except TypeError:
+            raise ValueError("physical_to_logical_map must be a list of rows [L][P]") from None
+        if num_rows != num_layers:
+            raise ValueError(f"layout has {num_rows} layers, the model has {num_layers}")
+        for layer, width in enumerate(widths):
+            if width % gpus or width != widths[0]:
+                raise ValueError(f"layer {layer}: {width} slots do not split evenly over {gpus} GPUs")
+        num_slots = widths[0]
+        check_sizes(num_layers, num_experts, num_slots)
+        try:
+            p2l_LP = np.asarray(rows).reshape(num_layers, num_slots)
+        except (ValueError, TypeError, OverflowError):
+            raise ValueError("physical_to_logical_map must hold integer expert ids") from None
+        if p2l_LP.dtype.kind not in "iu" and p2l_LP.size:
+            raise ValueError("physical_to_logical_map must hold integer expert ids")
+        if num_slots == 0:
+            bad_L = np.ones(num_layers, dtype=bool)
+        else:
+            sorted_LP = np.sort(p2l_LP, axis=1)
+            distinct_L = 1 + np.count_nonzero(np.diff(sorted_LP, axis=1), axis=1)
+            bad_L = (sorted_LP[:, 0] < 0) | (sorted_LP[:, -1] >= num_experts) | (distinct_L != num_experts)
+        if bad_L.any():
+            raise ValueError(f"layer {int(np.argmax(bad_L))}: every expert 0..{num_experts - 1} needs a slot, "
+                             "and only those")
         return self
+
+
+def _index_or_none(value):
+    """value as a Python int when it is an integer (numpy included, bool excluded), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def default_gpus(num_experts: int, world_size: int = 1) -> int:
@@ -83,29 +165,50 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {"run": str, "model_name": str
                "schema_version": int, "instance": str}
 
 
+# int fields of the metadata and their bounds (inclusive)
+_META_INT_BOUNDS = {"num_experts": (1, MAX_EXPERTS), "top_k": (0, MAX_EXPERTS), "hidden_size": (0, MAX_MODEL_DIM),
+                    "moe_intermediate_size": (0, MAX_MODEL_DIM), "dtype_bytes": (0, MAX_DTYPE_BYTES),
+                    "world_size": (1, MAX_WORLD), "sample_tokens_per_layer": (0, MAX_CELLS),
+                    "schema_version": (0, 1 << 31)}
+_LAYOUT_SHAPE = "run metadata layout must be {gpus: int, nodes: int, physical_to_logical_map: [[int]]}"
+
+
 def decode_meta(text: str | bytes) -> RunMeta:
-    """JSON -> RunMeta; ValueError (never another exception) when it is not valid JSON, lacks fields or
-    holds a field of the wrong type."""
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as exc:
-        raise ValueError(f"run metadata is not JSON: {exc}") from None
+    """JSON -> RunMeta; ValueError (never another exception) when it is not valid JSON, lacks fields, holds a
+    field of the wrong type or a size outside the bounds in wire/keys.py (at most MAX_META_BYTES of JSON,
+    L <= MAX_LAYERS layer names, E <= MAX_EXPERTS, a layout of at most MAX_SLOTS slots per layer and MAX_CELLS
+    in all, world_size <= MAX_WORLD), checked before anything of that size is built."""
+    raw = _json(text, "run metadata", MAX_META_BYTES)
     if not isinstance(raw, dict) or not isinstance(raw.get("layout"), dict):
         raise ValueError("run metadata must be an object with a 'layout' object")
     for name, value in raw.items():
         want = _META_TYPES.get(name)
         if want is None and name != "layout":
-            raise ValueError(f"run metadata has an unknown field {name!r}")
+            raise ValueError(f"run metadata has an unknown field {_short(name)[:80]!r}")
         if want is int and not _is_int(value) or want not in (None, int) and not isinstance(value, want):
             raise ValueError(f"run metadata field {name!r} has the wrong type ({type(value).__name__})")
-    if not all(isinstance(n, str) for n in raw.get("layer_names", [])):
+        if name in _META_INT_BOUNDS and not _in_range(value, *_META_INT_BOUNDS[name]):
+            low, high = _META_INT_BOUNDS[name]
+            raise ValueError(f"run metadata field {name!r} = {_short(value)} is outside {low}..{high}")
+    started = raw.get("started_s", 0.0)
+    if _is_int(started) and abs(started) >= MAX_TIME_S or not _is_int(started) and not (
+            isinstance(started, float) and math.isfinite(started) and abs(started) < MAX_TIME_S):
+        raise ValueError(f"run metadata field 'started_s' must be a finite time below {MAX_TIME_S:g} s")
+    for name in ("instance", "host"):
+        if len(raw.get(name, "")) > MAX_NAME_CHARS:
+            raise ValueError(f"run metadata field {name!r} is longer than {MAX_NAME_CHARS} characters")
+    names = raw.get("layer_names", [])
+    if len(names) > MAX_LAYERS:
+        raise ValueError(f"run metadata has {len(names)} layer names, at most {MAX_LAYERS} are supported")
+    if not all(isinstance(n, str) for n in names):
         raise ValueError("run metadata layer_names must be strings")
     lay = raw.pop("layout")
     rows = lay.get("physical_to_logical_map")
-    if not (_is_int(lay.get("gpus")) and _is_int(lay.get("nodes")) and isinstance(rows, list)
-            and all(isinstance(r, list) and all(_is_int(v) for v in r) for r in rows)) or set(lay) - {
+    if not (_is_int(lay.get("gpus")) and _is_int(lay.get("nodes")) and isinstance(rows, list)) or set(lay) - {
             "gpus", "nodes", "physical_to_logical_map"}:
-        raise ValueError("run metadata layout must be {gpus: int, nodes: int, physical_to_logical_map: [[int]]}")
+        raise ValueError(_LAYOUT_SHAPE)
+    _check_rows(rows, _LAYOUT_SHAPE)
+    check_run_name(raw.get("run", ""))
     try:
         meta = RunMeta(layout=Layout(**lay), **raw)
     except TypeError as exc:
@@ -116,17 +219,33 @@ def decode_meta(text: str | bytes) -> RunMeta:
     return meta
 
 
+def _check_rows(rows, shape_message: str, ints_message: str = "") -> None:
+    """rows is a list of at most MAX_LAYERS lists of at most MAX_SLOTS ints each, MAX_CELLS in all, every
+    id in 0..MAX_EXPERTS - 1; ValueError otherwise (sizes before contents)."""
+    if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows[:MAX_LAYERS + 1]):
+        raise ValueError(shape_message)
+    if len(rows) > MAX_LAYERS:
+        raise ValueError(f"physical_to_logical_map has {len(rows)} layers, at most {MAX_LAYERS} are supported")
+    cells = sum(len(r) for r in rows)
+    if max(map(len, rows), default=0) > MAX_SLOTS or cells > MAX_CELLS:
+        raise ValueError(f"physical_to_logical_map has {cells} slots over {len(rows)} layers: at most {MAX_SLOTS} "
+                         f"per layer and {MAX_CELLS} in all are supported")
+    if not all(_is_int(v) for row in rows for v in row):
+        raise ValueError(ints_message or shape_message)
+    if not all(0 <= v < MAX_EXPERTS for row in rows for v in row):
+        raise ValueError(f"physical_to_logical_map must hold expert ids 0..{MAX_EXPERTS - 1}")
+
+
 def parse_layout_json(text: str | bytes) -> list[list[int]]:
     """SGLang's {"physical_to_logical_map": [[...], ...]} -> the map [L][P] of int expert ids: the one parser of
     layout files (the dashboard's upload and the planner's --current). Whether the map fits a run (layers,
-    experts, GPUs) is Layout.validate's job. ValueError when the text is not such a JSON object."""
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"layout file is not JSON: {exc}") from None
+    experts, GPUs) is Layout.validate's job. ValueError (never another exception) when the text is not such a
+    JSON object, or exceeds the bounds in wire/keys.py (MAX_META_BYTES of text, MAX_LAYERS rows of at most
+    MAX_SLOTS ids, MAX_CELLS in all, ids 0..MAX_EXPERTS - 1)."""
+    raw = _json(text, "layout file", MAX_META_BYTES)
     rows = raw.get("physical_to_logical_map") if isinstance(raw, dict) else None
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) for r in rows):
-        raise ValueError('layout file needs {"physical_to_logical_map": [[slot experts of layer 0], ...]}')
-    if not all(isinstance(v, int) and not isinstance(v, bool) for row in rows for v in row):
-        raise ValueError("physical_to_logical_map must hold integer expert ids")
+    shape = 'layout file needs {"physical_to_logical_map": [[slot experts of layer 0], ...]}'
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(shape)
+    _check_rows(rows, shape, "physical_to_logical_map must hold integer expert ids")
     return rows

@@ -1,13 +1,26 @@
 """StepRecord: one step of one rank, and its stream encoding (raw little-endian int32 counts)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from .fields import _int, _raw, _text
-from .keys import COUNTS_DTYPE, MAX_SAMPLE_EXPERTS, PHASES, SAMPLE_DTYPE, SCHEMA_VERSION, check_run_name
+from .fields import _get, _int, _raw, _text, _time
+from .keys import (
+    COUNTS_DTYPE,
+    MAX_CELLS,
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_NAME_CHARS,
+    MAX_SAMPLE_EXPERTS,
+    MAX_STEP,
+    MAX_TOKENS,
+    MAX_WORLD,
+    PHASES,
+    SAMPLE_DTYPE,
+    SCHEMA_VERSION,
+    check_run_name,
+)
 
 
 @dataclass(frozen=True)
@@ -76,40 +89,46 @@ def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
 
 
 def decode_step(fields: dict) -> StepRecord:
-    """Stream entry fields (bytes or str keys) -> StepRecord. Raises ValueError on any malformed entry:
-    wrong schema version, missing field, wrong byte length, negative counts."""
+    """Stream entry fields (bytes or str keys) -> StepRecord. Raises ValueError (never another exception) on
+    any malformed entry: wrong schema version, missing field, wrong byte length, negative counts, or a number
+    outside the bounds in wire/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, L x E <= MAX_CELLS, step < MAX_STEP,
+    tokens < MAX_TOKENS, rank < world <= MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS)."""
     version = _int(fields, "v")
     if version != SCHEMA_VERSION:
         raise ValueError(f"schema version {version} is not supported (this reader speaks {SCHEMA_VERSION})")
-    num_layers, num_experts = _int(fields, "L", 1), _int(fields, "E", 1)
+    num_layers, num_experts = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "E", 1, MAX_EXPERTS + 1)
+    if num_layers * num_experts > MAX_CELLS:
+        raise ValueError(f"counts of {num_layers}x{num_experts} exceed {MAX_CELLS} cells")
     raw = _raw(fields, "counts")
     if len(raw) != num_layers * num_experts * COUNTS_DTYPE.itemsize:
         raise ValueError(f"counts has {len(raw)} bytes, expected {num_layers}x{num_experts} int32")
     counts = np.frombuffer(raw, dtype=COUNTS_DTYPE).reshape(num_layers, num_experts)
     if (counts < 0).any():
         raise ValueError("counts contain negative values")
-    phase = _text(fields, "phase")
+    phase = _text(fields, "phase", max_chars=16)
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
-    time_s = float(_text(fields, "t"))
-    if not math.isfinite(time_s):
-        raise ValueError("time is not finite")
+    time_s = _time(fields, "t")
     sample = None
-    if fields.get("sample", fields.get(b"sample")) is not None:
-        n, k = _int(fields, "sample_n"), _int(fields, "sample_k", 1)
+    if _get(fields, "sample") is not None:
+        n, k = _int(fields, "sample_n", 0, MAX_CELLS + 1), _int(fields, "sample_k", 1, MAX_EXPERTS + 1)
         raw_sample = _raw(fields, "sample")
         if len(raw_sample) != num_layers * n * k * SAMPLE_DTYPE.itemsize:
             raise ValueError(f"sample has {len(raw_sample)} bytes, expected {num_layers}x{n}x{k} int16")
         sample = np.frombuffer(raw_sample, dtype=SAMPLE_DTYPE).reshape(num_layers, n, k)
         if ((sample < -1) | (sample >= num_experts)).any():
             raise ValueError("sample holds expert ids outside [-1, E)")
-    rank, world = _int(fields, "rank"), _int(fields, "world", 1)
+    world = _int(fields, "world", 1, MAX_WORLD + 1)
+    rank = _int(fields, "rank", 0, MAX_WORLD)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
-    has_inst = fields.get("inst", fields.get(b"inst")) is not None
+    instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
+    if len(instance) > MAX_NAME_CHARS:
+        raise ValueError(f"collector instance id is longer than {MAX_NAME_CHARS} characters")
     return StepRecord(
-        run=check_run_name(_text(fields, "run")), rank=rank, world_size=world, step=_int(fields, "step"),
-        time_s=time_s, phase=phase, tokens=_int(fields, "tokens"), counts_LE=counts,
-        dropped_steps=_int(fields, "dropped"), sample_ids_LNK=sample,
-        instance=_text(fields, "inst") if has_inst else "",
+        run=check_run_name(_text(fields, "run", max_chars=128)), rank=rank, world_size=world,
+        step=_int(fields, "step", 0, MAX_STEP), time_s=time_s, phase=phase,
+        tokens=_int(fields, "tokens", 0, MAX_TOKENS), counts_LE=counts,
+        dropped_steps=_int(fields, "dropped", 0, MAX_STEP), sample_ids_LNK=sample, instance=instance,
     )
+

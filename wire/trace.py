@@ -5,6 +5,7 @@ import base64
 import binascii
 import json
 
+from .fields import _json
 from .gpu import GpuSample, decode_gpu_sample
 from .meta import RunMeta, decode_meta
 from .steps import StepRecord, decode_step
@@ -13,6 +14,7 @@ from .steps import StepRecord, decode_step
 # with the encode_step fields (bytes values base64 in "<name>_b64") and {"kind": "gpu", ...} with the
 # encode_gpu_sample fields. No pickle: a trace is data only.
 TRACE_KINDS = ("meta", "step", "gpu")
+MAX_TRACE_LINE_BYTES = 32 << 20  # a longer line is refused (readers skip it without holding it)
 
 
 def trace_line(kind: str, fields: dict) -> str:
@@ -30,11 +32,9 @@ def trace_line(kind: str, fields: dict) -> str:
 
 def parse_trace_line(line: str) -> tuple[str, dict]:
     """A trace line -> (kind, fields) with bytes restored, ready for decode_step / decode_gpu_sample /
-    decode_meta(fields["meta"]). ValueError on anything malformed."""
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"trace line is not JSON: {exc}") from None
+    decode_meta(fields["meta"]). ValueError (never another exception) on anything malformed, a line over
+    MAX_TRACE_LINE_BYTES included."""
+    raw = _json(line, "trace line", MAX_TRACE_LINE_BYTES)
     if not isinstance(raw, dict) or raw.get("kind") not in TRACE_KINDS:
         raise ValueError("trace line lacks a known 'kind'")
     kind = raw.pop("kind")
@@ -43,7 +43,7 @@ def parse_trace_line(line: str) -> tuple[str, dict]:
         if name.endswith("_b64"):
             try:
                 fields[name[:-4]] = base64.b64decode(value, validate=True)
-            except (binascii.Error, TypeError) as exc:
+            except (binascii.Error, TypeError, ValueError) as exc:
                 raise ValueError(f"field {name} is not base64: {exc}") from None
         else:
             fields[name] = value
@@ -52,17 +52,25 @@ def parse_trace_line(line: str) -> tuple[str, dict]:
 
 def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample]:
     """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample): the one decoder of
-    trace lines (replay source and planner alike). ValueError on anything malformed."""
+    trace lines (replay source and planner alike). ValueError (never another exception) on anything malformed
+    or out of the bounds of wire/keys.py."""
     kind, fields = parse_trace_line(line)
     if kind == "meta":
         meta = fields.get("meta")
         if isinstance(meta, dict):
-            meta = json.dumps(meta)
+            meta = _dumps(meta, "run metadata")
         if not isinstance(meta, (str, bytes)):
             raise ValueError("a meta line needs a 'meta' field holding the run metadata")
         return "meta", decode_meta(meta)
     if kind == "step":
         return "step", decode_step(fields)
     if isinstance(fields.get("gpus"), list):
-        fields["gpus"] = json.dumps(fields["gpus"])
+        fields["gpus"] = _dumps(fields["gpus"], "GPU sample 'gpus'")
     return "gpu", decode_gpu_sample(fields)
+
+
+def _dumps(value, what: str) -> str:
+    try:
+        return json.dumps(value)
+    except (RecursionError, ValueError) as exc:
+        raise ValueError(f"{what} cannot be read back: {type(exc).__name__}") from None

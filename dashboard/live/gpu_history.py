@@ -4,10 +4,12 @@ A device is (host, NVML index). Values NVML could not read stay None (plotted as
 """
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import wire
+
+MAX_DEVICES = 1024  # devices (host, NVML index) and "unavailable" reports kept; the least recently heard go first
 
 
 @dataclass
@@ -27,13 +29,15 @@ class GpuHistory:
         if max_samples < 1:
             raise ValueError(f"max_samples must be at least 1, got {max_samples}")
         self.max_samples = max_samples
-        self.series: dict[tuple[str, int], deque] = {}
-        self.unavailable: dict[tuple[str, int], Unavailable] = {}
+        self.series: OrderedDict[tuple[str, int], deque] = OrderedDict()
+        self.unavailable: OrderedDict[tuple[str, int], Unavailable] = OrderedDict()
 
     def add(self, sample: wire.GpuSample) -> None:
         if sample.status == "unavailable":
-            self.unavailable[(sample.host, sample.rank)] = Unavailable(sample.host, sample.rank, sample.reason,
-                                                                       sample.time_s)
+            key = (sample.host, sample.rank)
+            self.unavailable[key] = Unavailable(sample.host, sample.rank, sample.reason, sample.time_s)
+            self.unavailable.move_to_end(key)
+            _forget_oldest(self.unavailable)
             return
         self.unavailable.pop((sample.host, sample.rank), None)
         for gpu in sample.gpus:
@@ -41,7 +45,14 @@ class GpuHistory:
             if not isinstance(index, int):
                 continue
             row = {"time_s": sample.time_s, "rank": sample.rank, **gpu}
-            self.series.setdefault((sample.host, index), deque(maxlen=self.max_samples)).append(row)
+            key = (sample.host, index)
+            held = self.series.get(key)
+            if held is None:
+                held = self.series[key] = deque(maxlen=self.max_samples)
+            else:
+                self.series.move_to_end(key)
+            held.append(row)
+        _forget_oldest(self.series)
 
     def devices(self) -> list[tuple[str, int]]:
         """Devices with readings, sorted by (host, NVML index)."""
@@ -67,3 +78,8 @@ class GpuHistory:
         note = "" if not several else (f"rank(s) {', '.join(map(str, several))} report several NVML devices: "
                                        "those EP GPUs are not paired")
         return pairs, note
+
+
+def _forget_oldest(held: OrderedDict) -> None:
+    while len(held) > MAX_DEVICES:
+        held.popitem(last=False)

@@ -48,7 +48,20 @@ class SampleRing:
     def __len__(self) -> int:
         return len(self._rows)
 
+    @staticmethod
+    def check(rec: wire.StepRecord) -> None:
+        """ValueError when rec's sampled rows are not None or an int array [L, N, K] of ids in -1..32767 (what
+        wire.decode_step lets through); then add(rec) cannot fail."""
+        sample = rec.sample_ids_LNK
+        if sample is None:
+            return
+        if not isinstance(sample, np.ndarray) or sample.ndim != 3 or sample.dtype.kind not in "iu":
+            raise ValueError("sampled rows must be an int array [L, N, K]")
+        if sample.size and (int(sample.min()) < -1 or int(sample.max()) > wire.MAX_SAMPLE_EXPERTS):
+            raise ValueError("sampled rows hold expert ids outside [-1, E)")
+
     def add(self, rec: wire.StepRecord) -> None:
+        """Keep rec's sampled rows (call check(rec) first when rec may not come from wire.decode_step)."""
         sample = rec.sample_ids_LNK
         if sample is None or sample.shape[1] == 0:
             return

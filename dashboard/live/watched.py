@@ -6,19 +6,33 @@ Collector restarts: every record names its collector process (wire.StepRecord.in
 When a rank's records come from a new instance, the collector restarted under the same run name (its step
 ids start again at 0): the window and the sample ring start afresh, `restarted_at_s` says when, and records
 of the old instances that still arrive are skipped (counted in `skipped_old_records`, not as bad records).
+
+Never down: a record that fails anywhere (decode, bounds, the window, the sample ring, whatever the
+exception) is one bad record and the rest of the poll goes on; a Source that raises costs one tick, not the
+page. What is kept per rank or per collector instance is bounded: ranks are below wire.MAX_WORLD, and at
+most MAX_OLD_INSTANCES retired instances are remembered (the oldest forgotten first).
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 
 import wire
 from dashboard.live.gpu_history import GpuHistory
 from dashboard.live.samples import SampleRing
-from dashboard.live.window import StepWindow
-from dashboard.sources.base import Source
+from dashboard.live.window import StepWindow, check_record
+from dashboard.sources.base import Batch, Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
+MAX_OLD_INSTANCES = 4096  # retired collector instances remembered (their late records are skipped)
+MAX_ERROR_CHARS = 500
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as one short line: the message of a ValueError, else the type and the message."""
+    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
 
 
 @dataclass
@@ -56,7 +70,7 @@ class WatchedRun:
         self.world_size = 1
         self.last_tick: TickStats | None = None
         self.instance_of_rank: dict[int, str] = {}
-        self._old_instances: set[str] = set()
+        self._old_instances: dict[str, None] = {}  # an ordered set, oldest first, at most MAX_OLD_INSTANCES
         self._instance_started_s = float("-inf")
         self.restarts = 0
         self.restarted_at_s: float | None = None  # collector time of the new instance's first record
@@ -69,29 +83,39 @@ class WatchedRun:
     def tick(self) -> TickStats:
         """One non-blocking poll, folded into the window."""
         started = time.perf_counter()
-        batch = self.source.poll(self.max_entries_per_tick)
+        try:
+            batch = self.source.poll(self.max_entries_per_tick)
+        except Exception as exc:  # a Source must not raise; if one does, this tick is lost, not the page
+            batch = Batch(bad_records=1, last_error=f"the source failed: {_why(exc)}")
         self.bad_records += batch.bad_records
         if batch.last_error:
             self.last_error = batch.last_error
         refused = taken = 0
+        trimmed = bool(getattr(batch, "trimmed", False))
         for rec in batch.steps:
-            if not self._current_instance(rec):
-                self.skipped_old_records += 1
-                continue
             try:
-                self._window_for(rec).add(rec)
+                check_record(rec)  # before anything: a bad record must not restart the window
+                if not self._current_instance(rec):
+                    self.skipped_old_records += 1
+                    continue
+                self.samples.check(rec)
+                self._window_for(rec).add(rec)  # changes nothing when it raises
                 self.samples.add(rec)
-                self.world_size = max(self.world_size, rec.world_size)
+                self.world_size = max(self.world_size, int(rec.world_size))
+                self._check_gap(rec, trimmed)
                 taken += 1
-            except ValueError as exc:
+            except Exception as exc:  # any failure of one record is one bad record; the poll goes on
                 refused += 1
-                self.last_error = f"step {rec.step} rank {rec.rank}: {exc}"
-                continue
-            self._check_gap(rec, getattr(batch, "trimmed", False))
+                self.last_error = f"step {_short(rec.step)} rank {_short(rec.rank)}: {_why(exc)}"
         self.bad_records += refused
         self.steps_read += taken
         for sample in batch.gpu_samples:
-            self.gpus.add(sample)
+            try:
+                self.gpus.add(sample)
+            except Exception as exc:
+                refused += 1
+                self.bad_records += 1
+                self.last_error = f"GPU sample of rank {_short(getattr(sample, 'rank', '?'))}: {_why(exc)}"
         self.last_tick = TickStats(steps_in=len(batch.steps), gpu_in=len(batch.gpu_samples),
                                    bad=batch.bad_records + refused, more=batch.more,
                                    ms=(time.perf_counter() - started) * 1e3)
@@ -111,7 +135,7 @@ class WatchedRun:
             self._instance_started_s = rec.time_s if first else min(self._instance_started_s, rec.time_s)
             return True
         if rec.time_s < self._instance_started_s:  # an even older collector: not the one to show
-            self._old_instances.add(rec.instance)
+            self._retire(rec.instance)
             return False
         self._restart(rec)
         return True
@@ -119,7 +143,7 @@ class WatchedRun:
     def _restart(self, rec: wire.StepRecord) -> None:
         """rec's rank restarted: retire that rank's previous instance only (the other ranks' collectors go
         on), and start a fresh window."""
-        self._old_instances.add(self.instance_of_rank[rec.rank])
+        self._retire(self.instance_of_rank[rec.rank])
         self.instance_of_rank[rec.rank] = rec.instance
         self._instance_started_s = rec.time_s
         self.window = None
@@ -129,6 +153,11 @@ class WatchedRun:
         self.restarts += 1
         self.restarted_at_s = rec.time_s
         self._restart_seen_s = time.time()
+
+    def _retire(self, instance: str) -> None:
+        self._old_instances[instance] = None
+        while len(self._old_instances) > MAX_OLD_INSTANCES:
+            del self._old_instances[next(iter(self._old_instances))]
 
     @property
     def restart_note(self) -> str:
@@ -166,3 +195,12 @@ class WatchedRun:
     def dropped_steps(self) -> int:
         """Steps the collectors dropped (cumulative, summed over ranks) as of their latest records."""
         return sum(self.window.dropped_by_rank.values()) if self.window else 0
+
+
+def _short(value) -> str:
+    """A record's step or rank for a message (whatever its type, never a 5,000-digit number)."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        return repr(value)[:40]
+    return str(number) if abs(number) < 10**20 else "a huge number"

@@ -1,9 +1,15 @@
 """A ring of the last C steps of one run, ranks of the same step summed, with cached GPU loads.
 
+Counts are kept as int32 (what one rank sends) and the ring turns int64 the first time a sum over the
+ranks of a step would not fit int32, so sums are exact and an ordinary window costs 4 bytes a cell
+(600 x 58 x 256: 35.6 MB; 71.3 MB once promoted).
+
 Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical experts, G GPUs.
 """
 from __future__ import annotations
 
+import math
+import operator
 import time
 from dataclasses import dataclass
 
@@ -17,6 +23,20 @@ PHASE_FILTERS = {"both": tuple(range(len(wire.PHASES))), "prefill": (PHASE_CODE[
                  "decode": (PHASE_CODE["decode"],)}
 _MIXED = PHASE_CODE["mixed"]
 PENDING_GRACE_S = 5.0  # a step still missing ranks is left out of views until it is this old
+MAX_CAPACITY = 65536  # steps a window may hold
+MAX_WINDOW_BYTES = 2 << 30  # int32 counts of the ring (twice that once promoted to int64)
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+def _bounded(value, name: str, lo: int, hi: int) -> int:
+    """value as an int with lo <= value < hi (numpy integers welcome, bools not); ValueError otherwise."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
+    if isinstance(value, bool) or not lo <= number < hi:
+        raise ValueError(f"{name} is outside {lo}..{hi - 1}")
+    return int(number)
 
 
 @dataclass
@@ -48,6 +68,13 @@ class StepWindow:
     def __init__(self, capacity: int, num_layers: int, num_experts: int):
         if capacity < 1 or num_layers < 1 or num_experts < 1:
             raise ValueError(f"window needs capacity, layers and experts >= 1, got {capacity}, {num_layers}, {num_experts}")
+        num_layers, num_experts, _ = wire.check_sizes(num_layers, num_experts)
+        capacity = _bounded(capacity, "window capacity", 1, MAX_CAPACITY + 1)
+        if capacity * num_layers * num_experts * 4 > MAX_WINDOW_BYTES:
+            fits = MAX_WINDOW_BYTES // (num_layers * num_experts * 4)
+            raise ValueError(f"a window of {capacity} steps of [{num_layers}, {num_experts}] counts would take "
+                             f"{capacity * num_layers * num_experts * 4 / 2**30:.1f} GiB; at most {fits} steps fit "
+                             f"in {MAX_WINDOW_BYTES / 2**30:.0f} GiB: lower the window")
         self.capacity, self.num_layers, self.num_experts = capacity, num_layers, num_experts
         self.counts_CLE = np.zeros((capacity, num_layers, num_experts), dtype=np.int32)
         self.step_C = np.full(capacity, -1, dtype=np.int64)
@@ -71,30 +98,32 @@ class StepWindow:
 
     # ------------------------------------------------------------------------------------------ writes
     def add(self, rec: wire.StepRecord) -> None:
-        """Sum one rank's record into the row of its step (a new row for a new step)."""
-        if rec.counts_LE.shape != (self.num_layers, self.num_experts):
-            raise ValueError(f"step {rec.step} rank {rec.rank}: counts are {rec.counts_LE.shape}, "
-                             f"this run is [{self.num_layers}, {self.num_experts}]")
-        self._version += 1
-        self.dropped_by_rank[rec.rank] = max(self.dropped_by_rank.get(rec.rank, 0), rec.dropped_steps)
-        code = PHASE_CODE[rec.phase]
-        slot = self._slot_of_step.get(rec.step)
+        """Sum one rank's record into the row of its step (a new row for a new step). Everything is checked and
+        converted before anything changes: a refused record (ValueError) leaves the window as it was."""
+        counts, step, rank, world, tokens, dropped, time_s, code = self._checked(rec)
+        slot = self._slot_of_step.get(step)
         if slot is not None:
-            if rec.rank in self._ranks_seen[slot]:
-                raise ValueError(f"step {rec.step} rank {rec.rank} arrived twice")
-            self._ranks_seen[slot].add(rec.rank)
+            if rank in self._ranks_seen[slot]:
+                raise ValueError(f"step {step} rank {rank} arrived twice")
+            if self.counts_CLE.dtype == np.int32 and int(self.counts_CLE[slot].max()) + int(counts.max()) > _INT32_MAX:
+                self.counts_CLE = self.counts_CLE.astype(np.int64)  # exact sums from now on (values unchanged)
+        elif self.size == self.capacity and step < self.step_C[self.head]:
+            raise ValueError(f"step {step} is older than the window (oldest kept: {self.step_C[self.head]})")
+        # nothing below raises: every value was checked and converted above
+        self._version += 1
+        self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
+        if slot is not None:
+            self._ranks_seen[slot].add(rank)
             old = int(self.phase_C[slot])
             self.sums_by_phase_LE[old] -= self.counts_CLE[slot]
-            self.counts_CLE[slot] += rec.counts_LE
+            self.counts_CLE[slot] += counts
             self.phase_C[slot] = old if old == code else _MIXED
             self.sums_by_phase_LE[self.phase_C[slot]] += self.counts_CLE[slot]
-            self.time_s_C[slot] = max(self.time_s_C[slot], rec.time_s)
-            self.tokens_C[slot] += rec.tokens
+            self.time_s_C[slot] = max(self.time_s_C[slot], time_s)
+            self.tokens_C[slot] += tokens
             self.ranks_C[slot] += 1
             self.row_version_C[slot] = self._version
             return
-        if self.size == self.capacity and rec.step < self.step_C[self.head]:
-            raise ValueError(f"step {rec.step} is older than the window (oldest kept: {self.step_C[self.head]})")
         slot = self.head
         if self.size == self.capacity:
             self.sums_by_phase_LE[self.phase_C[slot]] -= self.counts_CLE[slot]
@@ -102,13 +131,30 @@ class StepWindow:
         else:
             self.size += 1
         self.head = (self.head + 1) % self.capacity
-        self.counts_CLE[slot] = rec.counts_LE
-        self.sums_by_phase_LE[code] += rec.counts_LE
-        self.step_C[slot], self.time_s_C[slot], self.tokens_C[slot] = rec.step, rec.time_s, rec.tokens
-        self.phase_C[slot], self.ranks_C[slot], self.world_C[slot] = code, 1, rec.world_size
-        self._ranks_seen[slot] = {rec.rank}
-        self._slot_of_step[rec.step] = slot
+        self.counts_CLE[slot] = counts
+        self.sums_by_phase_LE[code] += counts
+        self.step_C[slot], self.time_s_C[slot], self.tokens_C[slot] = step, time_s, tokens
+        self.phase_C[slot], self.ranks_C[slot], self.world_C[slot] = code, 1, world
+        self._ranks_seen[slot] = {rank}
+        self._slot_of_step[step] = slot
         self.row_version_C[slot] = self._version
+
+    def _checked(self, rec: wire.StepRecord) -> tuple[np.ndarray, int, int, int, int, int, float, int]:
+        """(counts, step, rank, world, tokens, dropped, time_s, phase code) of rec, within the bounds of
+        wire/keys.py; ValueError naming what is wrong."""
+        step, rank, world, tokens, dropped, time_s, code = check_record(rec)
+        counts = rec.counts_LE
+        if not isinstance(counts, np.ndarray) or counts.shape != (self.num_layers, self.num_experts):
+            shape = counts.shape if isinstance(counts, np.ndarray) else type(counts).__name__
+            raise ValueError(f"step {rec.step} rank {rec.rank}: counts are {shape}, "
+                             f"this run is [{self.num_layers}, {self.num_experts}]")
+        if counts.dtype.kind not in "iu":
+            raise ValueError(f"counts must be integers, got {counts.dtype}")
+        if int(counts.min()) < 0:
+            raise ValueError("counts contain negative values")
+        if counts.dtype != np.int32 and int(counts.max()) > _INT32_MAX:
+            raise ValueError(f"counts must lie in 0..{_INT32_MAX} (int32, as on the wire)")
+        return counts, step, rank, world, tokens, dropped, time_s, code
 
     # ------------------------------------------------------------------------------------------ reads
     def ordered_slots(self) -> np.ndarray:
@@ -163,7 +209,7 @@ class StepWindow:
         )
 
     def layer_counts(self, slots_T: np.ndarray, layer: int) -> np.ndarray:
-        """int32 [T, E] counts of one layer for the given ring rows."""
+        """int [T, E] counts of one layer for the given ring rows (int32, int64 once sums outgrew int32)."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
         return self.counts_CLE[slots_T, layer, :]
@@ -175,3 +221,28 @@ class StepWindow:
             raise ValueError("an empty view has no latest step")
         complete = np.flatnonzero(view.ranks_T >= self.world_C[view.slots_T])
         return int(complete[-1]) if complete.size else view.num_steps - 1
+
+
+def check_record(rec: wire.StepRecord) -> tuple[int, int, int, int, int, float, int]:
+    """(step, rank, world, tokens, dropped, time_s, phase code) of rec as plain numbers within the bounds of
+    wire/keys.py, and its instance id a short string; ValueError naming what is wrong. (Records from
+    wire.decode_step always pass; this guards the window's int64 arrays against any other source.)"""
+    step = _bounded(rec.step, "step", 0, wire.MAX_STEP)
+    rank = _bounded(rec.rank, "rank", 0, wire.MAX_WORLD)
+    world = _bounded(rec.world_size, "world size", 1, wire.MAX_WORLD + 1)
+    if rank >= world:
+        raise ValueError(f"rank {rank} is not below world size {world}")
+    tokens = _bounded(rec.tokens, "tokens", 0, wire.MAX_TOKENS)
+    dropped = _bounded(rec.dropped_steps, "dropped steps", 0, wire.MAX_STEP)
+    try:
+        time_s = float(rec.time_s)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"time must be a number, got {type(rec.time_s).__name__}") from None
+    if not (math.isfinite(time_s) and abs(time_s) < wire.MAX_TIME_S):
+        raise ValueError(f"time {time_s} is not a finite time below {wire.MAX_TIME_S:g} s")
+    code = PHASE_CODE.get(rec.phase) if isinstance(rec.phase, str) else None
+    if code is None:
+        raise ValueError(f"unknown phase {str(rec.phase)[:40]!r}")
+    if not isinstance(rec.instance, str) or len(rec.instance) > wire.MAX_NAME_CHARS:
+        raise ValueError(f"collector instance id must be text of at most {wire.MAX_NAME_CHARS} characters")
+    return step, rank, world, tokens, dropped, time_s, code

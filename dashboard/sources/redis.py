@@ -8,11 +8,20 @@ forwards from the last id seen. When the stream's first entry is newer than the 
 trimmed before they were read: the batch says so (Batch.trimmed). Every command goes through a client made
 by wire.connect() with explicit timeouts, so an unreachable Redis costs one timeout, not a hang; any
 Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raised.
+
+Nothing read is trusted: a step or GPU entry that fails to decode (whatever the exception) is one bad record
+and the rest of the poll goes on; the metadata is read with GETRANGE up to wire.MAX_META_BYTES and decoded
+only when its bytes changed; a bad health field (a rank that is not ASCII digits below wire.MAX_WORLD, a
+report that is not a small JSON object or whose known fields have the wrong type or range) is one bad record
+per bad version, not one per poll. moe:runs entries that are not valid runs are skipped and counted.
 """
 from __future__ import annotations
 
-import json
+import hashlib
+import math
+import re
 import time
+from dataclasses import dataclass
 from typing import cast
 
 import redis
@@ -26,6 +35,12 @@ META_REFRESH_S = 5.0
 GPU_BACKLOG = 600
 PAGE_ENTRIES = 200
 TICK_BYTES_BUDGET = 24 << 20
+MAX_RUNS = 100  # runs listed
+RUNS_READ = 1000  # entries of moe:runs read to find them (invalid ones are skipped)
+MAX_HEALTH_BYTES = 64 << 10  # one rank's health report (JSON)
+MAX_HEALTH_ERROR_CHARS = 1000
+MAX_HEALTH_KEYS = 64
+_RANK_TEXT = re.compile(r"[0-9]{1,5}")
 
 
 # One stream entry as redis-py returns it without decoding: (entry id, {field: value}).
@@ -37,17 +52,114 @@ def _entries(reply: object) -> list[StreamEntry]:
     return cast("list[StreamEntry]", reply or [])
 
 
-def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
-    """Runs present in Redis, newest first: (run, last time a collector wrote, unix s).
+@dataclass(frozen=True)
+class RunListing:
+    """runs: (run, last time a collector wrote, unix s), newest first; skipped: entries of moe:runs left out
+    (a name that is not UTF-8 or not a valid run name, a time that is not finite)."""
 
-    Reads the moe:runs sorted set; runs whose metadata exists but that are missing from it are listed
-    with time 0. Raises the client's ConnectionError/TimeoutError when Redis is unreachable."""
-    runs: dict[str, float] = {}
-    for member, score in cast("list[tuple[bytes, float]]", client.zrevrange(wire.RUNS_KEY, 0, 99, withscores=True)):
-        runs[member.decode() if isinstance(member, bytes) else member] = float(score)
-    for key in client.scan_iter(match=f"{wire.KEY_PREFIX}:*:meta", count=500):
-        runs.setdefault((key.decode() if isinstance(key, bytes) else key).split(":")[1], 0.0)
-    return sorted(runs.items(), key=lambda item: -item[1])
+    runs: list[tuple[str, float]]
+    skipped: int
+
+
+def read_runs(client: redis.Redis) -> RunListing:
+    """The runs indexed in the moe:runs sorted set (the collectors ZADD every run there at every write), newest
+    first, at most MAX_RUNS of the newest RUNS_READ entries. One ZREVRANGE, never a SCAN of the keyspace.
+    Entries with an invalid or non-UTF-8 name or a non-finite time are skipped and counted. Raises the
+    client's ConnectionError/TimeoutError when Redis is unreachable."""
+    reply = cast("list[tuple[bytes, float]]", client.zrevrange(wire.RUNS_KEY, 0, RUNS_READ - 1, withscores=True))
+    runs: list[tuple[str, float]] = []
+    skipped = 0
+    for member, score in reply:
+        try:
+            name = wire.check_run_name(member.decode() if isinstance(member, (bytes, bytearray)) else str(member))
+            when = float(score)
+        except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            skipped += 1
+            continue
+        if not (math.isfinite(when) and abs(when) < wire.MAX_TIME_S):
+            skipped += 1
+        elif len(runs) < MAX_RUNS:
+            runs.append((name, when))
+    return RunListing(runs, skipped)
+
+
+def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
+    """read_runs(client).runs: the valid runs of moe:runs, newest first."""
+    return read_runs(client).runs
+
+
+def decode_health_rank(field) -> int:
+    """A field name of moe:<run>:health -> the rank: ASCII digits, below wire.MAX_WORLD; ValueError otherwise."""
+    try:
+        text = field.decode() if isinstance(field, (bytes, bytearray)) else str(field)
+    except UnicodeDecodeError:
+        raise ValueError("health field name is not UTF-8") from None
+    if not _RANK_TEXT.fullmatch(text) or int(text) >= wire.MAX_WORLD:
+        raise ValueError(f"health field {text[:20]!r} is not a rank 0..{wire.MAX_WORLD - 1}")
+    return int(text)
+
+
+def decode_health_report(value) -> dict:
+    """A value of moe:<run>:health -> the collector's report, a flat dict of scalars. The fields the pages
+    read are checked: dropped_steps, published_steps, queued and rank ints 0..wire.MAX_STEP - 1, time_s a
+    finite time, last_error text or null (cut at MAX_HEALTH_ERROR_CHARS); of the other fields (a collector
+    may add its own figures) at most MAX_HEALTH_KEYS with short names are kept when they are a bool, null,
+    text (cut likewise), an int below 2**63 or a finite float, and dropped otherwise. ValueError (never
+    another exception) when it is not a JSON object of at most MAX_HEALTH_BYTES or a checked field is wrong."""
+    raw = wire.parse_json(value, "health report", MAX_HEALTH_BYTES)
+    if not isinstance(raw, dict):
+        raise ValueError("health report is not a JSON object")
+    report: dict = {}
+    for key in ("rank", "dropped_steps", "published_steps", "queued"):
+        if key in raw:
+            number = raw[key]
+            if not (isinstance(number, int) and not isinstance(number, bool) and 0 <= number < wire.MAX_STEP):
+                raise ValueError(f"health report {key!r} is not an integer 0..{wire.MAX_STEP - 1}")
+            report[key] = number
+    if "time_s" in raw:
+        when = raw["time_s"]
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not abs(when) < wire.MAX_TIME_S:
+            raise ValueError("health report 'time_s' is not a finite time")  # NaN fails abs(when) < MAX_TIME_S
+        report["time_s"] = float(when)
+    if "last_error" in raw:
+        error = raw["last_error"]
+        if error is not None and not isinstance(error, str):
+            raise ValueError("health report 'last_error' is not text")
+        report["last_error"] = _cut(error)
+    for key, item in raw.items():
+        if key in report or key in _CHECKED_HEALTH or len(report) >= MAX_HEALTH_KEYS or len(key) > 64:
+            continue
+        if item is None or isinstance(item, bool) or isinstance(item, int) and abs(item) < 2**63 \
+                or isinstance(item, float) and math.isfinite(item):
+            report[key] = item
+        elif isinstance(item, str):
+            report[key] = _cut(item)
+    return report
+
+
+_CHECKED_HEALTH = frozenset({"rank", "dropped_steps", "published_steps", "queued", "time_s", "last_error"})
+
+
+def _cut(text: str | None) -> str | None:
+    return text if text is None or len(text) <= MAX_HEALTH_ERROR_CHARS else text[:MAX_HEALTH_ERROR_CHARS] + "..."
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
+def _id_text(entry_id) -> str:
+    return entry_id.decode("ascii", "replace") if isinstance(entry_id, (bytes, bytearray)) else str(entry_id)
+
+
+def _time_or_none(value) -> float | None:
+    """A sorted-set score as a time, None when absent or not a finite time (ZADD accepts +inf and -inf)."""
+    try:
+        when = float(value)
+    except (TypeError, ValueError):
+        return None
+    return when if math.isfinite(when) and abs(when) < wire.MAX_TIME_S else None
 
 
 def _after(entry_id: bytes) -> bytes:
@@ -77,8 +189,10 @@ class RedisSource:
         self._last_gpu_id: bytes | None = None
         self._meta: wire.RunMeta | None = None
         self._meta_error = ""
-        self._bad_meta_raw = None
+        self._meta_raw: bytes | None = None  # the bytes self._meta was decoded from (not decoded again)
+        self._bad_meta_raw: bytes | None = None
         self._meta_read_at = float("-inf")
+        self._bad_health: set[bytes] = set()  # digests of the bad health fields of the last poll
         self._health = Health(reachable=False, where=self.where, error="not polled yet")
 
     def poll(self, max_entries: int) -> Batch:
@@ -86,7 +200,7 @@ class RedisSource:
         started = time.perf_counter()
         try:
             if self._last_step_id is None and self._meta is None and not self._backlog:
-                self._read_meta(self.client.get(wire.meta_key(self.run)), batch)
+                self._read_meta(self.client.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES), batch)
             if self._last_step_id is None:
                 step_entries = self._read_backlog(batch)
             else:
@@ -101,7 +215,7 @@ class RedisSource:
             pipe.hgetall(wire.health_key(self.run))
             refresh_meta = time.monotonic() - self._meta_read_at > META_REFRESH_S
             if refresh_meta:
-                pipe.get(wire.meta_key(self.run))
+                pipe.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES)  # one byte more: too large
             replies = pipe.execute()
         except REDIS_ERRORS as exc:
             answered = not isinstance(exc, UNREACHABLE_ERRORS)
@@ -114,24 +228,29 @@ class RedisSource:
         for entry_id, fields in step_entries:
             try:
                 batch.steps.append(wire.decode_step(fields))
-            except ValueError as exc:
+            except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
                 batch.bad_records += 1
-                batch.last_error = f"step entry {entry_id.decode()}: {exc}"
+                batch.last_error = f"step entry {_id_text(entry_id)}: {_why(exc)}"
         for entry_id, fields in gpu_entries:
             self._last_gpu_id = entry_id
             try:
                 batch.gpu_samples.append(wire.decode_gpu_sample(fields))
-            except ValueError as exc:
+            except Exception as exc:
                 batch.bad_records += 1
-                batch.last_error = f"gpu entry {entry_id.decode()}: {exc}"
+                batch.last_error = f"gpu entry {_id_text(entry_id)}: {_why(exc)}"
         if self._last_gpu_id is None:
             self._last_gpu_id = b"0-0"
         if refresh_meta:
             self._read_meta(replies[3], batch)
+        reports, bad = _collector_health(collectors)
+        for digest in bad.keys() - self._bad_health:  # a bad field counts once, not at every poll
+            batch.bad_records += 1
+            batch.last_error = bad[digest]
+        self._bad_health = set(bad)
         self._health = Health(
             reachable=True, where=self.where, latency_ms=(time.perf_counter() - started) * 1e3,
-            last_seen_s=None if last_seen is None else float(last_seen),
-            collectors=_collector_health(collectors),
+            last_seen_s=_time_or_none(last_seen),
+            collectors=reports,
             note="" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
         )
         return batch
@@ -179,17 +298,19 @@ class RedisSource:
         return entries
 
     def _read_meta(self, raw, batch: Batch) -> None:
+        """Decode the metadata's bytes (GETRANGE: b"" when absent) unless they are the ones decoded last."""
         self._meta_read_at = time.monotonic()
-        if raw is None:
+        if not raw or raw == self._meta_raw and self._meta is not None and not self._meta_error:
+            return
+        if raw == self._bad_meta_raw:  # counted once per bad version, not at every refresh
             return
         try:
-            self._meta, self._meta_error = wire.decode_meta(raw), ""
-        except ValueError as exc:
-            self._meta_error = f"run metadata ({wire.meta_key(self.run)}) is unusable: {exc}"
-            if raw != self._bad_meta_raw:  # counted once per bad version, not at every refresh
-                self._bad_meta_raw = raw
-                batch.bad_records += 1
-                batch.last_error = self._meta_error
+            self._meta, self._meta_error, self._meta_raw = wire.decode_meta(raw), "", raw
+        except Exception as exc:  # wire raises ValueError only; anything else is a bad record too
+            self._meta_error = f"run metadata ({wire.meta_key(self.run)}) is unusable: {_why(exc)}"
+            self._bad_meta_raw = raw
+            batch.bad_records += 1
+            batch.last_error = self._meta_error
 
     def meta(self) -> wire.RunMeta | None:
         return self._meta
@@ -203,16 +324,27 @@ class RedisSource:
         return self._health
 
 
-def _collector_health(raw: dict) -> dict:
-    """HGETALL of moe:<run>:health -> {rank: report}; an unreadable report is kept as an error, not raised."""
-    out = {}
-    for rank, value in (raw or {}).items():
-        key = rank.decode() if isinstance(rank, bytes) else str(rank)
+def _digest(field, value) -> bytes:
+    data = bytes(field) + b"\0" + bytes(value) if isinstance(field, bytes) and isinstance(value, bytes) \
+        else repr((field, value)).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _collector_health(raw: dict) -> tuple[dict[int, dict], dict[bytes, str]]:
+    """HGETALL of moe:<run>:health -> ({rank: report}, {digest of a bad field: why}). A report that does not
+    decode is kept for its rank as {"last_error": "unreadable health entry (why)"}; a field that is not a rank
+    is left out. Never raises."""
+    out: dict[int, dict] = {}
+    bad: dict[bytes, str] = {}
+    for field, value in (raw or {}).items():
         try:
-            report = json.loads(value)
-        except (ValueError, TypeError):
-            report = None
-        if not isinstance(report, dict):
-            report = {"last_error": "unreadable health entry"}
-        out[int(key) if key.isdigit() else key] = report
-    return out
+            rank = decode_health_rank(field)
+        except ValueError as exc:
+            bad[_digest(field, value)] = f"health entry: {exc}"
+            continue
+        try:
+            out[rank] = decode_health_report(value)
+        except ValueError as exc:
+            bad[_digest(field, value)] = f"health entry of rank {rank}: {exc}"
+            out[rank] = {"last_error": f"unreadable health entry ({exc})"}
+    return out, bad

@@ -16,26 +16,81 @@ once. A last line without its newline is left for the next poll (a recorder may 
 file has stopped growing (no growth across STALL_POLLS polls and stall_s seconds) it is parsed as it is,
 and reported as "last line incomplete (truncated trace)" when it does not decode. A file that is not UTF-8
 text (a .pt or .gz picked by mistake) is reported once as "not a text trace" and not read further.
+
+Only regular files are read: the path is checked with os.stat and opened O_NONBLOCK, then checked again with
+fstat, so a device (/dev/zero) or a FIFO is refused at once, never read or waited on. A line is at most
+MAX_LINE_BYTES (wire.MAX_TRACE_LINE_BYTES): a longer one is one bad record, skipped by reading on to its
+newline in chunks of CHUNK_BYTES that are not kept (across polls when it is still being written). One poll
+reads at most TICK_BYTES_BUDGET bytes (at least one line). With `root` (the dashboard's trace folder) the
+path is taken inside it (trace_file_in) and anything else is refused with one message that does not say
+whether it exists.
 """
 from __future__ import annotations
 
 import os
+import stat
 import time
+from pathlib import Path
 
 import wire
 from dashboard.sources.base import Batch, Health
 
 STALL_POLLS = 2
+MAX_LINE_BYTES = wire.MAX_TRACE_LINE_BYTES
+CHUNK_BYTES = 1 << 20
+TICK_BYTES_BUDGET = 24 << 20
+OUTSIDE_ROOT = ("only trace files inside the trace folder can be replayed (MOE_TRACE_DIR, else ./traces): "
+                "give the name of a file there")
+
+
+def trace_file_in(root: str | os.PathLike[str], name: str) -> Path:
+    """The file `name` inside the folder root: a relative name is taken inside root, an absolute path must lie
+    inside it, and once '..' and symlinks are resolved the file must still be inside root (and not be root).
+    ValueError(OUTSIDE_ROOT) otherwise: one message, whether the path exists or not."""
+    base = Path(root).resolve()
+    text = str(name).strip()
+    if not text or "\0" in text:
+        raise ValueError(OUTSIDE_ROOT)
+    candidate = Path(text) if os.path.isabs(text) else base / text
+    try:
+        resolved = candidate.resolve()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop, a name the OS refuses
+        raise ValueError(OUTSIDE_ROOT) from None
+    if base not in resolved.parents:
+        raise ValueError(OUTSIDE_ROOT)
+    return resolved
+
+
+class _NotRegular(OSError):
+    pass
+
+
+def _open_regular(path: str | os.PathLike[str], nofollow: bool):
+    """path opened for binary reading when it is a regular file; never blocks (O_NONBLOCK: a FIFO opens at
+    once and is refused). _NotRegular for anything else, OSError when it cannot be opened."""
+    if not stat.S_ISREG(os.stat(path, follow_symlinks=not nofollow).st_mode):
+        raise _NotRegular(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | (getattr(os, "O_NOFOLLOW", 0) if nofollow else 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+            raise _NotRegular(path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class TraceSource:
     """Source over a JSON-lines trace file (format in the module docstring). stall_s: seconds without growth
     after which a last line lacking its newline is taken as truncated."""
 
-    def __init__(self, path: str, stall_s: float = 10.0):
+    def __init__(self, path: str, stall_s: float = 10.0, root: str | os.PathLike[str] | None = None):
         self.path = str(path)
+        self.root = root
         self.stall_s = float(stall_s)
         self._offset = 0
+        self._skipping = False  # inside a line longer than MAX_LINE_BYTES (already counted), up to its newline
         self._meta: wire.RunMeta | None = None
         self._last_time_s: float | None = None
         self._error = ""
@@ -53,30 +108,114 @@ class TraceSource:
         if self._not_text:
             return batch
         try:
-            with open(self.path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                self._note_growth(size)
-                handle.seek(self._offset)
-                while len(batch.steps) < max_entries:
-                    raw = handle.readline()
-                    if not raw:
-                        break
-                    if not raw.endswith(b"\n") and handle.tell() >= size:
-                        if self._stalled():
-                            self._offset = handle.tell()
-                            self._take_last(raw, batch)
-                        break  # else a line still being written: read it next time
-                    self._offset = handle.tell()
-                    if not self._take_raw(raw, batch):
-                        return batch
-                else:
-                    batch.more = True
-                self._finished = not batch.more and self._offset >= size
+            path = self.path if self.root is None else trace_file_in(self.root, self.path)
+        except ValueError as exc:
+            self._error = str(exc)
+            return batch
+        try:
+            handle = _open_regular(path, nofollow=self.root is not None)
+        except _NotRegular:
+            self._error = "not a regular file: a trace is a JSON-lines file (a device, FIFO or folder is not read)"
+            return batch
         except OSError as exc:
-            self._error = f"cannot read trace file: {exc}"
+            self._error = f"cannot read trace file: {exc.strerror or type(exc).__name__}"
+            return batch
+        try:
+            with handle:
+                self._read(handle, max_entries, batch)
+        except OSError as exc:
+            self._error = f"cannot read trace file: {exc.strerror or type(exc).__name__}"
             return batch
         self._error = ""
         return batch
+
+    def _read(self, handle, max_entries: int, batch: Batch) -> None:
+        size = os.fstat(handle.fileno()).st_size
+        self._note_growth(size)
+        handle.seek(self._offset)
+        began = self._offset
+        while len(batch.steps) < max_entries:
+            if self._offset - began >= TICK_BYTES_BUDGET:
+                batch.more = True
+                break
+            if self._skipping:
+                if not self._skip(handle, TICK_BYTES_BUDGET - (self._offset - began)):
+                    batch.more = self._offset - began >= TICK_BYTES_BUDGET
+                    break
+                continue
+            raw = self._read_line(handle, batch)
+            if raw is None:
+                continue  # longer than MAX_LINE_BYTES: counted, skipped
+            if not raw:
+                break
+            if not raw.endswith(b"\n") and handle.tell() >= size:
+                if self._stalled():
+                    self._offset = handle.tell()
+                    self._take_last(raw, batch)
+                break  # else a line still being written: read it next time
+            self._offset = handle.tell()
+            if not self._take_raw(raw, batch):
+                return
+        else:
+            batch.more = True
+        self._finished = not batch.more and self._offset >= size
+
+    def _read_line(self, handle, batch: Batch) -> bytes | None:
+        """The next line from self._offset (with its newline, or a last line without one; b"" at the end).
+        None for a line longer than MAX_LINE_BYTES: counted as a bad record and skipped, in chunks that are
+        not kept, up to its newline (self._skipping while that is not in the file yet)."""
+        start, limit = self._offset, min(CHUNK_BYTES, MAX_LINE_BYTES + 1)
+        raw = handle.readline(limit)
+        if len(raw) <= MAX_LINE_BYTES and (raw.endswith(b"\n") or len(raw) < limit):
+            return raw
+        length = len(raw)
+        del raw
+        while length <= MAX_LINE_BYTES:  # find where the line ends without keeping it
+            chunk = handle.read(CHUNK_BYTES)
+            newline = chunk.find(b"\n")
+            if not chunk or newline >= 0 and length + newline + 1 <= MAX_LINE_BYTES:
+                end = length + (newline + 1 if chunk else 0)
+                handle.seek(start)
+                return handle.read(end)  # a line within the cap (or a last line still being written)
+            if newline >= 0:  # ends just past the cap
+                length += newline + 1
+                handle.seek(start + length)
+                self._offset = start + length
+                self._bad_line(batch, start)
+                return None
+            length += len(chunk)
+        self._offset = handle.tell()
+        self._bad_line(batch, start)
+        if length and not self._ends_at(handle, start, length):
+            self._skipping = True
+        return None
+
+    def _ends_at(self, handle, start: int, length: int) -> bool:
+        """True when the `length` bytes read from `start` end with the line's newline."""
+        handle.seek(start + length - 1)
+        ended = handle.read(1) == b"\n"
+        handle.seek(start + length)
+        return ended
+
+    def _bad_line(self, batch: Batch, start: int) -> None:
+        batch.bad_records += 1
+        batch.last_error = f"trace line at byte {start}: longer than {MAX_LINE_BYTES} bytes, skipped"
+
+    def _skip(self, handle, budget: int) -> bool:
+        """Read on to the end of the line being skipped, at most budget bytes; True once past its newline."""
+        while budget > 0:
+            chunk = handle.read(min(CHUNK_BYTES, budget))
+            if not chunk:
+                return False
+            newline = chunk.find(b"\n")
+            if newline >= 0:
+                self._offset += newline + 1
+                handle.seek(self._offset)
+                self._skipping = False
+                return True
+            self._offset += len(chunk)
+            budget -= len(chunk)
+        return False
 
     def _note_growth(self, size: int) -> None:
         if size != self._size:

@@ -10,7 +10,16 @@ import streamlit as st
 from dashboard.live.layout import ResolvedLayout, resolve_layout
 from dashboard.live.snapshot import Snapshot, analyse
 from dashboard.live.watched import WatchedRun
-from dashboard.views.session import STALE_AFTER_S, Settings, runs_at, safe_text, settings, shown_url, watched_run_for
+from dashboard.views.session import (
+    STALE_AFTER_S,
+    Settings,
+    runs_at,
+    safe_text,
+    settings,
+    shown_url,
+    skipped_runs,
+    watched_run_for,
+)
 
 
 @dataclass
@@ -27,8 +36,11 @@ class PageData:
 def ago(time_s: float | None) -> str:
     if time_s is None:
         return "never"
-    seconds = max(0.0, time.time() - time_s)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
+    try:
+        seconds = max(0.0, time.time() - time_s)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
+    except (OverflowError, OSError, ValueError):  # not a time this machine can show
+        return "unknown"
     return f"{stamp} ({seconds:.0f} s ago)" if seconds < 3 * 86400 else stamp
 
 
@@ -43,6 +55,11 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
     """Poll once and analyse; None (after showing why) when there is nothing to draw. With
     require_steps=False a reachable source without steps still gives a PageData (snapshot None)."""
     cfg = settings()
+    if cfg.source == "redis":
+        skipped = skipped_runs(cfg.redis_url)
+        if skipped:
+            st.caption(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of `moe:runs` skipped: not a valid run "
+                       "name (or not UTF-8), or a last-write time that is not finite.")
     if cfg.source == "redis" and not cfg.run:
         _, error = runs_at(cfg.redis_url)
         if error:
@@ -52,7 +69,8 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
                     "to a MoE model (`from collectors import attach`) and its run appears here.")
         return None
     if cfg.source == "trace" and not cfg.trace_path:
-        st.info("Enter the path of a recorded trace file (JSON lines) in the sidebar.")
+        st.info("Enter the name of a recorded trace file (JSON lines) in the sidebar: a file in the trace folder "
+                "(MOE_TRACE_DIR, else ./traces).")
         return None
     watched = watched_run_for(cfg)
     watched.tick()
@@ -100,7 +118,8 @@ def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
         st.warning(f"**{watched.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
                    "MAXLEN if this keeps happening.")
     if watched.bad_records:
-        st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {watched.last_error}")
+        latest = safe_text(watched.last_error, cfg.redis_url) if cfg.source == "redis" else watched.last_error
+        st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {latest}")
 
 
 def poll_and_caption(require_steps: bool = True) -> PageData | None:

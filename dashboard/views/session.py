@@ -16,7 +16,7 @@ import streamlit as st
 
 import wire
 from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import REDIS_ERRORS, RedisSource, list_runs
+from dashboard.sources.redis import REDIS_ERRORS, RedisSource, RunListing, read_runs
 from dashboard.sources.trace import TraceSource
 
 REDIS_TIMEOUT_S = 0.5
@@ -77,19 +77,43 @@ def safe_text(text: str, url: str) -> str:
     return text.replace(password, "***") if password else text
 
 
-def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
-    """(runs newest first, error message '' when Redis answered). Messages never hold the password."""
+def _run_listing(url: str) -> tuple[RunListing, str]:
+    """The runs of moe:runs at url (dashboard.sources.redis.read_runs) and an error message ('' when Redis
+    answered), remembered in the session for skipped_runs(). Messages never hold the password."""
+    listing, error = RunListing([], 0), ""
     try:
-        return list_runs(redis_client(url)), ""
+        client = redis_client(url)
     except ValueError:
-        return [], f"the Redis URL {shown_url(url)} must start with redis://, rediss:// or unix://"
-    except REDIS_ERRORS as exc:
-        return [], safe_text(f"{type(exc).__name__}: {exc}", url)
+        error = f"the Redis URL {shown_url(url)} must start with redis://, rediss:// or unix://"
+    else:
+        try:
+            listing = read_runs(client)
+        except REDIS_ERRORS as exc:
+            error = safe_text(f"{type(exc).__name__}: {exc}", url)
+    st.session_state["run_listing"] = (url, listing.skipped)
+    return listing, error
+
+
+def runs_at(url: str) -> tuple[list[tuple[str, float]], str]:
+    """(runs newest first, error message '' when Redis answered). Messages never hold the password. Entries of
+    moe:runs that are not valid runs are left out; skipped_runs(url) says how many."""
+    listing, error = _run_listing(url)
+    return listing.runs, error
+
+
+def skipped_runs(url: str) -> int:
+    """Entries of moe:runs that runs_at(url) left out (invalid or non-UTF-8 name, non-finite time), as of
+    this session's latest listing of url (listing it now when there is none)."""
+    held = st.session_state.get("run_listing")
+    if held is not None and held[0] == url:
+        return int(held[1])
+    return _run_listing(url)[0].skipped
 
 
 def trace_root() -> Path:
     """The folder the dashboard may replay trace files from: MOE_TRACE_DIR, else ./traces (resolved). The
-    trace field and uploads only ever name files inside it."""
+    trace field and uploads only ever name files inside it: watched_run_for() takes a relative name inside it
+    and refuses anything outside (dashboard.sources.trace.trace_file_in)."""
     return Path(os.environ.get("MOE_TRACE_DIR") or "traces").resolve()
 
 
@@ -112,7 +136,9 @@ def watched_layers() -> int:
 
 def watched_run_for(cfg: Settings) -> WatchedRun | None:
     """The session's WatchedRun for these settings (a new one when source, run or window size changed);
-    None when there is nothing to watch yet (no run chosen, no trace path)."""
+    None when there is nothing to watch yet (no run chosen, no trace path). A trace path is a name inside
+    trace_root() (or a path under it); anything else gives a source that reports, with one message that
+    does not say whether the path exists, that only files in the trace folder are read."""
     key = cfg.monitor_key()
     held = st.session_state.get("watched_run")
     if held is not None and held[0] == key:
@@ -124,7 +150,7 @@ def watched_run_for(cfg: Settings) -> WatchedRun | None:
     else:
         if not cfg.trace_path:
             return None
-        source = TraceSource(cfg.trace_path)
+        source = TraceSource(cfg.trace_path, root=trace_root())
     watched = WatchedRun(source, cfg.window_steps)
     st.session_state["watched_run"] = (key, watched)
     return watched
