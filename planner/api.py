@@ -21,11 +21,11 @@ import numpy as np
 from .bounds import best_bound, group_partition_bound
 from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
 from .hierarchical import off_node_share, plan_hierarchical
-from .loads import as_counts, check_shape, layer_imbalance, replica_counts, slot_weights
+from .loads import as_counts, check_shape, check_size, layer_imbalance, replica_counts, slot_weights
 from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
 from .pairs import MAX_SPLITS, num_splits, refine_pairs
 from .replicas import refine_all
-from .robust import fit_robust, scenarios
+from .robust import check_recent, fit_robust, scenarios, window_weights
 
 POLICIES = ("auto", "eplb", "refined", "hierarchical", "robust")
 PAIR_STOP_GAP = 1e-4        # pair re-splits stop once a layer is within this of its lower bound
@@ -97,7 +97,7 @@ def plan_refined(counts_LE, gpus: int, redundant: int, windows_WLE=None) -> np.n
     c = as_counts(counts_LE)
     E = c.shape[1]
     check_shape(E, gpus, redundant)
-    rep = replicate_greedy(c, E + redundant)
+    rep = replicate_greedy(c, E + redundant, max_replicas=gpus)
     phys = expand_replicas(rep)
     lay = layout_from_bins(phys, balanced_pack(np.take_along_axis(c / rep, phys, axis=1), gpus, phys), gpus)
     lay, _ = refine_all(lay, c[None] if windows_WLE is None else windows_WLE, gpus)
@@ -116,13 +116,15 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
         raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(POLICIES)})")
     if (nodes is None) != (groups is None):
         raise ValueError("--nodes and --groups go together: give both or neither")
+    check_recent(recent)
+    window_weights(1, decay)                                     # checks decay whatever the input's shape
     windowed = c.ndim == 3
+    L, E = c.shape[-2:]
+    check_shape(E, gpus, redundant)
     if windowed:
         target, scen = scenarios(c, decay, recent)
     else:
         target, scen = c, None
-    L, E = target.shape
-    check_shape(E, gpus, redundant)
     hier = nodes is not None and groups is not None
     if nodes is not None and groups is not None:
         check_hierarchy(E, gpus, redundant, nodes, groups)
@@ -132,6 +134,8 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
         policy = "hierarchical" if hier else ("robust" if windowed else "refined")
     if policy == "hierarchical" and not hier:
         raise ValueError("policy 'hierarchical' needs --nodes and --groups")
+    check_size(L, E, gpus, E + redundant,                     # robust on [L, E]: the counts and their blend
+               scenarios=scen.shape[0] if scen is not None else 2 if policy == "robust" else 1)
     home = None
     if policy == "eplb":
         eplb_in = np.where(active[:, None], c.sum(0) if windowed else c, 1.0)

@@ -70,7 +70,7 @@ def plan_hierarchical(counts_LE, gpus: int, redundant: int, nodes: int, groups: 
     check_hierarchy(E, gpus, redundant, nodes, groups)
     node_LQ = group_to_node(c, nodes, groups)
     home_LE = np.repeat(node_LQ, E // groups, axis=1)
-    rep = replicate_greedy(c, E + redundant)
+    rep = replicate_greedy(c, E + redundant, max_replicas=gpus)
     phys = expand_replicas(rep)
     first = np.concatenate([np.ones((L, 1), bool), np.diff(phys, axis=1) != 0], axis=1)
     pin = np.where(first, np.take_along_axis(home_LE, phys, axis=1), -1)

@@ -8,7 +8,10 @@ Project traces (JSON lines of wire.trace_line, ``.jsonl`` / ``.trace``, or a ``.
 a trace line) load as [W, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
 contiguous windows of summed steps (see trace_windows). Other types: ``register_loader(".suffix", fn)``
 where ``fn(path) -> array [L,E] | [T,L,E]``.
-Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads.
+Counts are checked by planner.loads.as_counts (numbers only, finite, >= 0, bounded sums); every malformed
+file gives one ValueError naming the file, never another exception.
+Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads, written
+as strict JSON (no NaN / Infinity).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import numpy as np
 
 import wire
 
-from .loads import as_counts
+from .loads import MAX_SLOTS, as_counts
 from .windows import MAX_WINDOWS, split_windows
 
 _LOADERS: dict[str, Callable[[Path], object]] = {}
@@ -36,20 +39,37 @@ def _from_obj(obj, path: Path):
         if "logical_count" not in obj:
             raise ValueError(f"{path}: no 'logical_count' key (found: {', '.join(map(str, obj)) or 'none'})")
         obj = obj["logical_count"]
-    if hasattr(obj, "detach"):  # a torch tensor
-        obj = obj.detach().cpu().double().numpy()
+    return _tensors_to_arrays(obj, path)
+
+
+def _tensors_to_arrays(obj, path: Path, depth: int = 0):
+    """obj with every torch tensor (at the top or inside lists, as a .pt may hold them) as a float64 array;
+    as_counts checks the rest."""
+    if hasattr(obj, "detach"):  # a torch tensor: only a .pt file holds one, so torch is loaded
+        from planner.ptfile import tensor_array
+
+        return tensor_array(obj, str(path))
+    if isinstance(obj, (list, tuple)) and depth < 3:
+        return [_tensors_to_arrays(x, path, depth + 1) for x in obj]
     return obj
 
 
 def _load_json(path: Path):
-    with path.open("r", encoding="utf-8") as handle:
-        first = handle.readline()
-    if _is_trace_line(first):
-        return _load_trace(path)
     try:
-        obj = json.loads(path.read_text())
+        with path.open("r", encoding="utf-8") as handle:
+            first = handle.readline()
+        if _is_trace_line(first):
+            return _load_trace(path)
+        obj = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text (a JSON file is text)") from None
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply (counts are [layers][experts] or "
+                         "[windows][layers][experts])") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's limit on digits
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
     return _from_obj(obj, path)
 
 
@@ -62,7 +82,7 @@ def _load_pt(path: Path):
 def _is_trace_line(line: str) -> bool:
     try:
         obj = json.loads(line)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(obj, dict) and obj.get("kind") in ("meta", "step", "gpu")
 
@@ -95,7 +115,7 @@ def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") ->
             continue
         try:
             _, rec = wire.decode_trace_line(line)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
             raise ValueError(f"{name} line {number}: not a valid trace line ({exc})") from None
         if not isinstance(rec, wire.StepRecord):
             continue
@@ -118,33 +138,38 @@ def load_counts(path) -> np.ndarray:
     """Expert counts from a file, float64 [L, E] or [W, L, E]."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{p}: no such file")
+        raise ValueError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     loader = _LOADERS.get(p.suffix.lower())
     if loader is None:
         raise ValueError(f"{p}: unknown file type '{p.suffix}' (expected one of {', '.join(sorted(_LOADERS))})")
-    obj = loader(p)
-    try:
-        arr = np.asarray(obj, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{p}: logical_count must be a rectangular array of numbers "
-                         "[layers][experts] or [windows][layers][experts]") from None
-    return as_counts(arr, f"{p.name}: logical_count", ndim=(2, 3))
+    return as_counts(loader(p), f"{p.name}: logical_count", ndim=(2, 3))
 
 
 def load_layout(path) -> np.ndarray:
     """A layout JSON ({"physical_to_logical_map": [[...]]}) as int64 [L, P]."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{p}: no such file")
+        raise ValueError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     try:
         rows = wire.parse_layout_json(p.read_bytes())
+    except RecursionError:
+        raise ValueError(f"{p}: layout JSON nested too deeply") from None
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None
     if len({len(row) for row in rows}) != 1:
         raise ValueError(f"{p}: physical_to_logical_map must have the same number of slots in every layer")
+    if not rows[0]:
+        raise ValueError(f"{p}: physical_to_logical_map has layers without slots")
+    if not all(type(v) is int and 0 <= v < MAX_SLOTS for row in rows for v in row):
+        raise ValueError(f"{p}: physical_to_logical_map must hold whole expert ids 0..{MAX_SLOTS - 1}")
     return np.asarray(rows, dtype=np.int64)
 
 
 def write_json(path, payload: dict) -> None:
-    """Write a plan (see PlanResult.to_json) as JSON."""
-    Path(path).write_text(json.dumps(payload))
+    """Write a plan (see PlanResult.to_json) as strict JSON: ValueError, and nothing written, when it holds
+    NaN or an infinity (JSON has neither; Python would write NaN / Infinity, which SGLang cannot read)."""
+    try:
+        text = json.dumps(payload, allow_nan=False)
+    except ValueError:
+        raise ValueError(f"{path}: the plan holds NaN or infinite numbers; nothing written") from None
+    Path(path).write_text(text)

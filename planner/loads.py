@@ -12,13 +12,57 @@ from __future__ import annotations
 
 import numpy as np
 
+MAX_SLOTS = 65536            # P = E + R: physical slots per layer the planner takes
+MAX_PLAN_CELLS = 1 << 25     # L x (scenarios x S x P + G x E): the planner's working tables (see check_size)
+MAX_COUNT_SUM = 1e30         # all counts together: sums and the float32 screens (max 3.4e38) stay finite
+MIN_ROW_SUM = 1e-30          # a layer's (window's) counts: 0 or at least this (tinier means underflow)
+_MAX_NEST = 3                # [windows][layers][experts]
+
+
+def _numbers_only(obj, name: str) -> None:
+    """ValueError unless obj is numbers (int or float, never bool or str) nested at most _MAX_NEST lists deep,
+    or numeric numpy arrays. Walks lists iteratively; the message names the first offender's position."""
+    stack: list[tuple[object, tuple[int, ...]]] = [(obj, ())]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, (list, tuple)):
+            if len(where) >= _MAX_NEST:
+                raise ValueError(f"{name} must be [layers][experts] or [windows][layers][experts]: lists nest "
+                                 f"deeper than {_MAX_NEST} levels")
+            stack.extend(reversed([(x, (*where, i)) for i, x in enumerate(item)]))
+        elif isinstance(item, np.ndarray):
+            _numeric_dtype(item.dtype, name)
+        elif isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, float, np.integer, np.floating)):
+            at = "".join(f"[{i}]" for i in where)
+            raise ValueError(f"{name} must hold numbers only, found {type(item).__name__} {_short(item)}"
+                             + (f" at {at}" if at else ""))
+
+
+def _numeric_dtype(dtype: np.dtype, name: str) -> None:
+    if dtype.kind not in "iuf":
+        raise ValueError(f"{name} must hold numbers only (int or float), got an array of {dtype}")
+
+
+def _short(item) -> str:
+    text = repr(item)
+    return text if len(text) <= 40 else text[:37] + "..."
+
 
 def as_counts(counts, name: str = "counts", ndim: tuple[int, ...] = (2,)) -> np.ndarray:
-    """Validate expert counts and return them as float64 (shape [L, E] or [W, L, E] per ``ndim``)."""
+    """Validate expert counts and return them as float64 (shape [L, E] or [W, L, E] per ``ndim``).
+
+    ValueError (never another exception) unless counts are ints or floats (bools and strings are refused, not
+    converted), rectangular, finite and >= 0, summing to at most MAX_COUNT_SUM in all, with every layer of
+    every window summing to 0 or at least MIN_ROW_SUM."""
+    if isinstance(counts, np.ndarray):
+        _numeric_dtype(counts.dtype, name)
+    else:
+        _numbers_only(counts, name)
     try:
         arr = np.asarray(counts, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{name} must be numbers: {exc}") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{name} must be a rectangular array of numbers [layers][experts] or "
+                         f"[windows][layers][experts] within the float range ({exc})") from None
     if arr.ndim not in ndim:
         want = " or ".join(f"{d}-D" for d in ndim)
         raise ValueError(f"{name} must be {want} (layers x experts), got shape {arr.shape}")
@@ -28,16 +72,37 @@ def as_counts(counts, name: str = "counts", ndim: tuple[int, ...] = (2,)) -> np.
         raise ValueError(f"{name} contains NaN or infinite values")
     if np.any(arr < 0):
         raise ValueError(f"{name} contains negative counts")
+    with np.errstate(over="ignore"):
+        rows = arr.sum(-1)
+        total = rows.sum()
+    if not total <= MAX_COUNT_SUM:
+        raise ValueError(f"{name} sum to {total:.3g}, above the planner's limit of {MAX_COUNT_SUM:g}: "
+                         "scale them down (only their ratios matter)")
+    tiny = (rows > 0) & (rows < MIN_ROW_SUM)
+    if tiny.any():
+        where = "".join(f"[{int(i)}]" for i in np.argwhere(tiny)[0])
+        raise ValueError(f"{name}{where} sum to {rows[tiny].flat[0]:.3g}, below the planner's limit of "
+                         f"{MIN_ROW_SUM:g} for a layer with tokens: scale them up (only their ratios matter)")
     return arr
+
+
+def _whole(value, flag: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{flag} must be a whole number, got {_short(value)}")
+    return int(value)
 
 
 def check_shape(num_experts: int, gpus: int, redundant: int) -> int:
     """Check E, G, R fit together and return S, the slots per GPU."""
+    gpus, redundant = _whole(gpus, "--gpus"), _whole(redundant, "--redundant")
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
     if redundant < 0:
         raise ValueError(f"--redundant must be >= 0, got {redundant}")
     slots = num_experts + redundant
+    if slots > MAX_SLOTS:
+        raise ValueError(f"experts + redundant = {num_experts} + {redundant} = {slots} slots per layer, above the "
+                         f"planner's limit of {MAX_SLOTS}")
     if slots % gpus:
         raise ValueError(f"experts + redundant = {num_experts} + {redundant} = {slots} slots do not split "
                          f"evenly over {gpus} GPUs; pick R so that (E + R) is a multiple of G")
@@ -46,6 +111,23 @@ def check_shape(num_experts: int, gpus: int, redundant: int) -> int:
         raise ValueError(f"{per_gpu} slots per GPU exceed the {num_experts} experts: some GPU would hold "
                          "two replicas of one expert")
     return per_gpu
+
+
+def check_size(layers: int, num_experts: int, gpus: int, slots: int, scenarios: int = 1) -> None:
+    """ValueError when a plan of L layers, E experts and P slots on G GPUs would outgrow the planner's working
+    tables: P must stay within MAX_SLOTS; the swap search holds scenarios x S x P candidates per layer
+    (S = P / G slots per GPU, scenarios = the windows balanced at once, 1 for [L, E] counts), the bounds and the
+    packing G x E per layer: L x (scenarios x S x P + G x E) must stay within MAX_PLAN_CELLS (2**25, about
+    1.5 GiB of working memory at the peak)."""
+    if slots > MAX_SLOTS:
+        raise ValueError(f"{slots} slots per layer, above the planner's limit of {MAX_SLOTS}")
+    per_gpu = slots // gpus
+    cells = layers * (scenarios * per_gpu * slots + gpus * num_experts)
+    if cells > MAX_PLAN_CELLS:
+        raise ValueError(f"plan too large: {layers} layers x ({scenarios} window(s) x {per_gpu} slots per GPU x "
+                         f"{slots} slots + {gpus} GPUs x {num_experts} experts) = {cells:,} cells, above the "
+                         f"planner's limit of {MAX_PLAN_CELLS:,} (about 1.5 GiB of working memory); plan fewer "
+                         "layers, windows (--recent) or slots")
 
 
 def replica_counts(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:

@@ -7,14 +7,19 @@ from __future__ import annotations
 import numpy as np
 
 
-def replicate_greedy(weight_LE: np.ndarray, num_slots: int) -> np.ndarray:
+def replicate_greedy(weight_LE: np.ndarray, num_slots: int, max_replicas: int | None = None) -> np.ndarray:
     """Replica counts [L, E] (int64, each >= 1, rows sum to ``num_slots``): every extra slot goes to the
-    expert with the largest load per replica (ties: lowest id). Minimises the largest per-replica load."""
+    expert with the largest load per replica (ties: lowest id). Minimises the largest per-replica load.
+    ``max_replicas`` (the GPUs, for layouts without two replicas of one expert on a GPU): no expert gets more;
+    needs num_slots <= E * max_replicas. It changes nothing until some expert would pass it."""
     L, E = weight_LE.shape
     rep_LE = np.ones((L, E), dtype=np.int64)
     rows = np.arange(L)
     for _ in range(num_slots - E):
-        e_L = np.argmax(weight_LE / rep_LE, axis=1)
+        per_replica = weight_LE / rep_LE
+        if max_replicas is not None:
+            per_replica[rep_LE >= max_replicas] = -np.inf
+        e_L = np.argmax(per_replica, axis=1)
         rep_LE[rows, e_L] += 1
     return rep_LE
 

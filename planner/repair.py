@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .loads import as_counts, check_layout, layer_imbalance, replica_counts, slot_weights
+from .loads import as_counts, check_layout, check_size, layer_imbalance, replica_counts, slot_weights
 from .refine import refine_swaps
 from .replicas import refine_replicas
 from .robust import scenarios
@@ -74,6 +74,7 @@ def _greedy_steps(counts_LE: np.ndarray, current_LP: ArrayLike, gpus: int, max_m
     if start.shape[0] != counts_LE.shape[0]:
         raise ValueError(f"layout has {start.shape[0]} layers, counts have {counts_LE.shape[0]}")
     L = start.shape[0]
+    check_size(L, E, gpus, start.shape[1])
     held_LGE = _held_LGE(start, gpus, E)
     layouts, moves, imbalances = [start], [np.zeros(L, dtype=np.int64)], [layer_imbalance(counts_LE, start, gpus)]
     steps_L = np.zeros(L, dtype=np.int64)

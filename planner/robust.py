@@ -30,15 +30,27 @@ def normalise(counts_WLE: np.ndarray) -> np.ndarray:
 
 def window_weights(num_windows: int, decay: float) -> np.ndarray:
     """Weights [W] of windows oldest..newest: decay ** age, summing to 1 (decay=1: equal)."""
-    if not 0.0 < decay <= 1.0:
-        raise ValueError(f"decay must be in (0, 1], got {decay}")
+    try:
+        ok = 0.0 < decay <= 1.0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"decay must be in (0, 1], got {decay!r}")
     w = decay ** np.arange(num_windows - 1, -1, -1, dtype=np.float64)
     return w / w.sum()
+
+
+def check_recent(recent) -> int:
+    """ValueError unless ``recent`` (the newest windows balanced at once) is a whole number >= 1."""
+    if isinstance(recent, (bool, np.bool_)) or not isinstance(recent, (int, np.integer)) or recent < 1:
+        raise ValueError(f"--recent (windows balanced at once) must be a whole number >= 1, got {recent!r}")
+    return int(recent)
 
 
 def scenarios(counts_WLE, decay: float = 1.0, recent: int = 16) -> tuple[np.ndarray, np.ndarray]:
     """(blend_LE, scenarios_WLE): the decay-weighted blend of normalised windows and the scenario set
     (the ``recent`` newest normalised windows plus the blend), each normalised per layer."""
+    recent = check_recent(recent)
     c = as_counts(counts_WLE, "counts", ndim=(3,))
     n = normalise(c)
     blend = np.einsum("t,tle->le", window_weights(c.shape[0], decay), n)
@@ -83,7 +95,7 @@ def fit_robust(counts_WLE, gpus: int, redundant: int, decay: float = 1.0, recent
     blend, scen = scenarios(counts_WLE, decay, recent)
     L, E = blend.shape
     check_shape(E, gpus, redundant)
-    rep = replicate_greedy(scen.max(0), E + redundant)
+    rep = replicate_greedy(scen.max(0), E + redundant, max_replicas=gpus)
     phys = expand_replicas(rep)
     w = np.take_along_axis(scen / rep, np.broadcast_to(phys, scen.shape[:1] + phys.shape), axis=2)
     lay = layout_from_bins(phys, vector_pack(w, phys, gpus), gpus)

@@ -27,3 +27,26 @@ def test_no_banner_on_loopback_or_when_allowed(address, monkeypatch, value, allo
     monkeypatch.setenv("MOE_DASHBOARD_ALLOW_REMOTE", allow)
     at = run_app("redis://127.0.0.1:1/0", monkeypatch)
     assert not any("reachable from the network" in w.value for w in at.warning)
+
+
+def test_viewers_see_no_tracebacks():
+    """.streamlit/config.toml: client.showErrorDetails = "type" (streamlit accepts it, as `streamlit config show`
+    prints), so an uncaught exception shows the browser its type and a generic message, never a traceback or the
+    exception's message (paths, URLs). AppTest reads the same config.toml (tests run from the repo root)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    root = Path(__file__).resolve().parents[1]
+    client = (root / ".streamlit" / "config.toml").read_text().split("[client]")[1].split("\n[")[0]
+    assert '\nshowErrorDetails = "type"\n' in client
+    shown = subprocess.run([sys.executable, "-m", "streamlit", "config", "show"], cwd=root, capture_output=True,
+                           text=True, timeout=60).stdout
+    assert '\nshowErrorDetails = "type"\n' in shown
+    assert st.config.get_option("client.showErrorDetails") == "type"
+    at = AppTest.from_string("raise ValueError('redis://:hunter2@db:6379/0 in /srv/secret/path')").run()
+    (exc,) = at.exception
+    assert exc.proto.type == "ValueError" and not exc.stack_trace
+    assert "hunter2" not in str(exc.proto) and "/srv/secret" not in str(exc.proto)

@@ -148,3 +148,126 @@ def test_dashboard_planner_never_imports_torch():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ),
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# Bad input found by the "never down, never wrong" issue: each answered with one "error: ..." line and exit 2.
+# Run in-process through planner.cli.main (the same code as python -m planner, minus the interpreter start).
+
+def cli(capsys, *args) -> tuple[int, list[str]]:
+    from planner.cli import main
+
+    rc = main([str(a) for a in args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err.strip().splitlines()
+
+
+BAD_VALUES = [
+    ("sum_inf.json", '{"logical_count": [[1e308, 1e308, 1, 1]]}', "sum to inf, above the planner's limit of 1e+30"),
+    ("sum_huge.json", '{"logical_count": [[1e30, 1e30, 1, 1]]}', "sum to 2e+30, above the planner's limit of 1e+30"),
+    ("strings.json", '[["1", "2"]]', "numbers only, found str '1' at [0][0]"),
+    ("bools.json", '[[true, false]]', "numbers only, found bool True at [0][0]"),
+    ("mixed_bool.json", '{"logical_count": [[1, 2], [3, true]]}', "numbers only, found bool True at [1][1]"),
+    ("nulls.json", '[[null, 1]]', "numbers only, found NoneType"),
+    ("objects.json", '[[{"a": 1}, 1]]', "numbers only, found dict"),
+    ("huge_int.json", "[[1" + "0" * 400 + ", 1]]", "float range"),
+    ("long_int.json", "[[1" + "0" * 5000 + ", 1]]", "not valid JSON"),
+    ("deep.json", "[" * 100_000, "nested too deeply"),
+    ("four_d.json", "[[[[1, 2]]]]", "deeper than 3 levels"),
+    ("tiny.json", "[[1e-31, 0], [1, 1]]", "[0] sum to 1e-31, below the planner's limit of 1e-30"),
+    ("nan.json", "[[NaN, 1]]", "NaN or infinite"),
+]
+
+
+@pytest.mark.parametrize("name,text,msg", BAD_VALUES)
+def test_bad_values_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, name, text, msg):
+    f = tmp_path / name
+    f.write_text(text)
+    out = tmp_path / "o.json"
+    rc, lines = cli(capsys, "--load", f, "--gpus", 2, "--redundant", 0, "--out", out)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], lines
+    assert not out.exists()
+
+
+def test_not_utf8_json_is_one_line(tmp_path, capsys):
+    f = tmp_path / "latin1.json"
+    f.write_bytes(b'{"logical_count": [[1, 2]], "note": "caf\xe9"}')
+    rc, lines = cli(capsys, "--load", f, "--gpus", 2, "--redundant", 0, "--out", tmp_path / "o.json")
+    assert rc == 2 and len(lines) == 1 and "not UTF-8" in lines[0], lines
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--gpus", 2, "--redundant", 0, "--recent", 0], "--recent"),
+    (["--gpus", 2, "--redundant", 0, "--recent", -3], "--recent"),
+    (["--gpus", 2, "--redundant", 0, "--decay", 0], "decay must be in (0, 1]"),
+    (["--gpus", 256, "--redundant", 65280], "plan too large"),
+    (["--gpus", 1, "--redundant", 70000], "above the planner's limit of 65536"),
+    (["--gpus", 2, "--redundant", 10 ** 30], "above the planner's limit of 65536"),
+])
+def test_out_of_range_arguments_exit_2(tmp_path, capsys, args, msg):
+    out = tmp_path / "o.json"
+    rc, lines = cli(capsys, "--load", DATA / "prefill_in512.json", *args, "--out", out)
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], lines
+    assert not out.exists()
+
+
+def test_recent_is_checked_for_windowed_input_too(tmp_path, capsys):
+    src = tmp_path / "w.json"
+    src.write_text(json.dumps(drifting_windows(windows=3, layers=2, experts=8, seed=0).tolist()))
+    rc, lines = cli(capsys, "--load", src, "--gpus", 2, "--redundant", 0, "--recent", 0, "--out", tmp_path / "o.json")
+    assert rc == 2 and "--recent" in lines[0]
+
+
+def test_layout_json_is_strict(tmp_path):
+    from planner.io import write_json
+
+    out = tmp_path / "o.json"
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        write_json(out, {"physical_to_logical_map": [[0, 1]], "predicted_balancedness": [float("inf")]})
+    assert not out.exists()
+
+
+def _torch_tensors():
+    import torch
+    return {
+        "sparse_coo": (lambda: torch.tensor([[1.0, 0], [0, 2]]).to_sparse(), "sparse_coo tensor"),
+        "sparse_csr": (lambda: torch.tensor([[1.0, 0], [0, 2]]).to_sparse_csr(), "sparse_csr tensor"),
+        "meta": (lambda: torch.empty(2, 4, device="meta"), "meta tensor"),
+        "quantized": (lambda: torch.quantize_per_tensor(torch.tensor([[1.0, 2], [3, 4]]), 0.1, 0, torch.quint8),
+                      "quantized tensor"),
+        "bool": (lambda: torch.tensor([[True, False]]), "torch.bool tensor"),
+        "complex": (lambda: torch.tensor([[1 + 2j, 3]]), "torch.complex64 tensor"),
+        "nested": (lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]), "nested tensor"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["sparse_coo", "sparse_csr", "meta", "quantized", "bool", "complex", "nested"])
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_pt_tensors_without_plain_numbers_are_one_line(tmp_path, capsys, kind, wrapped):
+    import warnings
+
+    import torch
+    make, msg = _torch_tensors()[kind]
+    with warnings.catch_warnings():  # beta / deprecation notices of torch itself
+        warnings.simplefilter("ignore")
+        tensor = make()
+    pt = tmp_path / f"{kind}.pt"
+    torch.save({"logical_count": tensor} if wrapped else tensor, pt)
+    rc, lines = cli(capsys, "--load", pt, "--gpus", 2, "--redundant", 0, "--out", tmp_path / "o.json")
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], lines
+
+
+def test_pt_half_and_int_tensors_still_plan(tmp_path, capsys):
+    import torch
+    c = (skewed_counts(layers=2, experts=8, seed=3) * 1000 / skewed_counts(layers=2, experts=8, seed=3).max()).round()
+    for dtype in (torch.float16, torch.int32):
+        pt = tmp_path / f"{dtype}.pt".replace("torch.", "")
+        torch.save(torch.tensor(c).to(dtype), pt)
+        rc, lines = cli(capsys, "--load", pt, "--gpus", 2, "--redundant", 0, "--out", tmp_path / "o.json")
+        assert rc == 0, lines
+
+
+def test_huge_plans_fail_fast_in_a_subprocess(tmp_path):
+    """The issue's example: --gpus 256 --redundant 65280 tried to allocate 7.6 GiB; now one line, at once."""
+    r = run("--load", DATA / "prefill_in512.json", "--gpus", 256, "--redundant", 65280, "--out", tmp_path / "o.json")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "plan too large" in r.stderr, r.stderr

@@ -1,15 +1,40 @@
 """The sidebar: source (live Redis or trace file), run, phase filter, window size, layer choice and the
 layout override / upload. Returns a Settings and keeps it in the session (dashboard.views.session owns the
-session state); pages read it with session.settings()."""
+session state); pages read it with session.settings().
+
+Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (wire.redact) and the
+environment's URL is used for as long as the field holds that redacted text. Trace files are picked from the
+trace folder (session.trace_root(): MOE_TRACE_DIR, else ./traces), never typed as a path; an upload is saved
+into that folder under a generated name and selected."""
 from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
 
 import streamlit as st
 
 import wire
-from dashboard.views.session import Settings, env_redis_url, keep_settings, runs_at, watched_layers
+from dashboard.views.session import (
+    Settings,
+    env_redis_url,
+    keep_settings,
+    runs_at,
+    shown_url,
+    trace_root,
+    watched_layers,
+)
 
 PER_LAYER = "per layer (busiest layer of each GPU)"
 ALL_LAYERS = "all layers (sum)"
+TRACE_SUFFIXES = (".jsonl", ".trace", ".json")  # what the upload takes
+UPLOAD_CAP_MIB = 256          # largest trace upload (st.file_uploader's max_upload_size; server.maxUploadSize too)
+MAX_LISTED = 500              # newest trace files offered in the picker
+_TRACE_KINDS = ("meta", "step", "gpu")
+_SAVED = "sidebar_saved_uploads"  # session entry: upload file id -> the name it was saved under
 
 
 def sidebar() -> Settings:
@@ -18,9 +43,7 @@ def sidebar() -> Settings:
     source = sb.radio("Source", ("Live Redis", "Trace file"), horizontal=True, key="source_kind")
     redis_url, run, trace_path = env_redis_url(), None, ""
     if source == "Live Redis":
-        redis_url = sb.text_input("Redis URL", value=env_redis_url(), key="redis_url", type="password",
-                                  help="Default from the REDIS_URL environment variable; hidden because it may "
-                                       "hold a password (messages show it redacted)").strip()
+        redis_url = _redis_url_field(sb)
         runs, error = runs_at(redis_url)
         if error:
             sb.caption("Redis not reachable (see the page).")
@@ -30,7 +53,7 @@ def sidebar() -> Settings:
         else:
             sb.caption("No run in this Redis yet.")
     else:
-        trace_path = sb.text_input("Trace file (JSON lines)", key="trace_path").strip()
+        trace_path = _trace_controls(sb)
     phase = sb.radio("Phase", ("both", "prefill", "decode"), horizontal=True, key="phase")
     window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
                                        key="window_steps"))
@@ -47,6 +70,129 @@ def sidebar() -> Settings:
                    gpus_per_node=per_node, uploaded_layout=uploaded)
     keep_settings(cfg)
     return cfg
+
+
+def _redis_url_field(sb) -> str:
+    """The Redis URL to read. The field starts with REDIS_URL redacted (the widget's value travels to the browser,
+    so it must hold no password); while it still holds that text the environment's own URL is used."""
+    env_url = env_redis_url()
+    shown = shown_url(env_url)
+    typed = sb.text_input("Redis URL", value=shown, key="redis_url", type="password",
+                          help="Default: the REDIS_URL environment variable, shown with its password as *** (the "
+                               "dashboard still uses the real one). Type another URL to read another Redis.")
+    typed = (typed or "").strip()
+    return env_url if typed == shown else typed
+
+
+def trace_files(root: Path) -> list[str]:
+    """Names of the files in root, newest first (modification time; then by name): regular files only (no
+    symlinks, folders or devices), hidden files left out, at most MAX_LISTED. Whatever their name: a file that
+    is not a trace is reported by the replay itself."""
+    found: list[tuple[float, str]] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:  # no such folder (yet), or not readable
+        return []
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+        except OSError:  # removed while listing
+            continue
+    found.sort(key=lambda item: (-item[0], item[1]))
+    return [name for _, name in found[:MAX_LISTED]]
+
+
+def upload_name(client_name: str, now_s: float | None = None) -> str:
+    """A fresh file name for an upload: upload-<UTC time>-<random>[-<the client's stem, letters, digits, _ and -
+    only>].jsonl. Never the client's name as such: no path separators, no dots, nothing hidden."""
+    base = re.split(r"[\\/]", str(client_name))[-1]
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", base.rsplit(".", 1)[0] if "." in base else base).strip("-_")[:40]
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
+    return f"upload-{stamp}-{secrets.token_hex(4)}" + (f"-{stem}" if stem else "") + ".jsonl"
+
+
+def save_upload(root: Path, client_name: str, data: bytes) -> str:
+    """Write data into root under upload_name(client_name) (written to a hidden temporary file, then renamed, so
+    the picker never lists half a file) and return that name. OSError when the folder cannot take it."""
+    root.mkdir(parents=True, exist_ok=True)
+    name = upload_name(client_name)
+    tmp = root / f".{name}.part"
+    try:
+        with open(tmp, "xb") as handle:
+            handle.write(data)
+        os.replace(tmp, root / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return name
+
+
+def first_line_error(data: bytes) -> str:
+    """'' when data starts like a trace (its first non-blank line a JSON object with a trace kind), else why not."""
+    first = re.search(rb"\S", data)  # in C: a file of blank lines costs no Python loop
+    if first is None:
+        return "it is empty"
+    end = data.find(b"\n", first.start())
+    try:
+        obj = json.loads(data[first.start():end if end >= 0 else len(data)])
+    except (ValueError, RecursionError):
+        return "its first line is not JSON"
+    if not isinstance(obj, dict) or obj.get("kind") not in _TRACE_KINDS:
+        return "its first line is not a trace line (a JSON object with kind meta, step or gpu)"
+    return ""
+
+
+def _trace_controls(sb) -> str:
+    """The trace picker (files of the trace folder, newest first) and the upload; returns the chosen name
+    (relative to trace_root()) or '' when the folder holds none."""
+    root = trace_root()
+    picker = sb.container()
+    _trace_upload(sb, root)  # before the picker is built: a fresh upload becomes its value
+    names = trace_files(root)
+    if st.session_state.get("trace_path") not in (None, *names):
+        del st.session_state["trace_path"]  # its file is gone: fall back to the newest
+    with picker:
+        name = None
+        if names:
+            name = st.selectbox("Trace file", names, key="trace_path",
+                                help="Trace files (JSON lines) in the trace folder, newest first.")
+        st.caption(("" if names else "No trace file here yet. ")
+                   + f"Trace folder: `{root}` (set MOE_TRACE_DIR before starting the dashboard to use another; "
+                     "record with `collectors.record_trace(...)` or `trace_path=` at attach, or upload below).")
+    return name or ""
+
+
+def _trace_upload(sb, root: Path) -> None:
+    upload = sb.file_uploader(f"Upload a trace (JSON lines, up to {UPLOAD_CAP_MIB} MiB)",
+                              type=[s.lstrip(".") for s in TRACE_SUFFIXES], key="trace_upload",
+                              max_upload_size=UPLOAD_CAP_MIB,
+                              help="Saved into the trace folder under a new name, then selected.")
+    if upload is None:
+        return
+    saved: dict[str, str] = st.session_state.setdefault(_SAVED, {})
+    if upload.file_id in saved:
+        sb.caption(f"Uploaded as `{saved[upload.file_id]}`.")
+        return
+    if upload.size > UPLOAD_CAP_MIB * 2 ** 20:
+        sb.error(f"The upload is {upload.size / 2 ** 20:.1f} MiB, above the {UPLOAD_CAP_MIB} MiB cap; copy large "
+                 "traces into the trace folder instead.")
+        return
+    data = upload.getvalue()
+    why = first_line_error(data)
+    if why:
+        sb.error(f"Not saved: the upload is not a trace ({why}). A trace is JSON lines, as "
+                 "`collectors.record_trace(...)` or `trace_path=` write them.")
+        return
+    try:
+        name = save_upload(root, upload.name, data)
+    except OSError as exc:
+        sb.error(f"Could not save the upload into the trace folder: {exc.strerror or type(exc).__name__}.")
+        return
+    saved[upload.file_id] = name
+    st.session_state["trace_path"] = name
+    sb.caption(f"Uploaded as `{name}` and selected.")
 
 
 def _layout_controls(sb) -> tuple[int | None, int | None, tuple[tuple[int, ...], ...] | None]:
