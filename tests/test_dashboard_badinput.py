@@ -59,7 +59,7 @@ def test_binary_trace_is_reported_once_as_not_text(tmp_path, monkeypatch):
     monkeypatch.setenv("MOE_TRACE_DIR", str(tmp_path))  # the trace folder: names are taken inside it
     at = run_app("redis://127.0.0.1:1/0", monkeypatch)
     at.sidebar.radio(key="source_kind").set_value("Trace file").run()
-    at.sidebar.text_input(key="trace_path").input(path.name).run()
+    at.sidebar.selectbox(key="trace_path").set_value(path.name).run()
     assert not at.exception, at.exception
     assert [e.value for e in at.error if "not a text trace" in e.value]
 

@@ -66,7 +66,7 @@ def test_trace_file_source(tmp_path, monkeypatch):
     monkeypatch.setenv("MOE_TRACE_DIR", str(tmp_path))  # the trace folder: names are taken inside it
     at = run_app("redis://127.0.0.1:1/0", monkeypatch)
     at.sidebar.radio(key="source_kind").set_value("Trace file").run()
-    at.sidebar.text_input(key="trace_path").input(path.name).run()
+    at.sidebar.selectbox(key="trace_path").set_value(path.name).run()
     assert not at.exception, at.exception
     assert next(m.value for m in at.metric if m.label.startswith("balancedness now")) == f"{6 / 10:.3f}"
     assert any("Straggler: GPU 0 (node 0)" in md.value for md in at.markdown)

@@ -153,25 +153,22 @@ def _replay(monkeypatch, root, name):
     monkeypatch.setenv("MOE_TRACE_DIR", str(root))
     at = run_app("redis://127.0.0.1:1/0", monkeypatch)
     at.sidebar.radio(key="source_kind").set_value("Trace file").run()
-    at.sidebar.text_input(key="trace_path").input(name).run()
+    at.sidebar.selectbox(key="trace_path").set_value(name).run()
     assert not at.exception, at.exception
     return at
 
 
-def test_the_page_replays_a_name_in_the_folder_and_refuses_others_alike(tmp_path, monkeypatch):
+def test_the_page_replays_a_name_in_the_folder_and_offers_nothing_else(tmp_path, monkeypatch):
+    """Trace files are picked from the trace folder, never typed: the page offers the folder's regular files
+    only (not a file outside it, not a symlink leading out, not a device), and replays the one picked.
+    Names that do reach the source some other way are refused alike (test_names_are_taken_inside_...)."""
     root = tmp_path / "traces"
     root.mkdir()
     (root / "run.jsonl").write_text("\n".join(_lines(4)) + "\n")
     outside = tmp_path / "outside.jsonl"
     outside.write_text("\n".join(_lines(4)) + "\n")
+    (root / "escape.jsonl").symlink_to(outside)
+    (root / "zero.jsonl").symlink_to("/dev/zero")
     at = _replay(monkeypatch, root, "run.jsonl")
+    assert list(at.sidebar.selectbox(key="trace_path").options) == ["run.jsonl"]
     assert not at.error and any("4 steps in window" in c.value for c in at.caption)
-    at = _replay(monkeypatch, root, str(root / "run.jsonl"))
-    assert not at.error and any("4 steps in window" in c.value for c in at.caption)
-    shown = []
-    for name in (str(outside), "../outside.jsonl", str(tmp_path / "nothing-here.jsonl"), "/dev/zero"):
-        at = _replay(monkeypatch, root, name)
-        assert len(at.error) == 1 and "trace folder" in at.error[0].value, [e.value for e in at.error]
-        assert not any("steps in window" in c.value for c in at.caption)
-        shown.append(at.error[0].value.replace(name, "NAME"))
-    assert len(set(shown)) == 1, shown

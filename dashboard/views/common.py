@@ -69,7 +69,7 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
                     "to a MoE model (`from collectors import attach`) and its run appears here.")
         return None
     if cfg.source == "trace" and not cfg.trace_path:
-        st.info("Enter the name of a recorded trace file (JSON lines) in the sidebar: a file in the trace folder "
+        st.info("No trace file in the trace folder yet: upload one in the sidebar, or record one there "
                 "(MOE_TRACE_DIR, else ./traces).")
         return None
     watched = watched_run_for(cfg)
