@@ -1,23 +1,35 @@
 """On-device expert counting: one flat int64 buffer per monitor, one host copy per step.
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens (a step's tokens, or
-its sampled rows: at most sample_tokens of them per layer).
+its sampled rows: at most sample_tokens of them per layer). X = E + 1: the experts and one column for
+invalid ids.
 
 The step buffer (int64, allocated once on the model's device) holds, back to back:
-    counts_LE [L*E]      tokens routed to each expert this step (index_add_, no host sync)
+    counts_LX [L*(E+1)]  tokens routed to each expert this step, column E: ids outside [0, E) (never published
+                         as an expert; reported as the invalid-id count)
     sample_LNK [L*N*K]   top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
     tokens [1]           real tokens in the step (counted on the device only under a padding mask)
 At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
 event the publisher thread waits on), folded into the running total and zeroed on the device. Device ops:
-per layer an index_add_ and, when sampling, one copy of the sampled rows (plus a clamp on CUDA); per step
-the copy, the add and the zeroing (plus a fill of the sampled rows with -1 before a step whose rows are
-published, and a few more under a padding mask). Nothing here ever waits for the device.
+per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's row, where -1 wraps to
+column E, and, when sampling, one copy of the sampled rows; per step the copy, the add and the zeroing
+(plus a fill of the sampled rows with -1 before a step whose rows are published, and a few more under a
+padding mask). The invalid-id rule is the same on every device, with no host sync: an id outside [0, E)
+lands in column E, never on an expert.
+
+CUDA streams: the per-layer ops run on the stream that is current when a layer is recorded; begin_step(),
+the snapshot at end_step() and counts() each make the stream current at that moment wait for the stream the
+previous of them ran on (stream.wait_stream: ordering on the device, no host sync). So the layers of a step
+must be recorded on the stream current at begin_step() (for attach(): the stream the model's forward starts
+on), or be joined into it before end_step(), as a model joins its side streams before its output is used;
+end_step() may then run on any stream. Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,6 +57,23 @@ def _mark_static(tensor: torch.Tensor) -> None:
         mark(tensor)
 
 
+class StreamOrder:
+    """Orders the counter's per-step ops across CUDA streams: join() makes the stream current now wait for
+    the stream the previous join() saw (a device-side wait, no host sync). `current` returns the current
+    stream; any object with wait_stream() and == will do (the CPU tests pass stand-ins)."""
+
+    def __init__(self, current: Callable[[], Any]):
+        self._current = current
+        self.last: Any = None
+
+    def join(self) -> None:
+        stream = self._current()
+        last = self.last
+        if last is not None and last != stream:
+            stream.wait_stream(last)
+        self.last = stream
+
+
 @dataclass(frozen=True)
 class StepFacts:
     """What the host knows of a step without reading the device: tokens (-1: never begun), whether a padding
@@ -55,8 +84,21 @@ class StepFacts:
     sample_n: int
 
 
+@dataclass(frozen=True)
+class Unpacked:
+    """A step read back on the host: counts_LE int64 [L, E]; invalid_L int64 [L] ids outside [0, E) per layer;
+    sample_LNK int64 [L, n, K] of the real sampled tokens (-1 for a layer that did not run and for invalid
+    ids), or None; tokens: the real tokens, or -1 when the step was never begun."""
+
+    counts_LE: np.ndarray
+    invalid_L: np.ndarray
+    sample_LNK: np.ndarray | None
+    tokens: int
+
+
 class DeviceCounter:
-    """Counters for L layers x E experts on `device`, with N sampled token rows of width K per layer."""
+    """Counters for L layers x E experts (+ one invalid-id column) on `device`, with N sampled token rows of
+    width K per layer."""
 
     def __init__(self, num_layers: int, num_experts: int, top_k: int, device: torch.device | str,
                  sample_tokens: int = 16, sample_every: int = 4):
@@ -69,23 +111,29 @@ class DeviceCounter:
         self._steps_begun = 0
         self.device = torch.device(device)
         L, E, N, K = num_layers, num_experts, sample_tokens, top_k
-        self._n_counts, self._n_sample = L * E, L * N * K
+        X = E + 1
+        self._n_counts, self._n_sample = L * X, L * N * K
         self.size = self._n_counts + self._n_sample + N + 1
         self.buf = torch.zeros(self.size, dtype=torch.int64, device=self.device)
-        self.counts_LE = self.buf[: self._n_counts].view(L, E)
+        self.counts_LX = self.buf[: self._n_counts].view(L, X)
+        self.counts_LE = self.counts_LX[:, :E]
         self.sample_LNK = self.buf[self._n_counts: self._n_counts + self._n_sample].view(L, N, K)
         self.sample_valid_N = self.buf[self._n_counts + self._n_sample: self.size - 1]
         self.tokens = self.buf[self.size - 1:]
-        self.total_LE = torch.zeros(L, E, dtype=torch.int64, device=self.device)
-        self._count_rows = list(self.counts_LE.unbind(0))      # per-layer views, made once
+        self.total_LX = torch.zeros(L, X, dtype=torch.int64, device=self.device)
+        self.total_LE = self.total_LX[:, :E]
+        self._count_rows = list(self.counts_LX.unbind(0))      # per-layer views [E + 1], made once
         self._sample_rows = list(self.sample_LNK.unbind(0))
         self.src_buf = torch.ones(1024, dtype=torch.int64, device=self.device)  # per-(token, slot) weights
         self._src_ones_upto = self.src_buf.numel()  # src_buf[:this] holds ones
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
-        self._clamp_ids = self.device.type == "cuda"
+        self.streams: StreamOrder | None = None
+        if self.device.type == "cuda":
+            cuda_device = self.device
+            self.streams = StreamOrder(lambda: torch.cuda.current_stream(cuda_device))
         self.sample_LNK.fill_(-1)
         self._recorders = [self.recorder(layer) for layer in range(L)]
-        for tensor in (self.buf, self.src_buf, self.total_LE):
+        for tensor in (self.buf, self.src_buf, self.total_LX):
             _mark_static(tensor)
 
     # ------------------------------------------------------------------ hot path (inside the forward)
@@ -95,9 +143,12 @@ class DeviceCounter:
         (the padding mask repeated k times, or ones; rewritten only when that changes), decides whether the
         step's sampled rows are published (one step in sample_every) and, under a padding mask, counts the
         real tokens on the device. The hooks read only fixed buffers, so a CUDA graph captured on any step
-        replays correctly on every other."""
+        replays correctly on every other. On CUDA the current stream first waits for the stream of the
+        previous step's snapshot (module docstring)."""
         if num_tokens <= 0:
             return
+        if self.streams is not None:
+            self.streams.join()
         self.step_tokens = num_tokens
         self.step_masked = token_mask_N is not None
         n = num_tokens * self.top_k
@@ -121,21 +172,25 @@ class DeviceCounter:
     def _sampled(self, rows_N: torch.Tensor) -> torch.Tensor:
         """The step's sampled rows of an [N, ...] tensor: every stride-th token from the middle of the first
         stride, stride = N // sample_tokens (at most sample_tokens rows; all N when N < sample_tokens).
-        Systematic sampling that spreads over every sequence of the batch; a strided view computed from the
-        tensor's own shape (no op)."""
-        stride = max(1, rows_N.shape[0] // self.sample_tokens)
-        return rows_N[stride // 2:: stride][: self.sample_tokens]
+        Systematic sampling that spreads over every sequence of the batch; one strided view computed from
+        the tensor's own shape (no op)."""
+        num, take = rows_N.shape[0], self.sample_tokens
+        stride = max(1, num // take)
+        start = stride // 2
+        return rows_N[start: min(num, start + stride * take): stride]
 
     def recorder(self, layer: int) -> Callable[[torch.Tensor], None]:
         """The hot path as a closure bound to one layer: record_ids(ids_NK) counts int64 [N, K] expert ids
-        in [0, E) under the step's padding mask. Two device ops (index_add_ into the counts, one copy of the
-        sampled rows, a strided view; the host publishes the rows of one step in sample_every) and it reads
-        only fixed buffers and constants: nothing that changes from step to step, so torch.compile does not
-        recompile and a captured CUDA graph stays right. On CUDA the ids are also clamped into [0, E) (a
-        third op): an unexpected id must never become a device-side assert that takes the serving process
-        down. Empty batches (idle ranks) and ids on another device (device_map="auto") are fine."""
-        row_E, sample_NK = self._count_rows[layer], self._sample_rows[layer]
-        K, E, device, clamp, sample = self.top_k, self.num_experts, self.device, self._clamp_ids, self.sample_tokens
+        under the step's padding mask. Two device ops (a clamp of the ids into [-1, E] and a put_ with
+        accumulate into the layer's row of E + 1 counters: -1 wraps to column E, so an id outside [0, E) is
+        counted as invalid, never as an expert, on every device and without a host sync), plus one copy of
+        the sampled rows (a strided view of the clamped ids; the host publishes the rows of one step in
+        sample_every). It reads only fixed buffers and constants: nothing that changes from step to step,
+        so torch.compile does not recompile and a captured CUDA graph stays right. An unexpected id never
+        becomes a device-side assert. Empty batches (idle ranks) and ids on another device
+        (device_map="auto") are fine."""
+        row_X, sample_NK = self._count_rows[layer], self._sample_rows[layer]
+        K, E, N, device, sample = self.top_k, self.num_experts, self.sample_tokens, self.device, self.sample_tokens
         counter = self
 
         def record_ids(ids_NK: torch.Tensor) -> None:
@@ -143,22 +198,21 @@ class DeviceCounter:
                 return
             if ids_NK.device != device:
                 ids_NK = ids_NK.to(device, non_blocking=True)
-            if clamp:
-                ids_NK = ids_NK.clamp(0, E - 1)
-            flat = ids_NK.reshape(-1)
+            ids = ids_NK.clamp(-1, E)
+            n = ids.numel()
             src = counter.src_buf
-            if src.shape[0] < flat.shape[0]:  # more tokens than the step announced (or none announced)
-                src = torch.ones_like(flat)
-            row_E.index_add_(0, flat, src[: flat.shape[0]])
-            if sample and ids_NK.shape[1] == K:
-                rows = counter._sampled(ids_NK)
-                sample_NK[: rows.shape[0]].copy_(rows)
+            if src.shape[0] < n:  # more tokens than the step announced (or none announced)
+                src = torch.ones(n, dtype=torch.int64, device=device)
+            row_X.put_(ids, src[:n], accumulate=True)
+            if sample and ids.shape[1] == K:
+                rows = counter._sampled(ids)
+                (sample_NK if rows.shape[0] == N else sample_NK[: rows.shape[0]]).copy_(rows)
         return record_ids
 
     def record(self, layer: int, ids_NK: torch.Tensor, valid_NK: torch.Tensor | None = None) -> None:
-        """Add one layer's routing: ids_NK int64 [N, K] expert ids in [0, E); valid_NK [N, K] (bool or 0/1),
-        when given, marks the (token, slot) pairs that count (their sampled rows read -1 otherwise; ids
-        outside [0, E) are clamped, so they must be marked invalid)."""
+        """Add one layer's routing: ids_NK int64 [N, K] expert ids; valid_NK [N, K] (bool or 0/1), when given,
+        marks the (token, slot) pairs that count (their sampled rows read -1 otherwise). Ids outside [0, E)
+        of pairs that count are counted as invalid (column E), never as an expert."""
         if valid_NK is None:
             self._recorders[layer](ids_NK)
             return
@@ -166,17 +220,19 @@ class DeviceCounter:
             return
         if ids_NK.device != self.device:
             ids_NK, valid_NK = ids_NK.to(self.device), valid_NK.to(self.device)
-        ids_NK = ids_NK.clamp(0, self.num_experts - 1)
-        self._count_rows[layer].index_add_(0, ids_NK.reshape(-1), valid_NK.reshape(-1).to(torch.int64))
+        ids_NK = ids_NK.clamp(-1, self.num_experts)
+        self._count_rows[layer].put_(ids_NK, valid_NK.to(torch.int64).reshape(-1), accumulate=True)
         if self.sample_tokens and ids_NK.shape[1] == self.top_k:
             rows = self._sampled(ids_NK).masked_fill(self._sampled(valid_NK) == 0, -1)
             self._sample_rows[layer][: rows.shape[0]].copy_(rows)
 
     # ------------------------------------------------------------------ step boundary
     def snapshot(self, slot: HostSlot | None) -> StepFacts:
-        """Copy the step buffer into `slot` (asynchronously on CUDA), fold it into the running total and
-        reset it; returns what the host knows of the step. slot None: the step is not published but still
-        counted in the total."""
+        """Copy the step buffer into `slot` (asynchronously on CUDA, on the current stream once it has waited
+        for the step's stream), fold it into the running total and reset it; returns what the host knows of
+        the step. slot None: the step is not published but still counted in the total."""
+        if self.streams is not None:
+            self.streams.join()
         if slot is not None:
             if self.device.type == "cuda":
                 with torch.cuda.device(self.device):  # the copy and its event on the counter's own device
@@ -185,7 +241,7 @@ class DeviceCounter:
                     slot.ready.record()
             else:
                 slot.buf.copy_(self.buf)
-        self.total_LE.add_(self.counts_LE)
+        self.total_LX.add_(self.counts_LX)
         self.buf.zero_()
         facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)
         if self.sample_tokens and self._steps_begun % self.sample_every == 0:
@@ -193,24 +249,32 @@ class DeviceCounter:
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         return facts
 
+    def running_total(self) -> torch.Tensor:
+        """int64 [L, E + 1] on the device: every closed step and the open one (column E: invalid ids). On CUDA
+        the current stream first waits for the counting stream."""
+        if self.streams is not None:
+            self.streams.join()
+        return self.total_LX + self.counts_LX
+
     def new_slot(self) -> HostSlot:
         """A host copy of the step buffer to snapshot into (pinned memory on CUDA)."""
         pin = self.device.type == "cuda"
         return HostSlot(torch.empty(self.size, dtype=torch.int64, pin_memory=pin), None)
 
-    def unpack(self, flat: np.ndarray, facts: StepFacts) -> tuple[np.ndarray, np.ndarray | None, int]:
-        """Host copy of a step buffer -> (counts_LE int64 [L, E], sample_LNK int64 [L, n, K] of the real
-        sampled tokens (-1 rows for a layer that did not run), or None when nothing was sampled, tokens:
-        the real tokens, or -1 when the step was never begun)."""
+    def unpack(self, flat: np.ndarray, facts: StepFacts) -> Unpacked:
+        """Host copy of a step buffer -> Unpacked (counts, invalid ids per layer, sampled rows, tokens)."""
         L, E, N, K = self.num_layers, self.num_experts, self.sample_tokens, self.top_k
-        counts = flat[: self._n_counts].reshape(L, E).copy()
+        counts_LX = flat[: self._n_counts].reshape(L, E + 1)
+        counts = counts_LX[:, :E].copy()
+        invalid = counts_LX[:, E].copy()
         tokens = int(flat[-1]) if facts.masked else facts.tokens
         sample = None
         n = facts.sample_n
         if n:
             rows = flat[self._n_counts: self._n_counts + self._n_sample].reshape(L, N, K)[:, :n, :].copy()
-            rows[counts.sum(axis=1) == 0] = -1
+            rows[rows == E] = -1  # an invalid id is no expert
+            rows[counts.sum(axis=1) + invalid == 0] = -1
             if facts.masked:
                 rows = rows[:, flat[self._n_counts + self._n_sample: self._n_counts + self._n_sample + n] != 0]
             sample = rows if rows.shape[1] else None
-        return counts, sample, tokens
+        return Unpacked(counts, invalid, sample, tokens)

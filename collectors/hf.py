@@ -56,7 +56,7 @@ class AttachedMonitor(ExpertLoadMonitor):
             self.begin_step(batch * seq, mask)
         except Exception as exc:  # never break the model's forward
             self._auto_phase = "unknown"
-            self._error = f"step start: {exc}"
+            self._note_failure(f"step start: {type(exc).__name__}: {exc}")
         return None
 
     @torch.compiler.disable
@@ -66,7 +66,7 @@ class AttachedMonitor(ExpertLoadMonitor):
             try:
                 self.end_step(self._auto_phase)
             except Exception as exc:
-                self._error = f"step end: {exc}"
+                self._note_failure(f"step end: {type(exc).__name__}: {exc}")
         return None
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -86,6 +86,8 @@ def attach(model: torch.nn.Module, redis_url: str | None = None, run: str | None
     E, top-k, the layer names and the model's sizes come from the model and its config. options: a
     MonitorOptions; overrides: its fields by name (sample_tokens, sample_every, gpus, nodes,
     physical_to_logical_map, queue_steps, host_slots, memory_budget_bytes, nvml, nvml_interval_s,
-    redis_timeout_s, trace_path), which win over options. An unknown name raises TypeError.
+    redis_timeout_s, trace_path, trace_max_bytes), which win over options. An unknown name raises TypeError.
+    No hook ever raises into the model's forward: a layer that cannot be counted is reported in
+    monitor.stats() (hook_errors, last_error) and the published health, and the other layers go on.
     """
     return AttachedMonitor(model, redis_url=redis_url, run=run, options=options, **overrides)

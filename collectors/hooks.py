@@ -2,7 +2,10 @@
 read from a top-level call (its shape, padding mask and phase).
 
 Every per-layer hook only enqueues tensor ops on the model's device: no .item(), no .cpu(), no Python
-branching on tensor values, so it is safe under torch.compile and CUDA graph capture.
+branching on tensor values, so it is safe under torch.compile and CUDA graph capture. No hook raises into
+the model's forward: whatever goes wrong (an input or output of a shape the adapter does not know, a
+failing op) is caught, counted and reported by the monitor (stats() hook_errors / last_error, the
+published health), that layer's call is not counted, and every other layer goes on.
 Shape legend (README, Conventions): N tokens, K top-k; ids_NK are the int64 [N, K] ids a layer dispatches.
 """
 from __future__ import annotations
@@ -29,17 +32,18 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, names: tu
 
 
 def _standard(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
-    record_ids, param = monitor.counter.recorder(index), layer.index_param
+    record_ids, param, masked_family = monitor.counter.recorder(index), layer.index_param, layer.mask_out_of_range
 
     def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        ids = args[1] if len(args) > 1 else kwargs.get(param)
-        if ids is None:
-            return None
-        if layer.mask_out_of_range:
-            weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights"))
-            monitor._record_hooked(index, ids, weights, True)
-            return None
-        try:  # the hot path: the model's own int64 [N, K] ids, straight into the counter
+        try:
+            ids = args[1] if len(args) > 1 else kwargs.get(param)
+            if ids is None:
+                return None
+            if masked_family:  # ids >= E are zero-compute experts / weight-0 skip slots: not counted at all
+                weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights"))
+                monitor._count(index, ids, weights, True, True)
+                return None
+            # the hot path: the model's own int64 [N, K] ids, straight into the counter
             if ids.dtype != torch.int64 or ids.dim() != 2:
                 ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
             record_ids(ids)
@@ -50,36 +54,77 @@ def _standard(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callab
 
 
 def _llama4(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    num_experts = monitor.num_experts
+
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
-        # Llama4Router.forward returns (scores, logits) and dispatches to topk(logits, k, dim=1): the same op
-        # on the same tensor gives the same ids.
-        logits = output[1]
-        ids = torch.topk(logits, module.top_k, dim=1).indices
-        monitor._record_hooked(index, ids, None, False)
+        # Llama4Router.forward returns (scores, logits [N, E]) and dispatches to topk(logits, k, dim=1): the
+        # same op on the same tensor gives the same ids. Any other shape is reported, not guessed at.
+        try:
+            logits = output[1] if isinstance(output, (tuple, list)) and len(output) == 2 else None
+            if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != num_experts:
+                raise ValueError(f"router output is not (scores, logits [tokens, {num_experts}]): "
+                                 f"{_describe(output)}")
+            ids = torch.topk(logits, module.top_k, dim=1).indices
+            monitor._count(index, ids, None, False, False)
+        except Exception as exc:  # never break the model's forward
+            monitor._hook_failed(index, exc)
     return hook
 
 
 def _jetmoe(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    num_experts = monitor.num_experts
+
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         # JetMoeTopKGating returns (index_sorted_experts, batch_index, batch_gates, expert_size, logits):
         # entry j of the dispatch order is flat slot index_sorted_experts[j] = token * k + slot, and the
-        # first expert_size[0] entries go to expert 0, the next expert_size[1] to expert 1, ...
-        order, _, _, expert_size, _ = output
-        sizes = torch.as_tensor(expert_size, device=order.device)
-        experts_sorted = torch.repeat_interleave(torch.arange(sizes.numel(), device=order.device), sizes,
-                                                 output_size=order.numel())  # no device->host sync
-        ids = torch.empty_like(order)
-        ids[order] = experts_sorted
-        monitor._record_hooked(index, ids.view(-1, module.top_k), None, False)
+        # first expert_size[0] entries go to expert 0, the next expert_size[1] to expert 1, ... Every slot of
+        # every token is dispatched (logits [N, E]: N * k entries); anything else is reported, not guessed at.
+        try:
+            if not isinstance(output, (tuple, list)) or len(output) != 5:
+                raise ValueError(f"gating output is not the 5-tuple of JetMoeTopKGating: {_describe(output)}")
+            order, _, _, expert_size, logits = output
+            top_k = module.top_k
+            if (not isinstance(order, torch.Tensor) or order.dim() != 1 or not isinstance(logits, torch.Tensor)
+                    or logits.dim() != 2 or order.numel() != logits.shape[0] * top_k):
+                raise ValueError(f"gating dispatch order does not hold top_k={top_k} slots of every token: "
+                                 f"{_describe(output)}")
+            if len(expert_size) != num_experts or (
+                    isinstance(expert_size, (list, tuple)) and sum(expert_size) != order.numel()):
+                raise ValueError(f"gating expert sizes do not match {num_experts} experts and "
+                                 f"{order.numel()} dispatched slots")
+            sizes = torch.as_tensor(expert_size, device=order.device)
+            experts_sorted = torch.repeat_interleave(torch.arange(sizes.numel(), device=order.device), sizes,
+                                                     output_size=order.numel())  # no device->host sync
+            ids = torch.empty_like(order)
+            ids[order] = experts_sorted
+            monitor._count(index, ids.view(-1, top_k), None, False, False)
+        except Exception as exc:  # never break the model's forward
+            monitor._hook_failed(index, exc)
     return hook
 
 
 def _doge(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
-    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # DogeCDMoE looks up its product-key experts with down_embed(indices), indices [N, K].
-        monitor._record_hooked(index, args[0], None, False)
+        try:
+            ids = _arg(args, kwargs, 0, ("input",))
+            if not isinstance(ids, torch.Tensor) or ids.dim() < 1 or ids.is_floating_point():
+                raise ValueError(f"down_embed input is not integer expert ids [tokens, k]: {_describe(ids)}")
+            monitor._count(index, ids, None, False, False)
+        except Exception as exc:  # never break the model's forward
+            monitor._hook_failed(index, exc)
         return None
     return pre_hook
+
+
+def _describe(value: Any) -> str:
+    """A short description of what a hook got instead (types and shapes, never values)."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)} {str(value.dtype).replace('torch.', '')}"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_describe(v) for v in value[:6])
+        return f"{type(value).__name__} of {len(value)} ({inner}{', ...' if len(value) > 6 else ''})"
+    return type(value).__name__
 
 
 def register_layer_hook(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> RemovableHandle:
@@ -91,7 +136,7 @@ def register_layer_hook(monitor: ExpertLoadMonitor, index: int, layer: MoELayer)
     if layer.kind == "jetmoe":
         return layer.module.register_forward_hook(_jetmoe(monitor, index, layer))
     if layer.kind == "doge":
-        return layer.module.register_forward_pre_hook(_doge(monitor, index, layer))
+        return layer.module.register_forward_pre_hook(_doge(monitor, index, layer), with_kwargs=True)
     raise ValueError(f"unknown MoE layer kind {layer.kind!r}")
 
 

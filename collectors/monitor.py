@@ -7,9 +7,14 @@
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens of a step.
 counts() -> int64 [L, E], cumulative since the monitor was made, rows in layer order.
+
+Nothing here raises into the model's forward: a hook that cannot count records the failure (stats()
+hook_errors and last_error, the published health) and the other layers go on. Ids outside [0, E) are
+counted as invalid (stats() invalid_ids, invalid_counts(), the health's invalid_ids), never as an expert.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -77,7 +82,10 @@ class ExpertLoadMonitor:
         self._phase_override: str | None = None
         self._step_open = False
         self._token_mask_N: torch.Tensor | None = None
-        self._error: str | None = None
+        self._error: str | None = None      # the latest failure of a hook or step hook ("" in stats when none)
+        self._hook_errors = 0               # hook calls that could not count
+        self._warned = False
+        self._published_invalid = 0         # invalid ids in the steps the publisher decoded (its thread)
         self._closed = False
         sinks: list[Sink] = []
         if redis_url is not None:  # made first: a bad URL raises before a trace file is opened
@@ -85,10 +93,12 @@ class ExpertLoadMonitor:
                                             self.num_layers * opts.sample_tokens * self.top_k * 2)
             sinks.append(RedisSink(redis_url, self.meta, maxlen, opts.redis_timeout_s))
         if opts.trace_path is not None:  # written first: a trace failure reaches the Redis health at once
-            sinks.insert(0, TraceFileSink(opts.trace_path, self.meta))
+            sinks.insert(0, TraceFileSink(opts.trace_path, self.meta, opts.trace_max_bytes))
         self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
         self._slot_lock = threading.Lock()
-        self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps) if sinks else None
+        self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps,
+                                   wake_at=max(1, opts.host_slots // 2),
+                                   collector_health=self._collector_health) if sinks else None
         self.sampler: NvmlSampler | None = None
         if opts.nvml and self.publisher is not None:
             self.sampler = NvmlSampler(self.publisher.submit_sample, self.rank, opts.nvml_interval_s, self.device)
@@ -107,8 +117,10 @@ class ExpertLoadMonitor:
         self._step_open = True
 
     def record(self, layer: int, topk_ids: torch.Tensor, weights: torch.Tensor | None = None) -> None:
-        """Count one layer's routing: topk_ids int [tokens, k] on the monitor's device (ids outside [0, E)
-        and, when weights [tokens, k] is given, slots of weight 0 are not counted)."""
+        """Count one layer's routing: topk_ids int [tokens, k] on the monitor's device. Ids outside [0, E) are
+        counted as invalid (stats() invalid_ids), never as an expert; when weights [tokens, k] is given,
+        slots of weight 0 are not counted at all. Raises ValueError on a bad layer or shape (this is the
+        engines' API; the hooks of attach() never raise)."""
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer} is outside 0..{self.num_layers - 1}")
         if not isinstance(topk_ids, torch.Tensor) or topk_ids.dim() != 2 or topk_ids.is_floating_point():
@@ -118,7 +130,7 @@ class ExpertLoadMonitor:
             raise ValueError(f"weights {tuple(weights.shape)} must match topk_ids {tuple(topk_ids.shape)}")
         if not self._step_open:
             self.begin_step(tokens=topk_ids.shape[0])
-        self._count(layer, topk_ids, weights, mask_range=True)
+        self._count(layer, topk_ids, weights, skip_out_of_range=False, masked=True)
 
     def end_step(self, phase: str | None = None, tokens: int | None = None) -> int:
         """Close the step: one copy of its counts leaves the device (asynchronously on CUDA). tokens
@@ -149,19 +161,29 @@ class ExpertLoadMonitor:
 
     def counts(self) -> np.ndarray:
         """int64 [L, E]: tokens per expert per layer since the monitor was made (closed steps and the open one)."""
-        return (self.counter.total_LE + self.counter.counts_LE).cpu().numpy()
+        return self.counter.running_total()[:, : self.num_experts].cpu().numpy()
+
+    def invalid_counts(self) -> np.ndarray:
+        """int64 [L]: ids outside [0, E) per layer since the monitor was made (counted, never as an expert)."""
+        return self.counter.running_total()[:, self.num_experts].cpu().numpy()
 
     def stats(self) -> dict[str, Any]:
         """steps: closed so far; with more than one sink (Redis and a trace file) the step figures are the
         worst sink's: published_steps every sink has, queued_steps and dropped_steps of the sink that lacks
-        the most; sinks: the same figures per sink, by name; last_error: every failure that still stands."""
+        the most; sinks: the same figures per sink, by name, with its failed writes and the reason of the
+        latest (kept after it recovers); last_error: every failure that still stands (the sinks', the
+        publisher's, a hook's); hook_errors: hook calls that could not count; invalid_ids: ids outside
+        [0, E) counted so far (reads the device: a sync on CUDA, like counts())."""
         pub = self.publisher
+        collector_error = self._error or ""
+        base = {"steps": self.step, "hook_errors": self._hook_errors,
+                "invalid_ids": int(self.invalid_counts().sum())}
         if pub is None:
-            return {"steps": self.step, "dropped_steps": 0, "publisher_alive": False, "published_steps": 0,
-                    "queued_steps": 0, "last_error": self._error or "", "sinks": {}}
-        return {"steps": self.step, "dropped_steps": pub.dropped_steps, "publisher_alive": pub.alive,
+            return {**base, "dropped_steps": 0, "publisher_alive": False, "published_steps": 0,
+                    "queued_steps": 0, "last_error": collector_error, "sinks": {}}
+        return {**base, "dropped_steps": pub.dropped_steps, "publisher_alive": pub.alive,
                 "published_steps": pub.published_steps, "queued_steps": pub.queued_steps,
-                "last_error": pub.last_error or self._error or "", "sinks": pub.sink_stats()}
+                "last_error": pub.last_error, "sinks": pub.sink_stats()}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Publish everything buffered (up to timeout_s), stop the threads, close the sinks. Safe to call twice."""
@@ -180,40 +202,57 @@ class ExpertLoadMonitor:
         self.close()
 
     # ------------------------------------------------------------------ internals
-    def _count(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None, mask_range: bool) -> None:
+    def _count(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None, skip_out_of_range: bool,
+               masked: bool) -> None:
+        """Count [..., K] ids of one layer. masked False: the hot path (padding handled by the step's mask);
+        masked True: a validity mask from weights (weight 0: not counted), the step's padding mask and,
+        when skip_out_of_range (families whose ids >= E are zero-compute or skip slots by design), the range."""
         ids = ids.reshape(-1, ids.shape[-1])
         if ids.dtype != torch.int64:
             ids = ids.to(torch.int64)
-        if not mask_range:  # the hot path: ids straight from the model; padding handled by the step's mask
-            self.counter.record(layer, ids)
+        mask = self._token_mask_N
+        if not masked or (not skip_out_of_range and weights is None and mask is None):
+            self.counter.record(layer, ids)  # nothing to mask: the hooks' hot path
             return
-        valid = (ids >= 0) & (ids < self.num_experts)
+        valid = (ids >= 0) & (ids < self.num_experts) if skip_out_of_range else torch.ones_like(ids, dtype=torch.bool)
         if weights is not None:
             valid &= weights.reshape(ids.shape) != 0
-        mask = self._token_mask_N
         if mask is not None and mask.shape[0] == ids.shape[0]:
             valid &= mask.unsqueeze(1) != 0
         self.counter.record(layer, ids, valid)
 
-    def _record_hooked(self, layer: int, ids: torch.Tensor, weights: torch.Tensor | None,
-                       mask_range: bool) -> None:
+    def _hook_failed(self, layer: int, exc: BaseException | str) -> None:
+        """A hook could not count (a model that breaks our assumptions): count it, keep the latest reason for
+        stats() and the published health, warn once, and never raise (not even under warnings-as-errors)."""
         try:
-            self._count(layer, ids, weights, mask_range)
-        except Exception as exc:  # never break the model's forward
-            self._hook_failed(layer, exc)
+            reason = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+            name = self.layer_names[layer] if 0 <= layer < len(self.layer_names) else f"layer {layer}"
+            self._note_failure(f"layer {name}: {reason}")
+        except Exception:  # noqa: SIM105 (the last line of defence of the model's forward)
+            pass
 
-    def _hook_failed(self, layer: int, exc: Exception) -> None:
-        """A hook could not count (a model that breaks our assumptions): say so once, keep the model running."""
-        if self._error is None:
-            self._error = f"layer {self.layer_names[layer]}: {type(exc).__name__}: {exc}"
-            warnings.warn(f"moe monitor could not count a layer: {self._error}", RuntimeWarning, stacklevel=2)
+    def _note_failure(self, message: str) -> None:
+        """Record a collector-side failure (hook or step hook); warn the first time. Never raises."""
+        self._hook_errors += 1
+        self._error = f"hook failed ({self._hook_errors}x): {message}"
+        if not self._warned:
+            self._warned = True
+            with contextlib.suppress(Exception):  # warnings turned into errors must not reach the model
+                warnings.warn(f"moe monitor could not count: {message}", RuntimeWarning, stacklevel=3)
+
+    def _collector_health(self) -> dict[str, object]:
+        """The collector's own part of the published health (called on the publisher thread)."""
+        return {"hook_errors": self._hook_errors, "invalid_ids": self._published_invalid,
+                "collector_error": self._error or ""}
 
     def _release(self, slot: HostSlot) -> None:
         with self._slot_lock:
             self._free_slots.append(slot)
 
     def _decode(self, job: StepJob) -> wire.StepRecord:
-        counts, sample, tokens = self.counter.unpack(job.slot.wait(), job.facts)
+        step = self.counter.unpack(job.slot.wait(), job.facts)
+        counts, sample, tokens = step.counts_LE, step.sample_LNK, step.tokens
+        self._published_invalid += int(step.invalid_L.sum())
         if job.tokens is not None:
             tokens = job.tokens
         elif tokens < 0:  # never begun: each token has k slots in every layer

@@ -32,13 +32,21 @@ class MonitorOptions:
     gpus, nodes: the expert-parallel group the layout describes (gpus default: the world size when
         distributed, else the largest of 32, 16, 8, 4, 2, 1 that divides E).
     physical_to_logical_map: the current layout [L][P] (SGLang's name); default contiguous over gpus.
-    queue_steps: steps kept per sink while it is unreachable before the oldest are dropped (and counted).
+    queue_steps: steps kept per sink while it is unreachable before the oldest are dropped (and counted). The
+        bound holds at any step rate: the publisher keeps taking steps off the host slots every
+        flush interval (and as soon as half of them are in use) while a sink backs off or hangs in a write;
+        only that sink's writes wait. A batch being written (at most 256 steps) is held on top of it.
     host_slots: host copies of the step buffer in flight to the publisher thread; a step that finds none
         free is dropped (and counted), never waited for.
     memory_budget_bytes: the Redis step stream is trimmed (MAXLEN ~) to stay near this size.
     nvml, nvml_interval_s: sample the GPUs with NVML every interval (clamped to 0.25-1 s).
-    redis_timeout_s: socket timeout of the publisher's Redis client.
+    redis_timeout_s: socket (and connect) timeout of the publisher's Redis client: a write to a Redis that
+        hangs gives up after about this (connect, then the reply), on the Redis sink's own thread.
     trace_path: also append every step and NVML sample to this JSON-lines trace file.
+    trace_max_bytes: size cap of the trace file (None: no cap). A batch that would take the file past it
+        first rotates it, once: `<trace_path>` is renamed to `<trace_path>.1` (replacing the previous one)
+        and a new `<trace_path>` starts with the metadata line, so each file replays on its own and the two
+        together hold at most about 2 x trace_max_bytes. A single line longer than the cap still goes in.
     """
 
     sample_tokens: int = 16
@@ -53,6 +61,7 @@ class MonitorOptions:
     nvml_interval_s: float = 0.5
     redis_timeout_s: float = 1.0
     trace_path: str | os.PathLike[str] | None = None
+    trace_max_bytes: int | None = 1 << 30
 
     def __post_init__(self) -> None:
         for name, least in (("sample_tokens", 0), ("sample_every", 1), ("nodes", 1), ("queue_steps", 1),
@@ -60,6 +69,9 @@ class MonitorOptions:
             value = getattr(self, name)
             if not _is_int(value) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+        if self.trace_max_bytes is not None and (not _is_int(self.trace_max_bytes) or self.trace_max_bytes < 1):
+            raise ValueError(f"trace_max_bytes must be a positive integer (or None for no cap), "
+                             f"got {self.trace_max_bytes!r}")
         if self.gpus is not None and (not _is_int(self.gpus) or self.gpus < 1):
             raise ValueError(f"gpus must be a positive integer (or None for the default), got {self.gpus!r}")
         if self.gpus is not None and self.gpus % self.nodes:

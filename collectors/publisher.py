@@ -1,12 +1,19 @@
-"""The background publisher: the only thread that writes to the sinks. The model's forward never waits on it.
+"""The background publisher: the only threads that write to the sinks. The model's forward never waits on it.
 
-Forward thread  --submit(StepJob)-->  inbox (bounded by the host slots)  --> this thread, every flush_interval_s:
-    wait for the slot's copy, decode it, give the slot back, queue the StepRecord for every sink (each sink's
-    queue holds at most queue_steps: when full the oldest is dropped and counted), then hand each sink one
-    batch of at most `batch` records with the NVML samples that arrived and the publisher's health report.
-A sink whose write raises keeps its batch and its samples (the newest thousand) and is tried again after a
-backoff from 0.1 s doubling to 2 s; the other sinks go on. Every record carries the steps dropped before it
-reached that sink (no free host slot, a failed decode, that sink's full queue), stamped when it is written.
+Forward thread  --submit(StepJob)-->  inbox (bounded by the host slots)  --> the publisher thread, every
+flush_interval_s (and at once when the inbox holds wake_at steps): wait for the slot's copy, decode it, give
+the slot back and queue the StepRecord for every sink (each sink's queue holds at most queue_steps: when full
+the oldest is dropped and counted). This thread never does I/O, so it keeps freeing host slots whatever the
+sinks do: the queue bound is the real one at any step rate.
+
+Each sink has a writer thread of its own that hands it one batch of at most `batch` records with the NVML
+samples that arrived and the publisher's health report. A sink whose write raises keeps its batch (the
+records that did land, see sinks.PartialWrite, are taken off) and its samples (the newest thousand) and is
+tried again after a backoff from 0.1 s doubling to 2 s; only its writes back off, and the other sinks go on,
+even while one hangs in a write (bounded by its own timeout: the Redis socket timeout). Every record carries
+the steps dropped before it reached that sink (no free host slot, a failed decode, that sink's full queue),
+stamped when it is written. While a batch is being written it is held on top of the queue_steps bound; if
+the write fails it goes back to the head of the queue and the oldest beyond the bound are dropped.
 """
 from __future__ import annotations
 
@@ -21,9 +28,11 @@ from dataclasses import dataclass, field
 import wire
 
 from .counter import HostSlot, StepFacts
-from .sinks import Sink
+from .sinks import PartialWrite, Sink
 
 log = logging.getLogger("collectors")
+
+MAX_SAMPLES = 1000  # NVML samples kept per sink while it cannot be written (the newest)
 
 
 @dataclass
@@ -40,44 +49,70 @@ class StepJob:
 
 @dataclass
 class _Outbox:
-    """One sink and what waits for it."""
+    """One sink, what waits for it, and its writer thread. pending, sending, samples and the counters are
+    changed under `lock` (the publisher thread appends, the writer takes and gives back)."""
 
     sink: Sink
     pending: collections.deque[wire.StepRecord] = field(default_factory=collections.deque)
+    sending: list[wire.StepRecord] = field(default_factory=list)  # the batch being written now
     samples: list[wire.GpuSample] = field(default_factory=list)
     dropped: int = 0          # records this sink's full queue dropped (and its leftovers at close)
     published: int = 0
     error: str = ""           # the last failed write's reason; cleared when a write lands
+    failures: int = 0         # failed writes so far
+    last_failure: str = ""    # the latest failed write's reason, kept after the sink recovers
+    max_write_s: float = 0.0  # the longest write so far (a hung sink: bounded by its timeout)
     backoff_s: float = 0.0
     retry_at: float = 0.0     # time.monotonic() before which a failed sink is not tried again
-    health_sent: float = 0.0
+    health_sent: float = 0.0  # time.monotonic() of the last write that landed
+    errors_sent: str = ""     # the other sinks' standing errors that health reported: a change is sent at once
+    finalised: bool = False   # close() has counted what is left: the writer changes nothing any more
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
 
 
 class Publisher:
-    """Owns the background thread. `decode(job) -> StepRecord` and `release(slot)` run on that thread."""
+    """Owns the background threads. `decode(job) -> StepRecord` and `release(slot)` run on the publisher
+    thread; `collector_health() -> dict` (optional) adds the collector's own figures to every health report
+    (its "collector_error", when not empty, also joins last_error)."""
 
     def __init__(self, sinks: Sequence[Sink], decode: Callable[[StepJob], wire.StepRecord],
                  release: Callable[[HostSlot], None], rank: int, queue_steps: int = 1024, batch: int = 256,
-                 flush_interval_s: float = 0.1):
+                 flush_interval_s: float = 0.1, wake_at: int | None = None,
+                 collector_health: Callable[[], dict[str, object]] | None = None):
         self._decode, self._release, self._rank = decode, release, rank
         self._queue_steps, self._batch, self._flush_interval_s = queue_steps, batch, flush_interval_s
+        self._wake_at = wake_at or 0
+        self._collector_health = collector_health
         self._outboxes = [_Outbox(sink) for sink in sinks]
         self._inbox: collections.deque[StepJob] = collections.deque()
-        self._samples: collections.deque[wire.GpuSample] = collections.deque(maxlen=1000)
+        self._samples: collections.deque[wire.GpuSample] = collections.deque(maxlen=MAX_SAMPLES)
         self._dropped = 0       # steps no sink got: no free host slot, a failed decode, left in the inbox
         self._error = ""        # the last failure outside the sinks; cleared once a write carrying it lands
         self._closing = False   # close() has begun: every sink is tried at once, backoff or not
-        self._stop = False
+        self._closing_at = float("inf")  # when it began: every working sink sends its health once after it
+        self._stop = False      # the publisher thread drains once more and ends
+        self._stop_writers = False
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="moe-monitor-publisher", daemon=True)
+        writers = [threading.Thread(target=self._run_writer, args=(box,), daemon=True,
+                                    name=f"moe-monitor-{box.sink.name}-writer") for box in self._outboxes]
         self._thread.start()
+        for box, writer in zip(self._outboxes, writers):
+            box.thread = writer
+            writer.start()
 
     # ------------------------------------------------------------------ called from other threads
     def submit(self, job: StepJob) -> None:
-        """Hand over a finished step. Does not wake the thread: it publishes in batches every
-        flush_interval_s, so the model's thread is not preempted for the GIL after every step."""
-        self._inbox.append(job)
+        """Hand over a finished step. Wakes the thread only when the inbox reaches wake_at steps (it
+        publishes in batches every flush_interval_s, so the model's thread is not preempted for the GIL
+        after every step, yet a fast model never runs out of host slots)."""
+        inbox = self._inbox
+        inbox.append(job)
+        if len(inbox) == self._wake_at:
+            self._wake.set()
 
     def submit_sample(self, sample: wire.GpuSample) -> None:
         self._samples.append(sample)
@@ -98,147 +133,224 @@ class Publisher:
 
     @property
     def queued_steps(self) -> int:
-        """Steps decoded and waiting for the sink with the longest queue."""
-        return max((len(box.pending) for box in self._outboxes), default=0)
+        """Steps decoded and waiting for (or being written to) the sink with the longest queue."""
+        return max((len(box.pending) + len(box.sending) for box in self._outboxes), default=0)
 
     @property
     def last_error(self) -> str:
-        """Every failure that still stands ("" when none): each failing sink's, then the publisher's own."""
+        """Every failure that still stands ("" when none): each failing sink's, the publisher's own, the
+        collector's."""
         return self._errors(None)
 
-    def sink_stats(self) -> dict[str, dict[str, int | str]]:
-        """Per sink (by name): published_steps, queued_steps, dropped_steps, last_error."""
-        return {box.sink.name: {"published_steps": box.published, "queued_steps": len(box.pending),
-                                "dropped_steps": self._dropped + box.dropped, "last_error": box.error}
+    def sink_stats(self) -> dict[str, dict[str, int | float | str]]:
+        """Per sink (by name): published_steps, queued_steps, dropped_steps, last_error (standing), failures
+        (failed writes so far), last_failure (the latest reason, kept after recovery), max_write_s."""
+        return {box.sink.name: {"published_steps": box.published, "queued_steps": len(box.pending) + len(box.sending),
+                                "dropped_steps": self._dropped + box.dropped, "last_error": box.error,
+                                "failures": box.failures, "last_failure": box.last_failure,
+                                "max_write_s": round(box.max_write_s, 3)}
                 for box in self._outboxes}
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and all(box.thread is not None and box.thread.is_alive()
+                                               for box in self._outboxes)
 
     def close(self, timeout_s: float = 5.0) -> bool:
-        """Publish what is queued (giving up after timeout_s), stop the thread, close every sink. True if
-        nothing was left."""
+        """Publish what is queued (giving up after timeout_s), stop the threads, close every sink whose
+        writer is not stuck in a write. True if nothing was left."""
         deadline = time.monotonic() + timeout_s
+        self._closing_at = time.monotonic()
         self._closing = True
         while time.monotonic() < deadline and (self._inbox or self._samples or any(
-                box.pending or box.samples for box in self._outboxes)):
+                box.pending or box.samples or box.sending or (not box.error and box.health_sent < self._closing_at)
+                for box in self._outboxes)):
             self._wake.set()
+            for box in self._outboxes:
+                box.wake.set()
             time.sleep(0.01)
         self._stop = True
         self._wake.set()
-        self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)
+        self._thread.join(max(0.1, deadline - time.monotonic()) + 1.0)  # it does no I/O: quick
+        self._stop_writers = True
+        for box in self._outboxes:
+            box.wake.set()
+        for box in self._outboxes:
+            if box.thread is not None:
+                box.thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
         left = len(self._inbox)
         self.count_dropped(left)
         for box in self._outboxes:
-            box.dropped += len(box.pending)
-            left += len(box.pending)
+            with box.lock:
+                box.finalised = True
+                rest = len(box.pending) + len(box.sending)
+                box.dropped += rest
+                left += rest
+                box.pending.clear()
+                box.sending = []
         if left:
             log.warning("moe monitor: %d steps were not published before close (%s)", left, self.last_error)
-        if self._thread.is_alive():  # stuck in a write (a Redis that never answers): leave its sinks to it
-            log.warning("moe monitor: the publisher is still inside a sink's write; its sinks stay open")
-            return False
+        stuck = False
         for box in self._outboxes:
+            if box.thread is not None and box.thread.is_alive():  # inside a write (a Redis that never answers)
+                log.warning("moe monitor: the %s writer is still inside a write; that sink stays open", box.sink.name)
+                stuck = True
+                continue
             try:
                 box.sink.close()
             except Exception as exc:  # one sink that fails to close must not keep the others open
                 log.warning("moe monitor: closing the %s sink failed: %s", box.sink.name, exc)
-        return left == 0
+        return left == 0 and not stuck
 
-    # ------------------------------------------------------------------ the thread
+    # ------------------------------------------------------------------ the publisher thread (no I/O)
     def _errors(self, skip: _Outbox | None) -> str:
         errors = [box.error for box in self._outboxes if box is not skip and box.error]
-        return "; ".join(errors + [self._error] if self._error else errors)
+        if self._error:
+            errors.append(self._error)
+        collector = self._collector()
+        if collector.get("collector_error"):
+            errors.append(str(collector["collector_error"]))
+        return "; ".join(errors)
 
-    def _drain_inbox(self) -> None:
+    def _collector(self) -> dict[str, object]:
+        if self._collector_health is None:
+            return {}
+        try:
+            return self._collector_health()
+        except Exception as exc:  # a bug there must not stop publishing
+            return {"collector_error": f"collector health failed: {type(exc).__name__}: {exc}"}
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(timeout=self._flush_interval_s)
+            self._wake.clear()
+            stopping = self._stop  # read before the drain: the last round takes everything submitted
+            try:
+                self._drain()
+            except Exception as exc:  # a bug here must not end publishing
+                self._error = f"publisher error: {type(exc).__name__}: {exc}"
+                log.exception("moe monitor publisher")
+            if stopping:
+                return
+
+    def _drain(self) -> None:
+        """Decode every finished step, give its slot back and queue it for every sink; hand out the NVML
+        samples; wake the writers that got something."""
+        records: list[wire.StepRecord] = []
         while self._inbox:
             job = self._inbox.popleft()
             try:
-                record = self._decode(job)
+                records.append(self._decode(job))
             except Exception as exc:  # a bug here must not kill the thread
-                self._error = f"decode failed: {exc}"
+                self._error = f"decode failed: {type(exc).__name__}: {exc}"
                 self.count_dropped()
-                continue
             finally:
                 self._release(job.slot)
-            for box in self._outboxes:
-                box.pending.append(record)
-                while len(box.pending) > self._queue_steps:
-                    box.pending.popleft()
-                    box.dropped += 1
-
-    def _wait_s(self) -> float:
-        """How long the thread sleeps: flush_interval_s, or while every sink is backing off, until the
-        first of them is due."""
-        if not self._outboxes or any(box.backoff_s == 0.0 for box in self._outboxes):
-            return self._flush_interval_s
-        return max(0.0, min(box.retry_at for box in self._outboxes) - time.monotonic())
-
-    def _run(self) -> None:
-        backoff_s = 0.0  # after a failure outside the sinks (a bug): retry, never end publishing
-        while True:
-            self._wake.wait(timeout=backoff_s or self._wait_s())
-            self._wake.clear()
-            try:
-                done = self._cycle()
-                backoff_s = 0.0
-            except Exception as exc:
-                self._error = f"publisher error: {type(exc).__name__}: {exc}"
-                log.exception("moe monitor publisher")
-                done, backoff_s = self._stop, min(2.0, max(0.1, backoff_s * 2))
-            if done:
-                return
-
-    def _cycle(self) -> bool:
-        """One round: decode finished steps, then one batch to every sink that is due. Returns True when the
-        thread should end (stopping, and every sink has either nothing left or just failed)."""
-        self._drain_inbox()
         fresh = [self._samples.popleft() for _ in range(len(self._samples))]
-        error = self._error
-        now = time.monotonic()
-        finished, landed = True, False
+        if not records and not fresh:
+            return
         for box in self._outboxes:
-            box.samples.extend(fresh)
-            if self._stop and not box.pending and not box.samples:
-                continue
-            if box.retry_at > now and not self._closing:
-                finished = False
-                continue
-            if self._send(box):
-                landed = True
-                finished = finished and not box.pending
-        if landed and self._error == error:
-            self._error = ""  # reported in the health of the writes that just landed
-        return self._stop and finished
+            with box.lock:
+                if box.finalised:
+                    continue
+                box.pending.extend(records)
+                excess = len(box.pending) - self._queue_steps
+                for _ in range(max(0, excess)):
+                    box.pending.popleft()
+                box.dropped += max(0, excess)
+                if fresh:
+                    box.samples.extend(fresh)
+                    del box.samples[:-MAX_SAMPLES]
+            box.wake.set()
 
-    def _send(self, box: _Outbox) -> bool:
-        """Write one batch to box's sink. True when it landed; False when the sink was idle or the write
-        failed (then the batch stays queued and the sink backs off)."""
-        with self._lock:  # stamped now, not at decode: drops of steps queued behind it count before it lands
-            dropped = self._dropped + box.dropped
-        records = [_with_dropped(box.pending[i], dropped) for i in range(min(self._batch, len(box.pending)))]
-        samples = box.samples
-        if not records and not samples and time.monotonic() - box.health_sent < 1.0:
-            return False  # idle: health once a second, no round trip every tick
+    # ------------------------------------------------------------------ one writer thread per sink
+    def _run_writer(self, box: _Outbox) -> None:
+        while not self._stop_writers:
+            now = time.monotonic()
+            backing_off = box.retry_at > now and not self._closing
+            box.wake.wait(timeout=max(0.0, box.retry_at - now) if backing_off else self._flush_interval_s)
+            box.wake.clear()
+            if self._stop_writers:
+                return
+            if box.retry_at > time.monotonic() and not self._closing:
+                continue
+            try:
+                landed = self._send(box)
+            except Exception as exc:  # a bug here must not end this sink's writes
+                box.error = f"{box.sink.name} writer error: {type(exc).__name__}: {exc}"
+                log.exception("moe monitor %s writer", box.sink.name)
+                landed = False
+            if landed is False and self._closing:
+                time.sleep(0.01)  # retrying at once while closing: not in a hot loop
+
+    def _send(self, box: _Outbox) -> bool | None:
+        """Write one batch to box's sink. True when it landed, False when it failed (in whole or in part:
+        what did not land is queued again at the head and the sink backs off), None when there was nothing
+        to write (health goes once a second when idle)."""
+        with self._lock:
+            dropped_before = self._dropped
+        others = self._errors(box)
+        with box.lock:
+            if box.finalised:
+                return None
+            now = time.monotonic()
+            health_due = (box.health_sent < self._closing_at if self._closing else now - box.health_sent >= 1.0)
+            if not box.pending and not box.samples and others == box.errors_sent and not health_due:
+                return None  # idle: health once a second (at once when what it says changed, once at close)
+            dropped = dropped_before + box.dropped  # stamped now: drops of steps queued behind these count
+            box.sending = [box.pending.popleft() for _ in range(min(self._batch, len(box.pending)))]
+            sending, samples = box.sending, box.samples
+            box.samples = []
+            queued = len(box.pending)
+        records = [_with_dropped(rec, dropped) for rec in sending]
+        error_reported = self._error
         health: dict[str, object] = {
             "rank": self._rank, "dropped_steps": dropped, "published_steps": box.published + len(records),
-            "queued": len(box.pending) - len(records), "last_error": self._errors(box), "time_s": time.time()}
+            "queued": queued, "last_error": others, "sink_failures": box.failures,
+            "last_failure": box.last_failure, "time_s": time.time()}
+        health.update({k: v for k, v in self._collector().items() if k != "collector_error"})
+        failure: Exception | None = None
+        landed: frozenset[int] | range = range(len(records))
+        samples_landed = True
+        started = time.monotonic()
         try:
             box.sink.write(records, samples, health)
+        except PartialWrite as exc:
+            failure, landed, samples_landed = exc, exc.landed, exc.samples_landed
         except Exception as exc:  # this sink's failure; the others go on
-            box.error = f"{box.sink.name} sink failed: {type(exc).__name__}: {exc}"
-            box.samples = samples[-1000:]  # kept for the next try (the newest thousand)
+            failure, landed, samples_landed = exc, frozenset(), False
+        finished = time.monotonic()
+        with box.lock:
+            box.max_write_s = max(box.max_write_s, finished - started)
+            if box.finalised:  # close() gave up on this write and counted its batch: change nothing
+                return failure is None
+            kept = [rec for i, rec in enumerate(sending) if i not in landed]
+            box.published += len(sending) - len(kept)
+            box.sending = []
+            if kept:  # back at the head; the oldest beyond the bound go
+                box.pending.extendleft(reversed(kept))
+                excess = len(box.pending) - self._queue_steps
+                for _ in range(max(0, excess)):
+                    box.pending.popleft()
+                box.dropped += max(0, excess)
+            if not samples_landed:
+                box.samples = (list(samples) + box.samples)[-MAX_SAMPLES:]
+            backlog = len(box.pending) >= self._batch
+        if failure is not None:
+            box.error = f"{box.sink.name} sink failed: {type(failure).__name__}: {failure}"
+            if isinstance(failure, PartialWrite):
+                box.error = f"{box.sink.name} sink refused {failure}"
+            box.failures += 1
+            box.last_failure = box.error
             box.backoff_s = min(2.0, max(0.1, box.backoff_s * 2))
-            box.retry_at = time.monotonic() + box.backoff_s
+            box.retry_at = finished + box.backoff_s
             return False
-        box.health_sent = time.monotonic()
-        box.samples = []
-        for _ in records:
-            box.pending.popleft()
-        box.published += len(records)
+        box.health_sent, box.errors_sent = finished, others
         box.error, box.backoff_s, box.retry_at = "", 0.0, 0.0
-        if len(box.pending) >= self._batch:
-            self._wake.set()  # a backlog (after an outage): keep going without waiting
+        if error_reported and self._error == error_reported:
+            self._error = ""  # reported in the health of the write that just landed
+        if backlog:
+            box.wake.set()  # a backlog (after an outage): keep going without waiting
         return True
 
 

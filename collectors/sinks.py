@@ -1,8 +1,9 @@
 """Where published steps go: one Sink protocol, two sinks (a run's Redis keys, a JSON-lines trace file).
 
 The publisher thread (publisher.py) is the only caller. It hands every sink the same batches, in step
-order, and keeps a queue per sink: a write that raises has not landed and is offered again after a
-backoff, so a sink never retries on its own and one sink's failure never holds up another.
+order, and keeps a queue and a writer thread per sink: a write that raises has not landed (PartialWrite:
+only in part) and is offered again after a backoff, so a sink never retries on its own and one sink's
+failure (or hang) never holds up another.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TextIO
 
 from redis.typing import EncodableT, FieldT
 
@@ -32,10 +33,25 @@ class Sink(Protocol):
         ...
 
 
+class PartialWrite(Exception):
+    """A batch that landed in part (a Redis that refused some commands: out of memory, no permission).
+    landed: indices of the records that did land; samples_landed: whether every NVML sample did. The
+    publisher takes the landed records off the queue and offers the others again after its backoff."""
+
+    def __init__(self, message: str, landed: frozenset[int], samples_landed: bool):
+        super().__init__(message)
+        self.landed, self.samples_landed = landed, samples_landed
+
+
 class RedisSink:
     """Writes StepRecords, GpuSamples and health to one run's keys, one pipelined round trip per batch.
-    The metadata goes with the first batch and again with the first after a failure, so a Redis that
-    restarted empty gets it back."""
+    The metadata goes with the first batch, again with the first after a failure, and again whenever the
+    previous batch found it missing (every batch asks EXISTS: a Redis restarted empty, flushed or failed
+    over between two batches gets it back within one flush interval). Commands are not transactional:
+    a refused command (OOM under maxmemory noeviction, NOPERM) refuses only itself, and the records whose
+    XADD landed are reported as landed (PartialWrite), so a retry does not write them twice. A write that
+    times out may still be executed by a Redis that was only stalled: the stream then holds that step twice
+    (readers skip a repeated (instance, rank, step))."""
 
     name = "redis"
 
@@ -49,7 +65,8 @@ class RedisSink:
               health: dict[str, object]) -> None:
         run = self._run
         pipe = self._client.pipeline(transaction=False)
-        if self._needs_meta:
+        with_meta = self._needs_meta
+        if with_meta:
             pipe.set(wire.meta_key(run), self._meta_json)
         for rec in records:
             pipe.xadd(wire.steps_key(run), _fields(wire.encode_step(rec)), maxlen=self._maxlen, approximate=True)
@@ -57,12 +74,23 @@ class RedisSink:
             pipe.xadd(wire.gpu_key(run), _fields(wire.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
         pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
         pipe.zadd(wire.RUNS_KEY, {run: time.time()})
+        pipe.exists(wire.meta_key(run))
         try:
-            pipe.execute()
+            replies = pipe.execute(raise_on_error=False)
         except Exception:
             self._needs_meta = True  # the connection may have gone, and with it an emptied Redis
             raise
-        self._needs_meta = False
+        first = 1 if with_meta else 0
+        step_replies = replies[first: first + len(records)]
+        sample_replies = replies[first + len(records): first + len(records) + len(samples)]
+        errors = [reply for reply in replies[:-1] if isinstance(reply, Exception)]
+        meta_gone = replies[-1] == 0  # an EXISTS the user may not run (write-only ACL) proves nothing
+        self._needs_meta = (with_meta and isinstance(replies[0], Exception)) or meta_gone
+        if errors:
+            refused = errors[0]
+            message = f"{len(errors)} of {len(replies)} commands: {type(refused).__name__}: {refused}"
+            landed = frozenset(i for i, reply in enumerate(step_replies) if not isinstance(reply, Exception))
+            raise PartialWrite(message, landed, not any(isinstance(r, Exception) for r in sample_replies))
 
     def close(self) -> None:
         self._client.close()
@@ -76,20 +104,54 @@ class TraceFileSink:
     """Appends the run's metadata once (when opened), then one line per step record and NVML sample, and
     flushes after every batch: a live replay sees it, a killed process loses at most one batch. Health is
     not recorded. A batch written again after a failed write may repeat lines the failure let through;
-    the readers skip duplicate steps."""
+    the readers skip duplicate steps.
+
+    max_bytes (None: no cap): before a line would take the file past it, the file is rotated once:
+    `<path>` becomes `<path>.1` (replacing the previous one) and a new `<path>` starts with the metadata
+    line, so each file replays on its own and the pair holds at most about 2 x max_bytes. A single line
+    longer than the cap still goes in (into a file of its own)."""
 
     name = "trace"
 
-    def __init__(self, path: str | os.PathLike[str], meta: wire.RunMeta):
-        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 (open for the run's lifetime)
-        self._file.write(wire.trace_line("meta", {"meta": wire.encode_meta(meta)}) + "\n")
+    def __init__(self, path: str | os.PathLike[str], meta: wire.RunMeta, max_bytes: int | None = None):
+        self._path = os.fspath(path)
+        self._max_bytes = max_bytes
+        self._meta_line = wire.trace_line("meta", {"meta": wire.encode_meta(meta)}) + "\n"
+        self.rotations = 0
+        self._file = self._open_new()
+
+    def _open_new(self) -> TextIO:
+        handle = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 (open for the run's lifetime)
+        handle.write(self._meta_line)
+        self._size = len(self._meta_line.encode())
+        return handle
+
+    def _rotate(self) -> None:
+        self._file.close()
+        try:
+            os.replace(self._path, self._path + ".1")
+        except OSError:
+            self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 (keep what it holds)
+            raise
+        self._file = self._open_new()
+        self.rotations += 1
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
               health: dict[str, object]) -> None:
         lines = [wire.trace_line("step", wire.encode_step(rec)) for rec in records]
         lines += [wire.trace_line("gpu", wire.encode_gpu_sample(sample)) for sample in samples]
-        if lines:
-            self._file.write("\n".join(lines) + "\n")
+        cap, chunk = self._max_bytes, list[str]()
+        for line in lines:
+            size = len(line.encode()) + 1
+            if cap is not None and self._size + size > cap and self._size > len(self._meta_line.encode()):
+                if chunk:
+                    self._file.write("\n".join(chunk) + "\n")
+                    chunk = []
+                self._rotate()
+            chunk.append(line)
+            self._size += size
+        if chunk:
+            self._file.write("\n".join(chunk) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -4,7 +4,10 @@
 2. no host synchronisation inside a hooked forward (torch.cuda.set_sync_debug_mode("error"));
 3. a decode step captured in a CUDA graph with the hooks attached keeps counting on replay;
 4. NVML readings of the model's GPU arrive in Redis;
-5. the overhead ratio (python -m bench.collector --device cuda).
+5. ids outside [0, E) are counted as invalid on CUDA too (never clamped onto an expert);
+6. a step counted on a side stream (behind a slow kernel) and closed on the default stream publishes its
+   own counts: the snapshot waits for the counting stream, the next step's counting for the reset;
+7. the overhead ratio (python -m bench.collector --device cuda).
 Prints one line per check and exits non-zero on the first failure.
 """
 from __future__ import annotations
@@ -61,6 +64,7 @@ def main() -> int:
             mon.begin_step(token_mask=mask)
             for layer in range(4):
                 mon.record(layer, topk)
+                mon.counter.record(layer, topk)  # the hooks' hot path (clamp + put_)
             mon.end_step("decode")
         synced = False
     except RuntimeError as exc:
@@ -87,6 +91,34 @@ def main() -> int:
         graph_mon.end_step("decode")
     expected = 6 * np.bincount(static_ids.cpu().reshape(-1).numpy(), minlength=64)
     check("CUDA graph replay keeps counting", np.array_equal(graph_mon.counts()[0], expected))
+
+    invalid_mon = ExpertLoadMonitor(1, 8, 2, device="cuda", sample_tokens=0)
+    invalid_mon.counter.record(0, torch.tensor([[0, 9], [-1, 3], [8, 3]], device="cuda"))
+    invalid_mon.end_step("decode")
+    check("ids outside [0, E) counted as invalid on CUDA",
+          invalid_mon.counts()[0].tolist() == [1, 0, 0, 2, 0, 0, 0, 0] and invalid_mon.invalid_counts().tolist() == [3],
+          f"{invalid_mon.counts()[0].tolist()} invalid {invalid_mon.invalid_counts().tolist()}")
+
+    trace = tempfile.mkdtemp() + "/streams.jsonl"
+    side = torch.cuda.Stream()
+    stream_mon = ExpertLoadMonitor(1, 64, 8, device="cuda", sample_tokens=0, trace_path=trace, nvml=False)
+    side_ids = torch.randint(0, 64, (4096, 8), device="cuda")
+    expected_side = np.bincount(side_ids.cpu().reshape(-1).numpy(), minlength=64)
+    torch.cuda.synchronize()
+    for _ in range(3):
+        with torch.cuda.stream(side):
+            stream_mon.begin_step(tokens=4096)
+            torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time before the counting, on the side stream
+            stream_mon.record(0, side_ids)
+            stream_mon.counter.record(0, side_ids)
+        stream_mon.end_step("decode")  # on the default stream
+    stream_mon.close()
+    with open(trace, encoding="utf-8") as lines:
+        steps = [rec for kind, rec in (wire.decode_trace_line(line) for line in lines) if kind == "step"]
+    got = [rec.counts_LE[0].tolist() for rec in steps]
+    check("side-stream counting published whole (snapshot waits for the counting stream)",
+          len(got) == 3 and all(row == (2 * expected_side).tolist() for row in got),
+          f"{len(got)} steps, sums {[sum(row) for row in got]} (want {2 * 4096 * 8} each)")
 
     server = RedisServer(tempfile.mkdtemp())
     try:

@@ -315,6 +315,7 @@ def test_unknown_option_names_the_valid_ones():
     ("nvml_interval_s", 0, "nvml_interval_s must be a positive number of seconds"),
     ("redis_timeout_s", float("nan"), "redis_timeout_s must be a positive number of seconds"),
     ("trace_path", "", "trace_path must be a file path"),
+    ("trace_max_bytes", 0, "trace_max_bytes must be a positive integer"),
     ("physical_to_logical_map", [[0, 1.5]], r"physical_to_logical_map must be a list of rows of integer"),
 ])
 def test_bad_options_say_what_is_expected(name, value, message):
