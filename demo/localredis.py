@@ -13,6 +13,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def wait_for_port(port: int, timeout_s: float = 10.0) -> bool:
+    """True once something accepts connections on 127.0.0.1:port, False after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
 class RedisServer:
     """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
 
@@ -39,15 +51,9 @@ class RedisServer:
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         if tls_cert_key:
             self.url = f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={tls_cert_key[0]}"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        if not wait_for_port(self.port):
+            self.stop()
+            raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def client(self):
         import wire

@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 import wire
 from dashboard.live.watched import WatchedRun
 from dashboard.live.window import StepWindow
-from dashboard.sources.base import Batch, Health
+from dashboard.sources.base import Batch
 from dashboard.sources.redis import _collector_health, decode_health_rank, decode_health_report
+from tests.support.listsource import ListSource
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -234,22 +235,11 @@ def test_sizes_and_contiguous_layouts(layers, experts, slots):
     assert len(rows) * len(rows[0]) <= wire.MAX_CELLS
 
 
-class ListSource:
-    """Hands over prepared batches; the run's metadata says [2 layers, 3 experts]."""
-
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def poll(self, max_entries: int) -> Batch:
-        return self.batches.pop(0) if self.batches else Batch()
-
-    def meta(self):
-        return wire.RunMeta(run="w", model_name="m", layer_names=["a", "b"], num_experts=3, top_k=1,
-                            hidden_size=1, moe_intermediate_size=1, dtype_bytes=2,
-                            layout=wire.Layout(1, 1, wire.contiguous_layout(2, 3)), world_size=2)
-
-    def health(self) -> Health:
-        return Health(reachable=True, where="list")
+def _two_layer_meta() -> wire.RunMeta:
+    """The run's metadata: [2 layers, 3 experts], 2 ranks."""
+    return wire.RunMeta(run="w", model_name="m", layer_names=["a", "b"], num_experts=3, top_k=1,
+                        hidden_size=1, moe_intermediate_size=1, dtype_bytes=2,
+                        layout=wire.Layout(1, 1, wire.contiguous_layout(2, 3)), world_size=2)
 
 
 bad_values = {
@@ -285,7 +275,7 @@ def records(draw):
 @given(records(), st.integers(1, 4))
 def test_bad_records_never_hide_the_good_ones(recs, per_batch):
     batches = [Batch(steps=[r for r, _ in recs[i:i + per_batch]]) for i in range(0, len(recs), per_batch)]
-    watched = WatchedRun(ListSource(batches), window_steps=64)
+    watched = WatchedRun(ListSource(batches, _two_layer_meta()), window_steps=64)
     for _ in batches:
         watched.tick()
     good = [r.step for r, ok in recs if ok]

@@ -12,9 +12,10 @@ import wire
 from dashboard.live.gpu_history import GpuHistory
 from dashboard.live.watched import WatchedRun
 from dashboard.live.window import StepWindow
-from dashboard.sources.base import Batch, Health
+from dashboard.sources.base import Batch
 from dashboard.sources.redis import RedisSource
 from tests.support import synthfill
+from tests.support.listsource import ListSource
 
 
 def _rec(step, counts=((1, 2),), rank=0, world=1, phase="decode", tokens=4, instance="", t=None):
@@ -81,22 +82,6 @@ def test_window_refuses_a_bad_record_before_changing_anything(bad):
     w.add(_rec(2))  # the window still works: the ring moves on
     w.add(_rec(3))
     assert list(w.view("both", [[0, 1]], 1, now_s=1e9).step_T) == [2, 3]
-
-
-class ListSource:
-    """A Source that hands over prepared batches (for records no decoder would let through)."""
-
-    def __init__(self, batches):
-        self.batches = list(batches)
-
-    def poll(self, max_entries: int) -> Batch:
-        return self.batches.pop(0) if self.batches else Batch()
-
-    def meta(self):
-        return None
-
-    def health(self) -> Health:
-        return Health(reachable=True, where="list")
 
 
 def test_a_tick_counts_any_failing_record_and_keeps_the_rest_of_its_poll():

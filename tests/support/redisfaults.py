@@ -6,15 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import redis
 
 import wire
-from demo.localredis import free_port
+from demo.localredis import free_port, wait_for_port
 
 
 class FaultyRedis:
@@ -40,15 +38,9 @@ class FaultyRedis:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.02)
-        self.stop()
-        raise RuntimeError(f"redis-server did not start on port {self.port}")
+        if not wait_for_port(self.port):
+            self.stop()
+            raise RuntimeError(f"redis-server did not start on port {self.port}")
 
     def kill(self) -> None:
         """SIGKILL: every connection is reset, everything held is gone."""
