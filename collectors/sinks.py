@@ -7,6 +7,7 @@ failure (or hang) never holds up another.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -117,7 +118,6 @@ class TraceFileSink:
         self._path = os.fspath(path)
         self._max_bytes = max_bytes
         self._meta_line = wire.trace_line("meta", {"meta": wire.encode_meta(meta)}) + "\n"
-        self.rotations = 0
         self._file = self._open_new()
 
     def _open_new(self) -> TextIO:
@@ -126,20 +126,35 @@ class TraceFileSink:
         self._size = len(self._meta_line.encode())
         return handle
 
+    def _reopen(self) -> None:
+        """After a failed write: append to the file as it is on disk (a new one gets the metadata line)."""
+        self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run's lifetime)
+        self._size = os.fstat(self._file.fileno()).st_size
+        if self._size == 0:
+            self._file.write(self._meta_line)
+            self._size = len(self._meta_line.encode())
+
     def _rotate(self) -> None:
         self._file.close()
-        try:
-            os.replace(self._path, self._path + ".1")
-        except OSError:
-            self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 (keep what it holds)
-            raise
+        os.replace(self._path, self._path + ".1")
         self._file = self._open_new()
-        self.rotations += 1
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
               health: dict[str, object]) -> None:
         lines = [wire.trace_line("step", wire.encode_step(rec)) for rec in records]
         lines += [wire.trace_line("gpu", wire.encode_gpu_sample(sample)) for sample in samples]
+        try:
+            if self._file.closed:  # a write failed before (a full disk): start again from the file on disk
+                self._reopen()
+            self._write_lines(lines)
+        except Exception:
+            # what the failure let through stays (a cut line reads as one bad record); the rest is
+            # discarded and the size re-read from disk at the next try, so retries never inflate it
+            with contextlib.suppress(OSError, ValueError):
+                self._file.close()
+            raise
+
+    def _write_lines(self, lines: list[str]) -> None:
         cap, chunk = self._max_bytes, list[str]()
         for line in lines:
             size = len(line.encode()) + 1

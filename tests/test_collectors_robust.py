@@ -13,6 +13,7 @@ import torch
 import wire
 from collectors import ExpertLoadMonitor, MonitorOptions, attach
 from collectors.counter import DeviceCounter, StreamOrder
+from collectors.sinks import TraceFileSink
 from tests.support.tiny_models import build
 
 
@@ -272,3 +273,65 @@ def test_trace_cap_default_and_validation():
     for bad in (0, -5, 1.5, "1GB", True):
         with pytest.raises(ValueError, match="trace_max_bytes must be a positive integer"):
             MonitorOptions(trace_max_bytes=bad)
+
+
+class _FullDisk:
+    """A trace file on a disk that may be full: writes are buffered and reach the file at flush, which fails
+    with ENOSPC while DISK["full"] is set; close flushes first, like a real file (its buffer is lost)."""
+
+    def __init__(self, handle):
+        self.handle, self.pending = handle, []
+
+    def write(self, text):
+        self.pending.append(text)
+
+    def flush(self):
+        if DISK["full"]:
+            raise OSError(28, "No space left on device")
+        self.handle.write("".join(self.pending))
+        self.pending = []
+        self.handle.flush()
+
+    def close(self):
+        try:
+            self.flush()
+        finally:
+            self.handle.close()
+
+    @property
+    def closed(self):
+        return self.handle.closed
+
+    def fileno(self):
+        return self.handle.fileno()
+
+
+DISK = {"full": False}
+
+
+def test_trace_sink_recovers_after_a_full_disk_and_keeps_its_size_honest(tmp_path, monkeypatch):
+    """A failed write (ENOSPC) neither breaks the sink for good nor repeats or inflates anything: the
+    retried batch lands once, when the disk has room, with no early rotation, and the file replays."""
+    import collectors.sinks
+
+    path = tmp_path / "run.jsonl"
+    meta = wire.RunMeta(run="full", model_name="m", layer_names=["a"], num_experts=4, top_k=1,
+                        hidden_size=1, moe_intermediate_size=1, dtype_bytes=2,
+                        layout=wire.Layout(1, 1, wire.contiguous_layout(1, 4)), world_size=1)
+    sink = TraceFileSink(path, meta, max_bytes=64 << 10)
+    monkeypatch.setattr(collectors.sinks, "open", lambda *a, **k: _FullDisk(open(*a, **k)), raising=False)
+    sink._file = _FullDisk(sink._file)
+    records = [wire.StepRecord(run="full", rank=0, world_size=1, step=s, time_s=1.0 + s, phase="decode",
+                               tokens=1, counts_LE=np.array([[1, 0, 0, 0]], dtype=np.int32)) for s in range(3)]
+    DISK["full"] = True
+    try:
+        for _ in range(200):  # a long outage: the publisher offers the same batch again and again
+            with pytest.raises(OSError):
+                sink.write(records, [], {})
+    finally:
+        DISK["full"] = False
+    sink.write(records, [], {})
+    sink.close()
+    assert not (tmp_path / "run.jsonl.1").exists()  # the failed tries did not count towards the cap
+    meta_line, steps = _read_trace(path)
+    assert meta_line[0] == "meta" and steps == [0, 1, 2]
