@@ -319,7 +319,8 @@ def test_trace_sink_recovers_after_a_full_disk_and_keeps_its_size_honest(tmp_pat
                         hidden_size=1, moe_intermediate_size=1, dtype_bytes=2,
                         layout=wire.Layout(1, 1, wire.contiguous_layout(1, 4)), world_size=1)
     sink = TraceFileSink(path, meta, max_bytes=64 << 10)
-    monkeypatch.setattr(collectors.sinks, "open", lambda *a, **k: _FullDisk(open(*a, **k)), raising=False)
+    monkeypatch.setattr(collectors.sinks, "open", lambda *a, **k: _FullDisk(open(*a, **k)),  # noqa: SIM115
+                        raising=False)
     sink._file = _FullDisk(sink._file)
     records = [wire.StepRecord(run="full", rank=0, world_size=1, step=s, time_s=1.0 + s, phase="decode",
                                tokens=1, counts_LE=np.array([[1, 0, 0, 0]], dtype=np.int32)) for s in range(3)]

@@ -94,3 +94,25 @@ def test_trace_source_replays_in_chunks_and_skips_bad_lines(tmp_path):
 def test_missing_trace_file_is_unreachable(tmp_path):
     source = TraceSource(str(tmp_path / "nope.jsonl"))
     assert source.poll(5).steps == [] and not source.health().reachable
+
+
+def test_a_redis_error_mid_poll_loses_no_step(redis_url):
+    """Steps are read first, then one pipeline; when Redis answers that pipeline with an error (here
+    WRONGTYPE on the health key), the steps already read are read again by the next poll, not lost."""
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "mid", steps=6)
+    source = RedisSource(client, redis_url, "mid", window_steps=50)
+    watched = WatchedRun(source, window_steps=50)
+    assert watched.tick().steps_in == 6
+    synthfill.fill(client, "mid", steps=4, first_step=6)
+    client.delete(wire.health_key("mid"))
+    client.set(wire.health_key("mid"), b"not a hash")            # the backlog case below reads it too
+    assert watched.tick().steps_in == 0 and not source.health().reachable
+    client.delete(wire.health_key("mid"))
+    assert watched.tick().steps_in == 4
+    assert list(watched.window.view("both", [list(range(16))] * 4, 4).step_T) == list(range(10))
+    fresh = RedisSource(client, redis_url, "mid", window_steps=50)  # the first poll, paging the backlog
+    client.set(wire.health_key("mid"), b"not a hash")
+    assert fresh.poll(1000).steps == []
+    client.delete(wire.health_key("mid"))
+    assert sorted(rec.step for rec in fresh.poll(1000).steps) == list(range(10))

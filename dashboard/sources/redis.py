@@ -198,6 +198,7 @@ class RedisSource:
     def poll(self, max_entries: int) -> Batch:
         batch = Batch()
         started = time.perf_counter()
+        cursor = (self._last_step_id, list(self._backlog), self._backlog_bytes)
         try:
             if self._last_step_id is None and self._meta is None and not self._backlog:
                 self._read_meta(self.client.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES), batch)
@@ -218,6 +219,8 @@ class RedisSource:
                 pipe.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES)  # one byte more: too large
             replies = pipe.execute()
         except REDIS_ERRORS as exc:
+            # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
+            self._last_step_id, self._backlog, self._backlog_bytes = cursor
             answered = not isinstance(exc, UNREACHABLE_ERRORS)
             self._health = Health(reachable=False, where=self.where, answered=answered,
                                   error=f"{type(exc).__name__}: {exc}")
