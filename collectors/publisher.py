@@ -347,8 +347,8 @@ class Publisher:
             return False
         box.health_sent, box.errors_sent = finished, others
         box.error, box.backoff_s, box.retry_at = "", 0.0, 0.0
-        if error_reported and self._error == error_reported:
-            self._error = ""  # reported in the health of the write that just landed
+        if error_reported and self._error == error_reported and getattr(box.sink, "keeps_health", True):
+            self._error = ""  # reported in the health of the write that just landed (a sink that keeps it)
         if backlog:
             box.wake.set()  # a backlog (after an outage): keep going without waiting
         return True

@@ -23,6 +23,7 @@ class Sink(Protocol):
     """A destination for a run's step records, NVML samples and the publisher's health report."""
 
     name: str  # names the sink in error messages: "redis", "trace"
+    keeps_health: bool  # whether write() stores the health report (a failure is cleared once one has it)
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
               health: dict[str, object]) -> None:
@@ -55,6 +56,7 @@ class RedisSink:
     (readers skip a repeated (instance, rank, step))."""
 
     name = "redis"
+    keeps_health = True
 
     def __init__(self, url: str, meta: wire.RunMeta, maxlen: int, timeout_s: float):
         self._run, self._maxlen = meta.run, maxlen
@@ -113,6 +115,7 @@ class TraceFileSink:
     longer than the cap still goes in (into a file of its own)."""
 
     name = "trace"
+    keeps_health = False
 
     def __init__(self, path: str | os.PathLike[str], meta: wire.RunMeta, max_bytes: int | None = None):
         self._path = os.fspath(path)

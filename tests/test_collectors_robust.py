@@ -4,6 +4,7 @@ CUDA stream ordering (its logic, with stand-in streams), and the trace file's si
 from __future__ import annotations
 
 import json
+import time
 import warnings
 
 import numpy as np
@@ -336,3 +337,31 @@ def test_trace_sink_recovers_after_a_full_disk_and_keeps_its_size_honest(tmp_pat
     assert not (tmp_path / "run.jsonl.1").exists()  # the failed tries did not count towards the cap
     meta_line, steps = _read_trace(path)
     assert meta_line[0] == "meta" and steps == [0, 1, 2]
+
+
+def test_a_publisher_failure_reaches_the_redis_health_even_beside_a_trace(redis_server, redis_url, tmp_path):
+    """A failure outside the sinks (a step that does not decode) is cleared only once a sink that keeps the
+    health report (Redis) has carried it, not when the trace file, which keeps no health, lands first."""
+    mon = ExpertLoadMonitor(2, 8, 2, nvml=False, sample_tokens=0, redis_url=redis_url, run="decodefail",
+                            trace_path=str(tmp_path / "t.jsonl"))
+    decode, calls = mon.publisher._decode, []
+
+    def decode_failing_once(job):
+        calls.append(job.step)
+        if len(calls) == 1:
+            raise RuntimeError("bad step buffer")
+        return decode(job)
+
+    mon.publisher._decode = decode_failing_once
+    for step in range(5):
+        mon.record(0, torch.tensor([[step % 8, 1]]))
+        mon.end_step("decode")
+    client, deadline, seen = redis_server.client(), time.monotonic() + 10, []
+    while time.monotonic() < deadline and not any("decode failed" in h["last_error"] for h in seen):
+        if client.hexists(wire.health_key("decodefail"), "0"):
+            seen.append(_health(client, "decodefail"))
+        time.sleep(0.005)
+    mon.close()
+    carried = [h for h in seen if "decode failed: RuntimeError: bad step buffer" in h["last_error"]]
+    assert carried and carried[0]["dropped_steps"] == 1, seen[-3:]
+    assert _health(client, "decodefail")["published_steps"] == 4
