@@ -116,3 +116,17 @@ def test_a_redis_error_mid_poll_loses_no_step(redis_url):
     assert fresh.poll(1000).steps == []
     client.delete(wire.health_key("mid"))
     assert sorted(rec.step for rec in fresh.poll(1000).steps) == list(range(10))
+
+
+def test_a_health_hash_with_too_many_fields_is_not_read(redis_url):
+    """A health hash far beyond any real world size is not pulled into the dashboard (one bad record)."""
+    from dashboard.sources.redis import MAX_HEALTH_RANKS
+
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "wide", steps=3)
+    client.hset(wire.health_key("wide"), mapping={str(r): "{}" for r in range(MAX_HEALTH_RANKS + 1)})
+    source = RedisSource(client, redis_url, "wide", window_steps=10)
+    batch = source.poll(100)
+    assert len(batch.steps) == 3 and batch.bad_records == 1 and "not read" in batch.last_error
+    assert source.health().reachable and source.health().collectors == {}
+    assert source.poll(100).bad_records == 0  # counted once, not at every poll

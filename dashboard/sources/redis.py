@@ -40,6 +40,7 @@ RUNS_READ = 1000  # entries of moe:runs read to find them (invalid ones are skip
 MAX_HEALTH_BYTES = 64 << 10  # one rank's health report (JSON)
 MAX_HEALTH_ERROR_CHARS = 1000
 MAX_HEALTH_KEYS = 64
+MAX_HEALTH_RANKS = 1024  # health reports read per poll at most (a larger hash is not read: one bad record)
 _RANK_TEXT = re.compile(r"[0-9]{1,5}")
 
 
@@ -213,11 +214,14 @@ class RedisSource:
             else:
                 pipe.xrange(gpu, min=_after(self._last_gpu_id), count=GPU_BACKLOG)
             pipe.zscore(wire.RUNS_KEY, self.run)
-            pipe.hgetall(wire.health_key(self.run))
+            pipe.hlen(wire.health_key(self.run))
             refresh_meta = time.monotonic() - self._meta_read_at > META_REFRESH_S
             if refresh_meta:
                 pipe.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES)  # one byte more: too large
             replies = pipe.execute()
+            health_fields = int(replies[2] or 0)
+            collectors = self.client.hgetall(wire.health_key(self.run)) \
+                if 0 < health_fields <= MAX_HEALTH_RANKS else {}
         except REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
             self._last_step_id, self._backlog, self._backlog_bytes = cursor
@@ -225,7 +229,7 @@ class RedisSource:
             self._health = Health(reachable=False, where=self.where, answered=answered,
                                   error=f"{type(exc).__name__}: {exc}")
             return batch
-        gpu_entries, last_seen, collectors = replies[:3]
+        gpu_entries, last_seen = replies[:2]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
         for entry_id, fields in step_entries:
@@ -246,6 +250,9 @@ class RedisSource:
         if refresh_meta:
             self._read_meta(replies[3], batch)
         reports, bad = _collector_health(collectors)
+        if health_fields > MAX_HEALTH_RANKS:
+            bad[b"too-many-health-fields"] = (f"health hash holds {health_fields} fields, more than the "
+                                             f"{MAX_HEALTH_RANKS} rank reports read; not read")
         for digest in bad.keys() - self._bad_health:  # a bad field counts once, not at every poll
             batch.bad_records += 1
             batch.last_error = bad[digest]
