@@ -1,6 +1,6 @@
 """CLI: plan an expert layout and export it for SGLang's --init-expert-location.
 
-python -m planner --load FILE --gpus G --redundant R [--nodes N --groups K] [--policy NAME]
+python -m planner --load FILE --gpus G --redundant R [--nodes M --groups Q] [--policy NAME]
                          [--decay D] [--current LAYOUT.json --moves K] --out OUT.json
 
 FILE: SGLang logical_count JSON or .pt, shape [L, E] or [W, L, E] (windows oldest..newest), or one of
@@ -31,11 +31,11 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m planner", description=__doc__.split("\n\n")[0])
-    p.add_argument("--load", required=True, help="logical_count JSON or .pt, [L,E] or [T,L,E], or a trace (.jsonl)")
+    p.add_argument("--load", required=True, help="logical_count JSON or .pt, [L,E] or [W,L,E], or a trace (.jsonl)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs in the EP group (G)")
     p.add_argument("--redundant", type=int, required=True, help="redundant expert slots in total (R)")
-    p.add_argument("--nodes", type=int, help="nodes (N blocks of consecutive GPUs); needs --groups")
-    p.add_argument("--groups", type=int, help="expert groups (K blocks of consecutive ids); needs --nodes")
+    p.add_argument("--nodes", type=int, help="nodes (M blocks of consecutive GPUs); needs --groups")
+    p.add_argument("--groups", type=int, help="expert groups (Q blocks of consecutive ids); needs --nodes")
     p.add_argument("--policy", default="auto", choices=POLICIES)
     p.add_argument("--decay", type=float, default=1.0,
                    help="weight of each older window relative to the next newer one (1 = equal)")

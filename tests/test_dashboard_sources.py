@@ -82,6 +82,8 @@ def test_trace_source_replays_in_chunks_and_skips_bad_lines(tmp_path):
     watched = WatchedRun(TraceSource(str(path)), window_steps=100, max_entries_per_tick=4)
     first = watched.tick()
     assert first.steps_in == 4 and first.more and watched.bad_records == 2
+    not_json_at = sum(len(line) + 1 for line in lines[:4])  # the error names where the bad line starts
+    assert watched.last_error.startswith(f"trace line at byte {not_json_at}:"), watched.last_error
     assert watched.source.meta().num_experts == 8
     second = watched.tick()
     assert second.steps_in == 2 and not second.more and watched.source.finished

@@ -4,10 +4,12 @@ Both sides import this module and nothing else of each other. It imports neither
 
 Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:runs           sorted set: run name -> last time (unix s) a collector wrote to it
-    moe:R:meta         string: JSON of RunMeta, written once per run (rewritten when the layout changes)
+    moe:R:meta         string: JSON of RunMeta, written with the first batch (again after a failed write
+                       and whenever a batch finds it missing)
     moe:R:steps        stream: one entry per (step, rank), fields in STEP_FIELDS
     moe:R:gpu          stream: one entry per NVML sample (or one "unavailable" status entry)
-    moe:R:health       hash: rank -> JSON {dropped_steps, queued, last_error, time_s}
+    moe:R:health       hash: rank -> JSON {rank, dropped_steps, published_steps, queued, last_error,
+                       sink_failures, last_failure, hook_errors, invalid_ids, time_s}
 
 Bounds (wire/keys.py): every decoder refuses, with one ValueError, a record beyond MAX_LAYERS layers,
 MAX_EXPERTS experts, MAX_SLOTS slots per layer, MAX_CELLS counts or layout cells, MAX_WORLD ranks, step ids

@@ -34,7 +34,7 @@ class Health:
     reachable: the source answered (Redis ping, trace file readable); where: redacted URL or file path;
     error: why it is not reachable; latency_ms: round trip of the last poll; last_seen_s: unix time the
     collector last wrote (None when unknown); collectors: rank -> the collector's own health report
-    (dropped_steps, queued, last_error, time_s); note: anything else worth a line ("replay finished");
+    (dropped_steps, published_steps, queued, last_error, time_s and the collector's other figures); note: anything else worth a line ("replay finished");
     answered: not reachable, yet the server answered (a Redis error reply such as WRONGTYPE, MISCONF, OOM)."""
 
     reachable: bool

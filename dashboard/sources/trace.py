@@ -238,7 +238,7 @@ class TraceSource:
             self._finished = True
             return False
         if line.strip():
-            self._take(line, batch)
+            self._take(line, batch, self._offset - len(raw))
         return True
 
     def _take_last(self, raw: bytes, batch: Batch) -> None:
@@ -248,12 +248,13 @@ class TraceSource:
             batch.last_error = f"trace line at byte {self._offset - len(raw)}: last line incomplete (truncated trace)"
         self._finished = True
 
-    def _take(self, line: str, batch: Batch) -> None:
+    def _take(self, line: str, batch: Batch, at: int) -> None:
+        """Decode one line that starts at byte `at` of the file into the batch (a bad line: one bad record)."""
         try:
             _, item = wire.decode_trace_line(line)
         except ValueError as exc:
             batch.bad_records += 1
-            batch.last_error = f"trace line at byte {self._offset}: {exc}"
+            batch.last_error = f"trace line at byte {at}: {exc}"
             return
         if isinstance(item, wire.RunMeta):
             self._meta = item
