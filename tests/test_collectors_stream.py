@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -108,15 +109,17 @@ def test_publisher_survives_a_failing_trace_sink(redis_server, redis_url):
 
 
 class _MemorySink:
-    """A sink that keeps what it is given; fails its first `failures` writes."""
+    """A sink that keeps what it is given; every write fails while `down` is set (the test decides when it
+    comes back, so nothing depends on how fast the backoff runs)."""
 
-    def __init__(self, name, failures=0):
-        self.name, self.failures = name, failures
-        self.records, self.samples, self.calls, self.closed = [], [], 0, False
+    def __init__(self, name, down: threading.Event | None = None):
+        self.name, self.down = name, down or threading.Event()
+        self.records, self.samples, self.calls, self.failed, self.closed = [], [], 0, 0, False
 
     def write(self, records, samples, health):
         self.calls += 1
-        if self.calls <= self.failures:
+        if self.down.is_set():
+            self.failed += 1
             raise ConnectionError(f"{self.name} is down")
         self.records += [r.step for r in records]
         self.samples += samples
@@ -133,7 +136,9 @@ def _record(step):
 def test_one_failing_sink_does_not_hold_up_another():
     """Every sink gets every step in order: the healthy one at once, the failing one after its backoff."""
     from collectors.publisher import Publisher, StepJob
-    flaky, steady = _MemorySink("flaky", failures=3), _MemorySink("steady")
+    down = threading.Event()
+    down.set()
+    flaky, steady = _MemorySink("flaky", down), _MemorySink("steady")
     released = []
     pub = Publisher([flaky, steady], decode=lambda job: _record(job.step), release=released.append, rank=0,
                     flush_interval_s=0.02)
@@ -141,13 +146,14 @@ def test_one_failing_sink_does_not_hold_up_another():
         pub.submit(StepJob(step, float(step), "decode", None, slot=step, facts=None))
     pub.submit_sample(wire.GpuSample(0, "h", 1.0, "unavailable", reason="none"))
     deadline = time.monotonic() + 2
-    while steady.records != list(range(5)) and time.monotonic() < deadline:
+    while (steady.records != list(range(5)) or not flaky.failed) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert steady.records == list(range(5)) and flaky.records == [] and len(steady.samples) == 1
     assert "flaky sink failed: ConnectionError: flaky is down" in pub.last_error
-    assert pub.sink_stats()["flaky"]["queued_steps"] == 5 and pub.published_steps == 0
+    assert pub.sink_stats()["flaky"]["queued_steps"] == 5 and pub.published_steps == 0 and flaky.failed >= 1
+    down.clear()  # the flaky sink is back
     assert pub.close(timeout_s=5.0)  # close() retries at once, backoff or not: the flaky sink takes it all
-    assert flaky.records == list(range(5)) and len(flaky.samples) == 1 and flaky.calls == 4
+    assert flaky.records == list(range(5)) and len(flaky.samples) == 1 and flaky.calls == flaky.failed + 1
     assert pub.published_steps == 5 and pub.dropped_steps == 0 and pub.last_error == ""
     assert sorted(released) == list(range(5)) and flaky.closed and steady.closed
 
