@@ -93,7 +93,12 @@ class ExpertLoadMonitor:
                                             self.num_layers * opts.sample_tokens * self.top_k * 2)
             sinks.append(RedisSink(redis_url, self.meta, maxlen, opts.redis_timeout_s))
         if opts.trace_path is not None:  # written first: a trace failure reaches the Redis health at once
-            sinks.insert(0, TraceFileSink(opts.trace_path, self.meta, opts.trace_max_bytes))
+            try:
+                sinks.insert(0, TraceFileSink(opts.trace_path, self.meta, opts.trace_max_bytes))
+            except BaseException:
+                for sink in sinks:  # the Redis client made above is not left open
+                    sink.close()
+                raise
         self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
         self._slot_lock = threading.Lock()
         self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import cast
 
+import redis
+
 import wire
 
 _Entries = list[tuple[bytes, dict[bytes, bytes]]]  # XRANGE's reply from a client that does not decode
@@ -13,6 +15,13 @@ _Entries = list[tuple[bytes, dict[bytes, bytes]]]  # XRANGE's reply from a clien
 def record_trace(redis_url: str, run: str, path: str | os.PathLike[str], batch: int = 500) -> int:
     """Copy run's metadata, step stream and GPU stream from Redis into a trace file. Returns steps written."""
     client = wire.connect(redis_url, timeout_s=5.0)
+    try:
+        return _copy_run(client, run, path, batch)
+    finally:
+        client.close()
+
+
+def _copy_run(client: redis.Redis, run: str, path: str | os.PathLike[str], batch: int) -> int:
     meta_json = cast("bytes | None", client.get(wire.meta_key(run)))
     if meta_json is None:
         raise ValueError(f"run {run!r} has no metadata in Redis")
