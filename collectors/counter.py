@@ -1,11 +1,11 @@
 """On-device expert counting: one flat int64 buffer per monitor, one host copy per step.
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens (a step's tokens, or
-its sampled rows: at most sample_tokens of them per layer). X = E + 1: the experts and one column for
+its sampled rows: at most sample_tokens of them per layer). E1 = E + 1: the experts and one column for
 invalid ids.
 
 The step buffer (int64, allocated once on the model's device) holds, back to back:
-    counts_LX [L*(E+1)]  tokens routed to each expert this step, column E: ids outside [0, E) (never published
+    counts_LE1 [L*(E+1)]  tokens routed to each expert this step, column E: ids outside [0, E) (never published
                          as an expert; reported as the invalid-id count)
     sample_LNK [L*N*K]   top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
@@ -111,18 +111,18 @@ class DeviceCounter:
         self._steps_begun = 0
         self.device = torch.device(device)
         L, E, N, K = num_layers, num_experts, sample_tokens, top_k
-        X = E + 1
-        self._n_counts, self._n_sample = L * X, L * N * K
+        E1 = E + 1
+        self._n_counts, self._n_sample = L * E1, L * N * K
         self.size = self._n_counts + self._n_sample + N + 1
         self.buf = torch.zeros(self.size, dtype=torch.int64, device=self.device)
-        self.counts_LX = self.buf[: self._n_counts].view(L, X)
-        self.counts_LE = self.counts_LX[:, :E]
+        self.counts_LE1 = self.buf[: self._n_counts].view(L, E1)
+        self.counts_LE = self.counts_LE1[:, :E]
         self.sample_LNK = self.buf[self._n_counts: self._n_counts + self._n_sample].view(L, N, K)
         self.sample_valid_N = self.buf[self._n_counts + self._n_sample: self.size - 1]
         self.tokens = self.buf[self.size - 1:]
-        self.total_LX = torch.zeros(L, X, dtype=torch.int64, device=self.device)
-        self.total_LE = self.total_LX[:, :E]
-        self._count_rows = list(self.counts_LX.unbind(0))      # per-layer views [E + 1], made once
+        self.total_LE1 = torch.zeros(L, E1, dtype=torch.int64, device=self.device)
+        self.total_LE = self.total_LE1[:, :E]
+        self._count_rows = list(self.counts_LE1.unbind(0))      # per-layer views [E + 1], made once
         self._sample_rows = list(self.sample_LNK.unbind(0))
         self.src_buf = torch.ones(1024, dtype=torch.int64, device=self.device)  # per-(token, slot) weights
         self._src_ones_upto = self.src_buf.numel()  # src_buf[:this] holds ones
@@ -133,7 +133,7 @@ class DeviceCounter:
             self.streams = StreamOrder(lambda: torch.cuda.current_stream(cuda_device))
         self.sample_LNK.fill_(-1)
         self._recorders = [self.recorder(layer) for layer in range(L)]
-        for tensor in (self.buf, self.src_buf, self.total_LX):
+        for tensor in (self.buf, self.src_buf, self.total_LE1):
             _mark_static(tensor)
 
     # ------------------------------------------------------------------ hot path (inside the forward)
@@ -241,7 +241,7 @@ class DeviceCounter:
                     slot.ready.record()
             else:
                 slot.buf.copy_(self.buf)
-        self.total_LX.add_(self.counts_LX)
+        self.total_LE1.add_(self.counts_LE1)
         self.buf.zero_()
         facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)
         if self.sample_tokens and self._steps_begun % self.sample_every == 0:
@@ -254,7 +254,7 @@ class DeviceCounter:
         the current stream first waits for the counting stream."""
         if self.streams is not None:
             self.streams.join()
-        return self.total_LX + self.counts_LX
+        return self.total_LE1 + self.counts_LE1
 
     def new_slot(self) -> HostSlot:
         """A host copy of the step buffer to snapshot into (pinned memory on CUDA)."""
@@ -264,9 +264,9 @@ class DeviceCounter:
     def unpack(self, flat: np.ndarray, facts: StepFacts) -> Unpacked:
         """Host copy of a step buffer -> Unpacked (counts, invalid ids per layer, sampled rows, tokens)."""
         L, E, N, K = self.num_layers, self.num_experts, self.sample_tokens, self.top_k
-        counts_LX = flat[: self._n_counts].reshape(L, E + 1)
-        counts = counts_LX[:, :E].copy()
-        invalid = counts_LX[:, E].copy()
+        counts_LE1 = flat[: self._n_counts].reshape(L, E + 1)
+        counts = counts_LE1[:, :E].copy()
+        invalid = counts_LE1[:, E].copy()
         tokens = int(flat[-1]) if facts.masked else facts.tokens
         sample = None
         n = facts.sample_n

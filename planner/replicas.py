@@ -4,7 +4,7 @@ changes per-replica loads of a and b on every GPU that holds them, which swaps a
 
 Shapes: layout_LP [L, P]; counts_WLE [W, L, E] per-window loads (normalise windows first if they
 should weigh equally); pin_LP [L, P] node a content must stay on (-1 = free; pinned slots are never
-reassigned). Inside the loop A are the active layers, C the candidate spare slots (at most `candidates`).
+reassigned). Inside the loop A are the active layers, V the candidate spare slots (at most `candidates`).
 """
 from __future__ import annotations
 
@@ -46,17 +46,17 @@ def refine_replicas(layout_LP, counts_WLE, gpus: int, pin_LP=None, max_iter: int
             free &= pin_LP[active] < 0
         pidx = np.argsort(~free, axis=1, kind="stable")[:, :num_cand]         # [A, cand] candidate slots
         pok = np.take_along_axis(free, pidx, axis=1)
-        spare_AC = np.take_along_axis(lay_AP, pidx, axis=1)                   # their experts
+        spare_AV = np.take_along_axis(lay_AP, pidx, axis=1)                   # their experts
         gp = gpu_P[pidx]
         rep_hot = np.take_along_axis(rep_AE, hot_AS, axis=1).astype(float)
-        rep_spare = np.take_along_axis(rep_AE, spare_AC, axis=1).astype(float)
+        rep_spare = np.take_along_axis(rep_AE, spare_AV, axis=1).astype(float)
         on_gpu_hot = presence_AGE[ar[:, None], :, hot_AS].astype(float)          # [A, S, G]
-        on_gpu_spare = presence_AGE[ar[:, None], :, spare_AC].astype(float)      # [A, cand, G]
+        on_gpu_spare = presence_AGE[ar[:, None], :, spare_AV].astype(float)      # [A, cand, G]
         onehot = (np.arange(gpus)[None, None, :] == gp[:, :, None]).astype(float)
         obj = np.full((A, S, num_cand), -np.inf)
         for t in range(W):
             count_hot = np.take_along_axis(counts_WAE[t], hot_AS, axis=1)
-            count_spare = np.take_along_axis(counts_WAE[t], spare_AC, axis=1)
+            count_spare = np.take_along_axis(counts_WAE[t], spare_AV, axis=1)
             drop_hot = count_hot / rep_hot - count_hot / (rep_hot + 1)   # per-replica load a new replica removes
             rise_spare = np.where(rep_spare > 1, count_spare / np.maximum(rep_spare - 1, 1) - count_spare / rep_spare, 0.0)
             new = (load[t][:, None, None, :] - drop_hot[:, :, None, None] * on_gpu_hot[:, :, None, :]
@@ -64,7 +64,7 @@ def refine_replicas(layout_LP, counts_WLE, gpus: int, pin_LP=None, max_iter: int
             fix = (count_hot / (rep_hot + 1))[:, :, None] - (count_spare / rep_spare + rise_spare)[:, None, :]  # at GPU gp
             new += fix[..., None] * onehot[:, None, :, :]
             obj = np.maximum(obj, new.max(-1))
-        bad = (spare_AC[:, None, :] == hot_AS[:, :, None]) | ~pok[:, None, :]
+        bad = (spare_AV[:, None, :] == hot_AS[:, :, None]) | ~pok[:, None, :]
         bad |= presence_AGE[ar[:, None, None], gp[:, None, :], hot_AS[:, :, None]] > 0  # already on gp
         obj = np.where(bad, np.inf, obj).reshape(A, S * num_cand)
         k = obj.argmin(1)

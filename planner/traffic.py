@@ -125,10 +125,10 @@ def node_limited(topk_NK, layout_P, num_experts: int, gpus: int, nodes: int, cap
     lay = np.asarray(layout_P, dtype=np.int64)
     S = lay.size // gpus
     per_node = gpus // nodes
-    on_node_EN = np.zeros((num_experts, nodes), dtype=bool)
-    on_node_EN[lay, (np.arange(lay.size) // S) // per_node] = True
+    on_node_EM = np.zeros((num_experts, nodes), dtype=bool)
+    on_node_EM[lay, (np.arange(lay.size) // S) // per_node] = True
     valid = t >= 0
-    cover = on_node_EN[np.where(valid, t, 0)] & valid[..., None]       # [N, K, nodes]
+    cover = on_node_EM[np.where(valid, t, 0)] & valid[..., None]       # [N, K, nodes]
     N = t.shape[0]
     kept = np.zeros((N, nodes), dtype=bool)
     covered = np.zeros(t.shape, dtype=bool)

@@ -7,7 +7,7 @@ import numpy as np
 
 import wire
 from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource, list_runs
+from dashboard.sources.redis import RedisSource, read_runs
 from dashboard.sources.trace import TraceSource
 from tests.support import synthfill
 
@@ -29,7 +29,7 @@ def test_incremental_reads_sum_ranks_and_count_bad_records(redis_url):
     client.xadd(wire.steps_key("inc"), wire.encode_step(rec))
     assert watched.tick().steps_in == 1
     assert watched.window.size == 13 and watched.dropped_steps == 7
-    assert [name for name, _ in list_runs(client)] == ["inc"]
+    assert [name for name, _ in read_runs(client).runs] == ["inc"]
 
 
 def test_first_poll_reads_only_the_window_backlog(redis_url):

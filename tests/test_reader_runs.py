@@ -3,7 +3,7 @@ entries with an invalid or non-UTF-8 name or a non-finite time are skipped, coun
 from __future__ import annotations
 
 import wire
-from dashboard.sources.redis import list_runs, read_runs
+from dashboard.sources.redis import read_runs
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -16,7 +16,7 @@ def test_invalid_entries_are_skipped_and_counted(redis_url):
     client.zadd(wire.RUNS_KEY, HOSTILE)
     listing = read_runs(client)
     assert [name for name, _ in listing.runs] == ["good"] and listing.skipped == 4
-    assert [name for name, _ in list_runs(client)] == ["good"]
+    assert [name for name, _ in read_runs(client).runs] == ["good"]
 
 
 def test_the_run_list_never_scans_the_keyspace(redis_url):
@@ -24,7 +24,7 @@ def test_the_run_list_never_scans_the_keyspace(redis_url):
     synthfill.fill(client, "indexed", steps=1)
     client.set(wire.meta_key("orphan"), wire.encode_meta(synthfill.make_meta("orphan", 1, 4, gpus=1)))
     client.config_resetstat()
-    assert [name for name, _ in list_runs(client)] == ["indexed"]
+    assert [name for name, _ in read_runs(client).runs] == ["indexed"]
     assert "cmdstat_scan" not in client.info("commandstats")
 
 

@@ -84,11 +84,6 @@ def read_runs(client: redis.Redis) -> RunListing:
     return RunListing(runs, skipped)
 
 
-def list_runs(client: redis.Redis) -> list[tuple[str, float]]:
-    """read_runs(client).runs: the valid runs of moe:runs, newest first."""
-    return read_runs(client).runs
-
-
 def decode_health_rank(field) -> int:
     """A field name of moe:<run>:health -> the rank: ASCII digits, below wire.MAX_WORLD; ValueError otherwise."""
     try:

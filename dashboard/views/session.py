@@ -60,11 +60,9 @@ def redis_client(url: str):
 
 
 def shown_url(url: str) -> str:
-    """The URL as a page may show it: redacted (never its password), or a placeholder when unparseable."""
-    try:
-        return wire.redact(url)
-    except ValueError:
-        return "(a Redis URL that does not parse)"
+    """The URL as a page may show it: redacted, never its password (wire.redact turns a URL it cannot parse
+    into a placeholder itself)."""
+    return wire.redact(url)
 
 
 def safe_text(text: str, url: str) -> str:
