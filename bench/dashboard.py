@@ -24,10 +24,13 @@ pin_malloc()
 import numpy as np
 import plotly.io
 import plotly.tools
+from prometheus_client import CollectorRegistry, generate_latest
 
 import wire
 from dashboard.analytics.balance import step_vs_window
 from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
+from dashboard.exporter.metrics import series_count
+from dashboard.exporter.server import RunExporter
 from dashboard.figures import experts as expert_figures
 from dashboard.figures import gpu as gpu_figures
 from dashboard.figures import load as load_figures
@@ -151,6 +154,22 @@ def main() -> None:
         tick_ms = statistics.median(overview_ms)
         print(f"side by side: GPU loads of the whole window recomputed {full:.1f} ms; a whole overview tick, "
               f"which recomputes only the new rows, {tick_ms:.1f} ms (ratio {full / tick_ms:.2f})")
+        exporter = RunExporter(client, url, [RUN], args.steps)
+        exporter.poll()
+        registry = CollectorRegistry()
+        registry.register(exporter)
+        poll_ms, scrape_ms = [], []
+        for _ in range(args.repeats):
+            writer.write(NEW_STEPS_PER_TICK)
+            started = time.perf_counter()
+            exporter.poll()
+            poll_ms.append((time.perf_counter() - started) * 1e3)
+            started = time.perf_counter()
+            body = generate_latest(registry)
+            scrape_ms.append((time.perf_counter() - started) * 1e3)
+        print(f"exporter: poll (read + analyse 3 phases) {statistics.median(poll_ms):.1f} ms every interval; "
+              f"a scrape {statistics.median(scrape_ms):.2f} ms ({series_count(exporter.collect())} series, "
+              f"{len(body):,} B), the same for every scraper (served from the last poll)")
     finally:
         server.stop()
 

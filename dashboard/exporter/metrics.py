@@ -1,0 +1,81 @@
+"""A watched run's numbers as Prometheus metric families, computed by the same analytics as the pages
+(dashboard.live.snapshot.analyse): one implementation of every number.
+
+Names carry their unit (Prometheus conventions); labels are bounded: run, phase, the window a statistic
+covers, the statistic, and gpu (G values). Per-layer and per-expert series are not exported, so a
+58-layer x 256-expert x 32-GPU run costs the same few hundred series as a small one.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from dashboard.live.snapshot import Snapshot
+from dashboard.sources.base import Health
+
+PHASES = ("both", "prefill", "decode")
+
+
+def _value(x: float) -> float:
+    return float(x) if x is not None and math.isfinite(float(x)) else math.nan
+
+
+def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: int,
+                 dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None) -> list[Metric]:
+    """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
+    step of the phase is in the window; its gauges are then left out, never invented)."""
+    now_s = time.time() if now_s is None else now_s
+    eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
+                            "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
+                            "loads; stat: min/p50/p90 over layers)", labels=["run", "phase", "window", "stat"])
+    idle = GaugeMetricFamily("moe_idle_share_ratio", "1 - balancedness, window mean of per-step eta",
+                             labels=["run", "phase"])
+    load = GaugeMetricFamily("moe_gpu_load_tokens_per_step", "Per-GPU expert load in tokens per step, per-layer "
+                             "view (each GPU's busiest layer; even split across replicas); stat: latest/mean/"
+                             "p99/max over the window", labels=["run", "phase", "gpu", "stat"])
+    straggler = GaugeMetricFamily("moe_straggler_gpu", "GPU that is busiest in most (step, layer) pairs; -1 none",
+                                  labels=["run", "phase"])
+    straggler_ratio = GaugeMetricFamily("moe_straggler_load_to_mean_ratio", "The straggler's load over the "
+                                        "mean GPU load", labels=["run", "phase"])
+    rate = GaugeMetricFamily("moe_steps_per_second", "Steps per second over the window", labels=["run", "phase"])
+    tokens = GaugeMetricFamily("moe_tokens_per_second", "Tokens per second over the window",
+                               labels=["run", "phase"])
+    for phase, snap in snapshots.items():
+        if snap is None:
+            continue
+        for window, spread in (("latest_step", snap.eta_now), ("step_mean", snap.eta_step_mean),
+                               ("window_sum", snap.eta_window_sum)):
+            for stat in ("min", "p50", "p90"):
+                eta.add_metric([run, phase, window, stat], _value(getattr(spread, stat)))
+        idle.add_metric([run, phase], _value(snap.idle_share))
+        for gpu in range(snap.latest_G.size):
+            for stat, values in (("latest", snap.latest_G), ("mean", snap.stats.mean_G), ("p99", snap.stats.p99_G),
+                                 ("max", snap.stats.max_G)):
+                load.add_metric([run, phase, str(gpu), stat], _value(values[gpu]))
+        straggler.add_metric([run, phase], float(snap.straggler.gpu) if snap.straggler else -1.0)
+        straggler_ratio.add_metric([run, phase], _value(snap.straggler.ratio_to_mean) if snap.straggler else 1.0)
+        rate.add_metric([run, phase], _value(snap.steps_per_s))
+        tokens.add_metric([run, phase], _value(snap.tokens_per_s))
+    steps = CounterMetricFamily("moe_steps", "Step records read (one per step and rank)", labels=["run"])
+    steps.add_metric([run], float(steps_read))
+    dropped = GaugeMetricFamily("moe_dropped_steps", "Steps the collectors dropped (their own count)",
+                                labels=["run"])
+    dropped.add_metric([run], float(dropped_steps))
+    bad = CounterMetricFamily("moe_bad_records", "Records the reader skipped as malformed", labels=["run"])
+    bad.add_metric([run], float(bad_records))
+    up = GaugeMetricFamily("moe_collector_up", "1 when the run's Redis keys were readable at the last poll",
+                           labels=["run"])
+    up.add_metric([run], 1.0 if health.reachable else 0.0)
+    age = GaugeMetricFamily("moe_collector_last_write_age_seconds", "Seconds since a collector of the run "
+                            "last wrote", labels=["run"])
+    if health.last_seen_s is not None:
+        age.add_metric([run], max(0.0, now_s - health.last_seen_s))
+    return [eta, idle, load, straggler, straggler_ratio, rate, steps, tokens, dropped, bad, up, age]
+
+
+def series_count(families: Iterable[Metric]) -> int:
+    """Number of time series (samples) the families expose."""
+    return sum(len(family.samples) for family in families)

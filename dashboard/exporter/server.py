@@ -1,0 +1,102 @@
+"""The exporter's state: one WatchedRun per run, polled on a timer by one thread; every scrape gets the
+metric families of the last poll (so the cost of a scrape does not grow with the number of scrapers)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import redis
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+import wire
+from dashboard.exporter.metrics import PHASES, run_families
+from dashboard.live.layout import resolve_layout
+from dashboard.live.snapshot import Snapshot, analyse
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import REDIS_ERRORS, RedisSource, read_runs
+
+log = logging.getLogger("moe-exporter")
+
+
+class RunExporter:
+    """A prometheus_client collector over the runs of one Redis: `runs` (names) or every run of moe:runs
+    (runs=None). poll() reads and analyses; collect() returns what the last poll computed."""
+
+    def __init__(self, client: redis.Redis, url: str, runs: list[str] | None, window_steps: int = 600):
+        self.client, self.url, self.runs, self.window_steps = client, url, runs, window_steps
+        self._watched: dict[str, WatchedRun] = {}
+        self._families: list[Metric] = []
+        self._lock = threading.Lock()
+        self.poll_ms = 0.0
+        self.error = ""
+
+    def poll(self) -> None:
+        """Read every run once and rebuild the metric families (never raises: a Redis error is exported)."""
+        started = time.perf_counter()
+        families: list[Metric] = []
+        try:
+            names = self.runs if self.runs is not None else [name for name, _ in read_runs(self.client).runs]
+            self.error = ""
+        except REDIS_ERRORS as exc:
+            names, self.error = list(self._watched), f"{type(exc).__name__}: {exc}"
+        for name in names:
+            try:
+                families += self._run_families(name)
+            except Exception as exc:  # one bad run must not hide the others
+                log.warning("run %s: %s", name, exc)
+        merged = _merge(families)
+        up = GaugeMetricFamily("moe_exporter_redis_up", "1 when the exporter could read the run list from Redis")
+        up.add_metric([], 0.0 if self.error else 1.0)
+        self.poll_ms = (time.perf_counter() - started) * 1e3
+        took = GaugeMetricFamily("moe_exporter_poll_seconds", "Seconds the last poll of every run took")
+        took.add_metric([], self.poll_ms / 1e3)
+        with self._lock:
+            self._families = [*merged, up, took]
+
+    def _run_families(self, name: str) -> list[Metric]:
+        watched = self._watched.get(name)
+        if watched is None:
+            watched = self._watched[name] = WatchedRun(RedisSource(self.client, self.url, name, self.window_steps),
+                                                       self.window_steps)
+        while watched.tick().more:  # catch up with everything that arrived since the last poll
+            pass
+        snapshots: dict[str, Snapshot | None] = dict.fromkeys(PHASES)
+        window = watched.window
+        if window is not None:
+            layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts,
+                                    watched.world_size)
+            snapshots = {phase: analyse(window, layout, phase) for phase in PHASES}
+        return run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
+                            watched.source.health())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            yield from self._families
+
+
+def _merge(families: list[Metric]) -> list[Metric]:
+    """Families of several runs with the same name as one family each (Prometheus wants one per name)."""
+    by_name: dict[str, Metric] = {}
+    for family in families:
+        held = by_name.get(family.name)
+        if held is None:
+            by_name[family.name] = family
+        else:
+            held.samples.extend(family.samples)
+    return list(by_name.values())
+
+
+def poll_forever(exporter: RunExporter, interval_s: float, stop: threading.Event) -> None:
+    """Poll every interval_s on a monotonic clock until stop is set."""
+    next_at = time.monotonic()
+    while not stop.is_set():
+        exporter.poll()
+        next_at += interval_s
+        stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def connect(url: str) -> redis.Redis:
+    """The exporter's Redis client: explicit timeouts (wire.connect)."""
+    return wire.connect(url, timeout_s=2.0)

@@ -1,0 +1,107 @@
+"""The Prometheus exporter against a run in the tests' own redis-server: its numbers are the Overview's
+(same window, same analytics), its /metrics parses with prometheus_client's parser in both formats, and a
+Redis that goes away is exported as such, not as a crash."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+
+import wire
+from dashboard.exporter.metrics import series_count
+from dashboard.exporter.server import RunExporter
+from dashboard.live.layout import resolve_layout
+from dashboard.live.snapshot import analyse
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.redis import RedisSource
+from demo.localredis import free_port
+from tests.support import synthfill
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _samples(text: str) -> dict[tuple, float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def _value(samples, name, **labels):
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_exported_numbers_are_the_overviews(redis_url):
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "exp", steps=30, num_layers=4, num_experts=16, gpus=4, world_size=2)
+    exporter = RunExporter(client, redis_url, ["exp"], window_steps=100)
+    exporter.poll()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    samples = _samples(generate_latest(registry).decode())
+
+    watched = WatchedRun(RedisSource(client, redis_url, "exp", 100), 100)  # what the Overview computes
+    watched.tick()
+    window = watched.window
+    layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size)
+    for phase in ("both", "decode", "prefill"):
+        snap = analyse(window, layout, phase)
+        assert _value(samples, "moe_balancedness_ratio", run="exp", phase=phase, window="window_sum",
+                      stat="p50") == pytest.approx(snap.eta_window_sum.p50)
+        assert _value(samples, "moe_balancedness_ratio", run="exp", phase=phase, window="step_mean",
+                      stat="min") == pytest.approx(snap.eta_step_mean.min)
+        assert _value(samples, "moe_idle_share_ratio", run="exp", phase=phase) == pytest.approx(snap.idle_share)
+        assert _value(samples, "moe_straggler_gpu", run="exp", phase=phase) == snap.straggler.gpu
+        for gpu in range(4):
+            assert _value(samples, "moe_gpu_load_tokens_per_step", run="exp", phase=phase, gpu=str(gpu),
+                          stat="p99") == pytest.approx(float(snap.stats.p99_G[gpu]), rel=1e-6)
+    assert _value(samples, "moe_steps_total", run="exp") == 60  # 30 steps x 2 ranks
+    assert _value(samples, "moe_collector_up", run="exp") == 1
+    assert _value(samples, "moe_exporter_redis_up") == 1
+    # bounded cardinality: no per-layer or per-expert series; 4 GPUs x 4 statistics per phase
+    assert len([k for k in samples if k[0] == "moe_gpu_load_tokens_per_step"]) == 3 * 4 * 4
+    assert series_count(exporter.collect()) == len(samples)
+
+
+def test_a_redis_that_goes_away_is_exported_not_raised(redis_server):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    exporter = RunExporter(wire.connect(url, timeout_s=0.3, retries=0), url, None)
+    exporter.poll()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    samples = _samples(generate_latest(registry).decode())
+    assert _value(samples, "moe_exporter_redis_up") == 0 and "Error" in exporter.error
+
+
+def test_the_cli_serves_both_formats_on_loopback(redis_url):
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "cli", steps=12, num_layers=2, num_experts=8, gpus=2)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dashboard.exporter", "--redis", redis_url, "--port", str(port),
+                             "--interval-s", "0.5"], cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        first = proc.stdout.readline()
+        assert f"serving http://127.0.0.1:{port}/metrics" in first and "series" in first, first
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert _value(_samples(text), "moe_steps_total", run="cli") == 12
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        families = {f.name for f in parse_openmetrics(urllib.request.urlopen(request, timeout=5).read().decode())}
+        assert {"moe_balancedness_ratio", "moe_steps", "moe_collector_up"} <= families
+        with socket.socket() as sock:  # bound to loopback only
+            assert sock.connect_ex(("127.0.0.1", port)) == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
