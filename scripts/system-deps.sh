@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages the tests and the demo need: redis-server (tests start their own on loopback) and
-# chromium (the browser tests drive it headless through playwright). Installs only what is missing.
+# Debian packages the tests and the demo need: redis-server (tests start their own on loopback), chromium
+# (the browser tests drive it headless through playwright) and prometheus + promtool (the exporter tests start
+# their own on loopback). Installs only what is missing.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-[ "${1:-}" = "--with-browser" ] && { [ -x /usr/bin/chromium ] || need+=(chromium); }
+if [ "${1:-}" = "--with-browser" ]; then  # the test-only tools: chromium for the pages, prometheus for the exporter
+  [ -x /usr/bin/chromium ] || need+=(chromium)
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+fi
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] && ! command -v sudo >/dev/null 2>&1; then
   echo "missing Debian packages: ${need[*]} (install them: apt-get install -y ${need[*]})" >&2
