@@ -105,3 +105,25 @@ def test_the_cli_serves_both_formats_on_loopback(redis_url):
         proc.wait(10)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_the_grafana_dashboard_and_the_alerts_use_only_exported_metrics(redis_url):
+    """Every moe_* metric the Grafana dashboard or an alerting rule queries is one the exporter serves (a
+    renamed metric would leave a blank panel or a rule that never fires)."""
+    import json
+    import re
+
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "names", steps=10, num_layers=2, num_experts=8, gpus=2)
+    exporter = RunExporter(client, redis_url, ["names"])
+    exporter.poll()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    served = {name for name, _ in _samples(generate_latest(registry).decode())}
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "moe-load.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    rules = (ROOT / "deploy" / "prometheus" / "alerts.yml").read_text()
+    used = set(re.findall(r"\bmoe_[a-z_]+", " ".join(exprs) + rules))
+    assert used and used <= served, sorted(used - served)
+    assert len(dashboard["panels"]) >= 8 and dashboard["uid"] == "moe-load"

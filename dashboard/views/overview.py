@@ -5,6 +5,7 @@ import time
 
 import streamlit as st
 
+from dashboard.analytics import alerts
 from dashboard.figures import load as load_figures
 from dashboard.figures.units import format_number
 from dashboard.views.common import PageData, ago, poll_and_caption
@@ -61,7 +62,24 @@ def render(current: PageData) -> None:
                     f"{s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of {snap.load_label}).")
     st.plotly_chart(load_figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
                                           else snap.straggler.gpu, snap.unit), key="overview_bars")
+    _alert_line(current)
     health_panel(current)
+
+
+def _alert_line(current: PageData) -> None:
+    """The Prometheus alerting rules (deploy/prometheus/alerts.yml) judged on this window, in one line."""
+    snap, watched = current.snapshot, current.watched
+    last_seen = watched.source.health().last_seen_s
+    statuses = alerts.evaluate(snap.eta_step_mean.p50, None if last_seen is None else time.time() - last_seen,
+                               watched.dropped_steps, snap.straggler.ratio_to_mean if snap.straggler else None,
+                               snap.straggler.busiest_share if snap.straggler else None)
+    firing = [s for s in statuses if s.firing]
+    text = " · ".join(f"{'**' + s.name + '** firing' if s.firing else s.name + ' ok'} ({s.detail})" for s in statuses)
+    line = f"Alerts on this window (the rules of deploy/prometheus/alerts.yml): {text}"
+    if firing:
+        st.warning(line)
+    else:
+        st.caption(line)
 
 
 def _age(time_s: float | None) -> str:
