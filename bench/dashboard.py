@@ -170,6 +170,10 @@ def main() -> None:
         print(f"exporter: poll (read + analyse 3 phases) {statistics.median(poll_ms):.1f} ms every interval; "
               f"a scrape {statistics.median(scrape_ms):.2f} ms ({series_count(exporter.collect())} series, "
               f"{len(body):,} B), the same for every scraper (served from the last poll)")
+        for options in ({"per_layer": True}, {"top_experts": 16}):
+            wide = RunExporter(client, url, [RUN], args.steps, **options)
+            wide.poll()
+            print(f"exporter series with {options}: {series_count(wide.collect())}")
     finally:
         server.stop()
 

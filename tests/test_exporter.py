@@ -127,3 +127,25 @@ def test_the_grafana_dashboard_and_the_alerts_use_only_exported_metrics(redis_ur
     used = set(re.findall(r"\bmoe_[a-z_]+", " ".join(exprs) + rules))
     assert used and used <= served, sorted(used - served)
     assert len(dashboard["panels"]) >= 8 and dashboard["uid"] == "moe-load"
+
+
+def test_per_layer_and_top_expert_series_only_on_request_and_capped(redis_url):
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "card", steps=20, num_layers=4, num_experts=16, gpus=4)
+    counts = {}
+    for options in ({}, {"per_layer": True}, {"top_experts": 5}):
+        exporter = RunExporter(client, redis_url, ["card"], **options)
+        exporter.poll()
+        families = {f.name: f for f in exporter.collect()}
+        counts[tuple(options)] = series_count(families.values())
+        if options.get("per_layer"):
+            layers = {s.labels["layer"] for s in families["moe_layer_balancedness_ratio"].samples}
+            assert layers == {"0", "1", "2", "3"}
+        if options.get("top_experts"):
+            both = [s for s in families["moe_expert_tokens_per_step"].samples if s.labels["phase"] == "both"]
+            values = [s.value for s in both]
+            assert len(both) == 5 and values == sorted(values, reverse=True)
+    assert counts[("per_layer",)] - counts[()] == 3 * 4       # 4 layers x 3 phases
+    assert counts[("top_experts",)] - counts[()] == 3 * 5     # 5 experts x 3 phases
+    with pytest.raises(ValueError, match="top-experts"):
+        RunExporter(client, redis_url, ["card"], top_experts=10_000)

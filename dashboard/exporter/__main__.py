@@ -25,9 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--window-steps", type=int, default=600)
     p.add_argument("--interval-s", type=float, default=5.0, help="seconds between polls of Redis")
+    p.add_argument("--per-layer", action="store_true", help="also each layer's balancedness (L series per phase)")
+    p.add_argument("--top-experts", type=int, default=0, help="also the N hottest experts' tokens per step (N <= 64)")
     args = p.parse_args(argv)
     try:
-        exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps)
+        exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps, args.per_layer,
+                               args.top_experts)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

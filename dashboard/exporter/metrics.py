@@ -2,15 +2,18 @@
 (dashboard.live.snapshot.analyse): one implementation of every number.
 
 Names carry their unit (Prometheus conventions); labels are bounded: run, phase, the window a statistic
-covers, the statistic, and gpu (G values). Per-layer and per-expert series are not exported, so a
-58-layer x 256-expert x 32-GPU run costs the same few hundred series as a small one.
+covers, the statistic, and gpu (G values). Per-layer and per-expert series only on request and capped
+(per_layer: L series per run and phase; top_experts: N), so a 58-layer x 256-expert x 32-GPU run costs a
+few hundred series by default, not the L x E x ranks that stalls per-expert metrics elsewhere.
 """
 from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Iterable
 
+import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from dashboard.live.snapshot import Snapshot
@@ -24,9 +27,12 @@ def _value(x: float) -> float:
 
 
 def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: int,
-                 dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None) -> list[Metric]:
+                 dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None,
+                 per_layer: bool = False, top_experts: int = 0) -> list[Metric]:
     """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
-    step of the phase is in the window; its gauges are then left out, never invented)."""
+    step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
+    layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
+    over layers)."""
     now_s = time.time() if now_s is None else now_s
     eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
                             "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
@@ -43,9 +49,23 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     rate = GaugeMetricFamily("moe_steps_per_second", "Steps per second over the window", labels=["run", "phase"])
     tokens = GaugeMetricFamily("moe_tokens_per_second", "Tokens per second over the window",
                                labels=["run", "phase"])
+    layer_eta = GaugeMetricFamily("moe_layer_balancedness_ratio", "Mean over the window's steps of one layer's "
+                                  "balancedness (only with --per-layer)", labels=["run", "phase", "layer"])
+    hot = GaugeMetricFamily("moe_expert_tokens_per_step", "Tokens per step of the hottest experts, summed over "
+                            "layers (only with --top-experts N)", labels=["run", "phase", "expert"])
     for phase, snap in snapshots.items():
         if snap is None:
             continue
+        if per_layer:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a layer idle in every step stays NaN
+                eta_L = np.nanmean(snap.eta_TL, axis=0)
+            for layer, value in enumerate(eta_L):
+                layer_eta.add_metric([run, phase, str(layer)], _value(value))
+        if top_experts > 0:
+            per_step_E = snap.view.counts_sum_LE.sum(axis=0) / max(1, snap.view.num_steps)
+            for expert in np.argsort(-per_step_E, kind="stable")[:top_experts]:
+                hot.add_metric([run, phase, str(int(expert))], float(per_step_E[expert]))
         for window, spread in (("latest_step", snap.eta_now), ("step_mean", snap.eta_step_mean),
                                ("window_sum", snap.eta_window_sum)):
             for stat in ("min", "p50", "p90"):
@@ -73,7 +93,8 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
                             "last wrote", labels=["run"])
     if health.last_seen_s is not None:
         age.add_metric([run], max(0.0, now_s - health.last_seen_s))
-    return [eta, idle, load, straggler, straggler_ratio, rate, steps, tokens, dropped, bad, up, age]
+    extra = ([layer_eta] if per_layer else []) + ([hot] if top_experts > 0 else [])
+    return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *extra]
 
 
 def series_count(families: Iterable[Metric]) -> int:

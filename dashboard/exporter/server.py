@@ -18,14 +18,19 @@ from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import REDIS_ERRORS, RedisSource, read_runs
 
 log = logging.getLogger("moe-exporter")
+MAX_TOP_EXPERTS = 64  # per run and phase: the cap that keeps --top-experts from becoming L x E series
 
 
 class RunExporter:
     """A prometheus_client collector over the runs of one Redis: `runs` (names) or every run of moe:runs
     (runs=None). poll() reads and analyses; collect() returns what the last poll computed."""
 
-    def __init__(self, client: redis.Redis, url: str, runs: list[str] | None, window_steps: int = 600):
+    def __init__(self, client: redis.Redis, url: str, runs: list[str] | None, window_steps: int = 600,
+                 per_layer: bool = False, top_experts: int = 0):
+        if top_experts < 0 or top_experts > MAX_TOP_EXPERTS:
+            raise ValueError(f"--top-experts must be 0..{MAX_TOP_EXPERTS}, got {top_experts}")
         self.client, self.url, self.runs, self.window_steps = client, url, runs, window_steps
+        self.per_layer, self.top_experts = per_layer, top_experts
         self._watched: dict[str, WatchedRun] = {}
         self._families: list[Metric] = []
         self._lock = threading.Lock()
@@ -69,7 +74,7 @@ class RunExporter:
                                     watched.world_size)
             snapshots = {phase: analyse(window, layout, phase) for phase in PHASES}
         return run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
-                            watched.source.health())
+                            watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
