@@ -189,7 +189,7 @@ class DeviceCounter:
         so torch.compile does not recompile and a captured CUDA graph stays right. An unexpected id never
         becomes a device-side assert. Empty batches (idle ranks) and ids on another device
         (device_map="auto") are fine."""
-        row_X, sample_NK = self._count_rows[layer], self._sample_rows[layer]
+        row_E1, sample_NK = self._count_rows[layer], self._sample_rows[layer]
         K, E, N, device, sample = self.top_k, self.num_experts, self.sample_tokens, self.device, self.sample_tokens
         counter = self
 
@@ -203,7 +203,7 @@ class DeviceCounter:
             src = counter.src_buf
             if src.shape[0] < n:  # more tokens than the step announced (or none announced)
                 src = torch.ones(n, dtype=torch.int64, device=device)
-            row_X.put_(ids, src[:n], accumulate=True)
+            row_E1.put_(ids, src[:n], accumulate=True)
             if sample and ids.shape[1] == K:
                 rows = counter._sampled(ids)
                 (sample_NK if rows.shape[0] == N else sample_NK[: rows.shape[0]]).copy_(rows)

@@ -3,10 +3,7 @@ same thresholds as the YAML, shown on the page for a skewed run and quiet for a 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
-
-import numpy as np
 
 import wire
 from dashboard.analytics import alerts
@@ -37,21 +34,9 @@ def test_thresholds_are_the_yamls():
         alerts.STRAGGLER_RATIO
 
 
-def _skewed(client, run: str) -> None:
-    client.set(wire.meta_key(run), wire.encode_meta(synthfill.make_meta(run, 2, 8, gpus=4)))
-    counts = np.zeros((2, 8), dtype=np.int32)
-    counts[:, 0] = 64
-    now = time.time()
-    for step in range(10):
-        rec = wire.StepRecord(run=run, rank=0, world_size=1, step=step, time_s=now - 10 + step, phase="decode",
-                              tokens=64, counts_LE=counts)
-        client.xadd(wire.steps_key(run), wire.encode_step(rec))
-    client.zadd(wire.RUNS_KEY, {run: now})
-
-
 def test_the_overview_shows_the_rules_on_its_window(redis_url, monkeypatch):
     client = wire.connect(redis_url, timeout_s=2.0)
-    _skewed(client, "skew")
+    synthfill.fill_skewed(client, "skew")
     at = run_app(redis_url, monkeypatch)
     line = next(w.value for w in at.warning if "Alerts on this window" in w.value)
     assert "**MoEBalancednessLow** firing (balancedness 0.250" in line and "MoECollectorSilent ok" in line

@@ -15,7 +15,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import wire
@@ -41,19 +40,6 @@ def test_rules_check_and_their_unit_tests_pass():
                                                                                            "prometheus.yml"]):
         result = subprocess.run([_tool("promtool"), *args], cwd=RULES, capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stdout + result.stderr
-
-
-def _fill_skewed(client, run: str, steps: int = 20) -> None:
-    """Every token of every layer goes to expert 0: GPU 0 of 4 does all the work, eta = 0.25."""
-    client.set(wire.meta_key(run), wire.encode_meta(synthfill.make_meta(run, 2, 8, gpus=4)))
-    now = time.time()
-    counts = np.zeros((2, 8), dtype=np.int32)
-    counts[:, 0] = 64
-    for step in range(steps):
-        rec = wire.StepRecord(run=run, rank=0, world_size=1, step=step, time_s=now - steps + step,
-                              phase="decode", tokens=64, counts_LE=counts)
-        client.xadd(wire.steps_key(run), wire.encode_step(rec))
-    client.zadd(wire.RUNS_KEY, {run: now})
 
 
 def _query(port: int, promql: str) -> list[dict]:
@@ -84,7 +70,7 @@ def _wait(what, check, timeout_s: float = 60):
 def test_prometheus_scrapes_the_exporter_stores_the_overviews_numbers_and_fires_an_alert(redis_url, tmp_path):
     client = wire.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "steady", steps=30, num_layers=4, num_experts=16, gpus=4)
-    _fill_skewed(client, "skewed")
+    synthfill.fill_skewed(client, "skewed")
     exporter_port, prom_port = free_port(), free_port()
     # the shipped rules, with their `for:` waits removed so that a test can see one fire
     (tmp_path / "alerts.yml").write_text(re.sub(r"\n\s+for: \d+m", "", (RULES / "alerts.yml").read_text()))

@@ -189,6 +189,7 @@ class RedisSource:
         self._bad_meta_raw: bytes | None = None
         self._meta_read_at = float("-inf")
         self._bad_health: set[bytes] = set()  # digests of the bad health fields of the last poll
+        self._health_fields = 0  # HLEN of the health hash at the last poll
         self._health = Health(reachable=False, where=self.where, error="not polled yet")
 
     def poll(self, max_entries: int) -> Batch:
@@ -210,13 +211,17 @@ class RedisSource:
                 pipe.xrange(gpu, min=_after(self._last_gpu_id), count=GPU_BACKLOG)
             pipe.zscore(wire.RUNS_KEY, self.run)
             pipe.hlen(wire.health_key(self.run))
+            # the reports ride in the same round trip while the hash was small at the last poll; a hash that
+            # grew past the cap is fetched once at most, then only counted until it shrinks
+            read_health = self._health_fields <= MAX_HEALTH_RANKS
+            if read_health:
+                pipe.hgetall(wire.health_key(self.run))
             refresh_meta = time.monotonic() - self._meta_read_at > META_REFRESH_S
             if refresh_meta:
                 pipe.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES)  # one byte more: too large
             replies = pipe.execute()
-            health_fields = int(replies[2] or 0)
-            collectors = self.client.hgetall(wire.health_key(self.run)) \
-                if 0 < health_fields <= MAX_HEALTH_RANKS else {}
+            health_fields = self._health_fields = int(replies[2] or 0)
+            collectors = replies[3] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
         except REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
             self._last_step_id, self._backlog, self._backlog_bytes = cursor
@@ -243,7 +248,7 @@ class RedisSource:
         if self._last_gpu_id is None:
             self._last_gpu_id = b"0-0"
         if refresh_meta:
-            self._read_meta(replies[3], batch)
+            self._read_meta(replies[-1], batch)
         reports, bad = _collector_health(collectors)
         if health_fields > MAX_HEALTH_RANKS:
             bad[b"too-many-health-fields"] = (f"health hash holds {health_fields} fields, more than the "

@@ -72,3 +72,18 @@ def add_bad_entry(client, run: str) -> None:
     client.xadd(wire.steps_key(run), {"v": wire.SCHEMA_VERSION, "run": run, "rank": 0, "world": 1, "step": 10**6,
                                       "t": "1.0", "phase": "decode", "tokens": 1, "L": 4, "E": 16,
                                       "counts": b"\x00\x01\x02", "dropped": 0})
+
+
+def fill_skewed(client, run: str, steps: int = 20, num_layers: int = 2, num_experts: int = 8, gpus: int = 4,
+                tokens: int = 64) -> None:
+    """A run whose every token of every layer goes to expert 0 (contiguous layout): GPU 0 of `gpus` does all
+    the work, so balancedness is exactly 1 / gpus. Steps end at the current time, one second apart."""
+    client.set(wire.meta_key(run), wire.encode_meta(make_meta(run, num_layers, num_experts, gpus=gpus)))
+    counts = np.zeros((num_layers, num_experts), dtype=np.int32)
+    counts[:, 0] = tokens
+    now = time.time()
+    for step in range(steps):
+        rec = wire.StepRecord(run=run, rank=0, world_size=1, step=step, time_s=now - steps + step,
+                              phase="decode", tokens=tokens, counts_LE=counts)
+        client.xadd(wire.steps_key(run), wire.encode_step(rec))
+    client.zadd(wire.RUNS_KEY, {run: now})
