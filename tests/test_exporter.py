@@ -4,7 +4,6 @@ Redis that goes away is exported as such, not as a crash."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -98,8 +97,6 @@ def test_the_cli_serves_both_formats_on_loopback(redis_url):
                                          headers={"Accept": "application/openmetrics-text; version=1.0.0"})
         families = {f.name for f in parse_openmetrics(urllib.request.urlopen(request, timeout=5).read().decode())}
         assert {"moe_balancedness_ratio", "moe_steps", "moe_collector_up"} <= families
-        with socket.socket() as sock:  # bound to loopback only
-            assert sock.connect_ex(("127.0.0.1", port)) == 0
     finally:
         proc.terminate()
         proc.wait(10)
