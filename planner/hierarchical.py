@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .eplb_ref import check_hierarchy, group_to_node
-from .loads import as_counts, check_shape, slot_weights
+from .loads import as_counts, check_shape, duplicates_on_gpu, slot_weights
 from .pack import expand_replicas, replicate_greedy
 from .replicas import refine_all
 
@@ -58,6 +58,37 @@ def pinned_pack(weight_LI, expert_LI, pin_LI, gpus: int, nodes: int, num_experts
     return gpu_LI
 
 
+def respare_duplicates(layout_LP, pin_LP, counts_LE, gpus: int) -> np.ndarray:
+    """Layout [L, P] in which every spare slot that repeats an expert already on its GPU serves instead the
+    expert, absent from that GPU, with the most tokens per replica.
+
+    Packing may be forced into such a repeat when a node's spares cannot all go elsewhere (e.g. one GPU per
+    node and two spares of experts homed there); of two copies on one GPU at most one is a primary, so a
+    spare is always there to give away, and a GPU with a repeat holds fewer than S <= E distinct experts."""
+    lay = layout_LP.copy()
+    L, P = lay.shape
+    S = P // gpus
+    for l in np.flatnonzero(duplicates_on_gpu(lay, gpus)):
+        rep_E = np.bincount(lay[l], minlength=counts_LE.shape[1])
+        for g in range(gpus):
+            slots = np.arange(g * S, (g + 1) * S)
+            seen: set[int] = set()
+            for p in sorted(slots, key=lambda q: pin_LP[l, q] < 0):     # primaries claim their expert first
+                e = int(lay[l, p])
+                if e not in seen:
+                    seen.add(e)
+                    continue
+                absent = np.ones(len(rep_E), dtype=bool)
+                absent[list(seen | set(lay[l, slots].tolist()))] = False
+                per_replica = np.where(absent, counts_LE[l] / (rep_E + 1), -np.inf)
+                new = int(per_replica.argmax())
+                rep_E[e] -= 1
+                rep_E[new] += 1
+                lay[l, p] = new
+                seen.add(new)
+    return lay
+
+
 def plan_hierarchical(counts_LE, gpus: int, redundant: int, nodes: int, groups: int,
                       refine: bool = True, weights_WLE=None):
     """Layout [L, P] and home node of every expert [L, E].
@@ -79,6 +110,7 @@ def plan_hierarchical(counts_LE, gpus: int, redundant: int, nodes: int, groups: 
     order = np.argsort(gpu * phys.shape[1] + np.arange(phys.shape[1]), axis=1, kind="stable")
     lay = np.take_along_axis(phys, order, axis=1)
     pin = np.take_along_axis(pin, order, axis=1)
+    lay = respare_duplicates(lay, pin, c, gpus)
     if refine:
         win = c[None] if weights_WLE is None else as_counts(weights_WLE, ndim=(3,))
         lay, pin = refine_all(lay, win, gpus, pin_LP=pin, nodes=nodes)

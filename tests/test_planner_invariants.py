@@ -156,3 +156,13 @@ def test_pair_resplits_keep_invariants_and_never_raise_the_max(R):
     assert (layer_imbalance(c, new, G) <= layer_imbalance(c, lay, G) + 1e-12).all()
     again, _ = refine_pairs(lay, slot_weights(c, lay), G, target_L=target)
     assert (again == new).all()                                           # seeded: deterministic
+
+
+def test_hierarchical_one_gpu_per_node_never_stacks_two_spares_of_one_expert():
+    """One GPU per node: both spares of node 0's experts cannot leave it, so one must serve another expert
+    rather than repeat one already on the GPU (found by the property test)."""
+    c = np.array([[0, 0, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
+    res = plan(c, 2, 2, nodes=2, groups=2, policy="hierarchical")
+    assert_valid(res.layout_LP, 6, 2, allow_dup=False)
+    assert not duplicates_on_gpu(res.layout_LP, 2).any()
+    assert (replica_counts(res.layout_LP, 6) >= 1).all()

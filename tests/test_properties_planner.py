@@ -13,14 +13,15 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from planner.api import POLICIES, plan
 from planner.io import load_counts, load_layout
 from planner.loads import MAX_COUNT_SUM, duplicates_on_gpu, replica_counts
+from tests.support.properties import property_settings
 
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = property_settings()
 
 # JSON scalars as files hold them: NaN and Infinity too (Python writes them, json.loads reads them back)
 scalars = (st.none() | st.booleans() | st.integers(min_value=-(10 ** 400), max_value=10 ** 400)

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import wire
@@ -21,9 +21,10 @@ from dashboard.live.window import StepWindow
 from dashboard.sources.base import Batch
 from dashboard.sources.redis import _collector_health, decode_health_rank, decode_health_report
 from tests.support.listsource import ListSource
+from tests.support.properties import property_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = property_settings()
 DEEP = "[" * 50_000 + "]" * 50_000
 
 # values a hostile or corrupt writer could put in a field, as Redis hands them over (bytes) and as JSON would
