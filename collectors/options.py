@@ -47,6 +47,13 @@ class MonitorOptions:
         first rotates it, once: `<trace_path>` is renamed to `<trace_path>.1` (replacing the previous one)
         and a new `<trace_path>` starts with the metadata line, so each file replays on its own and the two
         together hold at most about 2 x trace_max_bytes. A single line longer than the cap still goes in.
+    rank, world_size: this publisher's index among the run's publishers and how many there are (default: from
+        torch.distributed, else RANK / WORLD_SIZE, else 0 of 1). An engine whose ranks do not all publish
+        (tensor-parallel attention: one rank per data-parallel group) sets them to its publishers' numbering.
+    scope: whose tokens a step record counts (wire.SCOPES): "rank", the tokens this rank routed (one process,
+        data-parallel attention); "dp-group", the tokens of this rank's data-parallel group, published by one
+        of its tensor-parallel ranks on behalf of all. Either way the reader's sum over ranks counts each
+        token once.
     """
 
     sample_tokens: int = 16
@@ -62,6 +69,9 @@ class MonitorOptions:
     redis_timeout_s: float = 1.0
     trace_path: str | os.PathLike[str] | None = None
     trace_max_bytes: int | None = 1 << 30
+    rank: int | None = None
+    world_size: int | None = None
+    scope: str = "rank"
 
     def __post_init__(self) -> None:
         for name, least in (("sample_tokens", 0), ("sample_every", 1), ("nodes", 1), ("queue_steps", 1),
@@ -76,6 +86,13 @@ class MonitorOptions:
             raise ValueError(f"gpus must be a positive integer (or None for the default), got {self.gpus!r}")
         if self.gpus is not None and self.gpus % self.nodes:
             raise ValueError(f"gpus={self.gpus} must be a multiple of nodes={self.nodes}")
+        rank, world = self.rank, self.world_size
+        if (rank is None) != (world is None) or (rank is not None and world is not None and not (
+                _is_int(rank) and _is_int(world) and 0 <= rank < world)):
+            raise ValueError(f"rank and world_size go together, 0 <= rank < world_size, got rank={self.rank!r} "
+                             f"world_size={self.world_size!r}")
+        if self.scope not in ("rank", "dp-group"):
+            raise ValueError(f"scope must be 'rank' or 'dp-group', got {self.scope!r}")
         if not isinstance(self.nvml, bool):
             raise ValueError(f"nvml must be True or False, got {self.nvml!r}")
         for name in ("nvml_interval_s", "redis_timeout_s"):

@@ -1,9 +1,15 @@
 """Fixtures that start real services: a private redis-server on a free loopback port per test session."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from demo.localredis import RedisServer
+
+# The engine tests need vLLM's CPU build, which lives in its own .venv-engines: `make test-engines` runs them
+# (MOE_ENGINE_TESTS=1); `make test` does not collect them.
+collect_ignore = [] if os.environ.get("MOE_ENGINE_TESTS") == "1" else ["engines"]
 
 
 @pytest.fixture(scope="session")

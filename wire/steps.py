@@ -22,6 +22,12 @@ from .keys import (
     check_run_name,
 )
 
+# Whose tokens a step record counts: "rank", the tokens this rank routed (one process, or data-parallel
+# attention where every rank has its own); "dp-group", a data-parallel group's tokens published by one of its
+# tensor-parallel ranks on behalf of all (they route the same tokens). Either way the reader's sum over the
+# run's ranks counts every token once.
+SCOPES = ("rank", "dp-group")
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -32,6 +38,7 @@ class StepRecord:
     dropped_steps: steps this rank's writer has dropped so far (queue full / Redis down), cumulative.
     instance: the collector process that wrote it (steps restart at 0 when a collector restarts under the
     same run name: a new instance tells the reader to start a new window).
+    scope: whose tokens the record counts (SCOPES); travels only when it is not "rank".
     """
 
     run: str
@@ -45,6 +52,7 @@ class StepRecord:
     dropped_steps: int = 0
     sample_ids_LNK: np.ndarray | None = None
     instance: str = ""
+    scope: str = "rank"
 
 
 def new_instance_id() -> str:
@@ -78,6 +86,10 @@ def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
         "counts": counts.tobytes(),
         "dropped": int(rec.dropped_steps),
     }
+    if rec.scope != "rank":
+        if rec.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {rec.scope!r}")
+        fields["scope"] = rec.scope
     if rec.sample_ids_LNK is not None:
         if counts.shape[1] > MAX_SAMPLE_EXPERTS:
             raise ValueError(f"sampled rows need E <= {MAX_SAMPLE_EXPERTS} (int16 ids), got E={counts.shape[1]}")
@@ -122,6 +134,9 @@ def decode_step(fields: dict) -> StepRecord:
     rank = _int(fields, "rank", 0, MAX_WORLD)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
+    scope = _text(fields, "scope", max_chars=16) if _get(fields, "scope") is not None else "rank"
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
     instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
     if len(instance) > MAX_NAME_CHARS:
         raise ValueError(f"collector instance id is longer than {MAX_NAME_CHARS} characters")
@@ -130,5 +145,6 @@ def decode_step(fields: dict) -> StepRecord:
         step=_int(fields, "step", 0, MAX_STEP), time_s=time_s, phase=phase,
         tokens=_int(fields, "tokens", 0, MAX_TOKENS), counts_LE=counts,
         dropped_steps=_int(fields, "dropped", 0, MAX_STEP), sample_ids_LNK=sample, instance=instance,
+        scope=scope,
     )
 

@@ -1,0 +1,54 @@
+"""The vLLM plugin: install this package into the serving environment, set MOE_MONITOR_REDIS_URL, serve.
+
+vLLM loads the `vllm.general_plugins` entry point `moe_monitor = collectors.vllm:register` in every process
+(VLLM_PLUGINS selects plugins by name when set). Without MOE_MONITOR_REDIS_URL register() logs one line and
+does nothing else. With it, every model runner that loads a model with fused-MoE layers gets a RunnerBinding
+(binding.py): logical expert ids counted on the device, one step record per execute_model call, published by
+the ranks that scope.py names, and EPLB's layout changes. Settings: settings.py.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from .settings import PluginSettings, settings_from_env
+
+log = logging.getLogger("vllm.moe_monitor")
+_installed = False
+
+
+def register() -> None:
+    """vLLM's entry point: read the environment and patch the model runners (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    try:
+        settings = settings_from_env(os.environ)
+    except ValueError as exc:
+        log.warning("moe monitor: off: %s", exc)
+        return
+    if settings.redis_url is None:
+        log.info("moe monitor: off (set MOE_MONITOR_REDIS_URL to publish expert load)")
+        return
+    from .patch import install
+    install(lambda runner: _bind(runner, settings), _layout_committed)
+
+
+def _bind(runner, settings: PluginSettings):
+    """A RunnerBinding for a runner that has just loaded its model, or None for a rank that does not publish."""
+    from .binding import RunnerBinding, worker_publishing
+    publishing = worker_publishing(runner.vllm_config)
+    if not publishing.publishes:
+        log.info("moe monitor: this rank does not publish: %s", publishing.reason)
+        return None
+    return RunnerBinding(runner, settings, publishing)
+
+
+def _layout_committed() -> None:
+    from .binding import BINDINGS
+    for binding in BINDINGS:
+        binding.layout_committed()
+
+
+__all__ = ["register", "settings_from_env", "PluginSettings"]

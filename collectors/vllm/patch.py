@@ -1,0 +1,134 @@
+"""Wrapping vLLM's model runners and EPLB commits, as their modules are imported (no import of vLLM here:
+the plugin is loaded in every vLLM process, most of which never build a model runner).
+
+vLLM has no "model loaded" callback: load_model is wrapped to bind a RunnerBinding right after the model is
+built (before vLLM compiles it or captures CUDA graphs), execute_model to mark the step boundary, and EPLB's
+map commits to publish the new layout. A failure in any of this is logged once and leaves vLLM untouched.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+log = logging.getLogger("vllm.moe_monitor")
+
+RUNNER_MODULES = {  # module -> classes whose own load_model / execute_model are wrapped
+    "vllm.v1.worker.gpu_model_runner": ("GPUModelRunner",),
+    "vllm.v1.worker.cpu_model_runner": ("CPUModelRunner",),
+    "vllm.v1.worker.gpu.model_runner": ("GPUModelRunner",),
+}
+EPLB_MODULE = "vllm.distributed.eplb.eplb_state"
+EPLB_COMMITS = ("_commit_eplb_maps", "_commit_eplb_maps_for_layer")
+_MARK = "__moe_monitor_wrapped__"
+
+
+def wrap_load_model(original: Callable, bind: Callable) -> Callable:
+    @functools.wraps(original)
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if getattr(self, "_moe_binding", None) is None:
+            try:
+                self._moe_binding = bind(self)
+            except Exception as exc:  # the model serves on, unwatched
+                self._moe_binding = False
+                log.warning("moe monitor: not watching this model: %s: %s", type(exc).__name__, exc)
+        return result
+    setattr(load_model, _MARK, True)
+    return load_model
+
+
+def wrap_execute_model(original: Callable) -> Callable:
+    @functools.wraps(original)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        binding = getattr(self, "_moe_binding", None)
+        if binding:
+            try:
+                binding.begin(scheduler_output)
+            except Exception as exc:
+                binding.monitor._note_failure(f"step begin: {type(exc).__name__}: {exc}")
+        try:
+            return original(self, scheduler_output, *args, **kwargs)
+        finally:
+            if binding:
+                try:
+                    binding.end()
+                except Exception as exc:
+                    binding.monitor._note_failure(f"step end: {type(exc).__name__}: {exc}")
+    setattr(execute_model, _MARK, True)
+    return execute_model
+
+
+def wrap_commit(original: Callable, on_commit: Callable[[], None]) -> Callable:
+    @functools.wraps(original)
+    def commit(*args, **kwargs):
+        result = original(*args, **kwargs)
+        try:
+            on_commit()
+        except Exception as exc:
+            log.warning("moe monitor: EPLB layout change not noted: %s", exc)
+        return result
+    setattr(commit, _MARK, True)
+    return commit
+
+
+def patch_module(module: ModuleType, bind: Callable, on_commit: Callable[[], None]) -> None:
+    """Wrap what `module` defines (a runner module or EPLB's state module); twice is harmless."""
+    for class_name in RUNNER_MODULES.get(module.__name__, ()):
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            continue
+        for name, wrap in (("load_model", lambda f: wrap_load_model(f, bind)), ("execute_model", wrap_execute_model)):
+            method = cls.__dict__.get(name)
+            if method is not None and not getattr(method, _MARK, False):
+                setattr(cls, name, wrap(method))
+    if module.__name__ == EPLB_MODULE:
+        for name in EPLB_COMMITS:
+            function = getattr(module, name, None)
+            if function is not None and not getattr(function, _MARK, False):
+                setattr(module, name, wrap_commit(function, on_commit))
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches the target modules right after they execute, whenever they are first imported."""
+
+    def __init__(self, patch: Callable[[ModuleType], None]):
+        self._patch = patch
+        self._busy: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in RUNNER_MODULES and fullname != EPLB_MODULE or fullname in self._busy:
+            return None
+        self._busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        loader, patch = spec.loader, self._patch
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                patch(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def install(bind: Callable, on_commit: Callable[[], None]) -> None:
+    """Patch the runner and EPLB modules now if imported, else when they are."""
+    patch = functools.partial(patch_module, bind=bind, on_commit=on_commit)
+    for name in (*RUNNER_MODULES, EPLB_MODULE):
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport(patch))
