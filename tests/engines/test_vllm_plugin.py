@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import wire
-from tests.engines.checkpoints import write_checkpoint
+from demo.checkpoints import write_checkpoint
 from tests.engines.engine import Engine, total_counts, wait_for_tokens
 from tests.support.redisfaults import FaultyRedis
 
@@ -94,6 +94,7 @@ def test_counts_through_redis_equal_transformers(family, mode, checkpoints, refe
         client = wire.connect(redis_url)
         steps = wait_for_tokens(client, run, expected_tokens(outputs))
         meta = wire.decode_meta(client.get(wire.meta_key(run)))
+        watched = dashboard_reads(client, redis_url, run)
     finally:
         engine.close()
     if family in reference:
@@ -101,6 +102,18 @@ def test_counts_through_redis_equal_transformers(family, mode, checkpoints, refe
     assert meta.top_k == TOP_K and meta.layer_names[0].startswith("model.layers.0.")
     check_steps(steps, outputs, checkpoints[family], len(meta.layer_names))
     assert any(s.sample_ids_LNK is not None for s in steps), "no sampled routing rows"
+    assert watched.bad_records == 0 and watched.window is not None and watched.window.size == len(steps)
+
+
+def dashboard_reads(client, redis_url: str, run: str):
+    """The dashboard's live window over the run, as the pages poll it (dashboard.live needs numpy only)."""
+    from dashboard.live.watched import WatchedRun
+    from dashboard.sources.redis import RedisSource
+
+    watched = WatchedRun(RedisSource(client, redis_url, run, window_steps=256), window_steps=256)
+    for _ in range(3):
+        watched.tick()
+    return watched
 
 
 def test_redis_outage_changes_nothing_and_loses_nothing(checkpoints, reference, tmp_path):
