@@ -1,6 +1,9 @@
 """Planner benchmark: speed side by side with the EPLB-parity policy, fitted-window gaps, hierarchical
 numbers, leave-one-out held-out table on the 12 DeepSeek-V3 workloads, next-window drift scores, and a
-closing table of the issue's anchors (EPLB parity vs ours).
+closing table of the issue's anchors (EPLB parity vs ours), and the rebalance advisor's goals: total time
+lost (straggler + migration, planner.simulate's cost model) of the advisor against static and periodic
+re-plans on drifting per-step traces, and next-window excess imbalance of the robust plan against EPLB fitted
+on the last window under random-walk drift.
 
 Run: .venv/bin/python -m bench.planner   (re-execs itself with fixed glibc malloc settings)
 Held-out measure: per held-out file, mean over its 58 MoE layers of max/mean GPU load; then the mean
@@ -22,10 +25,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import numpy as np
 
+from planner.advisor import advise, initial_layout, periodic_schedule, static_schedule
 from planner.api import plan
 from planner.bounds import best_bound, group_partition_bound
 from planner.eplb_ref import eplb_global, eplb_hierarchical
 from planner.loads import layer_imbalance
+from planner.simulate import CostModel, simulate
 from planner.synthetic import drifting_windows, skewed_counts
 
 DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
@@ -153,6 +158,75 @@ def anchors(sp, fit, hier, loo):
         print(f"  {name:48s} {e:>22s} {o:>22s}  {tgt}")
 
 
+ADV_SEEDS = (0, 1, 2)
+ADV_STEPS, ADV_LAYERS, ADV_TOKENS, ADV_DRIFT = 4000, 12, 65536, 0.01
+PERIODS = (250, 500, 1000, 2000)
+
+
+def advisor_goal(link_gbps=400.0, seeds=ADV_SEEDS):
+    """Goal (a): per seed, a drifting per-step trace (synthetic random walk of log-popularity, sigma 0.9, step
+    ADV_DRIFT per step; ADV_TOKENS expert assignments per layer per step, i.e. 8192 tokens x top-8); every
+    policy starts from the same layout planned on the first 1,000 steps; periodic = EPLB on the last 1,000
+    steps every N; the advisor decides every 250 steps. Sums over seeds."""
+    cost = CostModel(link_gbps=link_gbps)
+    print(f"\nadvisor vs periodic re-plans: {len(seeds)} seeds x {ADV_STEPS} steps, {ADV_LAYERS} layers x 256 "
+          f"experts, G=32, R=32, drift {ADV_DRIFT}/step, link {link_gbps:g} Gb/s shared "
+          f"({cost.seconds_per_token_slot:.3g} s per token-slot, {cost.bytes_per_expert / 1e6:.0f} MB per expert)")
+    totals: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
+    for seed in seeds:
+        c = drifting_windows(windows=ADV_STEPS, layers=ADV_LAYERS, sigma=0.9, drift=ADV_DRIFT, tokens=ADV_TOKENS,
+                             seed=seed)
+        init = initial_layout(c, G, 32)
+        scheds = {"static": static_schedule(init, G)}
+        scheds |= {f"periodic N={n}": periodic_schedule(c, G, 32, n, initial_LP=init, cost=cost) for n in PERIODS}
+        scheds["advisor"] = advise(c, G, 32, initial_LP=init, cost=cost)
+        for name, sc in scheds.items():
+            r = simulate(c, sc, cost)
+            acc = totals.setdefault(name, [0.0, 0.0, 0.0, 0.0])
+            for i, v in enumerate((r.straggler_s, r.migration_s, r.total_s, r.moves)):
+                acc[i] += v
+    print(f"  {'policy':16s} {'straggler s':>11s} {'migration s':>11s} {'total s':>9s} {'moves':>7s}")
+    for name, (st_s, mi_s, tot, mv) in totals.items():
+        print(f"  {name:16s} {st_s:11.3f} {mi_s:11.3f} {tot:9.3f} {int(mv):7d}")
+    best = min((k for k in totals if k.startswith("periodic")), key=lambda k: totals[k][2])
+    adv, per = totals["advisor"], totals[best]
+    less = 1 - adv[2] / per[2]
+    share = adv[3] / per[3] if per[3] else float("inf")
+    print(f"  best periodic: {best}; advisor loses {less:.1%} less time (goal >= 30%), with {share:.1%} of its "
+          f"moves (goal <= 25%); vs static: {1 - adv[2] / totals['static'][2]:.1%} less  "
+          f"({time.perf_counter() - t0:.0f} s)")
+    return less, share
+
+
+def robust_goal(seeds=(0, 1, 2)):
+    """Goal (b): random-walk drift (planner.synthetic.drifting_windows, 12 windows, 16 layers); for t = 4..11
+    fit on windows < t, score on window t: excess imbalance (max/mean - 1, mean over layers), robust (on all
+    past windows) against EPLB on the last window."""
+    print("\nrobust vs EPLB on the last window, next-window excess imbalance (max/mean - 1), "
+          f"{len(seeds)} seeds x 8 windows, 16 layers, G=32, R=32")
+    ex: dict[str, list[float]] = {"EPLB last window": [], "robust decay=1.0": [], "robust decay=0.6": [],
+                                  "hindsight": []}
+    for seed in seeds:
+        c = drifting_windows(windows=12, layers=16, seed=seed)
+        for t in range(4, 12):
+            ex["EPLB last window"].append(layer_imbalance(c[t], eplb_global(c[t - 1], G, 32), G).mean() - 1)
+            for d in (1.0, 0.6):
+                lay = plan(c[:t], G, 32, policy="robust", decay=d).layout_LP
+                ex[f"robust decay={d}"].append(layer_imbalance(c[t], lay, G).mean() - 1)
+            # the floor: refined on the scored window itself (knows the drift that no past fit can)
+            ex["hindsight"].append(layer_imbalance(c[t], plan(c[t], G, 32, policy="refined").layout_LP, G).mean() - 1)
+    base = np.mean(ex["EPLB last window"])
+    out = {}
+    for k, v in ex.items():
+        red = 1 - np.mean(v) / base
+        out[k] = red
+        print(f"  {k:18s} mean excess {np.mean(v):.4f}  worst {np.max(v):.4f}"
+              + ("" if k.startswith("EPLB") else f"  {red:.1%} less than EPLB"
+                 + (" (goal >= 30%)" if k.startswith("robust") else " (not a policy: fitted on the future)")))
+    return out
+
+
 def main():
     names, C = load()
     sp = speed(C[names.index("prefill_in1024")])
@@ -161,6 +235,9 @@ def main():
     loo = leave_one_out(names, C)
     drift()
     anchors(sp, fit, hier, loo)
+    robust_goal()
+    advisor_goal()
+    advisor_goal(link_gbps=32 * 400.0, seeds=(0,))   # sensitivity: 32 links of 400 Gb/s moving in parallel
 
 
 if __name__ == "__main__":

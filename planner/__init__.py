@@ -8,10 +8,14 @@ int [L, P] with slot p on GPU p // S (shape legend: README, Conventions).
 - add_replica / move_replica: one hand edit; replica_budget_curve: imbalance against redundant slots;
 - traffic: all-to-all traffic of sampled top-k rows under a layout;
 - gpu_loads / gpu_weights / weighted_loads / balancedness: the one even-split GPU-load rule;
-- load_counts / load_layout / split_windows: inputs (SGLang logical_count JSON or .pt, traces, layouts).
+- load_counts / load_layout / split_windows: inputs (SGLang logical_count JSON or .pt, traces, layouts);
+- simulate / Schedule / CostModel: replay per-step counts under a layout schedule, straggler + migration time;
+- advise / periodic_schedule / static_schedule: rebalance policies that write schedules;
+- staleness: imbalance at t + delta of layouts fitted at t.
 
 The CLI is `python -m planner` (planner/cli.py).
 """
+from .advisor import advise, periodic_schedule, static_schedule
 from .api import POLICIES, PlanResult, plan
 from .bounds import best_bound, group_partition_bound
 from .budget import bytes_per_expert, replica_budget_curve
@@ -19,11 +23,15 @@ from .edits import add_replica, move_replica
 from .io import load_counts, load_layout
 from .loads import balancedness, gpu_loads, gpu_weights, imbalance, replica_counts, validated_layout, weighted_loads
 from .repair import experts_copied, repair_curve, repair_plan
+from .simulate import Change, CostModel, Schedule, SimResult, load_schedule, load_trace_steps, simulate
 from .sizes import DEEPSEEK_V3, ExpertSizes
+from .staleness import StalenessCurve, staleness
 from .traffic import traffic
 from .windows import MAX_WINDOWS, split_windows
 
 __all__ = [
+    "Change", "CostModel", "Schedule", "SimResult", "StalenessCurve", "advise", "load_schedule", "load_trace_steps",
+    "periodic_schedule", "simulate", "staleness", "static_schedule",
     "DEEPSEEK_V3", "MAX_WINDOWS", "POLICIES", "ExpertSizes", "PlanResult", "add_replica", "balancedness",
     "best_bound", "bytes_per_expert", "experts_copied", "gpu_loads", "gpu_weights", "group_partition_bound",
     "imbalance", "load_counts", "load_layout", "move_replica", "plan", "repair_curve", "repair_plan",

@@ -1,0 +1,165 @@
+"""Rebalance policies that turn a trace of per-step counts into a layout schedule (planner.simulate prices it).
+
+- ``static_schedule``: the initial layout forever.
+- ``periodic_schedule``: a full re-plan every ``every`` steps on the last ``window`` steps (what engines do:
+  SGLang's EPLB re-plans every 1,000 iterations by default, vLLM's EPLB on a 1,000-step window every 3,000
+  steps); the re-plan is EPLB parity by default, so almost every slot may move.
+- ``advise`` (the advisor): every ``every`` steps it looks at the last ``window`` steps, split into a few
+  windows (the robust planner's view of drift: repair balances the blend of per-layer normalised windows),
+  and asks planner.repair for the moves-vs-imbalance curve from the layout in force. For each point of that
+  curve it predicts the straggler time saved over the next ``horizon_steps`` steps (the drop in mean
+  imbalance x the window's mean GPU load per layer x layers x seconds per token-slot x horizon) minus the
+  migration time of its moves, and takes the move budget with the largest net gain. The repaired layout is
+  then replayed on the window's steps beside the layout in force: its predicted gain is
+  (straggler seconds per step under the current layout - under the repaired one) x horizon_steps, and the
+  change is scheduled only when that gain exceeds its migration time (planner.simulate.CostModel). A layout
+  that repair cannot start from (some GPU holds two replicas of one expert, as EPLB layouts may) is
+  replaced by a full robust re-plan under the same rule.
+
+All decisions at step t see counts of steps < t only. Shapes (README, Conventions): counts_TLE [T, L, E],
+layouts [L, P], P = E + R, slot p on GPU p // (P / G).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .api import plan
+from .loads import as_counts, check_shape, duplicates_on_gpu, validated_layout
+from .repair import experts_copied, repair_curve
+from .simulate import Change, CostModel, Schedule, straggler_tokens
+from .windows import split_windows
+
+DEFAULT_EVERY = 250            # advisor: steps between decision points
+DEFAULT_WINDOW = 1000          # steps the policies look back on (SGLang / vLLM: 1,000)
+DEFAULT_HORIZON = 1000         # steps a change is expected to pay off over
+DEFAULT_MAX_MOVES = 256        # advisor: expert copies per change at most
+DEFAULT_SUB_WINDOWS = 4        # advisor: windows the look-back is split into (the robust view of drift)
+
+
+def _whole(value, name: str, minimum: int = 1) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _counts(counts_TLE) -> np.ndarray:
+    return as_counts(counts_TLE, "counts", ndim=(3,))
+
+
+def initial_layout(counts_TLE, gpus: int, redundant: int, window: int = DEFAULT_WINDOW,
+                   nodes: int | None = None, groups: int | None = None) -> np.ndarray:
+    """The layout every policy starts from when none is given: planned ("refined", or "hierarchical" with
+    nodes and groups) on the sum of the trace's first ``window`` steps, [L, E + R]. It sees those steps before
+    they run (a warm-up every policy shares, so comparisons stay fair)."""
+    c = _counts(counts_TLE)
+    window = _whole(window, "window")
+    policy = "hierarchical" if nodes is not None else "refined"
+    return plan(c[:window].sum(0), gpus, redundant, nodes=nodes, groups=groups, policy=policy).layout_LP
+
+
+def _start(c: np.ndarray, gpus: int, redundant: int, initial_LP, window: int, nodes, groups) -> np.ndarray:
+    check_shape(c.shape[2], gpus, redundant)
+    if initial_LP is None:
+        return initial_layout(c, gpus, redundant, window, nodes, groups)
+    lay = validated_layout(initial_LP, c.shape[2], gpus)
+    if lay.shape[0] != c.shape[1]:
+        raise ValueError(f"initial layout has {lay.shape[0]} layers, the trace has {c.shape[1]}")
+    return lay
+
+
+def static_schedule(initial_LP, gpus: int) -> Schedule:
+    """The initial layout [L, P] held for the whole trace."""
+    return Schedule(gpus=gpus, changes=(Change(step=0, layout_LP=np.asarray(initial_LP), moves=0,
+                                               reason="initial"),), policy="static")
+
+
+def periodic_schedule(counts_TLE, gpus: int, redundant: int, every: int, window: int = DEFAULT_WINDOW,
+                      initial_LP=None, policy: str = "eplb", nodes: int | None = None, groups: int | None = None,
+                      cost: CostModel | None = None) -> Schedule:
+    """Full re-plan (planner.api.plan with ``policy`` on the summed last ``window`` steps) at steps every,
+    2 x every, ... < T; counts [T, L, E]. Each change records its moves and migration time."""
+    c = _counts(counts_TLE)
+    every, window = _whole(every, "every"), _whole(window, "window")
+    cost = CostModel() if cost is None else cost
+    cur = _start(c, gpus, redundant, initial_LP, window, nodes, groups)
+    changes = [Change(step=0, layout_LP=cur, moves=0, reason="initial")]
+    for t in range(every, c.shape[0], every):
+        recent = c[max(0, t - window):t].sum(0)
+        if not recent.any():
+            continue
+        lay = plan(recent, gpus, redundant, nodes=nodes, groups=groups, policy=policy).layout_LP
+        m = experts_copied(cur, lay, gpus)
+        changes.append(Change(step=t, layout_LP=lay, moves=m, predicted_migration_s=cost.migration_seconds(m),
+                              reason=f"periodic re-plan ({policy})"))
+        cur = lay
+    return Schedule(gpus=gpus, changes=tuple(changes), policy=f"periodic-{every}",
+                    params={"every": every, "window": window, "replan_policy": policy})
+
+
+def predicted_gain_seconds(recent_TLE: np.ndarray, current_LP: np.ndarray, candidate_LP: np.ndarray, gpus: int,
+                           horizon_steps: int, cost: CostModel) -> float:
+    """Straggler seconds the candidate saves over ``horizon_steps`` steps if the recent steps [T, L, E] repeat:
+    (mean straggler seconds per step under current - under candidate) x horizon_steps. Negative when worse."""
+    cur = straggler_tokens(recent_TLE, current_LP, gpus).mean()
+    cand = straggler_tokens(recent_TLE, candidate_LP, gpus).mean()
+    return float((cur - cand) * cost.seconds_per_token_slot * horizon_steps)
+
+
+def _candidate(recent: np.ndarray, cur: np.ndarray, gpus: int, redundant: int, sub_windows: int,
+               max_moves: int, horizon: int, cost: CostModel) -> tuple[np.ndarray, str]:
+    """The repaired layout with the best estimated net gain on the repair curve (``cur`` when none pays), or
+    a full robust re-plan when ``cur`` cannot be repaired."""
+    windows = split_windows(recent, sub_windows)
+    if duplicates_on_gpu(cur, gpus).any():
+        return plan(windows, gpus, redundant, policy="robust").layout_LP, "robust re-plan"
+    _, curve = repair_curve(windows, cur, gpus, max_moves)
+    active = recent.sum((0, 2)) > 0
+    # tokens per step on one GPU of one layer, summed over the active layers: (imbalance - 1) x this = excess
+    load_per_step = recent.sum((0, 2))[active].mean() / recent.shape[0] / gpus * max(int(active.sum()), 1)
+    moves = np.array([m for m, _, _ in curve])
+    mean_imb = np.array([mi for _, mi, _ in curve])
+    net = ((mean_imb[0] - mean_imb) * load_per_step * cost.seconds_per_token_slot * horizon
+           - moves * cost.bytes_per_expert * 8 / (cost.link_gbps * 1e9))
+    best = int(np.argmax(net))
+    if best == 0 or net[best] <= 0:
+        return cur, "no repair pays"
+    lay, _ = repair_curve(windows, cur, gpus, int(moves[best]))
+    return lay, f"repair within {int(moves[best])} moves"
+
+
+def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = DEFAULT_EVERY,
+           window: int = DEFAULT_WINDOW, horizon_steps: int = DEFAULT_HORIZON, max_moves: int = DEFAULT_MAX_MOVES,
+           sub_windows: int = DEFAULT_SUB_WINDOWS, cost: CostModel | None = None, nodes: int | None = None,
+           groups: int | None = None) -> Schedule:
+    """The advisor's schedule for counts [T, L, E] (module docstring): decision points at every, 2 x every, ...;
+    a change only where its predicted gain over ``horizon_steps`` beats its migration time, within
+    ``max_moves`` expert copies. Every change carries its moves, predicted gain and migration seconds."""
+    c = _counts(counts_TLE)
+    every, window = _whole(every, "every"), _whole(window, "window")
+    horizon_steps, sub_windows = _whole(horizon_steps, "horizon steps"), _whole(sub_windows, "sub-windows")
+    max_moves = _whole(max_moves, "max moves", 0)
+    cost = CostModel() if cost is None else cost
+    cur = _start(c, gpus, redundant, initial_LP, window, nodes, groups)
+    changes = [Change(step=0, layout_LP=cur, moves=0, reason="initial")]
+    skipped = 0
+    for t in range(every, c.shape[0], every):
+        recent = c[max(0, t - window):t]
+        if not recent.any():
+            continue
+        lay, why = _candidate(recent, cur, gpus, redundant, sub_windows, max_moves, horizon_steps, cost)
+        m = experts_copied(cur, lay, gpus)
+        if m == 0:
+            continue
+        gain = predicted_gain_seconds(recent, cur, lay, gpus, horizon_steps, cost)
+        mig = cost.migration_seconds(m)
+        if not gain > mig:
+            skipped += 1
+            continue
+        changes.append(Change(step=t, layout_LP=lay, moves=m, predicted_gain_s=gain, predicted_migration_s=mig,
+                              reason=why))
+        cur = lay
+    return Schedule(gpus=gpus, changes=tuple(changes), policy="advisor",
+                    params={"every": every, "window": window, "horizon_steps": horizon_steps,
+                            "max_moves": max_moves, "sub_windows": sub_windows,
+                            "seconds_per_token_slot": cost.seconds_per_token_slot, "link_gbps": cost.link_gbps,
+                            "bytes_per_expert": cost.bytes_per_expert, "rejected_candidates": skipped})
