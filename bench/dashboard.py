@@ -6,7 +6,10 @@ each page times what the server does per tick: poll Redis for the new entries (5
 every tick, untimed), fold them into the window, resolve the layout, analyse, build the page's plotly
 figures and serialise them as st.plotly_chart does (Figure.to_dict, plotly.io.to_json). Prints the median over the
 repeats and the figure payload per tick (bytes of the figures' JSON summed), plus the one-off cold start
-(the first poll reading the whole 600-step backlog).
+(the first poll reading the whole 600-step backlog). Then, side by side on two more runs with the same
+traffic, overview ticks of a run whose engine rebalanced mid-window (a wire.LayoutRecord in force from the
+middle of the window: the tick it arrives recomputes the rows from that step, the next ones only the new
+rows) against ticks of a run without layout changes.
 
     python -m bench.dashboard [--repeats 30] [--steps 600] [--layers 58] [--experts 256]
 """
@@ -48,8 +51,8 @@ NEW_STEPS_PER_TICK = 5
 class Writer:
     """Writes skewed steps like a collector: a few hot experts per layer that drift slowly."""
 
-    def __init__(self, client, layers: int, experts: int, tokens: int = 4096 * 8):
-        self.client, self.layers, self.experts, self.tokens = client, layers, experts, tokens
+    def __init__(self, client, layers: int, experts: int, tokens: int = 4096 * 8, run: str = RUN):
+        self.client, self.layers, self.experts, self.tokens, self.run = client, layers, experts, tokens, run
         self.rng = np.random.default_rng(0)
         self.step = 0
         self.base_LE = self.rng.gamma(0.6, size=(layers, experts))
@@ -60,12 +63,12 @@ class Writer:
             self.base_LE *= np.exp(self.rng.normal(0, 0.02, size=self.base_LE.shape))
             p = self.base_LE / self.base_LE.sum(axis=1, keepdims=True)
             counts = np.stack([self.rng.multinomial(self.tokens, row) for row in p]).astype(np.int32)
-            rec = wire.StepRecord(run=RUN, rank=0, world_size=1, step=self.step, time_s=time.time(),
+            rec = wire.StepRecord(run=self.run, rank=0, world_size=1, step=self.step, time_s=time.time(),
                                   phase="decode" if self.step % 8 else "prefill", tokens=self.tokens // 8,
                                   counts_LE=counts)
-            pipe.xadd(wire.steps_key(RUN), wire.encode_step(rec))
+            pipe.xadd(wire.steps_key(self.run), wire.encode_step(rec))
             self.step += 1
-        pipe.zadd(wire.RUNS_KEY, {RUN: time.time()})
+        pipe.zadd(wire.RUNS_KEY, {self.run: time.time()})
         pipe.execute()
 
 
@@ -98,11 +101,50 @@ def tick(page: str, watched: WatchedRun) -> int:
     """One server-side tick of a page; returns the figure payload in bytes."""
     watched.tick()
     window = watched.window
-    layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size)
+    layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
+                            changes=watched.layouts.changes, at_step=window.newest_step)
     snap = analyse(window, layout, "both", None)
     # what st.plotly_chart does with each figure: to a dict, then plotly.io.to_json
     return sum(len(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
                for fig in page_figures(page, watched, snap))
+
+
+def run_meta(run: str, layers: int, experts: int, gpus: int) -> wire.RunMeta:
+    """DeepSeek-V3-shaped metadata, contiguous layout."""
+    return wire.RunMeta(run=run, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
+                        range(layers)], num_experts=experts, top_k=8, hidden_size=7168, moe_intermediate_size=2048,
+                        dtype_bytes=2, layout=wire.Layout(gpus=gpus, nodes=max(1, gpus // 8),
+                                                          physical_to_logical_map=wire.contiguous_layout(layers, experts)))
+
+
+def rebalance(client, url: str, args, gpus: int) -> None:
+    """Overview ticks side by side, alternating, on two runs with the same traffic: one whose engine rebalanced
+    in the middle of the window (a random permutation of every layer), one without layout changes."""
+    writers, watched = {}, {}
+    for name in ("plain", "rebalanced"):
+        run = f"{RUN}-{name}"
+        client.set(wire.meta_key(run), wire.encode_meta(run_meta(run, args.layers, args.experts, gpus)))
+        writers[name] = Writer(client, args.layers, args.experts, run=run)
+        writers[name].write(args.steps)
+        watched[name] = WatchedRun(RedisSource(client, url, run, args.steps), args.steps)
+        tick("overview", watched[name])
+    rng = np.random.default_rng(1)
+    map_LP = np.stack([rng.permutation(args.experts) for _ in range(args.layers)])
+    client.xadd(wire.layouts_key(f"{RUN}-rebalanced"), wire.encode_layout_record(wire.LayoutRecord(
+        run=f"{RUN}-rebalanced", step=args.steps // 2, time_s=time.time(), physical_to_logical_LP=map_LP, gpus=gpus)))
+    times_ms: dict[str, list[float]] = {"plain": [], "rebalanced": []}
+    for _ in range(args.repeats + 1):
+        for name in times_ms:
+            writers[name].write(NEW_STEPS_PER_TICK)
+            started = time.perf_counter()
+            tick("overview", watched[name])
+            times_ms[name].append((time.perf_counter() - started) * 1e3)
+    assert len(watched["rebalanced"].layouts) == 1 and not watched["plain"].layouts
+    arrived_ms = times_ms["rebalanced"][0]  # the tick that read the layout change
+    plain, moved = statistics.median(times_ms["plain"][1:]), statistics.median(times_ms["rebalanced"][1:])
+    print(f"side by side: an engine rebalance in force from mid-window costs the tick it arrives {arrived_ms:.1f} ms "
+          f"(recomputes {args.steps // 2} rows); afterwards an overview tick {moved:.1f} ms against {plain:.1f} ms "
+          f"for the same traffic without layout changes (ratio {moved / plain:.2f})")
 
 
 def main() -> None:
@@ -117,12 +159,7 @@ def main() -> None:
     try:
         client = wire.connect(url, timeout_s=10.0)
         gpus = wire.default_gpus(args.experts)
-        meta = wire.RunMeta(run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
-                            range(args.layers)], num_experts=args.experts, top_k=8, hidden_size=7168,
-                            moe_intermediate_size=2048, dtype_bytes=2, layout=wire.Layout(
-                                gpus=gpus, nodes=max(1, gpus // 8),
-                                physical_to_logical_map=wire.contiguous_layout(args.layers, args.experts)))
-        client.set(wire.meta_key(RUN), wire.encode_meta(meta))
+        client.set(wire.meta_key(RUN), wire.encode_meta(run_meta(RUN, args.layers, args.experts, gpus)))
         writer = Writer(client, args.layers, args.experts)
         writer.write(args.steps)
         print(f"window {args.steps} steps x {args.layers} layers x {args.experts} experts, {gpus} GPUs, "
@@ -154,6 +191,7 @@ def main() -> None:
         tick_ms = statistics.median(overview_ms)
         print(f"side by side: GPU loads of the whole window recomputed {full:.1f} ms; a whole overview tick, "
               f"which recomputes only the new rows, {tick_ms:.1f} ms (ratio {full / tick_ms:.2f})")
+        rebalance(client, url, args, gpus)
         exporter = RunExporter(client, url, [RUN], args.steps)
         exporter.poll()
         registry = CollectorRegistry()

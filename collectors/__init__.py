@@ -8,7 +8,8 @@
     monitor.close()
 
 Engines that are not transformers models use ExpertLoadMonitor(num_layers, num_experts, top_k, ...)
-with record(layer, topk_ids) and end_step(phase). Tuning knobs (sampling, layout, buffering, NVML, trace
+with record(layer, topk_ids) and end_step(phase), and publish_layout(physical_to_logical_map) when they move
+experts (EPLB). Tuning knobs (sampling, layout, buffering, NVML, trace
 file) are MonitorOptions fields, passed as options= or by name.
 
 Modules: discovery (find the MoE layers), hooks (per-family hooks), counter (on-device counts), monitor

@@ -4,8 +4,10 @@
                             gpus=32, nodes=4)
     mon.record(layer, topk_ids)          # int [tokens, k], every MoE layer, every step
     mon.end_step(phase="decode")         # once per step
+    mon.publish_layout(physical_to_logical_LP)   # when the engine moves experts (EPLB): in force from the next step
 
-Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens of a step.
+Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens of a step, P physical
+slots of a layout.
 counts() -> int64 [L, E], cumulative since the monitor was made, rows in layer order.
 
 Nothing here raises into the model's forward: a hook that cannot count records the failure (stats()
@@ -59,6 +61,9 @@ class ExpertLoadMonitor:
         if len(self.layer_names) != self.num_layers:
             raise ValueError(f"{len(self.layer_names)} layer names for {self.num_layers} layers")
         self.rank, self.world_size = rank_and_world()
+        if opts.rank is not None and opts.world_size is not None:  # the engine's own publisher numbering
+            self.rank, self.world_size = opts.rank, opts.world_size
+        self.scope = opts.scope
         self.run = wire.check_run_name(run or f"{(model_name or 'moe').split('/')[-1]}-{os.getpid()}")
         if opts.sample_tokens and self.num_experts > wire.MAX_SAMPLE_EXPERTS:
             warnings.warn(f"{self.num_experts} experts do not fit the int16 sampled rows: sampling is off",
@@ -79,6 +84,7 @@ class ExpertLoadMonitor:
             host=socket.gethostname(), sample_tokens_per_layer=opts.sample_tokens, instance=self.instance)
         wire.encode_meta(self.meta)  # validates the layout now, not in the thread
         self.step = 0
+        self.last_layout: wire.LayoutRecord | None = None  # the latest publish_layout() (None: the meta's layout)
         self._phase_override: str | None = None
         self._step_open = False
         self._token_mask_N: torch.Tensor | None = None
@@ -158,6 +164,41 @@ class ExpertLoadMonitor:
         self._step_open = False
         return step
 
+    def publish_layout(self, physical_to_logical_LP: Any, *, from_step: int | None = None, gpus: int | None = None,
+                       source: str = "engine") -> None:
+        """Say that the experts moved: physical_to_logical_LP, int [L, P] (SGLang's physical_to_logical_map: the
+        logical expert of each physical slot; a numpy array, nested lists or a tensor on any device), is in
+        force from step id from_step on (default: the next step, self.step) on `gpus` GPUs (default: the run
+        metadata's; slot p on GPU p // (P / gpus)). source: "engine" (the engine's own rebalance, EPLB),
+        "apply" (a layout applied by hand) or "initial". For engine glue, not the forward: the map is checked
+        here (every expert 0..E-1 in every layer, P a multiple of gpus; ValueError otherwise, naming what is
+        wrong), then handed to the publisher thread; this thread never blocks and never does I/O (a tensor on
+        a GPU is copied to the host first). The dashboard computes the GPU loads of each step under the
+        layout in force at that step."""
+        if self._closed:
+            raise RuntimeError("publish_layout() after close(): the monitor publishes nothing any more")
+        if source not in wire.LAYOUT_SOURCES:
+            raise ValueError(f"source must be one of {wire.LAYOUT_SOURCES}, got {source!r}")
+        if isinstance(physical_to_logical_LP, torch.Tensor):
+            physical_to_logical_LP = physical_to_logical_LP.detach().cpu().numpy()
+        if not isinstance(physical_to_logical_LP, (np.ndarray, list, tuple)):
+            raise ValueError("physical_to_logical_LP must be an int array, tensor or nested lists [layers][slots], "
+                             f"got {type(physical_to_logical_LP).__name__}")
+        gpus = self.meta.layout.gpus if gpus is None else gpus
+        step = self.step if from_step is None else from_step
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < wire.MAX_STEP:
+            raise ValueError(f"from_step must be a step id 0..{wire.MAX_STEP - 1}, got {from_step!r}")
+        layout_LP = wire.check_layout_map(physical_to_logical_LP, gpus, self.meta.layout.nodes, self.num_layers,
+                                          self.num_experts)
+        record = wire.LayoutRecord(run=self.run, step=int(step), time_s=time.time(),
+                                   physical_to_logical_LP=layout_LP.astype(np.int32), gpus=int(gpus),
+                                   nodes=self.meta.layout.nodes, source=source, rank=self.rank,
+                                   instance=self.instance)
+        wire.encode_layout_record(record)  # the reader's bounds, checked here rather than in the writer
+        self.last_layout = record
+        if self.publisher is not None:
+            self.publisher.submit_layout(record)
+
     def set_phase(self, phase: str | None) -> None:
         """Force the phase of the following steps ("prefill", "decode", "mixed"), or None for automatic."""
         if phase is not None and phase not in wire.PHASES:
@@ -176,7 +217,8 @@ class ExpertLoadMonitor:
         """steps: closed so far; with more than one sink (Redis and a trace file) the step figures are the
         worst sink's: published_steps every sink has, queued_steps and dropped_steps of the sink that lacks
         the most; sinks: the same figures per sink, by name, with its failed writes and the reason of the
-        latest (kept after it recovers); last_error: every failure that still stands (the sinks', the
+        latest (kept after it recovers) and its layout changes (published_layouts, queued_layouts,
+        dropped_layouts: see publish_layout); last_error: every failure that still stands (the sinks', the
         publisher's, a hook's); hook_errors: hook calls that could not count; invalid_ids: ids outside
         [0, E) counted so far (reads the device: a sync on CUDA, like counts())."""
         pub = self.publisher
@@ -265,4 +307,4 @@ class ExpertLoadMonitor:
         return wire.StepRecord(
             run=self.run, rank=self.rank, world_size=self.world_size, step=job.step, time_s=job.time_s,
             phase=job.phase, tokens=tokens, counts_LE=counts.astype(np.int32), sample_ids_LNK=sample,
-            instance=self.instance)
+            instance=self.instance, scope=self.scope)

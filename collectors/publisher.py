@@ -14,6 +14,11 @@ even while one hangs in a write (bounded by its own timeout: the Redis socket ti
 the steps dropped before it reached that sink (no free host slot, a failed decode, that sink's full queue),
 stamped when it is written. While a batch is being written it is held on top of the queue_steps bound; if
 the write fails it goes back to the head of the queue and the oldest beyond the bound are dropped.
+
+Layout changes (wire.LayoutRecord, submit_layout) take the same way in a queue of their own per sink, never
+touched by the step queue's bound: every batch carries all that wait (before its steps), a failed write
+keeps those that did not land, and they wait as long as the sink is down. Only past MAX_LAYOUTS waiting
+layouts (hundreds of rebalances during one outage) is the oldest dropped, counted in dropped_layouts.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from .sinks import PartialWrite, Sink
 log = logging.getLogger("collectors")
 
 MAX_SAMPLES = 1000  # NVML samples kept per sink while it cannot be written (the newest)
+MAX_LAYOUTS = 256   # layout changes kept per sink while it cannot be written (~17 MB at 58 x 288 slots)
 
 
 @dataclass
@@ -56,8 +62,12 @@ class _Outbox:
     pending: collections.deque[wire.StepRecord] = field(default_factory=collections.deque)
     sending: list[wire.StepRecord] = field(default_factory=list)  # the batch being written now
     samples: list[wire.GpuSample] = field(default_factory=list)
+    layouts: collections.deque[wire.LayoutRecord] = field(default_factory=collections.deque)  # own queue
+    sending_layouts: list[wire.LayoutRecord] = field(default_factory=list)
     dropped: int = 0          # records this sink's full queue dropped (and its leftovers at close)
     published: int = 0
+    dropped_layouts: int = 0  # past MAX_LAYOUTS waiting, and those left at close
+    published_layouts: int = 0
     error: str = ""           # the last failed write's reason; cleared when a write lands
     failures: int = 0         # failed writes so far
     last_failure: str = ""    # the latest failed write's reason, kept after the sink recovers
@@ -87,6 +97,7 @@ class Publisher:
         self._collector_health = collector_health
         self._outboxes = [_Outbox(sink) for sink in sinks]
         self._inbox: collections.deque[StepJob] = collections.deque()
+        self._layout_inbox: collections.deque[wire.LayoutRecord] = collections.deque()
         self._samples: collections.deque[wire.GpuSample] = collections.deque(maxlen=MAX_SAMPLES)
         self._dropped = 0       # steps no sink got: no free host slot, a failed decode, left in the inbox
         self._error = ""        # the last failure outside the sinks; cleared once a write carrying it lands
@@ -117,6 +128,12 @@ class Publisher:
     def submit_sample(self, sample: wire.GpuSample) -> None:
         self._samples.append(sample)
 
+    def submit_layout(self, record: wire.LayoutRecord) -> None:
+        """Hand over a layout change (already validated); queued for every sink at the next drain, which it
+        wakes at once. Never blocks, never does I/O."""
+        self._layout_inbox.append(record)
+        self._wake.set()
+
     def count_dropped(self, n: int = 1) -> None:
         with self._lock:
             self._dropped += n
@@ -144,11 +161,15 @@ class Publisher:
 
     def sink_stats(self) -> dict[str, dict[str, int | float | str]]:
         """Per sink (by name): published_steps, queued_steps, dropped_steps, last_error (standing), failures
-        (failed writes so far), last_failure (the latest reason, kept after recovery), max_write_s."""
+        (failed writes so far), last_failure (the latest reason, kept after recovery), max_write_s, and
+        published_layouts, queued_layouts, dropped_layouts (layout changes)."""
         return {box.sink.name: {"published_steps": box.published, "queued_steps": len(box.pending) + len(box.sending),
                                 "dropped_steps": self._dropped + box.dropped, "last_error": box.error,
                                 "failures": box.failures, "last_failure": box.last_failure,
-                                "max_write_s": round(box.max_write_s, 3)}
+                                "max_write_s": round(box.max_write_s, 3),
+                                "published_layouts": box.published_layouts,
+                                "queued_layouts": len(box.layouts) + len(box.sending_layouts),
+                                "dropped_layouts": box.dropped_layouts}
                 for box in self._outboxes}
 
     @property
@@ -162,8 +183,9 @@ class Publisher:
         deadline = time.monotonic() + timeout_s
         self._closing_at = time.monotonic()
         self._closing = True
-        while time.monotonic() < deadline and (self._inbox or self._samples or any(
-                box.pending or box.samples or box.sending or (not box.error and box.health_sent < self._closing_at)
+        while time.monotonic() < deadline and (self._inbox or self._samples or self._layout_inbox or any(
+                box.pending or box.samples or box.sending or box.layouts or box.sending_layouts
+                or (not box.error and box.health_sent < self._closing_at)
                 for box in self._outboxes)):
             self._wake.set()
             for box in self._outboxes:
@@ -180,6 +202,7 @@ class Publisher:
                 box.thread.join(max(0.0, deadline - time.monotonic()) + 0.2)
         left = len(self._inbox)
         self.count_dropped(left)
+        layouts_left = 0
         for box in self._outboxes:
             with box.lock:
                 box.finalised = True
@@ -188,8 +211,16 @@ class Publisher:
                 left += rest
                 box.pending.clear()
                 box.sending = []
+                lost = len(box.layouts) + len(box.sending_layouts) + len(self._layout_inbox)
+                box.dropped_layouts += lost
+                layouts_left += lost
+                box.layouts.clear()
+                box.sending_layouts = []
         if left:
             log.warning("moe monitor: %d steps were not published before close (%s)", left, self.last_error)
+        if layouts_left:
+            log.warning("moe monitor: %d layout changes were not published before close (%s)", layouts_left,
+                        self.last_error)
         stuck = False
         for box in self._outboxes:
             if box.thread is not None and box.thread.is_alive():  # inside a write (a Redis that never answers)
@@ -247,7 +278,8 @@ class Publisher:
             finally:
                 self._release(job.slot)
         fresh = [self._samples.popleft() for _ in range(len(self._samples))]
-        if not records and not fresh:
+        layouts = [self._layout_inbox.popleft() for _ in range(len(self._layout_inbox))]
+        if not records and not fresh and not layouts:
             return
         for box in self._outboxes:
             with box.lock:
@@ -261,6 +293,9 @@ class Publisher:
                 if fresh:
                     box.samples.extend(fresh)
                     del box.samples[:-MAX_SAMPLES]
+                if layouts:
+                    box.layouts.extend(layouts)
+                    _bound_layouts(box)
             box.wake.set()
 
     # ------------------------------------------------------------------ one writer thread per sink
@@ -295,30 +330,37 @@ class Publisher:
                 return None
             now = time.monotonic()
             health_due = (box.health_sent < self._closing_at if self._closing else now - box.health_sent >= 1.0)
-            if not box.pending and not box.samples and others == box.errors_sent and not health_due:
+            if not box.pending and not box.samples and not box.layouts and others == box.errors_sent \
+                    and not health_due:
                 return None  # idle: health once a second (at once when what it says changed, once at close)
             dropped = dropped_before + box.dropped  # stamped now: drops of steps queued behind these count
             box.sending = [box.pending.popleft() for _ in range(min(self._batch, len(box.pending)))]
-            sending, samples = box.sending, box.samples
+            box.sending_layouts = list(box.layouts)
+            box.layouts.clear()
+            sending, samples, sending_layouts = box.sending, box.samples, box.sending_layouts
             box.samples = []
             queued = len(box.pending)
+            published_layouts, dropped_layouts = box.published_layouts, box.dropped_layouts
         records = [_with_dropped(rec, dropped) for rec in sending]
         error_reported = self._error
         health: dict[str, object] = {
             "rank": self._rank, "dropped_steps": dropped, "published_steps": box.published + len(records),
             "queued": queued, "last_error": others, "sink_failures": box.failures,
-            "last_failure": box.last_failure, "time_s": time.time()}
+            "last_failure": box.last_failure, "time_s": time.time(),
+            "published_layouts": published_layouts + len(sending_layouts), "dropped_layouts": dropped_layouts}
         health.update({k: v for k, v in self._collector().items() if k != "collector_error"})
         failure: Exception | None = None
         landed: frozenset[int] | range = range(len(records))
+        layouts_landed: frozenset[int] | range = range(len(sending_layouts))
         samples_landed = True
         started = time.monotonic()
         try:
-            box.sink.write(records, samples, health)
+            box.sink.write(records, samples, health, layouts=sending_layouts)
         except PartialWrite as exc:
             failure, landed, samples_landed = exc, exc.landed, exc.samples_landed
+            layouts_landed = exc.layouts_landed
         except Exception as exc:  # this sink's failure; the others go on
-            failure, landed, samples_landed = exc, frozenset(), False
+            failure, landed, samples_landed, layouts_landed = exc, frozenset(), False, frozenset()
         finished = time.monotonic()
         with box.lock:
             box.max_write_s = max(box.max_write_s, finished - started)
@@ -327,6 +369,12 @@ class Publisher:
             kept = [rec for i, rec in enumerate(sending) if i not in landed]
             box.published += len(sending) - len(kept)
             box.sending = []
+            kept_layouts = [rec for i, rec in enumerate(sending_layouts) if i not in layouts_landed]
+            box.published_layouts += len(sending_layouts) - len(kept_layouts)
+            box.sending_layouts = []
+            if kept_layouts:  # back at the head, before any submitted since: never dropped by the step bound
+                box.layouts.extendleft(reversed(kept_layouts))
+                _bound_layouts(box)
             if kept:  # back at the head; the oldest beyond the bound go
                 box.pending.extendleft(reversed(kept))
                 excess = len(box.pending) - self._queue_steps
@@ -352,6 +400,13 @@ class Publisher:
         if backlog:
             box.wake.set()  # a backlog (after an outage): keep going without waiting
         return True
+
+
+def _bound_layouts(box: _Outbox) -> None:
+    """Keep at most MAX_LAYOUTS layout changes waiting for box's sink (the oldest go, counted). Under box.lock."""
+    while len(box.layouts) > MAX_LAYOUTS:
+        box.layouts.popleft()
+        box.dropped_layouts += 1
 
 
 def _with_dropped(record: wire.StepRecord, dropped: int) -> wire.StepRecord:

@@ -3,7 +3,8 @@
 The publisher thread (publisher.py) is the only caller. It hands every sink the same batches, in step
 order, and keeps a queue and a writer thread per sink: a write that raises has not landed (PartialWrite:
 only in part) and is offered again after a backoff, so a sink never retries on its own and one sink's
-failure (or hang) never holds up another.
+failure (or hang) never holds up another. A batch carries step records, NVML samples, layout changes
+(wire.LayoutRecord, written before the batch's steps) and the publisher's health report.
 """
 from __future__ import annotations
 
@@ -20,14 +21,15 @@ import wire
 
 
 class Sink(Protocol):
-    """A destination for a run's step records, NVML samples and the publisher's health report."""
+    """A destination for a run's step records, NVML samples, layout changes and the publisher's health report."""
 
     name: str  # names the sink in error messages: "redis", "trace"
     keeps_health: bool  # whether write() stores the health report (a failure is cleared once one has it)
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              health: dict[str, object]) -> None:
-        """Write one batch (either list may be empty). Raising means the batch did not land."""
+              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = ()) -> None:
+        """Write one batch (any list may be empty; layouts go before the steps). Raising means the batch did
+        not land (PartialWrite: only in part)."""
         ...
 
     def close(self) -> None:
@@ -37,23 +39,28 @@ class Sink(Protocol):
 
 class PartialWrite(Exception):
     """A batch that landed in part (a Redis that refused some commands: out of memory, no permission).
-    landed: indices of the records that did land; samples_landed: whether every NVML sample did. The
-    publisher takes the landed records off the queue and offers the others again after its backoff."""
+    landed: indices of the records that did land; samples_landed: whether every NVML sample did;
+    layouts_landed: indices of the layout records that did land (none when not given). The publisher takes
+    what landed off its queues and offers the rest again after its backoff."""
 
-    def __init__(self, message: str, landed: frozenset[int], samples_landed: bool):
+    def __init__(self, message: str, landed: frozenset[int], samples_landed: bool,
+                 layouts_landed: frozenset[int] = frozenset()):
         super().__init__(message)
-        self.landed, self.samples_landed = landed, samples_landed
+        self.landed, self.samples_landed, self.layouts_landed = landed, samples_landed, layouts_landed
 
 
 class RedisSink:
-    """Writes StepRecords, GpuSamples and health to one run's keys, one pipelined round trip per batch.
+    """Writes StepRecords, GpuSamples, LayoutRecords and health to one run's keys, one pipelined round trip per
+    batch (layouts XADDed to wire.layouts_key(run), MAXLEN ~ LAYOUTS_MAXLEN, before the batch's steps).
     The metadata goes with the first batch, again with the first after a failure, and again whenever the
     previous batch found it missing (every batch asks EXISTS: a Redis restarted empty, flushed or failed
-    over between two batches gets it back within one flush interval). Commands are not transactional:
-    a refused command (OOM under maxmemory noeviction, NOPERM) refuses only itself, and the records whose
+    over between two batches gets it back within one flush interval); likewise, once a layout has landed,
+    every batch asks whether the layout stream still exists and, when it does not, sends the latest layout
+    that landed again with the next batch, so the layout in force is never lost with an emptied Redis.
+    Commands are not transactional: a refused command (OOM under maxmemory noeviction, NOPERM) refuses only itself, and the records whose
     XADD landed are reported as landed (PartialWrite), so a retry does not write them twice. A write that
     times out may still be executed by a Redis that was only stalled: the stream then holds that step twice
-    (readers skip a repeated (instance, rank, step))."""
+    (readers skip a repeated (instance, rank, step); a layout sent twice is the same change twice)."""
 
     name = "redis"
     keeps_health = True
@@ -63,40 +70,64 @@ class RedisSink:
         self._client = wire.connect(url, timeout_s=timeout_s, retries=0)
         self._meta_json = wire.encode_meta(meta)
         self._needs_meta = True
+        self._last_layout: dict[FieldT, EncodableT] | None = None  # fields of the latest layout that landed
+        self._resend_layout = False  # the layout stream was found missing: send _last_layout again
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              health: dict[str, object]) -> None:
+              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = ()) -> None:
         run = self._run
         pipe = self._client.pipeline(transaction=False)
         with_meta = self._needs_meta
         if with_meta:
             pipe.set(wire.meta_key(run), self._meta_json)
+        resend = self._last_layout if self._resend_layout else None
+        if resend is not None:
+            pipe.xadd(wire.layouts_key(run), resend, maxlen=LAYOUTS_MAXLEN, approximate=True)
+        layout_fields = [_fields(wire.encode_layout_record(rec)) for rec in layouts]
+        for fields in layout_fields:
+            pipe.xadd(wire.layouts_key(run), fields, maxlen=LAYOUTS_MAXLEN, approximate=True)
         for rec in records:
             pipe.xadd(wire.steps_key(run), _fields(wire.encode_step(rec)), maxlen=self._maxlen, approximate=True)
         for sample in samples:
             pipe.xadd(wire.gpu_key(run), _fields(wire.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
         pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
         pipe.zadd(wire.RUNS_KEY, {run: time.time()})
+        check_layouts = self._last_layout is not None or bool(layouts)
+        if check_layouts:
+            pipe.exists(wire.layouts_key(run))
         pipe.exists(wire.meta_key(run))
         try:
             replies = pipe.execute(raise_on_error=False)
         except Exception:
             self._needs_meta = True  # the connection may have gone, and with it an emptied Redis
             raise
-        first = 1 if with_meta else 0
+        first = (1 if with_meta else 0) + (resend is not None)
+        layout_replies = replies[first: first + len(layouts)]
+        first += len(layouts)
         step_replies = replies[first: first + len(records)]
         sample_replies = replies[first + len(records): first + len(records) + len(samples)]
-        errors = [reply for reply in replies[:-1] if isinstance(reply, Exception)]
+        asked = -2 if check_layouts else -1  # the EXISTS at the end prove nothing when refused (a write-only ACL)
+        errors = [reply for reply in replies[:asked] if isinstance(reply, Exception)]
         meta_gone = replies[-1] == 0  # an EXISTS the user may not run (write-only ACL) proves nothing
         self._needs_meta = (with_meta and isinstance(replies[0], Exception)) or meta_gone
+        for fields, reply in zip(layout_fields, layout_replies):
+            if not isinstance(reply, Exception):
+                self._last_layout = fields
+        # the layout stream gone (a Redis emptied or restarted under the run): the layout in force goes again
+        self._resend_layout = check_layouts and self._last_layout is not None and replies[-2] == 0
         if errors:
             refused = errors[0]
             message = f"{len(errors)} of {len(replies)} commands: {type(refused).__name__}: {refused}"
             landed = frozenset(i for i, reply in enumerate(step_replies) if not isinstance(reply, Exception))
-            raise PartialWrite(message, landed, not any(isinstance(r, Exception) for r in sample_replies))
+            layouts_landed = frozenset(i for i, reply in enumerate(layout_replies) if not isinstance(reply, Exception))
+            raise PartialWrite(message, landed, not any(isinstance(r, Exception) for r in sample_replies),
+                               layouts_landed)
 
     def close(self) -> None:
         self._client.close()
+
+
+LAYOUTS_MAXLEN = 1000  # layout changes kept per run (EPLB rebalances every few minutes: days of history)
 
 
 def _fields(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, EncodableT]:
@@ -104,14 +135,14 @@ def _fields(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, EncodableT
 
 
 class TraceFileSink:
-    """Appends the run's metadata once (when opened), then one line per step record and NVML sample, and
-    flushes after every batch: a live replay sees it, a killed process loses at most one batch. Health is
-    not recorded. A batch written again after a failed write may repeat lines the failure let through;
+    """Appends the run's metadata once (when opened), then one line per layout change, step record and NVML
+    sample, and flushes after every batch: a live replay sees it, a killed process loses at most one batch.
+    Health is not recorded. A batch written again after a failed write may repeat lines the failure let through;
     the readers skip duplicate steps.
 
     max_bytes (None: no cap): before a line would take the file past it, the file is rotated once:
     `<path>` becomes `<path>.1` (replacing the previous one) and a new `<path>` starts with the metadata
-    line, so each file replays on its own and the pair holds at most about 2 x max_bytes. A single line
+    line and the latest layout line written (the layout in force), so each file replays on its own and the pair holds at most about 2 x max_bytes. A single line
     longer than the cap still goes in (into a file of its own)."""
 
     name = "trace"
@@ -121,21 +152,28 @@ class TraceFileSink:
         self._path = os.fspath(path)
         self._max_bytes = max_bytes
         self._meta_line = wire.trace_line("meta", {"meta": wire.encode_meta(meta)}) + "\n"
+        self._layout_line = ""  # the latest layout line written ("" before any): starts every new file too
         self._file = self._open_new()
+
+    def _header(self) -> str:
+        """What a new file starts with: the metadata line, then the layout in force (when one was written)."""
+        return self._meta_line + (self._layout_line + "\n" if self._layout_line else "")
 
     def _open_new(self) -> TextIO:
         handle = open(self._path, "w", encoding="utf-8")  # noqa: SIM115 (open for the run's lifetime)
-        handle.write(self._meta_line)
-        self._size = len(self._meta_line.encode())
+        header = self._header()
+        handle.write(header)
+        self._size = self._header_bytes = len(header.encode())
         return handle
 
     def _reopen(self) -> None:
-        """After a failed write: append to the file as it is on disk (a new one gets the metadata line)."""
+        """After a failed write: append to the file as it is on disk (a new one gets the header)."""
         self._file = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 (open for the run's lifetime)
         self._size = os.fstat(self._file.fileno()).st_size
         if self._size == 0:
-            self._file.write(self._meta_line)
-            self._size = len(self._meta_line.encode())
+            header = self._header()
+            self._file.write(header)
+            self._size = self._header_bytes = len(header.encode())
 
     def _rotate(self) -> None:
         self._file.close()
@@ -143,13 +181,14 @@ class TraceFileSink:
         self._file = self._open_new()
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              health: dict[str, object]) -> None:
-        lines = [wire.trace_line("step", wire.encode_step(rec)) for rec in records]
+              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = ()) -> None:
+        lines = [wire.trace_line("layout", wire.encode_layout_record(rec)) for rec in layouts]
+        lines += [wire.trace_line("step", wire.encode_step(rec)) for rec in records]
         lines += [wire.trace_line("gpu", wire.encode_gpu_sample(sample)) for sample in samples]
         try:
             if self._file.closed:  # a write failed before (a full disk): start again from the file on disk
                 self._reopen()
-            self._write_lines(lines)
+            self._write_lines(lines, len(layouts))
         except Exception:
             # what the failure let through stays (a cut line reads as one bad record); the rest is
             # discarded and the size re-read from disk at the next try, so retries never inflate it
@@ -157,17 +196,20 @@ class TraceFileSink:
                 self._file.close()
             raise
 
-    def _write_lines(self, lines: list[str]) -> None:
+    def _write_lines(self, lines: list[str], num_layouts: int = 0) -> None:
+        """Append lines (the first num_layouts are layout lines), rotating before one would pass the cap."""
         cap, chunk = self._max_bytes, list[str]()
-        for line in lines:
+        for i, line in enumerate(lines):
             size = len(line.encode()) + 1
-            if cap is not None and self._size + size > cap and self._size > len(self._meta_line.encode()):
+            if cap is not None and self._size + size > cap and self._size > self._header_bytes:
                 if chunk:
                     self._file.write("\n".join(chunk) + "\n")
                     chunk = []
                 self._rotate()
             chunk.append(line)
             self._size += size
+            if i < num_layouts:
+                self._layout_line = line
         if chunk:
             self._file.write("\n".join(chunk) + "\n")
         self._file.flush()

@@ -10,10 +10,12 @@ import redis
 import wire
 
 _Entries = list[tuple[bytes, dict[bytes, bytes]]]  # XRANGE's reply from a client that does not decode
+_RAW_FIELDS = (b"counts", b"sample", b"map")  # binary fields (base64 in the trace), the others are text
 
 
 def record_trace(redis_url: str, run: str, path: str | os.PathLike[str], batch: int = 500) -> int:
-    """Copy run's metadata, step stream and GPU stream from Redis into a trace file. Returns steps written."""
+    """Copy run's metadata, layout changes, step stream and GPU stream from Redis into a trace file (layouts
+    first: a replay knows them before the steps they apply to). Returns steps written."""
     client = wire.connect(redis_url, timeout_s=5.0)
     try:
         return _copy_run(client, run, path, batch)
@@ -28,14 +30,14 @@ def _copy_run(client: redis.Redis, run: str, path: str | os.PathLike[str], batch
     written = 0
     with open(path, "w", encoding="utf-8") as out:
         out.write(wire.trace_line("meta", {"meta": meta_json.decode()}) + "\n")
-        for key, kind in ((wire.steps_key(run), "step"), (wire.gpu_key(run), "gpu")):
+        for key, kind in ((wire.layouts_key(run), "layout"), (wire.steps_key(run), "step"), (wire.gpu_key(run), "gpu")):
             last = "-"
             while True:
                 entries = cast(_Entries, client.xrange(key, min=last, max="+", count=batch))
                 if not entries:
                     break
                 for _, fields in entries:
-                    clean = {k.decode(): (v if k in (b"counts", b"sample") else v.decode()) for k, v in fields.items()}
+                    clean = {k.decode(): (v if k in _RAW_FIELDS else v.decode()) for k, v in fields.items()}
                     out.write(wire.trace_line(kind, clean) + "\n")
                     written += kind == "step"
                 last = "(" + entries[-1][0].decode()  # exclusive: after the last entry written

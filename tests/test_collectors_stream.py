@@ -115,14 +115,16 @@ class _MemorySink:
     def __init__(self, name, down: threading.Event | None = None):
         self.name, self.down = name, down or threading.Event()
         self.records, self.samples, self.calls, self.failed, self.closed = [], [], 0, 0, False
+        self.layouts = []
 
-    def write(self, records, samples, health):
+    def write(self, records, samples, health, layouts=()):
         self.calls += 1
         if self.down.is_set():
             self.failed += 1
             raise ConnectionError(f"{self.name} is down")
         self.records += [r.step for r in records]
         self.samples += samples
+        self.layouts += [rec.step for rec in layouts]
 
     def close(self):
         self.closed = True

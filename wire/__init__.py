@@ -8,6 +8,9 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
                        and whenever a batch finds it missing)
     moe:R:steps        stream: one entry per (step, rank), fields in STEP_FIELDS
     moe:R:gpu          stream: one entry per NVML sample (or one "unavailable" status entry)
+    moe:R:layouts      stream: one entry per layout change (LayoutRecord: the physical_to_logical_map [L, P]
+                       in force from a step on; source "initial", "engine" (EPLB rebalance) or "apply"),
+                       fields in LAYOUT_FIELDS
     moe:R:health       hash: rank -> JSON {rank, dropped_steps, published_steps, queued, last_error,
                        sink_failures, last_failure, hook_errors, invalid_ids, time_s}
 
@@ -19,7 +22,8 @@ overflow a reader's arrays.
 
 Shape legend: L MoE layers (rows in model order), E logical experts, N sampled tokens, K top-k.
 Counts travel as raw little-endian int32 bytes, row-major [L, E]; sampled routing rows as little-endian
-int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot).
+int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot); a layout record's map as
+little-endian int32 [L, P] (P physical slots; slot p on GPU p // (P / gpus)).
 """
 from __future__ import annotations
 
@@ -49,13 +53,16 @@ from .keys import (
                    check_run_name,
                    gpu_key,
                    health_key,
+                   layouts_key,
                    maxlen_for_budget,
                    meta_key,
                    steps_key,
 )
+from .layouts import LAYOUT_FIELDS, LAYOUT_SOURCES, LayoutRecord, decode_layout_record, encode_layout_record
 from .meta import (
                    Layout,
                    RunMeta,
+                   check_layout_map,
                    check_sizes,
                    contiguous_layout,
                    decode_meta,
@@ -67,11 +74,11 @@ from .steps import StepRecord, decode_step, encode_step, new_instance_id
 from .trace import MAX_TRACE_LINE_BYTES, TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
 __all__ = [
-    "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "MAX_CELLS", "MAX_EXPERTS", "MAX_GPUS_PER_SAMPLE", "MAX_LAYERS",
+    "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "LAYOUT_FIELDS", "LAYOUT_SOURCES", "MAX_CELLS", "MAX_EXPERTS", "MAX_GPUS_PER_SAMPLE", "MAX_LAYERS",
     "MAX_META_BYTES", "MAX_NAME_CHARS", "MAX_SAMPLE_EXPERTS", "MAX_SLOTS", "MAX_STEP", "MAX_TIME_S", "MAX_TOKENS",
     "MAX_TRACE_LINE_BYTES", "MAX_WORLD", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
-    "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "RunMeta",
-    "StepRecord", "check_run_name", "check_sizes", "connect", "contiguous_layout", "decode_gpu_sample", "decode_meta", "decode_step", "decode_trace_line",
-    "default_gpus", "encode_gpu_sample", "encode_meta", "encode_step", "gpu_key", "health_key",
+    "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "LayoutRecord", "RunMeta",
+    "StepRecord", "check_layout_map", "check_run_name", "check_sizes", "connect", "contiguous_layout", "decode_gpu_sample", "decode_layout_record", "decode_meta", "decode_step", "decode_trace_line",
+    "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layouts_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]

@@ -42,6 +42,11 @@ def steps_key(run: str) -> str:
     return f"{KEY_PREFIX}:{check_run_name(run)}:steps"
 
 
+def layouts_key(run: str) -> str:
+    """Stream of the run's layout changes (wire/layouts.py), one entry per change."""
+    return f"{KEY_PREFIX}:{check_run_name(run)}:layouts"
+
+
 def gpu_key(run: str) -> str:
     return f"{KEY_PREFIX}:{check_run_name(run)}:gpu"
 

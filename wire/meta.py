@@ -75,41 +75,49 @@ class Layout:
         """self when the map fits a run of num_layers x num_experts: L rows of P slots each, P a multiple of
         gpus, every expert 0..E-1 in every row and nothing else; ValueError otherwise. Sizes are checked
         against the bounds in wire/keys.py before anything is allocated, and the map with numpy."""
-        num_layers, num_experts, _ = check_sizes(num_layers, num_experts)
-        gpus, nodes = self.gpus, self.nodes
-        if not (_in_range(_index_or_none(gpus), 1, MAX_SLOTS) and _in_range(_index_or_none(nodes), 1, MAX_SLOTS)) \
-                or gpus % nodes:
-            raise ValueError(f"gpus={_short(gpus)} must be a positive multiple of nodes={_short(nodes)} "
-                             f"(at most {MAX_SLOTS})")
-        rows = self.physical_to_logical_map
-        try:
-            num_rows = len(rows)
-            widths = [len(row) for row in rows] if num_rows <= MAX_LAYERS else []
-        except TypeError:
-            raise ValueError("physical_to_logical_map must be a list of rows [L][P]") from None
-        if num_rows != num_layers:
-            raise ValueError(f"layout has {num_rows} layers, the model has {num_layers}")
-        for layer, width in enumerate(widths):
-            if width % gpus or width != widths[0]:
-                raise ValueError(f"layer {layer}: {width} slots do not split evenly over {gpus} GPUs")
-        num_slots = widths[0]
-        check_sizes(num_layers, num_experts, num_slots)
-        try:
-            p2l_LP = np.asarray(rows).reshape(num_layers, num_slots)
-        except (ValueError, TypeError, OverflowError):
-            raise ValueError("physical_to_logical_map must hold integer expert ids") from None
-        if p2l_LP.dtype.kind not in "iu" and p2l_LP.size:
-            raise ValueError("physical_to_logical_map must hold integer expert ids")
-        if num_slots == 0:
-            bad_L = np.ones(num_layers, dtype=bool)
-        else:
-            sorted_LP = np.sort(p2l_LP, axis=1)
-            distinct_L = 1 + np.count_nonzero(np.diff(sorted_LP, axis=1), axis=1)
-            bad_L = (sorted_LP[:, 0] < 0) | (sorted_LP[:, -1] >= num_experts) | (distinct_L != num_experts)
-        if bad_L.any():
-            raise ValueError(f"layer {int(np.argmax(bad_L))}: every expert 0..{num_experts - 1} needs a slot, "
-                             "and only those")
+        check_layout_map(self.physical_to_logical_map, self.gpus, self.nodes, num_layers, num_experts)
         return self
+
+
+def check_layout_map(rows, gpus, nodes, num_layers, num_experts) -> np.ndarray:
+    """The one check of a replica layout (Layout.validate and wire.LayoutRecord.validate): rows, a
+    physical_to_logical_map [L][P] as nested lists or an int array, fits a run of num_layers x num_experts
+    on gpus GPUs in nodes nodes: L rows of P slots each, P a multiple of gpus, gpus a multiple of nodes, every
+    expert 0..E-1 in every row and nothing else. Returns the map as an int array [L, P]; ValueError
+    otherwise. Sizes are checked against the bounds in wire/keys.py before anything is allocated."""
+    num_layers, num_experts, _ = check_sizes(num_layers, num_experts)
+    if not (_in_range(_index_or_none(gpus), 1, MAX_SLOTS) and _in_range(_index_or_none(nodes), 1, MAX_SLOTS)) \
+            or gpus % nodes:
+        raise ValueError(f"gpus={_short(gpus)} must be a positive multiple of nodes={_short(nodes)} "
+                         f"(at most {MAX_SLOTS})")
+    try:
+        num_rows = len(rows)
+        widths = [len(row) for row in rows] if num_rows <= MAX_LAYERS else []
+    except TypeError:
+        raise ValueError("physical_to_logical_map must be a list of rows [L][P]") from None
+    if num_rows != num_layers:
+        raise ValueError(f"layout has {num_rows} layers, the model has {num_layers}")
+    for layer, width in enumerate(widths):
+        if width % gpus or width != widths[0]:
+            raise ValueError(f"layer {layer}: {width} slots do not split evenly over {gpus} GPUs")
+    num_slots = widths[0]
+    check_sizes(num_layers, num_experts, num_slots)
+    try:
+        p2l_LP = np.asarray(rows).reshape(num_layers, num_slots)
+    except (ValueError, TypeError, OverflowError):
+        raise ValueError("physical_to_logical_map must hold integer expert ids") from None
+    if p2l_LP.dtype.kind not in "iu" and p2l_LP.size:
+        raise ValueError("physical_to_logical_map must hold integer expert ids")
+    if num_slots == 0:
+        bad_L = np.ones(num_layers, dtype=bool)
+    else:
+        sorted_LP = np.sort(p2l_LP, axis=1)
+        distinct_L = 1 + np.count_nonzero(np.diff(sorted_LP, axis=1), axis=1)
+        bad_L = (sorted_LP[:, 0] < 0) | (sorted_LP[:, -1] >= num_experts) | (distinct_L != num_experts)
+    if bad_L.any():
+        raise ValueError(f"layer {int(np.argmax(bad_L))}: every expert 0..{num_experts - 1} needs a slot, "
+                         "and only those")
+    return p2l_LP
 
 
 def _index_or_none(value):

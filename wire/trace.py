@@ -1,4 +1,4 @@
-"""Trace files: JSON lines of meta, step and gpu entries; data only, never pickle."""
+"""Trace files: JSON lines of meta, step, gpu and layout entries; data only, never pickle."""
 from __future__ import annotations
 
 import base64
@@ -7,18 +7,21 @@ import json
 
 from .fields import _json
 from .gpu import GpuSample, decode_gpu_sample
+from .layouts import LayoutRecord, decode_layout_record
 from .meta import RunMeta, decode_meta
 from .steps import StepRecord, decode_step
 
 # A trace file is JSON lines: {"kind": "meta", "meta": "<RunMeta JSON>"} first, then {"kind": "step", ...}
 # with the encode_step fields (bytes values base64 in "<name>_b64") and {"kind": "gpu", ...} with the
-# encode_gpu_sample fields. No pickle: a trace is data only.
-TRACE_KINDS = ("meta", "step", "gpu")
+# encode_gpu_sample fields, {"kind": "layout", ...} with the encode_layout_record fields (the map as "map_b64").
+# No pickle: a trace is data only.
+TRACE_KINDS = ("meta", "step", "gpu", "layout")
 MAX_TRACE_LINE_BYTES = 32 << 20  # a longer line is refused (readers skip it without holding it)
 
 
 def trace_line(kind: str, fields: dict) -> str:
-    """One JSON line of a trace. fields: encode_step / encode_gpu_sample output, or {"meta": json}."""
+    """One JSON line of a trace. fields: encode_step / encode_gpu_sample / encode_layout_record output, or
+    {"meta": json}."""
     if kind not in TRACE_KINDS:
         raise ValueError(f"trace kind must be one of {TRACE_KINDS}")
     out: dict = {"kind": kind}
@@ -32,7 +35,7 @@ def trace_line(kind: str, fields: dict) -> str:
 
 def parse_trace_line(line: str) -> tuple[str, dict]:
     """A trace line -> (kind, fields) with bytes restored, ready for decode_step / decode_gpu_sample /
-    decode_meta(fields["meta"]). ValueError (never another exception) on anything malformed, a line over
+    decode_layout_record / decode_meta(fields["meta"]). ValueError (never another exception) on anything malformed, a line over
     MAX_TRACE_LINE_BYTES included."""
     raw = _json(line, "trace line", MAX_TRACE_LINE_BYTES)
     if not isinstance(raw, dict) or raw.get("kind") not in TRACE_KINDS:
@@ -50,9 +53,9 @@ def parse_trace_line(line: str) -> tuple[str, dict]:
     return kind, fields
 
 
-def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample]:
-    """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample): the one decoder of
-    trace lines (replay source and planner alike). ValueError (never another exception) on anything malformed
+def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample | LayoutRecord]:
+    """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample) |
+    ("layout", LayoutRecord): the one decoder of trace lines (replay source and planner alike). ValueError (never another exception) on anything malformed
     or out of the bounds of wire/keys.py."""
     kind, fields = parse_trace_line(line)
     if kind == "meta":
@@ -64,6 +67,8 @@ def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample]
         return "meta", decode_meta(meta)
     if kind == "step":
         return "step", decode_step(fields)
+    if kind == "layout":
+        return "layout", decode_layout_record(fields)
     if isinstance(fields.get("gpus"), list):
         fields["gpus"] = _dumps(fields["gpus"], "GPU sample 'gpus'")
     return "gpu", decode_gpu_sample(fields)

@@ -71,7 +71,7 @@ class RunExporter:
         window = watched.window
         if window is not None:
             layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts,
-                                    watched.world_size)
+                                    watched.world_size, changes=watched.layouts.changes, at_step=window.newest_step)
             snapshots = {phase: analyse(window, layout, phase) for phase in PHASES}
         return run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
                             watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts)

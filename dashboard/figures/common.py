@@ -7,11 +7,14 @@ cheaper than add_trace/update_layout calls.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import plotly.graph_objects as go
 
 MAX_COLUMNS = 1000
 HEIGHT_PX = 320
+MARK_COLOUR = "#7f7f7f"
 
 
 def figure(traces: list[dict], title: str, x_title: str, y_title: str, height: int = HEIGHT_PX,
@@ -23,6 +26,17 @@ def figure(traces: list[dict], title: str, x_title: str, y_title: str, height: i
     for name, value in layout.items():
         base[name] = {**base[name], **value} if isinstance(base.get(name), dict) and isinstance(value, dict) else value
     return go.Figure(dict(data=traces, layout=base))
+
+
+def change_markers(marks: Sequence[tuple[float, str]]) -> dict[str, list[dict]]:
+    """Layout shapes and annotations for layout changes on a time axis: a dashed vertical line at each x
+    (a step, or seconds on the GPU panel) across the whole plot, its label ("engine rebalanced", "layout
+    applied") at the top. {"shapes": [...], "annotations": [...]}, both empty without marks."""
+    shapes = [dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1,
+                   line=dict(color=MARK_COLOUR, width=1.5, dash="dash")) for x, _ in marks]
+    notes = [dict(x=x, y=1, xref="x", yref="paper", text=label, showarrow=False, xanchor="left", yanchor="top",
+                  font=dict(size=10, color=MARK_COLOUR)) for x, label in marks]
+    return {"shapes": shapes, "annotations": notes}
 
 
 def f32(values) -> np.ndarray:

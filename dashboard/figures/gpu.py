@@ -4,10 +4,12 @@ GPU utilisation from NVML is time-based (share of time a kernel was running), no
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import plotly.graph_objects as go
 
-from dashboard.figures.common import f32
+from dashboard.figures.common import change_markers, f32
 from dashboard.figures.units import GIB
 
 PANELS = (  # (title, [(field, scale, trace name, dashed)])
@@ -24,10 +26,12 @@ def _series(rows: list[dict], name: str, scale: float = 1.0) -> np.ndarray:
     return f32([np.nan if r.get(name) is None else r[name] / scale for r in rows])
 
 
-def nvml_figure(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray, title: str) -> go.Figure:
+def nvml_figure(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray, title: str,
+                marks: Sequence[tuple[float, str]] = ()) -> go.Figure:
     """Stacked panels over wall time (seconds before the latest reading): the EP GPU's expert load, then,
     when NVML readings exist, utilisation (time-based), memory used/total, power vs limit, SM clock and
-    temperature. Values NVML could not read are gaps."""
+    temperature. Values NVML could not read are gaps. marks: (unix time, label) of each layout change in
+    view, a dashed vertical line across every panel."""
     panels = PANELS if rows else PANELS[:1]
     t = np.asarray([r["time_s"] for r in rows], dtype=np.float64)
     load_time_s_T = np.asarray(load_time_s_T, dtype=np.float64)
@@ -50,4 +54,7 @@ def nvml_figure(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray,
                                name=label, xaxis=f"x{suffix}", yaxis=f"y{suffix}",
                                line=dict(dash="dash") if dashed else {}))
     layout[f"xaxis{'' if n == 1 else n}"]["title"] = dict(text="seconds before the latest reading")
+    markers = change_markers([(time_s - now, label) for time_s, label in marks])
+    layout["shapes"] = markers["shapes"]
+    layout["annotations"] += markers["annotations"]
     return go.Figure(dict(data=traces, layout=layout))

@@ -1,18 +1,24 @@
 """Plotly figure builders for the Overview and Devices pages: per-GPU bars, load bands over time, GPU x
 time and layer x time heatmaps, per-step against window-sum imbalance.
 
+The time-axis figures take marks: (step, label) of each layout change in view, drawn as a dashed vertical
+line (Snapshot.step_marks()).
+
 Shape legend: T steps, L layers, G GPUs.
 """
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import plotly.graph_objects as go
 
 from dashboard.analytics.balance import GpuWindowStats, StepVsWindow
 from dashboard.analytics.series import downsample_max, downsample_sum, small_ints
-from dashboard.figures.common import MAX_COLUMNS, f32, figure
+from dashboard.figures.common import MAX_COLUMNS, change_markers, f32, figure
+
+Marks = Sequence[tuple[float, str]]  # (step, label) of each layout change in view
 
 
 def gpu_load_bars(latest_G: np.ndarray, stats: GpuWindowStats, straggler_gpu: int | None,
@@ -34,7 +40,7 @@ def gpu_load_bars(latest_G: np.ndarray, stats: GpuWindowStats, straggler_gpu: in
                   xaxis=dict(range=[-0.5, latest_G.size - 0.5], dtick=1 if latest_G.size <= 32 else None))
 
 
-def load_bands(step_T: np.ndarray, loads_TG: np.ndarray, unit: str) -> go.Figure:
+def load_bands(step_T: np.ndarray, loads_TG: np.ndarray, unit: str, marks: Marks = ()) -> go.Figure:
     """Across GPUs, per step: max, p99 and mean GPU load (band from mean to max), downsampled by max."""
     traces = []
     if loads_TG.shape[0]:
@@ -48,10 +54,10 @@ def load_bands(step_T: np.ndarray, loads_TG: np.ndarray, unit: str) -> go.Figure
             dict(type="scatter", x=x, y=f32(binned[:, 1]), name="p99", mode="lines",
                  line=dict(color="#ff7f0e", dash="dot")),
         ]
-    return figure(traces, "GPU load over time (across GPUs)", "step", f"load ({unit})")
+    return figure(traces, "GPU load over time (across GPUs)", "step", f"load ({unit})", **change_markers(marks))
 
 
-def gpu_time_heatmap(step_T: np.ndarray, loads_TG: np.ndarray, unit: str) -> go.Figure:
+def gpu_time_heatmap(step_T: np.ndarray, loads_TG: np.ndarray, unit: str, marks: Marks = ()) -> go.Figure:
     """GPU x time heatmap of per-GPU load (<= MAX_COLUMNS time bins, mean per step in each bin, ints)."""
     traces = []
     if loads_TG.shape[0]:
@@ -60,10 +66,10 @@ def gpu_time_heatmap(step_T: np.ndarray, loads_TG: np.ndarray, unit: str) -> go.
         traces = [dict(type="heatmap", z=small_ints((binned / width).T), x=np.asarray(step_T)[first].astype(np.int64),
                        y=np.arange(loads_TG.shape[1], dtype=np.int32), colorscale="Viridis",
                        colorbar=dict(title=dict(text=unit)))]
-    return figure(traces, f"Per-GPU load over time ({unit}, bin mean)", "step", "GPU")
+    return figure(traces, f"Per-GPU load over time ({unit}, bin mean)", "step", "GPU", **change_markers(marks))
 
 
-def layer_eta_heatmap(step_T: np.ndarray, eta_TL: np.ndarray) -> go.Figure:
+def layer_eta_heatmap(step_T: np.ndarray, eta_TL: np.ndarray, marks: Marks = ()) -> go.Figure:
     """Layer x time heatmap of per-step balancedness eta in percent (the worst step within each time bin)."""
     traces = []
     if eta_TL.shape[0]:
@@ -71,7 +77,8 @@ def layer_eta_heatmap(step_T: np.ndarray, eta_TL: np.ndarray) -> go.Figure:
         traces = [dict(type="heatmap", z=small_ints(100.0 * (1.0 - worst).T),
                        x=np.asarray(step_T)[first].astype(np.int64), y=np.arange(eta_TL.shape[1], dtype=np.int32),
                        zmin=0, zmax=100, colorscale="RdYlGn", colorbar=dict(title=dict(text="eta %")))]
-    return figure(traces, "Per-layer balancedness over time (eta %, bin min)", "step", "layer")
+    return figure(traces, "Per-layer balancedness over time (eta %, bin min)", "step", "layer",
+                  **change_markers(marks))
 
 
 def step_vs_window_figure(svw: StepVsWindow) -> go.Figure:
@@ -83,7 +90,7 @@ def step_vs_window_figure(svw: StepVsWindow) -> go.Figure:
     return figure(traces, "Imbalance (max/mean): per step vs window sum", "layer", "imbalance")
 
 
-def eta_over_time(step_T: np.ndarray, eta_TL: np.ndarray) -> go.Figure:
+def eta_over_time(step_T: np.ndarray, eta_TL: np.ndarray, marks: Marks = ()) -> go.Figure:
     """Per step: p50 and min of eta across layers (downsampled by the worst value in each bin)."""
     traces = []
     if eta_TL.shape[0]:
@@ -95,4 +102,4 @@ def eta_over_time(step_T: np.ndarray, eta_TL: np.ndarray) -> go.Figure:
         traces = [dict(type="scatter", x=x, y=f32(1.0 - worst[:, 1]), name="p50 across layers", mode="lines"),
                   dict(type="scatter", x=x, y=f32(1.0 - worst[:, 0]), name="min across layers", mode="lines")]
     return figure(traces, "Balancedness over time (across layers)", "step", "eta = mean/max",
-                  yaxis=dict(range=[0, 1.02]))
+                  yaxis=dict(range=[0, 1.02]), **change_markers(marks))

@@ -1,6 +1,7 @@
 """Everything the load pages show for one tick, computed from a window view (pure, no Streamlit).
 
-GPU loads use the layout with the even-split rule (planner.loads). A layer finishes when its
+GPU loads use the layout with the even-split rule (planner.loads); each step's under the layout in force
+at that step when the run published layout changes (ResolvedLayout.schedule). A layer finishes when its
 own busiest GPU finishes, so by default a GPU's load in a step is its load in its busiest layer (max over
 layers) and the straggler is judged per (step, layer) pair; "all layers (sum)" (total tokens the GPU served
 in the step, where hot GPUs of different layers cancel) and one chosen layer are explicit options.
@@ -26,6 +27,7 @@ from dashboard.analytics.balance import (
 )
 from dashboard.analytics.series import rate_per_s
 from dashboard.live.layout import ResolvedLayout
+from dashboard.live.layout_changes import LayoutMark, change_marks
 from dashboard.live.window import StepWindow, WindowView
 
 
@@ -74,6 +76,18 @@ class Snapshot:
     def gpu_name(self, gpu: int) -> str:
         return f"GPU {gpu} (node {self.layout.node_of(gpu)})"
 
+    def layout_marks(self) -> list[LayoutMark]:
+        """The layout changes inside this view, for the time-axis figures."""
+        return change_marks(self.layout.schedule, self.view.step_T, self.view.time_s_T)
+
+    def step_marks(self) -> list[tuple[float, str]]:
+        """(step, label) of each layout change in view: the marks of the figures over steps."""
+        return [(float(mark.step), mark.label) for mark in self.layout_marks()]
+
+    def time_marks(self) -> list[tuple[float, str]]:
+        """(unix time of the step it took force, label) of each layout change in view: the GPU panel's marks."""
+        return [(mark.time_s, mark.label) for mark in self.layout_marks()]
+
 
 def analyse(window: StepWindow, layout: ResolvedLayout, phase: str, layer: int | None = None,
             summed: bool = False) -> Snapshot | None:
@@ -81,7 +95,7 @@ def analyse(window: StepWindow, layout: ResolvedLayout, phase: str, layer: int |
     summed False (the default) is the per-layer view; summed=True sums the layers; layer picks one."""
     if layer is not None and not 0 <= layer < window.num_layers:
         raise ValueError(f"layer {layer} is outside 0..{window.num_layers - 1}")
-    view = window.view(phase, layout.p2l_LP, layout.gpus)
+    view = window.view(phase, layout.p2l_LP, layout.gpus, schedule=layout.schedule)
     if view.num_steps == 0:
         return None
     latest = window.latest_complete(view)

@@ -7,6 +7,12 @@ When a rank's records come from a new instance, the collector restarted under th
 ids start again at 0): the window and the sample ring start afresh, `restarted_at_s` says when, and records
 of the old instances that still arrive are skipped (counted in `skipped_old_records`, not as bad records).
 
+Layout changes (wire.LayoutRecord: an engine's rebalance) are kept in `layouts` (a LayoutHistory, bounded),
+each checked against the run's [L, E] (and its GPU count, from the metadata) and otherwise one bad record.
+They are taken after the poll's steps, and only from the collector instances being shown: a change of a
+retired instance is skipped like its steps; one whose instance has sent no step yet (or that arrives before
+the run's sizes are known) waits, at most MAX_PENDING_LAYOUTS of them, until its instance shows up.
+
 Never down: a record that fails anywhere (decode, bounds, the window, the sample ring, whatever the
 exception) is one bad record and the rest of the poll goes on; a Source that raises costs one tick, not the
 page. What is kept per rank or per collector instance is bounded: ranks are below wire.MAX_WORLD, and at
@@ -14,12 +20,14 @@ most MAX_OLD_INSTANCES retired instances are remembered (the oldest forgotten fi
 """
 from __future__ import annotations
 
+import collections
 import operator
 import time
 from dataclasses import dataclass
 
 import wire
 from dashboard.live.gpu_history import GpuHistory
+from dashboard.live.layout_changes import LayoutHistory, change_from_record
 from dashboard.live.samples import SampleRing
 from dashboard.live.window import StepWindow, check_record
 from dashboard.sources.base import Batch, Source
@@ -27,6 +35,7 @@ from dashboard.sources.base import Batch, Source
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
 MAX_OLD_INSTANCES = 4096  # retired collector instances remembered (their late records are skipped)
 MAX_ERROR_CHARS = 500
+MAX_PENDING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step (the oldest go)
 
 
 def _why(exc: BaseException) -> str:
@@ -79,6 +88,8 @@ class WatchedRun:
         self._last_step_of: dict[tuple[str, int], tuple[int, int]] = {}  # (instance, rank) -> (step, dropped)
         self.missed_steps = 0
         self.gap_note = ""
+        self.layouts = LayoutHistory()
+        self._pending_layouts: collections.deque[wire.LayoutRecord] = collections.deque(maxlen=MAX_PENDING_LAYOUTS)
 
     def tick(self) -> TickStats:
         """One non-blocking poll, folded into the window."""
@@ -116,10 +127,47 @@ class WatchedRun:
                 refused += 1
                 self.bad_records += 1
                 self.last_error = f"GPU sample of rank {_short(getattr(sample, 'rank', '?'))}: {_why(exc)}"
+        bad_layouts = self._take_layouts(getattr(batch, "layouts", []))
+        refused += bad_layouts
+        self.bad_records += bad_layouts
         self.last_tick = TickStats(steps_in=len(batch.steps), gpu_in=len(batch.gpu_samples),
                                    bad=batch.bad_records + refused, more=batch.more,
                                    ms=(time.perf_counter() - started) * 1e3)
         return self.last_tick
+
+    def _take_layouts(self, fresh: list[wire.LayoutRecord]) -> int:
+        """Fold the waiting and the newly polled layout changes into the history (after the poll's steps, so
+        a new instance is known); returns how many were bad records."""
+        bad = 0
+        waiting = list(self._pending_layouts) + list(fresh)
+        self._pending_layouts.clear()
+        sizes = self._run_sizes()
+        current = set(self.instance_of_rank.values())
+        for rec in waiting:
+            try:
+                instance = rec.instance
+                if isinstance(instance, str) and instance in self._old_instances:
+                    self.skipped_old_records += 1
+                    continue
+                if sizes is None or instance and instance not in current:
+                    self._pending_layouts.append(rec)  # its sizes or its collector are not known yet
+                    continue
+                change = change_from_record(rec, *sizes)
+                meta = self.source.meta()
+                if meta is not None and change.gpus != meta.layout.gpus:
+                    raise ValueError(f"it is for {change.gpus} GPUs, the run metadata says {meta.layout.gpus}")
+                self.layouts.add(change)
+            except Exception as exc:  # one bad record; the poll goes on
+                bad += 1
+                self.last_error = f"layout change from step {_short(getattr(rec, 'step', '?'))}: {_why(exc)}"
+        return bad
+
+    def _run_sizes(self) -> tuple[int, int] | None:
+        """(L, E) of the run: the window's, else the metadata's; None while neither is known."""
+        if self.window is not None:
+            return self.window.num_layers, self.window.num_experts
+        meta = self.source.meta()
+        return None if meta is None else (len(meta.layer_names), meta.num_experts)
 
     def _current_instance(self, rec: wire.StepRecord) -> bool:
         """True when rec belongs to the collector instances being shown; a rank's new instance (newer than
@@ -143,7 +191,9 @@ class WatchedRun:
     def _restart(self, rec: wire.StepRecord) -> None:
         """rec's rank restarted: retire that rank's previous instance only (the other ranks' collectors go
         on), and start a fresh window."""
-        self._retire(self.instance_of_rank[rec.rank])
+        retired = self.instance_of_rank[rec.rank]
+        self._retire(retired)
+        self.layouts.forget(retired)
         self.instance_of_rank[rec.rank] = rec.instance
         self._instance_started_s = rec.time_s
         self.window = None

@@ -4,6 +4,10 @@ Counts are kept as int32 (what one rank sends) and the ring turns int64 the firs
 ranks of a step would not fit int32, so sums are exact and an ordinary window costs 4 bytes a cell
 (600 x 58 x 256: 35.6 MB; 71.3 MB once promoted).
 
+GPU loads are cached per row with the row's version and the key of the layout they were computed under:
+a tick recomputes only the rows that changed, or whose layout changed (a layout change that arrived after
+its steps, a new override), never the whole window.
+
 Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical experts, G GPUs.
 """
 from __future__ import annotations
@@ -11,11 +15,13 @@ from __future__ import annotations
 import math
 import operator
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 import wire
+from dashboard.live.layout_changes import LayoutChange
 from planner.loads import gpu_weights, weighted_loads
 
 PHASE_CODE = {name: code for code, name in enumerate(wire.PHASES)}
@@ -43,8 +49,9 @@ def _bounded(value, name: str, lo: int, hi: int) -> int:
 class WindowView:
     """The steps of a window that pass a phase filter, oldest first.
 
-    slots_T: ring rows; step_T, time_s_T, tokens_T, ranks_T, phase_T (str); loads_TLG float32 GPU loads
-    under the window's layout; counts_sum_LE int64 tokens per expert summed over these steps."""
+    slots_T: ring rows; step_T, time_s_T, tokens_T, ranks_T, phase_T (str); loads_TLG float32 GPU loads,
+    each step's under the layout in force at that step; counts_sum_LE int64 tokens per expert summed over
+    these steps."""
 
     slots_T: np.ndarray
     step_T: np.ndarray
@@ -92,9 +99,12 @@ class StepWindow:
         self.head = 0  # next slot to write
         self.dropped_by_rank: dict[int, int] = {}
         self._version = 0
-        self._loads_key: tuple[int, int] | None = None
+        self._loads_gpus = 0  # G of the cached loads (0: none yet)
         self._loads_CLG = np.zeros((0, self.num_layers, 0), dtype=np.float32)  # sized at the first loads_CLG()
-        self._loads_version_C = np.full(capacity, -1, dtype=np.int64)
+        self._loads_version_C = np.full(capacity, -1, dtype=np.int64)  # row version the cached loads are of
+        self._loads_key_C = np.zeros(capacity, dtype=np.int64)  # key of the layout they were computed under
+        self._weights_by_key: dict[int, np.ndarray] = {}  # layout key -> gpu_weights [L, E, G]
+        self._weights_LEG = np.zeros((self.num_layers, self.num_experts, 0))  # the base layout's weights
 
     # ------------------------------------------------------------------------------------------ writes
     def add(self, rec: wire.StepRecord) -> None:
@@ -162,20 +172,43 @@ class StepWindow:
         start = (self.head - self.size) % self.capacity
         return (start + np.arange(self.size)) % self.capacity
 
-    def loads_CLG(self, physical_to_logical_map, gpus: int) -> np.ndarray:
-        """GPU loads of every ring row under this layout, recomputed only for rows that changed since the
-        last call with the same layout."""
-        key = (gpus, hash(np.asarray(physical_to_logical_map, dtype=np.int64).tobytes()))
-        if key != self._loads_key:
-            self._weights_LEG = gpu_weights(physical_to_logical_map, self.num_experts, gpus)
+    def loads_CLG(self, physical_to_logical_map, gpus: int, schedule: Sequence[LayoutChange] = ()) -> np.ndarray:
+        """float32 [C, L, G] GPU loads of every ring row. A row's layout is the change of schedule (ascending
+        by step, every change on `gpus` GPUs) in force at its step: the last with change.step <= step; rows
+        before the first change, and every row when schedule is empty, use physical_to_logical_map [L, P].
+        Recomputed only for rows that changed, or whose layout changed, since the last call."""
+        if gpus != self._loads_gpus:
             self._loads_CLG = np.zeros((self.capacity, self.num_layers, gpus), dtype=np.float32)
             self._loads_version_C[:] = -1
-            self._loads_key = key
-        stale = np.flatnonzero(self._loads_version_C != self.row_version_C)
-        stale = stale[np.isin(stale, self.ordered_slots())] if self.size < self.capacity else stale
-        if stale.size:
-            self._loads_CLG[stale] = weighted_loads(self.counts_CLE[stale], self._weights_LEG)
+            self._weights_by_key = {}
+            self._loads_gpus = gpus
+        base_key = hash(np.asarray(physical_to_logical_map, dtype=np.int64).tobytes())
+        maps = {base_key: physical_to_logical_map}
+        for change in schedule:
+            maps.setdefault(change.key, change.p2l_LP)
+        rows = self.ordered_slots() if self.size < self.capacity else np.arange(self.capacity)
+        if schedule:
+            starts = np.fromiter((c.step for c in schedule), dtype=np.int64, count=len(schedule))
+            keys = np.fromiter((base_key, *(c.key for c in schedule)), dtype=np.int64, count=len(schedule) + 1)
+            want_key = keys[np.searchsorted(starts, self.step_C[rows], side="right")]
+        else:
+            want_key = np.full(rows.size, base_key, dtype=np.int64)
+        stale_mask = (self._loads_version_C[rows] != self.row_version_C[rows]) | (self._loads_key_C[rows] != want_key)
+        if stale_mask.any():
+            stale, stale_key = rows[stale_mask], want_key[stale_mask]
+            for key in np.unique(stale_key).tolist():
+                these = stale[stale_key == key] if len(maps) > 1 else stale
+                weights_LEG = self._weights_by_key.get(key)
+                if weights_LEG is None:
+                    weights_LEG = self._weights_by_key[key] = gpu_weights(maps[key], self.num_experts, gpus)
+                self._loads_CLG[these] = weighted_loads(self.counts_CLE[these], weights_LEG)
             self._loads_version_C[stale] = self.row_version_C[stale]
+            self._loads_key_C[stale] = stale_key
+        for key in self._weights_by_key.keys() - maps.keys():  # layouts no longer in use
+            del self._weights_by_key[key]
+        if base_key not in self._weights_by_key:  # rows all under other layouts: keep the base one's at hand
+            self._weights_by_key[base_key] = gpu_weights(physical_to_logical_map, self.num_experts, gpus)
+        self._weights_LEG = self._weights_by_key[base_key]
         return self._loads_CLG
 
     def pending(self, slots: np.ndarray, now_s: float | None = None, grace_s: float = PENDING_GRACE_S) -> np.ndarray:
@@ -187,13 +220,15 @@ class StepWindow:
         age_s = np.maximum(now_s - self.time_s_C[slots], newest - self.time_s_C[slots])
         return (self.ranks_C[slots] < self.world_C[slots]) & (age_s < grace_s)
 
-    def view(self, phase: str, physical_to_logical_map, gpus: int, now_s: float | None = None) -> WindowView:
-        """Rows passing the phase filter ('both', 'prefill' or 'decode'), oldest first, with GPU loads.
-        Steps whose ranks have not all arrived are left out until PENDING_GRACE_S old (see pending())."""
+    def view(self, phase: str, physical_to_logical_map, gpus: int, now_s: float | None = None,
+             schedule: Sequence[LayoutChange] = ()) -> WindowView:
+        """Rows passing the phase filter ('both', 'prefill' or 'decode'), oldest first, with GPU loads (each
+        step's under the layout in force at that step: see loads_CLG). Steps whose ranks have not all
+        arrived are left out until PENDING_GRACE_S old (see pending())."""
         if phase not in PHASE_FILTERS:
             raise ValueError(f"phase filter must be one of {tuple(PHASE_FILTERS)}, got {phase!r}")
         codes = PHASE_FILTERS[phase]
-        loads_CLG = self.loads_CLG(physical_to_logical_map, gpus)
+        loads_CLG = self.loads_CLG(physical_to_logical_map, gpus, schedule)
         slots = self.ordered_slots()
         slots = slots[np.isin(self.phase_C[slots], codes)]
         counts_sum_LE = self.sums_by_phase_LE[list(codes)].sum(axis=0)
@@ -207,6 +242,11 @@ class StepWindow:
             phase_T=np.asarray(wire.PHASES, dtype=object)[self.phase_C[slots]],
             loads_TLG=loads_CLG[slots], counts_sum_LE=counts_sum_LE,
         )
+
+    @property
+    def newest_step(self) -> int | None:
+        """The highest step id in the ring (None when empty)."""
+        return int(self.step_C[self.ordered_slots()].max()) if self.size else None
 
     def layer_counts(self, slots_T: np.ndarray, layer: int) -> np.ndarray:
         """int [T, E] counts of one layer for the given ring rows (int32, int64 once sums outgrew int32)."""

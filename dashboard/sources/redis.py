@@ -9,7 +9,10 @@ trimmed before they were read: the batch says so (Batch.trimmed). Every command 
 by wire.connect() with explicit timeouts, so an unreachable Redis costs one timeout, not a hang; any
 Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raised.
 
-Nothing read is trusted: a step or GPU entry that fails to decode (whatever the exception) is one bad record
+Layout changes (moe:<run>:layouts) are read forwards from the start of their stream, at most LAYOUT_PAGE
+entries a poll, after the last id seen, in the same round trip as the GPU samples.
+
+Nothing read is trusted: a step, GPU or layout entry that fails to decode (whatever the exception) is one bad record
 and the rest of the poll goes on; the metadata is read with GETRANGE up to wire.MAX_META_BYTES and decoded
 only when its bytes changed; a bad health field (a rank that is not ASCII digits below wire.MAX_WORLD, a
 report that is not a small JSON object or whose known fields have the wrong type or range) is one bad record
@@ -33,6 +36,7 @@ REDIS_ERRORS = (redis.RedisError, OSError)
 UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 META_REFRESH_S = 5.0
 GPU_BACKLOG = 600
+LAYOUT_PAGE = 64  # layout entries a poll (a 58 x 288 map is ~67 kB; a stream holds ~1000)
 PAGE_ENTRIES = 200
 TICK_BYTES_BUDGET = 24 << 20
 MAX_RUNS = 100  # runs listed
@@ -172,7 +176,7 @@ def _entry_bytes(fields: dict) -> int:
 
 
 class RedisSource:
-    """Source over moe:<run>:{steps,gpu,meta,health} (keys and records: wire/)."""
+    """Source over moe:<run>:{steps,gpu,layouts,meta,health} (keys and records: wire/)."""
 
     def __init__(self, client: redis.Redis, url: str, run: str, window_steps: int):
         self.client, self.where, self.run = client, wire.redact(url), wire.check_run_name(run)
@@ -183,6 +187,7 @@ class RedisSource:
         self._backlog: list[StreamEntry] = []  # entries newest first while paging backwards
         self._backlog_bytes = 0
         self._last_gpu_id: bytes | None = None
+        self._last_layout_id = b"0-0"  # the whole layout stream is read, oldest first
         self._meta: wire.RunMeta | None = None
         self._meta_error = ""
         self._meta_raw: bytes | None = None  # the bytes self._meta was decoded from (not decoded again)
@@ -209,6 +214,7 @@ class RedisSource:
                 pipe.xrevrange(gpu, count=GPU_BACKLOG)
             else:
                 pipe.xrange(gpu, min=_after(self._last_gpu_id), count=GPU_BACKLOG)
+            pipe.xrange(wire.layouts_key(self.run), min=_after(self._last_layout_id), count=LAYOUT_PAGE)
             pipe.zscore(wire.RUNS_KEY, self.run)
             pipe.hlen(wire.health_key(self.run))
             # the reports ride in the same round trip while the hash was small at the last poll; a hash that
@@ -220,8 +226,8 @@ class RedisSource:
             if refresh_meta:
                 pipe.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES)  # one byte more: too large
             replies = pipe.execute()
-            health_fields = self._health_fields = int(replies[2] or 0)
-            collectors = replies[3] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
+            health_fields = self._health_fields = int(replies[3] or 0)
+            collectors = replies[4] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
         except REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
             self._last_step_id, self._backlog, self._backlog_bytes = cursor
@@ -229,7 +235,7 @@ class RedisSource:
             self._health = Health(reachable=False, where=self.where, answered=answered,
                                   error=f"{type(exc).__name__}: {exc}")
             return batch
-        gpu_entries, last_seen = replies[:2]
+        gpu_entries, layout_entries, last_seen = replies[:3]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
         for entry_id, fields in step_entries:
@@ -247,6 +253,13 @@ class RedisSource:
                 batch.last_error = f"gpu entry {_id_text(entry_id)}: {_why(exc)}"
         if self._last_gpu_id is None:
             self._last_gpu_id = b"0-0"
+        for entry_id, fields in _entries(layout_entries):
+            self._last_layout_id = entry_id
+            try:
+                batch.layouts.append(wire.decode_layout_record(fields))
+            except Exception as exc:
+                batch.bad_records += 1
+                batch.last_error = f"layout entry {_id_text(entry_id)}: {_why(exc)}"
         if refresh_meta:
             self._read_meta(replies[-1], batch)
         reports, bad = _collector_health(collectors)

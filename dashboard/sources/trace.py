@@ -7,6 +7,7 @@ Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines igno
     {"kind": "step", ...}   the fields of wire.encode_step(rec); bytes fields base64 in "<name>_b64"
                             ("counts_b64": little-endian int32 [L, E]; "sample_b64": int16 [L, N, K])
     {"kind": "gpu", ...}    the fields of wire.encode_gpu_sample(sample)
+    {"kind": "layout", ...} the fields of wire.encode_layout_record(rec) ("map_b64": little-endian int32 [L, P])
 
 The collectors write it (collectors.sinks.TraceFileSink while collecting, collectors.record_trace() from a
 run in Redis). Lines are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
@@ -261,6 +262,8 @@ class TraceSource:
         elif isinstance(item, wire.StepRecord):
             batch.steps.append(item)
             self._last_time_s = item.time_s
+        elif isinstance(item, wire.LayoutRecord):
+            batch.layouts.append(item)
         else:
             batch.gpu_samples.append(item)
 

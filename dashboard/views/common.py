@@ -94,7 +94,8 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
     try:
         layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
                                 gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
-                                uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout])
+                                uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout],
+                                changes=watched.layouts.changes, at_step=window.newest_step)
     except ValueError as exc:
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
         return None if require_steps else PageData(cfg, watched, None, None)

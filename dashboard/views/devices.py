@@ -25,11 +25,12 @@ def live() -> None:
 
 def render(current: PageData) -> None:
     snap = current.snapshot
-    unit = snap.unit
-    st.plotly_chart(load_figures.load_bands(snap.view.step_T, snap.loads_TG, unit), key="devices_bands")
-    st.plotly_chart(load_figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, unit), key="devices_gpu_time")
-    st.plotly_chart(load_figures.eta_over_time(snap.view.step_T, snap.eta_TL), key="devices_eta_time")
-    st.plotly_chart(load_figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL), key="devices_layer_eta")
+    unit, marks = snap.unit, snap.step_marks()
+    st.plotly_chart(load_figures.load_bands(snap.view.step_T, snap.loads_TG, unit, marks), key="devices_bands")
+    st.plotly_chart(load_figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, unit, marks),
+                    key="devices_gpu_time")
+    st.plotly_chart(load_figures.eta_over_time(snap.view.step_T, snap.eta_TL, marks), key="devices_eta_time")
+    st.plotly_chart(load_figures.layer_eta_heatmap(snap.view.step_T, snap.eta_TL, marks), key="devices_layer_eta")
     svw = step_vs_window(snap.view.loads_TLG)
     finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
     worst = float(finite.max()) if finite.size else float("nan")

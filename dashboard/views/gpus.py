@@ -67,8 +67,8 @@ def render(current: PageData, gpu: int) -> None:
               help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
     title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}"
                                                       if rows and paired else "")
-    st.plotly_chart(gpu_figures.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title),
-                    key="gpu_panel_fig")
+    st.plotly_chart(gpu_figures.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title,
+                                            snap.time_marks()), key="gpu_panel_fig")
     if rows and not paired:
         st.plotly_chart(gpu_figures.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
                         key="gpu_panel_nvml")

@@ -8,6 +8,7 @@ import streamlit as st
 from dashboard.analytics import alerts
 from dashboard.figures import load as load_figures
 from dashboard.figures.units import format_number
+from dashboard.live.layout import in_force_note
 from dashboard.views.common import PageData, ago, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
@@ -62,6 +63,7 @@ def render(current: PageData) -> None:
                     f"{s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of {snap.load_label}).")
     st.plotly_chart(load_figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
                                           else snap.straggler.gpu, snap.unit), key="overview_bars")
+    st.markdown(in_force_note(snap.layout))
     _alert_line(current)
     health_panel(current)
 
