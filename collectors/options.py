@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import wire
+
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -91,8 +93,8 @@ class MonitorOptions:
                 _is_int(rank) and _is_int(world) and 0 <= rank < world)):
             raise ValueError(f"rank and world_size go together, 0 <= rank < world_size, got rank={self.rank!r} "
                              f"world_size={self.world_size!r}")
-        if self.scope not in ("rank", "dp-group"):
-            raise ValueError(f"scope must be 'rank' or 'dp-group', got {self.scope!r}")
+        if self.scope not in wire.SCOPES:
+            raise ValueError(f"scope must be one of {wire.SCOPES}, got {self.scope!r}")
         if not isinstance(self.nvml, bool):
             raise ValueError(f"nvml must be True or False, got {self.nvml!r}")
         for name in ("nvml_interval_s", "redis_timeout_s"):

@@ -119,3 +119,29 @@ def test_eplb_commits_are_noted():
     noted = []
     patch_module(module, bind=lambda r: None, on_commit=lambda: noted.append(1))
     assert module._commit_eplb_maps(1, 2) == "committed" and noted == [1]
+
+
+def test_scope_travels_with_the_step_and_bad_scopes_are_refused():
+    import numpy as np
+
+    import wire
+    rec = wire.StepRecord(run="r", rank=1, world_size=4, step=3, time_s=1.0, phase="decode", tokens=2,
+                          counts_LE=np.ones((2, 4), dtype=np.int32), scope="dp-group")
+    fields = wire.encode_step(rec)
+    assert wire.decode_step(fields).scope == "dp-group"
+    assert "scope" not in wire.encode_step(wire.StepRecord(**{**rec.__dict__, "scope": "rank"}))
+    assert wire.decode_step({k: v for k, v in fields.items() if k != "scope"}).scope == "rank"   # older records
+    with pytest.raises(ValueError, match="scope"):
+        wire.decode_step({**fields, "scope": "everyone"})
+    with pytest.raises(ValueError, match="scope"):
+        wire.encode_step(wire.StepRecord(**{**rec.__dict__, "scope": "nobody"}))
+
+
+def test_a_monitor_takes_the_engines_publisher_numbering():
+    from collectors import ExpertLoadMonitor, MonitorOptions
+
+    mon = ExpertLoadMonitor(2, 4, 1, rank=2, world_size=4, scope="dp-group", nvml=False)
+    assert (mon.rank, mon.world_size, mon.scope, mon.meta.world_size) == (2, 4, "dp-group", 4)
+    for bad in ({"rank": 1}, {"rank": 4, "world_size": 4}, {"rank": -1, "world_size": 2}, {"scope": "all"}):
+        with pytest.raises(ValueError):
+            MonitorOptions(**bad)

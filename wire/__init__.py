@@ -70,14 +70,14 @@ from .meta import (
                    encode_meta,
                    parse_layout_json,
 )
-from .steps import StepRecord, decode_step, encode_step, new_instance_id
+from .steps import SCOPES, StepRecord, decode_step, encode_step, new_instance_id
 from .trace import MAX_TRACE_LINE_BYTES, TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
 __all__ = [
     "COUNTS_DTYPE", "GPU_FIELDS", "KEY_PREFIX", "LAYOUT_FIELDS", "LAYOUT_SOURCES", "MAX_CELLS", "MAX_EXPERTS", "MAX_GPUS_PER_SAMPLE", "MAX_LAYERS",
     "MAX_META_BYTES", "MAX_NAME_CHARS", "MAX_SAMPLE_EXPERTS", "MAX_SLOTS", "MAX_STEP", "MAX_TIME_S", "MAX_TOKENS",
     "MAX_TRACE_LINE_BYTES", "MAX_WORLD", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
-    "SAMPLE_FIELDS", "SCHEMA_VERSION", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "LayoutRecord", "RunMeta",
+    "SAMPLE_FIELDS", "SCHEMA_VERSION", "SCOPES", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "LayoutRecord", "RunMeta",
     "StepRecord", "check_layout_map", "check_run_name", "check_sizes", "connect", "contiguous_layout", "decode_gpu_sample", "decode_layout_record", "decode_meta", "decode_step", "decode_trace_line",
     "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layouts_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
