@@ -109,10 +109,10 @@ def skipped_runs(url: str) -> int:
 
 
 def trace_root() -> Path:
-    """The folder the dashboard may replay trace files from: MOE_TRACE_DIR, else ./traces (resolved). The
+    """The folder the dashboard may replay trace files from: MOE_TRACE_DIR, else ./recordings (resolved). The
     trace field and uploads only ever name files inside it: watched_run_for() takes a relative name inside it
     and refuses anything outside (dashboard.sources.trace.trace_file_in)."""
-    return Path(os.environ.get("MOE_TRACE_DIR") or "traces").resolve()
+    return Path(os.environ.get("MOE_TRACE_DIR") or "recordings").resolve()
 
 
 def keep_settings(cfg: Settings) -> None:

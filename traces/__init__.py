@@ -1,0 +1,1 @@
+"""Columnar traces: recording, archives, replay and conversion (see README, "Traces")."""
