@@ -40,7 +40,7 @@ STALL_POLLS = 2
 MAX_LINE_BYTES = wire.MAX_TRACE_LINE_BYTES
 CHUNK_BYTES = 1 << 20
 TICK_BYTES_BUDGET = 24 << 20
-OUTSIDE_ROOT = ("only trace files inside the trace folder can be replayed (MOE_TRACE_DIR, else ./traces): "
+OUTSIDE_ROOT = ("only trace files inside the trace folder can be replayed (MOE_TRACE_DIR, else ./recordings): "
                 "give the name of a file there")
 
 

@@ -70,7 +70,7 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
         return None
     if cfg.source == "trace" and not cfg.trace_path:
         st.info("No trace file in the trace folder yet: upload one in the sidebar, or record one there "
-                "(MOE_TRACE_DIR, else ./traces).")
+                "(MOE_TRACE_DIR, else ./recordings).")
         return None
     watched = watched_run_for(cfg)
     watched.tick()

@@ -4,7 +4,7 @@ session state); pages read it with session.settings().
 
 Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (wire.redact) and the
 environment's URL is used for as long as the field holds that redacted text. Trace files are picked from the
-trace folder (session.trace_root(): MOE_TRACE_DIR, else ./traces), never typed as a path; an upload is saved
+trace folder (session.trace_root(): MOE_TRACE_DIR, else ./recordings), never typed as a path; an upload is saved
 into that folder under a generated name and selected."""
 from __future__ import annotations
 

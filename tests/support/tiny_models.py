@@ -4,8 +4,11 @@ SMALL holds sizes that every family reads under one name or another; FAMILY adds
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 NUM_EXPERTS, TOP_K = 8, 2
 SMALL = dict(
@@ -66,3 +69,114 @@ def _randomise_biases(model: torch.nn.Module) -> None:
             num_experts = getattr(model.config.get_text_config(), "n_routed_experts", NUM_EXPERTS)
             rows = torch.rand(buf.shape[0], num_experts, generator=gen).argsort(dim=1)[:, : buf.shape[1]]
             buf.copy_(rows)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Any family, nested configs included, with configs a real checkpoint could carry.
+#
+# build() above passes SMALL whole: a config keeps keys it does not know as plain attributes, so discovery
+# can find "top_k" on a family whose real config has no such field. build_any() passes only the keys the
+# config class declares (its fields and attribute_map), puts the MoE sizes into whichever sub-config holds
+# them (text_config, thinker_config.text_config, ffn_config, ...) and shrinks every other sub-config
+# (vision, audio) so the model builds in seconds.
+
+_EXPERT_FIELDS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+_SHRINK = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, depth=1, num_layers=1, n_layers=1,
+               num_attention_heads=4, num_heads=4, num_key_value_heads=4, head_dim=8, embed_dim=32, d_model=32,
+               out_hidden_size=32, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32,
+               encoder_layers=1, encoder_attention_heads=4, encoder_ffn_dim=48, decoder_layers=1,
+               decoder_attention_heads=4, decoder_ffn_dim=48, output_dim=32, text_hidden_size=32,
+               num_mel_bins=16, n_window=8, downsample_hidden_size=8, ffn_hidden_size=48, vocab_size=96)
+# Per model type: sizes a (sub-)config needs on top of SMALL (the MoE part) or _SHRINK (anything else).
+NESTED_FAMILY: dict[str, dict] = {
+    "dbrx": dict(d_model=32, n_heads=4, n_layers=2, max_seq_len=128, vocab_size=96),
+    "dbrx_ffn": dict(hidden_size=32, ffn_hidden_size=16, moe_num_experts=NUM_EXPERTS, moe_top_k=TOP_K),
+    "dbrx_attn": dict(kv_n_heads=2),
+    "gemma4_text": dict(enable_moe_block=True, num_experts=NUM_EXPERTS, top_k_experts=TOP_K,
+                        layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0,
+                        hidden_size_per_layer_input=0, vocab_size_per_layer_input=96),
+    "diffusion_gemma_text": dict(num_experts=NUM_EXPERTS, top_k_experts=TOP_K,
+                                 layer_types=["sliding_attention", "full_attention"]),
+}
+
+
+def _fields(config_cls: type) -> set[str]:
+    """The keys config_cls declares: its dataclass fields and its attribute_map's aliases."""
+    names = {f.name for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else set(
+        inspect.signature(config_cls.__init__).parameters)
+    return names | set(getattr(config_cls, "attribute_map", {}) or {})
+
+
+def _holds_experts(config: PretrainedConfig) -> bool:
+    """True when config itself (not a sub-config) declares an expert-count field."""
+    return any(key in _fields(type(config)) for key in _EXPERT_FIELDS)
+
+
+def tiny_overrides(config: PretrainedConfig, **overrides) -> dict:
+    """The keyword arguments that make `config` (a default instance of its class) tiny: SMALL's MoE sizes
+    when it declares an expert count, _SHRINK otherwise, NESTED_FAMILY per model type, and the same for each
+    sub-config, recursively (passed as dicts, with their model_type where the parent takes any AutoConfig)."""
+    cls, fields = type(config), _fields(type(config))
+    base = SMALL if _holds_experts(config) else _SHRINK
+    kwargs = {k: v for k, v in base.items() if k in fields}
+    kwargs.update(FAMILY.get(config.model_type, {}))
+    kwargs.update(NESTED_FAMILY.get(config.model_type, {}))
+    for name in getattr(cls, "sub_configs", {}) or {}:
+        sub = getattr(config, name, None)
+        if isinstance(sub, PretrainedConfig):
+            kwargs[name] = {"model_type": sub.model_type, **tiny_overrides(sub)} if sub.model_type else \
+                tiny_overrides(sub)
+    kwargs.update(overrides)
+    return kwargs
+
+
+def tiny_config(model_type: str, **overrides) -> PretrainedConfig:
+    """A tiny config of model_type with only the keys its classes declare (see tiny_overrides)."""
+    default = AutoConfig.for_model(model_type)
+    return AutoConfig.for_model(model_type, **tiny_overrides(default, **overrides))
+
+
+_AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText", "AutoModelForMultimodalLM",
+                 "AutoModelForSeq2SeqLM", "AutoModel")
+
+
+def build_any(model_type: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A tiny random-weight model of model_type (the causal LM, else the image-text-to-text or multimodal
+    model, else the bare model), in eval mode, float32 on the CPU, from tiny_config()."""
+    import transformers
+    config = tiny_config(model_type, **overrides)
+    errors = []
+    for auto_name in _AUTO_CLASSES:
+        auto = getattr(transformers, auto_name, None)
+        if auto is None or type(config) not in auto._model_mapping:
+            continue
+        torch.manual_seed(seed)
+        try:
+            model = auto.from_config(config, dtype=torch.float32).eval()
+        except Exception as exc:  # noqa: BLE001 - try the next head
+            errors.append(f"{auto_name}: {type(exc).__name__}: {exc}")
+            continue
+        _randomise_biases(model)
+        return model
+    raise ValueError(f"{model_type}: no auto class builds it: {errors or 'none maps its config'}")
+
+
+_LANGUAGE_PARTS = ("language_model", "thinker", "text_model", "model.language_model", "model")
+
+
+def text_forward(model: torch.nn.Module, input_ids: torch.Tensor) -> object:
+    """Run model on text only (input_ids [B, S]); a multimodal model that refuses it gets the call on its
+    language model part (the first of _LANGUAGE_PARTS that takes it). Raises the first error if none does."""
+    try:
+        return model(input_ids=input_ids)
+    except Exception as first:  # noqa: BLE001
+        for path in _LANGUAGE_PARTS:
+            try:
+                part = model.get_submodule(path)
+            except AttributeError:
+                continue
+            try:
+                return part(input_ids=input_ids)
+            except Exception:  # noqa: BLE001, S112
+                continue
+        raise first
