@@ -53,7 +53,7 @@ lint: venv
 
 bench: venv
 	bash scripts/system-deps.sh
-	@for b in collector dashboard planner; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	@for b in collector dashboard planner traces; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

@@ -21,12 +21,16 @@ if st.config.get_option("server.address") not in LOOPBACK and os.environ.get("MO
                "exposing it is intended.")
 sidebar()
 
+# The app's root shows the Overview (a hidden default page: Streamlit serves the default page at "/" only), and
+# the Overview answers at /overview too, as every other page does at its own path.
+ROOT_PAGE = st.Page("dashboard/pages/overview.py", title="Overview", url_path="home", default=True,
+                    visibility="hidden")
 LIVE_PAGES = [
-    st.Page("dashboard/pages/overview.py", title="Overview", url_path="overview", default=True),
+    st.Page("dashboard/pages/overview.py", title="Overview", url_path="overview"),
     st.Page("dashboard/pages/devices.py", title="Devices", url_path="devices"),
     st.Page("dashboard/pages/experts.py", title="Experts", url_path="experts"),
     st.Page("dashboard/pages/gpus.py", title="GPU panel", url_path="gpus"),
 ]
 # Planning pages: the What-if layout preview built on planner (no auto-refresh).
 PLAN_PAGES = [st.Page("dashboard/pages/whatif.py", title="What-if", url_path="what-if")]
-st.navigation({"Live": LIVE_PAGES, "Plan": PLAN_PAGES}).run()
+st.navigation({"Live": [ROOT_PAGE, *LIVE_PAGES], "Plan": PLAN_PAGES}).run()

@@ -21,6 +21,8 @@ layouts [L, P], P = E + R, slot p on GPU p // (P / G).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .api import plan
@@ -163,3 +165,92 @@ def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = 
                             "max_moves": max_moves, "sub_windows": sub_windows,
                             "seconds_per_token_slot": cost.seconds_per_token_slot, "link_gbps": cost.link_gbps,
                             "bytes_per_expert": cost.bytes_per_expert, "rejected_candidates": skipped})
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One decision of the advisor on the steps seen so far (advise_now).
+
+    rebalance: the predicted gain over ``horizon_steps`` beats the migration time; layout_LP int64 [L, P]: the
+    layout it would move to (the current one when no candidate moves anything); moves: expert copies it needs
+    (planner.repair.experts_copied); gain_s / migration_s: predicted straggler seconds saved over the horizon,
+    and seconds serving waits for the copies; step_s: seconds per step under the current layout (the layers'
+    busiest GPUs: balanced expert time + straggler time), so gain_ratio and migration_ratio are shares of the
+    next ``horizon_steps`` steps' expert time; reason: what the candidate is."""
+    rebalance: bool
+    layout_LP: np.ndarray
+    moves: int
+    gain_s: float
+    migration_s: float
+    step_s: float
+    horizon_steps: int
+    reason: str
+
+    @property
+    def gain_ratio(self) -> float:
+        """Predicted gain over the horizon as a share of its expert time under the current layout (0 when idle)."""
+        return self.gain_s / (self.step_s * self.horizon_steps) if self.step_s > 0 else 0.0
+
+    @property
+    def migration_ratio(self) -> float:
+        """Migration time as a share of the horizon's expert time under the current layout (0 when idle)."""
+        return self.migration_s / (self.step_s * self.horizon_steps) if self.step_s > 0 else 0.0
+
+
+def _best_nonzero_repair(recent: np.ndarray, cur: np.ndarray, gpus: int, sub_windows: int, max_moves: int,
+                         horizon: int, cost: CostModel) -> tuple[np.ndarray, str]:
+    """The repair with the best estimated net gain among those that move at least one expert (even when it
+    does not pay), so a "not worth it yet" can say by how much; ``cur`` when repair moves nothing."""
+    windows = split_windows(recent, sub_windows)
+    _, curve = repair_curve(windows, cur, gpus, max_moves)
+    moves = np.array([m for m, _, _ in curve])
+    if moves.size < 2 or moves.max() == 0:
+        return cur, "no repair moves anything"
+    mean_imb = np.array([mi for _, mi, _ in curve])
+    active = recent.sum((0, 2)) > 0
+    load_per_step = recent.sum((0, 2))[active].mean() / recent.shape[0] / gpus * max(int(active.sum()), 1)
+    net = ((mean_imb[0] - mean_imb) * load_per_step * cost.seconds_per_token_slot * horizon
+           - moves * cost.migration_seconds(1))
+    net[moves == 0] = -np.inf
+    best = int(moves[int(np.argmax(net))])
+    lay, _ = repair_curve(windows, cur, gpus, best)
+    return lay, f"repair within {best} moves"
+
+
+def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None = None,
+               horizon_steps: int = DEFAULT_HORIZON, max_moves: int = DEFAULT_MAX_MOVES,
+               sub_windows: int = DEFAULT_SUB_WINDOWS) -> Advice:
+    """The advisor's decision now (one decision point of ``advise``, module docstring): from the window's
+    per-step counts [T, L, E] (oldest first) and the layout in force [L, P], the candidate the advisor would
+    move to within ``max_moves`` copies, its predicted gain over ``horizon_steps`` steps if the window repeats,
+    and its migration time; ``rebalance`` when the gain beats the migration time, the rule ``advise`` applies.
+    R = P - E redundant slots (used only when the current layout cannot be repaired and is re-planned)."""
+    c = _counts(window_counts_TLE)
+    horizon_steps, sub_windows = _whole(horizon_steps, "horizon steps"), _whole(sub_windows, "sub-windows")
+    max_moves = _whole(max_moves, "max moves", 0)
+    cost = CostModel() if cost is None else cost
+    T, L, E = c.shape
+    if T == 0:
+        raise ValueError("the advisor needs at least one step of counts")
+    cur = validated_layout(current_LP, E, gpus)
+    if cur.shape[0] != L:
+        raise ValueError(f"current layout has {cur.shape[0]} layers, the counts have {L}")
+    step_s = float((gpu_loads_max(c, cur, gpus)).mean() * cost.seconds_per_token_slot)
+    if not c.any() or max_moves == 0:
+        return Advice(False, cur, 0, 0.0, 0.0, step_s, horizon_steps,
+                      "no tokens in the window" if not c.any() else "no moves allowed")
+    lay, why = _candidate(c, cur, gpus, cur.shape[1] - E, sub_windows, max_moves, horizon_steps, cost)
+    if experts_copied(cur, lay, gpus) == 0:
+        lay, why = _best_nonzero_repair(c, cur, gpus, sub_windows, max_moves, horizon_steps, cost)
+    moves = experts_copied(cur, lay, gpus)
+    gain = predicted_gain_seconds(c, cur, lay, gpus, horizon_steps, cost) if moves else 0.0
+    migration = cost.migration_seconds(moves)
+    return Advice(rebalance=bool(moves > 0 and gain > migration), layout_LP=np.asarray(lay, dtype=np.int64),
+                  moves=int(moves), gain_s=float(gain), migration_s=float(migration), step_s=step_s,
+                  horizon_steps=horizon_steps, reason=why)
+
+
+def gpu_loads_max(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
+    """Per step, the sum over layers of the busiest GPU's load in tokens, float64 [T] (counts [T, L, E]): the
+    expert time of a step in token-slots (balanced part + straggler part)."""
+    return straggler_tokens(counts_TLE, layout_LP, gpus) + counts_TLE.sum((1, 2)) / gpus

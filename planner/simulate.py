@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .budget import bytes_per_expert
-from .io import _is_trace_line, load_counts, trace_windows
+from .io import _is_trace_line, load_counts
 from .loads import as_counts, gpu_loads, validated_layout
 from .repair import experts_copied
 from .sizes import DEEPSEEK_V3
@@ -285,14 +284,15 @@ def load_schedule(path, gpus: int | None = None) -> Schedule:
 
 
 def load_trace_steps(path) -> np.ndarray:
-    """Per-step counts float64 [T, L, E] from a file: a project trace (JSON lines, ``.jsonl`` / ``.trace`` or a
-    ``.json`` whose first line is a trace line; ranks summed, steps in order, as planner.io reads it) or a
-    counts file planner.io.load_counts reads with shape [T, L, E]. The one reader of the advisor and the
-    simulator: swap it here for another trace format. ValueError naming the file otherwise."""
+    """Per-step counts float64 [T, L, E] from a file: a project trace read through traces.open_trace (a columnar
+    ``.parquet`` / ``.arrows`` trace, or JSON lines: ``.jsonl`` / ``.trace`` or a ``.json`` whose first line is
+    a trace line; ranks summed, steps in order, a repeated record once; a line or row that does not decode is
+    refused, naming the file) or a counts file planner.io.load_counts reads with shape [T, L, E]. The one
+    reader of the advisor and the simulator. ValueError naming the file otherwise."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
-    trace = p.suffix.lower() in (".jsonl", ".trace")
+    trace = p.suffix.lower() in (".jsonl", ".trace", ".parquet", ".arrows")
     if p.suffix.lower() == ".json":
         try:
             with p.open("r", encoding="utf-8") as handle:
@@ -300,9 +300,7 @@ def load_trace_steps(path) -> np.ndarray:
         except UnicodeDecodeError:
             raise ValueError(f"{p}: not UTF-8 text (a JSON file is text)") from None
     if trace:
-        with p.open("r", encoding="utf-8") as handle:
-            counts = trace_windows(handle, max_windows=sys.maxsize, name=p.name)   # one window per step
-        return as_counts(counts, f"{p.name}: counts", ndim=(3,))
+        return as_counts(_trace_counts(p), f"{p.name}: counts", ndim=(3,))
     counts = load_counts(p)
     if counts.ndim != 3:
         raise ValueError(f"{p}: counts are one [layers, experts] table; the advisor and the simulator need "
@@ -310,12 +308,33 @@ def load_trace_steps(path) -> np.ndarray:
     return counts
 
 
+def _trace_counts(p: Path) -> np.ndarray:
+    """int64 [T, L, E] of a trace through traces.open_trace, ranks summed; ValueError on any bad record."""
+    from traces import open_trace  # pyarrow: only for a trace
+
+    with open_trace(p) as reader:
+        steps_T = reader.timeline().step_T
+        if reader.bad_records:
+            raise ValueError(f"{p.name}: {reader.bad_records} record(s) do not decode ({reader.last_error})")
+        if steps_T.size == 0:
+            raise ValueError(f"{p.name}: the trace holds no step lines")
+        counts_TLE = np.zeros((steps_T.size, len(reader.meta.layer_names), reader.meta.num_experts), dtype=np.int64)
+        for a in range(0, steps_T.size, _CHUNK_STEPS):
+            b = min(steps_T.size, a + _CHUNK_STEPS) - 1
+            for rec in reader.read_steps(int(steps_T[a]), int(steps_T[b])):
+                counts_TLE[np.searchsorted(steps_T, rec.step)] += rec.counts_LE
+        if reader.bad_records:
+            raise ValueError(f"{p.name}: {reader.bad_records} record(s) do not decode ({reader.last_error})")
+    return counts_TLE
+
+
 def straggler_tokens(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
     """Per step, sum over layers of (max_g - mean_g) GPU load in tokens, float64 [T] (counts [T, L, E])."""
     out = np.empty(counts_TLE.shape[0])
     for a in range(0, counts_TLE.shape[0], _CHUNK_STEPS):
         loads = gpu_loads(counts_TLE[a:a + _CHUNK_STEPS], layout_LP, gpus)        # [t, L, G]
-        out[a:a + _CHUNK_STEPS] = (loads.max(-1) - loads.mean(-1)).sum(-1)
+        # max >= mean up to rounding: a mean one ulp above the max must not make a cost negative
+        out[a:a + _CHUNK_STEPS] = np.maximum(loads.max(-1) - loads.mean(-1), 0.0).sum(-1)
     return out
 
 

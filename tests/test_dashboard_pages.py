@@ -109,7 +109,7 @@ def test_experts(filled, monkeypatch):
     at = app(filled, monkeypatch)
     at.switch_page("dashboard/pages/experts.py").run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) == 3  # layer x expert, expert x time, drift
+    assert len(at.get("plotly_chart")) == 3  # layer x expert, expert x time, drift (staleness: on request)
     top = at.dataframe[0].value
     assert (int(top.iloc[0]["layer"]), int(top.iloc[0]["expert"])) == expected(filled, RUN)["hot"]
 

@@ -146,3 +146,43 @@ def test_per_layer_and_top_expert_series_only_on_request_and_capped(redis_url):
     assert counts[("top_experts",)] - counts[()] == 3 * 5     # 5 experts x 3 phases
     with pytest.raises(ValueError, match="top-experts"):
         RunExporter(client, redis_url, ["card"], top_experts=10_000)
+
+
+def test_rebalance_advisor_gauges_are_the_advisors_and_computed_at_most_every_interval(redis_url):
+    from dashboard.whatif.advice import advice_on_window
+
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "adv", steps=40, num_layers=4, num_experts=16, gpus=4)
+    exporter = RunExporter(client, redis_url, ["adv"], window_steps=100, advise_every_s=3600)
+    exporter.poll()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    samples = _samples(generate_latest(registry).decode())
+
+    watched = WatchedRun(RedisSource(client, redis_url, "adv", 100), 100)
+    watched.tick()
+    window = watched.window
+    layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size)
+    for phase in ("both", "decode", "prefill"):
+        snap = analyse(window, layout, phase)
+        want = advice_on_window(window.counts_CLE[snap.view.slots_T], layout.p2l_LP, layout.gpus,
+                                watched.source.meta())
+        assert _value(samples, "moe_rebalance_predicted_gain_ratio", run="adv", phase=phase) == \
+            pytest.approx(want.gain_ratio)
+        assert _value(samples, "moe_rebalance_moves", run="adv", phase=phase) == want.moves
+        assert _value(samples, "moe_rebalance_migration_cost_ratio", run="adv", phase=phase) == \
+            pytest.approx(want.migration_ratio)
+    decided_at = exporter._advice["adv"][0]
+    synthfill.fill(client, "adv", steps=10, num_layers=4, num_experts=16, gpus=4, first_step=40, seed=3)
+    exporter.poll()  # within the interval: the steps are read, the advisor is not asked again
+    assert exporter._advice["adv"][0] == decided_at
+    assert _value(_samples(generate_latest(registry).decode()), "moe_steps_total", run="adv") == 50
+    with pytest.raises(ValueError, match="advise-every-s"):
+        RunExporter(client, redis_url, ["adv"], advise_every_s=0)
+
+
+def test_the_help_text_documents_the_rebalance_gauges():
+    out = subprocess.run([sys.executable, "-m", "dashboard.exporter", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60).stdout
+    for name in ("moe_rebalance_predicted_gain_ratio", "moe_rebalance_moves", "--advise-every-s"):
+        assert name in out

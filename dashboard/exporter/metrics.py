@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from dashboard.live.snapshot import Snapshot
 from dashboard.sources.base import Health
+from planner.advisor import Advice
 
 PHASES = ("both", "prefill", "decode")
 
@@ -28,11 +29,13 @@ def _value(x: float) -> float:
 
 def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: int,
                  dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None,
-                 per_layer: bool = False, top_experts: int = 0) -> list[Metric]:
+                 per_layer: bool = False, top_experts: int = 0,
+                 advice: dict[str, Advice | None] | None = None) -> list[Metric]:
     """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
     step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
     layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
-    over layers)."""
+    over layers); advice: phase -> the rebalance advisor's latest decision on that phase's window
+    (planner.advisor.advise_now; None or absent: no gauge for that phase)."""
     now_s = time.time() if now_s is None else now_s
     eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
                             "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
@@ -79,6 +82,21 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
         straggler_ratio.add_metric([run, phase], _value(snap.straggler.ratio_to_mean) if snap.straggler else 1.0)
         rate.add_metric([run, phase], _value(snap.steps_per_s))
         tokens.add_metric([run, phase], _value(snap.tokens_per_s))
+    gain = GaugeMetricFamily("moe_rebalance_predicted_gain_ratio", "Rebalance advisor: straggler time a repair "
+                             "of the layout in force would save over the next horizon steps if the window repeats, "
+                             "as a share of those steps' expert time (recomputed at most every 30 s)",
+                             labels=["run", "phase"])
+    moves = GaugeMetricFamily("moe_rebalance_moves", "Rebalance advisor: expert copies its candidate layout needs "
+                              "(0: no repair moves anything)", labels=["run", "phase"])
+    migration = GaugeMetricFamily("moe_rebalance_migration_cost_ratio", "Rebalance advisor: time serving waits "
+                                  "for the candidate's copies, as a share of the horizon's expert time (rebalance "
+                                  "when the predicted gain exceeds it)", labels=["run", "phase"])
+    for phase, decision in (advice or {}).items():
+        if decision is None:
+            continue
+        gain.add_metric([run, phase], _value(decision.gain_ratio))
+        moves.add_metric([run, phase], float(decision.moves))
+        migration.add_metric([run, phase], _value(decision.migration_ratio))
     steps = CounterMetricFamily("moe_steps", "Step records read (one per step and rank)", labels=["run"])
     steps.add_metric([run], float(steps_read))
     dropped = GaugeMetricFamily("moe_dropped_steps", "Steps the collectors dropped (their own count)",
@@ -94,7 +112,9 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     if health.last_seen_s is not None:
         age.add_metric([run], max(0.0, now_s - health.last_seen_s))
     extra = ([layer_eta] if per_layer else []) + ([hot] if top_experts > 0 else [])
-    return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *extra]
+    rebalance = [gain, moves, migration] if advice else []
+    return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
+            *extra]
 
 
 def series_count(families: Iterable[Metric]) -> int:

@@ -12,12 +12,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 import wire
 from dashboard.exporter.metrics import PHASES, run_families
-from dashboard.live.layout import resolve_layout
+from dashboard.live.layout import ResolvedLayout, resolve_layout
 from dashboard.live.snapshot import Snapshot, analyse
 from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import REDIS_ERRORS, RedisSource, read_runs
+from dashboard.whatif.advice import advice_on_window
+from planner.advisor import Advice
 
 log = logging.getLogger("moe-exporter")
+ADVISE_EVERY_S = 30.0  # seconds between rebalance-advisor decisions per run (each costs a repair)
 MAX_TOP_EXPERTS = 64  # per run and phase: the cap that keeps --top-experts from becoming L x E series
 
 
@@ -26,9 +29,13 @@ class RunExporter:
     (runs=None). poll() reads and analyses; collect() returns what the last poll computed."""
 
     def __init__(self, client: redis.Redis, url: str, runs: list[str] | None, window_steps: int = 600,
-                 per_layer: bool = False, top_experts: int = 0):
+                 per_layer: bool = False, top_experts: int = 0, advise_every_s: float = ADVISE_EVERY_S):
         if top_experts < 0 or top_experts > MAX_TOP_EXPERTS:
             raise ValueError(f"--top-experts must be 0..{MAX_TOP_EXPERTS}, got {top_experts}")
+        if not advise_every_s > 0:
+            raise ValueError(f"--advise-every-s must be a positive number of seconds, got {advise_every_s}")
+        self.advise_every_s = float(advise_every_s)
+        self._advice: dict[str, tuple[float, dict[str, Advice | None]]] = {}  # run -> (monotonic time, decisions)
         self.client, self.url, self.runs, self.window_steps = client, url, runs, window_steps
         self.per_layer, self.top_experts = per_layer, top_experts
         self._watched: dict[str, WatchedRun] = {}
@@ -73,8 +80,32 @@ class RunExporter:
             layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts,
                                     watched.world_size, changes=watched.layouts.changes, at_step=window.newest_step)
             snapshots = {phase: analyse(window, layout, phase) for phase in PHASES}
+            self._advise(name, watched, layout, snapshots)
+        held = self._advice.get(name)
         return run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
-                            watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts)
+                            watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts,
+                            advice=None if held is None else held[1])
+
+    def _advise(self, name: str, watched: WatchedRun, layout: ResolvedLayout,
+                snapshots: dict[str, Snapshot | None]) -> None:
+        """The rebalance advisor's decision per phase on the window (a repair each: at most every
+        advise_every_s seconds per run; the gauges keep the last decision in between)."""
+        held = self._advice.get(name)
+        now = time.monotonic()
+        if held is not None and now - held[0] < self.advise_every_s or watched.window is None:
+            return
+        decisions: dict[str, Advice | None] = {}
+        meta = watched.source.meta()
+        for phase, snap in snapshots.items():
+            if snap is None:
+                continue
+            try:
+                decisions[phase] = advice_on_window(watched.window.counts_CLE[snap.view.slots_T], layout.p2l_LP,
+                                                    layout.gpus, meta)
+            except ValueError as exc:  # a layout the advisor cannot read: no gauge for that phase
+                log.warning("run %s phase %s: no rebalance advice: %s", name, phase, exc)
+                decisions[phase] = None
+        self._advice[name] = (now, decisions)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

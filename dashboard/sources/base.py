@@ -6,9 +6,12 @@ capped at max_entries. Malformed records are skipped and counted in the batch, n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import wire
+
+if TYPE_CHECKING:  # the traces package is imported by sources that implement Seekable
+    import traces
 
 
 @dataclass
@@ -65,3 +68,26 @@ class Source(Protocol):
     def health(self) -> Health:
         """Reachability, latency and collector health as of the last poll."""
         ...
+
+
+class Seekable(Protocol):
+    """A source whose whole recording is at hand (a trace file): the dashboard can show its timeline and
+    analyse any range of it, like a video. Live sources are not seekable (a live run is paused instead).
+
+    isinstance() does not work on this protocol: test with `is_seekable(source)`."""
+
+    def timeline(self) -> traces.Timeline:
+        """One entry per step of the whole recording (ranks summed), oldest first: step ids, times, phases,
+        tokens, per-step balancedness under the layout in force, and the steps layout changes start at."""
+        ...
+
+    def seek(self, first_step: int, last_step: int) -> Batch:
+        """Every record of the steps first_step..last_step (inclusive, all ranks), plus the layout records in
+        force over that range (the one in force at first_step first), oldest first. NVML samples of that
+        time span ride along when the source has them. Raises ValueError when first_step > last_step."""
+        ...
+
+
+def is_seekable(source: object) -> bool:
+    """Whether `source` implements Seekable (has callable timeline() and seek())."""
+    return callable(getattr(source, "timeline", None)) and callable(getattr(source, "seek", None))

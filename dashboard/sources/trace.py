@@ -1,5 +1,9 @@
-"""Replay source: a recorded trace file (JSON lines, the format of wire.trace_line), read in chunks as if
-it were live.
+"""Replay source: a recorded trace file, read in chunks as if it were live, and seekable (timeline(),
+seek(first, last)). Three containers, told apart by their first bytes (traces.container_of): the columnar
+.parquet archive and .arrows recording (traces/, read through traces.open_trace: poll() hands out whole
+steps forward, a grown .arrows file is reopened and continued) and the JSON lines below, read incrementally
+by this module as it always was. timeline() and seek() read every container through traces.open_trace (a
+JSON-lines file is indexed once, bounded), reopened when the file has changed.
 
 Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines ignored):
 
@@ -33,8 +37,10 @@ import stat
 import time
 from pathlib import Path
 
+import traces
 import wire
 from dashboard.sources.base import Batch, Health
+from traces.cursor import Cursor
 
 STALL_POLLS = 2
 MAX_LINE_BYTES = wire.MAX_TRACE_LINE_BYTES
@@ -98,6 +104,12 @@ class TraceSource:
         self._finished = False
         self._not_text = ""
         self._size, self._still_polls, self._grew_at = -1, 0, time.monotonic()
+        self._container = ""  # "jsonl", "parquet" or "arrows" once the file was first read
+        self._cursor: Cursor | None = None  # the forward replay of a columnar file
+        self._reader: traces.TraceReader | None = None  # what timeline() and seek() read
+        self._reader_stamp: tuple[int, int] | None = None  # (size, mtime_ns) of the file _reader opened
+        self._bad_reported = 0  # the columnar reader's bad records already counted in a batch
+        self._truncation_told = False
 
     @property
     def finished(self) -> bool:
@@ -123,11 +135,108 @@ class TraceSource:
             return batch
         try:
             with handle:
+                if not self._container:
+                    self._container = self._sniff(handle)
+                if self._container != "jsonl":
+                    self._poll_columnar(str(path), os.fstat(handle.fileno()), max_entries, batch)
+                    return batch
                 self._read(handle, max_entries, batch)
         except OSError as exc:
             self._error = f"cannot read trace file: {exc.strerror or type(exc).__name__}"
             return batch
         self._error = ""
+        return batch
+
+    @staticmethod
+    def _sniff(handle) -> str:
+        head = handle.read(4)
+        handle.seek(0)
+        if head == b"PAR1":
+            return "parquet"
+        return "arrows" if head == b"\xff\xff\xff\xff" else "jsonl"
+
+    def _open_reader(self, path: str, info: os.stat_result) -> traces.TraceReader:
+        """traces.open_trace(path), kept while the file's size and mtime stay the same."""
+        stamp = (info.st_size, info.st_mtime_ns)
+        if self._reader is None or self._reader_stamp != stamp:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+            self._reader = traces.open_trace(path)
+            self._reader_stamp = stamp
+        return self._reader
+
+    def _poll_columnar(self, path: str, info: os.stat_result, max_entries: int, batch: Batch) -> None:
+        """The next whole steps of a .parquet / .arrows trace (a grown .arrows file is reopened and continued)."""
+        try:
+            before = self._reader
+            reader = self._open_reader(path, info)
+            if self._cursor is None:
+                self._cursor = Cursor(reader)
+            elif reader is not before:
+                self._cursor.refresh(reader)
+            self._meta = reader.meta
+            chunk = self._cursor.next_chunk(max_entries)
+        except ValueError as exc:
+            self._error = str(exc)
+            self._finished = True
+            return
+        batch.steps, batch.layouts, batch.gpu_samples, batch.more = chunk.steps, chunk.layouts, chunk.gpu_samples, chunk.more
+        if reader is not before:
+            self._bad_reported = 0  # a reopened file: what it finds is reported afresh
+        batch.bad_records = max(0, reader.bad_records - self._bad_reported)  # each bad row or line once
+        self._bad_reported = reader.bad_records
+        if batch.bad_records:
+            batch.last_error = reader.last_error
+        elif reader.truncated and self._cursor.done and not self._truncation_told:
+            batch.last_error, self._truncation_told = reader.last_error, True
+        if chunk.steps:
+            self._last_time_s = chunk.steps[-1].time_s
+        self._offset += len(chunk.steps)  # steps handed out (the health line's position)
+        self._finished = self._cursor.done
+
+    def _seekable_reader(self) -> traces.TraceReader:
+        """The file opened through traces.open_trace (root rules and regular-file checks as for poll);
+        ValueError with the reason when it cannot be."""
+        path = self.path if self.root is None else trace_file_in(self.root, self.path)
+        try:
+            handle = _open_regular(path, nofollow=self.root is not None)
+        except _NotRegular:
+            raise ValueError("not a regular file: a trace is a file (a device, FIFO or folder is not read)") from None
+        except OSError as exc:
+            raise ValueError(f"cannot read trace file: {exc.strerror or type(exc).__name__}") from None
+        with handle:
+            return self._open_reader(str(path), os.fstat(handle.fileno()))
+
+    def timeline(self) -> traces.Timeline:
+        """The trace's steps (traces.Timeline: step ids, times, phases, tokens, balancedness per step, the steps
+        layout records take force from); ValueError when the file cannot be read as a trace."""
+        reader = self._seekable_reader()
+        if self._meta is None:
+            self._meta = reader.meta
+        return reader.timeline()
+
+    def seek(self, first_step: int, last_step: int) -> Batch:
+        """Every record of steps first_step..last_step (inclusive; every rank), the layout records in force over
+        them (the one in force at first_step, then those taking force up to last_step) and the NVML samples of
+        their time span. The forward replay (poll) is not moved. Problems are reported in the batch
+        (bad_records, last_error), never raised."""
+        batch = Batch()
+        try:
+            reader = self._seekable_reader()
+            bad_before = reader.bad_records
+            batch.steps = reader.read_steps(first_step, last_step)
+            batch.layouts = reader.layouts_in_force(first_step, last_step)
+            if batch.steps:
+                batch.gpu_samples = reader.gpu_samples(batch.steps[0].time_s, batch.steps[-1].time_s)
+            batch.bad_records = reader.bad_records - bad_before
+            if batch.bad_records:
+                batch.last_error = reader.last_error
+            if self._meta is None:
+                self._meta = reader.meta
+        except ValueError as exc:
+            batch.bad_records += 1
+            batch.last_error = str(exc)
         return batch
 
     def _read(self, handle, max_entries: int, batch: Batch) -> None:
@@ -264,7 +373,7 @@ class TraceSource:
             self._last_time_s = item.time_s
         elif isinstance(item, wire.LayoutRecord):
             batch.layouts.append(item)
-        else:
+        elif isinstance(item, wire.GpuSample):
             batch.gpu_samples.append(item)
 
     def meta(self) -> wire.RunMeta | None:
@@ -273,7 +382,8 @@ class TraceSource:
     def health(self) -> Health:
         if self._not_text:
             return Health(reachable=False, where=self.path, error=self._not_text, note="replay finished")
+        where = "step record" if self._container not in ("", "jsonl") else "byte"
         return Health(reachable=not self._error, where=self.path, error=self._error,
                       last_seen_s=self._last_time_s,
-                      note="replay finished" if self._finished else f"replaying (byte {self._offset})")
+                      note="replay finished" if self._finished else f"replaying ({where} {self._offset})")
 

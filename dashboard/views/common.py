@@ -10,6 +10,8 @@ import streamlit as st
 from dashboard.live.layout import ResolvedLayout, resolve_layout
 from dashboard.live.snapshot import Snapshot, analyse
 from dashboard.live.watched import WatchedRun
+from dashboard.sources.base import is_seekable
+from dashboard.views import timeline
 from dashboard.views.session import (
     STALE_AFTER_S,
     Settings,
@@ -73,7 +75,15 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
                 "(MOE_TRACE_DIR, else ./recordings).")
         return None
     watched = watched_run_for(cfg)
-    watched.tick()
+    if is_seekable(watched.source) and timeline.seekable_now(cfg, watched.source):  # the range is the window
+        shown = timeline.replay_controls(cfg, watched.source)
+        if shown is None:
+            return None
+        watched = shown
+    else:
+        watched.tick()
+        if cfg.source == "redis":  # live: keep polling, show the frozen window while paused
+            watched = timeline.live_controls(cfg, watched)
     health = watched.source.health()
     if not health.reachable:
         if cfg.source == "redis" and health.answered:

@@ -7,6 +7,7 @@ import streamlit as st
 from dashboard.analytics.balance import step_vs_window
 from dashboard.figures import load as load_figures
 from dashboard.figures.units import format_number
+from dashboard.views import timeline
 from dashboard.views.common import PageData, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
@@ -21,6 +22,7 @@ def live() -> None:
     current = poll_and_caption()
     if current is not None:
         render(current)
+    timeline.keep_playing()
 
 
 def render(current: PageData) -> None:

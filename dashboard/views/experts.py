@@ -7,8 +7,10 @@ import streamlit as st
 
 from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
 from dashboard.figures import experts as expert_figures
+from dashboard.views import timeline
 from dashboard.views.common import PageData, poll_and_caption
 from dashboard.views.session import REFRESH_S
+from dashboard.views.staleness import staleness_section
 
 
 def page() -> None:
@@ -24,6 +26,7 @@ def live() -> None:
     current = poll_and_caption()
     if current is not None:
         render(current, int(st.session_state.get("experts_layer", 0)), int(st.session_state.get("experts_top_n", 10)))
+    timeline.keep_playing()
 
 
 def render(current: PageData, layer: int, top_n: int) -> None:
@@ -55,3 +58,8 @@ def render(current: PageData, layer: int, top_n: int) -> None:
         older = window.counts_CLE[snap.view.slots_T[:half]].sum(axis=0, dtype=np.int64)
         newer = counts_LE - older
         st.plotly_chart(expert_figures.drift_bars(js_divergence(older, newer)), key="experts_drift")
+    # a placement-staleness curve plans layouts (about a second at DeepSeek-V3 size): asked for, not on every tick
+    if st.toggle("Placement staleness", key="experts_staleness", value=False,
+                 help="How fast the layout in force and layouts planned on this window degrade on later steps "
+                      "(computed once per window, every 30 s while live)"):
+        staleness_section(current)

@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboard.figures import gpu as gpu_figures
 from dashboard.figures.units import GIB
+from dashboard.views import timeline
 from dashboard.views.common import PageData, ago, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
@@ -26,6 +27,7 @@ def live() -> None:
     current = poll_and_caption(require_steps=False)
     if current is not None:
         render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
+    timeline.keep_playing()
 
 
 def render(current: PageData, gpu: int) -> None:

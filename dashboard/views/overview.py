@@ -9,6 +9,7 @@ from dashboard.analytics import alerts
 from dashboard.figures import load as load_figures
 from dashboard.figures.units import format_number
 from dashboard.live.layout import in_force_note
+from dashboard.views import timeline
 from dashboard.views.common import PageData, ago, poll_and_caption
 from dashboard.views.session import REFRESH_S
 
@@ -23,6 +24,7 @@ def live() -> None:
     current = poll_and_caption()
     if current is not None:
         render(current)
+    timeline.keep_playing()
 
 
 def render(current: PageData) -> None:

@@ -108,6 +108,14 @@ def skipped_runs(url: str) -> int:
     return _run_listing(url)[0].skipped
 
 
+SAMPLE_PREFIX = "samples/"  # a trace_path naming a shipped sample (traces/samples/); a picked name has no "/"
+
+
+def samples_root() -> Path:
+    """The shipped sample traces (traces/samples/ of this checkout)."""
+    return Path(__file__).resolve().parents[2] / "traces" / "samples"
+
+
 def trace_root() -> Path:
     """The folder the dashboard may replay trace files from: MOE_TRACE_DIR, else ./recordings (resolved). The
     trace field and uploads only ever name files inside it: watched_run_for() takes a relative name inside it
@@ -148,7 +156,10 @@ def watched_run_for(cfg: Settings) -> WatchedRun | None:
     else:
         if not cfg.trace_path:
             return None
-        source = TraceSource(cfg.trace_path, root=trace_root())
+        if cfg.trace_path.startswith(SAMPLE_PREFIX):
+            source = TraceSource(cfg.trace_path[len(SAMPLE_PREFIX):], root=samples_root())
+        else:
+            source = TraceSource(cfg.trace_path, root=trace_root())
     watched = WatchedRun(source, cfg.window_steps)
     st.session_state["watched_run"] = (key, watched)
     return watched

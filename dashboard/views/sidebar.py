@@ -19,10 +19,12 @@ import streamlit as st
 
 import wire
 from dashboard.views.session import (
+    SAMPLE_PREFIX,
     Settings,
     env_redis_url,
     keep_settings,
     runs_at,
+    samples_root,
     shown_url,
     trace_root,
     watched_layers,
@@ -34,6 +36,8 @@ TRACE_SUFFIXES = (".jsonl", ".trace", ".json")  # what the upload takes
 UPLOAD_CAP_MIB = 256          # largest trace upload (st.file_uploader's max_upload_size; server.maxUploadSize too)
 MAX_LISTED = 500              # newest trace files offered in the picker
 _TRACE_KINDS = ("meta", "step", "gpu")
+SIDECAR_SUFFIXES = (".side.jsonl", ".gpu.parquet")  # parts of an .arrows / .parquet trace, not traces
+NO_SAMPLE = "(none)"
 _SAVED = "sidebar_saved_uploads"  # session entry: upload file id -> the name it was saved under
 
 
@@ -86,7 +90,8 @@ def _redis_url_field(sb) -> str:
 
 def trace_files(root: Path) -> list[str]:
     """Names of the files in root, newest first (modification time; then by name): regular files only (no
-    symlinks, folders or devices), hidden files left out, at most MAX_LISTED. Whatever their name: a file that
+    symlinks, folders or devices), hidden files and the sidecars of columnar traces (SIDECAR_SUFFIXES) left
+    out, at most MAX_LISTED. JSON lines, .arrows and .parquet traces alike. Whatever their name: a file that
     is not a trace is reported by the replay itself."""
     found: list[tuple[float, str]] = []
     try:
@@ -94,7 +99,7 @@ def trace_files(root: Path) -> list[str]:
     except OSError:  # no such folder (yet), or not readable
         return []
     for entry in entries:
-        if entry.name.startswith("."):
+        if entry.name.startswith(".") or entry.name.endswith(SIDECAR_SUFFIXES):
             continue
         try:
             if entry.is_file(follow_symlinks=False):
@@ -160,7 +165,13 @@ def _trace_controls(sb) -> str:
                                 help="Trace files (JSON lines) in the trace folder, newest first.")
         st.caption(("" if names else "No trace file here yet. ")
                    + f"Trace folder: `{root}` (set MOE_TRACE_DIR before starting the dashboard to use another; "
-                     "record with `collectors.record_trace(...)` or `trace_path=` at attach, or upload below).")
+                     "record with `collectors.record_trace(...)`, `trace_path=` at attach or `python -m traces "
+                     "record`, or upload below).")
+        samples = sorted(n for n in trace_files(samples_root()) if n.endswith(".parquet"))
+        sample = st.selectbox("Or a shipped sample", [NO_SAMPLE, *samples], key="trace_sample",
+                              help="Sample traces shipped in traces/samples/ (the demo, real DeepSeek-V3 counts).")
+    if sample and sample != NO_SAMPLE:
+        return SAMPLE_PREFIX + sample
     return name or ""
 
 

@@ -59,6 +59,8 @@ class WhatIfState:
     sessions: dict[tuple, edits.EditSession] = field(default_factory=dict)
     target: EditTarget | None = None
     message: tuple[str, str] | None = None
+    advice: dict[tuple, Any] = field(default_factory=dict)
+    show_advice: tuple | None = None  # the frozen windows' key whose advised layout the editor shows
 
     def session(self, plan_key: tuple, planned_LP: np.ndarray, gpus: int) -> edits.EditSession:
         """The edit session of a plan, started on its planned layout the first time."""
@@ -247,6 +249,21 @@ def on_reset() -> None:
     state, target, session = _current()
     state.sessions[target.plan_key] = edits.new_session(session.key, session.planned, session.gpus)
     state.message = ("ok", "back to the plan")
+
+
+def advice_buttons(container: DeltaGenerator, data_key: tuple, showing: bool, moves: int) -> None:
+    """'Show this layout in the editor' (when the advisor moves something), or 'back to the planner' while the
+    editor shows it."""
+    if showing:
+        container.button("Back to the planner", key="whatif_advice_back", on_click=on_show_advice, args=(None,))
+    elif moves > 0:
+        container.button("Show this layout in the editor", key="whatif_advice_show", on_click=on_show_advice,
+                         args=(data_key,), help="The advisor's layout becomes the What-if layout: score it, edit "
+                                                "it, export it")
+
+
+def on_show_advice(data_key: tuple | None) -> None:
+    page_state().show_advice = data_key
 
 
 def on_refresh() -> None:

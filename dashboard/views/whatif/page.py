@@ -17,13 +17,16 @@ from dashboard.figures.units import format_bytes, format_number
 from dashboard.live.layout import ResolvedLayout
 from dashboard.live.window import StepWindow, WindowView
 from dashboard.views.common import PageData, caption, poll_and_analyse
+from dashboard.views.staleness import moving_span, staleness_section
 from dashboard.views.whatif import controls
 from dashboard.views.whatif.controls import EditTarget, Inputs, WhatIfState
+from dashboard.whatif import advice as whatif_advice
 from dashboard.whatif import edits
 from dashboard.whatif import repair as whatif_repair
 from dashboard.whatif import score as whatif_score
 from dashboard.whatif import traffic as whatif_traffic
 from dashboard.whatif.cache import cached
+from planner.advisor import DEFAULT_MAX_MOVES, DEFAULT_WINDOW, Advice
 from planner.api import PlanResult, plan
 from planner.bounds import best_bound
 from planner.budget import bytes_per_expert, replica_budget_curve
@@ -51,7 +54,7 @@ def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindo
     change."""
     cfg, watched = current.settings, current.watched
     key = (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.p2l_LP.tobytes()), picks.fit, picks.unit,
-           picks.score_steps, picks.hold_out, state.refresh)
+           picks.score_steps, picks.hold_out, state.refresh, *moving_span(current))
     if state.windows is None or state.windows[0] != key:
         data = whatif_score.fit_and_score_windows(
             window.counts_CLE[view.slots_T], view.step_T, view.time_s_T, view.tokens_T,
@@ -76,11 +79,15 @@ def render(current: PageData) -> None:
                                                                    else "hold-out is off)")) if data.overlap else "")
                  + (f" · {newer} newer steps arrived since" if newer > 0 else ""))
     controls.refresh_button(right)
+    advice = _advisor(current, layout, window, view, data_key, state)
     groups = picks.groups or None
     plan_nodes = picks.nodes if groups else None
-    result: whatif_repair.Repaired | PlanResult
-    if picks.move_budget > 0:
-        plan_key: tuple = (data_key, "repair", picks.move_budget)
+    result: whatif_repair.Repaired | PlanResult | whatif_advice.AdvisedLayout
+    if advice is not None and advice.moves > 0 and state.show_advice == data_key:
+        plan_key: tuple = (data_key, "advisor", advice.moves)
+        result = whatif_advice.AdvisedLayout(advice.layout_LP, advice.moves)
+    elif picks.move_budget > 0:
+        plan_key = (data_key, "repair", picks.move_budget)
         with st.spinner("repairing the current layout ..."):
             result = cached(state.plans, plan_key, lambda: whatif_repair.repair(data.fit_WLE, layout.p2l_LP, G,
                                                                                 picks.move_budget))
@@ -106,6 +113,30 @@ def render(current: PageData) -> None:
     _bars_and_edits(session, before, after, data, layer, state)
     _traffic(layout, session, data, data_key, picks, sizes, state)
     _budget(data, data_key, G, picks, plan_nodes, groups, sizes, state)
+    st.subheader("Placement staleness")
+    staleness_section(current)
+
+
+def _advisor(current: PageData, layout: ResolvedLayout, window: StepWindow, view: WindowView, data_key: tuple,
+             state: WhatIfState) -> Advice | None:
+    """The rebalance advisor's decision on the window in view (planner.advisor.advise_now: computed once per
+    frozen window, cached), in one line, with the button that shows its layout in the editor."""
+    meta = current.watched.source.meta()
+    with st.spinner("rebalance advisor ..."):
+        try:
+            advice = cached(state.advice, data_key, lambda: whatif_advice.advice_on_window(
+                window.counts_CLE[view.slots_T], layout.p2l_LP, layout.gpus, meta), max_entries=4)
+        except ValueError as exc:
+            st.caption(f"Rebalance advisor: no decision on this window ({exc}).")
+            return None
+    left, right = st.columns([4, 1])
+    line = whatif_advice.advice_line(advice)
+    text = (f"**Rebalance advisor: {line}.** On the newest {min(view.num_steps, DEFAULT_WINDOW):,} steps of the "
+            f"window, repair within {DEFAULT_MAX_MOVES} moves, as `python -m planner advise` decides (straggler "
+            "time saved if the window repeats, against the time serving waits for the copies).")
+    (left.success if advice.rebalance else left.info)(text)
+    controls.advice_buttons(right, data_key, state.show_advice == data_key, advice.moves)
+    return advice
 
 
 def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_score.Score,

@@ -1,0 +1,73 @@
+"""The app in a real browser (headless Debian chromium through playwright, `streamlit run app.py`): the Overview
+answers at /overview itself (no "Page not found" first), and a recorded trace plays: the replay window's step
+label moves on its own."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from demo.localredis import free_port
+from tests.support.browserkit import chromium_page, serving
+from tests.support.listsource import recording, write_jsonl
+
+STREAMLIT = ["-m", "streamlit", "run", "app.py", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+             "--server.fileWatcherType", "none"]
+
+
+@pytest.fixture
+def app_url(tmp_path):
+    folder = tmp_path / "recordings"  # the server's log stays out of the trace picker
+    folder.mkdir()
+    write_jsonl(recording(steps=400, step_s=0.1), folder / "rec.jsonl")
+    port = free_port()
+    env = dict(os.environ, MOE_TRACE_DIR=str(folder), REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    with serving([*STREAMLIT, "--server.port", str(port)], port, tmp_path / "streamlit.log", env) as url:
+        yield url
+
+
+@pytest.mark.browser
+def test_overview_answers_at_its_own_path(app_url):
+    with chromium_page(1400, 1000) as page:
+        seen: list[str] = []
+        page.on("console", lambda msg: seen.append(msg.text))
+        page.goto(f"{app_url}/overview")
+        page.get_by_role("heading", name="Overview").wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        assert page.get_by_text("Page not found").count() == 0
+        assert page.url.rstrip("/").endswith("/overview")
+        assert page.locator('[data-testid="stException"]').count() == 0
+
+
+def _label(page) -> tuple[int, int]:
+    text = page.get_by_text(re.compile(r"Replay window: steps \d+–\d+")).first.inner_text()
+    first, last = re.search(r"steps (\d+)–(\d+)", text).groups()
+    return int(first), int(last)
+
+
+@pytest.mark.browser
+def test_a_trace_plays_and_the_step_label_advances(app_url, tmp_path):
+    with chromium_page(1400, 1400) as page:
+        page.goto(f"{app_url}/overview")
+        page.get_by_text("Trace file").first.click()
+        page.get_by_text(re.compile(r"Replay window: steps")).first.wait_for(timeout=60_000)
+        width = page.get_by_label("Window (steps)")
+        width.fill("50")
+        width.press("Enter")
+        page.get_by_text(re.compile(r"Replay window: steps 350–399")).first.wait_for(timeout=30_000)
+        page.get_by_role("button", name="▶ play").click()  # at the end: starts again from the beginning, at 1x
+        page.get_by_role("button", name="⏸ pause").wait_for(timeout=30_000)
+        page.wait_for_timeout(3000)
+        first = _label(page)
+        assert first[1] - first[0] == 49 and first[0] < 300, first
+        page.wait_for_timeout(3000)
+        later = _label(page)
+        assert later[0] > first[0] and later[1] - later[0] == 49, (first, later)  # 1x: about 10 steps a second
+        page.get_by_role("button", name="⏸ pause").click()
+        page.get_by_role("button", name="▶ play").wait_for(timeout=30_000)
+        held = _label(page)
+        page.wait_for_timeout(2500)
+        assert _label(page) == held
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)

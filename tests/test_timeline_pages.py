@@ -1,0 +1,142 @@
+"""The timeline in the pages (streamlit.testing.v1.AppTest on the real app.py): a recording replayed like a
+video (seek, step, the worst step, the next rebalance; every page analyses the range), on a seekable
+recording of tests/support/listsource.py and on a real trace file through dashboard.sources.trace; a live run
+paused while steps keep arriving in Redis, and resumed with nothing lost; the staleness figure."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import wire
+from dashboard.live.watched import WatchedRun
+from dashboard.sources.trace import TraceSource
+from tests.support import synthfill
+from tests.support.apptest import APP
+from tests.support.listsource import recording, write_jsonl
+
+WIDTH = 20
+
+
+def _window(at) -> tuple[int, int, int]:
+    """(first step, last step, steps) of the replay window the page says it shows."""
+    text = next(m.value for m in at.markdown if m.value.startswith("**Replay window"))
+    first, last, steps = re.search(r"steps (\d+)–(\d+) \((\d+) steps\)", text).groups()
+    return int(first), int(last), int(steps)
+
+
+def _in_window(at) -> int:
+    caption = next(c.value for c in at.caption if "steps in window" in c.value)
+    return int(re.search(r"(\d+) steps in window", caption).group(1))
+
+
+def _ok(at) -> AppTest:
+    assert not at.exception, at.exception
+    return at
+
+
+@pytest.fixture(params=["listsource", "tracefile"])
+def replay_app(request, tmp_path, monkeypatch):
+    """The app on a 120-step recording (worst step 70, rebalance at 90), window WIDTH steps."""
+    src = recording()
+    write_jsonl(src, tmp_path / "rec.jsonl")
+    monkeypatch.setenv("MOE_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.session_state["source_kind"] = "Trace file"
+    at.session_state["window_steps"] = WIDTH
+    if request.param == "listsource":
+        at.session_state["watched_run"] = (("trace", "rec.jsonl", WIDTH), WatchedRun(src, WIDTH))
+    else:
+        assert hasattr(TraceSource, "seek")
+    return _ok(at.run())
+
+
+def test_seek_and_step_move_the_window_every_page_analyses(replay_app):
+    at = replay_app
+    assert _window(at) == (100, 119, WIDTH) and _in_window(at) == WIDTH
+    _ok(at.slider(key="timeline_range").set_value((30, 59)).run())
+    assert _window(at) == (30, 59, 30) and _in_window(at) == 30
+    _ok(at.button(key="timeline_forward").click().run())
+    assert _window(at) == (31, 60, 30)
+    _ok(at.button(key="timeline_back").click().run())
+    _ok(at.button(key="timeline_back").click().run())
+    assert _window(at) == (29, 58, 30)
+    for page in ("devices", "experts", "gpus"):
+        _ok(at.switch_page(f"dashboard/pages/{page}.py").run())
+        assert _window(at) == (29, 58, 30)
+        if page != "gpus":
+            assert _in_window(at) == 30
+
+
+def test_jump_to_the_worst_step_and_to_the_next_rebalance(replay_app):
+    at = replay_app
+    _ok(at.button(key="timeline_worst").click().run())
+    first, last, steps = _window(at)
+    assert first <= 70 <= last and steps == WIDTH and abs((first + last) / 2 - 70) <= 1
+    assert any("Worst step: 70 (balancedness 0.250)" in c.value for c in at.caption)
+    _ok(at.button(key="timeline_rebalance").click().run())
+    first, last, _ = _window(at)
+    assert first < 90 <= last and any("in force from step 90" in c.value for c in at.caption)
+    assert any("engine rebalance since step 90" in m.value for m in at.markdown)
+    _ok(at.button(key="timeline_rebalance").click().run())
+    assert any("No later layout change" in c.value for c in at.caption)
+
+
+def test_the_worst_step_follows_the_phase_filter(replay_app):
+    at = replay_app
+    _ok(at.sidebar.radio(key="phase").set_value("decode").run())
+    _ok(at.button(key="timeline_worst").click().run())
+    note = next(c.value for c in at.caption if c.value.startswith("Worst step"))
+    worst = int(re.search(r"Worst step: (\d+)", note).group(1))
+    assert worst % 2 == 1  # a decode step, never the prefill step 70
+    first, last, _ = _window(at)
+    assert first <= worst <= last
+
+
+def test_play_advances_the_window(replay_app):
+    at = replay_app
+    _ok(at.slider(key="timeline_range").set_value((0, 19)).run())
+    at.radio(key="timeline_speed").set_value("10x")
+    _ok(at.button(key="timeline_play").click().run())
+    before = _window(at)
+    _ok(at.run())
+    after = _window(at)
+    assert after[0] > before[0] and after[2] == before[2]
+    _ok(at.button(key="timeline_play").click().run())  # pause
+    held = _window(at)
+    _ok(at.run())
+    assert _window(at) == held
+
+
+def test_the_staleness_figure_on_experts_and_whatif(replay_app):
+    at = replay_app
+    _ok(at.switch_page("dashboard/pages/experts.py").run())
+    assert len(at.get("plotly_chart")) == 3 and not any("Placement staleness" in c.value for c in at.caption)
+    _ok(at.toggle(key="experts_staleness").set_value(True).run())   # asked for: it costs a few plans
+    charts = at.get("plotly_chart")
+    assert len(charts) == 4
+    assert any("Placement staleness" in c.value for c in at.caption)
+    _ok(at.switch_page("dashboard/pages/whatif.py").run())
+    assert any("Placement staleness" in c.value for c in at.caption)
+
+
+def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redis_url, monkeypatch):
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "pause-run", steps=30, num_layers=2, num_experts=8, gpus=2)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    at = _ok(AppTest.from_file(APP, default_timeout=60).run())
+    at.sidebar.selectbox(key="run").set_value("pause-run")
+    _ok(at.run())
+    assert _in_window(at) == 30
+    _ok(at.button(key="live_pause_button").click().run())
+    synthfill.fill(client, "pause-run", steps=12, num_layers=2, num_experts=8, gpus=2, first_step=30, seed=1)
+    _ok(at.run())
+    assert _in_window(at) == 30  # the view is frozen ...
+    assert any("Paused" in i.value and "12 new steps waiting" in i.value for i in at.info)  # ... polling is not
+    _ok(at.switch_page("dashboard/pages/devices.py").run())
+    assert _in_window(at) == 30
+    _ok(at.button(key="live_resume_button").click().run())
+    assert _in_window(at) == 42  # nothing lost
+    assert not any("Paused" in i.value for i in at.info)

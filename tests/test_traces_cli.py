@@ -1,0 +1,144 @@
+"""python -m traces: record a run from a real redis-server, replay it into another run name (equal counts),
+convert JSON lines / SGLang dumps / logical_count JSON, info, bad input as one `error:` line; the shipped
+samples open and replay."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import traces
+import wire
+from tests.support import synthfill
+from tests.test_sglang_bridge import DATA, save_per_pass, save_stat
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "traces" / "samples"
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_counts(client, run: str) -> dict[int, np.ndarray]:
+    """Step (renumbered from 0) -> counts summed over ranks, from a run's stream."""
+    recs = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key(run))]
+    first = min(r.step for r in recs)
+    out: dict[int, np.ndarray] = {}
+    for r in recs:
+        out[r.step - first] = out.get(r.step - first, 0) + r.counts_LE.astype(np.int64)
+    return out
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrows"])
+def test_record_then_replay_gives_the_same_counts(redis_server, redis_url, tmp_path, suffix):
+    client = redis_server.client()
+    totals = synthfill.fill(client, "live", steps=30, world_size=2, gpu_status="unavailable")
+    out = tmp_path / f"rec{suffix}"
+    done = cli("record", "--redis", redis_url, "--run", "live", "--out", out, "--steps", 30)
+    assert done.returncode == 0, done.stderr
+    reader = traces.open_trace(out)
+    assert reader.timeline().num_steps == 30 and len(reader.gpu_samples()) == 1
+    assert not np.isnan(reader.timeline().balancedness_T).any()
+    done = cli("replay", "--trace", out, "--redis", redis_url, "--run", "again", "--speed", 1000)
+    assert done.returncode == 0, done.stderr
+    replayed = run_counts(client, "again")
+    assert sorted(replayed) == list(range(30))
+    for step, total in enumerate(totals):
+        np.testing.assert_array_equal(replayed[step], total)
+    meta = wire.decode_meta(client.get(wire.meta_key("again")))
+    assert meta.run == "again" and client.zscore(wire.RUNS_KEY, "again") is not None
+
+
+def test_replay_loops_with_a_new_instance_and_continuing_steps(redis_server, redis_url, tmp_path):
+    path = tmp_path / "t.parquet"
+    from traces.convert import convert
+    convert(str(DATA / "decode_in1000out1000.json"), str(path), run="x", phase="decode")
+    done = cli("replay", "--trace", path, "--redis", redis_url, "--run", "looped", "--speed", 1000, "--loop",
+               "--max-loops", 3)
+    assert done.returncode == 0, done.stderr
+    recs = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("looped"))]
+    assert [r.step for r in recs] == [0, 1, 2] and len({r.instance for r in recs}) == 3
+
+
+def test_convert_jsonl_to_parquet_is_equal_content(tmp_path):
+    from tests.test_traces_format import jsonl, records, same
+    src, dst = tmp_path / "t.jsonl", tmp_path / "t.parquet"
+    recs = records()
+    jsonl(src, recs)
+    done = cli("convert", src, dst)
+    assert done.returncode == 0, done.stderr
+    a, b = traces.open_trace(src), traces.open_trace(dst)
+    assert a.meta == b.meta and [r.step for r in a.layouts] == [r.step for r in b.layouts]
+    assert all(same(x, y) for x, y in zip(a.read_steps(0, 99), b.read_steps(0, 99)))
+    assert len(b.read_steps(0, 99)) == len(recs)
+    assert [s.time_s for s in a.gpu_samples()] == [s.time_s for s in b.gpu_samples()]
+    assert (tmp_path / "t.gpu.parquet").exists()
+    np.testing.assert_allclose(a.timeline().balancedness_T, b.timeline().balancedness_T)
+    info = cli("info", dst)
+    assert info.returncode == 0 and "steps 40 (0..39), ranks 2" in info.stdout and "layout records 1" in info.stdout
+
+
+def test_convert_sglang_dumps(tmp_path):
+    rng = np.random.default_rng(0)
+    layout_LP = np.tile(np.r_[np.arange(8), [0, 1]], (3, 1))  # 3 layers, 8 experts, 10 slots (0 and 1 twice)
+    physical = rng.integers(0, 9, (4, 3, 10))
+    path = save_per_pass(tmp_path, 1_750_000_000.0, 2, [7, 8, 9, 10], physical, layout_LP)
+    out = tmp_path / "pass.parquet"
+    done = cli("convert", path, out, "--gpus", 2)
+    assert done.returncode == 0, done.stderr
+    reader = traces.open_trace(out)
+    got = reader.read_steps(0, 99)
+    assert [r.step for r in got] == [0, 1, 2, 3] and {r.rank for r in got} == {2}
+    want = np.zeros((4, 3, 8), dtype=np.int64)
+    for p in range(10):
+        want[:, :, layout_LP[0, p]] += physical[:, :, p]
+    np.testing.assert_array_equal(np.stack([r.counts_LE for r in got]), want)
+    assert reader.meta.layout.physical_to_logical_map == layout_LP.tolist()
+    stat = save_stat(tmp_path, 1_750_000_001.0, rng.integers(0, 5, (3, 2, 8)))
+    done = cli("convert", stat, tmp_path / "stat.arrows")
+    assert done.returncode == 0, done.stderr
+    assert traces.open_trace(tmp_path / "stat.arrows").timeline().num_steps == 3
+    json_path = tmp_path / "lc.json"
+    json_path.write_text(json.dumps({"logical_count": rng.integers(0, 9, (5, 2, 8)).tolist()}))
+    assert cli("convert", json_path, tmp_path / "lc.parquet").returncode == 0
+    assert traces.open_trace(tmp_path / "lc.parquet").timeline().num_steps == 5
+
+
+@pytest.mark.parametrize("args,why", [
+    (("info", "nowhere.parquet"), "nowhere.parquet"),
+    (("convert", "README.md", "x.parquet"), "README.md"),
+    (("convert", "x.jsonl", "x.csv"), ".parquet"),
+    (("replay", "--trace", "traces/samples/demo.parquet", "--redis", "http://x", "--run", "r"), "redis://"),
+    (("replay", "--trace", "traces/samples/demo.parquet", "--redis", "redis://127.0.0.1:1/0", "--run", "bad name"), "run name"),
+])
+def test_bad_input_is_one_error_line(args, why):
+    done = cli(*args)
+    assert done.returncode == 2 and done.stderr.startswith("error:") and len(done.stderr.strip().splitlines()) == 1
+    assert why in done.stderr, done.stderr
+
+
+def test_a_bad_pt_file_is_one_error_line(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"records": "nope"}, path)
+    done = cli("convert", path, tmp_path / "x.parquet")
+    assert done.returncode == 2 and done.stderr.startswith("error:")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SAMPLES.glob("*.parquet") if not p.name.endswith(".gpu.parquet")))
+def test_shipped_samples_open_and_replay(redis_server, redis_url, name):
+    reader = traces.open_trace(SAMPLES / name)
+    tl = reader.timeline()
+    assert tl.num_steps >= 1 and reader.bad_records == 0
+    assert np.isfinite(tl.balancedness_T).all() and (tl.balancedness_T < 1).all()
+    assert (SAMPLES / name).stat().st_size < 2 << 20
+    done = cli("replay", "--trace", SAMPLES / name, "--redis", redis_url, "--run", "sample-replay", "--speed", 1000)
+    assert done.returncode == 0, done.stderr
+    assert redis_server.client().xlen(wire.steps_key("sample-replay")) == len(reader.read_steps(0, 1 << 40))

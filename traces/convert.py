@@ -1,0 +1,184 @@
+"""convert(IN, OUT): a trace (JSON lines, .arrows, .parquet), an SGLang expert-distribution dump (.pt: stat,
+per_pass or per_token; parsed by collectors/sglang, which needs torch and is imported only for them) or an
+SGLang logical_count JSON ([L, E] or [T, L, E]) -> a .parquet or .arrows trace.
+
+SGLang inputs become one step per forward pass (per_pass / per_token, the file's rank; logical counts summed
+over replicas through the dump's own physical_to_logical_map, which is the run's layout), one per non-zero
+stat row, or one per [L, E] table of a logical_count JSON (phase from `phase`, tokens = busiest layer / k).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+import wire
+
+from .reader import open_trace
+from .writers import open_writer
+
+CHUNK_STEPS = 512
+MAX_JSON_BYTES = 1 << 30
+
+
+def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None, phase: str = "unknown",
+            top_k: int = 8) -> int:
+    """Write src as the trace dst; returns the steps written. ValueError (one line) on bad input."""
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError("IN and OUT are the same file")
+    open_writer_check(dst)
+    name = os.path.basename(src)
+    if name.lower().endswith((".pt", ".pth")):
+        meta, chunks = _sglang_dump(src, run, gpus, top_k)
+        return _write(dst, meta, [], chunks, [])
+    if name.lower().endswith(".json") and _looks_like_logical_count(src):
+        meta, chunks = _logical_count_json(src, run, gpus, phase, top_k)
+        return _write(dst, meta, [], chunks, [])
+    reader = open_trace(src)
+    try:
+        tl = reader.timeline()
+        meta = reader.meta if run is None else _renamed(reader.meta, run)
+
+        def chunks() -> Iterator[list[wire.StepRecord]]:
+            for a in range(0, tl.num_steps, CHUNK_STEPS):
+                b = min(tl.num_steps, a + CHUNK_STEPS) - 1
+                records = reader.read_steps(int(tl.step_T[a]), int(tl.step_T[b]))
+                yield [_with_run(rec, meta.run) for rec in records] if run else records
+
+        layouts = [_layout_run(rec, meta.run) for rec in reader.layouts]
+        return _write(dst, meta, layouts, chunks(), reader.gpu_samples())
+    finally:
+        reader.close()
+
+
+def open_writer_check(dst: str) -> None:
+    if not dst.lower().endswith((".parquet", ".arrows")):
+        raise ValueError(f"{dst}: OUT must end in .parquet (archive) or .arrows (recording)")
+
+
+def _write(dst: str, meta: wire.RunMeta, layouts, chunks, samples) -> int:
+    writer = open_writer(dst, meta, layouts)
+    steps = 0
+    try:
+        for records in chunks:
+            writer.write(records)
+            steps += len({rec.step for rec in records})
+        writer.write([], samples)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return steps
+
+
+def _renamed(meta: wire.RunMeta, run: str):
+    import dataclasses
+    return dataclasses.replace(meta, run=wire.check_run_name(run))
+
+
+def _with_run(rec: wire.StepRecord, run: str) -> wire.StepRecord:
+    import dataclasses
+    return dataclasses.replace(rec, run=run)
+
+
+def _layout_run(rec: wire.LayoutRecord, run: str) -> wire.LayoutRecord:
+    import dataclasses
+    return dataclasses.replace(rec, run=run)
+
+
+def _looks_like_logical_count(path: str) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    return head.lstrip().startswith(b"{") and b'"logical_count"' in head
+
+
+def _meta_for(run: str, model: str, num_layers: int, num_experts: int, gpus: int | None, top_k: int,
+              layout_rows=None, world: int = 1, extra: dict | None = None) -> wire.RunMeta:
+    num_slots = len(layout_rows[0]) if layout_rows is not None else num_experts
+    gpus = gpus or next(g for g in (32, 16, 8, 4, 2, 1) if num_slots % g == 0)
+    if num_slots % gpus:
+        raise ValueError(f"{num_slots} slots do not split over --gpus {gpus}")
+    rows = layout_rows if layout_rows is not None else wire.contiguous_layout(num_layers, num_experts)
+    meta = wire.RunMeta(run=wire.check_run_name(run), model_name=model,
+                        layer_names=[f"layer{i}" for i in range(num_layers)], num_experts=num_experts, top_k=top_k,
+                        hidden_size=0, moe_intermediate_size=0, dtype_bytes=2, layout=wire.Layout(gpus, 1, rows),
+                        world_size=world, started_s=time.time(), extra=extra or {})
+    wire.encode_meta(meta)
+    return meta
+
+
+def _steps_of(run: str, counts_TLE: np.ndarray, phases, tokens_T, rank: int = 0, world: int = 1,
+              time0_s: float = 0.0, samples=None) -> Iterator[list[wire.StepRecord]]:
+    for a in range(0, counts_TLE.shape[0], CHUNK_STEPS):
+        yield [wire.StepRecord(run=run, rank=rank, world_size=world, step=t, time_s=time0_s + t, phase=phases[t],
+                               tokens=int(tokens_T[t]), counts_LE=counts_TLE[t].astype(np.int32),
+                               sample_ids_LNK=None if samples is None else samples[t], instance="converted")
+               for t in range(a, min(counts_TLE.shape[0], a + CHUNK_STEPS))]
+
+
+def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str, top_k: int):
+    if os.path.getsize(path) > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
+    with open(path, "rb") as handle:
+        obj = wire.parse_json(handle.read(), "logical_count JSON")
+    from planner.loads import as_counts
+    counts = as_counts(obj.get("logical_count") if isinstance(obj, dict) else None, f"{os.path.basename(path)}: logical_count",
+                       ndim=(2, 3))
+    if counts.ndim == 2:
+        counts = counts[None]
+    if (counts != np.round(counts)).any() or counts.max(initial=0) > np.iinfo(np.int32).max:
+        raise ValueError(f"{path}: logical_count must hold whole numbers below 2**31")
+    if phase not in wire.PHASES:
+        raise ValueError(f"--phase must be one of {wire.PHASES}")
+    stem = os.path.basename(path).rsplit(".", 1)[0]
+    meta = _meta_for(run or _run_name(stem), "sglang logical_count", counts.shape[1], counts.shape[2], gpus, top_k,
+                     extra={"source": "sglang logical_count JSON", "file": os.path.basename(path)[:200]})
+    tokens_T = (counts.sum(axis=2).max(axis=1) + top_k // 2) // max(1, top_k)
+    return meta, _steps_of(meta.run, counts.astype(np.int64), [phase] * counts.shape[0], tokens_T,
+                           time0_s=float(int(os.path.getmtime(path))))
+
+
+def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int):
+    from collectors.sglang.dumps import PassDump, parse_name, read_dump
+    from collectors.sglang.records import pass_steps, stat_steps, top_k_of
+
+    dump = read_dump(path, max_bytes=4 << 30)
+    named = parse_name(os.path.basename(path))
+    time0_s = named.time_s if named is not None else float(int(os.path.getmtime(path)))
+    stem = _run_name(os.path.basename(path).rsplit(".", 1)[0])
+    if isinstance(dump, PassDump):
+        k = top_k_of(dump) or top_k
+        steps = pass_steps(dump, k)
+        meta = _meta_for(run or stem, "sglang per-pass dump", dump.num_layers, dump.num_experts, gpus, k,
+                         layout_rows=dump.physical_to_logical_LP.tolist(), world=max(dump.rank + 1, 1),
+                         extra={"source": f"sglang {dump.mode} dump", "file": os.path.basename(path)[:200]})
+        step_ids = steps.position_T - int(steps.position_T[0]) if steps.position_T.size else steps.position_T
+        chunks = ([_step(meta.run, steps, t, int(step_ids[t]), dump.rank, meta.world_size, time0_s)
+                   for t in range(a, min(len(step_ids), a + CHUNK_STEPS))]
+                  for a in range(0, len(step_ids), CHUNK_STEPS))
+        return meta, chunks
+    steps = stat_steps(dump, top_k)
+    meta = _meta_for(run or stem, "sglang stat dump", dump.num_layers, dump.num_experts, gpus, top_k,
+                     extra={"source": "sglang stat dump", "file": os.path.basename(path)[:200]})
+    return meta, _steps_of(meta.run, steps.counts_TLE, steps.phase_T, steps.tokens_T, time0_s=time0_s)
+
+
+def _step(run, steps, t: int, step_id: int, rank: int, world: int, time0_s: float) -> wire.StepRecord:
+    return wire.StepRecord(run=run, rank=rank, world_size=world, step=step_id, time_s=time0_s + step_id * 1e-3,
+                           phase=steps.phase_T[t], tokens=int(steps.tokens_T[t]), counts_LE=steps.counts_TLE[t],
+                           sample_ids_LNK=steps.sample_T[t], instance="converted")
+
+
+def _run_name(stem: str) -> str:
+    import re
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem)[:128].strip("-") or "converted"
+    return name
+
+
+def logical_count_of(path: str) -> list:
+    """The logical_count list of a JSON file (for tests and tools)."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["logical_count"]

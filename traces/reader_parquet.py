@@ -1,0 +1,81 @@
+"""Reading a .parquet trace (traces/writers.py): memory-mapped; the timeline reads only its small columns,
+read_steps only the row groups whose step statistics overlap the view. The NVML samples come from the
+sidecar <stem>.gpu.parquet when it exists.
+
+A hostile file cannot make a read allocate more than MAX_GROUP_BYTES per row group: its declared rows x the
+counts width (and its uncompressed size) are checked before a row group is read.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import wire
+
+from .columnar import TIMELINE_COLUMNS, ColumnarReader, Piece, step_range
+from .schema import parse_metadata
+from .side import SideRecords, read_gpu_parquet
+from .writers import gpu_sidecar
+
+MAX_GROUP_BYTES = 1 << 30
+
+
+class ParquetTraceReader(ColumnarReader):
+    container = "parquet (zstd)"
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        try:
+            self._file = pq.ParquetFile(path, memory_map=True)
+            schema = self._file.schema_arrow
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ValueError(f"{path}: not a Parquet trace ({str(exc)[:160]})") from None
+        self.meta, self.layouts, bad = parse_metadata(schema, self._file.metadata.metadata)
+        self.bad_records += bad
+        width = schema.field("counts").type.byte_width
+        step_index = schema.get_field_index("step")
+        self.pieces = []
+        meta = self._file.metadata
+        for group in range(meta.num_row_groups):
+            info = meta.row_group(group)
+            if info.num_rows * (width + 64) > MAX_GROUP_BYTES or info.total_byte_size > 2 * MAX_GROUP_BYTES:
+                raise ValueError(f"{path}: row group {group} declares {info.num_rows} rows "
+                                 f"({info.total_byte_size} bytes), more than a reader takes at once")
+            stats = info.column(step_index).statistics
+            if stats is not None and stats.has_min_max:
+                first, last = int(stats.min), int(stats.max)
+            else:
+                first, last = step_range(self._file.read_row_group(group, columns=["step"])["step"])
+            self.pieces.append(Piece(info.num_rows, first, last, functools.partial(self._read_group, group)))
+        self._gpu: SideRecords | None = None
+
+    def _read_group(self, group: int) -> pa.Table:
+        try:
+            return self._file.read_row_group(group)
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ValueError(f"{self.path}: row group {group} does not read ({str(exc)[:160]})") from None
+
+    def _timeline_table(self) -> pa.Table:
+        try:
+            return self._file.read(columns=list(TIMELINE_COLUMNS))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ValueError(f"{self.path}: its step columns do not read ({str(exc)[:160]})") from None
+
+    def gpu_samples(self, t0_s: float = -np.inf, t1_s: float = np.inf) -> list[wire.GpuSample]:
+        if self._gpu is None:
+            self._gpu = read_gpu_parquet(str(gpu_sidecar(self.path)))
+            if self._gpu.bad_records:
+                self.bad_records += self._gpu.bad_records
+                self.last_error = self._gpu.last_error
+        return self._gpu.samples_between(t0_s, t1_s)
+
+    def size_bytes(self) -> int:
+        side = gpu_sidecar(self.path)
+        return os.path.getsize(self.path) + (os.path.getsize(side) if side.is_file() else 0)
+
+    def close(self) -> None:
+        self._file.close()
