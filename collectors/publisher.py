@@ -19,6 +19,11 @@ Layout changes (wire.LayoutRecord, submit_layout) take the same way in a queue o
 touched by the step queue's bound: every batch carries all that wait (before its steps), a failed write
 keeps those that did not land, and they wait as long as the sink is down. Only past MAX_LAYOUTS waiting
 layouts (hundreds of rebalances during one outage) is the oldest dropped, counted in dropped_layouts.
+
+Timing records (wire.TimingRecord, a step's per-layer phase times, only from engines that time their layers)
+come with their step (StepJob.timings, read by `decode_timing` on this thread) and wait in a queue of their
+own per sink, bounded like the steps' (queue_steps, the oldest dropped and counted in dropped_timings); a
+batch carries at most `batch` of them, after its steps. A sink is handed timings= only when there are some.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import wire
 
@@ -51,6 +57,7 @@ class StepJob:
     tokens: int | None      # set by the caller of end_step, else taken from facts / the device
     slot: HostSlot
     facts: StepFacts
+    timings: Any = None     # collectors.timing.PendingTimings of the step, None when it timed nothing
 
 
 @dataclass
@@ -64,6 +71,10 @@ class _Outbox:
     samples: list[wire.GpuSample] = field(default_factory=list)
     layouts: collections.deque[wire.LayoutRecord] = field(default_factory=collections.deque)  # own queue
     sending_layouts: list[wire.LayoutRecord] = field(default_factory=list)
+    timings: collections.deque[wire.TimingRecord] = field(default_factory=collections.deque)  # own queue
+    sending_timings: list[wire.TimingRecord] = field(default_factory=list)
+    dropped_timings: int = 0
+    published_timings: int = 0
     dropped: int = 0          # records this sink's full queue dropped (and its leftovers at close)
     published: int = 0
     dropped_layouts: int = 0  # past MAX_LAYOUTS waiting, and those left at close
@@ -90,11 +101,13 @@ class Publisher:
     def __init__(self, sinks: Sequence[Sink], decode: Callable[[StepJob], wire.StepRecord],
                  release: Callable[[HostSlot], None], rank: int, queue_steps: int = 1024, batch: int = 256,
                  flush_interval_s: float = 0.1, wake_at: int | None = None,
-                 collector_health: Callable[[], dict[str, object]] | None = None):
+                 collector_health: Callable[[], dict[str, object]] | None = None,
+                 decode_timing: Callable[[StepJob], wire.TimingRecord | None] | None = None):
         self._decode, self._release, self._rank = decode, release, rank
         self._queue_steps, self._batch, self._flush_interval_s = queue_steps, batch, flush_interval_s
         self._wake_at = wake_at or 0
         self._collector_health = collector_health
+        self._decode_timing = decode_timing
         self._outboxes = [_Outbox(sink) for sink in sinks]
         self._inbox: collections.deque[StepJob] = collections.deque()
         self._layout_inbox: collections.deque[wire.LayoutRecord] = collections.deque()
@@ -169,7 +182,10 @@ class Publisher:
                                 "max_write_s": round(box.max_write_s, 3),
                                 "published_layouts": box.published_layouts,
                                 "queued_layouts": len(box.layouts) + len(box.sending_layouts),
-                                "dropped_layouts": box.dropped_layouts}
+                                "dropped_layouts": box.dropped_layouts,
+                                "published_timings": box.published_timings,
+                                "queued_timings": len(box.timings) + len(box.sending_timings),
+                                "dropped_timings": box.dropped_timings}
                 for box in self._outboxes}
 
     @property
@@ -185,6 +201,7 @@ class Publisher:
         self._closing = True
         while time.monotonic() < deadline and (self._inbox or self._samples or self._layout_inbox or any(
                 box.pending or box.samples or box.sending or box.layouts or box.sending_layouts
+                or box.timings or box.sending_timings
                 or (not box.error and box.health_sent < self._closing_at)
                 for box in self._outboxes)):
             self._wake.set()
@@ -216,6 +233,9 @@ class Publisher:
                 layouts_left += lost
                 box.layouts.clear()
                 box.sending_layouts = []
+                box.dropped_timings += len(box.timings) + len(box.sending_timings)
+                box.timings.clear()
+                box.sending_timings = []
         if left:
             log.warning("moe monitor: %d steps were not published before close (%s)", left, self.last_error)
         if layouts_left:
@@ -268,6 +288,7 @@ class Publisher:
         """Decode every finished step, give its slot back and queue it for every sink; hand out the NVML
         samples; wake the writers that got something."""
         records: list[wire.StepRecord] = []
+        timings: list[wire.TimingRecord] = []
         while self._inbox:
             job = self._inbox.popleft()
             try:
@@ -277,9 +298,16 @@ class Publisher:
                 self.count_dropped()
             finally:
                 self._release(job.slot)
+            if job.timings is not None and self._decode_timing is not None:
+                try:
+                    timing = self._decode_timing(job)
+                    if timing is not None:
+                        timings.append(timing)
+                except Exception as exc:  # a bug here must not kill the thread
+                    self._error = f"timing decode failed: {type(exc).__name__}: {exc}"
         fresh = [self._samples.popleft() for _ in range(len(self._samples))]
         layouts = [self._layout_inbox.popleft() for _ in range(len(self._layout_inbox))]
-        if not records and not fresh and not layouts:
+        if not records and not fresh and not layouts and not timings:
             return
         for box in self._outboxes:
             with box.lock:
@@ -296,6 +324,9 @@ class Publisher:
                 if layouts:
                     box.layouts.extend(layouts)
                     _bound_layouts(box)
+                if timings:
+                    box.timings.extend(timings)
+                    self._bound_timings(box)
             box.wake.set()
 
     # ------------------------------------------------------------------ one writer thread per sink
@@ -330,13 +361,16 @@ class Publisher:
                 return None
             now = time.monotonic()
             health_due = (box.health_sent < self._closing_at if self._closing else now - box.health_sent >= 1.0)
-            if not box.pending and not box.samples and not box.layouts and others == box.errors_sent \
+            if not box.pending and not box.samples and not box.layouts and not box.timings \
+                    and others == box.errors_sent \
                     and not health_due:
                 return None  # idle: health once a second (at once when what it says changed, once at close)
             dropped = dropped_before + box.dropped  # stamped now: drops of steps queued behind these count
             box.sending = [box.pending.popleft() for _ in range(min(self._batch, len(box.pending)))]
             box.sending_layouts = list(box.layouts)
             box.layouts.clear()
+            box.sending_timings = [box.timings.popleft() for _ in range(min(self._batch, len(box.timings)))]
+            sending_timings = box.sending_timings
             sending, samples, sending_layouts = box.sending, box.samples, box.sending_layouts
             box.samples = []
             queued = len(box.pending)
@@ -352,15 +386,20 @@ class Publisher:
         failure: Exception | None = None
         landed: frozenset[int] | range = range(len(records))
         layouts_landed: frozenset[int] | range = range(len(sending_layouts))
+        timings_landed: frozenset[int] | range = range(len(sending_timings))
         samples_landed = True
         started = time.monotonic()
         try:
-            box.sink.write(records, samples, health, layouts=sending_layouts)
+            if sending_timings:  # only then: a sink of a run that times nothing never sees the argument
+                box.sink.write(records, samples, health, layouts=sending_layouts, timings=sending_timings)
+            else:
+                box.sink.write(records, samples, health, layouts=sending_layouts)
         except PartialWrite as exc:
             failure, landed, samples_landed = exc, exc.landed, exc.samples_landed
-            layouts_landed = exc.layouts_landed
+            layouts_landed, timings_landed = exc.layouts_landed, exc.timings_landed
         except Exception as exc:  # this sink's failure; the others go on
             failure, landed, samples_landed, layouts_landed = exc, frozenset(), False, frozenset()
+            timings_landed = frozenset()
         finished = time.monotonic()
         with box.lock:
             box.max_write_s = max(box.max_write_s, finished - started)
@@ -372,6 +411,12 @@ class Publisher:
             kept_layouts = [rec for i, rec in enumerate(sending_layouts) if i not in layouts_landed]
             box.published_layouts += len(sending_layouts) - len(kept_layouts)
             box.sending_layouts = []
+            kept_timings = [rec for i, rec in enumerate(sending_timings) if i not in timings_landed]
+            box.published_timings += len(sending_timings) - len(kept_timings)
+            box.sending_timings = []
+            if kept_timings:  # back at the head; the oldest beyond the bound go
+                box.timings.extendleft(reversed(kept_timings))
+                self._bound_timings(box)
             if kept_layouts:  # back at the head, before any submitted since: never dropped by the step bound
                 box.layouts.extendleft(reversed(kept_layouts))
                 _bound_layouts(box)
@@ -383,7 +428,7 @@ class Publisher:
                 box.dropped += max(0, excess)
             if not samples_landed:
                 box.samples = (list(samples) + box.samples)[-MAX_SAMPLES:]
-            backlog = len(box.pending) >= self._batch
+            backlog = len(box.pending) >= self._batch or len(box.timings) >= self._batch
         if failure is not None:
             box.error = f"{box.sink.name} sink failed: {type(failure).__name__}: {failure}"
             if isinstance(failure, PartialWrite):
@@ -400,6 +445,13 @@ class Publisher:
         if backlog:
             box.wake.set()  # a backlog (after an outage): keep going without waiting
         return True
+
+
+    def _bound_timings(self, box: _Outbox) -> None:
+        """Keep at most queue_steps timing records waiting for box's sink (the oldest go, counted). Under box.lock."""
+        while len(box.timings) > self._queue_steps:
+            box.timings.popleft()
+            box.dropped_timings += 1
 
 
 def _bound_layouts(box: _Outbox) -> None:

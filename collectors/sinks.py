@@ -27,9 +27,11 @@ class Sink(Protocol):
     keeps_health: bool  # whether write() stores the health report (a failure is cleared once one has it)
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = ()) -> None:
+              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = (),
+              timings: Sequence[wire.TimingRecord] = ()) -> None:
         """Write one batch (any list may be empty; layouts go before the steps). Raising means the batch did
-        not land (PartialWrite: only in part)."""
+        not land (PartialWrite: only in part). The publisher passes timings=[wire.TimingRecord, ...] (after
+        the steps) only when it has some: a sink that writes them takes `timings` as a keyword."""
         ...
 
     def close(self) -> None:
@@ -44,9 +46,10 @@ class PartialWrite(Exception):
     what landed off its queues and offers the rest again after its backoff."""
 
     def __init__(self, message: str, landed: frozenset[int], samples_landed: bool,
-                 layouts_landed: frozenset[int] = frozenset()):
+                 layouts_landed: frozenset[int] = frozenset(), timings_landed: frozenset[int] = frozenset()):
         super().__init__(message)
         self.landed, self.samples_landed, self.layouts_landed = landed, samples_landed, layouts_landed
+        self.timings_landed = timings_landed  # indices of the timing records that did land
 
 
 class RedisSink:
@@ -74,7 +77,8 @@ class RedisSink:
         self._resend_layout = False  # the layout stream was found missing: send _last_layout again
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = ()) -> None:
+              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = (),
+              timings: Sequence[wire.TimingRecord] = ()) -> None:
         run = self._run
         pipe = self._client.pipeline(transaction=False)
         with_meta = self._needs_meta
@@ -90,6 +94,8 @@ class RedisSink:
             pipe.xadd(wire.steps_key(run), _fields(wire.encode_step(rec)), maxlen=self._maxlen, approximate=True)
         for sample in samples:
             pipe.xadd(wire.gpu_key(run), _fields(wire.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
+        for timing in timings:  # a step's layer timings, same batch, same MAXLEN as the steps
+            pipe.xadd(wire.timings_key(run), _fields(wire.encode_timing(timing)), maxlen=self._maxlen, approximate=True)
         pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
         pipe.zadd(wire.RUNS_KEY, {run: time.time()})
         check_layouts = self._last_layout is not None or bool(layouts)
@@ -106,6 +112,8 @@ class RedisSink:
         first += len(layouts)
         step_replies = replies[first: first + len(records)]
         sample_replies = replies[first + len(records): first + len(records) + len(samples)]
+        first += len(records) + len(samples)
+        timing_replies = replies[first: first + len(timings)]
         asked = -2 if check_layouts else -1  # the EXISTS at the end prove nothing when refused (a write-only ACL)
         errors = [reply for reply in replies[:asked] if isinstance(reply, Exception)]
         meta_gone = replies[-1] == 0  # an EXISTS the user may not run (write-only ACL) proves nothing
@@ -120,8 +128,9 @@ class RedisSink:
             message = f"{len(errors)} of {len(replies)} commands: {type(refused).__name__}: {refused}"
             landed = frozenset(i for i, reply in enumerate(step_replies) if not isinstance(reply, Exception))
             layouts_landed = frozenset(i for i, reply in enumerate(layout_replies) if not isinstance(reply, Exception))
+            timings_landed = frozenset(i for i, reply in enumerate(timing_replies) if not isinstance(reply, Exception))
             raise PartialWrite(message, landed, not any(isinstance(r, Exception) for r in sample_replies),
-                               layouts_landed)
+                               layouts_landed, timings_landed)
 
     def close(self) -> None:
         self._client.close()
@@ -143,7 +152,11 @@ class TraceFileSink:
     max_bytes (None: no cap): before a line would take the file past it, the file is rotated once:
     `<path>` becomes `<path>.1` (replacing the previous one) and a new `<path>` starts with the metadata
     line and the latest layout line written (the layout in force), so each file replays on its own and the pair holds at most about 2 x max_bytes. A single line
-    longer than the cap still goes in (into a file of its own)."""
+    longer than the cap still goes in (into a file of its own).
+
+    A path ending in ".arrows" records the columnar trace instead (Arrow IPC stream, traces.recorder.ArrowRecorder,
+    pyarrow imported only then), with the same cap, rotation and failed-write recovery; its layout records and
+    NVML samples after the header go to <path>.side.jsonl."""
 
     name = "trace"
     keeps_health = False
@@ -151,6 +164,12 @@ class TraceFileSink:
     def __init__(self, path: str | os.PathLike[str], meta: wire.RunMeta, max_bytes: int | None = None):
         self._path = os.fspath(path)
         self._max_bytes = max_bytes
+        self._columnar = None
+        if self._path.lower().endswith(".arrows"):
+            from traces.recorder import ArrowRecorder  # pyarrow only for a columnar trace
+
+            self._columnar = ArrowRecorder(self._path, meta, max_bytes)
+            return
         self._meta_line = wire.trace_line("meta", {"meta": wire.encode_meta(meta)}) + "\n"
         self._layout_line = ""  # the latest layout line written ("" before any): starts every new file too
         self._file = self._open_new()
@@ -181,9 +200,14 @@ class TraceFileSink:
         self._file = self._open_new()
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = ()) -> None:
+              health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = (),
+              timings: Sequence[wire.TimingRecord] = ()) -> None:
+        if self._columnar is not None:
+            self._columnar.write(records, samples, layouts, timings)
+            return
         lines = [wire.trace_line("layout", wire.encode_layout_record(rec)) for rec in layouts]
         lines += [wire.trace_line("step", wire.encode_step(rec)) for rec in records]
+        lines += [wire.trace_line("timing", wire.encode_timing(rec)) for rec in timings]  # a step's layer times
         lines += [wire.trace_line("gpu", wire.encode_gpu_sample(sample)) for sample in samples]
         try:
             if self._file.closed:  # a write failed before (a full disk): start again from the file on disk
@@ -215,5 +239,7 @@ class TraceFileSink:
         self._file.flush()
 
     def close(self) -> None:
-        if not self._file.closed:
+        if self._columnar is not None:
+            self._columnar.close()
+        elif not self._file.closed:
             self._file.close()

@@ -1,7 +1,9 @@
 """`make demo` / `python -m demo`: private Redis (unless REDIS_URL is set), the tiny DeepSeek-V3 driven by
 drifting traffic with the real collector attached, and the dashboard on 127.0.0.1:$PORT (default 8501).
 `--engine vllm` (`make demo-vllm`) serves a tiny Qwen3-MoE in a real vLLM instead (demo/vllm.py, run with
-.venv-engines' Python), watched through the vLLM plugin."""
+.venv-engines' Python), watched through the vLLM plugin; `--engine ep` (`make demo-ep`) runs the tiny
+DeepSeek-V3 over 4 expert-parallel CPU ranks with real all-to-all (demo/ep), timed and open to live layout
+changes."""
 from __future__ import annotations
 
 import argparse
@@ -24,8 +26,10 @@ def parse_args(argv=None):
     parser.add_argument("--run", default=os.environ.get("RUN", "demo-deepseek-v3"), help="run name in Redis")
     parser.add_argument("--no-dashboard", action="store_true", help="only drive the model")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
-    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
-                        help="what serves the model: transformers in this process, or vLLM (.venv-engines)")
+    parser.add_argument("--engine", choices=("transformers", "vllm", "ep"), default="transformers",
+                        help="what serves the model: transformers in this process, vLLM (.venv-engines), or the "
+                             "expert-parallel runtime on CPU ranks (demo/ep)")
+    parser.add_argument("--ranks", type=int, default=4, help="--engine ep: ranks (2..8)")
     return parser.parse_args(argv)
 
 
@@ -36,20 +40,30 @@ def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, env=env)
 
 
-def serve_with_vllm(args, redis_url: str, stop: threading.Event) -> int:
-    """The dashboard here, a vLLM engine in .venv-engines publishing through the plugin."""
+def engine_command(args, redis_url: str) -> list[str] | None:
+    """The engine process of `--engine vllm|ep`, or None (with the reason printed) when it cannot run here."""
+    if args.engine == "ep":   # several CPU ranks with all-to-all, timings and live layout apply (demo/ep)
+        return [sys.executable, "-m", "demo.ep", "--ranks", str(args.ranks), "--redis", redis_url, "--run", args.run,
+                "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
     engine_python = ROOT / ".venv-engines" / "bin" / "python"
     if not engine_python.exists():
         print("demo: vLLM lives in .venv-engines: run `make demo-vllm` (it builds it)", file=sys.stderr)
-        return 2
+        return None
     cmd = [str(engine_python), "-m", "demo.vllm", "--redis", redis_url, "--run", args.run]
-    if args.seconds > 0:
-        cmd += ["--seconds", str(args.seconds)]
+    return cmd + (["--seconds", str(args.seconds)] if args.seconds > 0 else [])
+
+
+def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
+    """The dashboard here, the engine (a real vLLM in .venv-engines, or the EP runtime's ranks) in its own
+    processes, publishing to the same Redis."""
+    cmd = engine_command(args, redis_url)
+    if cmd is None:
+        return 2
     engine = subprocess.Popen(cmd, cwd=ROOT)
     dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url)
     if dashboard is not None:
-        print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once vLLM is up, "
-              f"about a minute)", flush=True)
+        print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once the engine is up)",
+              flush=True)
     try:
         while engine.poll() is None and not stop.is_set() and (dashboard is None or dashboard.poll() is None):
             time.sleep(0.5)
@@ -78,8 +92,8 @@ def main(argv=None) -> int:
             redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"), own_session=True)
             redis_url = redis.url
             print(f"demo: private redis-server on {redis_url}", flush=True)
-        if args.engine == "vllm":
-            return serve_with_vllm(args, redis_url, stop)
+        if args.engine != "transformers":
+            return serve_engine(args, redis_url, stop)
         model = build_model()
         traffic = DriftingTraffic(model)
         monitor = attach(model, redis_url=redis_url, run=args.run, gpus=32, nodes=4)

@@ -11,6 +11,9 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:R:layouts      stream: one entry per layout change (LayoutRecord: the physical_to_logical_map [L, P]
                        in force from a step on; source "initial", "engine" (EPLB rebalance) or "apply"),
                        fields in LAYOUT_FIELDS
+    moe:R:timings      stream: one entry per (step, rank) of an engine that times its MoE layers (TimingRecord:
+                       dispatch, expert compute, combine and whole-layer seconds, float32 [L] each, NaN =
+                       not measured), fields in TIMING_FIELDS
     moe:R:health       hash: rank -> JSON {rank, dropped_steps, published_steps, queued, last_error,
                        sink_failures, last_failure, hook_errors, invalid_ids, time_s}
 
@@ -53,10 +56,12 @@ from .keys import (
                    check_run_name,
                    gpu_key,
                    health_key,
+                   layout_requests_key,
                    layouts_key,
                    maxlen_for_budget,
                    meta_key,
                    steps_key,
+                   timings_key,
 )
 from .layouts import LAYOUT_FIELDS, LAYOUT_SOURCES, LayoutRecord, decode_layout_record, encode_layout_record
 from .meta import (
@@ -71,6 +76,14 @@ from .meta import (
                    parse_layout_json,
 )
 from .steps import SCOPES, StepRecord, decode_step, encode_step, new_instance_id
+from .timings import (
+                      MAX_PHASE_S,
+                      TIMING_FIELDS,
+                      TIMING_PHASES,
+                      TimingRecord,
+                      decode_timing,
+                      encode_timing,
+)
 from .trace import MAX_TRACE_LINE_BYTES, TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
 __all__ = [
@@ -79,6 +92,8 @@ __all__ = [
     "MAX_TRACE_LINE_BYTES", "MAX_WORLD", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
     "SAMPLE_FIELDS", "SCHEMA_VERSION", "SCOPES", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "LayoutRecord", "RunMeta",
     "StepRecord", "check_layout_map", "check_run_name", "check_sizes", "connect", "contiguous_layout", "decode_gpu_sample", "decode_layout_record", "decode_meta", "decode_step", "decode_trace_line",
-    "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layouts_key",
+    "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layout_requests_key", "layouts_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]
+__all__ += ["MAX_PHASE_S", "TIMING_FIELDS", "TIMING_PHASES", "TimingRecord", "decode_timing", "encode_timing",
+            "timings_key"]

@@ -42,9 +42,21 @@ def steps_key(run: str) -> str:
     return f"{KEY_PREFIX}:{check_run_name(run)}:steps"
 
 
+def timings_key(run: str) -> str:
+    """Stream of the run's per-step layer timings (wire/timings.py), one entry per (step, rank)."""
+    return f"{KEY_PREFIX}:{check_run_name(run)}:timings"
+
+
 def layouts_key(run: str) -> str:
     """Stream of the run's layout changes (wire/layouts.py), one entry per change."""
     return f"{KEY_PREFIX}:{check_run_name(run)}:layouts"
+
+
+def layout_requests_key(run: str) -> str:
+    """Stream of layouts asked for (wire.LayoutRecord, source "apply"; their step: when asked) that a runtime
+    able to move experts picks up; it publishes the change it makes to layouts_key, from the step it takes force.
+    Readers of the run's layout history never read requests."""
+    return f"{KEY_PREFIX}:{check_run_name(run)}:layout_requests"
 
 
 def gpu_key(run: str) -> str:

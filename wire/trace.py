@@ -10,12 +10,14 @@ from .gpu import GpuSample, decode_gpu_sample
 from .layouts import LayoutRecord, decode_layout_record
 from .meta import RunMeta, decode_meta
 from .steps import StepRecord, decode_step
+from .timings import TimingRecord, decode_timing
 
 # A trace file is JSON lines: {"kind": "meta", "meta": "<RunMeta JSON>"} first, then {"kind": "step", ...}
 # with the encode_step fields (bytes values base64 in "<name>_b64") and {"kind": "gpu", ...} with the
 # encode_gpu_sample fields, {"kind": "layout", ...} with the encode_layout_record fields (the map as "map_b64").
 # No pickle: a trace is data only.
-TRACE_KINDS = ("meta", "step", "gpu", "layout")
+# {"kind": "timing", ...} carries the encode_timing fields (the four float32 arrays as "<phase>_b64").
+TRACE_KINDS = ("meta", "step", "gpu", "layout", "timing")
 MAX_TRACE_LINE_BYTES = 32 << 20  # a longer line is refused (readers skip it without holding it)
 
 
@@ -53,9 +55,9 @@ def parse_trace_line(line: str) -> tuple[str, dict]:
     return kind, fields
 
 
-def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample | LayoutRecord]:
+def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample | LayoutRecord | TimingRecord]:
     """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample) |
-    ("layout", LayoutRecord): the one decoder of trace lines (replay source and planner alike). ValueError (never another exception) on anything malformed
+    ("layout", LayoutRecord) | ("timing", TimingRecord): the one decoder of trace lines (replay source and planner alike). ValueError (never another exception) on anything malformed
     or out of the bounds of wire/keys.py."""
     kind, fields = parse_trace_line(line)
     if kind == "meta":
@@ -69,6 +71,8 @@ def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample 
         return "step", decode_step(fields)
     if kind == "layout":
         return "layout", decode_layout_record(fields)
+    if kind == "timing":
+        return "timing", decode_timing(fields)
     if isinstance(fields.get("gpus"), list):
         fields["gpus"] = _dumps(fields["gpus"], "GPU sample 'gpus'")
     return "gpu", decode_gpu_sample(fields)

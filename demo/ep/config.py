@@ -1,0 +1,61 @@
+"""EPConfig: everything one expert-parallel run does, picklable so that every spawned rank gets the same."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EPConfig:
+    """One EP run on `ranks` processes.
+
+    layout: the initial physical_to_logical_map as nested lists [L][P] (None: contiguous, P = E); P must be a
+    multiple of ranks (slot p on rank p // (P / ranks)).
+    steps: steps to run (0: until `seconds`); seconds: wall-clock limit (0: none; rank 0 decides, all stop at the
+    same step). batch x seq_len: each rank's own tokens per step (data-parallel attention). step_period_s:
+    the traffic's virtual clock advances this much per step (drift is a function of the step, identical on every
+    rank and reproducible). sync_every: steps between control broadcasts (stop, a new layout).
+    redis_url / run: where the collectors publish (None: counts in memory only) and whose layouts stream rank 0
+    watches for "apply" records. timing: time the MoE layers (collectors time_layer); timing_toggle_every: > 0
+    alternates blocks of that many steps with timing on and off (the bench's overhead measurement).
+    auto_plan_at_step / auto_plan_redundant: > 0: at that step the counts so far (all ranks summed) go through
+    planner.plan(gpus=ranks, redundant=...) and the result is applied live like an "apply" record.
+    stop_after_apply_steps: > 0: stop once a layout applied live has been in force this many steps (tests).
+    save_outputs: keep every step's tokens and logits in the rank's result file (tests).
+    """
+
+    ranks: int = 2
+    layout: list[list[int]] | None = None
+    steps: int = 0
+    seconds: float = 0.0
+    batch: int = 4
+    seq_len: int = 16
+    moe_layers: int = 4
+    seed: int = 0
+    strength: float = 0.05
+    drift_period_s: float = 60.0
+    step_period_s: float = 0.25
+    sync_every: int = 4
+    redis_url: str | None = None
+    run: str = "ep-demo"
+    timing: bool = True
+    timing_toggle_every: int = 0
+    auto_plan_at_step: int = 0
+    auto_plan_redundant: int = 0
+    stop_after_apply_steps: int = 0
+    min_step_interval_s: float = 0.0
+    save_outputs: bool = False
+    threads: int = 0
+    timeout_s: float = 120.0
+    nvml: bool = True
+
+    def check(self) -> EPConfig:
+        """self, or ValueError naming the bad field."""
+        if not 2 <= self.ranks <= 8:
+            raise ValueError(f"--ranks must be 2..8, got {self.ranks}")
+        if self.steps < 0 or self.seconds < 0 or (self.steps == 0 and self.seconds == 0):
+            raise ValueError("give a positive number of steps or seconds")
+        if self.batch < 1 or self.seq_len < 1 or self.moe_layers < 1 or self.sync_every < 1:
+            raise ValueError("batch, seq_len, moe_layers and sync_every must be >= 1")
+        if self.timing_toggle_every < 0 or self.auto_plan_at_step < 0 or self.auto_plan_redundant < 0:
+            raise ValueError("timing_toggle_every, auto_plan_at_step and auto_plan_redundant must be >= 0")
+        return self

@@ -1,0 +1,189 @@
+"""The CPU expert-parallel runtime (demo/ep): N real processes over torch.distributed (gloo), the tiny
+transformers DeepSeek-V3's own routers, all_to_all_single dispatch and combine, the collectors publishing to a
+real redis-server.
+
+Each rank's logits are compared with a single-process forward of the same model (same seed, transformers'
+eager experts) on the same tokens, before and after a layout switch. Tolerance: the EP path runs each
+(source rank, expert) GEMM on the rows, in the row order, that the single-process loop uses and adds the
+weighted expert outputs in its (ascending expert) order, so without replicas the logits are bit-identical on
+this machine (max |diff| 0). With replicas a token's expert runs on one of its replicas (token index modulo the
+replica count), so an expert's rows are split over several GEMMs of fewer rows, and float32 GEMM kernels block
+(hence round) differently for different row counts: a few ulps per layer, 2.7e-7 at most in the logits here.
+rtol = atol = 1e-6 allows that and nothing more: one token sent to a wrong expert moves logits by ~1e-2.
+The counts are compared exactly (the routing is the same: rounding of 1e-7 flips no top-k choice here).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+import planner
+import wire
+from collectors import attach
+from demo.ep import EPConfig, launch
+from demo.ep.apply import main as apply_main
+from demo.ep.placement import Placement, plan_moves
+from demo.ep.worker import make_traffic
+from demo.model import build_model
+
+pytestmark = pytest.mark.slow
+
+NUM_LAYERS, NUM_EXPERTS = 4, 256
+
+
+def _reference(cfg: EPConfig, outputs: list[dict]) -> tuple[float, list[list[np.ndarray]]]:
+    """Single-process forward of every rank's tokens of every step: (max |logits diff|, per rank per step the
+    attach() counts int64 [L, E] of that forward); asserts the tokens are the ones the rank's traffic draws."""
+    model = build_model(cfg.moe_layers, cfg.seed)
+    model.set_experts_implementation("eager")
+    monitor = attach(model, sample_tokens=0, nvml=False)
+    worst = 0.0
+    counts: list[list[np.ndarray]] = []
+    try:
+        for rank, out in enumerate(outputs):
+            traffic = make_traffic(model, cfg, rank)
+            per_step = []
+            for step in range(out["tokens"].shape[0]):
+                traffic.apply(step * cfg.step_period_s)
+                tokens = traffic.prompts(cfg.batch, cfg.seq_len)
+                assert torch.equal(tokens, out["tokens"][step])
+                before = monitor.counts()
+                with torch.inference_mode():
+                    logits = model(input_ids=tokens, use_cache=False).logits
+                per_step.append(monitor.counts() - before)
+                worst = max(worst, float((logits - out["logits"][step]).abs().max()))
+                torch.testing.assert_close(out["logits"][step], logits, rtol=1e-6, atol=1e-6)
+            counts.append(per_step)
+    finally:
+        monitor.close()
+    return worst, counts
+
+
+def _published(url: str, run: str):
+    client = redis.Redis.from_url(url)
+    steps = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key(run))]
+    timings = [wire.decode_timing(f) for _, f in client.xrange(wire.timings_key(run))]
+    layouts = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layouts_key(run))]
+    meta = wire.decode_meta(client.get(wire.meta_key(run)))
+    client.close()
+    return steps, timings, layouts, meta
+
+
+def _check_published(url: str, cfg: EPConfig, results: list[dict], ref_counts) -> None:
+    steps, timings, _, meta = _published(url, cfg.run)
+    ranks = cfg.ranks
+    assert meta.world_size == ranks and meta.layout.gpus == ranks
+    num_steps = results[0]["steps"]
+    assert {(rec.rank, rec.step) for rec in steps} == {(r, s) for r in range(ranks) for s in range(num_steps)}
+    assert all(rec.world_size == ranks and rec.scope == "rank" for rec in steps)
+    for rec in steps:  # each rank's counts of each step: the single-process attach() counts of its tokens
+        np.testing.assert_array_equal(rec.counts_LE, ref_counts[rec.rank][rec.step])
+    summed = sum(rec.counts_LE.astype(np.int64) for rec in steps)
+    np.testing.assert_array_equal(summed, sum(sum(per_step) for per_step in ref_counts))
+    # timings: one record per step and rank, every phase of every layer measured, phases within the layer
+    assert {(t.rank, t.step) for t in timings} == {(r, s) for r in range(ranks) for s in range(num_steps)}
+    for t in timings:
+        d, c, b, layer = (a.astype(np.float64) for a in t.arrays())
+        assert t.world_size == ranks and d.shape == (NUM_LAYERS,)
+        assert all(np.isfinite(a).all() and (a >= 0).all() for a in (d, c, b, layer))
+        assert (d + c + b <= layer + 1e-5).all(), (d, c, b, layer)
+        assert (d > 0).all() and (c > 0).all() and (b > 0).all()
+
+
+def _run(cfg: EPConfig, tmp_path):
+    results = launch(cfg, tmp_path, timeout_s=900)
+    outputs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(cfg.ranks)]
+    return results, outputs
+
+
+def test_two_ranks_equal_single_process(redis_url, tmp_path):
+    cfg = EPConfig(ranks=2, steps=5, redis_url=redis_url, run="ep-two", save_outputs=True, nvml=False)
+    results, outputs = _run(cfg, tmp_path)
+    worst, ref_counts = _reference(cfg, outputs)
+    print(f"max |EP - single-process| logits: {worst:.3g}")
+    _check_published(redis_url, cfg, results, ref_counts)
+    assert all(r["applied"] == [] for r in results)
+
+
+def _replica_layout(seed: int, ranks: int, redundant: int) -> np.ndarray:
+    """A planner layout with redundant replicas for skewed random counts, int64 [L, E + redundant]."""
+    rng = np.random.default_rng(seed)
+    counts_LE = rng.zipf(1.3, size=(NUM_LAYERS, NUM_EXPERTS)).clip(max=10_000).astype(np.float64)
+    layout_LP = np.asarray(planner.plan(counts_LE, gpus=ranks, redundant=redundant).layout_LP, dtype=np.int64)
+    assert (planner.replica_counts(layout_LP, NUM_EXPERTS) > 1).any()
+    return layout_LP
+
+
+def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
+    initial = _replica_layout(1, 4, 32)
+    target = _replica_layout(2, 4, 32)
+    cfg = EPConfig(ranks=4, layout=initial.tolist(), steps=80, sync_every=2, stop_after_apply_steps=3,
+                   min_step_interval_s=0.2, redis_url=redis_url, run="ep-four", save_outputs=True, nvml=False)
+    layout_file = tmp_path / "target.json"
+    layout_file.write_text(json.dumps({"physical_to_logical_map": target.tolist()}))
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["results"] = launch(cfg, tmp_path, timeout_s=900)
+        except BaseException as exc:  # reported by the main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    client = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + 600
+    while thread.is_alive() and time.monotonic() < deadline:  # wait for step 2 of the run, then apply
+        last = client.xrevrange(wire.steps_key(cfg.run), count=1)
+        if last and wire.decode_step(last[0][1]).step >= 2:
+            break
+        time.sleep(0.1)
+    assert apply_main(["--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file)]) == 0
+    thread.join(900)
+    client.close()
+    assert "error" not in box, box.get("error")
+    results = box["results"]
+    outputs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(cfg.ranks)]
+
+    applied = [[{k: x[k] for k in ("from_step", "moves", "bytes_moved")} for x in r["applied"]] for r in results]
+    assert all(a == applied[0] for a in applied)  # every rank switched at the same step
+    assert len(applied[0]) == 1
+    from_step = applied[0][0]["from_step"]
+    expected_moves = plan_moves(Placement(initial, 4, NUM_EXPERTS), Placement(target, 4, NUM_EXPERTS))
+    assert applied[0][0]["moves"] == len(expected_moves) > 0
+    assert sum(r["applied"][0]["received"] for r in results) == len(expected_moves)
+    assert sum(r["applied"][0]["sent"] for r in results) == len(expected_moves)
+    assert applied[0][0]["bytes_moved"] == len(expected_moves) * 3 * 64 * 32 * 4
+    assert all(np.array_equal(np.asarray(r["layout_LP"]), target) for r in results)
+    assert 0 < from_step < results[0]["steps"] and results[0]["steps"] == from_step + cfg.stop_after_apply_steps
+
+    worst, ref_counts = _reference(cfg, outputs)  # every step, before and after the switch
+    print(f"max |EP - single-process| logits: {worst:.3g}; switched at step {from_step}, "
+          f"{len(expected_moves)} expert copies")
+    _check_published(redis_url, cfg, results, ref_counts)
+    _, _, layouts, _ = _published(redis_url, cfg.run)
+    client = redis.Redis.from_url(redis_url)
+    requested = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layout_requests_key(cfg.run))]
+    client.close()
+    marked = [rec for rec in layouts if rec.instance == results[0]["instance"]]
+    assert len(requested) == 1 and requested[0].source == "apply" and requested[0].step <= from_step
+    assert len(layouts) == len(marked), "a request must never show as a layout change"
+    assert len(marked) == 1 and marked[0].source == "apply" and marked[0].step == from_step
+    assert marked[0].gpus == 4
+    np.testing.assert_array_equal(marked[0].validate(NUM_EXPERTS).physical_to_logical_LP, target)
+
+
+def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys):
+    missing = tmp_path / "none.json"
+    assert apply_main(["--redis", redis_url, "--run", "no-such-run", "--layout", str(missing)]) == 2
+    layout_file = tmp_path / "l.json"
+    layout_file.write_text('{"physical_to_logical_map": [[0, 1], [1, 0]]}')
+    assert apply_main(["--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file)]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "no metadata" in err
