@@ -80,7 +80,8 @@ def main() -> int:
         time.sleep(2)   # the publisher's last flush
         steps = [wire.decode_step(f) for _, f in redis.client().xrange(wire.steps_key("gpu-check"))]
         bad = [s.step for s in steps if (s.counts_LE.sum(axis=1) != s.tokens * TOP_K).any()]
-        print(("FAIL" if bad else "ok  ") + f" 1. {len(steps)} steps under CUDA graphs, padding counted in {bad[:5]}")
+        print(("FAIL" if bad else "ok  ") + f" 1. {len(steps)} steps ({'CUDA graphs' if device == 'cuda' else 'CPU, compiled'}), "
+              f"steps with padding counted: {bad[:5]}")
         if bad:
             return 1
         model = __import__("transformers").AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
@@ -92,7 +93,7 @@ def main() -> int:
         counted = np.sum([s.counts_LE.astype(np.int64) for s in steps], axis=0)
         hf = monitor.counts()
         same = counted.shape == hf.shape and bool((counted == hf).all())
-        print(("ok  " if same else "FAIL") + f" 2. plugin counts == transformers counts on the GPU "
+        print(("ok  " if same else "FAIL") + f" 2. plugin counts == transformers counts on {device} "
               f"({int(hf.sum())} expert slots; max difference {int(np.abs(counted - hf).max())})")
         rates: dict[str, list[float]] = {"on": [], "off": []}
         on = {"MOE_MONITOR_REDIS_URL": redis.url, "MOE_MONITOR_RUN": "gpu-check-rate"}
