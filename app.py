@@ -30,6 +30,7 @@ LIVE_PAGES = [
     st.Page("dashboard/pages/devices.py", title="Devices", url_path="devices"),
     st.Page("dashboard/pages/experts.py", title="Experts", url_path="experts"),
     st.Page("dashboard/pages/gpus.py", title="GPU panel", url_path="gpus"),
+    st.Page("dashboard/pages/time.py", title="Time", url_path="time"),
 ]
 # Planning pages: the What-if layout preview built on planner (no auto-refresh).
 PLAN_PAGES = [st.Page("dashboard/pages/whatif.py", title="What-if", url_path="what-if")]

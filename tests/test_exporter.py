@@ -69,6 +69,44 @@ def test_exported_numbers_are_the_overviews(redis_url):
     # bounded cardinality: no per-layer or per-expert series; 4 GPUs x 4 statistics per phase
     assert len([k for k in samples if k[0] == "moe_gpu_load_tokens_per_step"]) == 3 * 4 * 4
     assert series_count(exporter.collect()) == len(samples)
+    # a run without layer timings has no timing series at all
+    assert not [k for k in samples if k[0] in ("moe_alltoall_share_ratio", "moe_overlap_ratio", "moe_layer_seconds")]
+
+
+def test_timing_series_are_the_time_pages(redis_url):
+    """With layer timings: all-to-all share (dispatch, combine), overlap and layer seconds (mean, p99) per phase,
+    from dashboard.analytics.timing on the same window, 3 phases x 5 series more than without."""
+    import numpy as np
+
+    from dashboard.analytics import timing
+
+    client = wire.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "tim", steps=20, num_layers=2, num_experts=8, gpus=2, world_size=2)
+    untimed = RunExporter(client, redis_url, ["tim"], window_steps=100)
+    untimed.poll()
+    without = series_count(untimed.collect())
+    for step in range(20):
+        for rank in range(2):
+            lay = np.array([1e-3 * (1 + step % 4), 2e-3], np.float32)
+            client.xadd(wire.timings_key("tim"), wire.encode_timing(wire.TimingRecord(
+                run="tim", rank=rank, world_size=2, step=step, time_s=1.7e9, dispatch_s_L=lay * 0.25,
+                compute_s_L=lay * 0.5, combine_s_L=lay * 0.125, layer_s_L=lay)))
+    exporter = RunExporter(client, redis_url, ["tim"], window_steps=100)
+    exporter.poll()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    samples = _samples(generate_latest(registry).decode())
+    assert series_count(exporter.collect()) == without + 3 * 5 == len(samples)
+    for phase in ("both", "prefill", "decode"):
+        assert _value(samples, "moe_alltoall_share_ratio", run="tim", phase=phase, kind="dispatch") == pytest.approx(0.25)
+        assert _value(samples, "moe_alltoall_share_ratio", run="tim", phase=phase, kind="combine") == pytest.approx(0.125)
+        assert _value(samples, "moe_overlap_ratio", run="tim", phase=phase) == 0.0  # 0.875 of the layer: none hidden
+    steps = [s for s in range(20) if s % 2 == 1]  # decode steps (synthfill: odd steps)
+    per_step_layer = [v for s in steps for v in (1e-3 * (1 + s % 4), 2e-3)]
+    assert _value(samples, "moe_layer_seconds", run="tim", phase="decode", stat="mean") == pytest.approx(
+        np.mean(per_step_layer), rel=1e-6)
+    assert _value(samples, "moe_layer_seconds", run="tim", phase="both", stat="p99") == pytest.approx(
+        timing.layer_seconds(np.array([[[1e-3 * (1 + s % 4), 2e-3]] * 2 for s in range(20)], np.float32))[1], rel=1e-6)
 
 
 def test_a_redis_that_goes_away_is_exported_not_raised(redis_server):

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from dashboard.analytics.timing import TimingSummary
 from dashboard.live.snapshot import Snapshot
 from dashboard.sources.base import Health
 from planner.advisor import Advice
@@ -30,12 +31,15 @@ def _value(x: float) -> float:
 def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: int,
                  dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None,
                  per_layer: bool = False, top_experts: int = 0,
-                 advice: dict[str, Advice | None] | None = None) -> list[Metric]:
+                 advice: dict[str, Advice | None] | None = None,
+                 timings: dict[str, TimingSummary | None] | None = None) -> list[Metric]:
     """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
     step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
     layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
     over layers); advice: phase -> the rebalance advisor's latest decision on that phase's window
-    (planner.advisor.advise_now; None or absent: no gauge for that phase)."""
+    (planner.advisor.advise_now; None or absent: no gauge for that phase); timings: phase -> the layer timings of
+    that phase's window (dashboard.analytics.timing.summarise; None or absent: no timing series, as for a run
+    whose engine does not time its layers)."""
     now_s = time.time() if now_s is None else now_s
     eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
                             "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
@@ -97,6 +101,23 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
         gain.add_metric([run, phase], _value(decision.gain_ratio))
         moves.add_metric([run, phase], float(decision.moves))
         migration.add_metric([run, phase], _value(decision.migration_ratio))
+    share = GaugeMetricFamily("moe_alltoall_share_ratio", "All-to-all time as a share of MoE layer time over the "
+                              "window (kind: dispatch or combine; measured layer timings)",
+                              labels=["run", "phase", "kind"])
+    overlap = GaugeMetricFamily("moe_overlap_ratio", "Achieved overlap of expert compute and all-to-all: mean of "
+                                "(compute + comm - layer) / min(compute, comm), clipped to [0, 1]",
+                                labels=["run", "phase"])
+    layer_s = GaugeMetricFamily("moe_layer_seconds", "MoE layer wall time per (step, layer), its slowest rank "
+                                "(stat: mean or p99 over the window)", labels=["run", "phase", "stat"])
+    for phase, summary in (timings or {}).items():
+        if summary is None:
+            continue
+        share.add_metric([run, phase, "dispatch"], _value(summary.dispatch_share))
+        share.add_metric([run, phase, "combine"], _value(summary.combine_share))
+        overlap.add_metric([run, phase], _value(summary.overlap))
+        layer_s.add_metric([run, phase, "mean"], _value(summary.layer_mean_s))
+        layer_s.add_metric([run, phase, "p99"], _value(summary.layer_p99_s))
+    timed = [share, overlap, layer_s] if any(v is not None for v in (timings or {}).values()) else []
     steps = CounterMetricFamily("moe_steps", "Step records read (one per step and rank)", labels=["run"])
     steps.add_metric([run], float(steps_read))
     dropped = GaugeMetricFamily("moe_dropped_steps", "Steps the collectors dropped (their own count)",
@@ -114,7 +135,7 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     extra = ([layer_eta] if per_layer else []) + ([hot] if top_experts > 0 else [])
     rebalance = [gain, moves, migration] if advice else []
     return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
-            *extra]
+            *timed, *extra]
 
 
 def series_count(families: Iterable[Metric]) -> int:

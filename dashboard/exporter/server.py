@@ -11,6 +11,7 @@ import redis
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 import wire
+from dashboard.analytics.timing import TimingSummary, summarise
 from dashboard.exporter.metrics import PHASES, run_families
 from dashboard.live.layout import ResolvedLayout, resolve_layout
 from dashboard.live.snapshot import Snapshot, analyse
@@ -84,7 +85,7 @@ class RunExporter:
         held = self._advice.get(name)
         return run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
                             watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts,
-                            advice=None if held is None else held[1])
+                            advice=None if held is None else held[1], timings=_timings(watched, snapshots))
 
     def _advise(self, name: str, watched: WatchedRun, layout: ResolvedLayout,
                 snapshots: dict[str, Snapshot | None]) -> None:
@@ -136,3 +137,14 @@ def poll_forever(exporter: RunExporter, interval_s: float, stop: threading.Event
 def connect(url: str) -> redis.Redis:
     """The exporter's Redis client: explicit timeouts (wire.connect)."""
     return wire.connect(url, timeout_s=2.0)
+
+
+def _timings(watched: WatchedRun, snapshots: dict[str, Snapshot | None]) -> dict[str, TimingSummary | None]:
+    """Per phase, the layer timings of the steps of that phase's window (analytics.timing.summarise, as the Time
+    page computes them); None for a phase without timed steps (no series then)."""
+    out: dict[str, TimingSummary | None] = {}
+    for phase, snap in snapshots.items():
+        view = None if snap is None or not watched.timings.records else watched.timings.aligned(snap.view.step_T)
+        out[phase] = None if view is None or not view.any else summarise(
+            view.dispatch_TRL, view.compute_TRL, view.combine_TRL, view.layer_TRL)
+    return out

@@ -13,6 +13,10 @@ They are taken after the poll's steps, and only from the collector instances bei
 retired instance is skipped like its steps; one whose instance has sent no step yet (or that arrives before
 the run's sizes are known) waits, at most MAX_PENDING_LAYOUTS of them, until its instance shows up.
 
+Layer timings (wire.TimingRecord, from an engine that times its MoE layers) go into `timings`, a TimingRing of
+as many steps as the window; those of retired collector instances are skipped like their steps, a restart
+empties it, and one that does not fit (another world size or layer count, a duplicate) is one bad record.
+
 Never down: a record that fails anywhere (decode, bounds, the window, the sample ring, whatever the
 exception) is one bad record and the rest of the poll goes on; a Source that raises costs one tick, not the
 page. What is kept per rank or per collector instance is bounded: ranks are below wire.MAX_WORLD, and at
@@ -29,6 +33,7 @@ import wire
 from dashboard.live.gpu_history import GpuHistory
 from dashboard.live.layout_changes import LayoutHistory, change_from_record
 from dashboard.live.samples import SampleRing
+from dashboard.live.timings import TimingRing
 from dashboard.live.window import StepWindow, check_record
 from dashboard.sources.base import Batch, Source
 
@@ -89,6 +94,7 @@ class WatchedRun:
         self.missed_steps = 0
         self.gap_note = ""
         self.layouts = LayoutHistory()
+        self.timings = TimingRing(window_steps)
         self._pending_layouts: collections.deque[wire.LayoutRecord] = collections.deque(maxlen=MAX_PENDING_LAYOUTS)
 
     def tick(self) -> TickStats:
@@ -127,6 +133,17 @@ class WatchedRun:
                 refused += 1
                 self.bad_records += 1
                 self.last_error = f"GPU sample of rank {_short(getattr(sample, 'rank', '?'))}: {_why(exc)}"
+        for timing in getattr(batch, "timings", ()):
+            try:
+                if timing.instance in self._old_instances:
+                    self.skipped_old_records += 1
+                    continue
+                self.timings.add(timing)
+            except Exception as exc:  # one bad record; the poll goes on
+                refused += 1
+                self.bad_records += 1
+                self.last_error = (f"timings of step {_short(getattr(timing, 'step', '?'))} rank "
+                                   f"{_short(getattr(timing, 'rank', '?'))}: {_why(exc)}")
         bad_layouts = self._take_layouts(getattr(batch, "layouts", []))
         refused += bad_layouts
         self.bad_records += bad_layouts
@@ -198,6 +215,7 @@ class WatchedRun:
         self._instance_started_s = rec.time_s
         self.window = None
         self.samples = SampleRing(self.window_steps)
+        self.timings = TimingRing(self.window_steps)
         self.world_size = 1
         self._last_step_of = {}
         self.restarts += 1

@@ -16,8 +16,9 @@ if TYPE_CHECKING:  # the traces package is imported by sources that implement Se
 
 @dataclass
 class Batch:
-    """What one poll brought: new step records (one per step and rank), NVML samples and layout changes
-    (wire.LayoutRecord: decoded, not yet checked against the run's E: the reader does that), oldest first.
+    """What one poll brought: new step records (one per step and rank), NVML samples, layout changes
+    (wire.LayoutRecord: decoded, not yet checked against the run's E: the reader does that) and layer timings
+    (wire.TimingRecord, one per step and rank of an engine that times its MoE layers), oldest first.
 
     bad_records: entries skipped because they did not decode; last_error: why the last one was skipped;
     more: the max_entries cap was hit, so more entries are waiting for the next poll; trimmed: the stream
@@ -26,6 +27,7 @@ class Batch:
     steps: list[wire.StepRecord] = field(default_factory=list)
     gpu_samples: list[wire.GpuSample] = field(default_factory=list)
     layouts: list[wire.LayoutRecord] = field(default_factory=list)
+    timings: list[wire.TimingRecord] = field(default_factory=list)
     bad_records: int = 0
     last_error: str = ""
     more: bool = False
@@ -56,7 +58,7 @@ class Source(Protocol):
     """A run's records, read incrementally."""
 
     def poll(self, max_entries: int) -> Batch:
-        """Records that arrived since the last poll (steps, NVML samples, layout changes), at most max_entries
+        """Records that arrived since the last poll (steps, NVML samples, layout changes, layer timings), at most max_entries
         step entries. Never blocks for new data; returns an empty Batch when there is none or the source is
         unreachable."""
         ...

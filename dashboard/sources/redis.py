@@ -12,6 +12,10 @@ Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raise
 Layout changes (moe:<run>:layouts) are read forwards from the start of their stream, at most LAYOUT_PAGE
 entries a poll, after the last id seen, in the same round trip as the GPU samples.
 
+Layer timings (moe:<run>:timings, wire.TimingRecord: one small entry per step and rank) ride in that round trip
+too: the first poll reads the newest window_steps x world_size entries backwards (at most TIMING_PAGE), later
+polls read forwards after the last id seen, at most TIMING_PAGE entries a poll (Batch.more when the page was full).
+
 Nothing read is trusted: a step, GPU or layout entry that fails to decode (whatever the exception) is one bad record
 and the rest of the poll goes on; the metadata is read with GETRANGE up to wire.MAX_META_BYTES and decoded
 only when its bytes changed; a bad health field (a rank that is not ASCII digits below wire.MAX_WORLD, a
@@ -36,6 +40,7 @@ REDIS_ERRORS = (redis.RedisError, OSError)
 UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
 META_REFRESH_S = 5.0
 GPU_BACKLOG = 600
+TIMING_PAGE = 4096  # timing entries a poll (58 layers: ~1.1 kB an entry)
 LAYOUT_PAGE = 64  # layout entries a poll (a 58 x 288 map is ~67 kB; a stream holds ~1000)
 PAGE_ENTRIES = 200
 TICK_BYTES_BUDGET = 24 << 20
@@ -176,7 +181,7 @@ def _entry_bytes(fields: dict) -> int:
 
 
 class RedisSource:
-    """Source over moe:<run>:{steps,gpu,layouts,meta,health} (keys and records: wire/)."""
+    """Source over moe:<run>:{steps,gpu,layouts,timings,meta,health} (keys and records: wire/)."""
 
     def __init__(self, client: redis.Redis, url: str, run: str, window_steps: int):
         self.client, self.where, self.run = client, wire.redact(url), wire.check_run_name(run)
@@ -188,6 +193,7 @@ class RedisSource:
         self._backlog_bytes = 0
         self._last_gpu_id: bytes | None = None
         self._last_layout_id = b"0-0"  # the whole layout stream is read, oldest first
+        self._last_timing_id: bytes | None = None  # None until the newest window of timings is read
         self._meta: wire.RunMeta | None = None
         self._meta_error = ""
         self._meta_raw: bytes | None = None  # the bytes self._meta was decoded from (not decoded again)
@@ -215,6 +221,12 @@ class RedisSource:
             else:
                 pipe.xrange(gpu, min=_after(self._last_gpu_id), count=GPU_BACKLOG)
             pipe.xrange(wire.layouts_key(self.run), min=_after(self._last_layout_id), count=LAYOUT_PAGE)
+            timings = wire.timings_key(self.run)
+            if self._last_timing_id is None:
+                world = self._meta.world_size if self._meta else 1
+                pipe.xrevrange(timings, count=min(TIMING_PAGE, self.window_steps * max(1, world)))
+            else:
+                pipe.xrange(timings, min=_after(self._last_timing_id), count=TIMING_PAGE)
             pipe.zscore(wire.RUNS_KEY, self.run)
             pipe.hlen(wire.health_key(self.run))
             # the reports ride in the same round trip while the hash was small at the last poll; a hash that
@@ -226,8 +238,8 @@ class RedisSource:
             if refresh_meta:
                 pipe.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES)  # one byte more: too large
             replies = pipe.execute()
-            health_fields = self._health_fields = int(replies[3] or 0)
-            collectors = replies[4] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
+            health_fields = self._health_fields = int(replies[4] or 0)
+            collectors = replies[5] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
         except REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
             self._last_step_id, self._backlog, self._backlog_bytes = cursor
@@ -235,7 +247,7 @@ class RedisSource:
             self._health = Health(reachable=False, where=self.where, answered=answered,
                                   error=f"{type(exc).__name__}: {exc}")
             return batch
-        gpu_entries, layout_entries, last_seen = replies[:3]
+        gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
         for entry_id, fields in step_entries:
@@ -260,6 +272,7 @@ class RedisSource:
             except Exception as exc:
                 batch.bad_records += 1
                 batch.last_error = f"layout entry {_id_text(entry_id)}: {_why(exc)}"
+        self._take_timings(_entries(timing_entries), batch)
         if refresh_meta:
             self._read_meta(replies[-1], batch)
         reports, bad = _collector_health(collectors)
@@ -277,6 +290,23 @@ class RedisSource:
             note="" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
         )
         return batch
+
+    def _take_timings(self, entries: list[StreamEntry], batch: Batch) -> None:
+        """Decode the timing entries of this poll (the first poll's come newest first) into the batch."""
+        first = self._last_timing_id is None
+        if first:
+            entries = entries[::-1]
+        elif len(entries) >= TIMING_PAGE:
+            batch.more = True
+        for entry_id, fields in entries:
+            self._last_timing_id = entry_id
+            try:
+                batch.timings.append(wire.decode_timing(fields))
+            except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
+                batch.bad_records += 1
+                batch.last_error = f"timing entry {_id_text(entry_id)}: {_why(exc)}"
+        if self._last_timing_id is None:
+            self._last_timing_id = b"0-0"
 
     def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the last window x world entries; [] (batch.more) until all are read,

@@ -12,6 +12,11 @@ Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines igno
                             ("counts_b64": little-endian int32 [L, E]; "sample_b64": int16 [L, N, K])
     {"kind": "gpu", ...}    the fields of wire.encode_gpu_sample(sample)
     {"kind": "layout", ...} the fields of wire.encode_layout_record(rec) ("map_b64": little-endian int32 [L, P])
+    {"kind": "timing", ...} the fields of wire.encode_timing(rec) ("<phase>_b64": little-endian float32 [L])
+
+Layer timings reach the pages from JSON-lines traces only: the columnar containers keep the recorder's
+"timing" lines in their side file, but traces/ does not read them back (traces/side.py), so a .parquet or
+.arrows replay, and any seek() (read through traces.open_trace), has no timings.
 
 The collectors write it (collectors.sinks.TraceFileSink while collecting, collectors.record_trace() from a
 run in Redis). Lines are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
@@ -375,6 +380,8 @@ class TraceSource:
             batch.layouts.append(item)
         elif isinstance(item, wire.GpuSample):
             batch.gpu_samples.append(item)
+        elif isinstance(item, wire.TimingRecord):
+            batch.timings.append(item)
 
     def meta(self) -> wire.RunMeta | None:
         return self._meta

@@ -10,37 +10,23 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 import redis
 
 import wire
+from dashboard.sources.layout_request import next_step, request_layout
 
-
-def next_step(client, run: str) -> int:
-    """The run's newest published step id + 1 (0 when none is published)."""
-    last = client.xrevrange(wire.steps_key(run), count=1)
-    return wire.decode_step(last[0][1]).step + 1 if last else 0
+__all__ = ["apply_layout", "main", "next_step"]
 
 
 def apply_layout(redis_url: str, run: str, layout_LP: np.ndarray) -> wire.LayoutRecord:
     """XADD layout_LP (int [L, P]) as an "apply" record at the run's next step; returns the record.
-    ValueError when the run has no metadata or the layout does not fit it."""
+    ValueError when the run has no metadata or the layout does not fit it. (The request itself is
+    dashboard.sources.layout_request's, which the dashboard's What-if page uses too.)"""
     client = wire.connect(redis_url, timeout_s=2.0)
     try:
-        raw = client.get(wire.meta_key(run))
-        if raw is None:
-            raise ValueError(f"run {run!r} has no metadata in Redis (is it running, under this name?)")
-        meta = wire.decode_meta(raw)
-        record = wire.LayoutRecord(run=run, step=next_step(client, run), time_s=time.time(),
-                                   physical_to_logical_LP=np.asarray(layout_LP, dtype=np.int32),
-                                   gpus=meta.layout.gpus, nodes=meta.layout.nodes, source="apply",
-                                   instance=f"apply-cli-{wire.new_instance_id()}")
-        record.validate(meta.num_experts, num_layers=len(meta.layer_names))
-        client.xadd(wire.layout_requests_key(run), wire.encode_layout_record(record), maxlen=1000,
-                    approximate=True)
-        return record
+        return request_layout(client, run, layout_LP, instance=f"apply-cli-{wire.new_instance_id()}")
     finally:
         client.close()
 

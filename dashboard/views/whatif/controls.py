@@ -19,6 +19,8 @@ import plotly.graph_objects as go
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
+import wire
+from dashboard.sources.redis import REDIS_ERRORS
 from dashboard.whatif import edits
 from dashboard.whatif.score import Score, WhatIfData
 from planner.api import POLICIES
@@ -42,6 +44,33 @@ class EditTarget:
     experts: int
 
 
+@dataclass(frozen=True)
+class ApplyTarget:
+    """What the apply callbacks send, set by the page on every run of a live Redis run: the source's redis
+    client, the run, the What-if layout [L, P] and its key (LayoutChange's: a hash of its int64 bytes), and the
+    What-if's predicted per-step balancedness of it and of the current layout on the score window."""
+
+    client: Any
+    run: str
+    layout_LP: np.ndarray
+    key: int
+    predicted_eta: float
+    current_eta: float
+
+
+@dataclass(frozen=True)
+class Requested:
+    """A layout requested from this page: at which step, its key, and what the What-if predicted for it."""
+
+    step: int
+    key: int
+    predicted_eta: float
+    current_eta: float
+
+
+MAX_REQUESTS = 32  # requests remembered per browser session
+
+
 @dataclass
 class WhatIfState:
     """The What-if page's state between reruns (one per browser session).
@@ -61,6 +90,10 @@ class WhatIfState:
     message: tuple[str, str] | None = None
     advice: dict[tuple, Any] = field(default_factory=dict)
     show_advice: tuple | None = None  # the frozen windows' key whose advised layout the editor shows
+    apply_target: ApplyTarget | None = None  # what "Apply to the running engine" sends (set by the page each run)
+    apply_confirm: int | None = None  # key of the layout awaiting the user's confirmation
+    requests: list[Requested] = field(default_factory=list)  # layouts requested from this page, oldest first
+    apply_note: tuple[str, str] | None = None  # ("ok" | "error", text) of the last request, kept until replaced
 
     def session(self, plan_key: tuple, planned_LP: np.ndarray, gpus: int) -> edits.EditSession:
         """The edit session of a plan, started on its planned layout the first time."""
@@ -268,3 +301,49 @@ def on_show_advice(data_key: tuple | None) -> None:
 
 def on_refresh() -> None:
     page_state().refresh += 1
+
+
+def apply_buttons(container: DeltaGenerator, key: int, confirming: bool, moves: int) -> None:
+    """"Apply to the running engine", then its confirmation (confirm / cancel) for the layout `key`."""
+    if not confirming:
+        container.button("Apply to the running engine", key="whatif_apply", on_click=on_apply_ask, args=(key,),
+                         help="send the What-if layout to the run's engine as a layout request; it moves the "
+                              "experts and switches within a few steps")
+        return
+    container.warning(f"Switch the running engine to the What-if layout? It copies {moves:,} expert(s) onto "
+                      "other GPUs while it serves.")
+    left, right = container.columns(2)
+    left.button("Confirm: apply", key="whatif_apply_confirm", on_click=on_apply_confirm, type="primary")
+    right.button("Cancel", key="whatif_apply_cancel", on_click=on_apply_cancel)
+
+
+def on_apply_ask(key: int) -> None:
+    page_state().apply_confirm = key
+
+
+def on_apply_cancel() -> None:
+    page_state().apply_confirm = None
+
+
+def on_apply_confirm() -> None:
+    """XADD the What-if layout to the run's layout requests stream (dashboard.sources.layout_request)."""
+    from dashboard.sources.layout_request import request_layout
+
+    state = page_state()
+    state.apply_confirm = None
+    target = state.apply_target
+    if target is None:
+        state.apply_note = ("error", "Nothing to apply: the page has not drawn a layout yet.")
+        return
+    try:
+        record = request_layout(target.client, target.run, target.layout_LP,
+                                instance=f"dashboard-whatif-{wire.new_instance_id()}")
+    except ValueError as exc:
+        state.apply_note = ("error", f"Cannot apply: {exc}")
+        return
+    except REDIS_ERRORS as exc:
+        state.apply_note = ("error", f"Cannot apply: Redis: {type(exc).__name__}")
+        return
+    state.requests = [*state.requests, Requested(record.step, target.key, target.predicted_eta,
+                                                 target.current_eta)][-MAX_REQUESTS:]
+    state.apply_note = ("ok", f"requested at step {record.step}; the engine switches within a few steps")
