@@ -28,7 +28,7 @@ if len(sys.argv) > 2:
     from streamlit.testing.v1 import AppTest
     at = AppTest.from_file(sys.argv[2], default_timeout=30).run()
     assert not at.exception, at.exception
-    for page in ("devices", "experts", "gpus", "whatif"):
+    for page in ("devices", "experts", "gpus", "time", "whatif"):
         at.switch_page(f"dashboard/pages/{page}.py").run()
         assert not at.exception, at.exception
 loaded = sorted({m.split(".")[0] for m in sys.modules})
