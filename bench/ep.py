@@ -93,6 +93,21 @@ def main(argv=None) -> int:
     eta_before = float(planner.balancedness(planner.gpu_loads(counts_LE, contiguous_LP, args.ranks)).mean())
     eta_after = float(planner.balancedness(planner.gpu_loads(counts_LE, planned_LP, args.ranks)).mean())
 
+    from dashboard.analytics.timing import summarise  # the Time page's numbers (numpy only)
+
+    def shares(lo: int, hi: int):
+        """The Time page's summary of steps lo..hi-1 (warm-up left out): arrays [T, R, L]."""
+        picked = sorted({t.step for t in timings if lo + args.warmup <= t.step < hi})
+        arrays = {name: np.full((len(picked), args.ranks, len(timings[0].layer_s_L)), np.nan)
+                  for name in ("dispatch_s_L", "compute_s_L", "combine_s_L", "layer_s_L")}
+        row = {step: i for i, step in enumerate(picked)}
+        for t in timings:
+            if t.step in row:
+                for name, out in arrays.items():
+                    out[row[t.step], t.rank] = getattr(t, name)
+        return summarise(*arrays.values())
+
+    timed_before, timed_after = shares(0, from_step), shares(from_step, rank0["steps"])
     step_s, timed = rank0["step_s"], rank0["timed"]
     on = [s for i, (s, t) in enumerate(zip(step_s, timed)) if t and i >= args.warmup and i != from_step]
     off = [s for i, (s, t) in enumerate(zip(step_s, timed)) if not t and i >= args.warmup and i != from_step]
@@ -110,6 +125,9 @@ def main(argv=None) -> int:
     print(f"  predicted max-GPU-load gain: x{predicted_in:.3f} in sample, x{predicted_out:.3f} on the steps after")
     print(f"  measured / predicted gain: layer {(before_layer / after_layer) / predicted_out:.3f}, "
           f"compute {(before_compute / after_compute) / predicted_out:.3f}")
+    for name, summary in (("before", timed_before), ("after", timed_after)):
+        print(f"  all-to-all share of layer time {name}: dispatch {summary.dispatch_share:.1%}, combine "
+              f"{summary.combine_share:.1%}; achieved overlap {summary.overlap:.2f}")
     print(f"  timing records overhead: step time median on {med_on * 1e3:.2f} ms / off {med_off * 1e3:.2f} ms = "
           f"x{med_on / med_off:.3f} ({len(on)} + {len(off)} interleaved steps)")
     return 0
