@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         cfg = EPConfig(ranks=args.ranks, steps=args.window + args.after, batch=args.batch, seq_len=args.seq_len,
                        strength=args.strength, drift_period_s=1e9, auto_plan_at_step=args.window,
                        auto_plan_redundant=args.redundant, timing_toggle_every=1, redis_url=server.url,
-                       run="bench-ep", nvml=False)
+                       run="bench-ep", nvml=False, grouped_experts=True)
         started = time.monotonic()
         results = launch(cfg, timeout_s=3600)
         wall_s = time.monotonic() - started

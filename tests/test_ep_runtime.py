@@ -187,3 +187,25 @@ def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys):
     assert apply_main(["--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file)]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "no metadata" in err
+
+
+def test_grouped_experts_equal_the_per_group_gemms():
+    """The demo's grouped path (two grouped GEMMs per layer) computes what the exact per-(source, expert) path
+    does, within float32 rounding; a row naming an expert the rank lacks is refused."""
+    from demo.ep.store import ExpertStore
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, ffn = 64, 32
+    held = (1, 3, 4, 7)
+    store = ExpertStore([{e: (torch.randn(2 * ffn, hidden, generator=gen) / 8, torch.randn(hidden, ffn, generator=gen) / 8)
+                          for e in held}], hidden, ffn)
+    rows = 200
+    x_RH = torch.randn(rows, hidden, generator=gen)
+    experts_R = torch.tensor(held)[torch.randint(0, len(held), (rows,), generator=gen)]
+    src_R = torch.randint(0, 4, (rows,), generator=gen)
+    kpos_R = torch.randint(0, 8, (rows,), generator=gen)
+    exact = store.compute(0, x_RH, experts_R, kpos_R, src_R)
+    torch.testing.assert_close(store.compute_grouped(0, x_RH, experts_R), exact, rtol=1e-5, atol=1e-5)
+    assert store.compute_grouped(0, x_RH[:0], experts_R[:0]).shape == (0, hidden)
+    with pytest.raises(KeyError):
+        store.compute_grouped(0, x_RH[:2], torch.tensor([1, 2]))

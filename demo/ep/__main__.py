@@ -19,6 +19,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
     parser.add_argument("--no-timing", action="store_true", help="do not time the MoE layers")
+    parser.add_argument("--eager-experts", action="store_true",
+                        help="one GEMM per (source rank, expert), bit for bit transformers' eager loop, instead of "
+                             "grouped GEMMs (whose time follows the tokens, as in a real engine)")
     return parser.parse_args(argv)
 
 
@@ -37,7 +40,7 @@ def main(argv=None) -> int:
         wire.check_run_name(args.run)
         cfg = EPConfig(ranks=args.ranks, layout=layout, steps=args.steps, seconds=args.seconds,
                        batch=args.batch, seq_len=args.seq_len, redis_url=args.redis, run=args.run,
-                       timing=not args.no_timing).check()
+                       timing=not args.no_timing, grouped_experts=not args.eager_experts).check()
         if args.redis:
             wire.connect(args.redis)  # a malformed URL fails here, not in N processes
     except ValueError as exc:

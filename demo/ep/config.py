@@ -21,6 +21,9 @@ class EPConfig:
     planner.plan(gpus=ranks, redundant=...) and the result is applied live like an "apply" record.
     stop_after_apply_steps: > 0: stop once a layout applied live has been in force this many steps (tests).
     save_outputs: keep every step's tokens and logits in the rank's result file (tests).
+    grouped_experts: run each rank's experts as two grouped GEMMs (time follows the tokens, as in a real engine;
+    equal to the single-process forward within float rounding) instead of one GEMM per (source, expert), which
+    reproduces transformers' eager loop bit for bit but costs per group (the demo and bench use grouped).
     """
 
     ranks: int = 2
@@ -38,6 +41,7 @@ class EPConfig:
     redis_url: str | None = None
     run: str = "ep-demo"
     timing: bool = True
+    grouped_experts: bool = False
     timing_toggle_every: int = 0
     auto_plan_at_step: int = 0
     auto_plan_redundant: int = 0

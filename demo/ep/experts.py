@@ -45,6 +45,7 @@ class EPState:
     monitor: ExpertLoadMonitor
     ranks: int
     timing: bool = True
+    grouped: bool = False
     current: Any = field(default_factory=_NoTimer)
 
 
@@ -64,7 +65,10 @@ class EPExperts(nn.Module):
             dst_M = state.placement.destinations(layer, top_k_index)
             sent = dispatch(hidden_states, top_k_index, dst_M, state.ranks)
         with timer.compute():
-            y_RH = state.store.compute(layer, sent.x_RH, sent.experts_R, sent.kpos_R, sent.src_R)
+            if state.grouped:
+                y_RH = state.store.compute_grouped(layer, sent.x_RH, sent.experts_R)
+            else:
+                y_RH = state.store.compute(layer, sent.x_RH, sent.experts_R, sent.kpos_R, sent.src_R)
         with timer.combine():
             return combine(y_RH, sent, top_k_index, top_k_weights)
 

@@ -73,3 +73,25 @@ class ExpertStore:
             gate, up = F.linear(x_RH[rows], gate_up).chunk(2, dim=-1)
             out_RH[rows] = F.linear(F.silu(gate) * up, down)
         return out_RH
+
+    def compute_grouped(self, layer: int, x_RH: torch.Tensor, experts_R: torch.Tensor) -> torch.Tensor:
+        """float [R, H]: the same FFNs as compute(), as a real engine runs them: every received row of every
+        local expert in two grouped GEMMs (torch._grouped_mm), so the time follows the rows, not the number of
+        (source, expert) groups. Equal to compute() within float rounding (different GEMM blocking), not bit
+        for bit. KeyError when a row names an expert this rank does not hold."""
+        out_RH = torch.empty_like(x_RH)
+        if x_RH.shape[0] == 0:
+            return out_RH
+        weights = self.weights_L[layer]
+        held = sorted(weights)
+        ids_G = torch.tensor(held, dtype=experts_R.dtype)
+        pos_R = torch.searchsorted(ids_G, experts_R)
+        if (pos_R >= len(held)).any() or (ids_G[pos_R.clamp(max=len(held) - 1)] != experts_R).any():
+            raise KeyError(f"layer {layer}: a row names an expert rank does not hold")
+        order = torch.argsort(pos_R, stable=True)
+        offs_G = torch.cumsum(torch.bincount(pos_R, minlength=len(held)), 0).to(torch.int32)
+        gate_up_GHI = torch.stack([weights[e][0].t() for e in held]).contiguous()   # [G, H, 2I]
+        down_GIH = torch.stack([weights[e][1].t() for e in held]).contiguous()      # [G, I, H]
+        gate, up = torch._grouped_mm(x_RH[order].contiguous(), gate_up_GHI, offs=offs_G).chunk(2, dim=-1)
+        out_RH[order] = torch._grouped_mm((F.silu(gate) * up).contiguous(), down_GIH, offs=offs_G)
+        return out_RH

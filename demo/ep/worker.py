@@ -94,7 +94,7 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
         layer_names=[f"model.layers.{i + 1}.mlp" for i in range(num_layers)], hidden_size=int(config.hidden_size),
         moe_intermediate_size=int(config.moe_intermediate_size), dtype_bytes=4, gpus=ranks,
         physical_to_logical_map=layout.tolist(), nvml=cfg.nvml)
-    state = EPState(placement, store, monitor, ranks, timing=cfg.timing)
+    state = EPState(placement, store, monitor, ranks, timing=cfg.timing, grouped=cfg.grouped_experts)
     install(model, state)
     watcher = LayoutWatcher(cfg.redis_url, cfg.run, monitor.instance) if rank == 0 and cfg.redis_url else None
     step_s: list[float] = []
