@@ -7,6 +7,9 @@ the model's forward: whatever goes wrong (an input or output of a shape the adap
 failing op) is caught, counted and reported by the monitor (stats() hook_errors / last_error, the
 published health), that layer's call is not counted, and every other layer goes on.
 Shape legend (README, Conventions): N tokens, K top-k; ids_NK are the int64 [N, K] ids a layer dispatches.
+A layer whose ids are not K wide (a layer of another top-k than the monitor's, a top-k read from a router
+attribute that the model does not use) is still counted exactly, through the validity-mask path (the step's
+padding mask applied per token); only its sampled rows are not kept.
 """
 from __future__ import annotations
 
@@ -31,8 +34,23 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], position: int, names: tu
     return None
 
 
+def _counting(monitor: ExpertLoadMonitor, index: int) -> Callable[[torch.Tensor], None]:
+    """count(ids) for one layer: ids int [..., K'] expert ids. K' == the monitor's K: the counter's hot path
+    (two device ops); any other width: the validity-mask path (a few more ops, the same counts)."""
+    record_ids, top_k = monitor.counter.recorder(index), monitor.top_k
+
+    def count(ids: torch.Tensor) -> None:
+        if ids.dtype != torch.int64 or ids.dim() != 2:
+            ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
+        if ids.shape[1] == top_k:
+            record_ids(ids)
+        else:
+            monitor._count(index, ids, torch.ones_like(ids, dtype=torch.bool), False, True)
+    return count
+
+
 def _standard(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
-    record_ids, param, masked_family = monitor.counter.recorder(index), layer.index_param, layer.mask_out_of_range
+    count, param, masked_family = _counting(monitor, index), layer.index_param, layer.mask_out_of_range
 
     def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
@@ -43,10 +61,29 @@ def _standard(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callab
                 weights = _arg(args, kwargs, 2, ("top_k_weights", "routing_weights"))
                 monitor._count(index, ids, weights, True, True)
                 return None
-            # the hot path: the model's own int64 [N, K] ids, straight into the counter
-            if ids.dtype != torch.int64 or ids.dim() != 2:
-                ids = ids.reshape(-1, ids.shape[-1]).to(torch.int64)
-            record_ids(ids)
+            count(ids)  # the hot path: the model's own int64 [N, K] ids, straight into the counter
+        except Exception as exc:  # never break the model's forward
+            monitor._hook_failed(index, exc)
+        return None
+    return pre_hook
+
+
+def _switch(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    num_experts, param = monitor.num_experts, layer.index_param
+
+    def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # SwitchTransformersExperts(hidden_states, selected_experts, routing_weights): selected_experts is the
+        # router's one-hot dispatch mask [N, 1, E]; a token dropped by expert capacity has no 1 and is
+        # computed by no expert. ids [N, 1] = its argmax, counted where the mask holds a 1.
+        try:
+            mask = args[1] if len(args) > 1 else kwargs.get(param)
+            if not isinstance(mask, torch.Tensor) or mask.dim() < 2 or mask.shape[-1] != num_experts:
+                raise ValueError(f"selected_experts is not a dispatch mask [tokens, k, {num_experts}]: "
+                                 f"{_describe(mask)}")
+            mask_NKE = mask.reshape(-1, 1, num_experts) if mask.dim() == 2 else mask.reshape(
+                -1, mask.shape[-2], num_experts)
+            hit_NK, ids_NK = mask_NKE.max(dim=-1)
+            monitor._count(index, ids_NK, hit_NK, False, True)
         except Exception as exc:  # never break the model's forward
             monitor._hook_failed(index, exc)
         return None
@@ -54,7 +91,7 @@ def _standard(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callab
 
 
 def _llama4(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
-    num_experts = monitor.num_experts
+    num_experts, count = monitor.num_experts, _counting(monitor, index)
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         # Llama4Router.forward returns (scores, logits [N, E]) and dispatches to topk(logits, k, dim=1): the
@@ -64,15 +101,14 @@ def _llama4(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable
             if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.shape[1] != num_experts:
                 raise ValueError(f"router output is not (scores, logits [tokens, {num_experts}]): "
                                  f"{_describe(output)}")
-            ids = torch.topk(logits, module.top_k, dim=1).indices
-            monitor._count(index, ids, None, False, False)
+            count(torch.topk(logits, module.top_k, dim=1).indices)
         except Exception as exc:  # never break the model's forward
             monitor._hook_failed(index, exc)
     return hook
 
 
 def _jetmoe(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
-    num_experts = monitor.num_experts
+    num_experts, count = monitor.num_experts, _counting(monitor, index)
 
     def hook(module: Any, args: tuple[Any, ...], output: Any) -> None:
         # JetMoeTopKGating returns (index_sorted_experts, batch_index, batch_gates, expert_size, logits):
@@ -97,20 +133,22 @@ def _jetmoe(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable
                                                      output_size=order.numel())  # no device->host sync
             ids = torch.empty_like(order)
             ids[order] = experts_sorted
-            monitor._count(index, ids.view(-1, top_k), None, False, False)
+            count(ids.view(-1, top_k))
         except Exception as exc:  # never break the model's forward
             monitor._hook_failed(index, exc)
     return hook
 
 
 def _doge(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    count = _counting(monitor, index)
+
     def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         # DogeCDMoE looks up its product-key experts with down_embed(indices), indices [N, K].
         try:
             ids = _arg(args, kwargs, 0, ("input",))
             if not isinstance(ids, torch.Tensor) or ids.dim() < 1 or ids.is_floating_point():
                 raise ValueError(f"down_embed input is not integer expert ids [tokens, k]: {_describe(ids)}")
-            monitor._count(index, ids, None, False, False)
+            count(ids if ids.dim() > 1 else ids.unsqueeze(1))
         except Exception as exc:  # never break the model's forward
             monitor._hook_failed(index, exc)
         return None
@@ -127,17 +165,58 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+_FACTORIES: dict[str, tuple[Callable[[ExpertLoadMonitor, int, MoELayer], Callable[..., None]], bool]] = {
+    # kind: (hook factory, whether it is a forward pre-hook with kwargs; else a forward hook)
+    "standard": (_standard, True),
+    "switch": (_switch, True),
+    "doge": (_doge, True),
+    "llama4": (_llama4, False),
+    "jetmoe": (_jetmoe, False),
+}
+
+
+def layer_hook(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> Callable[..., None]:
+    """The hook function of one discovered layer (its family's adapter), bound to the monitor's counter."""
+    if layer.kind not in _FACTORIES:
+        raise ValueError(f"unknown MoE layer kind {layer.kind!r}")
+    return _FACTORIES[layer.kind][0](monitor, index, layer)
+
+
+def is_pre_hook(layer: MoELayer) -> bool:
+    """Whether the layer's hook is a forward pre-hook (with kwargs) rather than a forward hook."""
+    if layer.kind not in _FACTORIES:
+        raise ValueError(f"unknown MoE layer kind {layer.kind!r}")
+    return _FACTORIES[layer.kind][1]
+
+
+def install(layer: MoELayer, hook: Callable[..., None]) -> RemovableHandle:
+    """Register hook on the layer's module, as a pre-hook or a forward hook as its kind needs."""
+    if is_pre_hook(layer):
+        return layer.module.register_forward_pre_hook(hook, with_kwargs=True)
+    return layer.module.register_forward_hook(hook)
+
+
 def register_layer_hook(monitor: ExpertLoadMonitor, index: int, layer: MoELayer) -> RemovableHandle:
     """Install the hook for one discovered layer; returns its removable handle."""
-    if layer.kind == "standard":
-        return layer.module.register_forward_pre_hook(_standard(monitor, index, layer), with_kwargs=True)
-    if layer.kind == "llama4":
-        return layer.module.register_forward_hook(_llama4(monitor, index, layer))
-    if layer.kind == "jetmoe":
-        return layer.module.register_forward_hook(_jetmoe(monitor, index, layer))
+    return install(layer, layer_hook(monitor, index, layer))
+
+
+def routed_width(layer: MoELayer, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """K, the number of experts each token is routed to, read from what a pre-hooked layer receives (only its
+    shape: no device op, no sync): the width of the [..., K] ids (standard, doge), the k of Switch's
+    [N, k, E] dispatch mask. None when the call carries no ids (the layer learns it at a later call)."""
     if layer.kind == "doge":
-        return layer.module.register_forward_pre_hook(_doge(monitor, index, layer), with_kwargs=True)
-    raise ValueError(f"unknown MoE layer kind {layer.kind!r}")
+        ids = _arg(args, kwargs, 0, ("input",))
+    elif layer.kind in ("standard", "switch"):
+        ids = args[1] if len(args) > 1 else kwargs.get(layer.index_param)
+    else:
+        return None
+    if not isinstance(ids, torch.Tensor) or ids.dim() < 1:
+        return None
+    if layer.kind == "switch":
+        return int(ids.shape[-2]) if ids.dim() >= 3 else 1
+    width = int(ids.shape[-1]) if ids.dim() >= 2 else 1
+    return width if width >= 1 else None
 
 
 def step_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
