@@ -9,12 +9,12 @@ Shape legend: C ring capacity (steps), T steps of a view, R ranks (the run's wor
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
 
 import wire
+from dashboard.live.window import bounded_int
 
 MAX_TIMING_BYTES = 256 << 20  # the four float32 [C, R, L] arrays together; a larger ring is refused
 
@@ -80,9 +80,9 @@ class TimingRing:
 
     def add(self, rec: wire.TimingRecord) -> None:
         """Put one rank's timings of one step in the ring; a refused record (ValueError) changes nothing."""
-        step = _bounded(rec.step, "step", 0, wire.MAX_STEP)
-        world = _bounded(rec.world_size, "world size", 1, wire.MAX_WORLD + 1)
-        rank = _bounded(rec.rank, "rank", 0, world)
+        step = bounded_int(rec.step, "step", 0, wire.MAX_STEP)
+        world = bounded_int(rec.world_size, "world size", 1, wire.MAX_WORLD + 1)
+        rank = bounded_int(rec.rank, "rank", 0, world)
         arrays = [np.asarray(a) for a in rec.arrays()]
         if any(a.ndim != 1 for a in arrays) or len({a.shape[0] for a in arrays}) != 1 or arrays[0].shape[0] < 1:
             raise ValueError("timing arrays must be 1-D [layers] of one length")
@@ -137,13 +137,3 @@ class TimingRing:
             out.append(phase_TRL)
         return TimingView(step_T=step_T, dispatch_TRL=out[0], compute_TRL=out[1], combine_TRL=out[2],
                           layer_TRL=out[3], has_T=has_T)
-
-
-def _bounded(value, name: str, lo: int, hi: int) -> int:
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {type(value).__name__}") from None
-    if isinstance(value, bool) or not lo <= number < hi:
-        raise ValueError(f"{name} is outside {lo}..{hi - 1}")
-    return int(number)

@@ -34,7 +34,7 @@ MAX_WINDOW_BYTES = 2 << 30  # int32 counts of the ring (twice that once promoted
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
-def _bounded(value, name: str, lo: int, hi: int) -> int:
+def bounded_int(value, name: str, lo: int, hi: int) -> int:
     """value as an int with lo <= value < hi (numpy integers welcome, bools not); ValueError otherwise."""
     try:
         number = operator.index(value)
@@ -76,7 +76,7 @@ class StepWindow:
         if capacity < 1 or num_layers < 1 or num_experts < 1:
             raise ValueError(f"window needs capacity, layers and experts >= 1, got {capacity}, {num_layers}, {num_experts}")
         num_layers, num_experts, _ = wire.check_sizes(num_layers, num_experts)
-        capacity = _bounded(capacity, "window capacity", 1, MAX_CAPACITY + 1)
+        capacity = bounded_int(capacity, "window capacity", 1, MAX_CAPACITY + 1)
         if capacity * num_layers * num_experts * 4 > MAX_WINDOW_BYTES:
             fits = MAX_WINDOW_BYTES // (num_layers * num_experts * 4)
             raise ValueError(f"a window of {capacity} steps of [{num_layers}, {num_experts}] counts would take "
@@ -267,13 +267,13 @@ def check_record(rec: wire.StepRecord) -> tuple[int, int, int, int, int, float, 
     """(step, rank, world, tokens, dropped, time_s, phase code) of rec as plain numbers within the bounds of
     wire/keys.py, and its instance id a short string; ValueError naming what is wrong. (Records from
     wire.decode_step always pass; this guards the window's int64 arrays against any other source.)"""
-    step = _bounded(rec.step, "step", 0, wire.MAX_STEP)
-    rank = _bounded(rec.rank, "rank", 0, wire.MAX_WORLD)
-    world = _bounded(rec.world_size, "world size", 1, wire.MAX_WORLD + 1)
+    step = bounded_int(rec.step, "step", 0, wire.MAX_STEP)
+    rank = bounded_int(rec.rank, "rank", 0, wire.MAX_WORLD)
+    world = bounded_int(rec.world_size, "world size", 1, wire.MAX_WORLD + 1)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
-    tokens = _bounded(rec.tokens, "tokens", 0, wire.MAX_TOKENS)
-    dropped = _bounded(rec.dropped_steps, "dropped steps", 0, wire.MAX_STEP)
+    tokens = bounded_int(rec.tokens, "tokens", 0, wire.MAX_TOKENS)
+    dropped = bounded_int(rec.dropped_steps, "dropped steps", 0, wire.MAX_STEP)
     try:
         time_s = float(rec.time_s)
     except (TypeError, ValueError, OverflowError):
