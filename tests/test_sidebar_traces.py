@@ -147,3 +147,36 @@ def test_upload_names_keep_nothing_of_a_path():
         assert NAME.match(name) and "/" not in name and "\\" not in name and ".." not in name, (client, name)
     assert sidebar_module.upload_name("my-trace.jsonl", now_s=0).startswith("upload-19700101-000000-")
     assert sidebar_module.upload_name("my-trace.jsonl", now_s=0).endswith("-my-trace.jsonl")
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrows"])
+def test_a_columnar_upload_is_opened_saved_under_its_container_and_selected(folder, tmp_path, monkeypatch, suffix):
+    """A .parquet or .arrows trace is opened (timeline too) before it is kept, and saved under its container's
+    extension whatever the client called it."""
+    from traces import open_trace
+    from traces.cli import main as traces_main
+
+    src = tmp_path / "src.jsonl"
+    src.write_text(trace_text(9))
+    out = tmp_path / f"converted{suffix}"
+    assert traces_main(["convert", str(src), str(out)]) == 0
+    at = trace_app(monkeypatch)
+    before = set(os.listdir(folder))
+    misnamed = "whatever.arrows" if suffix == ".parquet" else "whatever.parquet"   # the bytes decide, not the name
+    at.sidebar.file_uploader(key="trace_upload").upload(misnamed, out.read_bytes(), "application/octet-stream").run()
+    assert not at.exception, at.exception
+    (saved,) = set(os.listdir(folder)) - before
+    assert saved.endswith(suffix) and saved.startswith("upload-"), saved
+    assert open_trace(folder / saved).timeline().step_T.size == 9
+    assert at.sidebar.selectbox(key="trace_path").value == saved
+    assert "9 steps in window" in steps_caption(at)
+
+
+@pytest.mark.parametrize("content", [b"PAR1" + b"\0" * 64, b"\xff\xff\xff\xff" + b"garbage" * 8])
+def test_a_columnar_upload_that_does_not_open_is_not_saved(folder, monkeypatch, content):
+    at = trace_app(monkeypatch)
+    before = set(os.listdir(folder))
+    at.sidebar.file_uploader(key="trace_upload").upload("t.parquet", content, "application/octet-stream").run()
+    assert not at.exception, at.exception
+    assert set(os.listdir(folder)) == before   # not even the hidden temporary file
+    assert any("Not saved" in e.value for e in at.sidebar.error)

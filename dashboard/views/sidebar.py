@@ -32,7 +32,7 @@ from dashboard.views.session import (
 
 PER_LAYER = "per layer (busiest layer of each GPU)"
 ALL_LAYERS = "all layers (sum)"
-TRACE_SUFFIXES = (".jsonl", ".trace", ".json")  # what the upload takes
+TRACE_SUFFIXES = (".jsonl", ".trace", ".json", ".parquet", ".arrows")  # what the upload takes
 UPLOAD_CAP_MIB = 256          # largest trace upload (st.file_uploader's max_upload_size; server.maxUploadSize too)
 MAX_LISTED = 500              # newest trace files offered in the picker
 _TRACE_KINDS = ("meta", "step", "gpu")
@@ -110,24 +110,43 @@ def trace_files(root: Path) -> list[str]:
     return [name for _, name in found[:MAX_LISTED]]
 
 
-def upload_name(client_name: str, now_s: float | None = None) -> str:
+def upload_container(data: bytes) -> str:
+    """'parquet', 'arrows' or 'jsonl': the trace container an upload's first bytes announce (as open_trace
+    tells files apart)."""
+    from traces.reader import IPC_MAGIC, PARQUET_MAGIC
+    head = data[:4]
+    return "parquet" if head == PARQUET_MAGIC else "arrows" if head == IPC_MAGIC else "jsonl"
+
+
+def upload_name(client_name: str, now_s: float | None = None, suffix: str = ".jsonl") -> str:
     """A fresh file name for an upload: upload-<UTC time>-<random>[-<the client's stem, letters, digits, _ and -
-    only>].jsonl. Never the client's name as such: no path separators, no dots, nothing hidden."""
+    only>]<suffix> (.jsonl, .parquet or .arrows: the container its bytes are, never the client's extension).
+    Never the client's name as such: no path separators, no dots, nothing hidden."""
     base = re.split(r"[\\/]", str(client_name))[-1]
     stem = re.sub(r"[^A-Za-z0-9_-]+", "-", base.rsplit(".", 1)[0] if "." in base else base).strip("-_")[:40]
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
-    return f"upload-{stamp}-{secrets.token_hex(4)}" + (f"-{stem}" if stem else "") + ".jsonl"
+    return f"upload-{stamp}-{secrets.token_hex(4)}" + (f"-{stem}" if stem else "") + suffix
 
 
 def save_upload(root: Path, client_name: str, data: bytes) -> str:
     """Write data into root under upload_name(client_name) (written to a hidden temporary file, then renamed, so
-    the picker never lists half a file) and return that name. OSError when the folder cannot take it."""
+    the picker never lists half a file) and return that name. A columnar trace (.parquet / .arrows) is opened
+    from the temporary file first, timeline included: ValueError (why it is not a trace) and nothing is kept
+    when it does not open. OSError when the folder cannot take it."""
     root.mkdir(parents=True, exist_ok=True)
-    name = upload_name(client_name)
+    container = upload_container(data)
+    name = upload_name(client_name, suffix=".jsonl" if container == "jsonl" else f".{container}")
     tmp = root / f".{name}.part"
     try:
         with open(tmp, "xb") as handle:
             handle.write(data)
+        if container != "jsonl":
+            from traces import open_trace
+            reader = open_trace(tmp)
+            try:
+                reader.timeline()
+            finally:
+                reader.close()
         os.replace(tmp, root / name)
     finally:
         tmp.unlink(missing_ok=True)
@@ -176,7 +195,7 @@ def _trace_controls(sb) -> str:
 
 
 def _trace_upload(sb, root: Path) -> None:
-    upload = sb.file_uploader(f"Upload a trace (JSON lines, up to {UPLOAD_CAP_MIB} MiB)",
+    upload = sb.file_uploader(f"Upload a trace (.jsonl, .parquet or .arrows, up to {UPLOAD_CAP_MIB} MiB)",
                               type=[s.lstrip(".") for s in TRACE_SUFFIXES], key="trace_upload",
                               max_upload_size=UPLOAD_CAP_MIB,
                               help="Saved into the trace folder under a new name, then selected.")
@@ -191,13 +210,16 @@ def _trace_upload(sb, root: Path) -> None:
                  "traces into the trace folder instead.")
         return
     data = upload.getvalue()
-    why = first_line_error(data)
+    why = first_line_error(data) if upload_container(data) == "jsonl" else ""
     if why:
         sb.error(f"Not saved: the upload is not a trace ({why}). A trace is JSON lines, as "
-                 "`collectors.record_trace(...)` or `trace_path=` write them.")
+                 "`collectors.record_trace(...)` or `trace_path=` write them, or a .parquet / .arrows trace.")
         return
     try:
         name = save_upload(root, upload.name, data)
+    except ValueError as exc:   # a columnar file that does not open as a trace
+        sb.error(f"Not saved: the upload is not a trace ({str(exc).rsplit(': ', 1)[-1][:200]}).")
+        return
     except OSError as exc:
         sb.error(f"Could not save the upload into the trace folder: {exc.strerror or type(exc).__name__}.")
         return
