@@ -10,7 +10,7 @@ import redis
 import wire
 
 _Entries = list[tuple[bytes, dict[bytes, bytes]]]  # XRANGE's reply from a client that does not decode
-_RAW_FIELDS = (b"counts", b"sample", b"map")  # binary fields (base64 in the trace), the others are text
+_RAW_FIELDS = (b"counts", b"sample", b"map", *(name.encode() for name in wire.TIMING_PHASES))  # binary fields (base64)
 
 
 def record_trace(redis_url: str, run: str, path: str | os.PathLike[str], batch: int = 500) -> int:
@@ -30,7 +30,8 @@ def _copy_run(client: redis.Redis, run: str, path: str | os.PathLike[str], batch
     written = 0
     with open(path, "w", encoding="utf-8") as out:
         out.write(wire.trace_line("meta", {"meta": meta_json.decode()}) + "\n")
-        for key, kind in ((wire.layouts_key(run), "layout"), (wire.steps_key(run), "step"), (wire.gpu_key(run), "gpu")):
+        for key, kind in ((wire.layouts_key(run), "layout"), (wire.steps_key(run), "step"), (wire.gpu_key(run), "gpu"),
+                          (wire.timings_key(run), "timing")):
             last = "-"
             while True:
                 entries = cast(_Entries, client.xrange(key, min=last, max="+", count=batch))

@@ -18,6 +18,7 @@ from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import RedisSource
 from dashboard.sources.trace import TraceSource
 from tests.support.redisfaults import FaultyRedis
+from tests.support.waiting import wait_until
 
 # 2 layers, 4 experts, 2 GPUs. Until step 3 the metadata's contiguous layout: GPU 0 holds experts 0, 1 and
 # GPU 1 experts 2, 3. From step 3 six slots with replicas, three per GPU:
@@ -173,15 +174,6 @@ def server(tmp_path):
     srv.stop()
 
 
-def _wait(condition, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 def test_outage_while_a_layout_waits_loses_nothing(server):
     """Redis SIGKILLed; while it is down the engine rebalances and the model runs on, far past queue_steps:
     the step queue drops its oldest steps (counted), the layout waits in its own queue, and when Redis comes
@@ -190,15 +182,15 @@ def test_outage_while_a_layout_waits_loses_nothing(server):
                             redis_timeout_s=0.5, queue_steps=20)
     for ids in IDS:
         _step(mon, ids)
-    assert _wait(lambda: mon.stats()["published_steps"] == 3)
+    assert wait_until(lambda: mon.stats()["published_steps"] == 3)
     server.kill()
     mon.publish_layout(NEW_LP)  # returns at once: nothing waits on the dead Redis
     for _ in range(60):
         _step(mon, [1])
-    assert _wait(lambda: mon.stats()["dropped_steps"] == 40 and "ConnectionError" in mon.stats()["last_error"])
+    assert wait_until(lambda: mon.stats()["dropped_steps"] == 40 and "ConnectionError" in mon.stats()["last_error"])
     assert mon.stats()["sinks"]["redis"]["queued_layouts"] == 1
     server.start()
-    assert _wait(lambda: mon.stats()["sinks"]["redis"]["published_layouts"] == 1)
+    assert wait_until(lambda: mon.stats()["sinks"]["redis"]["published_layouts"] == 1)
     mon.close()
     client = server.client()
     layouts = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layouts_key("down"))]
@@ -218,13 +210,13 @@ def test_a_redis_restarted_empty_gets_the_layout_in_force_back(server):
     mon.publish_layout(NEW_LP)
     _step(mon, [1])
     client = server.client()
-    assert _wait(lambda: client.exists(wire.layouts_key("reborn")) == 1)
+    assert wait_until(lambda: client.exists(wire.layouts_key("reborn")) == 1)
     server.restart()
     client = server.client()
     for _ in range(5):
         _step(mon, [2])
         time.sleep(0.15)
-    assert _wait(lambda: client.exists(wire.layouts_key("reborn")) == 1)
+    assert wait_until(lambda: client.exists(wire.layouts_key("reborn")) == 1)
     mon.close()
     layouts = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layouts_key("reborn"))]
     assert [r.step for r in layouts] == [1]
@@ -237,10 +229,13 @@ def test_a_stalled_redis_never_holds_up_publish_layout(server):
     _step(mon, [0])
     server.stall()
     try:
+        started = time.monotonic()
         mon.publish_layout(NEW_LP)
         _step(mon, [1])
-        assert server.stalled()  # both returned while Redis answers nothing
+        took_s = time.monotonic() - started
+        assert server.stalled()
+        assert took_s < 0.25, f"publish_layout + a step took {took_s:.3f} s while Redis answered nothing"
     finally:
         server.resume()
-    assert _wait(lambda: mon.stats()["sinks"]["redis"]["published_layouts"] == 1)
+    assert wait_until(lambda: mon.stats()["sinks"]["redis"]["published_layouts"] == 1)
     mon.close()

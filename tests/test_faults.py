@@ -19,6 +19,7 @@ import torch
 import wire
 from collectors import ExpertLoadMonitor
 from tests.support.redisfaults import FaultyRedis, make_cert
+from tests.support.waiting import wait_until
 
 IDS = torch.tensor([[1, 2]])
 
@@ -33,15 +34,6 @@ def _steps(mon: ExpertLoadMonitor, count: int, rate_hz: float) -> None:
         delay = due - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-
-
-def _wait(condition, timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
 
 
 def _records(client, run):
@@ -77,16 +69,16 @@ def test_outage_buffer_holds_queue_steps_at_a_high_step_rate(server):
     queue, before, during = 500, 20, 1200
     mon = _monitor(server.url, "outage", queue_steps=queue)
     _steps(mon, before, 400)
-    assert _wait(lambda: mon.stats()["published_steps"] == before)
+    assert wait_until(lambda: mon.stats()["published_steps"] == before)
     server.kill()
     _steps(mon, during, 400)
     assert mon.step == before + during
-    assert _wait(lambda: mon.stats()["queued_steps"] + mon.stats()["dropped_steps"] == during
+    assert wait_until(lambda: mon.stats()["queued_steps"] + mon.stats()["dropped_steps"] == during
                  and "ConnectionError" in mon.stats()["last_error"])
     stats = mon.stats()
     assert (stats["queued_steps"], stats["dropped_steps"]) == (queue, during - queue), stats
     server.start()
-    assert _wait(lambda: mon.stats()["published_steps"] == before + queue)
+    assert wait_until(lambda: mon.stats()["published_steps"] == before + queue)
     mon.close()
     client = server.client()
     records = _records(client, "outage")
@@ -105,10 +97,10 @@ def test_redis_flushed_under_a_live_collector_gets_the_metadata_back(server):
     mon = _monitor(server.url, "flushed")
     _steps(mon, 5, 200)
     client = server.client()
-    assert _wait(lambda: client.get(wire.meta_key("flushed")) is not None)
+    assert wait_until(lambda: client.get(wire.meta_key("flushed")) is not None)
     client.flushall()
     _steps(mon, 5, 50)
-    assert _wait(lambda: client.get(wire.meta_key("flushed")) is not None, timeout_s=5.0)
+    assert wait_until(lambda: client.get(wire.meta_key("flushed")) is not None, timeout_s=5.0)
     mon.close()
     assert wire.decode_meta(client.get(wire.meta_key("flushed"))).run == "flushed"
     assert mon.stats()["dropped_steps"] == 0 and mon.stats()["last_error"] == ""
@@ -122,18 +114,18 @@ def test_stalled_redis_never_holds_up_the_model(server):
     the repeat)."""
     mon = _monitor(server.url, "stall")
     _steps(mon, 10, 200)
-    assert _wait(lambda: mon.stats()["published_steps"] == 10)
+    assert wait_until(lambda: mon.stats()["published_steps"] == 10)
     server.stall()
     try:
         _steps(mon, 300, 150)
         assert server.stalled(), "the model's steps waited for the stalled Redis"
-        assert _wait(lambda: "TimeoutError" in mon.stats()["last_error"], timeout_s=5.0)
+        assert wait_until(lambda: "TimeoutError" in mon.stats()["last_error"], timeout_s=5.0)
         stats = mon.stats()
         assert stats["steps"] == 310 and stats["dropped_steps"] == 0 and stats["publisher_alive"]
         assert stats["sinks"]["redis"]["max_write_s"] <= _write_bound_s(0.5)
     finally:
         server.resume()
-    assert _wait(lambda: mon.stats()["published_steps"] == 310)
+    assert wait_until(lambda: mon.stats()["published_steps"] == 310)
     mon.close()
     client = server.client()
     assert sorted({r.step for r in _records(client, "stall")}) == list(range(310))
@@ -149,15 +141,15 @@ def test_maxmemory_noeviction_refusals_are_reported_and_buffered(tmp_path):
     try:
         mon = _monitor(srv.url, "oom")
         _steps(mon, 5, 200)
-        assert _wait(lambda: mon.stats()["published_steps"] == 5)
+        assert wait_until(lambda: mon.stats()["published_steps"] == 5)
         client = srv.client()
         filler = _fill_to_maxmemory(client)
         _steps(mon, 50, 200)
-        assert _wait(lambda: "OutOfMemoryError" in mon.stats()["last_error"] and mon.stats()["queued_steps"] == 50)
+        assert wait_until(lambda: "OutOfMemoryError" in mon.stats()["last_error"] and mon.stats()["queued_steps"] == 50)
         stats = mon.stats()
         assert "maxmemory" in stats["last_error"] and stats["steps"] == 55 and stats["queued_steps"] == 50
         client.delete(*filler)
-        assert _wait(lambda: mon.stats()["published_steps"] == 55)
+        assert wait_until(lambda: mon.stats()["published_steps"] == 55)
         mon.close()
         assert [r.step for r in _records(client, "oom")] == list(range(55))
         health = _health(client, "oom")
@@ -188,15 +180,15 @@ def test_acl_user_without_write_permission(server):
     wrong = _monitor(f"redis://reader:nope@127.0.0.1:{server.port}/0", "acl-wrong")
     _steps(mon, 8, 200)
     _steps(wrong, 3, 200)
-    assert _wait(lambda: "NoPermissionError" in mon.stats()["last_error"])
+    assert wait_until(lambda: "NoPermissionError" in mon.stats()["last_error"])
     assert "no permissions" in mon.stats()["last_error"] and mon.stats()["queued_steps"] == 8
-    assert _wait(lambda: "AuthenticationError" in wrong.stats()["last_error"])
+    assert wait_until(lambda: "AuthenticationError" in wrong.stats()["last_error"])
     assert "invalid username-password" in wrong.stats()["last_error"]
     t0 = time.monotonic()
     wrong.close(timeout_s=0.3)
     assert time.monotonic() - t0 < 2 and wrong.stats()["dropped_steps"] == 3
     admin.execute_command("ACL", "SETUSER", "reader", "+@write")
-    assert _wait(lambda: mon.stats()["published_steps"] == 8)
+    assert wait_until(lambda: mon.stats()["published_steps"] == 8)
     mon.close()
     assert [r.step for r in _records(admin, "acl")] == list(range(8))
     assert "NoPermissionError" in _health(admin, "acl")["last_failure"]
@@ -214,7 +206,7 @@ def test_tls_server_with_a_certificate_the_client_does_not_trust(tmp_path):
         bad_url = f"rediss://127.0.0.1:{srv.port}/0?ssl_ca_certs={other}"
         mon = _monitor(bad_url, "tls-bad")
         _steps(mon, 20, 200)
-        assert _wait(lambda: "CERTIFICATE_VERIFY_FAILED" in mon.stats()["last_error"]
+        assert wait_until(lambda: "CERTIFICATE_VERIFY_FAILED" in mon.stats()["last_error"]
                      or "certificate verify failed" in mon.stats()["last_error"])
         stats = mon.stats()
         assert stats["steps"] == 20 and stats["queued_steps"] == 20 and stats["published_steps"] == 0

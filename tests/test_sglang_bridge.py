@@ -35,6 +35,7 @@ from dashboard.sources.redis import RedisSource
 from demo.localredis import free_port
 from planner import plan
 from tests.support.redisfaults import FaultyRedis
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
@@ -425,7 +426,7 @@ def test_redis_down_then_back(tmp_path, real):
         assert meta_of(redis_proc.url, "down").num_experts == 256
         redis_proc.restart()  # gone again, back empty between two dumps: the metadata and layout come back
         more = per_pass_dump(folder, real["prefill"], real["layout_a"], 2, 1, T0 + 10, seed=13)
-        assert wait_for(lambda: bridge.poll() and len(steps_of(redis_proc.url, "down")) == len(more), 10)
+        assert wait_until(lambda: bridge.poll() and len(steps_of(redis_proc.url, "down")) == len(more), 10)
         assert meta_of(redis_proc.url, "down").num_experts == 256
         (layout,) = layouts_of(redis_proc.url, "down")
         assert layout.step == 0 and layout.source == "initial"
@@ -489,15 +490,6 @@ class FakeSglang:
         self.httpd.server_close()
 
 
-def wait_for(predicate, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.slow  # the CLI's interpreter imports collectors (torch, transformers): ~10 s
 def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
     folder = tmp_path / "recorder"
@@ -516,7 +508,7 @@ def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
          "--server", server.url, "--every", "0.3", "--poll", "0.1", "--top-k", str(K), "--gpus", str(GPUS)],
         cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_for(lambda: len(steps_of(redis_url, "srv")) >= len(expected)), "not published in time"
+        assert wait_until(lambda: len(steps_of(redis_url, "srv")) >= len(expected), 30), "not published in time"
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=30)
     finally:
@@ -554,7 +546,7 @@ def test_server_down_is_one_line_then_retried(tmp_path, redis_url, real):
     try:
         time.sleep(0.8)  # several periods without a server
         server = FakeSglang(folder, [(real["prefill"], real["layout_a"], 30)], real["layout_a"], port=port)
-        assert wait_for(lambda: len(steps_of(redis_url, "down-up")) == GPUS * 2)
+        assert wait_until(lambda: len(steps_of(redis_url, "down-up")) == GPUS * 2, 30)
     finally:
         stop.set()
         worker.join(30)

@@ -11,6 +11,7 @@ from streamlit.testing.v1 import AppTest
 
 import wire
 from dashboard.live.watched import WatchedRun
+from dashboard.sources.base import is_seekable
 from dashboard.sources.trace import TraceSource
 from tests.support import synthfill
 from tests.support.apptest import APP
@@ -48,9 +49,11 @@ def replay_app(request, tmp_path, monkeypatch):
     at.session_state["window_steps"] = WIDTH
     if request.param == "listsource":
         at.session_state["watched_run"] = (("trace", "rec.jsonl", WIDTH), WatchedRun(src, WIDTH))
-    else:
-        assert hasattr(TraceSource, "seek")
-    return _ok(at.run())
+    at = _ok(at.run())
+    if request.param != "listsource":   # the real TraceSource the page built can seek
+        source = at.session_state["watched_run"][1].source
+        assert isinstance(source, TraceSource) and is_seekable(source)
+    return at
 
 
 def test_seek_and_step_move_the_window_every_page_analyses(replay_app):

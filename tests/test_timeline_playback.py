@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import wire
 from dashboard.live import playback
 from dashboard.live.pause import Paused
 from dashboard.live.replay import RangeReplay
@@ -79,3 +80,8 @@ def test_a_paused_run_keeps_its_window_while_the_live_one_goes_on():
     assert paused.frozen.window.size == 30 and live.window.size == 60
     assert paused.waiting(live) == (30, False)
     assert paused.frozen.window.newest_step == 29 and paused.at_step == 29
+    timed = wire.TimingRecord(run="r", rank=0, world_size=1, step=60, time_s=1.7e9,
+                              dispatch_s_L=np.ones(2, np.float32), compute_s_L=np.ones(2, np.float32),
+                              combine_s_L=np.ones(2, np.float32), layer_s_L=np.ones(2, np.float32))
+    live.timings.add(timed)   # the live run's layer timings go on too, the frozen copy's do not
+    assert live.timings.records == 1 and paused.frozen.timings.records == 0

@@ -10,7 +10,7 @@ import redis
 import torch
 
 import wire
-from collectors import ExpertLoadMonitor
+from collectors import ExpertLoadMonitor, record_trace
 from collectors.timing import StepTimer
 
 
@@ -127,6 +127,11 @@ def test_timings_travel_with_their_steps(redis_url, tmp_path):
     kinds = [wire.decode_trace_line(line)[0] for line in trace.read_text().splitlines()]
     assert kinds.count("timing") == 3 and kinds.count("step") == 4
     client.close()
+    dumped = tmp_path / "dumped.jsonl"   # record_trace copies the timings stream too
+    record_trace(redis_url, "timed", str(dumped))
+    copied = [item for kind, item in map(wire.decode_trace_line, dumped.read_text().splitlines()) if kind == "timing"]
+    assert [t.step for t in copied] == [0, 1, 3]
+    np.testing.assert_array_equal(copied[-1].dispatch_s_L, timings[-1].dispatch_s_L)
 
 
 def test_untimed_run_writes_no_timing_stream(redis_url):

@@ -23,6 +23,7 @@ def freeze(watched: WatchedRun) -> WatchedRun:
     frozen.layouts = copy.deepcopy(watched.layouts)
     frozen.samples = copy.deepcopy(watched.samples)
     frozen.gpus = copy.deepcopy(watched.gpus)
+    frozen.timings = copy.deepcopy(watched.timings)
     frozen.instance_of_rank = dict(watched.instance_of_rank)
     return frozen
 

@@ -154,6 +154,20 @@ def _why(exc: BaseException) -> str:
     return text if len(text) <= 500 else text[:500] + "..."
 
 
+def _decode_into(entries: list[StreamEntry], decode, out: list, kind: str, batch: Batch,
+                 last_id: bytes | None = None) -> bytes | None:
+    """Decode each stream entry into out (oldest first); an entry that does not decode is one bad record of the
+    batch, named by kind and id. Returns the last entry id read (last_id when there were none)."""
+    for entry_id, fields in entries:
+        last_id = entry_id
+        try:
+            out.append(decode(fields))
+        except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
+            batch.bad_records += 1
+            batch.last_error = f"{kind} entry {_id_text(entry_id)}: {_why(exc)}"
+    return last_id
+
+
 def _id_text(entry_id) -> str:
     return entry_id.decode("ascii", "replace") if isinstance(entry_id, (bytes, bytearray)) else str(entry_id)
 
@@ -250,28 +264,11 @@ class RedisSource:
         gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
-        for entry_id, fields in step_entries:
-            try:
-                batch.steps.append(wire.decode_step(fields))
-            except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
-                batch.bad_records += 1
-                batch.last_error = f"step entry {_id_text(entry_id)}: {_why(exc)}"
-        for entry_id, fields in gpu_entries:
-            self._last_gpu_id = entry_id
-            try:
-                batch.gpu_samples.append(wire.decode_gpu_sample(fields))
-            except Exception as exc:
-                batch.bad_records += 1
-                batch.last_error = f"gpu entry {_id_text(entry_id)}: {_why(exc)}"
-        if self._last_gpu_id is None:
-            self._last_gpu_id = b"0-0"
-        for entry_id, fields in _entries(layout_entries):
-            self._last_layout_id = entry_id
-            try:
-                batch.layouts.append(wire.decode_layout_record(fields))
-            except Exception as exc:
-                batch.bad_records += 1
-                batch.last_error = f"layout entry {_id_text(entry_id)}: {_why(exc)}"
+        _decode_into(step_entries, wire.decode_step, batch.steps, "step", batch)
+        self._last_gpu_id = _decode_into(gpu_entries, wire.decode_gpu_sample, batch.gpu_samples, "gpu", batch,
+                                         self._last_gpu_id) or b"0-0"
+        self._last_layout_id = _decode_into(_entries(layout_entries), wire.decode_layout_record, batch.layouts,
+                                            "layout", batch, self._last_layout_id) or b"0-0"
         self._take_timings(_entries(timing_entries), batch)
         if refresh_meta:
             self._read_meta(replies[-1], batch)
@@ -298,15 +295,8 @@ class RedisSource:
             entries = entries[::-1]
         elif len(entries) >= TIMING_PAGE:
             batch.more = True
-        for entry_id, fields in entries:
-            self._last_timing_id = entry_id
-            try:
-                batch.timings.append(wire.decode_timing(fields))
-            except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
-                batch.bad_records += 1
-                batch.last_error = f"timing entry {_id_text(entry_id)}: {_why(exc)}"
-        if self._last_timing_id is None:
-            self._last_timing_id = b"0-0"
+        self._last_timing_id = _decode_into(entries, wire.decode_timing, batch.timings, "timing", batch,
+                                            self._last_timing_id) or b"0-0"
 
     def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the last window x world entries; [] (batch.more) until all are read,
