@@ -20,10 +20,11 @@ from .api import POLICIES, PlanResult, plan
 from .bounds import best_bound, group_partition_bound
 from .budget import bytes_per_expert, replica_budget_curve
 from .edits import add_replica, move_replica
-from .io import load_counts, load_layout
+from .io import load_counts, load_layout, load_trace_steps
 from .loads import balancedness, gpu_loads, gpu_weights, imbalance, replica_counts, validated_layout, weighted_loads
 from .repair import experts_copied, repair_curve, repair_plan
-from .simulate import Change, CostModel, Schedule, SimResult, load_schedule, load_trace_steps, simulate
+from .schedule import Change, Schedule, load_schedule
+from .simulate import CostModel, SimResult, simulate
 from .sizes import DEEPSEEK_V3, ExpertSizes
 from .staleness import StalenessCurve, staleness
 from .traffic import traffic

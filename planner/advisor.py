@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .api import plan
-from .loads import as_counts, check_shape, duplicates_on_gpu, validated_layout
+from .loads import as_counts, check_shape, duplicates_on_gpu, validated_layout, whole_number
 from .repair import experts_copied, repair_curve
-from .simulate import Change, CostModel, Schedule, straggler_tokens
+from .schedule import Change, Schedule
+from .simulate import CostModel, straggler_tokens
 from .windows import split_windows
 
 DEFAULT_EVERY = 250            # advisor: steps between decision points
@@ -37,11 +38,6 @@ DEFAULT_HORIZON = 1000         # steps a change is expected to pay off over
 DEFAULT_MAX_MOVES = 256        # advisor: expert copies per change at most
 DEFAULT_SUB_WINDOWS = 4        # advisor: windows the look-back is split into (the robust view of drift)
 
-
-def _whole(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _counts(counts_TLE) -> np.ndarray:
@@ -54,7 +50,7 @@ def initial_layout(counts_TLE, gpus: int, redundant: int, window: int = DEFAULT_
     nodes and groups) on the sum of the trace's first ``window`` steps, [L, E + R]. It sees those steps before
     they run (a warm-up every policy shares, so comparisons stay fair)."""
     c = _counts(counts_TLE)
-    window = _whole(window, "window")
+    window = whole_number(window, "window", 1)
     policy = "hierarchical" if nodes is not None else "refined"
     return plan(c[:window].sum(0), gpus, redundant, nodes=nodes, groups=groups, policy=policy).layout_LP
 
@@ -81,7 +77,7 @@ def periodic_schedule(counts_TLE, gpus: int, redundant: int, every: int, window:
     """Full re-plan (planner.api.plan with ``policy`` on the summed last ``window`` steps) at steps every,
     2 x every, ... < T; counts [T, L, E]. Each change records its moves and migration time."""
     c = _counts(counts_TLE)
-    every, window = _whole(every, "every"), _whole(window, "window")
+    every, window = whole_number(every, "every", 1), whole_number(window, "window", 1)
     cost = CostModel() if cost is None else cost
     cur = _start(c, gpus, redundant, initial_LP, window, nodes, groups)
     changes = [Change(step=0, layout_LP=cur, moves=0, reason="initial")]
@@ -137,9 +133,9 @@ def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = 
     a change only where its predicted gain over ``horizon_steps`` beats its migration time, within
     ``max_moves`` expert copies. Every change carries its moves, predicted gain and migration seconds."""
     c = _counts(counts_TLE)
-    every, window = _whole(every, "every"), _whole(window, "window")
-    horizon_steps, sub_windows = _whole(horizon_steps, "horizon steps"), _whole(sub_windows, "sub-windows")
-    max_moves = _whole(max_moves, "max moves", 0)
+    every, window = whole_number(every, "every", 1), whole_number(window, "window", 1)
+    horizon_steps, sub_windows = whole_number(horizon_steps, "horizon steps", 1), whole_number(sub_windows, "sub-windows", 1)
+    max_moves = whole_number(max_moves, "max moves", 0)
     cost = CostModel() if cost is None else cost
     cur = _start(c, gpus, redundant, initial_LP, window, nodes, groups)
     changes = [Change(step=0, layout_LP=cur, moves=0, reason="initial")]
@@ -226,8 +222,8 @@ def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None 
     and its migration time; ``rebalance`` when the gain beats the migration time, the rule ``advise`` applies.
     R = P - E redundant slots (used only when the current layout cannot be repaired and is re-planned)."""
     c = _counts(window_counts_TLE)
-    horizon_steps, sub_windows = _whole(horizon_steps, "horizon steps"), _whole(sub_windows, "sub-windows")
-    max_moves = _whole(max_moves, "max moves", 0)
+    horizon_steps, sub_windows = whole_number(horizon_steps, "horizon steps", 1), whole_number(sub_windows, "sub-windows", 1)
+    max_moves = whole_number(max_moves, "max moves", 0)
     cost = CostModel() if cost is None else cost
     T, L, E = c.shape
     if T == 0:

@@ -21,7 +21,7 @@ python -m planner simulate --trace FILE --schedule SCHEDULE.json [--gpus G] [--l
 python -m planner staleness --trace FILE --gpus G (--redundant R [--policy NAME] | --layout LAYOUT.json)
                             [--window W --every N] --out CURVE.json
 
---trace: per-step counts, a project trace (JSON lines) or a counts file [T, L, E] (planner.simulate.load_trace_steps).
+--trace: per-step counts, a project trace (JSON lines) or a counts file [T, L, E] (planner.io.load_trace_steps).
 --schedule: a schedule JSON (advise writes one) or a bare layout JSON ({"physical_to_logical_map": ...}, e.g.
 SGLang's) held static. Cost model: planner/simulate.py's docstring (README, "Rebalance advisor and simulator").
 """
@@ -183,7 +183,7 @@ def _main_sub(name: str, argv: list[str]) -> int:
 
 def _advise(args) -> dict:
     from planner.advisor import advise
-    from planner.simulate import load_trace_steps
+    from planner.io import load_trace_steps
     counts = load_trace_steps(args.trace)
     initial = None if args.initial is None else load_layout(args.initial)
     if (args.nodes is None) != (args.groups is None):
@@ -204,7 +204,9 @@ def _report_advise(args, payload: dict) -> None:
 
 
 def _simulate(args) -> dict:
-    from planner.simulate import load_schedule, load_trace_steps, simulate
+    from planner.io import load_trace_steps
+    from planner.schedule import load_schedule
+    from planner.simulate import simulate
     counts = load_trace_steps(args.trace)
     res = simulate(counts, load_schedule(args.schedule, args.gpus), _cost(args))
     payload = res.to_json()
@@ -220,7 +222,7 @@ def _report_simulate(args, payload: dict) -> None:
 
 
 def _staleness(args) -> dict:
-    from planner.simulate import load_trace_steps
+    from planner.io import load_trace_steps
     from planner.staleness import StalenessCurve, staleness
     counts = load_trace_steps(args.trace)
     layout = None if args.layout is None else load_layout(args.layout)

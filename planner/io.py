@@ -23,7 +23,7 @@ import numpy as np
 
 import wire
 
-from .loads import MAX_SLOTS, as_counts
+from .loads import CHUNK_STEPS, MAX_SLOTS, as_counts
 from .windows import MAX_WINDOWS, split_windows
 
 _LOADERS: dict[str, Callable[[Path], object]] = {}
@@ -173,3 +173,48 @@ def write_json(path, payload: dict) -> None:
     except ValueError:
         raise ValueError(f"{path}: the plan holds NaN or infinite numbers; nothing written") from None
     Path(path).write_text(text)
+
+
+def load_trace_steps(path) -> np.ndarray:
+    """Per-step counts float64 [T, L, E] from a file: a project trace read through traces.open_trace (a columnar
+    ``.parquet`` / ``.arrows`` trace, or JSON lines: ``.jsonl`` / ``.trace`` or a ``.json`` whose first line is
+    a trace line; ranks summed, steps in order, a repeated record once; a line or row that does not decode is
+    refused, naming the file) or a counts file planner.io.load_counts reads with shape [T, L, E]. The one
+    reader of the advisor and the simulator. ValueError naming the file otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
+    trace = p.suffix.lower() in (".jsonl", ".trace", ".parquet", ".arrows")
+    if p.suffix.lower() == ".json":
+        try:
+            with p.open("r", encoding="utf-8") as handle:
+                trace = _is_trace_line(handle.readline())
+        except UnicodeDecodeError:
+            raise ValueError(f"{p}: not UTF-8 text (a JSON file is text)") from None
+    if trace:
+        return as_counts(_trace_counts(p), f"{p.name}: counts", ndim=(3,))
+    counts = load_counts(p)
+    if counts.ndim != 3:
+        raise ValueError(f"{p}: counts are one [layers, experts] table; the advisor and the simulator need "
+                         "per-step counts [steps, layers, experts] or a trace")
+    return counts
+
+
+def _trace_counts(p: Path) -> np.ndarray:
+    """int64 [T, L, E] of a trace through traces.open_trace, ranks summed; ValueError on any bad record."""
+    from traces import open_trace  # pyarrow: only for a trace
+
+    with open_trace(p) as reader:
+        steps_T = reader.timeline().step_T
+        if reader.bad_records:
+            raise ValueError(f"{p.name}: {reader.bad_records} record(s) do not decode ({reader.last_error})")
+        if steps_T.size == 0:
+            raise ValueError(f"{p.name}: the trace holds no step lines")
+        counts_TLE = np.zeros((steps_T.size, len(reader.meta.layer_names), reader.meta.num_experts), dtype=np.int64)
+        for a in range(0, steps_T.size, CHUNK_STEPS):
+            b = min(steps_T.size, a + CHUNK_STEPS) - 1
+            for rec in reader.read_steps(int(steps_T[a]), int(steps_T[b])):
+                counts_TLE[np.searchsorted(steps_T, rec.step)] += rec.counts_LE
+        if reader.bad_records:
+            raise ValueError(f"{p.name}: {reader.bad_records} record(s) do not decode ({reader.last_error})")
+    return counts_TLE

@@ -86,15 +86,22 @@ def as_counts(counts, name: str = "counts", ndim: tuple[int, ...] = (2,)) -> np.
     return arr
 
 
-def _whole(value, flag: str) -> int:
+CHUNK_STEPS = 512  # steps scored at once by the replaying tools (bounds their [steps, L, P] temporaries)
+
+
+def whole_number(value, name: str, minimum: int | None = None) -> int:
+    """value as an int (numpy integers welcome, bools not), at least `minimum` when given; ValueError naming it."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{flag} must be a whole number, got {_short(value)}")
+        raise ValueError(f"{name} must be a whole number, got {_short(value)}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {_short(value)}")
     return int(value)
+
 
 
 def check_shape(num_experts: int, gpus: int, redundant: int) -> int:
     """Check E, G, R fit together and return S, the slots per GPU."""
-    gpus, redundant = _whole(gpus, "--gpus"), _whole(redundant, "--redundant")
+    gpus, redundant = whole_number(gpus, "--gpus"), whole_number(redundant, "--redundant")
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
     if redundant < 0:

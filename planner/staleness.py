@@ -21,9 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .api import plan
-from .loads import as_counts, gpu_loads, imbalance_or_nan, validated_layout
-
-_CHUNK_STEPS = 512
+from .loads import CHUNK_STEPS, as_counts, gpu_loads, imbalance_or_nan, validated_layout, whole_number
 
 
 @dataclass(frozen=True)
@@ -47,11 +45,11 @@ class StalenessCurve:
 def step_imbalance(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
     """Per step, the mean over layers with tokens of max/mean GPU load, float64 [T] (NaN for idle steps)."""
     out = np.empty(counts_TLE.shape[0])
-    for a in range(0, counts_TLE.shape[0], _CHUNK_STEPS):
-        imb_TL = imbalance_or_nan(gpu_loads(counts_TLE[a:a + _CHUNK_STEPS], layout_LP, gpus))
+    for a in range(0, counts_TLE.shape[0], CHUNK_STEPS):
+        imb_TL = imbalance_or_nan(gpu_loads(counts_TLE[a:a + CHUNK_STEPS], layout_LP, gpus))
         n = np.isfinite(imb_TL).sum(1)
         total = np.where(np.isfinite(imb_TL), imb_TL, 0.0).sum(1)
-        out[a:a + _CHUNK_STEPS] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
+        out[a:a + CHUNK_STEPS] = np.where(n > 0, total / np.maximum(n, 1), np.nan)
     return out
 
 
@@ -75,11 +73,6 @@ def _curve(c: np.ndarray, fits: list[tuple[int, np.ndarray]], gpus: int, mask_T:
                           fits_D=n_D.astype(np.int64))
 
 
-def _whole(value, name: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
-
 
 def staleness(counts_TLE, gpus: int, redundant: int | None = None, layout_LP=None, fitted_at: int = 0,
               fit_window: int = 1000, fit_every: int | None = None, policy: str = "eplb",
@@ -91,7 +84,7 @@ def staleness(counts_TLE, gpus: int, redundant: int | None = None, layout_LP=Non
     {phase: curve}; otherwise one curve."""
     c = as_counts(counts_TLE, "counts", ndim=(3,))
     T, L, E = c.shape
-    gpus = _whole(gpus, "gpus", 1)
+    gpus = whole_number(gpus, "gpus", 1)
     if phases_T is not None:
         phases = np.asarray(phases_T, dtype=object)
         if phases.shape != (T,):
@@ -108,11 +101,11 @@ def _one(c, gpus, redundant, layout_LP, fitted_at, fit_window, fit_every, policy
         lay = validated_layout(layout_LP, E, gpus)
         if lay.shape[0] != L:
             raise ValueError(f"layout has {lay.shape[0]} layers, the counts have {L}")
-        return _curve(c, [(_whole(fitted_at, "fitted_at", 0), lay)], gpus, mask_T)
+        return _curve(c, [(whole_number(fitted_at, "fitted_at", 0), lay)], gpus, mask_T)
     if redundant is None:
         raise ValueError("give a layout, or redundant slots (and a policy) to fit layouts with")
-    fit_window = _whole(fit_window, "fit window", 1)
-    fit_every = fit_window if fit_every is None else _whole(fit_every, "fit every", 1)
+    fit_window = whole_number(fit_window, "fit window", 1)
+    fit_every = fit_window if fit_every is None else whole_number(fit_every, "fit every", 1)
     fits = []
     for t in range(fit_window, T, fit_every):
         window = c[t - fit_window:t] if mask_T is None else c[t - fit_window:t][mask_T[t - fit_window:t]]

@@ -23,16 +23,10 @@ from hypothesis import strategies as st
 
 import wire
 from planner.advisor import advise, initial_layout, periodic_schedule, predicted_gain_seconds, static_schedule
+from planner.io import load_trace_steps
 from planner.repair import experts_copied
-from planner.simulate import (
-    Change,
-    CostModel,
-    Schedule,
-    load_schedule,
-    load_trace_steps,
-    schedule_from_json,
-    simulate,
-)
+from planner.schedule import Change, Schedule, load_schedule, schedule_from_json
+from planner.simulate import CostModel, simulate
 from planner.staleness import staleness
 from planner.synthetic import drifting_windows
 from tests.support.properties import property_settings
