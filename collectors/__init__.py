@@ -13,7 +13,7 @@ experts (EPLB). Tuning knobs (sampling, layout, buffering, NVML, trace
 file) are MonitorOptions fields, passed as options= or by name.
 
 Modules: discovery (find the MoE layers), hooks (per-family hooks), counter (on-device counts), monitor
-(ExpertLoadMonitor), hf (attach), options (MonitorOptions), publisher (the background thread), sinks
+(ExpertLoadMonitor), hf (attach), options (MonitorOptions), publisher (the background thread), outbox (what waits for each sink), sinks
 (Redis, trace file), nvml (GPU sampler), trace (record_trace), dist (rank and world size).
 """
 from .discovery import MoELayer, find_moe_layers

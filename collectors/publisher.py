@@ -33,12 +33,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import wire
 
 from .counter import HostSlot, StepFacts
+from .outbox import Outbox, RecordQueue
 from .sinks import PartialWrite, Sink
 
 log = logging.getLogger("collectors")
@@ -60,39 +61,6 @@ class StepJob:
     timings: Any = None     # collectors.timing.PendingTimings of the step, None when it timed nothing
 
 
-@dataclass
-class _Outbox:
-    """One sink, what waits for it, and its writer thread. pending, sending, samples and the counters are
-    changed under `lock` (the publisher thread appends, the writer takes and gives back)."""
-
-    sink: Sink
-    pending: collections.deque[wire.StepRecord] = field(default_factory=collections.deque)
-    sending: list[wire.StepRecord] = field(default_factory=list)  # the batch being written now
-    samples: list[wire.GpuSample] = field(default_factory=list)
-    layouts: collections.deque[wire.LayoutRecord] = field(default_factory=collections.deque)  # own queue
-    sending_layouts: list[wire.LayoutRecord] = field(default_factory=list)
-    timings: collections.deque[wire.TimingRecord] = field(default_factory=collections.deque)  # own queue
-    sending_timings: list[wire.TimingRecord] = field(default_factory=list)
-    dropped_timings: int = 0
-    published_timings: int = 0
-    dropped: int = 0          # records this sink's full queue dropped (and its leftovers at close)
-    published: int = 0
-    dropped_layouts: int = 0  # past MAX_LAYOUTS waiting, and those left at close
-    published_layouts: int = 0
-    error: str = ""           # the last failed write's reason; cleared when a write lands
-    failures: int = 0         # failed writes so far
-    last_failure: str = ""    # the latest failed write's reason, kept after the sink recovers
-    max_write_s: float = 0.0  # the longest write so far (a hung sink: bounded by its timeout)
-    backoff_s: float = 0.0
-    retry_at: float = 0.0     # time.monotonic() before which a failed sink is not tried again
-    health_sent: float = 0.0  # time.monotonic() of the last write that landed
-    errors_sent: str = ""     # the other sinks' standing errors that health reported: a change is sent at once
-    finalised: bool = False   # close() has counted what is left: the writer changes nothing any more
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    wake: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-
-
 class Publisher:
     """Owns the background threads. `decode(job) -> StepRecord` and `release(slot)` run on the publisher
     thread; `collector_health() -> dict` (optional) adds the collector's own figures to every health report
@@ -104,11 +72,12 @@ class Publisher:
                  collector_health: Callable[[], dict[str, object]] | None = None,
                  decode_timing: Callable[[StepJob], wire.TimingRecord | None] | None = None):
         self._decode, self._release, self._rank = decode, release, rank
-        self._queue_steps, self._batch, self._flush_interval_s = queue_steps, batch, flush_interval_s
+        self._batch, self._flush_interval_s = batch, flush_interval_s
         self._wake_at = wake_at or 0
         self._collector_health = collector_health
         self._decode_timing = decode_timing
-        self._outboxes = [_Outbox(sink) for sink in sinks]
+        self._outboxes = [Outbox(sink, RecordQueue(queue_steps), RecordQueue(MAX_LAYOUTS), RecordQueue(queue_steps))
+                          for sink in sinks]
         self._inbox: collections.deque[StepJob] = collections.deque()
         self._layout_inbox: collections.deque[wire.LayoutRecord] = collections.deque()
         self._samples: collections.deque[wire.GpuSample] = collections.deque(maxlen=MAX_SAMPLES)
@@ -154,17 +123,17 @@ class Publisher:
     @property
     def dropped_steps(self) -> int:
         """Steps missing from the sink that lacks the most."""
-        return self._dropped + max((box.dropped for box in self._outboxes), default=0)
+        return self._dropped + max((box.steps.dropped for box in self._outboxes), default=0)
 
     @property
     def published_steps(self) -> int:
         """Steps every sink has."""
-        return min((box.published for box in self._outboxes), default=0)
+        return min((box.steps.published for box in self._outboxes), default=0)
 
     @property
     def queued_steps(self) -> int:
         """Steps decoded and waiting for (or being written to) the sink with the longest queue."""
-        return max((len(box.pending) + len(box.sending) for box in self._outboxes), default=0)
+        return max((len(box.steps) for box in self._outboxes), default=0)
 
     @property
     def last_error(self) -> str:
@@ -176,17 +145,17 @@ class Publisher:
         """Per sink (by name): published_steps, queued_steps, dropped_steps, last_error (standing), failures
         (failed writes so far), last_failure (the latest reason, kept after recovery), max_write_s, and
         published_layouts, queued_layouts, dropped_layouts (layout changes)."""
-        return {box.sink.name: {"published_steps": box.published, "queued_steps": len(box.pending) + len(box.sending),
-                                "dropped_steps": self._dropped + box.dropped, "last_error": box.error,
-                                "failures": box.failures, "last_failure": box.last_failure,
-                                "max_write_s": round(box.max_write_s, 3),
-                                "published_layouts": box.published_layouts,
-                                "queued_layouts": len(box.layouts) + len(box.sending_layouts),
-                                "dropped_layouts": box.dropped_layouts,
-                                "published_timings": box.published_timings,
-                                "queued_timings": len(box.timings) + len(box.sending_timings),
-                                "dropped_timings": box.dropped_timings}
-                for box in self._outboxes}
+        stats: dict[str, dict[str, int | float | str]] = {}
+        for box in self._outboxes:
+            one: dict[str, int | float | str] = {
+                "last_error": box.error, "failures": box.failures, "last_failure": box.last_failure,
+                "max_write_s": round(box.max_write_s, 3)}
+            for kind, queue in (("steps", box.steps), ("layouts", box.layouts), ("timings", box.timings)):
+                one.update({f"published_{kind}": queue.published, f"queued_{kind}": len(queue),
+                            f"dropped_{kind}": queue.dropped})
+            one["dropped_steps"] = self._dropped + box.steps.dropped
+            stats[box.sink.name] = one
+        return stats
 
     @property
     def alive(self) -> bool:
@@ -200,10 +169,7 @@ class Publisher:
         self._closing_at = time.monotonic()
         self._closing = True
         while time.monotonic() < deadline and (self._inbox or self._samples or self._layout_inbox or any(
-                box.pending or box.samples or box.sending or box.layouts or box.sending_layouts
-                or box.timings or box.sending_timings
-                or (not box.error and box.health_sent < self._closing_at)
-                for box in self._outboxes)):
+                box.has_work or (not box.error and box.health_sent < self._closing_at) for box in self._outboxes)):
             self._wake.set()
             for box in self._outboxes:
                 box.wake.set()
@@ -223,19 +189,10 @@ class Publisher:
         for box in self._outboxes:
             with box.lock:
                 box.finalised = True
-                rest = len(box.pending) + len(box.sending)
-                box.dropped += rest
-                left += rest
-                box.pending.clear()
-                box.sending = []
-                lost = len(box.layouts) + len(box.sending_layouts) + len(self._layout_inbox)
-                box.dropped_layouts += lost
-                layouts_left += lost
-                box.layouts.clear()
-                box.sending_layouts = []
-                box.dropped_timings += len(box.timings) + len(box.sending_timings)
-                box.timings.clear()
-                box.sending_timings = []
+                left += box.steps.drop_all()
+                box.layouts.dropped += len(self._layout_inbox)
+                layouts_left += box.layouts.drop_all() + len(self._layout_inbox)
+                box.timings.drop_all()
         if left:
             log.warning("moe monitor: %d steps were not published before close (%s)", left, self.last_error)
         if layouts_left:
@@ -254,11 +211,11 @@ class Publisher:
         return left == 0 and not stuck
 
     # ------------------------------------------------------------------ the publisher thread (no I/O)
-    def _errors(self, skip: _Outbox | None) -> str:
+    def _errors(self, skip: Outbox | None, collector: dict[str, object] | None = None) -> str:
         errors = [box.error for box in self._outboxes if box is not skip and box.error]
         if self._error:
             errors.append(self._error)
-        collector = self._collector()
+        collector = self._collector() if collector is None else collector
         if collector.get("collector_error"):
             errors.append(str(collector["collector_error"]))
         return "; ".join(errors)
@@ -313,24 +270,16 @@ class Publisher:
             with box.lock:
                 if box.finalised:
                     continue
-                box.pending.extend(records)
-                excess = len(box.pending) - self._queue_steps
-                for _ in range(max(0, excess)):
-                    box.pending.popleft()
-                box.dropped += max(0, excess)
+                box.steps.extend(records)
+                box.layouts.extend(layouts)
+                box.timings.extend(timings)
                 if fresh:
                     box.samples.extend(fresh)
                     del box.samples[:-MAX_SAMPLES]
-                if layouts:
-                    box.layouts.extend(layouts)
-                    _bound_layouts(box)
-                if timings:
-                    box.timings.extend(timings)
-                    self._bound_timings(box)
             box.wake.set()
 
     # ------------------------------------------------------------------ one writer thread per sink
-    def _run_writer(self, box: _Outbox) -> None:
+    def _run_writer(self, box: Outbox) -> None:
         while not self._stop_writers:
             now = time.monotonic()
             backing_off = box.retry_at > now and not self._closing
@@ -349,40 +298,37 @@ class Publisher:
             if landed is False and self._closing:
                 time.sleep(0.01)  # retrying at once while closing: not in a hot loop
 
-    def _send(self, box: _Outbox) -> bool | None:
+    def _send(self, box: Outbox) -> bool | None:
         """Write one batch to box's sink. True when it landed, False when it failed (in whole or in part:
         what did not land is queued again at the head and the sink backs off), None when there was nothing
         to write (health goes once a second when idle)."""
         with self._lock:
             dropped_before = self._dropped
-        others = self._errors(box)
+        collector = self._collector()
+        others = self._errors(box, collector)
         with box.lock:
             if box.finalised:
                 return None
             now = time.monotonic()
             health_due = (box.health_sent < self._closing_at if self._closing else now - box.health_sent >= 1.0)
-            if not box.pending and not box.samples and not box.layouts and not box.timings \
-                    and others == box.errors_sent \
-                    and not health_due:
+            if not box.has_work and others == box.errors_sent and not health_due:
                 return None  # idle: health once a second (at once when what it says changed, once at close)
-            dropped = dropped_before + box.dropped  # stamped now: drops of steps queued behind these count
-            box.sending = [box.pending.popleft() for _ in range(min(self._batch, len(box.pending)))]
-            box.sending_layouts = list(box.layouts)
-            box.layouts.clear()
-            box.sending_timings = [box.timings.popleft() for _ in range(min(self._batch, len(box.timings)))]
-            sending_timings = box.sending_timings
-            sending, samples, sending_layouts = box.sending, box.samples, box.sending_layouts
-            box.samples = []
-            queued = len(box.pending)
-            published_layouts, dropped_layouts = box.published_layouts, box.dropped_layouts
+            dropped = dropped_before + box.steps.dropped  # stamped now: drops of steps queued behind these count
+            sending = box.steps.take(self._batch)
+            sending_layouts = box.layouts.take()   # every waiting layout, before the batch's steps
+            sending_timings = box.timings.take(self._batch)
+            samples, box.samples = box.samples, []
+            queued = len(box.steps.waiting)
+            published_steps, published_layouts = box.steps.published, box.layouts.published
+            dropped_layouts = box.layouts.dropped
         records = [_with_dropped(rec, dropped) for rec in sending]
         error_reported = self._error
         health: dict[str, object] = {
-            "rank": self._rank, "dropped_steps": dropped, "published_steps": box.published + len(records),
+            "rank": self._rank, "dropped_steps": dropped, "published_steps": published_steps + len(records),
             "queued": queued, "last_error": others, "sink_failures": box.failures,
             "last_failure": box.last_failure, "time_s": time.time(),
             "published_layouts": published_layouts + len(sending_layouts), "dropped_layouts": dropped_layouts}
-        health.update({k: v for k, v in self._collector().items() if k != "collector_error"})
+        health.update({k: v for k, v in collector.items() if k != "collector_error"})
         failure: Exception | None = None
         landed: frozenset[int] | range = range(len(records))
         layouts_landed: frozenset[int] | range = range(len(sending_layouts))
@@ -405,30 +351,13 @@ class Publisher:
             box.max_write_s = max(box.max_write_s, finished - started)
             if box.finalised:  # close() gave up on this write and counted its batch: change nothing
                 return failure is None
-            kept = [rec for i, rec in enumerate(sending) if i not in landed]
-            box.published += len(sending) - len(kept)
-            box.sending = []
-            kept_layouts = [rec for i, rec in enumerate(sending_layouts) if i not in layouts_landed]
-            box.published_layouts += len(sending_layouts) - len(kept_layouts)
-            box.sending_layouts = []
-            kept_timings = [rec for i, rec in enumerate(sending_timings) if i not in timings_landed]
-            box.published_timings += len(sending_timings) - len(kept_timings)
-            box.sending_timings = []
-            if kept_timings:  # back at the head; the oldest beyond the bound go
-                box.timings.extendleft(reversed(kept_timings))
-                self._bound_timings(box)
-            if kept_layouts:  # back at the head, before any submitted since: never dropped by the step bound
-                box.layouts.extendleft(reversed(kept_layouts))
-                _bound_layouts(box)
-            if kept:  # back at the head; the oldest beyond the bound go
-                box.pending.extendleft(reversed(kept))
-                excess = len(box.pending) - self._queue_steps
-                for _ in range(max(0, excess)):
-                    box.pending.popleft()
-                box.dropped += max(0, excess)
+            # what did not land goes back at the head of its own queue (layouts are never bounded by the steps')
+            box.steps.settle(sending, landed)
+            box.layouts.settle(sending_layouts, layouts_landed)
+            box.timings.settle(sending_timings, timings_landed)
             if not samples_landed:
                 box.samples = (list(samples) + box.samples)[-MAX_SAMPLES:]
-            backlog = len(box.pending) >= self._batch or len(box.timings) >= self._batch
+            backlog = len(box.steps.waiting) >= self._batch or len(box.timings.waiting) >= self._batch
         if failure is not None:
             box.error = f"{box.sink.name} sink failed: {type(failure).__name__}: {failure}"
             if isinstance(failure, PartialWrite):
@@ -445,20 +374,6 @@ class Publisher:
         if backlog:
             box.wake.set()  # a backlog (after an outage): keep going without waiting
         return True
-
-
-    def _bound_timings(self, box: _Outbox) -> None:
-        """Keep at most queue_steps timing records waiting for box's sink (the oldest go, counted). Under box.lock."""
-        while len(box.timings) > self._queue_steps:
-            box.timings.popleft()
-            box.dropped_timings += 1
-
-
-def _bound_layouts(box: _Outbox) -> None:
-    """Keep at most MAX_LAYOUTS layout changes waiting for box's sink (the oldest go, counted). Under box.lock."""
-    while len(box.layouts) > MAX_LAYOUTS:
-        box.layouts.popleft()
-        box.dropped_layouts += 1
 
 
 def _with_dropped(record: wire.StepRecord, dropped: int) -> wire.StepRecord:

@@ -98,14 +98,17 @@ class RunnerBinding:
         self.runner = runner
         self.layout_from: int | None = None   # step from which a committed EPLB layout is in force
         for index, (_, layer) in enumerate(layers):
-            layer.router.set_capture_fn(self._capture_fn(index, num_experts))
+            shared = int(getattr(layer.moe_config, "num_fused_shared_experts", 0) or 0)
+            layer.router.set_capture_fn(self._capture_fn(index, num_experts, shared > 0))
         BINDINGS.append(self)
         atexit.register(self.monitor.close, 2.0)
         log.info("moe monitor: %d MoE layers x %d experts (top-%d) -> run %s; %s", len(layers), num_experts,
                  top_k, self.monitor.run, publishing.reason)
 
-    def _capture_fn(self, layer: int, num_experts: int):
-        """The capture function of one layer: device ops into fixed buffers only (module docstring)."""
+    def _capture_fn(self, layer: int, num_experts: int, fused_shared: bool):
+        """The capture function of one layer: device ops into fixed buffers only (module docstring). With shared
+        experts fused into the routing (their ids follow the E routed ones), those slots are not counted; any
+        other id outside [0, E) is counted as invalid, as on every other path."""
         counter, gate_T, monitor = self.monitor.counter, self.gate_T, self.monitor
         gate_len = gate_T.shape[0]
 
@@ -118,7 +121,9 @@ class RunnerBinding:
                     monitor._hook_failed(layer, f"{num} tokens exceed the gate of {gate_len}: not counted")
                     return
                 ids = topk_ids.to(torch.int64)
-                valid = gate_T[:num].unsqueeze(1).expand(num, ids.shape[1]) * (ids < num_experts)
+                valid = gate_T[:num].unsqueeze(1).expand(num, ids.shape[1])
+                if fused_shared:
+                    valid = valid * (ids < num_experts)
                 counter.record(layer, ids, valid)
             except Exception as exc:  # never into the model's forward
                 monitor._hook_failed(layer, exc)
