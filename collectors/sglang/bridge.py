@@ -37,7 +37,6 @@ from .server import ServerDriver, ServerError
 from .stepids import StepIds
 
 BATCH_RECORDS = 256        # step records per RedisSink.write
-LAYOUTS_MAXLEN = 1000      # MAXLEN ~ of moe:R:layouts
 HEARTBEAT_S = 5.0          # health written this often while idle
 MAX_FILES_PER_POLL = 64    # files read per round of the loop (a backlog does not hold up the server's dumps)
 REDIS_ERRORS = (redis.RedisError, OSError, PartialWrite)
@@ -113,7 +112,6 @@ class Bridge:
         self._sink_failures = 0
         self._last_failure = ""
         self._heartbeat_at = 0.0
-        self._last_layout: wire.LayoutRecord | None = None  # the latest layout record that landed
         self.recording = False
 
     # ------------------------------------------------------------------ the loop
@@ -377,23 +375,21 @@ class Bridge:
         self._job = job
         assert self.sink is not None
         try:
-            layout = job.layout
-            if layout is None and self._last_layout is not None \
-                    and not self.client.exists(wire.layouts_key(self.run_name)):
-                layout = self._last_layout  # a Redis restarted empty: the layout in force goes again
-            if layout is not None:
-                self.client.xadd(wire.layouts_key(self.run_name), _fields(wire.encode_layout_record(layout)),
-                                 maxlen=LAYOUTS_MAXLEN, approximate=True)
-                self._last_layout, job.layout = layout, None
-            while job.records:
+            # the sink writes the layout before the steps, and sends the layout in force again to a Redis
+            # restarted empty (sinks.RedisSink)
+            while job.records or job.layout is not None:
                 chunk = job.records[:BATCH_RECORDS]  # one file: one rank
-                rank = chunk[0].rank
+                layouts = [job.layout] if job.layout is not None else []
+                rank = chunk[0].rank if chunk else layouts[0].rank
                 try:
-                    self.sink.write(chunk, [], self._health(rank, job, len(chunk)))
-                except PartialWrite as exc:  # the landed ones are not sent again
+                    self.sink.write(chunk, [], self._health(rank, job, len(chunk)), layouts=layouts)
+                except PartialWrite as exc:  # what landed is not sent again
+                    if layouts and 0 in exc.layouts_landed:
+                        job.layout = None
                     job.records = [rec for i, rec in enumerate(job.records) if i >= len(chunk) or i not in exc.landed]
                     job.landed_by_rank[rank] = job.landed_by_rank.get(rank, 0) + len(exc.landed)
                     raise
+                job.layout = None
                 job.records = job.records[len(chunk):]
                 job.landed_by_rank[rank] = job.landed_by_rank.get(rank, 0) + len(chunk)
             published = dict(self.published_by_rank)
@@ -476,10 +472,6 @@ class Bridge:
 def _layout_sha(layout_LP: np.ndarray) -> str:
     data = np.ascontiguousarray(layout_LP, dtype="<i4")
     return hashlib.sha256(repr(data.shape).encode() + data.tobytes()).hexdigest()
-
-
-def _fields(encoded: dict) -> dict:
-    return dict(encoded.items())
 
 
 def _positive(value: object) -> int | None:
