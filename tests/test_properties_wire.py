@@ -50,7 +50,7 @@ def _good_step_fields(sample: bool = True) -> dict:
     return {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in wire.encode_step(rec).items()}
 
 
-STEP_NAMES = [*wire.STEP_FIELDS, *wire.SAMPLE_FIELDS]
+STEP_NAMES = [*wire.STEP_FIELDS, *wire.COMPACT_FIELDS, *wire.SAMPLE_FIELDS]
 
 
 def _check_step(fields: dict) -> None:

@@ -28,14 +28,23 @@ def test_step_round_trip_through_redis_shaped_fields():
         ("r1", 1, 2, 7, "decode", 3, 4)
     assert rec.counts_LE.dtype == np.dtype("<i4") and rec.counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
     assert rec.sample_ids_LNK.tolist() == [[[0, 2]], [[1, -1]]]
-    assert len(wire.encode_step(_record())["counts"]) == 2 * 3 * 4  # raw int32, not JSON
+    fields = wire.encode_step(_record())
+    assert (fields["v"], fields["ct"], fields["cz"], len(fields["counts"])) == (2, "u1", "raw", 2 * 3)  # uint8 bytes
+    old = wire.encode_step(_record(), compact=False)  # version 1: raw int32, still read
+    assert old["v"] == 1 and "ct" not in old and len(old["counts"]) == 2 * 3 * 4
+    assert wire.decode_step(_bytes_keys(old)).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
 
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda f: f.update({b"v": b"99"}), "schema version 99"),
     (lambda f: f.pop(b"counts"), "missing field 'counts'"),
-    (lambda f: f.update({b"counts": f[b"counts"][:-1]}), "expected 2x3 int32"),
-    (lambda f: f.update({b"counts": np.array([1, -5, 0, 0, 0, 0], "<i4").tobytes()}), "negative"),
+    (lambda f: f.update({b"counts": f[b"counts"][:-1]}), "expected 2x3 u1"),
+    (lambda f: f.update({b"ct": b"i4", b"counts": np.array([1, -5, 0, 0, 0, 0], "<i4").tobytes()}), "negative"),
+    (lambda f: f.update({b"ct": b"f4"}), "unknown counts type 'f4'"),
+    (lambda f: f.update({b"ct": b"i8", b"counts": bytes(48)}), "not i8"),
+    (lambda f: f.update({b"cz": b"gzip"}), "unknown counts codec 'gzip'"),
+    (lambda f: f.update({b"cz": b"zstd"}), "not a zstd frame"),
+    (lambda f: f.update({b"v": b"1"}), "expected 2x3 int32"),
     (lambda f: f.update({b"phase": b"warmup"}), "unknown phase"),
     (lambda f: f.update({b"L": b"x"}), "not an integer"),
     (lambda f: f.update({b"rank": b"2"}), "rank 2 is not below world size 2"),

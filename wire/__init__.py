@@ -4,6 +4,8 @@ Both sides import this module and nothing else of each other. It imports neither
 
 Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:runs           sorted set: run name -> last time (unix s) a collector wrote to it
+    (every other key of run R is moe:{R}:<name>: the braces are a Redis Cluster hash tag, so a run's keys live
+    on one shard; written moe:R:<name> below)
     moe:R:meta         string: JSON of RunMeta, written with the first batch (again after a failed write
                        and whenever a batch finds it missing)
     moe:R:steps        stream: one entry per (step, rank), fields in STEP_FIELDS
@@ -33,7 +35,9 @@ from __future__ import annotations
 from .client import connect, redact
 from .fields import parse_json
 from .gpu import GPU_FIELDS, MAX_GPUS_PER_SAMPLE, GpuSample, decode_gpu_sample, encode_gpu_sample
+from .compact import CODECS, COUNT_TYPES, pack_counts, unpack_counts
 from .keys import (
+                   COMPACT_FIELDS,
                    COUNTS_DTYPE,
                    KEY_PREFIX,
                    MAX_CELLS,
@@ -53,6 +57,8 @@ from .keys import (
                    SAMPLE_FIELDS,
                    SCHEMA_VERSION,
                    STEP_FIELDS,
+                   aggregate_key,
+                   aggregator_key,
                    check_run_name,
                    gpu_key,
                    health_key,
@@ -60,6 +66,8 @@ from .keys import (
                    layouts_key,
                    maxlen_for_budget,
                    meta_key,
+                   rollup_key,
+                   run_key,
                    steps_key,
                    timings_key,
 )
@@ -75,7 +83,7 @@ from .meta import (
                    encode_meta,
                    parse_layout_json,
 )
-from .steps import SCOPES, StepRecord, decode_step, encode_step, new_instance_id
+from .steps import SCOPES, STEP_VERSION, STEP_VERSIONS, StepRecord, decode_step, encode_step, new_instance_id
 from .timings import (
                       MAX_PHASE_S,
                       TIMING_FIELDS,
@@ -95,5 +103,7 @@ __all__ = [
     "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layout_requests_key", "layouts_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]
+__all__ += ["CODECS", "COMPACT_FIELDS", "COUNT_TYPES", "STEP_VERSION", "STEP_VERSIONS", "aggregate_key", "aggregator_key",
+            "pack_counts", "rollup_key", "run_key", "unpack_counts"]
 __all__ += ["MAX_PHASE_S", "TIMING_FIELDS", "TIMING_PHASES", "TimingRecord", "decode_timing", "encode_timing",
             "timings_key"]

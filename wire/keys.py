@@ -27,6 +27,7 @@ MAX_NAME_CHARS = 256           # collector instance ids, host names, GPU names a
 MAX_META_BYTES = 16 << 20      # the run metadata JSON (and a layout file)
 
 STEP_FIELDS = ("v", "run", "inst", "rank", "world", "step", "t", "phase", "tokens", "L", "E", "counts", "dropped")
+COMPACT_FIELDS = ("ct", "cz")  # version 2 step records: the counts' type and codec (wire/compact.py)
 MAX_SAMPLE_EXPERTS = 32767  # sampled ids travel as int16
 SAMPLE_FIELDS = ("sample_n", "sample_k", "sample")
 
@@ -38,40 +39,71 @@ def check_run_name(run: str) -> str:
     return run
 
 
+def run_key(run: str, name: str) -> str:
+    """moe:{R}:name. The braces are a Redis Cluster hash tag: every key of a run hashes to one slot, so a run's
+    streams live on one shard (and a MULTI or a script may touch several of them) while runs spread over the
+    shards. A single Redis ignores the braces."""
+    return f"{KEY_PREFIX}:{{{check_run_name(run)}}}:{name}"
+
+
 def steps_key(run: str) -> str:
-    return f"{KEY_PREFIX}:{check_run_name(run)}:steps"
+    """Stream of the run's per-rank step records (wire/steps.py), one entry per (step, rank)."""
+    return run_key(run, "steps")
+
+
+def aggregate_key(run: str) -> str:
+    """Stream of the run's aggregated steps (wire/aggregates.py): ranks summed by collectors.aggregate, one entry
+    per step (plus one per late rank folded in afterwards). Readers use it when it exists."""
+    return run_key(run, "agg")
+
+
+def rollup_key(run: str, resolution_s: int) -> str:
+    """Stream of the run's rollups at one resolution (wire/rollups.py; 1 s or 60 s buckets), entry id = the
+    bucket's start in unix ms, so a bucket is written once however many aggregators try."""
+    return run_key(run, f"rollup:{int(resolution_s)}s")
+
+
+def aggregator_key(run: str) -> str:
+    """String: the lease of the aggregator that owns the run (its consumer name, with an expiry), plus its
+    progress hash at aggregator_key(run) + ':state'."""
+    return run_key(run, "aggregator")
 
 
 def timings_key(run: str) -> str:
     """Stream of the run's per-step layer timings (wire/timings.py), one entry per (step, rank)."""
-    return f"{KEY_PREFIX}:{check_run_name(run)}:timings"
+    return run_key(run, "timings")
 
 
 def layouts_key(run: str) -> str:
     """Stream of the run's layout changes (wire/layouts.py), one entry per change."""
-    return f"{KEY_PREFIX}:{check_run_name(run)}:layouts"
+    return run_key(run, "layouts")
 
 
 def layout_requests_key(run: str) -> str:
     """Stream of layouts asked for (wire.LayoutRecord, source "apply"; their step: when asked) that a runtime
     able to move experts picks up; it publishes the change it makes to layouts_key, from the step it takes force.
     Readers of the run's layout history never read requests."""
-    return f"{KEY_PREFIX}:{check_run_name(run)}:layout_requests"
+    return run_key(run, "layout_requests")
 
 
 def gpu_key(run: str) -> str:
-    return f"{KEY_PREFIX}:{check_run_name(run)}:gpu"
+    return run_key(run, "gpu")
 
 
 def meta_key(run: str) -> str:
-    return f"{KEY_PREFIX}:{check_run_name(run)}:meta"
+    return run_key(run, "meta")
 
 
 def health_key(run: str) -> str:
-    return f"{KEY_PREFIX}:{check_run_name(run)}:health"
+    return run_key(run, "health")
 
 
-def maxlen_for_budget(memory_budget_bytes: int, num_layers: int, num_experts: int, sample_bytes: int = 0) -> int:
-    """Stream MAXLEN that keeps one run's step stream near memory_budget_bytes (~200 B of overhead/entry)."""
-    entry_bytes = num_layers * num_experts * COUNTS_DTYPE.itemsize + sample_bytes + 200
+def maxlen_for_budget(memory_budget_bytes: int, num_layers: int, num_experts: int, sample_bytes: int = 0,
+                      counts_bytes: int | None = None) -> int:
+    """Stream MAXLEN that keeps one run's step stream near memory_budget_bytes (~200 B of overhead/entry).
+    counts_bytes: what one record's counts take on the wire (compact records: typically a tenth of the int32
+    [L, E]); the int32 size when not given, a bound that holds for every record."""
+    if counts_bytes is None:
+        counts_bytes = num_layers * num_experts * COUNTS_DTYPE.itemsize
+    entry_bytes = counts_bytes + sample_bytes + 200
     return max(100, int(memory_budget_bytes // entry_bytes))

@@ -1,10 +1,14 @@
-"""StepRecord: one step of one rank, and its stream encoding (raw little-endian int32 counts)."""
+"""StepRecord: one step of one rank, and its stream encoding.
+
+Version 2 (written since 0.3): counts in the narrowest integer type that holds them, zstd-compressed where that
+pays (wire/compact.py; fields "ct" and "cz"). Version 1 (raw little-endian int32 counts) is still read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from .compact import pack_counts, unpack_counts
 from .fields import _get, _int, _raw, _text, _time
 from .keys import (
     COUNTS_DTYPE,
@@ -21,6 +25,9 @@ from .keys import (
     SCHEMA_VERSION,
     check_run_name,
 )
+
+STEP_VERSION = 2  # what encode_step writes; decode_step reads STEP_VERSIONS
+STEP_VERSIONS = (SCHEMA_VERSION, STEP_VERSION)
 
 # Whose tokens a step record counts: "rank", the tokens this rank routed (one process, or data-parallel
 # attention where every rank has its own); "dp-group", a data-parallel group's tokens published by one of its
@@ -64,15 +71,16 @@ def new_instance_id() -> str:
     return f"{int(time.time()):x}-{os.getpid():x}-{secrets.token_hex(3)}"
 
 
-def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
-    """StepRecord -> stream entry fields (values redis-py can send as they are)."""
+def encode_step(rec: StepRecord, compact: bool = True) -> dict[str, bytes | str | int]:
+    """StepRecord -> stream entry fields (values redis-py can send as they are): version 2, compact counts;
+    compact=False writes version 1 (raw int32), which every reader since 0.1 reads."""
     counts = np.ascontiguousarray(rec.counts_LE, dtype=COUNTS_DTYPE)
     if counts.ndim != 2:
         raise ValueError(f"counts_LE must be 2-D [layers, experts], got shape {counts.shape}")
     if rec.phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {rec.phase!r}")
     fields: dict[str, bytes | str | int] = {
-        "v": SCHEMA_VERSION,
+        "v": STEP_VERSION if compact else SCHEMA_VERSION,
         "run": check_run_name(rec.run),
         "inst": rec.instance,
         "rank": int(rec.rank),
@@ -86,6 +94,8 @@ def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
         "counts": counts.tobytes(),
         "dropped": int(rec.dropped_steps),
     }
+    if compact:
+        fields["ct"], fields["cz"], fields["counts"] = pack_counts(counts)
     if rec.scope != "rank":
         if rec.scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {rec.scope!r}")
@@ -106,15 +116,21 @@ def decode_step(fields: dict) -> StepRecord:
     outside the bounds in wire/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, L x E <= MAX_CELLS, step < MAX_STEP,
     tokens < MAX_TOKENS, rank < world <= MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS)."""
     version = _int(fields, "v")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"schema version {version} is not supported (this reader speaks {SCHEMA_VERSION})")
+    if version not in STEP_VERSIONS:
+        raise ValueError(f"schema version {version} is not supported (this reader speaks {STEP_VERSIONS})")
     num_layers, num_experts = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "E", 1, MAX_EXPERTS + 1)
     if num_layers * num_experts > MAX_CELLS:
         raise ValueError(f"counts of {num_layers}x{num_experts} exceed {MAX_CELLS} cells")
     raw = _raw(fields, "counts")
-    if len(raw) != num_layers * num_experts * COUNTS_DTYPE.itemsize:
-        raise ValueError(f"counts has {len(raw)} bytes, expected {num_layers}x{num_experts} int32")
-    counts = np.frombuffer(raw, dtype=COUNTS_DTYPE).reshape(num_layers, num_experts)
+    if version == SCHEMA_VERSION:
+        if len(raw) != num_layers * num_experts * COUNTS_DTYPE.itemsize:
+            raise ValueError(f"counts has {len(raw)} bytes, expected {num_layers}x{num_experts} int32")
+        counts = np.frombuffer(raw, dtype=COUNTS_DTYPE).reshape(num_layers, num_experts)
+    else:
+        type_name, codec = _text(fields, "ct", max_chars=8), _text(fields, "cz", max_chars=8)
+        if type_name == "i8":
+            raise ValueError("a step's counts travel as u1, u2 or i4, not i8")
+        counts = unpack_counts(type_name, codec, raw, (num_layers, num_experts))
     if (counts < 0).any():
         raise ValueError("counts contain negative values")
     phase = _text(fields, "phase", max_chars=16)
