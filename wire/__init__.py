@@ -16,6 +16,11 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:R:timings      stream: one entry per (step, rank) of an engine that times its MoE layers (TimingRecord:
                        dispatch, expert compute, combine and whole-layer seconds, float32 [L] each, NaN =
                        not measured), fields in TIMING_FIELDS
+    moe:R:agg          stream: one entry per step with its ranks summed (AggregateRecord, collectors.aggregate),
+                       plus one per late rank folded in afterwards; readers use it when it exists
+    moe:R:rollup:1s    streams: rollups of the aggregated steps per second / per minute (RollupRecord), entry
+    moe:R:rollup:60s   id = bucket start (unix ms), trimmed by age (MINID) to their own memory budget
+    moe:R:aggregator   string: the lease of the aggregator that owns the run; moe:R:aggregator:state its progress
     moe:R:health       hash: rank -> JSON {rank, dropped_steps, published_steps, queued, last_error,
                        sink_failures, last_failure, hook_errors, invalid_ids, time_s}
 
@@ -32,10 +37,11 @@ little-endian int32 [L, P] (P physical slots; slot p on GPU p // (P / gpus)).
 """
 from __future__ import annotations
 
+from .aggregates import AGGREGATE_FIELDS, AGGREGATE_VERSION, AggregateRecord, decode_aggregate, encode_aggregate
 from .client import connect, redact
+from .compact import CODECS, COUNT_TYPES, pack_counts, unpack_counts
 from .fields import parse_json
 from .gpu import GPU_FIELDS, MAX_GPUS_PER_SAMPLE, GpuSample, decode_gpu_sample, encode_gpu_sample
-from .compact import CODECS, COUNT_TYPES, pack_counts, unpack_counts
 from .keys import (
                    COMPACT_FIELDS,
                    COUNTS_DTYPE,
@@ -83,14 +89,26 @@ from .meta import (
                    encode_meta,
                    parse_layout_json,
 )
+from .rollups import (
+                   ETA_BINS,
+                   ROLLUP_FIELDS,
+                   ROLLUP_RESOLUTIONS_S,
+                   ROLLUP_VERSION,
+                   RollupRecord,
+                   decode_rollup,
+                   encode_rollup,
+                   eta_histogram,
+                   eta_quantile,
+                   merge_rollups,
+)
 from .steps import SCOPES, STEP_VERSION, STEP_VERSIONS, StepRecord, decode_step, encode_step, new_instance_id
 from .timings import (
-                      MAX_PHASE_S,
-                      TIMING_FIELDS,
-                      TIMING_PHASES,
-                      TimingRecord,
-                      decode_timing,
-                      encode_timing,
+                   MAX_PHASE_S,
+                   TIMING_FIELDS,
+                   TIMING_PHASES,
+                   TimingRecord,
+                   decode_timing,
+                   encode_timing,
 )
 from .trace import MAX_TRACE_LINE_BYTES, TRACE_KINDS, decode_trace_line, parse_trace_line, trace_line
 
@@ -103,6 +121,9 @@ __all__ = [
     "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layout_requests_key", "layouts_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]
+__all__ += ["AGGREGATE_FIELDS", "AGGREGATE_VERSION", "AggregateRecord", "decode_aggregate", "encode_aggregate",
+            "ETA_BINS", "ROLLUP_FIELDS", "ROLLUP_RESOLUTIONS_S", "ROLLUP_VERSION", "RollupRecord", "decode_rollup",
+            "encode_rollup", "eta_histogram", "eta_quantile", "merge_rollups"]
 __all__ += ["CODECS", "COMPACT_FIELDS", "COUNT_TYPES", "STEP_VERSION", "STEP_VERSIONS", "aggregate_key", "aggregator_key",
             "pack_counts", "rollup_key", "run_key", "unpack_counts"]
 __all__ += ["MAX_PHASE_S", "TIMING_FIELDS", "TIMING_PHASES", "TimingRecord", "decode_timing", "encode_timing",

@@ -114,3 +114,15 @@ def parse_json(text: str | bytes | bytearray, what: str, max_bytes: int | None =
 
 
 _json = parse_json
+
+
+def _float_field(fields: dict, name: str, lo: float, hi: float) -> float:
+    """A finite float field with lo <= value < hi; ValueError otherwise."""
+    text = _text(fields, name, max_chars=64)
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"field {name!r} is not a number: {text[:40]!r}") from None
+    if not (math.isfinite(value) and lo <= value < hi):
+        raise ValueError(f"field {name!r} = {value!r} is not a finite number in [{lo:g}, {hi:g})")
+    return value
