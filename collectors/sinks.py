@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol, TextIO
 
+import redis
 from redis.typing import EncodableT, FieldT
 
 import wire
@@ -63,7 +64,16 @@ class RedisSink:
     Commands are not transactional: a refused command (OOM under maxmemory noeviction, NOPERM) refuses only itself, and the records whose
     XADD landed are reported as landed (PartialWrite), so a retry does not write them twice. A write that
     times out may still be executed by a Redis that was only stalled: the stream then holds that step twice
-    (readers skip a repeated (instance, rank, step); a layout sent twice is the same change twice)."""
+    (readers skip a repeated (instance, rank, step); a layout sent twice is the same change twice).
+
+    The URL may name a single Redis or any node of a Redis Cluster (wire.connect decides at the first write
+    that reaches it). In a cluster the run's keys share one slot (wire.run_key's hash tag) and moe:runs has its
+    own: the pipeline (wire.client.ClusterBatch) sends each node its share of the batch, one round trip per
+    node. A command whose node stopped answering mid-batch (a master gone before its replica takes over) is an
+    exception in its reply like a refused one, never retried on its own (so steps land in order and a write
+    stays within the timeouts): PartialWrite reports what landed, the rest goes again after the publisher's
+    backoff, and the metadata goes with the next batch (the promoted replica may lack what the old master had
+    not replicated yet). A node that cannot be connected to fails the whole write, as a single Redis does."""
 
     name = "redis"
     keeps_health = True
@@ -80,29 +90,31 @@ class RedisSink:
               health: dict[str, object], layouts: Sequence[wire.LayoutRecord] = (),
               timings: Sequence[wire.TimingRecord] = ()) -> None:
         run = self._run
-        pipe = self._client.pipeline(transaction=False)
         with_meta = self._needs_meta
-        if with_meta:
-            pipe.set(wire.meta_key(run), self._meta_json)
         resend = self._last_layout if self._resend_layout else None
-        if resend is not None:
-            pipe.xadd(wire.layouts_key(run), resend, maxlen=LAYOUTS_MAXLEN, approximate=True)
         layout_fields = [_fields(wire.encode_layout_record(rec)) for rec in layouts]
-        for fields in layout_fields:
-            pipe.xadd(wire.layouts_key(run), fields, maxlen=LAYOUTS_MAXLEN, approximate=True)
-        for rec in records:
-            pipe.xadd(wire.steps_key(run), _fields(wire.encode_step(rec)), maxlen=self._maxlen, approximate=True)
-        for sample in samples:
-            pipe.xadd(wire.gpu_key(run), _fields(wire.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
-        for timing in timings:  # a step's layer timings, same batch, same MAXLEN as the steps
-            pipe.xadd(wire.timings_key(run), _fields(wire.encode_timing(timing)), maxlen=self._maxlen, approximate=True)
-        pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
-        pipe.zadd(wire.RUNS_KEY, {run: time.time()})
         check_layouts = self._last_layout is not None or bool(layouts)
-        if check_layouts:
-            pipe.exists(wire.layouts_key(run))
-        pipe.exists(wire.meta_key(run))
         try:
+            # pipeline() may be where the first write learns whether the server is a cluster (wire.connect)
+            pipe = self._client.pipeline(transaction=False)
+            if with_meta:
+                pipe.set(wire.meta_key(run), self._meta_json)
+            if resend is not None:
+                pipe.xadd(wire.layouts_key(run), resend, maxlen=LAYOUTS_MAXLEN, approximate=True)
+            for fields in layout_fields:
+                pipe.xadd(wire.layouts_key(run), fields, maxlen=LAYOUTS_MAXLEN, approximate=True)
+            for rec in records:
+                pipe.xadd(wire.steps_key(run), _fields(wire.encode_step(rec)), maxlen=self._maxlen, approximate=True)
+            for sample in samples:
+                pipe.xadd(wire.gpu_key(run), _fields(wire.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
+            for timing in timings:  # a step's layer timings, same batch, same MAXLEN as the steps
+                pipe.xadd(wire.timings_key(run), _fields(wire.encode_timing(timing)), maxlen=self._maxlen,
+                          approximate=True)
+            pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
+            pipe.zadd(wire.RUNS_KEY, {run: time.time()})
+            if check_layouts:
+                pipe.exists(wire.layouts_key(run))
+            pipe.exists(wire.meta_key(run))
             replies = pipe.execute(raise_on_error=False)
         except Exception:
             self._needs_meta = True  # the connection may have gone, and with it an emptied Redis
@@ -117,7 +129,9 @@ class RedisSink:
         asked = -2 if check_layouts else -1  # the EXISTS at the end prove nothing when refused (a write-only ACL)
         errors = [reply for reply in replies[:asked] if isinstance(reply, Exception)]
         meta_gone = replies[-1] == 0  # an EXISTS the user may not run (write-only ACL) proves nothing
-        self._needs_meta = (with_meta and isinstance(replies[0], Exception)) or meta_gone
+        # a node lost under the batch (a cluster reports it per command): the one that takes over may lack the meta
+        lost_node = any(isinstance(reply, _UNREACHABLE) for reply in replies)
+        self._needs_meta = (with_meta and isinstance(replies[0], Exception)) or meta_gone or lost_node
         for fields, reply in zip(layout_fields, layout_replies):
             if not isinstance(reply, Exception):
                 self._last_layout = fields
@@ -137,6 +151,7 @@ class RedisSink:
 
 
 LAYOUTS_MAXLEN = 1000  # layout changes kept per run (EPLB rebalances every few minutes: days of history)
+_UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # a reply from a node lost
 
 
 def _fields(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, EncodableT]:

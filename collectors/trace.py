@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from typing import cast
 
-import redis
-
 import wire
 
 _Entries = list[tuple[bytes, dict[bytes, bytes]]]  # XRANGE's reply from a client that does not decode
@@ -23,7 +21,7 @@ def record_trace(redis_url: str, run: str, path: str | os.PathLike[str], batch: 
         client.close()
 
 
-def _copy_run(client: redis.Redis, run: str, path: str | os.PathLike[str], batch: int) -> int:
+def _copy_run(client: wire.Client, run: str, path: str | os.PathLike[str], batch: int) -> int:
     meta_json = cast("bytes | None", client.get(wire.meta_key(run)))
     if meta_json is None:
         raise ValueError(f"run {run!r} has no metadata in Redis")

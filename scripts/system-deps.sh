@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Debian packages the tests and the demo need: redis-server (tests start their own on loopback), chromium
+# Debian packages the tests and the demo need: redis-server and redis-tools (tests start their own on loopback), chromium
 # (the browser tests drive it headless through playwright) and prometheus + promtool (the exporter tests start
 # their own on loopback). Installs only what is missing.
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+# redis-cli joins the test cluster (tests/support/rediscluster.py), redis-benchmark gives `make bench` its baseline
+command -v redis-cli >/dev/null 2>&1 && command -v redis-benchmark >/dev/null 2>&1 || need+=(redis-tools)
 if [ "${1:-}" = "--with-browser" ]; then  # the test-only tools: chromium for the pages, prometheus for the exporter
   [ -x /usr/bin/chromium ] || need+=(chromium)
   command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)

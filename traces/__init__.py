@@ -4,6 +4,7 @@ replay into Redis and conversion (docs: docs_traces_section.md; CLI: python -m t
     reader = open_trace("run.parquet")   # or .arrows / .jsonl
     reader.timeline()                    # Timeline: step_T, time_s_T, phase_T, tokens_T, balancedness_T
     reader.read_steps(100, 699)          # list[wire.StepRecord], every rank of those steps
+    reader.read_timings(100, 699)        # list[wire.TimingRecord], every rank's layer timings of those steps
 
 Imports wire, planner, numpy and pyarrow only (never streamlit, plotly or torch).
 """

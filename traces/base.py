@@ -12,6 +12,7 @@ import numpy as np
 import wire
 
 from .timeline import Timeline
+from .timings import TimingRead, dedupe_timings
 
 MAX_READ_BYTES = 4 << 30  # counts one read_steps call may return (a 4 GiB view is a mistake, not a page)
 
@@ -32,6 +33,7 @@ class TraceInfo:
     size_bytes: int
     bad_records: int
     truncated: bool
+    timings: int = 0
 
 
 class TraceReader:
@@ -62,6 +64,26 @@ class TraceReader:
         """NVML samples with t0_s <= time_s <= t1_s, in time order."""
         raise NotImplementedError
 
+    def read_timings(self, first_step: int, last_step: int) -> list[wire.TimingRecord]:
+        """The layer timings (wire.TimingRecord: float32 [L] seconds per phase, NaN = not measured; L the run's
+        layers) of every rank of the steps first_step..last_step (inclusive), in (step, rank) order, a record
+        repeated in the file once; [] for a trace without timings. A bad row or line, or a timings table that
+        is missing or does not read, is counted in bad_records (last_error says why), never raised: the steps
+        read without it. ValueError only for a range holding more than traces.timings.MAX_READ_BYTES."""
+        return []
+
+    def _timings_of(self, read: TimingRead) -> list[wire.TimingRecord]:
+        """read's records deduplicated in (step, rank) order; its bad rows or lines counted here."""
+        if read.bad_records:
+            self.bad_records += read.bad_records
+            self.last_error = read.last_error
+        return dedupe_timings(read.records)
+
+    def timing_rows(self) -> int:
+        """How many timing records (rows of the timings table, timing lines) the trace holds, as indexed (a bad
+        one is counted when it is read)."""
+        return 0
+
     def layouts_in_force(self, first_step: int, last_step: int) -> list[wire.LayoutRecord]:
         """The layout record in force at first_step (when any) and those taking force up to last_step."""
         before = [rec for rec in self.layouts if rec.step <= first_step]
@@ -70,11 +92,12 @@ class TraceReader:
     def info(self) -> TraceInfo:
         tl = self.timeline()
         ranks = len({(rec.rank) for rec in self.read_steps(int(tl.step_T[0]), int(tl.step_T[0]))}) if tl.num_steps else 0
+        samples, timings = len(self.gpu_samples()), self.timing_rows()  # before bad_records: they may add to it
         return TraceInfo(path=self.path, container=self.container, steps=tl.num_steps, ranks=ranks,
                          first_step=int(tl.step_T[0]) if tl.num_steps else None,
                          last_step=int(tl.step_T[-1]) if tl.num_steps else None, span_s=tl.span_s,
-                         layouts=len(self.layouts), gpu_samples=len(self.gpu_samples()),
-                         size_bytes=self.size_bytes(), bad_records=self.bad_records, truncated=self.truncated)
+                         layouts=len(self.layouts), gpu_samples=samples, size_bytes=self.size_bytes(),
+                         bad_records=self.bad_records, truncated=self.truncated, timings=timings)
 
     def size_bytes(self) -> int:
         return os.path.getsize(self.path)

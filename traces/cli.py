@@ -15,6 +15,8 @@ import signal
 import sys
 import time
 
+import numpy as np
+
 import wire
 
 
@@ -83,7 +85,8 @@ def _info(path: str) -> int:
           f"top-{meta.top_k}, {meta.layout.gpus} GPUs")
     print(f"steps {info.steps} ({info.first_step}..{info.last_step}), ranks {info.ranks}, "
           f"time span {info.span_s:.1f} s")
-    print(f"layout records {info.layouts}, NVML samples {info.gpu_samples}, size {info.size_bytes} bytes")
+    print(f"layout records {info.layouts}, NVML samples {info.gpu_samples}, layer timing rows {info.timings}, "
+          f"size {info.size_bytes} bytes")
     if info.bad_records or info.truncated:
         print(f"bad records {info.bad_records}{', truncated (a recording cut short)' if info.truncated else ''}")
     return 0
@@ -137,8 +140,12 @@ def _record(args) -> int:
                 records = [r for r in records if r.step in allowed]
             newest = max((r.step for r in records), default=None)
             pending = [r for r in records if r.step == newest]  # more ranks of it may come with the next poll
+            timings = [t for t in batch.timings if np.shape(t.layer_s_L) == (len(meta.layer_names),)]
+            bad += len(batch.timings) - len(timings)  # timings of another layer count than the run's
+            if args.steps:
+                timings = [t for t in timings if t.step in allowed]
             writer.write(sorted((r for r in records if r.step != newest), key=lambda r: (r.step, r.rank)),
-                         batch.gpu_samples)
+                         batch.gpu_samples, timings)
             steps_seen.update(r.step for r in records)
             if args.steps and len(steps_seen) >= args.steps:
                 break
@@ -194,6 +201,9 @@ def _replay(args) -> int:
                 by_step: dict[int, list[wire.StepRecord]] = {}
                 for rec in chunk.steps:
                     by_step.setdefault(rec.step, []).append(rec)
+                timed: dict[int, list[wire.TimingRecord]] = {}
+                for timing in chunk.timings:
+                    timed.setdefault(timing.step, []).append(timing)
                 layouts = [dataclasses.replace(r, run=args.run, instance=instance, step=max(0, r.step + step_shift),
                                                time_s=wall0 + (loop_offset_s + max(0.0, r.time_s - t_first)) / args.speed)
                            for r in chunk.layouts]
@@ -208,7 +218,9 @@ def _replay(args) -> int:
                         break
                     out = [dataclasses.replace(r, run=args.run, instance=instance, step=step + step_shift,
                                                time_s=max(when, 0.0)) for r in records]
-                    publisher.publish(out, layouts, samples, now_s=time.time())
+                    times = [dataclasses.replace(t, run=args.run, instance=instance, step=step + step_shift,
+                                                 time_s=max(when, 0.0)) for t in timed.get(step, [])]
+                    publisher.publish(out, layouts, samples, now_s=time.time(), timings=times)
                     layouts, samples = [], []
                     published += 1
                 if layouts or samples:

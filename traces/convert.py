@@ -5,6 +5,8 @@ SGLang logical_count JSON ([L, E] or [T, L, E]) -> a .parquet or .arrows trace.
 SGLang inputs become one step per forward pass (per_pass / per_token, the file's rank; logical counts summed
 over replicas through the dump's own physical_to_logical_map, which is the run's layout), one per non-zero
 stat row, or one per [L, E] table of a logical_count JSON (phase from `phase`, tokens = busiest layer / k).
+A trace's layer timings (wire.TimingRecord) go along, chunk by chunk with their steps (every timing of the
+input, steps without a step record included): into the .parquet timings sidecar, or the .arrows side file.
 """
 from __future__ import annotations
 
@@ -32,21 +34,29 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
     open_writer_check(dst)
     name = os.path.basename(src)
     if name.lower().endswith((".pt", ".pth")):
-        meta, chunks = _sglang_dump(src, run, gpus, top_k)
-        return _write(dst, meta, [], chunks, [])
+        meta, steps = _sglang_dump(src, run, gpus, top_k)
+        return _write(dst, meta, [], ((records, []) for records in steps), [])
     if name.lower().endswith(".json") and _looks_like_logical_count(src):
-        meta, chunks = _logical_count_json(src, run, gpus, phase, top_k)
-        return _write(dst, meta, [], chunks, [])
+        meta, steps = _logical_count_json(src, run, gpus, phase, top_k)
+        return _write(dst, meta, [], ((records, []) for records in steps), [])
     reader = open_trace(src)
     try:
         tl = reader.timeline()
         meta = reader.meta if run is None else _renamed(reader.meta, run)
 
-        def chunks() -> Iterator[list[wire.StepRecord]]:
-            for a in range(0, tl.num_steps, CHUNK_STEPS):
+        def chunks() -> Iterator[tuple[list[wire.StepRecord], list[wire.TimingRecord]]]:
+            low = 0  # timings from here on not handed out yet
+            for a in range(0, max(tl.num_steps, 1), CHUNK_STEPS):
                 b = min(tl.num_steps, a + CHUNK_STEPS) - 1
-                records = reader.read_steps(int(tl.step_T[a]), int(tl.step_T[b]))
-                yield [_with_run(rec, meta.run) for rec in records] if run else records
+                last = int(tl.step_T[b]) if b >= 0 else -1
+                records = reader.read_steps(int(tl.step_T[a]), last) if b >= 0 else []
+                high = last if b + 1 < tl.num_steps else wire.MAX_STEP - 1  # the last chunk takes any later ones
+                timings = reader.read_timings(low, high)
+                low = high + 1
+                if run:
+                    records = [_with_run(rec, meta.run) for rec in records]
+                    timings = [_timing_run(rec, meta.run) for rec in timings]
+                yield records, timings
 
         layouts = [_layout_run(rec, meta.run) for rec in reader.layouts]
         return _write(dst, meta, layouts, chunks(), reader.gpu_samples())
@@ -60,11 +70,12 @@ def open_writer_check(dst: str) -> None:
 
 
 def _write(dst: str, meta: wire.RunMeta, layouts, chunks, samples) -> int:
+    """chunks: (step records, layer timings) pairs in step order."""
     writer = open_writer(dst, meta, layouts)
     steps = 0
     try:
-        for records in chunks:
-            writer.write(records)
+        for records, timings in chunks:
+            writer.write(records, (), timings)
             steps += len({rec.step for rec in records})
         writer.write([], samples)
     except BaseException:
@@ -80,6 +91,11 @@ def _renamed(meta: wire.RunMeta, run: str):
 
 
 def _with_run(rec: wire.StepRecord, run: str) -> wire.StepRecord:
+    import dataclasses
+    return dataclasses.replace(rec, run=run)
+
+
+def _timing_run(rec: wire.TimingRecord, run: str) -> wire.TimingRecord:
     import dataclasses
     return dataclasses.replace(rec, run=run)
 

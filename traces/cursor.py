@@ -1,6 +1,8 @@
 """Cursor: a trace read forward in chunks of whole steps, as if live (the dashboard's replay source and the
 replay CLI). Each chunk holds the layout records that take force up to its last step (all of those before
-the first step with the first chunk) and the NVML samples up to its last step's time.
+the first step with the first chunk), the NVML samples up to its last step's time and the layer timings of
+its steps (wire.TimingRecord, every rank; with those of any step id between the previous chunk's last step
+and this one's that has timings but no step record).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ class Chunk:
     steps: list[wire.StepRecord] = field(default_factory=list)
     layouts: list[wire.LayoutRecord] = field(default_factory=list)
     gpu_samples: list[wire.GpuSample] = field(default_factory=list)
+    timings: list[wire.TimingRecord] = field(default_factory=list)
     more: bool = False
 
 
@@ -50,6 +53,7 @@ class Cursor:
             last_index = min(tl.num_steps, self._index + count) - 1
             first, last = int(tl.step_T[self._index]), int(tl.step_T[last_index])
             chunk.steps = self.reader.read_steps(first, last)
+            chunk.timings = self.reader.read_timings(max(self._next_step, 0), last)
             self._index = last_index + 1
             self._next_step = last + 1
             chunk.more = not self.done

@@ -1,6 +1,7 @@
 """Writing a run into Redis the way a collector does (wire encoders, a wire.connect() client; no torch): the
 replay CLI's output. One pipelined round trip per batch: the metadata (first batch), layout records, step
-records, NVML samples, the run's entry in moe:runs.
+records, their layer timings (moe:R:timings, same MAXLEN as the steps), NVML samples, the run's entry in
+moe:runs.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ class RunPublisher:
         self._meta_sent = False
 
     def publish(self, steps: Sequence[wire.StepRecord], layouts: Sequence[wire.LayoutRecord] = (),
-                samples: Sequence[wire.GpuSample] = (), now_s: float = 0.0) -> None:
+                samples: Sequence[wire.GpuSample] = (), now_s: float = 0.0,
+                timings: Sequence[wire.TimingRecord] = ()) -> None:
         pipe = self._client.pipeline(transaction=False)
         if not self._meta_sent:
             pipe.set(wire.meta_key(self.run), self._meta_json)
@@ -31,6 +33,9 @@ class RunPublisher:
             pipe.xadd(wire.layouts_key(self.run), _fields(wire.encode_layout_record(rec)), maxlen=LAYOUTS_MAXLEN, approximate=True)
         for step in steps:
             pipe.xadd(wire.steps_key(self.run), _fields(wire.encode_step(step)), maxlen=STEPS_MAXLEN, approximate=True)
+        for timing in timings:
+            pipe.xadd(wire.timings_key(self.run), _fields(wire.encode_timing(timing)), maxlen=STEPS_MAXLEN,
+                      approximate=True)
         for sample in samples:
             pipe.xadd(wire.gpu_key(self.run), _fields(wire.encode_gpu_sample(sample)), maxlen=GPU_MAXLEN, approximate=True)
         pipe.zadd(wire.RUNS_KEY, {self.run: now_s})

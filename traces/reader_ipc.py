@@ -1,6 +1,8 @@
 """Reading an .arrows trace (Arrow IPC stream, traces/ipc.py) memory-mapped: the stream's record batches are
 indexed once at open (message headers only; their buffers stay in the mapped file until a view reads them),
-with their step ranges; the side file <path>.side.jsonl adds late layout records and the NVML samples.
+with their step ranges; the side file <path>.side.jsonl adds late layout records, the NVML samples and the
+layer timings (its "timing" lines, indexed by step at open and decoded when read_timings asks for their
+steps: traces/timings.py).
 
 A stream cut short (a recorder killed mid-write) reads up to its last whole record batch (truncated = True).
 """
@@ -70,6 +72,12 @@ class IpcTraceReader(ColumnarReader):
 
     def gpu_samples(self, t0_s: float = -np.inf, t1_s: float = np.inf) -> list[wire.GpuSample]:
         return self._side.samples_between(t0_s, t1_s)
+
+    def read_timings(self, first_step: int, last_step: int) -> list[wire.TimingRecord]:
+        return self._timings_of(self._side.timings.read(int(first_step), int(last_step), self.meta))
+
+    def timing_rows(self) -> int:
+        return self._side.timings.rows
 
     def size_bytes(self) -> int:
         import os

@@ -7,7 +7,8 @@ read_steps seeks to the lines of the steps in view.
 A trace without a metadata line (an older or hand-made one) gets a stand-in: layers "layer <i>", the step
 records' E, a contiguous layout over wire.default_gpus (meta_synthesized = True). Lines that do not decode,
 counts of another shape than the metadata's and repeated (instance, rank, step) records are skipped; the
-first two are counted as bad records.
+first two are counted as bad records. Timing lines are indexed by step only (traces/timings.py: TimingLines)
+and decoded when read_timings asks for their steps.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from .base import MAX_READ_BYTES, TraceReader, dedupe
 from .gpu import MAX_GPU_ROWS
 from .lines import decode_line, iter_lines
 from .timeline import Timeline, timeline_of_rows
+from .timings import TimingLines
 
 PENDING_STEPS = 64
 
@@ -48,6 +50,7 @@ class JsonlTraceReader(TraceReader):
         self._meta: wire.RunMeta | None = None
         self._schedule: LayoutSchedule | None = None
         self._samples: list[wire.GpuSample] = []
+        self._timings = TimingLines(path)
         rows: dict[str, list] = {name: [] for name in ("step", "rank", "time_s", "phase", "tokens", "offset")}
         self._eta: dict[int, float] = {}
         self._pending: OrderedDict[int, tuple[np.ndarray, set[int], int]] = OrderedDict()
@@ -58,6 +61,8 @@ class JsonlTraceReader(TraceReader):
                     self._bad(f"line at byte {offset}: longer than {wire.MAX_TRACE_LINE_BYTES} bytes")
                     continue
                 try:
+                    if self._timings.take(offset, raw):
+                        continue  # a timing line: indexed, decoded when its steps are read
                     _, item = decode_line(raw)
                     if isinstance(item, wire.RunMeta):
                         if self._meta is None or self.meta_synthesized:
@@ -78,6 +83,8 @@ class JsonlTraceReader(TraceReader):
                         self._add_layout(item)
                     elif isinstance(item, wire.GpuSample) and len(self._samples) < MAX_GPU_ROWS:
                         self._samples.append(item)
+                    elif isinstance(item, wire.TimingRecord):
+                        self._timings.add(offset, item.step)  # written by hand (not wire.trace_line's form)
                 except ValueError as exc:
                     self._bad(f"line at byte {offset}: {exc}")
         if self._meta is None:
@@ -160,6 +167,12 @@ class JsonlTraceReader(TraceReader):
 
     def gpu_samples(self, t0_s: float = -np.inf, t1_s: float = np.inf) -> list[wire.GpuSample]:
         return sorted((s for s in self._samples if t0_s <= s.time_s <= t1_s), key=lambda s: s.time_s)
+
+    def read_timings(self, first_step: int, last_step: int) -> list[wire.TimingRecord]:
+        return self._timings_of(self._timings.read(int(first_step), int(last_step), self.meta))
+
+    def timing_rows(self) -> int:
+        return self._timings.rows
 
     def size_bytes(self) -> int:
         return os.path.getsize(self.path)

@@ -5,7 +5,8 @@ Files of one recording:
                         batch) per write, flushed after each; the schema metadata holds the run metadata and
                         the layout in force when the file was started
     <path>.side.jsonl   JSON lines (wire.trace_line) of the layout records and NVML samples that arrived after
-                        the header was written; opened only when there is one
+                        the header was written, and of the layer timings (wire.TimingRecord, "timing" lines:
+                        read back by traces/timings.py); opened only when there is one
 
 Same semantics as the JSON-lines sink: max_bytes caps <path> (None: no cap): before a chunk would take it
 past the cap, <path> becomes <path>.1 (its side file <path>.1.side.jsonl), replacing older ones, and a new
@@ -82,7 +83,7 @@ class ArrowRecorder:
         self._open_new()
 
     def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample],
-              layouts: Sequence[wire.LayoutRecord] = (), timings: Sequence = ()) -> None:
+              layouts: Sequence[wire.LayoutRecord] = (), timings: Sequence[wire.TimingRecord] = ()) -> None:
         """Append one batch: the steps as one chunk of <path>; layouts, NVML samples and layer timings (wire
         "timing" lines, kept as they are) as lines of the side file."""
         side_lines = [wire.trace_line("layout", wire.encode_layout_record(rec)) for rec in layouts]

@@ -24,7 +24,27 @@ Columns (STEP_SCHEMA; the same content as wire.StepRecord, checked with the same
 
 Schema metadata (bytes keys, UTF-8 values): META_FORMAT = "moe-trace", META_VERSION = FORMAT_VERSION,
 META_RUN = the wire.RunMeta JSON (wire.encode_meta), META_LAYOUTS = the layout records known when the schema
-was written, as JSON lines of wire.trace_line("layout", ...), META_SHAPE = "L,E".
+was written, as JSON lines of wire.trace_line("layout", ...), META_SHAPE = "L,E". A .parquet trace's
+key-value metadata also holds "moe.timing_rows" (traces/timings.py META_TIMING_ROWS): the rows written to
+its timings sidecar, "0" for none; absent in a trace written before timings were kept (it reads as before).
+
+Layer timings (wire.TimingRecord) are a table of their own, one row per (step, rank), in the same format
+version 1 (a reader that does not know them reads the steps as before): the sidecar <stem>.timings.parquet of
+a .parquet trace, "timing" lines in an .arrows side file or a JSON-lines trace (traces/timings.py):
+
+    step          int64      0 <= step < wire.MAX_STEP
+    rank          int32      0 <= rank < world
+    world         int32      1 <= world <= wire.MAX_WORLD
+    time_s        float64    unix seconds (finite, |t| < wire.MAX_TIME_S)
+    instance      dictionary<string>  the collector process (<= wire.MAX_NAME_CHARS)
+    dispatch_s_L  fixed_size_binary(L*4)  little-endian float32 [L] seconds, NaN = not measured
+    compute_s_L   fixed_size_binary(L*4)  idem
+    combine_s_L   fixed_size_binary(L*4)  idem
+    layer_s_L     fixed_size_binary(L*4)  idem
+
+with schema metadata moe.format = "moe-trace-timings", moe.format_version = 1, moe.layers = L (the run's
+len(layer_names)). Raw float32 bytes like the counts: a row group reads as zero-copy float32 [R, L] views,
+about twice as fast as list<float32> or fixed_size_list<float32> with pyarrow, NaN bits kept exactly.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Layout records and NVML samples kept beside a trace: an .arrows file's <path>.side.jsonl (traces/recorder.py)
-and the Parquet GPU sidecar <stem>.gpu.parquet (traces/writers.py)."""
+"""Layout records, NVML samples and layer timings kept beside a trace: an .arrows file's <path>.side.jsonl
+(traces/recorder.py) and the Parquet GPU sidecar <stem>.gpu.parquet (traces/writers.py; the timings sidecar
+<stem>.timings.parquet is traces/timings.py's)."""
 from __future__ import annotations
 
 import os
@@ -10,14 +11,17 @@ import wire
 
 from .gpu import MAX_GPU_ROWS, check_gpu_schema, gpu_samples_of
 from .lines import decode_line, iter_lines
+from .timings import TimingLines
 
 
 class SideRecords:
-    """Layouts and NVML samples read from a side file; bad lines counted."""
+    """Layouts and NVML samples read from a side file, its timing lines indexed (timings: read on demand,
+    traces/timings.py); bad lines counted."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = "") -> None:
         self.layouts: list[wire.LayoutRecord] = []
         self.samples: list[wire.GpuSample] = []
+        self.timings = TimingLines(path)
         self.bad_records = 0
         self.last_error = ""
 
@@ -31,8 +35,9 @@ class SideRecords:
 
 
 def read_side_jsonl(path: str, meta: wire.RunMeta) -> SideRecords:
-    """The layout and gpu lines of an .arrows side file (absent: none)."""
-    out = SideRecords()
+    """The layout and gpu lines of an .arrows side file (absent: none), its timing lines indexed by step (at
+    most traces.timings.MAX_TIMING_LINES; decoded when read)."""
+    out = SideRecords(path)
     if not os.path.isfile(path):
         return out
     with open(path, "rb") as handle:
@@ -41,6 +46,8 @@ def read_side_jsonl(path: str, meta: wire.RunMeta) -> SideRecords:
                 out.bad(f"side file line at byte {offset}: longer than {wire.MAX_TRACE_LINE_BYTES} bytes")
                 continue
             try:
+                if out.timings.take(offset, raw):
+                    continue  # a timing line: indexed, decoded when its steps are read
                 _, item = decode_line(raw)
                 if isinstance(item, wire.LayoutRecord):
                     out.layouts.append(item.validate(meta.num_experts, num_layers=len(meta.layer_names)))
@@ -48,8 +55,8 @@ def read_side_jsonl(path: str, meta: wire.RunMeta) -> SideRecords:
                     if len(out.samples) >= MAX_GPU_ROWS:
                         raise ValueError(f"more than {MAX_GPU_ROWS} NVML samples")
                     out.samples.append(item)
-                elif not isinstance(item, (wire.StepRecord, wire.RunMeta)):
-                    continue  # layer timings (wire "timing" lines): kept in the file, not read here
+                elif isinstance(item, wire.TimingRecord):
+                    out.timings.add(offset, item.step)  # written by hand (not wire.trace_line's form)
                 else:
                     raise ValueError("only layout, gpu and timing lines belong in a side file")
             except ValueError as exc:

@@ -3,10 +3,12 @@
 .parquet: one Parquet file, zstd, row groups of ROW_GROUP_ROWS rows in step order (the step column's
 statistics let a reader skip the row groups outside its view); the layout records go into the file's
 key-value metadata at close (so records that arrive while recording are kept), the NVML samples into the
-sidecar <stem>.gpu.parquet (traces/gpu.py; written only when there are samples). Both are written to a
-hidden temporary name and renamed at close: a file that exists is whole.
+sidecar <stem>.gpu.parquet (traces/gpu.py; written only when there are samples), the layer timings into the
+sidecar <stem>.timings.parquet (traces/timings.py; only when there are timings), and the number of timing
+rows into the key-value metadata (moe.timing_rows). Each is written to a hidden temporary name and renamed
+at close, the trace itself last: a file that exists is whole.
 .arrows: the recording container (traces/ipc.py): header with every layout known at open, chunks, the end
-marker; later layouts and the NVML samples in <path>.side.jsonl (traces/recorder.py).
+marker; later layouts, the NVML samples and the layer timings in <path>.side.jsonl (traces/recorder.py).
 
 Records must come in step order, every rank of a step in the same write (so each step's balancedness is
 known; traces/encode.py).
@@ -28,6 +30,7 @@ from .encode import step_batch
 from .gpu import gpu_table
 from .recorder import ArrowRecorder
 from .schema import META_LAYOUTS, schema_metadata, step_schema
+from .timings import META_TIMING_ROWS, TimingTableWriter, timings_sidecar
 
 ROW_GROUP_ROWS = 256
 ZSTD_LEVEL = 3
@@ -50,6 +53,7 @@ class ParquetTraceWriter:
         self._writer = pq.ParquetWriter(self._tmp, self._schema, compression="zstd", compression_level=ZSTD_LEVEL,
                                         write_statistics=["step"], use_dictionary=["phase", "instance", "scope"])
         self._samples: list[wire.GpuSample] = []
+        self._timings = TimingTableWriter(timings_sidecar(self.path), len(meta.layer_names))
         self._pending: list[pa.RecordBatch] = []
         self._pending_rows = 0
 
@@ -58,8 +62,12 @@ class ParquetTraceWriter:
             self._layouts.append(rec)
             self._schedule.add(rec)
 
-    def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample] = ()) -> None:
+    def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample] = (),
+              timings: Sequence[wire.TimingRecord] = ()) -> None:
+        """Append step records (step order, every rank of a step in one write), NVML samples and layer timings
+        (float32 [L] per phase, L the run's layers; any order). ValueError for a record that does not fit."""
         self._samples.extend(samples)
+        self._timings.write(timings)
         if records:
             self._pending.append(step_batch(records, self._schema, self._schedule))
             self._pending_rows += len(records)
@@ -75,7 +83,8 @@ class ParquetTraceWriter:
         self._flush()
         lines = "\n".join(wire.trace_line("layout", wire.encode_layout_record(rec))
                           for rec in sorted(self._layouts, key=lambda r: r.step))
-        self._writer.add_key_value_metadata({META_LAYOUTS: lines.encode()})
+        timing_rows = self._timings.close()
+        self._writer.add_key_value_metadata({META_LAYOUTS: lines.encode(), META_TIMING_ROWS: str(timing_rows).encode()})
         self._writer.close()
         side = gpu_sidecar(self.path)
         if self._samples:
@@ -90,6 +99,7 @@ class ParquetTraceWriter:
     def abort(self) -> None:
         with contextlib.suppress(Exception):
             self._writer.close()
+        self._timings.abort()
         self._tmp.unlink(missing_ok=True)
 
 
@@ -101,8 +111,9 @@ class ArrowsTraceWriter:
     def add_layouts(self, layouts: Sequence[wire.LayoutRecord]) -> None:
         self._recorder.write([], [], layouts)
 
-    def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample] = ()) -> None:
-        self._recorder.write(records, samples)
+    def write(self, records: Sequence[wire.StepRecord], samples: Sequence[wire.GpuSample] = (),
+              timings: Sequence[wire.TimingRecord] = ()) -> None:
+        self._recorder.write(records, samples, (), timings)
 
     def close(self) -> None:
         self._recorder.close()

@@ -38,7 +38,7 @@ little-endian int32 [L, P] (P physical slots; slot p on GPU p // (P / gpus)).
 from __future__ import annotations
 
 from .aggregates import AGGREGATE_FIELDS, AGGREGATE_VERSION, AggregateRecord, decode_aggregate, encode_aggregate
-from .client import connect, redact
+from .client import AutoClient, Client, connect, redact
 from .compact import CODECS, COUNT_TYPES, pack_counts, unpack_counts
 from .fields import parse_json
 from .gpu import GPU_FIELDS, MAX_GPUS_PER_SAMPLE, GpuSample, decode_gpu_sample, encode_gpu_sample
@@ -126,5 +126,6 @@ __all__ += ["AGGREGATE_FIELDS", "AGGREGATE_VERSION", "AggregateRecord", "decode_
             "encode_rollup", "eta_histogram", "eta_quantile", "merge_rollups"]
 __all__ += ["CODECS", "COMPACT_FIELDS", "COUNT_TYPES", "STEP_VERSION", "STEP_VERSIONS", "aggregate_key", "aggregator_key",
             "pack_counts", "rollup_key", "run_key", "unpack_counts"]
+__all__ += ["AutoClient", "Client"]
 __all__ += ["MAX_PHASE_S", "TIMING_FIELDS", "TIMING_PHASES", "TimingRecord", "decode_timing", "encode_timing",
             "timings_key"]

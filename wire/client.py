@@ -3,13 +3,35 @@
 redis-py 8 defaults to a 5 s socket timeout and 10 retries; a monitor must fail fast instead, so every
 client made here states its own. URLs: redis://[[user]:password@]host:port/db, rediss:// for TLS,
 unix:///path.sock. Imports neither torch nor pynvml.
+
+One URL for a single Redis or a Redis Cluster: connect() returns an AutoClient, which sends nothing when it is
+made. Its first command asks the server `INFO cluster` first; with cluster_enabled:1 every command from then on
+goes through a redis.cluster.RedisCluster bootstrapped from that node (it learns every shard from CLUSTER
+SLOTS, follows MOVED and ASK, and maps the slots again after a connection error, so a replica promoted by a
+failover is found), otherwise through the redis.Redis that asked. Until a server has answered, every command
+asks again (and fails like the command would: ConnectionError, TimeoutError), so a client made while Redis is
+down (a collector started first, a dashboard up before its Redis) speaks cluster once the cluster answers. The
+mode is decided once, at the first answer: a server that changes mode under a live client needs a new client.
+A server that refuses INFO (an ACL without it) is used as a single Redis. Cluster failures that redis-py raises
+outside redis.RedisError (RedisClusterException: no node reachable, a slot no node serves) come out of an
+AutoClient as redis.exceptions.ConnectionError (or ClusterError, a RedisError, when no connection failed),
+so callers catch one family for both kinds of server. An ACL user for a cluster also needs CLUSTER SLOTS,
+COMMAND and INFO.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any, TypeAlias
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.cluster import PipelineCommand, RedisCluster
+from redis.commands import CoreCommands
+from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
 
@@ -30,16 +52,227 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="*/"), parts.fragment))
 
 
-def connect(url: str, *, timeout_s: float = 1.0, retries: int = 1) -> redis.Redis:
-    """A client for url that gives up after timeout_s per socket operation and retries `retries` times
-    with a short exponential backoff. Connecting is lazy: nothing is sent until the first command."""
+def connect(url: str, *, timeout_s: float = 1.0, retries: int = 1) -> AutoClient:
+    """A client for url (a single Redis or any node of a Redis Cluster: AutoClient) that gives up after
+    timeout_s per socket operation and retries `retries` times (a single Redis: with a short exponential
+    backoff; a cluster: after mapping its slots again). Connecting is lazy: nothing is sent until the first
+    command. ValueError for a URL that is not redis://, rediss:// or unix://."""
     if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"Redis URL {redact(url)!r} must start with redis://, rediss:// or unix://")
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
-        health_check_interval=30,
-        decode_responses=False,
-    )
+    return AutoClient(url, timeout_s=timeout_s, retries=retries)
+
+
+def _retry(retries: int) -> Retry:
+    return Retry(ExponentialBackoff(cap=0.5, base=0.05), retries)
+
+
+def _single(url: str, timeout_s: float, retries: int) -> redis.Redis:
+    """The plain client of url (parses the URL now: a bad port or option raises ValueError here)."""
+    return redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                retry=_retry(retries), health_check_interval=30, decode_responses=False)
+
+
+def _cluster(url: str, timeout_s: float, retries: int) -> RedisCluster:
+    """A RedisCluster bootstrapped from the node of url (sends CLUSTER SLOTS and COMMAND now). Slots no node
+    serves do not stop it (require_full_coverage=False): the runs on the other shards go on."""
+    return RedisCluster.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                 retry=_retry(retries), require_full_coverage=False, decode_responses=False)
+
+
+def _cluster_enabled(info: object) -> bool:
+    """True when an `INFO cluster` reply (redis-py parses it into a dict) says cluster_enabled:1."""
+    return isinstance(info, dict) and str(info.get("cluster_enabled", "0")) == "1"
+
+
+def _as_redis_error(exc: RedisClusterException) -> redis.RedisError:
+    """A RedisClusterException (not a redis.RedisError) as the RedisError a single Redis would have raised:
+    ConnectionError when no node could be reached or the slot has no node, ClusterError otherwise."""
+    cause = exc.__cause__
+    unreachable = isinstance(exc, SlotNotCoveredError) or isinstance(
+        cause, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError))
+    kind = redis.exceptions.ConnectionError if unreachable else redis.exceptions.ClusterError
+    return kind(f"Redis Cluster: {exc}")
+
+
+def _plain_errors(call: Callable[..., Any]) -> Callable[..., Any]:
+    """call (a RedisCluster method) raising RedisClusterException as redis.RedisError (_as_redis_error)."""
+
+    @functools.wraps(call)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise _as_redis_error(exc) from exc
+
+    return wrapped
+
+
+_REDIRECTED = (AskError, TryAgainError)  # the node answered: the key is elsewhere now (MovedError is an AskError)
+# the node did not answer, or answered that the cluster is down (a failover under way): read the slot map again
+_REMAP = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ClusterDownError)
+
+
+class ClusterBatch(CoreCommands):
+    """AutoClient.pipeline() on a Redis Cluster: redis-py's command methods queue here; execute() sends each
+    node its share of the commands in one round trip (keys on any slots; a transaction goes through redis-py's
+    own transactional pipeline and needs one slot). execute(raise_on_error=False) returns one reply per
+    command, in order, an exception in the place of each that failed.
+
+    Unlike redis-py's ClusterPipeline, commands whose node did not answer (ConnectionError, TimeoutError) are
+    not retried one by one: that would make one write last until a failover completes (each retry waits for
+    the socket timeout of a stalled node) and could land later commands of a batch before earlier ones (steps
+    out of order). They stay failed (the caller retries the batch, in order) and the slot map is read again at
+    once (also after CLUSTERDOWN, a failover under way), so the next batch finds a promoted replica. Commands
+    the node answered with MOVED, ASK or TRYAGAIN are sent again one by one, in order, through the cluster
+    client, which follows the redirection. A node that cannot be connected to at all fails the whole batch
+    before anything is sent (redis-py reads the map again and retries `retries` times)."""
+
+    _is_async_client = False  # redis-py's typing marker: the command methods return replies, not awaitables
+    _event_dispatcher: Any = None  # redis-py's CommandsProtocol asks for it; no command method uses it
+
+    def __init__(self, cluster: RedisCluster, transaction: bool | None = None, shard_hint: str | None = None):
+        if shard_hint:
+            raise redis.exceptions.ClusterError("shard_hint is not supported by a Redis Cluster pipeline")
+        self._cluster, self._transaction = cluster, bool(transaction)
+        self._queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def execute_command(self, *args: Any, **options: Any) -> ClusterBatch:
+        """Queue one command (what every command method calls); returns the batch."""
+        self._queued.append((args, options))
+        return self
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def __enter__(self) -> ClusterBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.reset()
+
+    def reset(self) -> None:  # type: ignore[override]  # the batch's reset, not the RESET command
+        """Forget the queued commands."""
+        self._queued = []
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        """Send the queued commands (module docstring); replies in order. RedisClusterException comes out as
+        redis.RedisError; with raise_on_error, the first failed command's exception is raised."""
+        queued, self._queued = self._queued, []
+        if not queued:
+            return []
+        try:
+            if self._transaction:
+                pipe = self._cluster.pipeline(transaction=True)
+                for args, options in queued:
+                    pipe.execute_command(*args, **options)
+                return pipe.execute(raise_on_error=raise_on_error)
+            stack = [PipelineCommand(args, options, position) for position, (args, options) in enumerate(queued)]
+            self._cluster.pipeline().send_cluster_commands(stack, raise_on_error=False, allow_redirections=False)
+        except RedisClusterException as exc:  # no node for a slot, no node answering: the map may be stale
+            self._remap()
+            raise _as_redis_error(exc) from exc
+        replies = self._follow(stack)
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+    def _follow(self, stack: list[PipelineCommand]) -> list[Any]:
+        """The replies of a sent stack, after sending again (in order) the commands that were redirected and
+        reading the slot map again when a node did not answer."""
+        for command in stack:
+            if isinstance(command.result, _REDIRECTED):
+                try:
+                    command.result = self._cluster.execute_command(*command.args, **command.options)
+                except redis.RedisError as exc:
+                    command.result = exc
+                except RedisClusterException as exc:
+                    command.result = _as_redis_error(exc)
+        replies = [command.result for command in stack]
+        if any(isinstance(reply, _REMAP) for reply in replies):
+            self._remap()
+        return replies
+
+    def _remap(self) -> None:
+        """Read the slot map again (CLUSTER SLOTS from a node that answers); when none does, the next command
+        tries again anyway."""
+        with contextlib.suppress(Exception):
+            self._cluster.nodes_manager.initialize()
+
+
+class AutoClient:
+    """A client of a single Redis or a Redis Cluster, decided at the first command that reaches the server
+    (module docstring). Every redis-py command and pipeline() go to the client decided (redis.Redis or
+    redis.cluster.RedisCluster), so callers write the same code for both. cluster: None until decided, then
+    whether the server is a cluster node. resolve() decides now (one INFO round trip, then CLUSTER SLOTS and
+    COMMAND for a cluster) and returns that client; it raises what the command would (ConnectionError,
+    TimeoutError, AuthenticationError) while the server cannot be reached. Thread-safe: one decision."""
+
+    _target: redis.Redis | RedisCluster | None = None  # class default: __getattr__ never recurses
+
+    def __init__(self, url: str, *, timeout_s: float, retries: int):
+        self.url, self.timeout_s, self.retries = url, float(timeout_s), int(retries)
+        self._single = _single(url, self.timeout_s, self.retries)
+        self._target = None
+        self._lock = threading.Lock()
+
+    @property
+    def cluster(self) -> bool | None:
+        """None until a server answered, then True for a Redis Cluster node, False for a single Redis."""
+        target = self._target
+        return None if target is None else isinstance(target, RedisCluster)
+
+    def resolve(self) -> redis.Redis | RedisCluster:
+        """The client every command goes through, decided now if no server has answered yet."""
+        target = self._target
+        if target is not None:
+            return target
+        with self._lock:
+            if self._target is None:
+                self._target = self._decide()
+            return self._target
+
+    def _decide(self) -> redis.Redis | RedisCluster:
+        """Ask INFO cluster through the single client; make the RedisCluster when the server is a cluster node.
+        Raises (and decides nothing) while no server answers or the cluster cannot be mapped yet."""
+        try:
+            info = self._single.info("cluster")
+        except redis.exceptions.ResponseError:  # INFO refused (an ACL without it): use it as a single Redis
+            return self._single
+        if not _cluster_enabled(info):
+            return self._single
+        try:
+            cluster = _cluster(self.url, self.timeout_s, self.retries)
+        except Exception as exc:  # not formed yet, no slots, a node lost meanwhile: ask again next time
+            raise redis.exceptions.ConnectionError(
+                f"Redis Cluster at {redact(self.url)} cannot be used yet: {type(exc).__name__}: {exc}") from exc
+        self._single.close()
+        return cluster
+
+    def __getattr__(self, name: str) -> Any:
+        """Any redis-py command or attribute, of the client decided (decides first)."""
+        if name.startswith("_"):  # never a command; also keeps a half-made object from recursing
+            raise AttributeError(name)
+        target = self.resolve()
+        if isinstance(target, RedisCluster):
+            if name == "pipeline":
+                return functools.partial(ClusterBatch, target)
+            attr = getattr(target, name)
+            return _plain_errors(attr) if callable(attr) else attr
+        return getattr(target, name)
+
+    def close(self) -> None:
+        """Close the connections (no server is asked; a client never decided closes its single client)."""
+        target = self._target
+        if target is not None and target is not self._single:
+            target.close()
+        self._single.close()
+
+    def __repr__(self) -> str:
+        mode = {None: "undecided", True: "cluster", False: "single"}[self.cluster]
+        return f"AutoClient({redact(self.url)!r}, {mode})"
+
+
+# What the readers and writers accept: an AutoClient (wire.connect) or a redis-py client made directly.
+Client: TypeAlias = AutoClient | redis.Redis | RedisCluster

@@ -11,14 +11,13 @@ A file is the same file while its name, size and modification time (ns) are; a f
 name is read again. The seen entry and the state are written in one MULTI after the file's records landed:
 a bridge killed between the two writes the same steps again on restart (same instance, steps and ranks),
 which readers skip as repeats. The hash grows by about 100 bytes per dump file; delete it together with the
-dump files when cleaning the folder.
+dump files when cleaning the folder. Like every key of a run they are wire.run_key(run, ...) (moe:{R}:name): in a
+Redis Cluster both share the run's slot, which the MULTI needs.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-import redis
 
 import wire
 
@@ -26,11 +25,11 @@ MAX_STATE_BYTES = 16 << 20
 
 
 def seen_key(run: str) -> str:
-    return f"{wire.KEY_PREFIX}:{wire.check_run_name(run)}:sglang_seen"
+    return wire.run_key(run, "sglang_seen")
 
 
 def state_key(run: str) -> str:
-    return f"{wire.KEY_PREFIX}:{wire.check_run_name(run)}:sglang_state"
+    return wire.run_key(run, "sglang_state")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class Seen:
             return None
 
 
-def load(client: redis.Redis, run: str) -> tuple[dict[str, Seen], dict | None, wire.RunMeta | None, str]:
+def load(client: wire.Client, run: str) -> tuple[dict[str, Seen], dict | None, wire.RunMeta | None, str]:
     """(seen files, the saved state or None, the run's metadata or None, why the metadata or state could not be
     used ("" when fine)). Raises redis errors (the caller retries)."""
     pipe = client.pipeline(transaction=False)
@@ -94,7 +93,7 @@ def load(client: redis.Redis, run: str) -> tuple[dict[str, Seen], dict | None, w
     return seen, state, meta, "; ".join(problems)
 
 
-def commit(client: redis.Redis, run: str, entries: dict[str, Seen], state: dict | None) -> None:
+def commit(client: wire.Client, run: str, entries: dict[str, Seen], state: dict | None) -> None:
     """Write seen entries (and the state, when given) in one MULTI. Raises redis errors."""
     pipe = client.pipeline(transaction=True)
     if entries:

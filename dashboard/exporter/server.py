@@ -7,7 +7,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import redis
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 import wire
@@ -29,7 +28,7 @@ class RunExporter:
     """A prometheus_client collector over the runs of one Redis: `runs` (names) or every run of moe:runs
     (runs=None). poll() reads and analyses; collect() returns what the last poll computed."""
 
-    def __init__(self, client: redis.Redis, url: str, runs: list[str] | None, window_steps: int = 600,
+    def __init__(self, client: wire.Client, url: str, runs: list[str] | None, window_steps: int = 600,
                  per_layer: bool = False, top_experts: int = 0, advise_every_s: float = ADVISE_EVERY_S):
         if top_experts < 0 or top_experts > MAX_TOP_EXPERTS:
             raise ValueError(f"--top-experts must be 0..{MAX_TOP_EXPERTS}, got {top_experts}")
@@ -134,7 +133,7 @@ def poll_forever(exporter: RunExporter, interval_s: float, stop: threading.Event
         stop.wait(max(0.0, next_at - time.monotonic()))
 
 
-def connect(url: str) -> redis.Redis:
+def connect(url: str) -> wire.AutoClient:
     """The exporter's Redis client: explicit timeouts (wire.connect)."""
     return wire.connect(url, timeout_s=2.0)
 

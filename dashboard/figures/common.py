@@ -28,15 +28,22 @@ def figure(traces: list[dict], title: str, x_title: str, y_title: str, height: i
     return go.Figure(dict(data=traces, layout=base))
 
 
-def change_markers(marks: Sequence[tuple[float, str]]) -> dict[str, list[dict]]:
+def change_markers(marks: Sequence[tuple[float | str, str]]) -> dict[str, list[dict]]:
     """Layout shapes and annotations for layout changes on a time axis: a dashed vertical line at each x
     (a step, or seconds on the GPU panel) across the whole plot, its label ("engine rebalanced", "layout
-    applied") at the top. {"shapes": [...], "annotations": [...]}, both empty without marks."""
+    applied") at the top; x may be a date string on a time axis (rollup buckets). {"shapes": [...],
+    "annotations": [...]}, both empty without marks."""
     shapes = [dict(type="line", xref="x", yref="paper", x0=x, x1=x, y0=0, y1=1,
                    line=dict(color=MARK_COLOUR, width=1.5, dash="dash")) for x, _ in marks]
     notes = [dict(x=x, y=1, xref="x", yref="paper", text=label, showarrow=False, xanchor="left", yanchor="top",
                   font=dict(size=10, color=MARK_COLOUR)) for x, label in marks]
     return {"shapes": shapes, "annotations": notes}
+
+
+def axis_at(x_T, index) -> np.ndarray:
+    """The time axis at the given indices: step ids as int64, or datetime64 (rollup bucket starts) unchanged."""
+    x = np.asarray(x_T)[index]
+    return x if x.dtype.kind == "M" else x.astype(np.int64)
 
 
 def f32(values) -> np.ndarray:

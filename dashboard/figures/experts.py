@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from dashboard.analytics.series import downsample_sum, small_ints
-from dashboard.figures.common import MAX_COLUMNS, change_markers, f32, figure
+from dashboard.figures.common import MAX_COLUMNS, axis_at, change_markers, f32, figure
 
 
 def layer_expert_heatmap(counts_LE: np.ndarray):
@@ -22,16 +22,17 @@ def layer_expert_heatmap(counts_LE: np.ndarray):
 
 
 def expert_time_heatmap(step_T: np.ndarray, counts_TE: np.ndarray, layer: int,
-                        marks: Sequence[tuple[float, str]] = ()):
+                        marks: Sequence[tuple[float | str, str]] = (), x_title: str = "step"):
     """Expert x time heatmap of one layer: tokens per expert summed into <= MAX_COLUMNS time bins; marks:
-    (step, label) of each layout change in view, a dashed vertical line each."""
+    (step, label) of each layout change in view, a dashed vertical line each. step_T may be rollup bucket
+    starts (datetime64), x_title naming the axis."""
     traces = []
     if counts_TE.shape[0]:
         binned, first = downsample_sum(counts_TE.astype(np.int64), MAX_COLUMNS)
-        traces = [dict(type="heatmap", z=small_ints(binned.T), x=np.asarray(step_T)[first].astype(np.int64),
+        traces = [dict(type="heatmap", z=small_ints(binned.T), x=axis_at(step_T, first),
                        y=np.arange(counts_TE.shape[1], dtype=np.int32), colorscale="Viridis",
                        colorbar=dict(title=dict(text="tokens")))]
-    return figure(traces, f"Layer {layer}: tokens per expert over time", "step", "expert", height=420,
+    return figure(traces, f"Layer {layer}: tokens per expert over time", x_title, "expert", height=420,
                   **change_markers(marks))
 
 

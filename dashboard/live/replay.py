@@ -42,6 +42,8 @@ class _Feed:
             out.steps += batch.steps
             out.gpu_samples += batch.gpu_samples
             out.layouts += batch.layouts
+            out.aggregates += batch.aggregates
+            out.timings += batch.timings
             out.bad_records += batch.bad_records
             out.last_error = batch.last_error or out.last_error
         self._waiting = []

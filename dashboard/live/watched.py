@@ -17,6 +17,19 @@ Layer timings (wire.TimingRecord, from an engine that times its MoE layers) go i
 as many steps as the window; those of retired collector instances are skipped like their steps, a restart
 empties it, and one that does not fit (another world size or layer count, a duplicate) is one bad record.
 
+Aggregated steps (wire.AggregateRecord: a step's ranks summed once by the aggregator, read by the source in
+place of the per-rank records while the aggregator runs) fill the same window (StepWindow.add_aggregate: the
+row is what the ranks' own records would have made). Their restart rule is the aggregator's epoch (its
+`instance`, a new one when the collectors restarted and their step ids started again): a new epoch starts
+the window afresh, records of retired epochs are skipped, and the layout changes issued before the old
+epoch's newest step are forgotten (the collector instances that published them retired). Layout changes
+are taken from any collector instance not retired (an aggregate does not name the collectors). A late entry
+(ranks folded in after their step was written) adds into its step's row while that row is in the window,
+else it is counted in `late_outside`. When the source switches between the two kinds (an aggregator started
+or stopped), records of steps the window already holds from the other kind (at most the newest step at
+the switch, and not newer than that step by more than FLOOR_SLACK_S) are skipped and counted in
+`skipped_overlap`: a switch neither doubles nor drops a step.
+
 Never down: a record that fails anywhere (decode, bounds, the window, the sample ring, whatever the
 exception) is one bad record and the rest of the poll goes on; a Source that raises costs one tick, not the
 page. What is kept per rank or per collector instance is bounded: ranks are below wire.MAX_WORLD, and at
@@ -34,13 +47,15 @@ from dashboard.live.gpu_history import GpuHistory
 from dashboard.live.layout_changes import LayoutHistory, change_from_record
 from dashboard.live.samples import SampleRing
 from dashboard.live.timings import TimingRing
-from dashboard.live.window import StepWindow, check_record
+from dashboard.live.window import StepWindow, check_aggregate, check_record
 from dashboard.sources.base import Batch, Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
 MAX_OLD_INSTANCES = 4096  # retired collector instances remembered (their late records are skipped)
 MAX_ERROR_CHARS = 500
 MAX_PENDING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step (the oldest go)
+FLOOR_SLACK_S = 30.0  # after a switch of feed, a record newer than the window's newest step by more is not skipped
+STEPS, AGGREGATE = "steps", "aggregate"  # feeds: per-rank records summed here, or steps summed by the aggregator
 
 
 def _why(exc: BaseException) -> str:
@@ -51,13 +66,15 @@ def _why(exc: BaseException) -> str:
 
 @dataclass
 class TickStats:
-    """What one tick did: entries taken, bad records skipped, wall time of poll + ingest in ms."""
+    """What one tick did: entries taken (per-rank step records, aggregated steps, NVML samples), bad records
+    skipped, wall time of poll + ingest in ms."""
 
     steps_in: int
     gpu_in: int
     bad: int
     more: bool
     ms: float
+    aggregates_in: int = 0
 
 
 class WatchedRun:
@@ -65,7 +82,9 @@ class WatchedRun:
 
     The window is created at the first step record (its [L, E] comes from the metadata when present, else
     from that record). bad_records counts entries that did not decode plus records the window refused
-    (wrong shape, duplicates, too old); last_error says why the latest one was skipped. missed_steps counts
+    (wrong shape, duplicates, too old); last_error says why the latest one was skipped. steps_read counts the
+    per-rank step records taken (an aggregated step counts its ranks; aggregates_read counts the aggregated
+    entries themselves); feed says which kind the source hands over now. missed_steps counts
     steps that never reached the dashboard (step ids that jump within one collector instance, beyond the
     collector's own dropped count), gap_note says why."""
 
@@ -96,6 +115,16 @@ class WatchedRun:
         self.layouts = LayoutHistory()
         self.timings = TimingRing(window_steps)
         self._pending_layouts: collections.deque[wire.LayoutRecord] = collections.deque(maxlen=MAX_PENDING_LAYOUTS)
+        self.feed = ""  # STEPS or AGGREGATE: the kind of step records read last ("" before any)
+        self.feed_switches = 0
+        self.aggregates_read = 0
+        self.late_outside = 0  # late aggregate entries whose step was not in the window (left it, or never read)
+        self.skipped_overlap = 0  # records of steps the other feed had filled, skipped after a switch
+        self._floor: tuple[int, float] | None = None  # (newest step, its time) at the last switch of feed
+        self.epoch: str | None = None  # the aggregator epoch being shown
+        self._epoch_started_s = float("-inf")
+        self._epoch_newest_s = float("-inf")
+        self._last_aggregate: tuple[int, int] | None = None  # (step, highest dropped count) of the last on-time entry
 
     def tick(self) -> TickStats:
         """One non-blocking poll, folded into the window."""
@@ -109,11 +138,16 @@ class WatchedRun:
             self.last_error = batch.last_error
         refused = taken = 0
         trimmed = bool(getattr(batch, "trimmed", False))
+        if batch.steps:
+            self._switch_feed(STEPS)
         for rec in batch.steps:
             try:
                 check_record(rec)  # before anything: a bad record must not restart the window
                 if not self._current_instance(rec):
                     self.skipped_old_records += 1
+                    continue
+                if self._overlaps(rec.step, rec.time_s):
+                    self.skipped_overlap += 1
                     continue
                 self.samples.check(rec)
                 self._window_for(rec).add(rec)  # changes nothing when it raises
@@ -126,6 +160,10 @@ class WatchedRun:
                 self.last_error = f"step {_short(rec.step)} rank {_short(rec.rank)}: {_why(exc)}"
         self.bad_records += refused
         self.steps_read += taken
+        aggregates = getattr(batch, "aggregates", [])
+        bad_aggregates = self._take_aggregates(aggregates, trimmed)
+        refused += bad_aggregates
+        self.bad_records += bad_aggregates
         for sample in batch.gpu_samples:
             try:
                 self.gpus.add(sample)
@@ -149,8 +187,100 @@ class WatchedRun:
         self.bad_records += bad_layouts
         self.last_tick = TickStats(steps_in=len(batch.steps), gpu_in=len(batch.gpu_samples),
                                    bad=batch.bad_records + refused, more=batch.more,
-                                   ms=(time.perf_counter() - started) * 1e3)
+                                   ms=(time.perf_counter() - started) * 1e3, aggregates_in=len(aggregates))
         return self.last_tick
+
+    # ------------------------------------------------------------------------------ aggregated steps
+    def _take_aggregates(self, aggregates: list[wire.AggregateRecord], trimmed: bool) -> int:
+        """Fold the poll's aggregated steps into the window; returns how many were bad records."""
+        if aggregates:
+            self._switch_feed(AGGREGATE)
+        bad = 0
+        for rec in aggregates:
+            try:
+                check_aggregate(rec)  # before anything: a bad record must not restart the window
+                if not self._current_epoch(rec):
+                    self.skipped_old_records += 1
+                    continue
+                if self._overlaps(rec.step, rec.time_s):
+                    self.skipped_overlap += 1
+                    continue
+                if not self._window_for(rec).add_aggregate(rec):  # changes nothing when it raises
+                    self.late_outside += 1
+                    continue
+                self.world_size = max(self.world_size, int(rec.world_size))
+                self._epoch_newest_s = max(self._epoch_newest_s, float(rec.time_s))
+                if not rec.late:
+                    self._check_aggregate_gap(rec, trimmed)
+                self.aggregates_read += 1
+                self.steps_read += int(rec.ranks_R.size)  # the per-rank records it stands for
+            except Exception as exc:  # any failure of one record is one bad record; the poll goes on
+                bad += 1
+                self.last_error = f"aggregated step {_short(getattr(rec, 'step', '?'))}: {_why(exc)}"
+        return bad
+
+    def _switch_feed(self, feed: str) -> None:
+        """The source now hands over `feed` records: remember the window's newest step (the other feed filled
+        it; the new one's records up to there are skipped) and let the new feed's identity (collector
+        instances per rank, or the aggregator's epoch) be adopted afresh, without a restart."""
+        if self.feed == feed:
+            return
+        if self.feed:
+            self.feed_switches += 1
+            window = self.window
+            newest = window.newest_step if window is not None else None
+            if window is not None and newest is not None:
+                self._floor = (newest, float(window.time_s_C[window.ordered_slots()].max()))
+        self.feed = feed
+        if feed == AGGREGATE:
+            self.epoch, self._epoch_started_s, self._last_aggregate = None, float("-inf"), None
+        else:
+            self.instance_of_rank, self._instance_started_s, self._last_step_of = {}, float("-inf"), {}
+
+    def _overlaps(self, step: int, time_s: float) -> bool:
+        """Whether a record is of a step the other feed filled before the last switch (see the module doc)."""
+        floor = self._floor
+        return floor is not None and int(step) <= floor[0] and float(time_s) <= floor[1] + FLOOR_SLACK_S
+
+    def _current_epoch(self, rec: wire.AggregateRecord) -> bool:
+        """True when rec is of the aggregator epoch being shown (the first one seen is adopted); a newer epoch
+        restarts the window; False for an epoch retired, or older than the one shown."""
+        if rec.instance == self.epoch:
+            return True
+        if rec.instance in self._old_instances:
+            return False
+        if self.epoch is None:
+            self.epoch, self._epoch_started_s = rec.instance, float(rec.time_s)
+            return True
+        if rec.time_s < self._epoch_started_s:  # an older epoch than the one shown
+            self._retire(rec.instance)
+            return False
+        self._retire(self.epoch)
+        for change in self.layouts.changes:  # published by the collectors of the old epoch
+            if change.time_s is not None and change.time_s <= self._epoch_newest_s:
+                self._retire(change.instance)
+                self.layouts.forget(change.instance)
+        self.epoch, self._epoch_started_s = rec.instance, float(rec.time_s)
+        self._epoch_newest_s = float(rec.time_s)
+        self._last_aggregate = None
+        self._start_afresh(rec.time_s)
+        return True
+
+    def _check_aggregate_gap(self, rec: wire.AggregateRecord, trimmed: bool) -> None:
+        """Steps absent between two on-time aggregated steps of one epoch, beyond what the collectors say they
+        dropped (the highest dropped count among the step's ranks)."""
+        dropped = int(rec.dropped_R.max()) if rec.dropped_R.size else 0
+        last = self._last_aggregate
+        if last is not None and rec.step <= last[0]:
+            return
+        self._last_aggregate = (int(rec.step), dropped)
+        if last is None:
+            return
+        missed = rec.step - last[0] - 1 - max(0, dropped - last[1])
+        if missed > 0:
+            self.missed_steps += missed
+            why = "stream trimmed before the dashboard read them" if trimmed else "absent from the stream"
+            self.gap_note = f"missed {self.missed_steps} steps ({why})"
 
     def _take_layouts(self, fresh: list[wire.LayoutRecord]) -> int:
         """Fold the waiting and the newly polled layout changes into the history (after the poll's steps, so
@@ -160,13 +290,14 @@ class WatchedRun:
         self._pending_layouts.clear()
         sizes = self._run_sizes()
         current = set(self.instance_of_rank.values())
+        aggregated = self.feed == AGGREGATE  # an aggregate does not name the collectors: any not retired
         for rec in waiting:
             try:
                 instance = rec.instance
                 if isinstance(instance, str) and instance in self._old_instances:
                     self.skipped_old_records += 1
                     continue
-                if sizes is None or instance and instance not in current:
+                if sizes is None or instance and instance not in current and not aggregated:
                     self._pending_layouts.append(rec)  # its sizes or its collector are not known yet
                     continue
                 change = change_from_record(rec, *sizes)
@@ -213,13 +344,18 @@ class WatchedRun:
         self.layouts.forget(retired)
         self.instance_of_rank[rec.rank] = rec.instance
         self._instance_started_s = rec.time_s
+        self._last_step_of = {}
+        self._start_afresh(rec.time_s)
+
+    def _start_afresh(self, time_s: float) -> None:
+        """A restart (collectors, or the aggregator's epoch) at collector time time_s: a fresh window."""
         self.window = None
         self.samples = SampleRing(self.window_steps)
         self.timings = TimingRing(self.window_steps)
         self.world_size = 1
-        self._last_step_of = {}
+        self._floor = None
         self.restarts += 1
-        self.restarted_at_s = rec.time_s
+        self.restarted_at_s = time_s
         self._restart_seen_s = time.time()
 
     def _retire(self, instance: str) -> None:
@@ -247,11 +383,13 @@ class WatchedRun:
             why = "stream trimmed before the dashboard read them" if trimmed else "absent from the stream"
             self.gap_note = f"missed {self.missed_steps} steps ({why})"
 
-    def _window_for(self, rec: wire.StepRecord) -> StepWindow:
+    def _window_for(self, rec: wire.StepRecord | wire.AggregateRecord) -> StepWindow:
         if self.window is None:
             meta = self.source.meta()
             num_layers, num_experts = rec.counts_LE.shape
-            stale_meta = meta is not None and meta.instance and rec.instance and meta.instance != rec.instance
+            # a per-rank record of another collector than the metadata's: the metadata may be the old one's
+            stale_meta = isinstance(rec, wire.StepRecord) and meta is not None and meta.instance and rec.instance \
+                and meta.instance != rec.instance
             if meta is not None and not stale_meta and \
                     (len(meta.layer_names), meta.num_experts) != (num_layers, num_experts):
                 raise ValueError(f"counts are [{num_layers}, {num_experts}] but the run metadata says "

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import wire
+from dashboard.analytics.balance import balancedness, busiest_per_layer
 from dashboard.live.layout_changes import LayoutChange
 from planner.loads import gpu_weights, weighted_loads
 
@@ -32,6 +33,8 @@ PENDING_GRACE_S = 5.0  # a step still missing ranks is left out of views until i
 MAX_CAPACITY = 65536  # steps a window may hold
 MAX_WINDOW_BYTES = 2 << 30  # int32 counts of the ring (twice that once promoted to int64)
 _INT32_MAX = int(np.iinfo(np.int32).max)
+MAX_MISSING_LISTED = 32  # ranks named by missing_ranks()
+MAX_AGGREGATE_CELL = (1 << 47) - 1  # an aggregated count: int32 counts of at most wire.MAX_WORLD ranks summed
 
 
 def bounded_int(value, name: str, lo: int, hi: int) -> int:
@@ -51,7 +54,8 @@ class WindowView:
 
     slots_T: ring rows; step_T, time_s_T, tokens_T, ranks_T, phase_T (str); loads_TLG float32 GPU loads,
     each step's under the layout in force at that step; counts_sum_LE int64 tokens per expert summed over
-    these steps."""
+    these steps; steps_T int64 the steps each row holds (1 for a step; a rollup bucket's steps, see
+    dashboard.live.buckets)."""
 
     slots_T: np.ndarray
     step_T: np.ndarray
@@ -61,16 +65,72 @@ class WindowView:
     phase_T: np.ndarray
     loads_TLG: np.ndarray
     counts_sum_LE: np.ndarray
+    steps_T: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
+        """Rows in the view (steps; rollup buckets in a bucket window)."""
         return int(self.slots_T.size)
 
 
+@dataclass(frozen=True)
+class RowStats:
+    """What every tick derives from each row's GPU loads [L, G], kept per row with the loads: eta_TL float64
+    balancedness per layer (NaN for an idle layer); max_TG float32 each GPU's load in its busiest layer;
+    layer_sum_TG float64 each GPU's load summed over layers; busiest_TL int64 the GPU each layer waits for and
+    busy_TL bool whether that layer has any load (dashboard.analytics.balance.busiest_per_layer)."""
+
+    eta_TL: np.ndarray
+    max_TG: np.ndarray
+    layer_sum_TG: np.ndarray
+    busiest_TL: np.ndarray
+    busy_TL: np.ndarray
+
+
+@dataclass
+class _RowCache:
+    eta_CL: np.ndarray
+    max_CG: np.ndarray
+    layer_sum_CG: np.ndarray
+    busiest_CL: np.ndarray
+    busy_CL: np.ndarray
+
+    @classmethod
+    def empty(cls, capacity: int, num_layers: int, gpus: int) -> _RowCache:
+        return cls(np.full((capacity, num_layers), np.nan), np.zeros((capacity, gpus), dtype=np.float32),
+                   np.zeros((capacity, gpus)), np.zeros((capacity, num_layers), dtype=np.int64),
+                   np.zeros((capacity, num_layers), dtype=bool))
+
+    def update(self, rows: np.ndarray, loads_TLG: np.ndarray) -> None:
+        self.eta_CL[rows] = balancedness(loads_TLG)
+        self.max_CG[rows] = loads_TLG.max(axis=1)
+        self.layer_sum_CG[rows] = loads_TLG.sum(axis=1, dtype=np.float64)
+        self.busiest_CL[rows], self.busy_CL[rows] = busiest_per_layer(loads_TLG)
+
+    def of(self, rows: np.ndarray) -> RowStats:
+        return RowStats(self.eta_CL[rows], self.max_CG[rows], self.layer_sum_CG[rows], self.busiest_CL[rows],
+                        self.busy_CL[rows])
+
+
+@dataclass(frozen=True)
+class MissingRanks:
+    """Ranks absent from rows of a window whose step is complete by age (older than the grace period):
+    rank_steps: (step, rank) pairs missing in all; steps: rows missing at least one rank; by_rank: (rank,
+    steps it is missing from), the most missing first, at most MAX_MISSING_LISTED ranks."""
+
+    rank_steps: int = 0
+    steps: int = 0
+    by_rank: tuple[tuple[int, int], ...] = ()
+
+
 class StepWindow:
-    """The last `capacity` steps of a run. add() sums the ranks of a step into one row; a step older than
+    """The last `capacity` steps of a run. add() sums the ranks of a step into one row, add_aggregate() adds a
+    step the aggregator summed (the same row, as if its ranks had come one by one); a step older than
     everything in a full ring, a duplicate (step, rank) or a record of another shape is refused with
-    ValueError so the caller can count it as a bad record."""
+    ValueError so the caller can count it as a bad record. resolution_s: 0, rows are single steps (a
+    dashboard.live.buckets.BucketWindow holds rollup buckets instead)."""
+
+    resolution_s = 0
 
     def __init__(self, capacity: int, num_layers: int, num_experts: int):
         if capacity < 1 or num_layers < 1 or num_experts < 1:
@@ -91,6 +151,7 @@ class StepWindow:
         self.world_C = np.ones(capacity, dtype=np.int32)
         self.phase_C = np.zeros(capacity, dtype=np.int8)
         self.row_version_C = np.zeros(capacity, dtype=np.int64)
+        self.steps_C = np.ones(capacity, dtype=np.int64)  # steps a row holds (a rollup bucket's: BucketWindow)
         # per phase code (wire.PHASES order): counts summed over the steps of that phase in the ring, [phases, L, E]
         self.sums_by_phase_LE = np.zeros((len(wire.PHASES), num_layers, num_experts), dtype=np.int64)
         self._ranks_seen: list[set[int]] = [set() for _ in range(capacity)]
@@ -101,6 +162,7 @@ class StepWindow:
         self._version = 0
         self._loads_gpus = 0  # G of the cached loads (0: none yet)
         self._loads_CLG = np.zeros((0, self.num_layers, 0), dtype=np.float32)  # sized at the first loads_CLG()
+        self._rows = _RowCache.empty(0, self.num_layers, 0)  # per-row statistics of the cached loads
         self._loads_version_C = np.full(capacity, -1, dtype=np.int64)  # row version the cached loads are of
         self._loads_key_C = np.zeros(capacity, dtype=np.int64)  # key of the layout they were computed under
         self._weights_by_key: dict[int, np.ndarray] = {}  # layout key -> gpu_weights [L, E, G]
@@ -111,19 +173,54 @@ class StepWindow:
         """Sum one rank's record into the row of its step (a new row for a new step). Everything is checked and
         converted before anything changes: a refused record (ValueError) leaves the window as it was."""
         counts, step, rank, world, tokens, dropped, time_s, code = self._checked(rec)
+        slot = self._slot_for(step, counts, {rank})
+        # nothing below raises: every value was checked and converted above
+        self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
+        self._write(slot, step, counts, {rank}, world, tokens, time_s, code)
+
+    def add_aggregate(self, rec: wire.AggregateRecord) -> bool:
+        """Sum an aggregated step (the ranks the aggregator summed) into the row of its step exactly as those
+        ranks' own records would have been: ranks present, world size, tokens, each rank's dropped count. A new
+        row for a new step; a late entry (rec.late: ranks that arrived after the step was written) adds into
+        its step's row while that row is in the ring, and is not added (returns False: the caller counts it)
+        once the row has left or was never read. Returns True when added. ValueError, with the window left as
+        it was, for a record of another shape, a rank already in the row (a duplicate) or a step older than a
+        full ring."""
+        counts, step, ranks, world, tokens, dropped_R, time_s, code, late = self._checked_aggregate(rec)
+        if late and step not in self._slot_of_step:
+            return False
+        seen = set(ranks.tolist())
+        slot = self._slot_for(step, counts, seen)
+        # nothing below raises: every value was checked and converted above
+        for rank, dropped in zip(ranks[dropped_R > 0].tolist(), dropped_R[dropped_R > 0].tolist()):
+            self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
+        self._write(slot, step, counts, seen, world, tokens, time_s, code)
+        return True
+
+    def _slot_for(self, step: int, counts: np.ndarray, ranks: set[int]) -> int | None:
+        """The row of `step` (None: a new row) once the ranks can go into it: ValueError when one of them is
+        already there or the step is older than a full ring. Widens the ring to int64 when the sum (or a new
+        row's counts) would not fit int32. Changes nothing else."""
         slot = self._slot_of_step.get(step)
+        peak = int(counts.max()) if counts.size else 0
         if slot is not None:
-            if rank in self._ranks_seen[slot]:
-                raise ValueError(f"step {step} rank {rank} arrived twice")
-            if self.counts_CLE.dtype == np.int32 and int(self.counts_CLE[slot].max()) + int(counts.max()) > _INT32_MAX:
-                self.counts_CLE = self.counts_CLE.astype(np.int64)  # exact sums from now on (values unchanged)
+            twice = ranks & self._ranks_seen[slot]
+            if twice:
+                raise ValueError(f"step {step} rank {min(twice)} arrived twice")
+            peak += int(self.counts_CLE[slot].max())
         elif self.size == self.capacity and step < self.step_C[self.head]:
             raise ValueError(f"step {step} is older than the window (oldest kept: {self.step_C[self.head]})")
-        # nothing below raises: every value was checked and converted above
+        if self.counts_CLE.dtype == np.int32 and peak > _INT32_MAX:
+            self.counts_CLE = self.counts_CLE.astype(np.int64)  # exact sums from now on (values unchanged)
+        return slot
+
+    def _write(self, slot: int | None, step: int, counts: np.ndarray, ranks: set[int], world: int, tokens: int,
+               time_s: float, code: int) -> int:
+        """Sum checked values into `slot` (the step's row; None: a new row at the head, the oldest leaving a
+        full ring). Returns the row. Never raises."""
         self._version += 1
-        self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
         if slot is not None:
-            self._ranks_seen[slot].add(rank)
+            self._ranks_seen[slot] |= ranks
             old = int(self.phase_C[slot])
             self.sums_by_phase_LE[old] -= self.counts_CLE[slot]
             self.counts_CLE[slot] += counts
@@ -131,9 +228,9 @@ class StepWindow:
             self.sums_by_phase_LE[self.phase_C[slot]] += self.counts_CLE[slot]
             self.time_s_C[slot] = max(self.time_s_C[slot], time_s)
             self.tokens_C[slot] += tokens
-            self.ranks_C[slot] += 1
+            self.ranks_C[slot] += len(ranks)
             self.row_version_C[slot] = self._version
-            return
+            return slot
         slot = self.head
         if self.size == self.capacity:
             self.sums_by_phase_LE[self.phase_C[slot]] -= self.counts_CLE[slot]
@@ -144,27 +241,41 @@ class StepWindow:
         self.counts_CLE[slot] = counts
         self.sums_by_phase_LE[code] += counts
         self.step_C[slot], self.time_s_C[slot], self.tokens_C[slot] = step, time_s, tokens
-        self.phase_C[slot], self.ranks_C[slot], self.world_C[slot] = code, 1, world
-        self._ranks_seen[slot] = {rank}
+        self.phase_C[slot], self.ranks_C[slot], self.world_C[slot] = code, len(ranks), world
+        self._ranks_seen[slot] = set(ranks)
         self._slot_of_step[step] = slot
         self.row_version_C[slot] = self._version
+        return slot
 
     def _checked(self, rec: wire.StepRecord) -> tuple[np.ndarray, int, int, int, int, int, float, int]:
         """(counts, step, rank, world, tokens, dropped, time_s, phase code) of rec, within the bounds of
         wire/keys.py; ValueError naming what is wrong."""
         step, rank, world, tokens, dropped, time_s, code = check_record(rec)
-        counts = rec.counts_LE
+        counts = self.checked_counts(rec.counts_LE, f"step {rec.step} rank {rec.rank}", _INT32_MAX,
+                                     "(int32, as on the wire)")
+        return counts, step, rank, world, tokens, dropped, time_s, code
+
+    def _checked_aggregate(self, rec: wire.AggregateRecord) -> tuple[np.ndarray, int, np.ndarray, int, int, np.ndarray,
+                                                                    float, int, bool]:
+        """(counts, step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step,
+        within the bounds of wire/keys.py (see check_aggregate); ValueError naming what is wrong."""
+        step, ranks, world, tokens, dropped_R, time_s, code, late = check_aggregate(rec)
+        counts = self.checked_counts(rec.counts_LE, f"aggregated step {step}", MAX_AGGREGATE_CELL,
+                                     "(sums of int32 counts over at most 65,536 ranks)")
+        return counts, step, ranks, world, tokens, dropped_R, time_s, code, late
+
+    def checked_counts(self, counts: object, what: str, highest: int, why: str) -> np.ndarray:
+        """counts as an integer array [L, E] of this window with values in 0..highest; ValueError otherwise."""
         if not isinstance(counts, np.ndarray) or counts.shape != (self.num_layers, self.num_experts):
             shape = counts.shape if isinstance(counts, np.ndarray) else type(counts).__name__
-            raise ValueError(f"step {rec.step} rank {rec.rank}: counts are {shape}, "
-                             f"this run is [{self.num_layers}, {self.num_experts}]")
+            raise ValueError(f"{what}: counts are {shape}, this run is [{self.num_layers}, {self.num_experts}]")
         if counts.dtype.kind not in "iu":
             raise ValueError(f"counts must be integers, got {counts.dtype}")
         if int(counts.min()) < 0:
             raise ValueError("counts contain negative values")
-        if counts.dtype != np.int32 and int(counts.max()) > _INT32_MAX:
-            raise ValueError(f"counts must lie in 0..{_INT32_MAX} (int32, as on the wire)")
-        return counts, step, rank, world, tokens, dropped, time_s, code
+        if counts.dtype != np.int32 and int(counts.max()) > highest:
+            raise ValueError(f"counts must lie in 0..{highest} {why}")
+        return counts
 
     # ------------------------------------------------------------------------------------------ reads
     def ordered_slots(self) -> np.ndarray:
@@ -179,6 +290,7 @@ class StepWindow:
         Recomputed only for rows that changed, or whose layout changed, since the last call."""
         if gpus != self._loads_gpus:
             self._loads_CLG = np.zeros((self.capacity, self.num_layers, gpus), dtype=np.float32)
+            self._rows = _RowCache.empty(self.capacity, self.num_layers, gpus)
             self._loads_version_C[:] = -1
             self._weights_by_key = {}
             self._loads_gpus = gpus
@@ -202,6 +314,7 @@ class StepWindow:
                 if weights_LEG is None:
                     weights_LEG = self._weights_by_key[key] = gpu_weights(maps[key], self.num_experts, gpus)
                 self._loads_CLG[these] = weighted_loads(self.counts_CLE[these], weights_LEG)
+            self._rows.update(stale, self._loads_CLG[stale])
             self._loads_version_C[stale] = self.row_version_C[stale]
             self._loads_key_C[stale] = stale_key
         for key in self._weights_by_key.keys() - maps.keys():  # layouts no longer in use
@@ -210,6 +323,11 @@ class StepWindow:
             self._weights_by_key[base_key] = gpu_weights(physical_to_logical_map, self.num_experts, gpus)
         self._weights_LEG = self._weights_by_key[base_key]
         return self._loads_CLG
+
+    def row_stats(self, slots: np.ndarray) -> RowStats:
+        """Per-row statistics of the GPU loads of the given rows, as of the last loads_CLG() / view() (kept with
+        the loads, recomputed only for the rows whose loads were): see RowStats."""
+        return self._rows.of(np.asarray(slots, dtype=np.int64))
 
     def pending(self, slots: np.ndarray, now_s: float | None = None, grace_s: float = PENDING_GRACE_S) -> np.ndarray:
         """bool [len(slots)]: rows still missing ranks (fewer than the world size) and younger than grace_s,
@@ -240,8 +358,29 @@ class StepWindow:
             slots_T=slots, step_T=self.step_C[slots], time_s_T=self.time_s_C[slots],
             tokens_T=self.tokens_C[slots], ranks_T=self.ranks_C[slots],
             phase_T=np.asarray(wire.PHASES, dtype=object)[self.phase_C[slots]],
-            loads_TLG=loads_CLG[slots], counts_sum_LE=counts_sum_LE,
+            loads_TLG=loads_CLG[slots], counts_sum_LE=counts_sum_LE, steps_T=self.steps_C[slots],
         )
+
+    def missing_ranks(self, slots: np.ndarray) -> MissingRanks:
+        """Which ranks the given rows lack (rows with fewer ranks than their world size; a view leaves out rows
+        still within the grace period, so these are ranks that never came: the aggregator gave up on them, or
+        their records were lost)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        short = slots[self.ranks_C[slots] < self.world_C[slots]]
+        if short.size == 0:
+            return MissingRanks()
+        per_rank: dict[int, int] = {}
+        total = 0
+        for slot in short.tolist():
+            world = int(self.world_C[slot])
+            absent = np.ones(world, dtype=bool)
+            absent[[rank for rank in self._ranks_seen[slot] if rank < world]] = False
+            ranks = np.flatnonzero(absent)
+            total += int(ranks.size)
+            for rank in ranks[:MAX_MISSING_LISTED].tolist():
+                per_rank[rank] = per_rank.get(rank, 0) + 1
+        listed = sorted(per_rank.items(), key=lambda item: (-item[1], item[0]))[:MAX_MISSING_LISTED]
+        return MissingRanks(rank_steps=total, steps=int(short.size), by_rank=tuple(listed))
 
     @property
     def newest_step(self) -> int | None:
@@ -274,15 +413,61 @@ def check_record(rec: wire.StepRecord) -> tuple[int, int, int, int, int, float, 
         raise ValueError(f"rank {rank} is not below world size {world}")
     tokens = bounded_int(rec.tokens, "tokens", 0, wire.MAX_TOKENS)
     dropped = bounded_int(rec.dropped_steps, "dropped steps", 0, wire.MAX_STEP)
+    time_s, code = _checked_time(rec.time_s), _checked_phase(rec.phase)
+    _checked_instance(rec.instance, "collector")
+    return step, rank, world, tokens, dropped, time_s, code
+
+
+def check_aggregate(rec: wire.AggregateRecord) -> tuple[int, np.ndarray, int, int, np.ndarray, float, int, bool]:
+    """(step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step: ranks_R int64
+    [R] ascending, distinct, below the world size, R >= 1; tokens the sum of tokens_R [R] (each below
+    wire.MAX_TOKENS); dropped_R int64 [R] (each below wire.MAX_STEP); the instance (the aggregator's epoch)
+    short text. ValueError naming what is wrong. (Records from wire.decode_aggregate always pass.)"""
+    step = bounded_int(rec.step, "step", 0, wire.MAX_STEP)
+    world = bounded_int(rec.world_size, "world size", 1, wire.MAX_WORLD + 1)
+    ranks = _int_vector(rec.ranks_R, "ranks")
+    if ranks.size == 0 or int(ranks.min()) < 0 or int(ranks.max()) >= world or bool(np.any(np.diff(ranks) <= 0)):
+        raise ValueError(f"ranks must be one or more distinct ranks 0..{world - 1}, ascending")
+    tokens_R, dropped_R = _int_vector(rec.tokens_R, "tokens"), _int_vector(rec.dropped_R, "dropped steps")
+    if tokens_R.shape != ranks.shape or dropped_R.shape != ranks.shape:
+        raise ValueError(f"tokens and dropped steps must have one value per rank ({ranks.size})")
+    if int(tokens_R.min()) < 0 or int(tokens_R.max()) >= wire.MAX_TOKENS:
+        raise ValueError(f"a rank's tokens are outside 0..{wire.MAX_TOKENS - 1}")
+    if int(dropped_R.min()) < 0 or int(dropped_R.max()) >= wire.MAX_STEP:
+        raise ValueError(f"a rank's dropped steps are outside 0..{wire.MAX_STEP - 1}")
+    time_s, code = _checked_time(rec.time_s), _checked_phase(rec.phase)
+    _checked_instance(rec.instance, "aggregator")
+    if not isinstance(rec.late, (bool, np.bool_)):
+        raise ValueError(f"late must be a bool, got {type(rec.late).__name__}")
+    return step, ranks, world, int(tokens_R.sum()), dropped_R, time_s, code, bool(rec.late)
+
+
+def _int_vector(values: object, name: str) -> np.ndarray:
+    """values as int64 [N] (an integer numpy array of one dimension); ValueError otherwise."""
+    if not isinstance(values, np.ndarray) or values.ndim != 1 or values.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be a 1-D integer array")
+    if values.dtype.kind == "u" and values.size and int(values.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} are out of range")
+    return values.astype(np.int64, copy=False)
+
+
+def _checked_time(value: object) -> float:
     try:
-        time_s = float(rec.time_s)
+        time_s = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"time must be a number, got {type(rec.time_s).__name__}") from None
+        raise ValueError(f"time must be a number, got {type(value).__name__}") from None
     if not (math.isfinite(time_s) and abs(time_s) < wire.MAX_TIME_S):
         raise ValueError(f"time {time_s} is not a finite time below {wire.MAX_TIME_S:g} s")
-    code = PHASE_CODE.get(rec.phase) if isinstance(rec.phase, str) else None
+    return time_s
+
+
+def _checked_phase(phase: object) -> int:
+    code = PHASE_CODE.get(phase) if isinstance(phase, str) else None
     if code is None:
-        raise ValueError(f"unknown phase {str(rec.phase)[:40]!r}")
-    if not isinstance(rec.instance, str) or len(rec.instance) > wire.MAX_NAME_CHARS:
-        raise ValueError(f"collector instance id must be text of at most {wire.MAX_NAME_CHARS} characters")
-    return step, rank, world, tokens, dropped, time_s, code
+        raise ValueError(f"unknown phase {str(phase)[:40]!r}")
+    return code
+
+
+def _checked_instance(instance: object, whose: str) -> None:
+    if not isinstance(instance, str) or len(instance) > wire.MAX_NAME_CHARS:
+        raise ValueError(f"{whose} instance id must be text of at most {wire.MAX_NAME_CHARS} characters")

@@ -17,8 +17,11 @@ if TYPE_CHECKING:  # the traces package is imported by sources that implement Se
 @dataclass
 class Batch:
     """What one poll brought: new step records (one per step and rank), NVML samples, layout changes
-    (wire.LayoutRecord: decoded, not yet checked against the run's E: the reader does that) and layer timings
-    (wire.TimingRecord, one per step and rank of an engine that times its MoE layers), oldest first.
+    (wire.LayoutRecord: decoded, not yet checked against the run's E: the reader does that), layer timings
+    (wire.TimingRecord, one per step and rank of an engine that times its MoE layers) and aggregated steps
+    (wire.AggregateRecord, one per step with its ranks summed by the aggregator, plus one per late entry),
+    oldest first. A live source hands over either per-rank steps or aggregates for the run's steps (the
+    aggregate when the aggregator runs), not both for the same step.
 
     bad_records: entries skipped because they did not decode; last_error: why the last one was skipped;
     more: the max_entries cap was hit, so more entries are waiting for the next poll; trimmed: the stream
@@ -28,6 +31,7 @@ class Batch:
     gpu_samples: list[wire.GpuSample] = field(default_factory=list)
     layouts: list[wire.LayoutRecord] = field(default_factory=list)
     timings: list[wire.TimingRecord] = field(default_factory=list)
+    aggregates: list[wire.AggregateRecord] = field(default_factory=list)
     bad_records: int = 0
     last_error: str = ""
     more: bool = False
@@ -58,8 +62,8 @@ class Source(Protocol):
     """A run's records, read incrementally."""
 
     def poll(self, max_entries: int) -> Batch:
-        """Records that arrived since the last poll (steps, NVML samples, layout changes, layer timings), at most max_entries
-        step entries. Never blocks for new data; returns an empty Batch when there is none or the source is
+        """Records that arrived since the last poll (steps or aggregated steps, NVML samples, layout changes, layer
+        timings), at most max_entries step (or aggregate) entries. Never blocks for new data; returns an empty Batch when there is none or the source is
         unreachable."""
         ...
 
@@ -86,7 +90,7 @@ class Seekable(Protocol):
     def seek(self, first_step: int, last_step: int) -> Batch:
         """Every record of the steps first_step..last_step (inclusive, all ranks), plus the layout records in
         force over that range (the one in force at first_step first), oldest first. NVML samples of that
-        time span ride along when the source has them. Raises ValueError when first_step > last_step."""
+        time span and the layer timings of those steps ride along when the source has them. Raises ValueError when first_step > last_step."""
         ...
 
 

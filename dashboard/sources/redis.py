@@ -9,6 +9,17 @@ trimmed before they were read: the batch says so (Batch.trimmed). Every command 
 by wire.connect() with explicit timeouts, so an unreachable Redis costs one timeout, not a hang; any
 Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raised.
 
+The same code reads a single Redis or a Redis Cluster (wire.connect decides; a redis.cluster.RedisCluster
+passed directly works too): a run's keys share one slot (wire.run_key's hash tag), so its streams are read
+from the shard that holds them, and the poll's pipeline (the run's keys and moe:runs) is split per node by
+redis-py. A poll that meets a failover (the master of the run's slot killed, its replica not promoted yet)
+fails like one against an unreachable Redis: nothing of it is handed over and the next poll reads it again.
+
+Aggregated steps: while an aggregator sums the run's ranks (collectors.aggregate; its lease exists and its
+stream moe:<run>:agg has entries, or no per-rank step is left), the steps come from its stream instead, one
+entry per step (dashboard/sources/aggregate.py, Batch.aggregates); the choice is made again every few seconds,
+so readers go back to summing the ranks themselves when the aggregator stops.
+
 Layout changes (moe:<run>:layouts) are read forwards from the start of their stream, at most LAYOUT_PAGE
 entries a poll, after the last id seen, in the same round trip as the GPU samples.
 
@@ -32,12 +43,16 @@ from dataclasses import dataclass
 from typing import cast
 
 import redis
+from redis.exceptions import RedisClusterException
 
 import wire
+from dashboard.sources.aggregate import AggregateReader
 from dashboard.sources.base import Batch, Health
 
-REDIS_ERRORS = (redis.RedisError, OSError)
-UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError)
+# RedisClusterException is not a RedisError: a RedisCluster used directly raises it when no node answers (a
+# wire.connect client raises ConnectionError instead)
+REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
+UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, RedisClusterException)
 META_REFRESH_S = 5.0
 GPU_BACKLOG = 600
 TIMING_PAGE = 4096  # timing entries a poll (58 layers: ~1.1 kB an entry)
@@ -71,7 +86,7 @@ class RunListing:
     skipped: int
 
 
-def read_runs(client: redis.Redis) -> RunListing:
+def read_runs(client: wire.Client) -> RunListing:
     """The runs indexed in the moe:runs sorted set (the collectors ZADD every run there at every write), newest
     first, at most MAX_RUNS of the newest RUNS_READ entries. One ZREVRANGE, never a SCAN of the keyspace.
     Entries with an invalid or non-UTF-8 name or a non-finite time are skipped and counted. Raises the
@@ -197,7 +212,7 @@ def _entry_bytes(fields: dict) -> int:
 class RedisSource:
     """Source over moe:<run>:{steps,gpu,layouts,timings,meta,health} (keys and records: wire/)."""
 
-    def __init__(self, client: redis.Redis, url: str, run: str, window_steps: int):
+    def __init__(self, client: wire.Client, url: str, run: str, window_steps: int):
         self.client, self.where, self.run = client, wire.redact(url), wire.check_run_name(run)
         if window_steps < 1:
             raise ValueError(f"window_steps must be at least 1, got {window_steps}")
@@ -216,6 +231,7 @@ class RedisSource:
         self._bad_health: set[bytes] = set()  # digests of the bad health fields of the last poll
         self._health_fields = 0  # HLEN of the health hash at the last poll
         self._health = Health(reachable=False, where=self.where, error="not polled yet")
+        self._aggregate = AggregateReader(client, self.run, self.window_steps)  # the aggregator's steps, when in use
 
     def poll(self, max_entries: int) -> Batch:
         batch = Batch()
@@ -224,7 +240,9 @@ class RedisSource:
         try:
             if self._last_step_id is None and self._meta is None and not self._backlog:
                 self._read_meta(self.client.getrange(wire.meta_key(self.run), 0, wire.MAX_META_BYTES), batch)
-            if self._last_step_id is None:
+            if self._aggregate.read(batch, max_entries):  # the aggregator sums the ranks: no per-rank steps
+                step_entries, self._last_step_id, self._backlog, self._backlog_bytes = [], b"", [], 0
+            elif not self._last_step_id:  # None, or b"" back from the aggregate: the newest window first
                 step_entries = self._read_backlog(batch)
             else:
                 step_entries = self._read_forward(self._last_step_id, max_entries, batch)
@@ -261,6 +279,9 @@ class RedisSource:
             self._health = Health(reachable=False, where=self.where, answered=answered,
                                   error=f"{type(exc).__name__}: {exc}")
             return batch
+        except Exception:  # not a Redis failure (a bug): still nothing of this poll is lost to the next one
+            self._last_step_id, self._backlog, self._backlog_bytes = cursor
+            raise
         gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
@@ -284,7 +305,8 @@ class RedisSource:
             reachable=True, where=self.where, latency_ms=(time.perf_counter() - started) * 1e3,
             last_seen_s=_time_or_none(last_seen),
             collectors=reports,
-            note="" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
+            note="reading the aggregate backlog" if self._aggregate.reading_backlog else
+            "" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
         )
         return batch
 

@@ -14,9 +14,11 @@ Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines igno
     {"kind": "layout", ...} the fields of wire.encode_layout_record(rec) ("map_b64": little-endian int32 [L, P])
     {"kind": "timing", ...} the fields of wire.encode_timing(rec) ("<phase>_b64": little-endian float32 [L])
 
-Layer timings reach the pages from JSON-lines traces only: the columnar containers keep the recorder's
-"timing" lines in their side file, but traces/ does not read them back (traces/side.py), so a .parquet or
-.arrows replay, and any seek() (read through traces.open_trace), has no timings.
+Layer timings (wire.TimingRecord, every rank) reach the pages from every container: poll() hands out those
+of a JSON-lines trace as its "timing" lines come, and those of a .parquet trace (its <stem>.timings.parquet
+sidecar) or an .arrows recording (the "timing" lines of its side file) with the chunk of steps they belong
+to; seek(first, last) puts the timings of those steps into Batch.timings (traces.TraceReader.read_timings).
+A timings table or line that does not read is a bad record of the batch; the steps replay without it.
 
 The collectors write it (collectors.sinks.TraceFileSink while collecting, collectors.record_trace() from a
 run in Redis). Lines are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
@@ -187,6 +189,7 @@ class TraceSource:
             self._finished = True
             return
         batch.steps, batch.layouts, batch.gpu_samples, batch.more = chunk.steps, chunk.layouts, chunk.gpu_samples, chunk.more
+        batch.timings = chunk.timings
         if reader is not before:
             self._bad_reported = 0  # a reopened file: what it finds is reported afresh
         batch.bad_records = max(0, reader.bad_records - self._bad_reported)  # each bad row or line once
@@ -222,15 +225,17 @@ class TraceSource:
         return reader.timeline()
 
     def seek(self, first_step: int, last_step: int) -> Batch:
-        """Every record of steps first_step..last_step (inclusive; every rank), the layout records in force over
-        them (the one in force at first_step, then those taking force up to last_step) and the NVML samples of
-        their time span. The forward replay (poll) is not moved. Problems are reported in the batch
-        (bad_records, last_error), never raised."""
+        """Every record of steps first_step..last_step (inclusive; every rank), their layer timings (every rank,
+        (step, rank) order; none when the trace has none), the layout records in force over them (the one in
+        force at first_step, then those taking force up to last_step) and the NVML samples of their time span.
+        The forward replay (poll) is not moved. Problems are reported in the batch (bad_records, last_error),
+        never raised."""
         batch = Batch()
         try:
             reader = self._seekable_reader()
             bad_before = reader.bad_records
             batch.steps = reader.read_steps(first_step, last_step)
+            batch.timings = reader.read_timings(first_step, last_step)
             batch.layouts = reader.layouts_in_force(first_step, last_step)
             if batch.steps:
                 batch.gpu_samples = reader.gpu_samples(batch.steps[0].time_s, batch.steps[-1].time_s)

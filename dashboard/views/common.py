@@ -1,5 +1,9 @@
 """What every live page does first on each tick: poll the source, show the states a user can meet
-(no Redis, no run, stopped run, bad records, no steps in this phase), resolve the layout, analyse."""
+(no Redis, no run, stopped run, bad records, no steps in this phase), resolve the layout, analyse.
+
+At a rollup resolution (Settings.rolled_up) the live run is polled as usual and the pages that can draw buckets
+analyse the RollupRun riding on it; pages that need single steps (Time, What-if) ask for full resolution. Each
+page's caption says which resolution it shows."""
 from __future__ import annotations
 
 import time
@@ -8,6 +12,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from dashboard.live.layout import ResolvedLayout, resolve_layout
+from dashboard.live.rollups import RollupRun, full_resolution_line
 from dashboard.live.snapshot import Snapshot, analyse
 from dashboard.live.watched import WatchedRun
 from dashboard.sources.base import is_seekable
@@ -15,6 +20,7 @@ from dashboard.views import timeline
 from dashboard.views.session import (
     STALE_AFTER_S,
     Settings,
+    rollup_run_for,
     runs_at,
     safe_text,
     settings,
@@ -27,12 +33,15 @@ from dashboard.views.session import (
 @dataclass
 class PageData:
     """A tick's inputs for a page. layout and snapshot are None only for poll_and_analyse(require_steps=False)
-    when no step passes the filter yet."""
+    when no step passes the filter yet. watched: the live run (or its paused copy, or a recording's range), or
+    the RollupRun at a rollup resolution; resolution: the line saying which ("full resolution: last 600
+    steps", "1-minute rollups: last 6 h, 360 buckets of 7,200 steps")."""
 
     settings: Settings
     watched: WatchedRun
     layout: ResolvedLayout | None
     snapshot: Snapshot | None
+    resolution: str = ""
 
 
 def ago(time_s: float | None) -> str:
@@ -53,9 +62,10 @@ def no_redis_message(cfg: Settings, error: str) -> None:
              "the Redis URL in the sidebar.")
 
 
-def poll_and_analyse(require_steps: bool = True) -> PageData | None:
+def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) -> PageData | None:
     """Poll once and analyse; None (after showing why) when there is nothing to draw. With
-    require_steps=False a reachable source without steps still gives a PageData (snapshot None)."""
+    require_steps=False a reachable source without steps still gives a PageData (snapshot None). A page that
+    needs single steps passes full_resolution=True: it gets the live run whatever resolution the sidebar chose."""
     cfg = settings()
     if cfg.source == "redis":
         skipped = skipped_runs(cfg.redis_url)
@@ -75,15 +85,23 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
                 "(MOE_TRACE_DIR, else ./recordings).")
         return None
     watched = watched_run_for(cfg)
+    resolution = full_resolution_line(watched, cfg.window_steps)
     if is_seekable(watched.source) and timeline.seekable_now(cfg, watched.source):  # the range is the window
         shown = timeline.replay_controls(cfg, watched.source)
         if shown is None:
             return None
         watched = shown
+        resolution = f"full resolution: {watched.window.size if watched.window else 0:,} steps of the recording"
     else:
         watched.tick()
-        if cfg.source == "redis":  # live: keep polling, show the frozen window while paused
+        rolled = None if full_resolution else rollup_run_for(cfg, watched)
+        if rolled is not None:  # hours of history: the buckets, beside the live run that keeps polling
+            rolled.tick()
+            watched, resolution = rolled, rolled.resolution_line()
+        elif cfg.source == "redis":  # live: keep polling, show the frozen window while paused
             watched = timeline.live_controls(cfg, watched)
+            if cfg.rolled_up:
+                resolution += " (this page reads single steps; the rollups show on Overview, Devices, Experts, GPU panel)"
     health = watched.source.health()
     if not health.reachable:
         if cfg.source == "redis" and health.answered:
@@ -99,8 +117,12 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
     _status_banners(cfg, watched)
     window = watched.window
     if window is None:
-        st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
-        return None if require_steps else PageData(cfg, watched, None, None)
+        if isinstance(watched, RollupRun):
+            st.info(f"Run `{cfg.run}` has no {resolution.split(':')[0]} bucket in its stream yet "
+                    f"({watched.read_error or 'the aggregator writes a bucket once it closes'}).")
+        else:
+            st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
+        return None if require_steps else PageData(cfg, watched, None, None, resolution)
     try:
         layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
                                 gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
@@ -108,19 +130,21 @@ def poll_and_analyse(require_steps: bool = True) -> PageData | None:
                                 changes=watched.layouts.changes, at_step=window.newest_step)
     except ValueError as exc:
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
-        return None if require_steps else PageData(cfg, watched, None, None)
-    snap = analyse(window, layout, cfg.phase, cfg.layer, cfg.summed)
+        return None if require_steps else PageData(cfg, watched, None, None, resolution)
+    phase = "both" if window.resolution_s else cfg.phase  # a bucket sums the steps of every phase
+    snap = analyse(window, layout, phase, cfg.layer, cfg.summed)
     if snap is None:
         st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
-        return None if require_steps else PageData(cfg, watched, layout, None)
-    return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap)
+        return None if require_steps else PageData(cfg, watched, layout, None, resolution)
+    return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap, resolution=resolution)
 
 
 def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
     health = watched.source.health()
     if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
+        rows = "buckets" if watched.window is not None and watched.window.resolution_s else "steps"
         st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
-                   f"{watched.window.size if watched.window else 0} steps.")
+                   f"{watched.window.size if watched.window else 0} {rows}.")
     if watched.restart_note:
         st.info(f"**{watched.restart_note[0].upper()}{watched.restart_note[1:]}** under the same run name: "
                 f"its step ids start again, so the window starts afresh"
@@ -131,6 +155,8 @@ def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
     if watched.bad_records:
         latest = safe_text(watched.last_error, cfg.redis_url) if cfg.source == "redis" else watched.last_error
         st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {latest}")
+    if isinstance(watched, RollupRun) and watched.read_error:
+        st.warning(f"The rollup stream could not be read: {safe_text(watched.read_error, cfg.redis_url)}")
 
 
 def poll_and_caption(require_steps: bool = True) -> PageData | None:
@@ -143,11 +169,33 @@ def poll_and_caption(require_steps: bool = True) -> PageData | None:
 
 
 def caption(data: PageData) -> None:
-    """One line under each page title: source, phase, layout and the even-split rule."""
+    """One line under each page title: source, resolution, phase, layout and the even-split rule; a warning
+    under it when steps in view lack ranks (which ranks, how many rank-steps)."""
     cfg, snap = data.settings, data.snapshot
     what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
     restart = f" · {data.watched.restart_note}" if data.watched.restart_note else ""
-    st.caption(f"{what}{restart} · phase: {cfg.phase} · {snap.view.num_steps} steps in window · GPU load of "
+    resolution = f" · {data.resolution}" if data.resolution else ""
+    if snap.resolution_s:
+        rows = f"phase: both (a bucket sums every phase) · {snap.view.num_steps} buckets in window"
+    else:
+        rows = f"phase: {cfg.phase} · {snap.view.num_steps} steps in window"
+    st.caption(f"{what}{restart}{resolution} · {rows} · GPU load of "
                f"{snap.load_label} · layout: {data.layout.origin}, {data.layout.gpus} GPUs on "
                f"{data.layout.nodes} node(s), {data.layout.slots_per_gpu} slots/GPU · replicas share an "
                "expert's tokens evenly")
+    missing_line(data)
+
+
+def missing_line(data: PageData) -> None:
+    """A warning naming the ranks absent from complete steps in view (the aggregator gave up on them, or their
+    records never arrived), and the rank-steps missing in a rollup window."""
+    snap, watched = data.snapshot, data.watched
+    if snap.missing.rank_steps:
+        ranks = ", ".join(f"{rank} ({steps} step{'' if steps == 1 else 's'})" for rank, steps in snap.missing.by_rank)
+        who = ("the aggregator wrote them without those ranks" if watched.feed == "aggregate"
+               else "those ranks' records never arrived")
+        st.warning(f"**{snap.missing.steps} step(s) still missing ranks**: {snap.missing.rank_steps:,} rank-step(s) "
+                   f"missing in the window ({who}); ranks: {ranks}. Their loads count only the ranks present.")
+    if snap.per_step is not None and snap.per_step.missing_rank_steps:
+        st.warning(f"**{snap.per_step.missing_rank_steps:,} rank-step(s) missing** from the buckets in view: the "
+                   f"aggregator wrote those steps without some ranks ({snap.per_step.late_rank_steps:,} folded in late).")

@@ -35,7 +35,7 @@ def render(current: PageData, layer: int, top_n: int) -> None:
     layer = min(max(layer, 0), window.num_layers - 1)
     st.plotly_chart(expert_figures.layer_expert_heatmap(counts_LE), key="experts_layer_expert")
     counts_TE = window.layer_counts(snap.view.slots_T, layer)
-    st.plotly_chart(expert_figures.expert_time_heatmap(snap.view.step_T, counts_TE, layer, snap.step_marks()),
+    st.plotly_chart(expert_figures.expert_time_heatmap(snap.x_T, counts_TE, layer, snap.axis_marks(), snap.x_title),
                     key="experts_time")
     left, right = st.columns(2)
     with left:

@@ -65,7 +65,7 @@ def render(current: PageData, gpu: int) -> None:
     if snap is None:
         return
     load_T = snap.loads_TG[:, gpu]
-    st.metric(f"{snap.gpu_name(gpu)} expert load, latest step", f"{float(load_T[snap.latest]):,.0f} tokens",
+    st.metric(f"{snap.gpu_name(gpu)} expert load, latest {snap.row_name}", f"{float(load_T[snap.latest]):,.0f} tokens",
               help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
     title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}"
                                                       if rows and paired else "")

@@ -2,8 +2,9 @@
 
 The Redis client is made once per URL (st.cache_resource) with explicit timeouts; the WatchedRun (source +
 window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
-This module owns the session-state entries the live pages share ("settings", "watched_run"); widgets keep
-their own keys, and the What-if page keeps its edit state in dashboard.views.whatif.controls.
+At a rollup resolution (hours of history) a RollupRun rides on that WatchedRun, also kept in the session.
+This module owns the session-state entries the live pages share ("settings", "watched_run", "rollup_run");
+widgets keep their own keys, and the What-if page keeps its edit state in dashboard.views.whatif.controls.
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from urllib.parse import urlsplit
 import streamlit as st
 
 import wire
+from dashboard.live.rollups import RollupRun
 from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import REDIS_ERRORS, RedisSource, RunListing, read_runs
+from dashboard.sources.rollups import RollupSource, available_resolutions
 from dashboard.sources.trace import TraceSource
 
 REDIS_TIMEOUT_S = 0.5
@@ -30,7 +33,9 @@ REFRESH_S = 1.0
 class Settings:
     """What the sidebar chose. source: 'redis' or 'trace'; layer: one layer's load, or None for all layers:
     summed over layers when summed, else the per-layer view (each GPU's busiest layer); gpus /
-    gpus_per_node None = from the run; uploaded_layout: physical_to_logical_map rows from a layout JSON."""
+    gpus_per_node None = from the run; uploaded_layout: physical_to_logical_map rows from a layout JSON.
+    resolution_s: 0 = full resolution (the last window_steps steps), else the rollup buckets' seconds (1 or 60)
+    over the newest span_s seconds (a live Redis run whose aggregator writes rollups)."""
 
     source: str = "redis"
     redis_url: str = DEFAULT_REDIS_URL
@@ -43,10 +48,17 @@ class Settings:
     gpus: int | None = None
     gpus_per_node: int | None = None
     uploaded_layout: tuple | None = None
+    resolution_s: int = 0
+    span_s: int = 0
 
     def monitor_key(self) -> tuple:
         where = (self.redis_url, self.run) if self.source == "redis" else (self.trace_path,)
         return (self.source, *where, self.window_steps)
+
+    @property
+    def rolled_up(self) -> bool:
+        """Whether the pages show rollup buckets (a live Redis run at a rollup resolution)."""
+        return self.source == "redis" and self.resolution_s > 0 and self.span_s >= self.resolution_s
 
 
 def env_redis_url() -> str:
@@ -163,3 +175,28 @@ def watched_run_for(cfg: Settings) -> WatchedRun | None:
     watched = WatchedRun(source, cfg.window_steps)
     st.session_state["watched_run"] = (key, watched)
     return watched
+
+
+def rollup_resolutions(url: str, run: str | None) -> tuple[int, ...]:
+    """The rollup resolutions (seconds) the run has in the Redis at url; () when none, or Redis did not answer."""
+    if not run:
+        return ()
+    try:
+        return available_resolutions(redis_client(url), run)
+    except (ValueError, *REDIS_ERRORS):
+        return ()
+
+
+def rollup_run_for(cfg: Settings, live: WatchedRun) -> RollupRun | None:
+    """The session's RollupRun for these settings, riding on `live` (a new one when the run, the live run, the
+    resolution or the span changed); None at full resolution."""
+    if not cfg.rolled_up or cfg.run is None:
+        return None
+    key = (cfg.monitor_key(), cfg.resolution_s, cfg.span_s, id(live))
+    held = st.session_state.get("rollup_run")
+    if held is not None and held[0] == key:
+        return held[1]
+    source = RollupSource(redis_client(cfg.redis_url), cfg.run, cfg.resolution_s, cfg.span_s)
+    rolled = RollupRun(live, source)
+    st.session_state["rollup_run"] = (key, rolled)
+    return rolled

@@ -1,4 +1,5 @@
-"""The sidebar: source (live Redis or trace file), run, phase filter, window size, layer choice and the
+"""The sidebar: source (live Redis or trace file), run, phase filter, window size, resolution (full, or the
+aggregator's 1 s / 60 s rollups for hours of history, when the run has them), layer choice and the
 layout override / upload. Returns a Settings and keeps it in the session (dashboard.views.session owns the
 session state); pages read it with session.settings().
 
@@ -23,6 +24,7 @@ from dashboard.views.session import (
     Settings,
     env_redis_url,
     keep_settings,
+    rollup_resolutions,
     runs_at,
     samples_root,
     shown_url,
@@ -36,7 +38,7 @@ TRACE_SUFFIXES = (".jsonl", ".trace", ".json", ".parquet", ".arrows")  # what th
 UPLOAD_CAP_MIB = 256          # largest trace upload (st.file_uploader's max_upload_size; server.maxUploadSize too)
 MAX_LISTED = 500              # newest trace files offered in the picker
 _TRACE_KINDS = ("meta", "step", "gpu")
-SIDECAR_SUFFIXES = (".side.jsonl", ".gpu.parquet")  # parts of an .arrows / .parquet trace, not traces
+SIDECAR_SUFFIXES = (".side.jsonl", ".gpu.parquet", ".timings.parquet")  # parts of an .arrows / .parquet trace, not traces
 NO_SAMPLE = "(none)"
 _SAVED = "sidebar_saved_uploads"  # session entry: upload file id -> the name it was saved under
 
@@ -61,6 +63,7 @@ def sidebar() -> Settings:
     phase = sb.radio("Phase", ("both", "prefill", "decode"), horizontal=True, key="phase")
     window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
                                        key="window_steps"))
+    resolution_s, span_s = _resolution_controls(sb, redis_url, run) if source == "Live Redis" else (0, 0)
     layer_names = [PER_LAYER, ALL_LAYERS] + [f"layer {i}" for i in range(watched_layers())]
     layer_choice = sb.selectbox("GPU load of", layer_names, key="layer_choice",
                                 help="A layer finishes when its own busiest GPU finishes: the per-layer view "
@@ -71,9 +74,40 @@ def sidebar() -> Settings:
     cfg = Settings(source="redis" if source == "Live Redis" else "trace", redis_url=redis_url, run=run,
                    trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer,
                    summed=layer_choice == ALL_LAYERS, gpus=gpus,
-                   gpus_per_node=per_node, uploaded_layout=uploaded)
+                   gpus_per_node=per_node, uploaded_layout=uploaded, resolution_s=resolution_s, span_s=span_s)
     keep_settings(cfg)
     return cfg
+
+
+FULL = "steps (full resolution)"
+RESOLUTIONS = {FULL: 0, "1-second rollups": 1, "1-minute rollups": 60}
+SPAN_MINUTES = (1, 30, 10)  # 1-second rollups: min, max, default minutes (one row per second)
+SPAN_HOURS = (1, 24, 6)     # 1-minute rollups: min, max, default hours (one row per minute)
+
+
+def _resolution_controls(sb, redis_url: str, run: str | None) -> tuple[int, int]:
+    """(rollup resolution in s, span in s): (0, 0) at full resolution. Offered only when the run has rollups (the
+    aggregator writes them); the span is minutes of 1-second buckets or hours of 1-minute buckets."""
+    have = rollup_resolutions(redis_url, run)
+    if not have:
+        return 0, 0
+    names = [FULL, *(name for name, res in RESOLUTIONS.items() if res in have)]
+    if st.session_state.get("resolution") not in (None, *names):
+        del st.session_state["resolution"]  # that resolution is gone (another run)
+    choice = sb.radio("Resolution", names, key="resolution",
+                      help="Full resolution: every step of the window. Rollups (written by the aggregator): "
+                           "hours of history, one row per second or minute, each the sum of its steps, with "
+                           "the per-step statistics the sum hides beside it.")
+    resolution_s = RESOLUTIONS.get(choice or FULL, 0)
+    if resolution_s == 1:
+        low, high, default = SPAN_MINUTES
+        return 1, 60 * int(sb.number_input("Rollup window (minutes)", min_value=low, max_value=high,
+                                           value=default, step=1, key="span_minutes"))
+    if resolution_s == 60:
+        low, high, default = SPAN_HOURS
+        return 60, 3600 * int(sb.number_input("Rollup window (hours)", min_value=low, max_value=high,
+                                              value=default, step=1, key="span_hours"))
+    return 0, 0
 
 
 def _redis_url_field(sb) -> str:

@@ -26,7 +26,7 @@ def page() -> None:
 
 @st.fragment(run_every=REFRESH_S)
 def live() -> None:
-    current = poll_and_analyse()
+    current = poll_and_analyse(full_resolution=True)  # layer timings are per step
     if current is not None:
         render(current)
     timeline.keep_playing()

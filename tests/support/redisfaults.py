@@ -9,8 +9,6 @@ import signal
 import subprocess
 from pathlib import Path
 
-import redis
-
 import wire
 from demo.localredis import free_port, wait_for_port
 
@@ -70,7 +68,7 @@ class FaultyRedis:
         with open(f"/proc/{self.proc.pid}/stat", encoding="ascii") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
 
-    def client(self, url: str | None = None) -> redis.Redis:
+    def client(self, url: str | None = None) -> wire.AutoClient:
         return wire.connect(url or self.url, timeout_s=2.0)
 
     def stop(self) -> None:

@@ -40,7 +40,7 @@ MOVES_LABEL = "moves (expert copies onto GPUs)"  # what planner.repair.experts_c
 
 def page() -> None:
     st.title("What-if: plan, edit and export a layout")
-    current = poll_and_analyse()
+    current = poll_and_analyse(full_resolution=True)  # plans and scores single steps
     if current is None:
         return
     caption(current)
