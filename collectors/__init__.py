@@ -16,11 +16,31 @@ Modules: discovery (find the MoE layers), hooks (per-family hooks), counter (on-
 (ExpertLoadMonitor), hf (attach), options (MonitorOptions), publisher (the background thread), outbox (what waits for each sink), sinks
 (Redis, trace file), nvml (GPU sampler), trace (record_trace), dist (rank and world size).
 """
-from .discovery import MoELayer, find_moe_layers
-from .hf import AttachedMonitor, attach
-from .monitor import ExpertLoadMonitor
-from .options import MonitorOptions
-from .trace import record_trace
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .discovery import MoELayer, find_moe_layers
+    from .hf import AttachedMonitor, attach
+    from .monitor import ExpertLoadMonitor
+    from .options import MonitorOptions
+    from .trace import record_trace
+
+# Imported on first use: the aggregator (collectors.aggregate), the vLLM plugin's entry point and the SGLang
+# bridge run without loading torch and transformers until a model-side name is asked for.
+_LAZY = {"MoELayer": ".discovery", "find_moe_layers": ".discovery", "AttachedMonitor": ".hf", "attach": ".hf",
+         "ExpertLoadMonitor": ".monitor", "MonitorOptions": ".options", "record_trace": ".trace"}
 
 __all__ = ["attach", "AttachedMonitor", "ExpertLoadMonitor", "find_moe_layers", "MoELayer", "MonitorOptions",
            "record_trace"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -98,7 +98,7 @@ class ExpertLoadMonitor:
         if redis_url is not None:  # made first: a bad URL raises before a trace file is opened
             maxlen = wire.maxlen_for_budget(opts.memory_budget_bytes, self.num_layers, self.num_experts,
                                             self.num_layers * opts.sample_tokens * self.top_k * 2)
-            sinks.append(RedisSink(redis_url, self.meta, maxlen, opts.redis_timeout_s))
+            sinks.append(RedisSink(redis_url, self.meta, maxlen, opts.redis_timeout_s, opts.memory_budget_bytes))
         if opts.trace_path is not None:  # written first: a trace failure reaches the Redis health at once
             try:
                 sinks.insert(0, TraceFileSink(opts.trace_path, self.meta, opts.trace_max_bytes))

@@ -65,6 +65,9 @@ class RedisSink:
     XADD landed are reported as landed (PartialWrite), so a retry does not write them twice. A write that
     times out may still be executed by a Redis that was only stalled: the stream then holds that step twice
     (readers skip a repeated (instance, rank, step); a layout sent twice is the same change twice).
+    Step records are compact (version 2; compact=False writes version 1). With memory_budget_bytes the steps
+    stream's MAXLEN follows the entries' real size (a running mean), never below the maxlen given (sized for
+    int32 counts): compact records make it about ten times longer for the same memory.
 
     The URL may name a single Redis or any node of a Redis Cluster (wire.connect decides at the first write
     that reaches it). In a cluster the run's keys share one slot (wire.run_key's hash tag) and moe:runs has its
@@ -78,8 +81,12 @@ class RedisSink:
     name = "redis"
     keeps_health = True
 
-    def __init__(self, url: str, meta: wire.RunMeta, maxlen: int, timeout_s: float):
+    def __init__(self, url: str, meta: wire.RunMeta, maxlen: int, timeout_s: float,
+                 memory_budget_bytes: int | None = None, compact: bool = True):
         self._run, self._maxlen = meta.run, maxlen
+        self._min_maxlen, self._budget = maxlen, memory_budget_bytes
+        self._entry_bytes = 0.0  # running mean of the step entries' bytes (0: none written yet)
+        self._compact = compact  # version 2 step records (wire/compact.py); False: version 1, raw int32
         self._client = wire.connect(url, timeout_s=timeout_s, retries=0)
         self._meta_json = wire.encode_meta(meta)
         self._needs_meta = True
@@ -104,7 +111,9 @@ class RedisSink:
             for fields in layout_fields:
                 pipe.xadd(wire.layouts_key(run), fields, maxlen=LAYOUTS_MAXLEN, approximate=True)
             for rec in records:
-                pipe.xadd(wire.steps_key(run), _fields(wire.encode_step(rec)), maxlen=self._maxlen, approximate=True)
+                fields = _fields(wire.encode_step(rec, compact=self._compact))
+                self._track_entry_bytes(fields)
+                pipe.xadd(wire.steps_key(run), fields, maxlen=self._maxlen, approximate=True)
             for sample in samples:
                 pipe.xadd(wire.gpu_key(run), _fields(wire.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
             for timing in timings:  # a step's layer timings, same batch, same MAXLEN as the steps
@@ -146,10 +155,20 @@ class RedisSink:
             raise PartialWrite(message, landed, not any(isinstance(r, Exception) for r in sample_replies),
                                layouts_landed, timings_landed)
 
+    def _track_entry_bytes(self, fields: Mapping[FieldT, EncodableT]) -> None:
+        """With a memory budget: MAXLEN follows the entries' real size (compact records take a tenth of the
+        int32 bound the initial maxlen was sized for), never below that initial maxlen."""
+        if self._budget is None:
+            return
+        size = 200 + sum(len(v) for v in fields.values() if isinstance(v, (bytes, str)))
+        self._entry_bytes = size if not self._entry_bytes else 0.99 * self._entry_bytes + 0.01 * size
+        self._maxlen = max(self._min_maxlen, min(MAX_STEPS_MAXLEN, int(self._budget // self._entry_bytes)))
+
     def close(self) -> None:
         self._client.close()
 
 
+MAX_STEPS_MAXLEN = 10_000_000  # a budget over tiny entries still bounds the stream's length
 LAYOUTS_MAXLEN = 1000  # layout changes kept per run (EPLB rebalances every few minutes: days of history)
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # a reply from a node lost
 

@@ -366,7 +366,7 @@ class Bridge:
         sample_bytes = len(meta.layer_names) * meta.sample_tokens_per_layer * max(meta.top_k, 1) * 2
         maxlen = wire.maxlen_for_budget(self.opts.memory_budget_bytes, len(meta.layer_names), meta.num_experts,
                                         sample_bytes)
-        self.sink = RedisSink(self.opts.redis_url, meta, maxlen, self.opts.redis_timeout_s)
+        self.sink = RedisSink(self.opts.redis_url, meta, maxlen, self.opts.redis_timeout_s, self.opts.memory_budget_bytes)
 
     # ------------------------------------------------------------------ publishing
     def _publish(self, job: _Job) -> bool:

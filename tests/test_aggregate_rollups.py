@@ -1,0 +1,173 @@
+"""The aggregator's 1 s and 60 s rollups against a real redis-server: each bucket sums exactly the aggregated steps
+whose time falls in it, with per-step balancedness under the layout in force at each step; explicit ids make a
+bucket written once (a successor rebuilds the open minute from the aggregate stream); retention trims."""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+import redis
+
+import wire
+from collectors.aggregate import AggregateOptions, Aggregator
+from planner.loads import balancedness_or_nan, gpu_loads
+
+L, E, GPUS, WORLD = 4, 16, 4, 4
+META_MAP = [[*range(E), 0, 1, 2, 3]] * L  # 20 slots on 4 GPUs: experts 0-3 replicated
+CHANGED_MAP = [[*range(E - 1, -1, -1), 15, 14, 13, 12]] * L
+CHANGE_STEP = 12
+
+
+def options(**change) -> AggregateOptions:
+    base = dict(deadline_s=0.2, lease_s=0.6, block_ms=20, log_every_s=60.0, rollup_grace_s=0.3)
+    base.update(change)
+    return AggregateOptions(**base)
+
+
+def write_meta_and_change(client, run: str) -> None:
+    meta = wire.RunMeta(run=run, model_name="tiny", layer_names=[f"l{i}" for i in range(L)], num_experts=E, top_k=2,
+                        hidden_size=0, moe_intermediate_size=0, dtype_bytes=2, world_size=WORLD,
+                        layout=wire.Layout(gpus=GPUS, nodes=1, physical_to_logical_map=META_MAP))
+    client.set(wire.meta_key(run), wire.encode_meta(meta))
+    change = wire.LayoutRecord(run=run, step=CHANGE_STEP, time_s=time.time(),
+                               physical_to_logical_LP=np.array(CHANGED_MAP), gpus=GPUS, instance="c")
+    client.xadd(wire.layouts_key(run), wire.encode_layout_record(change))
+
+
+def publish_steps(client, run: str, times: list[float], skip: tuple[int, int] | None = None) -> None:
+    """Step s at times[s] from every rank (one layer idle on every fifth step; (step, rank) `skip` left out)."""
+    pipe = client.pipeline(transaction=False)
+    for step, t in enumerate(times):
+        for rank in range(WORLD):
+            if (step, rank) == skip:
+                continue
+            counts = np.random.default_rng(step * 10 + rank).integers(0, 60, (L, E))
+            if step % 5 == 0:
+                counts[1] = 0
+            rec = wire.StepRecord(run=run, rank=rank, world_size=WORLD, step=step, time_s=t, phase="decode",
+                                  tokens=8, counts_LE=counts.astype(np.int32), instance="c")
+            pipe.xadd(wire.steps_key(run), wire.encode_step(rec))
+    pipe.execute()
+
+
+def run_until(aggregators, until, timeout_s: float = 10.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for agg in aggregators:
+            agg.step()
+        if until():
+            return True
+        time.sleep(0.005)
+    return bool(until())
+
+
+def rollups(client, run: str, resolution_s: int) -> list[tuple[bytes, wire.RollupRecord]]:
+    return [(i, wire.decode_rollup(f)) for i, f in client.xrange(wire.rollup_key(run, resolution_s))]
+
+
+def steps_of(client, run: str) -> list[wire.AggregateRecord]:
+    return [wire.decode_aggregate(f) for _, f in client.xrange(wire.aggregate_key(run))]
+
+
+def minutes_ago(n: int) -> float:
+    return math.floor(time.time() / 60) * 60 - 60.0 * n
+
+
+def test_rollups_hold_exactly_the_steps_of_their_bucket_under_the_layout_in_force(redis_url):
+    client = wire.connect(redis_url)
+    write_meta_and_change(client, "roll")
+    base = minutes_ago(2)
+    times = [base + 0.3 * s for s in range(24)]  # 6.9 s: seconds base .. base + 6
+    publish_steps(client, "roll", times, skip=(7, 2))
+    agg = Aggregator(redis_url, "roll", options(), log=lambda _: None)
+    assert run_until([agg], lambda: len(rollups(client, "roll", 60)) == 1)
+    steps = steps_of(client, "roll")
+    assert len(steps) == 24 and not any(s.late for s in steps)
+    seconds = rollups(client, "roll", 1)
+    assert [r.start_s for _, r in seconds] == [int(base) + k for k in range(7)]
+    for entry_id, bucket in seconds:
+        assert entry_id == f"{bucket.start_s * 1000}-0".encode()
+        mine = [s for s in steps if bucket.start_s <= s.time_s < bucket.start_s + 1]
+        assert bucket.steps == len(mine) and (bucket.counts_LE == sum(s.counts_LE for s in mine)).all()
+        loads = np.stack([gpu_loads(s.counts_LE, np.array(CHANGED_MAP if s.step >= CHANGE_STEP else META_MAP), GPUS)
+                          for s in mine])
+        eta = balancedness_or_nan(loads)
+        assert (bucket.eta_hist_B == wire.eta_histogram(eta)).all()
+        if any(s.step >= CHANGE_STEP for s in mine):  # the change matters: the metadata's layout reads otherwise
+            before = balancedness_or_nan(np.stack([gpu_loads(s.counts_LE, np.array(META_MAP), GPUS) for s in mine]))
+            assert not np.allclose(np.nan_to_num(before), np.nan_to_num(eta))
+        assert bucket.eta_hist_B.sum() == np.count_nonzero(loads.max(-1) > 0)  # steps x layers with traffic
+        for q in (0.5, 0.99):
+            direct = float(np.quantile(eta[np.isfinite(eta)], q, method="inverted_cdf"))
+            assert bucket.eta_quantile(q) - 1 / wire.ETA_BINS < direct <= bucket.eta_quantile(q) + 1e-9
+        assert bucket.max_load_sum == pytest.approx(loads.max(-1).mean(-1).sum())
+        assert bucket.mean_load_sum == pytest.approx(loads.mean(-1).mean(-1).sum())
+        assert bucket.max_load_peak == pytest.approx(loads.max()) and bucket.gpus == GPUS
+        assert bucket.missing_rank_steps == sum(s.missing_ranks.size for s in mine)
+        assert bucket.tokens == sum(s.tokens for s in mine)
+    (_, minute), = rollups(client, "roll", 60)
+    assert minute.steps == 24 and minute.missing_rank_steps == 1
+    assert (minute.counts_LE == sum(s.counts_LE for s in steps)).all()
+    assert minute.eta_hist_B.sum() == 24 * L - 5  # five steps with one idle layer
+    agg.close()
+
+
+def test_a_late_rank_counts_in_its_seconds_bucket(redis_url):
+    client = wire.connect(redis_url)
+    base = minutes_ago(2)
+    publish_steps(client, "lateroll", [base + 0.5], skip=(0, 3))
+    agg = Aggregator(redis_url, "lateroll", options(rollup_grace_s=1.5), log=lambda _: None)
+    assert run_until([agg], lambda: agg.counters.steps_written == 1)
+    rank3 = wire.StepRecord(run="lateroll", rank=3, world_size=WORLD, step=0, time_s=base + 0.6, phase="decode",
+                            tokens=8, counts_LE=np.ones((L, E), dtype=np.int32), instance="c")
+    client.xadd(wire.steps_key("lateroll"), wire.encode_step(rank3))
+    assert run_until([agg], lambda: len(rollups(client, "lateroll", 60)) == 1)
+    (_, second), = rollups(client, "lateroll", 1)
+    assert second.steps == 1 and second.missing_rank_steps == 1 and second.late_rank_steps == 1
+    assert (second.counts_LE == sum(s.counts_LE for s in steps_of(client, "lateroll"))).all()
+    agg.close()
+
+
+def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis_url):
+    client = wire.connect(redis_url)
+    base = minutes_ago(3)
+    times = [base + 5 + 0.5 * s for s in range(80)]  # 40 s of steps
+    publish_steps(client, "once", times)
+    first = Aggregator(redis_url, "once", options(rollup_grace_s=30.0), log=lambda _: None)
+    assert run_until([first], lambda: first.counters.steps_written == 80)
+    written_first = rollups(client, "once", 1)  # the seconds 30 s behind the newest step closed, by data time
+    assert 5 <= len(written_first) < 40 and rollups(client, "once", 60) == []
+    top = written_first[-1][0]
+    with pytest.raises(redis.ResponseError, match="equal or smaller"):
+        client.xadd(wire.rollup_key("once", 1), {"v": 1}, id=top)  # Redis refuses a bucket written before
+    first.abandon()
+    lines: list[str] = []
+    second = Aggregator(redis_url, "once", options(), log=lines.append)
+    assert run_until([second], lambda: len(rollups(client, "once", 60)) == 1, timeout_s=15)
+    assert any("80 aggregates replayed" in line for line in lines)
+    seconds = rollups(client, "once", 1)
+    starts = [r.start_s for _, r in seconds]
+    assert starts == sorted(set(starts)) and len(starts) == 40
+    assert [i for i, _ in seconds[:len(written_first)]] == [i for i, _ in written_first]  # kept, not written again
+    assert sum(r.steps for _, r in seconds) == 80
+    (_, minute), = rollups(client, "once", 60)
+    assert minute.steps == 80 and (minute.counts_LE == sum(s.counts_LE for s in steps_of(client, "once"))).all()
+    assert int(client.hget(wire.aggregator_key("once") + ":state", "buckets_1s")) == 40
+    second.close()
+
+
+def test_retention_trims_old_buckets(redis_url):
+    client = wire.connect(redis_url)
+    base = minutes_ago(5)
+    times = [base + 10.0 * s for s in range(24)]  # 4 minutes of sparse steps
+    publish_steps(client, "keep", times)
+    agg = Aggregator(redis_url, "keep", options(retention_1s_s=25, retention_60s_s=60), log=lambda _: None)
+    assert run_until([agg], lambda: agg.rollups.counters.buckets_60s == 4)
+    seconds = [r.start_s for _, r in rollups(client, "keep", 1)]
+    minutes = [r.start_s for _, r in rollups(client, "keep", 60)]
+    newest = int(times[-1])
+    assert seconds == [newest - 20, newest - 10, newest]  # 24 written, those older than 25 s trimmed
+    assert minutes == [int(base) + 120, int(base) + 180]
+    agg.close()
