@@ -1,4 +1,4 @@
-"""The aggregator through a real Redis Cluster (tests/support/rediscluster.py: 3 masters on loopback): two runs on
+"""The aggregator through a real Redis Cluster (demo/localcluster.py: 3 masters on loopback): two runs on
 different shards, each aggregated exactly, a holder killed and its standby taking over; the lease scripts, the
 WATCH + MULTI/EXEC commits and XAUTOCLAIM all run on one run's hash slot."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from redis.cluster import key_slot
 
 import wire
 from collectors.aggregate import AggregateOptions, Aggregator
-from tests.support.rediscluster import LocalCluster
+from demo.localcluster import LocalCluster
 
 pytestmark = pytest.mark.slow
 L, E, WORLD = 3, 8, 4

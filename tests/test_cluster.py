@@ -1,4 +1,4 @@
-"""One URL for a single Redis or a Redis Cluster, against a real cluster (tests/support/rediscluster.py: 3 masters
+"""One URL for a single Redis or a Redis Cluster, against a real cluster (demo/localcluster.py: 3 masters
 + 3 replicas of redis-server on loopback, with a password) and the session's single redis-server: wire.connect
 tells them apart; a collector publishes through the cluster and the dashboard reads every step exactly; two runs
 land on different shards; a master SIGKILLed mid-run fails over to its replica while the collector and the
@@ -18,7 +18,7 @@ import wire
 from collectors import ExpertLoadMonitor, attach
 from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import RedisSource, read_runs
-from tests.support.rediscluster import LocalCluster
+from demo.localcluster import LocalCluster
 from tests.support.tiny_models import build
 from tests.support.waiting import wait_until
 

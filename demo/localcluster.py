@@ -1,4 +1,4 @@
-"""A private Redis Cluster on loopback for tests: redis-server children started with --cluster-enabled yes on
+"""A private Redis Cluster on loopback for tests and benchmarks: redis-server children started with --cluster-enabled yes on
 free ports (the cluster bus on a free port of its own, --cluster-port), joined by `redis-cli --cluster create`,
 then SIGKILL of the master that owns a key's slot and the wait for its replica's promotion. Never a shared
 Redis: every process is a child of this object, every port one it picked; stop() kills only those."""
