@@ -6,8 +6,8 @@ Each process hosts one node's ranks (8 by default) and runs ONE forward per step
 forward over 256 sequences costs about what one over 32 does on a CPU: the experts loop dominates); forward
 pre-hooks on the experts modules take the ids each MoE layer dispatched, int64 [tokens, 8], and hand each rank its
 own rows to its own ExpertLoadMonitor (rank r of W, the real counter, publisher and RedisSink). Step ids match
-across ranks (step k is every rank's k-th step); the processes are not in lockstep, as the aggregator expects
-of real ranks (a rank behind is waited for until the aggregator's deadline).
+across ranks (step k is every rank's k-th step), and the processes step in lockstep (a barrier before every
+step), as expert-parallel ranks do: the all-to-all of each MoE layer makes every rank wait for the slowest.
 
 Traffic: demo.traffic's drifting, correlated prompts (the skew comes out of the model's own routing), each node
 with its own topics, every node on one drift clock (wall time since the fleet started); a round is one prefill
@@ -37,8 +37,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop) -> None:
-    """One process: the model, one monitor per hosted rank, rounds of prefill + decode until stop is set."""
+def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop, barrier) -> None:
+    """One process: the model, one monitor per hosted rank, rounds of prefill + decode until stop is set;
+    every step waits at `barrier` for the other processes' (a broken barrier ends the process)."""
+    import threading
+
     import torch
 
     from collectors import ExpertLoadMonitor
@@ -69,6 +72,7 @@ def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop)
     generator = torch.Generator().manual_seed(ranks[0])
 
     def step(input_ids, cache, phase: str):
+        barrier.wait()  # lockstep with the other nodes (BrokenBarrierError once one stopped: main aborts it)
         out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
         rows_per_rank = input_ids.numel() // len(ranks)
         for layer, ids in enumerate(captured):  # ids: int64 [ranks x seqs x tokens, k], rank-major rows
@@ -94,7 +98,10 @@ def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop)
                         break
                     token, cache = step(token, cache, "decode")
                     steps += 1
+    except threading.BrokenBarrierError:
+        pass  # another node stopped
     finally:
+        barrier.abort()
         for monitor in monitors:
             monitor.close()
         stats = monitors[0].stats()
@@ -114,7 +121,8 @@ def main(argv=None) -> int:
     start_s = time.time()
     groups = [list(range(first, min(first + args.ranks_per_process, args.ranks)))
               for first in range(0, args.ranks, args.ranks_per_process)]
-    nodes = [ctx.Process(target=serve_node, args=(args, ranks, start_s, stop), name=f"fleet-node-{i}")
+    barrier = ctx.Barrier(len(groups))
+    nodes = [ctx.Process(target=serve_node, args=(args, ranks, start_s, stop, barrier), name=f"fleet-node-{i}")
              for i, ranks in enumerate(groups)]
     for node in nodes:
         node.start()
@@ -127,6 +135,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         pass
     stop.set()
+    barrier.abort()
     for node in nodes:
         node.join(30)
         if node.is_alive():
