@@ -64,7 +64,7 @@ lint: venv
 
 bench: venv
 	bash scripts/system-deps.sh
-	@for b in collector dashboard planner traces ep; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	@for b in collector dashboard planner traces ep wire aggregate_tick scale; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache
