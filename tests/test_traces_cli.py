@@ -142,3 +142,40 @@ def test_shipped_samples_open_and_replay(redis_server, redis_url, name):
     done = cli("replay", "--trace", SAMPLES / name, "--redis", redis_url, "--run", "sample-replay", "--speed", 1000)
     assert done.returncode == 0, done.stderr
     assert redis_server.client().xlen(wire.steps_key("sample-replay")) == len(reader.read_steps(0, 1 << 40))
+
+
+def test_record_of_an_aggregated_run_writes_one_row_per_step_with_late_ranks_folded_in(redis_server, redis_url,
+                                                                                        tmp_path):
+    client = redis_server.client()
+    totals = synthfill.fill(client, "aggd", steps=30, world_size=2)
+    by_step: dict[int, list[wire.StepRecord]] = {}
+    for _, fields in client.xrange(wire.steps_key("aggd")):
+        rec = wire.decode_step(fields)
+        by_step.setdefault(rec.step, []).append(rec)
+
+    def aggregate(recs: list[wire.StepRecord], late: bool = False) -> wire.AggregateRecord:
+        recs = sorted(recs, key=lambda r: r.rank)
+        return wire.AggregateRecord(
+            run="aggd", step=recs[0].step, time_s=max(r.time_s for r in recs), phase=recs[0].phase, world_size=2,
+            counts_LE=sum(r.counts_LE.astype(np.int64) for r in recs), ranks_R=np.array([r.rank for r in recs]),
+            tokens_R=np.array([r.tokens for r in recs]), dropped_R=np.array([r.dropped_steps for r in recs]),
+            instance="epoch-1", late=late)
+
+    for step in sorted(by_step):
+        if step == 5:  # rank 1 of step 5 came after the aggregator's deadline: a late entry folds it in
+            client.xadd(wire.aggregate_key("aggd"), wire.encode_aggregate(aggregate([r for r in by_step[5]
+                                                                                     if r.rank == 0])))
+            client.xadd(wire.aggregate_key("aggd"), wire.encode_aggregate(aggregate([r for r in by_step[5]
+                                                                                     if r.rank == 1], late=True)))
+        else:
+            client.xadd(wire.aggregate_key("aggd"), wire.encode_aggregate(aggregate(by_step[step])))
+    client.set(wire.aggregator_key("aggd"), "an-aggregator", px=120_000)  # it holds the run: readers take its stream
+    out = tmp_path / "agg.parquet"
+    done = cli("record", "--redis", redis_url, "--run", "aggd", "--out", out, "--steps", 30)
+    assert done.returncode == 0, done.stderr
+    reader = traces.open_trace(out)
+    rows = reader.read_steps(0, 10**6)
+    assert [r.step for r in rows] == list(range(30)) and {r.rank for r in rows} == {0}  # one row per step
+    for row in rows:
+        np.testing.assert_array_equal(row.counts_LE, totals[row.step])
+    assert not np.isnan(reader.timeline().balancedness_T).any()

@@ -120,7 +120,7 @@ def _record(args) -> int:
     pending: list[wire.StepRecord] = []
     steps_seen: set[int] = set()
     idle_since = time.monotonic()
-    bad = 0
+    bad = skipped_late = 0
     try:
         while not stop.stop and time.monotonic() < deadline:
             batch = source.poll(2000)
@@ -134,7 +134,9 @@ def _record(args) -> int:
             if writer is None:
                 writer = open_writer(args.out, meta, [])
             writer.add_layouts([rec for rec in batch.layouts if _fits(rec, meta)])
-            records = pending + batch.steps
+            merged, late = _merge_aggregates(pending, batch.aggregates, steps_seen)
+            skipped_late += late
+            records = merged + batch.steps
             if args.steps:
                 allowed = set(sorted(steps_seen | {r.step for r in records})[:args.steps])
                 records = [r for r in records if r.step in allowed]
@@ -159,8 +161,35 @@ def _record(args) -> int:
         client.close()
     if writer is None:
         raise ValueError(f"run {args.run!r}: nothing recorded (no metadata in Redis)")
-    print(f"recorded {len(steps_seen)} steps of run {args.run} into {args.out}" + (f" ({bad} bad records skipped)" if bad else ""))
+    print(f"recorded {len(steps_seen)} steps of run {args.run} into {args.out}" + (f" ({bad} bad records skipped)" if bad else "")
+          + (f" ({skipped_late} late ranks left out: their steps were written before they came)" if skipped_late else ""))
     return 0
+
+
+def _merge_aggregates(pending: list[wire.StepRecord], aggregates: list[wire.AggregateRecord],
+                      written: set[int]) -> tuple[list[wire.StepRecord], int]:
+    """pending rows + a poll's aggregated steps (collectors.aggregate: the ranks already summed) -> trace rows, one
+    per aggregated step (rank 0 of world 1, tokens and dropped steps summed over its ranks, the aggregator's epoch
+    as instance), entries of one step (a late rank folded in) merged into one row; and how many late ranks were
+    left out because their step was written already (or their sum would not fit a row's int32 counts)."""
+    rows = {(r.step, r.rank): r for r in pending}
+    left_out = 0
+    for agg in aggregates:
+        if agg.step in written and (agg.step, 0) not in rows:
+            left_out += int(agg.ranks_R.size)
+            continue
+        before = rows.get((agg.step, 0))
+        counts = agg.counts_LE if before is None else agg.counts_LE + before.counts_LE
+        if counts.max(initial=0) > np.iinfo(np.int32).max:  # a trace row holds int32 counts
+            left_out += int(agg.ranks_R.size)
+            continue
+        rows[(agg.step, 0)] = wire.StepRecord(
+            run=agg.run, rank=0, world_size=1, step=agg.step, time_s=max(agg.time_s, before.time_s if before else 0.0),
+            phase=agg.phase if before is None or before.phase == agg.phase else "mixed",
+            tokens=agg.tokens + (before.tokens if before else 0), counts_LE=counts.astype(np.int32),
+            dropped_steps=int(agg.dropped_R.sum()) + (before.dropped_steps if before else 0),
+            instance=agg.instance, scope=agg.scope)
+    return list(rows.values()), left_out
 
 
 def _fits(rec: wire.LayoutRecord, meta: wire.RunMeta) -> bool:
