@@ -34,6 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prompt-len", type=int, default=24, help="prompt tokens per sequence (prefill step)")
     parser.add_argument("--new-tokens", type=int, default=32, help="decode steps per round")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until stopped)")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     return parser.parse_args(argv)
 
 
@@ -88,13 +89,13 @@ def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop,
     steps, began = 0, time.monotonic()
     try:
         with torch.inference_mode():
-            while not stop.is_set():
+            while not stop.is_set() and not (args.steps and steps >= args.steps):
                 traffic.apply(time.time() - start_s)
                 prompt = torch.cat([traffic.prompts(seqs, args.prompt_len) for _ in ranks])
                 token, cache = step(prompt, None, "prefill")
                 steps += 1
                 for _ in range(args.new_tokens):
-                    if stop.is_set():
+                    if stop.is_set() or args.steps and steps >= args.steps:
                         break
                     token, cache = step(token, cache, "decode")
                     steps += 1

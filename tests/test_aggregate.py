@@ -11,10 +11,11 @@ import pytest
 import redis
 
 import wire
-from collectors.aggregate import AggregateOptions, Aggregator
+from collectors.aggregate import Aggregator
 from collectors.aggregate.__main__ import main
 from collectors.aggregate.options import GROUP
 from collectors.aggregate.progress import state_key
+from tests.support.aggregates import aggregates, drive, options, publish, rank_record
 from tests.support.redisfaults import FaultyRedis
 from tests.support.waiting import wait_until
 
@@ -23,43 +24,23 @@ L, E = 4, 16
 
 def step_record(run: str, step: int, rank: int, world: int = 4, inst: str = "c", counts=None,
                 phase: str = "decode") -> wire.StepRecord:
+    """Rank `rank`'s record of a step, sent now; counts: random L x E counts (seeded by run, step, rank, inst)
+    when None."""
     if counts is None:
         counts = np.random.default_rng(hash((run, step, rank, inst)) % 2**32).integers(0, 300, (L, E))
-    return wire.StepRecord(run=run, rank=rank, world_size=world, step=step, time_s=time.time(), phase=phase,
-                           tokens=16, counts_LE=np.asarray(counts, dtype=np.int32), instance=inst)
-
-
-def publish(client, records) -> None:
-    pipe = client.pipeline(transaction=False)
-    for rec in records:
-        pipe.xadd(wire.steps_key(rec.run), wire.encode_step(rec))
-    pipe.execute()
-
-
-def options(**change) -> AggregateOptions:
-    base = dict(deadline_s=0.3, lease_s=0.6, block_ms=20, log_every_s=0.3, rollup_grace_s=0.3)
-    base.update(change)
-    return AggregateOptions(**base)
+    return rank_record(run, step, rank, counts, world, instance=inst, phase=phase)
 
 
 def aggregator(url: str, run: str, lines: list[str] | None = None, **change) -> Aggregator:
     return Aggregator(url, run, options(**change), log=(lines.append if lines is not None else lambda _: None))
 
 
-def drive(aggregators, until, timeout_s: float = 10.0) -> bool:
-    """Round after round of every aggregator until until() holds."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        for agg in aggregators:
-            agg.step()
-        if until():
-            return True
-        time.sleep(0.005)
-    return bool(until())
-
-
-def aggregates(client, run: str) -> list[wire.AggregateRecord]:
-    return [wire.decode_aggregate(fields) for _, fields in client.xrange(wire.aggregate_key(run))]
+@pytest.fixture
+def server(tmp_path):
+    """A private redis-server that the test may kill and restart (tests.support.redisfaults), stopped after it."""
+    server = FaultyRedis(tmp_path)
+    yield server
+    server.stop()
 
 
 def by_step(records: list[wire.AggregateRecord]) -> dict[tuple[str, int], list[wire.AggregateRecord]]:
@@ -250,38 +231,34 @@ def test_a_holder_that_stalled_past_its_lease_cannot_commit_and_its_entries_are_
     other.close()
 
 
-def test_redis_killed_and_restarted_empty_costs_no_crash_and_loses_nothing_buffered(tmp_path):
-    server = FaultyRedis(tmp_path)
-    try:
-        client = server.client()
-        lines: list[str] = []
-        agg = aggregator(server.url, "faulty", lines, deadline_s=0.6, timeout_s=0.3, block_ms=10)
-        first = [step_record("faulty", s, r) for s in range(3) for r in range(4)]
-        publish(client, first)
-        assert drive([agg], lambda: agg.counters.steps_written == 3)
-        short = [step_record("faulty", 3, r) for r in range(3)]
-        publish(client, short)
-        assert drive([agg], lambda: agg.assembler.pending_steps == 1)
-        server.kill()
-        for _ in range(30):
-            agg.step()  # no exception: counted, reported, backed off
-            time.sleep(0.03)
-        assert agg.redis_errors >= 1 and sum("failed" in line for line in lines) == 1
-        assert agg.assembler.pending_steps == 1  # step 3 waits in memory (its entries were read, not acked)
-        server.start()
-        client = server.client()
-        assert drive([agg], lambda: len(aggregates(client, "faulty")) == 1, timeout_s=15)
-        (kept,) = aggregates(client, "faulty")
-        assert kept.step == 3 and kept.missing_ranks.tolist() == [3]
-        assert any("answers again" in line for line in lines)
-        after = [step_record("faulty", s, r) for s in range(4, 6) for r in range(4)]
-        publish(client, after)
-        assert drive([agg], lambda: agg.counters.steps_written == 6, timeout_s=10)
-        assert agg.holder and client.get(wire.aggregator_key("faulty")) == agg.consumer.encode()
-        check_exact(client, "faulty", short + after)
-        agg.close()
-    finally:
-        server.stop()
+def test_redis_killed_and_restarted_empty_costs_no_crash_and_loses_nothing_buffered(server):
+    client = server.client()
+    lines: list[str] = []
+    agg = aggregator(server.url, "faulty", lines, deadline_s=0.6, timeout_s=0.3, block_ms=10)
+    first = [step_record("faulty", s, r) for s in range(3) for r in range(4)]
+    publish(client, first)
+    assert drive([agg], lambda: agg.counters.steps_written == 3)
+    short = [step_record("faulty", 3, r) for r in range(3)]
+    publish(client, short)
+    assert drive([agg], lambda: agg.assembler.pending_steps == 1)
+    server.kill()
+    for _ in range(30):
+        agg.step()  # no exception: counted, reported, backed off
+        time.sleep(0.03)
+    assert agg.redis_errors >= 1 and sum("failed" in line for line in lines) == 1
+    assert agg.assembler.pending_steps == 1  # step 3 waits in memory (its entries were read, not acked)
+    server.start()
+    client = server.client()
+    assert drive([agg], lambda: len(aggregates(client, "faulty")) == 1, timeout_s=15)
+    (kept,) = aggregates(client, "faulty")
+    assert kept.step == 3 and kept.missing_ranks.tolist() == [3]
+    assert any("answers again" in line for line in lines)
+    after = [step_record("faulty", s, r) for s in range(4, 6) for r in range(4)]
+    publish(client, after)
+    assert drive([agg], lambda: agg.counters.steps_written == 6, timeout_s=10)
+    assert agg.holder and client.get(wire.aggregator_key("faulty")) == agg.consumer.encode()
+    check_exact(client, "faulty", short + after)
+    agg.close()
 
 
 class LostReply(Aggregator):
@@ -319,31 +296,27 @@ def test_a_commit_whose_reply_was_lost_is_not_written_again(redis_url):
     agg.close()
 
 
-def test_writes_refused_by_a_full_redis_cost_one_message_and_lose_nothing(tmp_path):
-    server = FaultyRedis(tmp_path)
-    try:
-        client = server.client()
-        lines: list[str] = []
-        agg = aggregator(server.url, "full", lines)
-        publish(client, [step_record("full", 0, r) for r in range(4)])
-        assert drive([agg], lambda: agg.counters.steps_written == 1)
-        sent = [step_record("full", s, r) for s in range(1, 4) for r in range(4)]
-        publish(client, sent)
-        used = int(client.info("memory")["used_memory"])
-        client.config_set("maxmemory-policy", "noeviction")
-        client.config_set("maxmemory", str(used // 2))  # every write that may grow memory is refused (OOM)
-        for _ in range(20):
-            agg.step()
-            time.sleep(0.02)
-        assert agg.redis_errors >= 1 and sum("failed" in line and "maxmemory" in line for line in lines) == 1, lines
-        assert len(aggregates(client, "full")) == 1 and agg.stats()["buffered"][0] == 3  # refused as a whole
-        client.config_set("maxmemory", "0")
-        assert drive([agg], lambda: len(aggregates(client, "full")) == 4)
-        check_exact(client, "full", [step_record("full", 0, r) for r in range(4)] + sent)
-        assert pending(client, "full") == 0
-        agg.close()
-    finally:
-        server.stop()
+def test_writes_refused_by_a_full_redis_cost_one_message_and_lose_nothing(server):
+    client = server.client()
+    lines: list[str] = []
+    agg = aggregator(server.url, "full", lines)
+    publish(client, [step_record("full", 0, r) for r in range(4)])
+    assert drive([agg], lambda: agg.counters.steps_written == 1)
+    sent = [step_record("full", s, r) for s in range(1, 4) for r in range(4)]
+    publish(client, sent)
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(used // 2))  # every write that may grow memory is refused (OOM)
+    for _ in range(20):
+        agg.step()
+        time.sleep(0.02)
+    assert agg.redis_errors >= 1 and sum("failed" in line and "maxmemory" in line for line in lines) == 1, lines
+    assert len(aggregates(client, "full")) == 1 and agg.stats()["buffered"][0] == 3  # refused as a whole
+    client.config_set("maxmemory", "0")
+    assert drive([agg], lambda: len(aggregates(client, "full")) == 4)
+    check_exact(client, "full", [step_record("full", 0, r) for r in range(4)] + sent)
+    assert pending(client, "full") == 0
+    agg.close()
 
 
 def test_a_collector_restart_starts_a_new_epoch(redis_url):

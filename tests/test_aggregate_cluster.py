@@ -3,15 +3,14 @@ different shards, each aggregated exactly, a holder killed and its standby takin
 WATCH + MULTI/EXEC commits and XAUTOCLAIM all run on one run's hash slot."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from redis.cluster import key_slot
 
 import wire
-from collectors.aggregate import AggregateOptions, Aggregator
+from collectors.aggregate import Aggregator
 from demo.localcluster import LocalCluster
+from tests.support.aggregates import aggregates, drive, options, publish, rank_record
 
 pytestmark = pytest.mark.slow
 L, E, WORLD = 3, 8, 4
@@ -25,20 +24,8 @@ def cluster(tmp_path_factory):
 
 
 def records(run: str, steps: range, skip_rank: int | None = None) -> list[wire.StepRecord]:
-    return [wire.StepRecord(run=run, rank=r, world_size=WORLD, step=s, time_s=time.time(), phase="decode", tokens=4,
-                            counts_LE=np.full((L, E), s + r, dtype=np.int32), instance="c")
+    return [rank_record(run, s, r, np.full((L, E), s + r), WORLD, tokens=4)
             for s in steps for r in range(WORLD) if r != skip_rank]
-
-
-def drive(aggregators, until, timeout_s: float = 15.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        for agg in aggregators:
-            agg.step()
-        if until():
-            return True
-        time.sleep(0.005)
-    return bool(until())
 
 
 def test_runs_on_two_shards_are_aggregated_exactly_and_a_standby_takes_over(cluster):
@@ -47,23 +34,20 @@ def test_runs_on_two_shards_are_aggregated_exactly_and_a_standby_takes_over(clus
     runs.append(next(f"agg-{i}" for i in range(100)
                      if key_slot(wire.steps_key(f"agg-{i}").encode()) // 5462
                      != key_slot(wire.steps_key("agg-a").encode()) // 5462))
-    options = AggregateOptions(deadline_s=5.0, lease_s=0.6, block_ms=20, log_every_s=60.0, rollup_grace_s=0.3)
-    holders = {run: Aggregator(cluster.url, run, options, log=lambda _: None) for run in runs}
-    standby = Aggregator(cluster.url, runs[0], options, log=lambda _: None)
+    slow = options(deadline_s=5.0, log_every_s=60.0)
+    holders = {run: Aggregator(cluster.url, run, slow, log=lambda _: None) for run in runs}
+    standby = Aggregator(cluster.url, runs[0], slow, log=lambda _: None)
     for run in runs:
-        for rec in records(run, range(10)) + records(run, range(10, 14), skip_rank=3):
-            client.xadd(wire.steps_key(run), wire.encode_step(rec))
-    assert drive([*holders.values(), standby], lambda: all(h.counters.steps_written == 10 for h in holders.values()))
+        publish(client, records(run, range(10)) + records(run, range(10, 14), skip_rank=3))
+    assert drive([*holders.values(), standby], lambda: all(h.counters.steps_written == 10 for h in holders.values()),
+                 timeout_s=15.0)
     assert client.cluster is True and not standby.holder
     holders[runs[0]].abandon()  # killed with steps 10-13 pending: the standby claims them
-    for rec in records(runs[0], range(10, 14)):
-        if rec.rank == 3:
-            client.xadd(wire.steps_key(runs[0]), wire.encode_step(rec))
-    assert drive([standby, holders[runs[1]]], lambda: standby.counters.steps_written == 14)
+    publish(client, [rec for rec in records(runs[0], range(10, 14)) if rec.rank == 3])
+    assert drive([standby, holders[runs[1]]], lambda: standby.counters.steps_written == 14, timeout_s=15.0)
     for run, want in ((runs[0], 14), (runs[1], 10)):  # the second run's steps 10-13 wait for rank 3
         steps: dict[int, list[wire.AggregateRecord]] = {}
-        for _, fields in client.xrange(wire.aggregate_key(run)):
-            rec = wire.decode_aggregate(fields)
+        for rec in aggregates(client, run):
             steps.setdefault(rec.step, []).append(rec)
         assert sorted(steps) == list(range(want))
         for step, entries in steps.items():

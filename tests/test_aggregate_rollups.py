@@ -13,6 +13,8 @@ import redis
 import wire
 from collectors.aggregate import AggregateOptions, Aggregator
 from planner.loads import balancedness_or_nan, gpu_loads
+from tests.support import aggregates as support
+from tests.support.aggregates import aggregates, drive, publish, rank_record
 
 L, E, GPUS, WORLD = 4, 16, 4, 4
 META_MAP = [[*range(E), 0, 1, 2, 3]] * L  # 20 slots on 4 GPUs: experts 0-3 replicated
@@ -21,9 +23,7 @@ CHANGE_STEP = 12
 
 
 def options(**change) -> AggregateOptions:
-    base = dict(deadline_s=0.2, lease_s=0.6, block_ms=20, log_every_s=60.0, rollup_grace_s=0.3)
-    base.update(change)
-    return AggregateOptions(**base)
+    return support.options(**{"deadline_s": 0.2, "log_every_s": 60.0, **change})
 
 
 def write_meta_and_change(client, run: str) -> None:
@@ -38,7 +38,7 @@ def write_meta_and_change(client, run: str) -> None:
 
 def publish_steps(client, run: str, times: list[float], skip: tuple[int, int] | None = None) -> None:
     """Step s at times[s] from every rank (one layer idle on every fifth step; (step, rank) `skip` left out)."""
-    pipe = client.pipeline(transaction=False)
+    records = []
     for step, t in enumerate(times):
         for rank in range(WORLD):
             if (step, rank) == skip:
@@ -46,29 +46,12 @@ def publish_steps(client, run: str, times: list[float], skip: tuple[int, int] | 
             counts = np.random.default_rng(step * 10 + rank).integers(0, 60, (L, E))
             if step % 5 == 0:
                 counts[1] = 0
-            rec = wire.StepRecord(run=run, rank=rank, world_size=WORLD, step=step, time_s=t, phase="decode",
-                                  tokens=8, counts_LE=counts.astype(np.int32), instance="c")
-            pipe.xadd(wire.steps_key(run), wire.encode_step(rec))
-    pipe.execute()
-
-
-def run_until(aggregators, until, timeout_s: float = 10.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        for agg in aggregators:
-            agg.step()
-        if until():
-            return True
-        time.sleep(0.005)
-    return bool(until())
+            records.append(rank_record(run, step, rank, counts, WORLD, time_s=t, tokens=8))
+    publish(client, records)
 
 
 def rollups(client, run: str, resolution_s: int) -> list[tuple[bytes, wire.RollupRecord]]:
     return [(i, wire.decode_rollup(f)) for i, f in client.xrange(wire.rollup_key(run, resolution_s))]
-
-
-def steps_of(client, run: str) -> list[wire.AggregateRecord]:
-    return [wire.decode_aggregate(f) for _, f in client.xrange(wire.aggregate_key(run))]
 
 
 def minutes_ago(n: int) -> float:
@@ -82,8 +65,8 @@ def test_rollups_hold_exactly_the_steps_of_their_bucket_under_the_layout_in_forc
     times = [base + 0.3 * s for s in range(24)]  # 6.9 s: seconds base .. base + 6
     publish_steps(client, "roll", times, skip=(7, 2))
     agg = Aggregator(redis_url, "roll", options(), log=lambda _: None)
-    assert run_until([agg], lambda: len(rollups(client, "roll", 60)) == 1)
-    steps = steps_of(client, "roll")
+    assert drive([agg], lambda: len(rollups(client, "roll", 60)) == 1)
+    steps = aggregates(client, "roll")
     assert len(steps) == 24 and not any(s.late for s in steps)
     seconds = rollups(client, "roll", 1)
     assert [r.start_s for _, r in seconds] == [int(base) + k for k in range(7)]
@@ -119,14 +102,12 @@ def test_a_late_rank_counts_in_its_seconds_bucket(redis_url):
     base = minutes_ago(2)
     publish_steps(client, "lateroll", [base + 0.5], skip=(0, 3))
     agg = Aggregator(redis_url, "lateroll", options(rollup_grace_s=1.5), log=lambda _: None)
-    assert run_until([agg], lambda: agg.counters.steps_written == 1)
-    rank3 = wire.StepRecord(run="lateroll", rank=3, world_size=WORLD, step=0, time_s=base + 0.6, phase="decode",
-                            tokens=8, counts_LE=np.ones((L, E), dtype=np.int32), instance="c")
-    client.xadd(wire.steps_key("lateroll"), wire.encode_step(rank3))
-    assert run_until([agg], lambda: len(rollups(client, "lateroll", 60)) == 1)
+    assert drive([agg], lambda: agg.counters.steps_written == 1)
+    publish(client, [rank_record("lateroll", 0, 3, np.ones((L, E)), WORLD, time_s=base + 0.6, tokens=8)])
+    assert drive([agg], lambda: len(rollups(client, "lateroll", 60)) == 1)
     (_, second), = rollups(client, "lateroll", 1)
     assert second.steps == 1 and second.missing_rank_steps == 1 and second.late_rank_steps == 1
-    assert (second.counts_LE == sum(s.counts_LE for s in steps_of(client, "lateroll"))).all()
+    assert (second.counts_LE == sum(s.counts_LE for s in aggregates(client, "lateroll"))).all()
     agg.close()
 
 
@@ -136,7 +117,7 @@ def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis
     times = [base + 5 + 0.5 * s for s in range(80)]  # 40 s of steps
     publish_steps(client, "once", times)
     first = Aggregator(redis_url, "once", options(rollup_grace_s=30.0), log=lambda _: None)
-    assert run_until([first], lambda: first.counters.steps_written == 80)
+    assert drive([first], lambda: first.counters.steps_written == 80)
     written_first = rollups(client, "once", 1)  # the seconds 30 s behind the newest step closed, by data time
     assert 5 <= len(written_first) < 40 and rollups(client, "once", 60) == []
     top = written_first[-1][0]
@@ -145,7 +126,7 @@ def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis
     first.abandon()
     lines: list[str] = []
     second = Aggregator(redis_url, "once", options(), log=lines.append)
-    assert run_until([second], lambda: len(rollups(client, "once", 60)) == 1, timeout_s=15)
+    assert drive([second], lambda: len(rollups(client, "once", 60)) == 1, timeout_s=15)
     assert any("80 aggregates replayed" in line for line in lines)
     seconds = rollups(client, "once", 1)
     starts = [r.start_s for _, r in seconds]
@@ -153,7 +134,7 @@ def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis
     assert [i for i, _ in seconds[:len(written_first)]] == [i for i, _ in written_first]  # kept, not written again
     assert sum(r.steps for _, r in seconds) == 80
     (_, minute), = rollups(client, "once", 60)
-    assert minute.steps == 80 and (minute.counts_LE == sum(s.counts_LE for s in steps_of(client, "once"))).all()
+    assert minute.steps == 80 and (minute.counts_LE == sum(s.counts_LE for s in aggregates(client, "once"))).all()
     assert int(client.hget(wire.aggregator_key("once") + ":state", "buckets_1s")) == 40
     second.close()
 
@@ -164,7 +145,7 @@ def test_retention_trims_old_buckets(redis_url):
     times = [base + 10.0 * s for s in range(24)]  # 4 minutes of sparse steps
     publish_steps(client, "keep", times)
     agg = Aggregator(redis_url, "keep", options(retention_1s_s=25, retention_60s_s=60), log=lambda _: None)
-    assert run_until([agg], lambda: agg.rollups.counters.buckets_60s == 4)
+    assert drive([agg], lambda: agg.rollups.counters.buckets_60s == 4)
     seconds = [r.start_s for _, r in rollups(client, "keep", 1)]
     minutes = [r.start_s for _, r in rollups(client, "keep", 60)]
     newest = int(times[-1])

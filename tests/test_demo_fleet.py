@@ -14,7 +14,7 @@ from dashboard.live.watched import WatchedRun
 from dashboard.sources.redis import RedisSource
 from tests.support.waiting import wait_until
 
-RANKS, PER_PROCESS, SEQS, PROMPT = 4, 2, 3, 5
+RANKS, PER_PROCESS, SEQS, PROMPT, STEPS = 4, 2, 3, 5, 23
 
 
 @pytest.mark.slow
@@ -24,8 +24,8 @@ def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_th
     try:
         fleet = subprocess.run([sys.executable, "-m", "demo.fleet", "--redis", redis_url, "--run", "fleet",
                                 "--ranks", str(RANKS), "--ranks-per-process", str(PER_PROCESS), "--seqs-per-rank",
-                                str(SEQS), "--prompt-len", str(PROMPT), "--new-tokens", "4", "--seconds", "25"],
-                               capture_output=True, text=True, timeout=240)
+                                str(SEQS), "--prompt-len", str(PROMPT), "--new-tokens", "4", "--steps", str(STEPS),
+                                "--seconds", "200"], capture_output=True, text=True, timeout=240)
         assert fleet.returncode == 0, fleet.stderr[-2000:]
         client = wire.connect(redis_url, timeout_s=2.0)
         state_key = wire.aggregator_key("fleet") + ":state"
@@ -34,9 +34,10 @@ def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_th
             raw = client.hget(state_key, "steps_written")
             return int(raw) if raw else 0
 
-        steps = sum(int(line.split(": ")[2].split()[0]) for line in fleet.stdout.splitlines()
-                    if line.startswith("demo.fleet: ranks ")) // (RANKS // PER_PROCESS)
-        assert steps > 5 and wait_until(lambda: written() == steps, timeout_s=30)
+        per_node = [int(line.split(": ")[2].split()[0]) for line in fleet.stdout.splitlines()
+                    if line.startswith("demo.fleet: ranks ")]
+        steps = STEPS
+        assert per_node == [STEPS] * (RANKS // PER_PROCESS) and wait_until(lambda: written() == steps, timeout_s=60)
         watched = WatchedRun(RedisSource(client, redis_url, "fleet", 600), 600)  # while the aggregator holds the run
         for _ in range(3):
             watched.tick()

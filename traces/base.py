@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 import wire
 
 from .timeline import Timeline
-from .timings import TimingRead, dedupe_timings
+from .timings import TimingRead
 
 MAX_READ_BYTES = 4 << 30  # counts one read_steps call may return (a 4 GiB view is a mistake, not a page)
 
@@ -77,7 +78,7 @@ class TraceReader:
         if read.bad_records:
             self.bad_records += read.bad_records
             self.last_error = read.last_error
-        return dedupe_timings(read.records)
+        return dedupe(read.records)
 
     def timing_rows(self) -> int:
         """How many timing records (rows of the timings table, timing lines) the trace holds, as indexed (a bad
@@ -112,8 +113,24 @@ class TraceReader:
         self.close()
 
 
-def _dedupe(records: list[wire.StepRecord]) -> list[wire.StepRecord]:
-    """Records in (step, rank, instance) order, a repeated (instance, rank, step) once."""
+class RankRecord(Protocol):
+    """A record of one rank's step (wire.StepRecord, wire.TimingRecord)."""
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def instance(self) -> str: ...
+
+
+R = TypeVar("R", bound=RankRecord)
+
+
+def dedupe(records: list[R]) -> list[R]:
+    """Records in (step, rank, instance) order, a repeated (instance, rank, step) once (the first)."""
     seen: set[tuple[str, int, int]] = set()
     out = []
     for rec in sorted(records, key=lambda r: (r.step, r.rank, r.instance)):
@@ -122,6 +139,3 @@ def _dedupe(records: list[wire.StepRecord]) -> list[wire.StepRecord]:
             seen.add(key)
             out.append(rec)
     return out
-
-
-dedupe = _dedupe

@@ -61,7 +61,10 @@ META_LAYOUTS = b"moe.layouts"
 META_SHAPE = b"moe.shape"
 MAX_LAYOUTS_BYTES = 64 << 20  # layout records in the schema metadata (about 100 DeepSeek-V3 maps)
 
-_DICT = pa.dictionary(pa.int32(), pa.string())
+DICTIONARY_TEXT = pa.dictionary(pa.int32(), pa.string())  # the dictionary<string> columns
+# the columns that place a row, first in the step table and in the timings table (traces/timings.py)
+ROW_KEY_FIELDS = (pa.field("step", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
+                  pa.field("world", pa.int32(), nullable=False), pa.field("time_s", pa.float64(), nullable=False))
 STEP_COLUMNS = ("step", "rank", "world", "time_s", "phase", "tokens", "dropped", "instance", "scope", "counts",
                 "sample", "sample_n", "sample_k", "balancedness")
 
@@ -70,15 +73,12 @@ def step_schema(num_layers: int, num_experts: int, metadata: dict[bytes, bytes] 
     """The step table's schema for counts [L, E] (sizes checked against wire/keys.py)."""
     num_layers, num_experts, _ = wire.check_sizes(num_layers, num_experts)
     return pa.schema([
-        pa.field("step", pa.int64(), nullable=False),
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("world", pa.int32(), nullable=False),
-        pa.field("time_s", pa.float64(), nullable=False),
-        pa.field("phase", _DICT, nullable=False),
+        *ROW_KEY_FIELDS,
+        pa.field("phase", DICTIONARY_TEXT, nullable=False),
         pa.field("tokens", pa.int64(), nullable=False),
         pa.field("dropped", pa.int64(), nullable=False),
-        pa.field("instance", _DICT, nullable=False),
-        pa.field("scope", _DICT, nullable=False),
+        pa.field("instance", DICTIONARY_TEXT, nullable=False),
+        pa.field("scope", DICTIONARY_TEXT, nullable=False),
         pa.field("counts", pa.binary(num_layers * num_experts * wire.COUNTS_DTYPE.itemsize), nullable=False),
         pa.field("sample", pa.binary()),
         pa.field("sample_n", pa.int32()),

@@ -50,12 +50,12 @@ import pyarrow.parquet as pq
 
 import wire
 
+from .decode import as_ints, as_texts, fixed_width_view, long_instances, step_rank_errors
 from .lines import decode_line, iter_lines
+from .schema import DICTIONARY_TEXT, META_FORMAT, META_VERSION, ROW_KEY_FIELDS
 
 TIMING_FORMAT = "moe-trace-timings"
 TIMING_FORMAT_VERSION = 1
-META_FORMAT = b"moe.format"
-META_VERSION = b"moe.format_version"
 META_LAYERS = b"moe.layers"
 META_TIMING_ROWS = b"moe.timing_rows"  # in the .parquet trace's own metadata: rows written to its sidecar
 TIMING_ARRAYS = ("dispatch_s_L", "compute_s_L", "combine_s_L", "layer_s_L")  # wire.TIMING_PHASES order
@@ -67,7 +67,6 @@ MAX_TIMING_LINES = 1 << 23      # timing lines indexed in one JSON-lines file (1
 MAX_GROUP_BYTES = 1 << 30       # a row group a reader takes at once (declared rows x row width)
 MAX_READ_BYTES = 4 << 30        # the float32 arrays one read_timings call may return
 
-_DICT = pa.dictionary(pa.int32(), pa.string())
 _TIMING_HEAD = b'{"kind":"timing",'
 _STEP_FIELD = re.compile(rb'"step":([0-9]{1,19})[,}]')
 
@@ -85,11 +84,8 @@ def timing_schema(num_layers: int) -> pa.Schema:
         raise ValueError(f"timings need 1..{wire.MAX_LAYERS} layers, got {num_layers}")
     width = int(num_layers) * TIMING_DTYPE.itemsize
     return pa.schema([
-        pa.field("step", pa.int64(), nullable=False),
-        pa.field("rank", pa.int32(), nullable=False),
-        pa.field("world", pa.int32(), nullable=False),
-        pa.field("time_s", pa.float64(), nullable=False),
-        pa.field("instance", _DICT, nullable=False),
+        *ROW_KEY_FIELDS,
+        pa.field("instance", DICTIONARY_TEXT, nullable=False),
         *(pa.field(name, pa.binary(width), nullable=False) for name in TIMING_ARRAYS),
     ], metadata={META_FORMAT: TIMING_FORMAT.encode(), META_VERSION: str(TIMING_FORMAT_VERSION).encode(),
                  META_LAYERS: str(int(num_layers)).encode()})
@@ -113,55 +109,27 @@ def check_timing_schema(schema: pa.Schema, num_layers: int) -> None:
                              f"({num_layers} layers)")
 
 
-def _ints(column: pa.Array, fill: int = -1) -> np.ndarray:
-    return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
-
-
 def times_view(column: pa.Array, num_layers: int) -> np.ndarray:
     """Zero-copy float32 view [R, L] of a fixed_size_binary(L*4) column (nulls read as whatever their slot
     holds: checked separately)."""
     width = num_layers * TIMING_DTYPE.itemsize
     if column.type.byte_width != width:
         raise ValueError(f"timings are {column.type.byte_width} bytes a row, expected {num_layers} float32")
-    data = column.buffers()[1]
-    if data is None or len(column) == 0:
-        return np.zeros((len(column), num_layers), dtype=TIMING_DTYPE)
-    raw = np.frombuffer(data, dtype=np.uint8, count=len(column) * width, offset=column.offset * width)
-    return raw.view(TIMING_DTYPE).reshape(len(column), num_layers)
+    return fixed_width_view(column, TIMING_DTYPE, (num_layers,))
 
 
 def timing_row_errors(batch: pa.RecordBatch, num_layers: int) -> np.ndarray:
     """object [R]: '' for a row that holds a valid timing record, else the first reason it does not (the bounds
     of wire.decode_timing, vectorised)."""
-    rows = batch.num_rows
-    why = np.full(rows, "", dtype=object)
-
-    def flag(bad: np.ndarray, reason: str) -> None:
-        why[(why == "") & bad] = reason
-
-    for name in TIMING_COLUMNS:
-        column = batch.column(name)
-        if column.null_count:
-            flag(column.is_null().to_numpy(zero_copy_only=False), f"{name} is null")
-    step, rank, world = _ints(batch.column("step")), _ints(batch.column("rank")), _ints(batch.column("world"))
-    flag((step < 0) | (step >= wire.MAX_STEP), "step id out of range")
-    flag((world < 1) | (world > wire.MAX_WORLD), "world size out of range")
-    flag((rank < 0) | (rank >= world), "rank is not below the world size")
-    time_s = batch.column("time_s").fill_null(0.0).to_numpy(zero_copy_only=False)
-    with np.errstate(invalid="ignore"):
-        flag(~np.isfinite(time_s) | (np.abs(np.nan_to_num(time_s)) >= wire.MAX_TIME_S),
-             "time is not finite or out of range")
-    instance = batch.column("instance")
-    texts = (instance.cast(pa.string()) if pa.types.is_dictionary(instance.type) else instance).to_pylist()
-    flag(np.array([t is not None and len(t) > wire.MAX_NAME_CHARS for t in texts], dtype=bool),
-         "collector instance id too long")
+    errors = step_rank_errors(batch, TIMING_COLUMNS)
+    errors.flag(long_instances(batch.column("instance")), "collector instance id too long")
     for name, phase in zip(TIMING_ARRAYS, wire.TIMING_PHASES):
         times_RL = times_view(batch.column(name), num_layers)
         with np.errstate(invalid="ignore"):
             bad = ~np.isnan(times_RL) & ~((times_RL >= 0) & (times_RL < wire.MAX_PHASE_S))
-        flag(bad.any(axis=1), f"{phase} times must be NaN (not measured) or finite, >= 0 and below "
-                              f"{wire.MAX_PHASE_S:g} s")
-    return why
+        errors.flag(bad.any(axis=1), f"{phase} times must be NaN (not measured) or finite, >= 0 and below "
+                                     f"{wire.MAX_PHASE_S:g} s")
+    return errors.why
 
 
 @dataclass
@@ -184,7 +152,7 @@ def decode_timing_rows(batch: pa.RecordBatch, meta: wire.RunMeta, first_step: in
     TimingRecords of run meta.run appended to out.records (row order); bad rows counted in out. Each record's
     four float32 [L] arrays are read-only views of one copied float32 [R, P, L] block."""
     num_layers = len(meta.layer_names)
-    step = _ints(batch.column("step"))
+    step = as_ints(batch.column("step"))
     keep = (step >= first_step) & (step <= last_step)
     if not keep.any():
         return
@@ -197,10 +165,9 @@ def decode_timing_rows(batch: pa.RecordBatch, meta: wire.RunMeta, first_step: in
         return
     block_RPL = np.stack([times_view(batch.column(name), num_layers)[rows] for name in TIMING_ARRAYS], axis=1)
     block_RPL.flags.writeable = False
-    rank, world = _ints(batch.column("rank"))[rows], _ints(batch.column("world"))[rows]
+    rank, world = as_ints(batch.column("rank"))[rows], as_ints(batch.column("world"))[rows]
     time_s = batch.column("time_s").to_numpy(zero_copy_only=False)[rows]
-    instance = batch.column("instance")
-    texts = (instance.cast(pa.string()) if pa.types.is_dictionary(instance.type) else instance).to_pylist()
+    texts = as_texts(batch.column("instance"))
     for i, r in enumerate(rows):
         out.records.append(wire.TimingRecord(
             run=meta.run, rank=int(rank[i]), world_size=int(world[i]), step=int(step[r]), time_s=float(time_s[i]),
@@ -224,7 +191,7 @@ def timing_batch(records: Sequence[wire.TimingRecord], schema: pa.Schema) -> pa.
     arrays = [pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(records),
                                                    [None, pa.py_buffer(block_PRL[p].reshape(-1).view(np.uint8))])
               for p in range(len(TIMING_ARRAYS))]
-    instances = pa.array([rec.instance for rec in records], pa.string()).dictionary_encode().cast(_DICT)
+    instances = pa.array([rec.instance for rec in records], pa.string()).dictionary_encode().cast(DICTIONARY_TEXT)
     batch = pa.RecordBatch.from_arrays([
         pa.array([rec.step for rec in records], pa.int64()),
         pa.array([rec.rank for rec in records], pa.int32()),
@@ -237,18 +204,6 @@ def timing_batch(records: Sequence[wire.TimingRecord], schema: pa.Schema) -> pa.
         rec = records[int(bad[0])]
         raise ValueError(f"timings of step {rec.step} rank {rec.rank}: {why[bad[0]]}")
     return batch
-
-
-def dedupe_timings(records: list[wire.TimingRecord]) -> list[wire.TimingRecord]:
-    """Records in (step, rank, instance) order, a repeated (instance, rank, step) once (the first)."""
-    seen: set[tuple[str, int, int]] = set()
-    out = []
-    for rec in sorted(records, key=lambda r: (r.step, r.rank, r.instance)):
-        key = (rec.instance, rec.rank, rec.step)
-        if key not in seen:
-            seen.add(key)
-            out.append(rec)
-    return out
 
 
 def check_read_size(rows: int, num_layers: int, first_step: int, last_step: int) -> None:
@@ -359,7 +314,7 @@ class TimingTable:
             if stats is not None and stats.has_min_max:
                 first, last = int(stats.min), int(stats.max)
             else:
-                steps = _ints(pf.read_row_group(group, columns=["step"])["step"].combine_chunks())
+                steps = as_ints(pf.read_row_group(group, columns=["step"])["step"].combine_chunks())
                 first, last = (int(steps.min()), int(steps.max())) if len(steps) else (0, -1)
             groups.append((group, first, last))
         self._file, self._groups, self.rows = pf, groups, int(meta.num_rows)

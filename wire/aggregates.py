@@ -16,12 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compact import pack_counts, unpack_counts
-from .fields import _get, _int, _raw, _text, _time
+from .fields import _instance, _int, _raw, _scope, _text, _time, _version
 from .keys import (
     MAX_CELLS,
     MAX_EXPERTS,
     MAX_LAYERS,
-    MAX_NAME_CHARS,
     MAX_STEP,
     MAX_TOKENS,
     MAX_WORLD,
@@ -105,9 +104,7 @@ def decode_aggregate(fields: dict) -> AggregateRecord:
     on any malformed entry: unknown version, missing field, a payload that is not exactly its cells, a mask
     without ranks or with ranks beyond the world, negative values, bounds of wire/keys.py (L, E, cells, step,
     world, tokens per rank, time, instance id)."""
-    version = _int(fields, "v")
-    if version != AGGREGATE_VERSION:
-        raise ValueError(f"aggregate version {version} is not supported (this reader speaks {AGGREGATE_VERSION})")
+    _version(fields, AGGREGATE_VERSION, "aggregate")
     num_layers, num_experts = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "E", 1, MAX_EXPERTS + 1)
     if num_layers * num_experts > MAX_CELLS:
         raise ValueError(f"counts of {num_layers}x{num_experts} exceed {MAX_CELLS} cells")
@@ -133,12 +130,8 @@ def decode_aggregate(fields: dict) -> AggregateRecord:
     phase = _text(fields, "phase", max_chars=16)
     if phase not in PHASES:
         raise ValueError(f"unknown phase {phase!r}")
-    scope = _text(fields, "scope", max_chars=16) if _get(fields, "scope") is not None else "rank"
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}")
-    instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
-    if len(instance) > MAX_NAME_CHARS:
-        raise ValueError(f"aggregator instance id is longer than {MAX_NAME_CHARS} characters")
+    scope = _scope(fields, SCOPES)
+    instance = _instance(fields, "aggregator")
     return AggregateRecord(
         run=check_run_name(_text(fields, "run", max_chars=128)), step=_int(fields, "step", 0, MAX_STEP),
         time_s=_time(fields, "t"), phase=phase, world_size=world, counts_LE=counts, ranks_R=ranks,

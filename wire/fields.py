@@ -7,7 +7,7 @@ import math
 import re
 from typing import TypeGuard
 
-from .keys import MAX_TIME_S
+from .keys import MAX_NAME_CHARS, MAX_TIME_S
 
 _INT_TEXT = re.compile(r"-?[0-9]{1,20}")  # ASCII digits only: '²' and '٣' are digits to str.isdigit(), not here
 
@@ -87,6 +87,34 @@ def _time(fields: dict, name: str) -> float:
     if abs(time_s) >= MAX_TIME_S:
         raise ValueError(f"time {time_s:g} is out of range (|t| < {MAX_TIME_S:g} s)")
     return time_s
+
+
+def _version(fields: dict, supported: int | tuple[int, ...], what: str = "schema", say_supported: bool = True) -> int:
+    """The entry's format version (field "v"), one of supported (an int: that one); else ValueError "<what>
+    version <v> is not supported (this reader speaks <supported>)", without the parenthesis when not
+    say_supported."""
+    version = _int(fields, "v")
+    if version not in (supported if isinstance(supported, tuple) else (supported,)):
+        speaks = f" (this reader speaks {supported})" if say_supported else ""
+        raise ValueError(f"{what} version {version} is not supported{speaks}")
+    return version
+
+
+def _instance(fields: dict, writer: str = "collector") -> str:
+    """The optional id of the writer's process (field "inst"; "" when absent), at most MAX_NAME_CHARS
+    characters; else ValueError "<writer> instance id is longer than ..."."""
+    instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
+    if len(instance) > MAX_NAME_CHARS:
+        raise ValueError(f"{writer} instance id is longer than {MAX_NAME_CHARS} characters")
+    return instance
+
+
+def _scope(fields: dict, scopes: tuple[str, ...]) -> str:
+    """The optional scope (field "scope"; "rank" when absent), one of scopes; else ValueError."""
+    scope = _text(fields, "scope", max_chars=16) if _get(fields, "scope") is not None else "rank"
+    if scope not in scopes:
+        raise ValueError(f"unknown scope {scope!r}")
+    return scope
 
 
 def _is_int(value) -> TypeGuard[int]:

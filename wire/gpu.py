@@ -5,7 +5,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from .fields import _int, _is_int, _json, _text, _time
+from .fields import _int, _is_int, _json, _text, _time, _version
 from .keys import MAX_NAME_CHARS, MAX_WORLD, SCHEMA_VERSION
 
 MAX_GPUS_PER_SAMPLE = 1024  # GPUs one host reports in one sample
@@ -81,9 +81,7 @@ def decode_gpu_sample(fields: dict) -> GpuSample:
     """Stream entry -> GpuSample; ValueError (never another exception) on any malformed entry: wrong types,
     NaN, negative or huge values, more than MAX_GPUS_PER_SAMPLE GPUs, JSON nested too deeply, rank >= MAX_WORLD,
     a host name over MAX_NAME_CHARS or a reason over MAX_REASON_CHARS characters."""
-    version = _int(fields, "v")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"schema version {version} is not supported")
+    _version(fields, SCHEMA_VERSION, say_supported=False)
     status = _text(fields, "status", max_chars=16)
     if status not in ("ok", "unavailable"):
         raise ValueError(f"unknown GPU status {status!r}")

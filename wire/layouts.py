@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fields import _get, _int, _raw, _text, _time
+from .fields import _instance, _int, _raw, _text, _time, _version
 from .keys import (
     COUNTS_DTYPE,
     MAX_CELLS,
     MAX_EXPERTS,
     MAX_LAYERS,
-    MAX_NAME_CHARS,
     MAX_SLOTS,
     MAX_STEP,
     MAX_WORLD,
@@ -109,9 +108,7 @@ def decode_layout_record(fields: dict) -> LayoutRecord:
     the bounds in wire/keys.py (L <= MAX_LAYERS, P <= MAX_SLOTS, L x P <= MAX_CELLS, step < MAX_STEP,
     rank < MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS). Whether every expert has a slot is
     LayoutRecord.validate(num_experts)'s job."""
-    version = _int(fields, "v")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"schema version {version} is not supported (this reader speaks {SCHEMA_VERSION})")
+    _version(fields, SCHEMA_VERSION)
     num_layers, num_slots = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "P", 1, MAX_SLOTS + 1)
     if num_layers * num_slots > MAX_CELLS:
         raise ValueError(f"layout of {num_layers}x{num_slots} exceeds {MAX_CELLS} cells")
@@ -130,9 +127,7 @@ def decode_layout_record(fields: dict) -> LayoutRecord:
     source = _text(fields, "source", max_chars=16)
     if source not in LAYOUT_SOURCES:
         raise ValueError(f"unknown layout source {source!r} (one of {LAYOUT_SOURCES})")
-    instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
-    if len(instance) > MAX_NAME_CHARS:
-        raise ValueError(f"collector instance id is longer than {MAX_NAME_CHARS} characters")
+    instance = _instance(fields)
     return LayoutRecord(
         run=check_run_name(_text(fields, "run", max_chars=128)), step=_int(fields, "step", 0, MAX_STEP),
         time_s=_time(fields, "t"), physical_to_logical_LP=layout_LP, gpus=gpus, nodes=nodes, source=source,

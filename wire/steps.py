@@ -9,13 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compact import pack_counts, unpack_counts
-from .fields import _get, _int, _raw, _text, _time
+from .fields import _get, _instance, _int, _raw, _scope, _text, _time, _version
 from .keys import (
     COUNTS_DTYPE,
     MAX_CELLS,
     MAX_EXPERTS,
     MAX_LAYERS,
-    MAX_NAME_CHARS,
     MAX_SAMPLE_EXPERTS,
     MAX_STEP,
     MAX_TOKENS,
@@ -115,9 +114,7 @@ def decode_step(fields: dict) -> StepRecord:
     any malformed entry: wrong schema version, missing field, wrong byte length, negative counts, or a number
     outside the bounds in wire/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, L x E <= MAX_CELLS, step < MAX_STEP,
     tokens < MAX_TOKENS, rank < world <= MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS)."""
-    version = _int(fields, "v")
-    if version not in STEP_VERSIONS:
-        raise ValueError(f"schema version {version} is not supported (this reader speaks {STEP_VERSIONS})")
+    version = _version(fields, STEP_VERSIONS)
     num_layers, num_experts = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "E", 1, MAX_EXPERTS + 1)
     if num_layers * num_experts > MAX_CELLS:
         raise ValueError(f"counts of {num_layers}x{num_experts} exceed {MAX_CELLS} cells")
@@ -150,12 +147,8 @@ def decode_step(fields: dict) -> StepRecord:
     rank = _int(fields, "rank", 0, MAX_WORLD)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
-    scope = _text(fields, "scope", max_chars=16) if _get(fields, "scope") is not None else "rank"
-    if scope not in SCOPES:
-        raise ValueError(f"unknown scope {scope!r}")
-    instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
-    if len(instance) > MAX_NAME_CHARS:
-        raise ValueError(f"collector instance id is longer than {MAX_NAME_CHARS} characters")
+    scope = _scope(fields, SCOPES)
+    instance = _instance(fields)
     return StepRecord(
         run=check_run_name(_text(fields, "run", max_chars=128)), rank=rank, world_size=world,
         step=_int(fields, "step", 0, MAX_STEP), time_s=time_s, phase=phase,

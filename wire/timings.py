@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fields import _get, _int, _raw, _text, _time
-from .keys import MAX_LAYERS, MAX_NAME_CHARS, MAX_STEP, MAX_WORLD, SCHEMA_VERSION, check_run_name
+from .fields import _instance, _int, _raw, _text, _time, _version
+from .keys import MAX_LAYERS, MAX_STEP, MAX_WORLD, SCHEMA_VERSION, check_run_name
 
 TIMING_DTYPE = np.dtype("<f4")
 MAX_PHASE_S = 1e6  # one phase of one layer of one step: below ~11.6 days, or the record is refused
@@ -78,9 +78,7 @@ def decode_timing(fields: dict) -> TimingRecord:
     infinite or >= MAX_PHASE_S (NaN is allowed: not measured), or a number outside the bounds of wire/keys.py
     (L <= MAX_LAYERS, step < MAX_STEP, rank < world <= MAX_WORLD, |t| < MAX_TIME_S, instance id <=
     MAX_NAME_CHARS)."""
-    version = _int(fields, "v")
-    if version != SCHEMA_VERSION:
-        raise ValueError(f"schema version {version} is not supported (this reader speaks {SCHEMA_VERSION})")
+    _version(fields, SCHEMA_VERSION)
     num_layers = _int(fields, "L", 1, MAX_LAYERS + 1)
     arrays = []
     for name in TIMING_PHASES:
@@ -94,9 +92,7 @@ def decode_timing(fields: dict) -> TimingRecord:
     rank = _int(fields, "rank", 0, MAX_WORLD)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
-    instance = _text(fields, "inst") if _get(fields, "inst") is not None else ""
-    if len(instance) > MAX_NAME_CHARS:
-        raise ValueError(f"collector instance id is longer than {MAX_NAME_CHARS} characters")
+    instance = _instance(fields)
     return TimingRecord(
         run=check_run_name(_text(fields, "run", max_chars=128)), rank=rank, world_size=world,
         step=_int(fields, "step", 0, MAX_STEP), time_s=_time(fields, "t"), dispatch_s_L=arrays[0],

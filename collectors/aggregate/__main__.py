@@ -23,6 +23,19 @@ from .options import AggregateOptions
 from .worker import REDIS_ERRORS, Aggregator, default_consumer
 
 MAX_RUNS = 1024  # runs one --all process aggregates
+# the AggregateOptions fields that are flags (deadline_s: --deadline-s, of its default's type), in --help order
+OPTION_FLAGS = (
+    ("deadline_s", "write a step this long after its first rank arrived even if ranks are missing (%(default)s)"),
+    ("agg_maxlen", "aggregate stream MAXLEN ~, entries (%(default)s)"),
+    ("keep_raw_s", "seconds of per-rank entries kept in the steps stream once consumed (%(default)s)"),
+    ("retention_1s_s", "keep 1 s rollups this long, seconds (%(default)s)"),
+    ("retention_60s_s", "keep 60 s rollups this long, seconds (%(default)s)"),
+    ("lease_s", "lease length: a standby takes over this long after the holder stopped (%(default)s)"),
+    ("read_count", "entries per read (%(default)s)"),
+    ("block_ms", "XREADGROUP BLOCK with --run (%(default)s; --all never blocks)"),
+    ("timeout_s", "Redis socket timeout (%(default)s)"),
+    ("log_every_s", "seconds between progress lines"),
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,23 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--run", help="the run to aggregate")
     which.add_argument("--all", action="store_true", help="every run of moe:runs, new ones as they appear")
-    p.add_argument("--deadline-s", type=float, default=d.deadline_s,
-                   help="write a step this long after its first rank arrived even if ranks are missing (%(default)s)")
-    p.add_argument("--agg-maxlen", type=int, default=d.agg_maxlen,
-                   help="aggregate stream MAXLEN ~, entries (%(default)s)")
-    p.add_argument("--keep-raw-s", type=float, default=d.keep_raw_s,
-                   help="seconds of per-rank entries kept in the steps stream once consumed (%(default)s)")
-    p.add_argument("--retention-1s-s", type=int, default=d.retention_1s_s,
-                   help="keep 1 s rollups this long, seconds (%(default)s)")
-    p.add_argument("--retention-60s-s", type=int, default=d.retention_60s_s,
-                   help="keep 60 s rollups this long, seconds (%(default)s)")
-    p.add_argument("--lease-s", type=float, default=d.lease_s,
-                   help="lease length: a standby takes over this long after the holder stopped (%(default)s)")
-    p.add_argument("--read-count", type=int, default=d.read_count, help="entries per read (%(default)s)")
-    p.add_argument("--block-ms", type=int, default=d.block_ms,
-                   help="XREADGROUP BLOCK with --run (%(default)s; --all never blocks)")
-    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="Redis socket timeout (%(default)s)")
-    p.add_argument("--log-every-s", type=float, default=d.log_every_s, help="seconds between progress lines")
+    for name, text in OPTION_FLAGS:
+        default = getattr(d, name)
+        p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=text)
     p.add_argument("--consumer", default=None, help="consumer name (default: host-pid-random)")
     p.add_argument("--active-s", type=float, default=86_400.0,
                    help="--all: runs written to within this many seconds (%(default)s)")
@@ -62,11 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        options = AggregateOptions(
-            deadline_s=args.deadline_s, read_count=args.read_count, block_ms=0 if args.all else args.block_ms,
-            agg_maxlen=args.agg_maxlen, keep_raw_s=args.keep_raw_s, retention_1s_s=args.retention_1s_s,
-            retention_60s_s=args.retention_60s_s, lease_s=args.lease_s, timeout_s=args.timeout_s,
-            log_every_s=args.log_every_s)
+        flags = {name: getattr(args, name) for name, _ in OPTION_FLAGS}
+        options = AggregateOptions(**{**flags, "block_ms": 0 if args.all else args.block_ms})
         client = wire.connect(args.redis, timeout_s=options.timeout_s, retries=0)
         if args.run is not None:
             wire.check_run_name(args.run)

@@ -143,11 +143,7 @@ class WatchedRun:
         for rec in batch.steps:
             try:
                 check_record(rec)  # before anything: a bad record must not restart the window
-                if not self._current_instance(rec):
-                    self.skipped_old_records += 1
-                    continue
-                if self._overlaps(rec.step, rec.time_s):
-                    self.skipped_overlap += 1
+                if not self._shown(self._current_instance(rec), rec.step, rec.time_s):
                     continue
                 self.samples.check(rec)
                 self._window_for(rec).add(rec)  # changes nothing when it raises
@@ -199,11 +195,7 @@ class WatchedRun:
         for rec in aggregates:
             try:
                 check_aggregate(rec)  # before anything: a bad record must not restart the window
-                if not self._current_epoch(rec):
-                    self.skipped_old_records += 1
-                    continue
-                if self._overlaps(rec.step, rec.time_s):
-                    self.skipped_overlap += 1
+                if not self._shown(self._current_epoch(rec), rec.step, rec.time_s):
                     continue
                 if not self._window_for(rec).add_aggregate(rec):  # changes nothing when it raises
                     self.late_outside += 1
@@ -236,6 +228,18 @@ class WatchedRun:
             self.epoch, self._epoch_started_s, self._last_aggregate = None, float("-inf"), None
         else:
             self.instance_of_rank, self._instance_started_s, self._last_step_of = {}, float("-inf"), {}
+
+    def _shown(self, current: bool, step: int, time_s: float) -> bool:
+        """Whether a record goes into the window: not (and counted) when it is not of the collector instance or
+        aggregator epoch shown (current False: skipped_old_records), or of a step the other feed filled
+        (skipped_overlap)."""
+        if not current:
+            self.skipped_old_records += 1
+            return False
+        if self._overlaps(step, time_s):
+            self.skipped_overlap += 1
+            return False
+        return True
 
     def _overlaps(self, step: int, time_s: float) -> bool:
         """Whether a record is of a step the other feed filled before the last switch (see the module doc)."""

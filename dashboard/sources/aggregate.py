@@ -39,7 +39,7 @@ from typing import Any
 
 import wire
 from dashboard.sources.base import Batch
-from dashboard.sources.streams import StreamEntry, decode_into, entries, entry_bytes, exclusive, id_key
+from dashboard.sources.streams import StreamEntry, decode_into, page_backwards, pages_after
 
 CHECK_S = 5.0  # how often whether the aggregate is in use is decided again
 PAGE_ENTRIES = 100  # entries a read (58 x 256 summed counts are ~20-60 kB an entry, compact)
@@ -116,19 +116,11 @@ class AggregateReader:
     def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the newest window_steps entries; [] (batch.more) until all are read (or the
         start of the stream), then all of them oldest first."""
-        want, budget = self.window_steps, self._backlog_bytes + self.bytes_budget
-        while len(self._backlog) < want and self._backlog_bytes < budget:
-            upper = exclusive(self._backlog[-1][0]) if self._backlog else "+"
-            count = min(self.page_entries, want - len(self._backlog))
-            page = entries(self.client.xrevrange(self.key, max=upper, count=count))
-            self._backlog.extend(page)
-            self._backlog_bytes += sum(entry_bytes(f) for _, f in page)
-            if len(page) < count:  # the start of the stream
-                break
-        else:
-            if len(self._backlog) < want:
-                batch.more = True
-                return []
+        done, self._backlog_bytes = page_backwards(self.client, self.key, self._backlog, self._backlog_bytes,
+                                                   self.window_steps, self.page_entries, self.bytes_budget)
+        if not done:
+            batch.more = True
+            return []
         found, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
         self._last_id = found[-1][0] if found else b"0-0"
         return found
@@ -136,20 +128,7 @@ class AggregateReader:
     def _read_forward(self, max_entries: int, batch: Batch) -> None:
         """Entries after the last id seen, in pages, up to max_entries and the byte budget, each page decoded
         into the batch as it arrives (a Redis error on a later page loses nothing already read)."""
-        last_id = self._last_id or b"0-0"
-        taken = spent = 0
-        while taken < max_entries and spent < self.bytes_budget:
-            count = min(self.page_entries, max_entries - taken)
-            page = entries(self.client.xrange(self.key, min=exclusive(last_id), count=count))
-            if page and not taken and last_id != b"0-0":
-                first = entries(self.client.xrange(self.key, min="-", max="+", count=1))
-                batch.trimmed = batch.trimmed or (bool(first) and first[0][0] == page[0][0]
-                                                  and id_key(first[0][0]) > id_key(last_id))
+        for page in pages_after(self.client, self.key, self._last_id or b"0-0", max_entries, self.page_entries,
+                                self.bytes_budget, batch):
             self._take(page, batch)
-            taken += len(page)
-            spent += sum(entry_bytes(f) for _, f in page)
-            if page:
-                last_id = self._last_id = page[-1][0]
-            if len(page) < count:
-                return
-        batch.more = True
+            self._last_id = page[-1][0]

@@ -48,6 +48,8 @@ from redis.exceptions import RedisClusterException
 import wire
 from dashboard.sources.aggregate import AggregateReader
 from dashboard.sources.base import Batch, Health
+from dashboard.sources.streams import StreamEntry, decode_into, entries, exclusive, page_backwards, pages_after, why
+from dashboard.sources.streams import entry_bytes as _entry_bytes  # noqa: F401 (tests size their byte budgets with it)
 
 # RedisClusterException is not a RedisError: a RedisCluster used directly raises it when no node answers (a
 # wire.connect client raises ConnectionError instead)
@@ -66,15 +68,6 @@ MAX_HEALTH_ERROR_CHARS = 1000
 MAX_HEALTH_KEYS = 64
 MAX_HEALTH_RANKS = 1024  # health reports read per poll at most (a larger hash is not read: one bad record)
 _RANK_TEXT = re.compile(r"[0-9]{1,5}")
-
-
-# One stream entry as redis-py returns it without decoding: (entry id, {field: value}).
-StreamEntry = tuple[bytes, dict[bytes, bytes]]
-
-
-def _entries(reply: object) -> list[StreamEntry]:
-    """An XRANGE / XREVRANGE reply as typed entries (redis-py types its replies loosely)."""
-    return cast("list[StreamEntry]", reply or [])
 
 
 @dataclass(frozen=True)
@@ -164,29 +157,6 @@ def _cut(text: str | None) -> str | None:
     return text if text is None or len(text) <= MAX_HEALTH_ERROR_CHARS else text[:MAX_HEALTH_ERROR_CHARS] + "..."
 
 
-def _why(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 500 else text[:500] + "..."
-
-
-def _decode_into(entries: list[StreamEntry], decode, out: list, kind: str, batch: Batch,
-                 last_id: bytes | None = None) -> bytes | None:
-    """Decode each stream entry into out (oldest first); an entry that does not decode is one bad record of the
-    batch, named by kind and id. Returns the last entry id read (last_id when there were none)."""
-    for entry_id, fields in entries:
-        last_id = entry_id
-        try:
-            out.append(decode(fields))
-        except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
-            batch.bad_records += 1
-            batch.last_error = f"{kind} entry {_id_text(entry_id)}: {_why(exc)}"
-    return last_id
-
-
-def _id_text(entry_id) -> str:
-    return entry_id.decode("ascii", "replace") if isinstance(entry_id, (bytes, bytearray)) else str(entry_id)
-
-
 def _time_or_none(value) -> float | None:
     """A sorted-set score as a time, None when absent or not a finite time (ZADD accepts +inf and -inf)."""
     try:
@@ -194,19 +164,6 @@ def _time_or_none(value) -> float | None:
     except (TypeError, ValueError):
         return None
     return when if math.isfinite(when) and abs(when) < wire.MAX_TIME_S else None
-
-
-def _after(entry_id: bytes) -> bytes:
-    return b"(" + entry_id
-
-
-def _id_key(entry_id: bytes) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
-
-
-def _entry_bytes(fields: dict) -> int:
-    return 200 + sum(len(v) for v in fields.values() if isinstance(v, (bytes, bytearray)))
 
 
 class RedisSource:
@@ -251,14 +208,14 @@ class RedisSource:
             if self._last_gpu_id is None:
                 pipe.xrevrange(gpu, count=GPU_BACKLOG)
             else:
-                pipe.xrange(gpu, min=_after(self._last_gpu_id), count=GPU_BACKLOG)
-            pipe.xrange(wire.layouts_key(self.run), min=_after(self._last_layout_id), count=LAYOUT_PAGE)
+                pipe.xrange(gpu, min=exclusive(self._last_gpu_id), count=GPU_BACKLOG)
+            pipe.xrange(wire.layouts_key(self.run), min=exclusive(self._last_layout_id), count=LAYOUT_PAGE)
             timings = wire.timings_key(self.run)
             if self._last_timing_id is None:
                 world = self._meta.world_size if self._meta else 1
                 pipe.xrevrange(timings, count=min(TIMING_PAGE, self.window_steps * max(1, world)))
             else:
-                pipe.xrange(timings, min=_after(self._last_timing_id), count=TIMING_PAGE)
+                pipe.xrange(timings, min=exclusive(self._last_timing_id), count=TIMING_PAGE)
             pipe.zscore(wire.RUNS_KEY, self.run)
             pipe.hlen(wire.health_key(self.run))
             # the reports ride in the same round trip while the hash was small at the last poll; a hash that
@@ -285,12 +242,12 @@ class RedisSource:
         gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
-        _decode_into(step_entries, wire.decode_step, batch.steps, "step", batch)
-        self._last_gpu_id = _decode_into(gpu_entries, wire.decode_gpu_sample, batch.gpu_samples, "gpu", batch,
-                                         self._last_gpu_id) or b"0-0"
-        self._last_layout_id = _decode_into(_entries(layout_entries), wire.decode_layout_record, batch.layouts,
-                                            "layout", batch, self._last_layout_id) or b"0-0"
-        self._take_timings(_entries(timing_entries), batch)
+        decode_into(step_entries, wire.decode_step, batch.steps, "step", batch)
+        self._last_gpu_id = decode_into(gpu_entries, wire.decode_gpu_sample, batch.gpu_samples, "gpu", batch,
+                                        self._last_gpu_id) or b"0-0"
+        self._last_layout_id = decode_into(entries(layout_entries), wire.decode_layout_record,
+                                           batch.layouts, "layout", batch, self._last_layout_id) or b"0-0"
+        self._take_timings(entries(timing_entries), batch)
         if refresh_meta:
             self._read_meta(replies[-1], batch)
         reports, bad = _collector_health(collectors)
@@ -310,57 +267,38 @@ class RedisSource:
         )
         return batch
 
-    def _take_timings(self, entries: list[StreamEntry], batch: Batch) -> None:
+    def _take_timings(self, found: list[StreamEntry], batch: Batch) -> None:
         """Decode the timing entries of this poll (the first poll's come newest first) into the batch."""
         first = self._last_timing_id is None
         if first:
-            entries = entries[::-1]
-        elif len(entries) >= TIMING_PAGE:
+            found = found[::-1]
+        elif len(found) >= TIMING_PAGE:
             batch.more = True
-        self._last_timing_id = _decode_into(entries, wire.decode_timing, batch.timings, "timing", batch,
-                                            self._last_timing_id) or b"0-0"
+        self._last_timing_id = decode_into(found, wire.decode_timing, batch.timings, "timing", batch,
+                                           self._last_timing_id) or b"0-0"
 
     def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the last window x world entries; [] (batch.more) until all are read,
         then all of them oldest first."""
         world = self._meta.world_size if self._meta else 1
-        want = self.window_steps * max(1, world)
-        budget = self._backlog_bytes + TICK_BYTES_BUDGET
-        while len(self._backlog) < want and self._backlog_bytes < budget:
-            before = _after(self._backlog[-1][0]) if self._backlog else "+"
-            count = min(PAGE_ENTRIES, want - len(self._backlog))
-            page = _entries(self.client.xrevrange(wire.steps_key(self.run), max=before, count=count))
-            self._backlog.extend(page)
-            self._backlog_bytes += sum(_entry_bytes(f) for _, f in page)
-            if len(page) < count:  # the start of the stream
-                break
-        else:
-            if len(self._backlog) < want:
-                batch.more = True
-                return []
-        entries, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
-        self._last_step_id = entries[-1][0] if entries else b"0-0"
-        return entries
+        done, self._backlog_bytes = page_backwards(self.client, wire.steps_key(self.run), self._backlog,
+                                                   self._backlog_bytes, self.window_steps * max(1, world),
+                                                   PAGE_ENTRIES, TICK_BYTES_BUDGET)
+        if not done:
+            batch.more = True
+            return []
+        found, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
+        self._last_step_id = found[-1][0] if found else b"0-0"
+        return found
 
     def _read_forward(self, last_id: bytes, max_entries: int, batch: Batch) -> list[StreamEntry]:
         """Entries after last_id, in pages, up to max_entries and the byte budget."""
-        key, spent = wire.steps_key(self.run), 0
-        entries: list[StreamEntry] = []
-        while len(entries) < max_entries and spent < TICK_BYTES_BUDGET:
-            count = min(PAGE_ENTRIES, max_entries - len(entries))
-            page = _entries(self.client.xrange(key, min=_after(last_id), count=count))
-            if page and not entries and last_id != b"0-0":
-                first = _entries(self.client.xrange(key, min="-", max="+", count=1))
-                batch.trimmed = bool(first) and _id_key(first[0][0]) > _id_key(last_id) \
-                    and first[0][0] == page[0][0]
-            entries.extend(page)
-            spent += sum(_entry_bytes(f) for _, f in page)
-            if page:
-                last_id = self._last_step_id = page[-1][0]
-            if len(page) < count:
-                return entries
-        batch.more = True
-        return entries
+        found: list[StreamEntry] = []
+        for page in pages_after(self.client, wire.steps_key(self.run), last_id, max_entries, PAGE_ENTRIES,
+                                TICK_BYTES_BUDGET, batch):
+            found.extend(page)
+            self._last_step_id = page[-1][0]
+        return found
 
     def _read_meta(self, raw, batch: Batch) -> None:
         """Decode the metadata's bytes (GETRANGE: b"" when absent) unless they are the ones decoded last."""
@@ -372,7 +310,7 @@ class RedisSource:
         try:
             self._meta, self._meta_error, self._meta_raw = wire.decode_meta(raw), "", raw
         except Exception as exc:  # wire raises ValueError only; anything else is a bad record too
-            self._meta_error = f"run metadata ({wire.meta_key(self.run)}) is unusable: {_why(exc)}"
+            self._meta_error = f"run metadata ({wire.meta_key(self.run)}) is unusable: {why(exc)}"
             self._bad_meta_raw = raw
             batch.bad_records += 1
             batch.last_error = self._meta_error
