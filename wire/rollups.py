@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compact import pack_counts, unpack_counts
-from .fields import _float_field, _int, _raw, _text
+from .fields import _float_field, _int, _raw, _text, _version
 from .keys import MAX_CELLS, MAX_EXPERTS, MAX_LAYERS, MAX_SLOTS, MAX_STEP, MAX_TIME_S, PHASES, check_run_name
 
 ROLLUP_VERSION = 1
@@ -121,9 +121,7 @@ def decode_rollup(fields: dict) -> RollupRecord:
     """Stream entry fields (bytes or str keys) -> RollupRecord. ValueError (never another exception) on any
     malformed entry: unknown version or resolution, a start that is not a multiple of the resolution, payloads
     that are not exactly their cells, negative or non-finite values, bounds of wire/keys.py."""
-    version = _int(fields, "v")
-    if version != ROLLUP_VERSION:
-        raise ValueError(f"rollup version {version} is not supported (this reader speaks {ROLLUP_VERSION})")
+    _version(fields, ROLLUP_VERSION, "rollup")
     resolution = _int(fields, "res", 1, 86_401)
     if resolution not in ROLLUP_RESOLUTIONS_S:
         raise ValueError(f"rollup resolution {resolution} s is not one of {ROLLUP_RESOLUTIONS_S}")
