@@ -48,11 +48,12 @@ def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
 
 def test_backlog_is_read_in_pages_within_a_byte_budget(redis_url, monkeypatch):
     from dashboard.sources import redis as redis_source
+    from dashboard.sources import streams
 
     client = wire.connect(redis_url, timeout_s=2.0)
     totals = synthfill.fill(client, "pg", steps=30)
     monkeypatch.setattr(redis_source, "PAGE_ENTRIES", 4)
-    entry_bytes = redis_source._entry_bytes(client.xrange(wire.steps_key("pg"), count=1)[0][1])
+    entry_bytes = streams.entry_bytes(client.xrange(wire.steps_key("pg"), count=1)[0][1])
     monkeypatch.setattr(redis_source, "TICK_BYTES_BUDGET", 10 * entry_bytes)  # ~10 entries a tick
     watched = WatchedRun(RedisSource(client, redis_url, "pg", window_steps=25), window_steps=25)
     ticks = [watched.tick() for _ in range(3)]

@@ -49,7 +49,6 @@ import wire
 from dashboard.sources.aggregate import AggregateReader
 from dashboard.sources.base import Batch, Health
 from dashboard.sources.streams import StreamEntry, decode_into, entries, exclusive, page_backwards, pages_after, why
-from dashboard.sources.streams import entry_bytes as _entry_bytes  # noqa: F401 (tests size their byte budgets with it)
 
 # RedisClusterException is not a RedisError: a RedisCluster used directly raises it when no node answers (a
 # wire.connect client raises ConnectionError instead)
