@@ -10,9 +10,12 @@ not there or the shape differs. Each rank sees its own mix: the popularity times
 expert (sigma `rank_spread`, default 0.25), renormalised.
 
 Ranks are spread over `processes` OS processes (multiprocessing, spawn). Each process draws a pool of
-`pool_steps` count arrays per rank before the clock starts (so generation is not what limits the rate), then
-drives its ranks with one RedisSink per rank (each real rank has its own client), as the collectors' publisher
-does: every 0.1 s it hands each rank's sink the steps whose scheduled time has come (at most 256 per batch).
+`pool_steps` count arrays per rank before the clock starts (so generation is not what limits the rate), opens
+one RedisSink per rank (each real rank has its own client) and has each write its idle health once, as a
+publisher does while its engine loads (so the metadata is there and each client knows whether it talks to a
+cluster before the first step, not 256 of them mapping the cluster at once at the first step), then drives its
+ranks as the collectors' publisher does: every 0.1 s it hands each rank's sink the steps whose scheduled time has
+come (at most 256 per batch).
 Step k of every rank has step id first_step + k and time t0 + k / steps_per_s (t0: the common start, unix s).
 Processes tick at evenly spread phases of the 0.1 s interval (real publishers are not in phase). Inside a process
 ranks are written one after another from one thread.
@@ -30,6 +33,7 @@ Without --redis it starts a private redis-server (demo.localredis) and prints it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -360,6 +364,12 @@ def _drive(config: LoadConfig, index: int, ranks: list[int], processes: int, rea
     next_step = dict.fromkeys(ranks, 0)
     total, rate = config.steps, config.steps_per_s
     report.expected = total * len(ranks)
+    # as a publisher does while its engine loads (health once a second while idle): the metadata and health land,
+    # and each sink's client has decided single or cluster, before the first step (a failure: the first step's
+    # write sends the metadata again)
+    for r in ranks:
+        with contextlib.suppress(Exception):
+            sinks[r].write([], [], _health(r, 0, 0, ""))
     ready.put(("ready", index))
     if not go.wait(600):
         raise RuntimeError("no start signal within 600 s")

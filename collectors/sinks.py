@@ -65,7 +65,8 @@ class RedisSink:
     XADD landed are reported as landed (PartialWrite), so a retry does not write them twice. A write that
     times out may still be executed by a Redis that was only stalled: the stream then holds that step twice
     (readers skip a repeated (instance, rank, step); a layout sent twice is the same change twice).
-    Step records are compact (version 2; compact=False writes version 1). With memory_budget_bytes the steps
+    The run's entry in moe:runs (when a collector last wrote) is refreshed at most once a second (and with
+    every write that carries the metadata). Step records are compact (version 2; compact=False writes version 1). With memory_budget_bytes the steps
     stream's MAXLEN follows the entries' real size (a running mean), never below the maxlen given (sized for
     int32 counts): compact records make it about ten times longer for the same memory.
 
@@ -87,6 +88,7 @@ class RedisSink:
         self._min_maxlen, self._budget = maxlen, memory_budget_bytes
         self._entry_bytes = 0.0  # running mean of the step entries' bytes (0: none written yet)
         self._compact = compact  # version 2 step records (wire/compact.py); False: version 1, raw int32
+        self._indexed_at = float("-inf")  # time.monotonic() of the last ZADD to moe:runs that landed
         self._client = wire.connect(url, timeout_s=timeout_s, retries=0)
         self._meta_json = wire.encode_meta(meta)
         self._needs_meta = True
@@ -120,7 +122,11 @@ class RedisSink:
                 pipe.xadd(wire.timings_key(run), _fields(wire.encode_timing(timing)), maxlen=self._maxlen,
                           approximate=True)
             pipe.hset(wire.health_key(run), str(health["rank"]), json.dumps(health))
-            pipe.zadd(wire.RUNS_KEY, {run: time.time()})
+            # moe:runs (when a collector last wrote) at most every RUNS_INDEX_EVERY_S: in a cluster it is another
+            # node's key, and every batch of every rank reaching two nodes doubles the writers' round trips
+            index_runs = with_meta or time.monotonic() - self._indexed_at >= RUNS_INDEX_EVERY_S
+            if index_runs:
+                pipe.zadd(wire.RUNS_KEY, {run: time.time()})
             if check_layouts:
                 pipe.exists(wire.layouts_key(run))
             pipe.exists(wire.meta_key(run))
@@ -136,6 +142,8 @@ class RedisSink:
         first += len(records) + len(samples)
         timing_replies = replies[first: first + len(timings)]
         asked = -2 if check_layouts else -1  # the EXISTS at the end prove nothing when refused (a write-only ACL)
+        if index_runs and not isinstance(replies[asked - 1], Exception):
+            self._indexed_at = time.monotonic()
         errors = [reply for reply in replies[:asked] if isinstance(reply, Exception)]
         meta_gone = replies[-1] == 0  # an EXISTS the user may not run (write-only ACL) proves nothing
         # a node lost under the batch (a cluster reports it per command): the one that takes over may lack the meta
@@ -168,6 +176,7 @@ class RedisSink:
         self._client.close()
 
 
+RUNS_INDEX_EVERY_S = 1.0  # how often a writer refreshes its run's time in moe:runs
 MAX_STEPS_MAXLEN = 10_000_000  # a budget over tiny entries still bounds the stream's length
 LAYOUTS_MAXLEN = 1000  # layout changes kept per run (EPLB rebalances every few minutes: days of history)
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # a reply from a node lost

@@ -79,8 +79,8 @@ class RunListing:
 
 
 def read_runs(client: wire.Client) -> RunListing:
-    """The runs indexed in the moe:runs sorted set (the collectors ZADD every run there at every write), newest
-    first, at most MAX_RUNS of the newest RUNS_READ entries. One ZREVRANGE, never a SCAN of the keyspace.
+    """The runs indexed in the moe:runs sorted set (the collectors ZADD their run there about once a second while
+    they write), newest first, at most MAX_RUNS of the newest RUNS_READ entries. One ZREVRANGE, never a SCAN of the keyspace.
     Entries with an invalid or non-UTF-8 name or a non-finite time are skipped and counted. Raises the
     client's ConnectionError/TimeoutError when Redis is unreachable."""
     reply = cast("list[tuple[bytes, float]]", client.zrevrange(wire.RUNS_KEY, 0, RUNS_READ - 1, withscores=True))
