@@ -36,7 +36,8 @@ def parse_args(argv=None):
 
 
 def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
-    env = {**os.environ, "REDIS_URL": redis_url}
+    # one BLAS thread: the window's small matmuls gain nothing from more, and a busy host's pool stalls a tick
+    env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "REDIS_URL": redis_url}
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.port", str(port),
            "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
     return subprocess.Popen(cmd, cwd=ROOT, env=env)
