@@ -17,7 +17,8 @@ import numpy as np
 
 import wire
 from dashboard.analytics.rollups import PerStepStats, per_step_stats
-from dashboard.live.window import PHASE_CODE, StepWindow, bounded_int
+from dashboard.live.record_checks import PHASE_CODE, bounded_int
+from dashboard.live.window import StepWindow
 
 _MIXED = PHASE_CODE["mixed"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import wire
-from dashboard.live.window import bounded_int
+from dashboard.live.record_checks import bounded_int
 
 MAX_TIMING_BYTES = 256 << 20  # the four float32 [C, R, L] arrays together; a larger ring is refused
 

@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import wire
 from dashboard.live.gpu_history import GpuHistory
 from dashboard.live.layout_changes import LayoutHistory, change_from_record
+from dashboard.live.record_checks import check_aggregate, check_record
 from dashboard.live.samples import SampleRing
 from dashboard.live.timings import TimingRing
-from dashboard.live.window import StepWindow, check_aggregate, check_record
+from dashboard.live.window import StepWindow
 from dashboard.sources.base import Batch, Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
