@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 
 import wire
-from bench import loadgen, scale
+from bench import loadgen
+from bench.scale_aggregator import caught_up, progress, start_aggregator, stop_aggregator
+from bench.scale_probe import DashboardProbe
+from bench.scale_split import runs_on_masters
 from dashboard.live.watched import AGGREGATE, WatchedRun
 from dashboard.sources.redis import RedisSource
 from demo.localcluster import LocalCluster
@@ -45,11 +48,11 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
     """The short load with the aggregator and the dashboard's reader; asserts everything but what is particular to
     the target. Returns a client of the target (the caller closes it)."""
     # a deadline far past any stall of a loaded machine: every step waits for all its ranks (none written short)
-    aggregator = scale.start_aggregator(url, run, tmp_path / "aggregator.log", options=["--deadline-s", "30"])
+    aggregator = start_aggregator(url, run, tmp_path / "aggregator.log", options=["--deadline-s", "30"])
     assert aggregator is not None, "collectors/aggregate/__main__.py is missing"
     client = wire.connect(url, timeout_s=10.0)
     try:
-        probe = scale.DashboardProbe(url, run, WINDOW, start_at=STEPS // 3, every_s=0.5)
+        probe = DashboardProbe(url, run, WINDOW, start_at=STEPS // 3, every_s=0.5)
         report = loadgen.run_load(url, run, RANKS, RATE, SECONDS, PROCESSES, TOKENS, instance_prefix=f"t-{run}")
         # the writers: every rank-step landed
         assert report.ok, report.summary()
@@ -57,13 +60,13 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
 
         # the aggregator: caught up, every step written with every rank, nothing missing, late or twice
         def done() -> bool:
-            state = scale.progress(client, run)
-            return scale.caught_up(client, run) and state.get("steps_written") == str(STEPS) \
+            state = progress(client, run)
+            return caught_up(client, run) and state.get("steps_written") == str(STEPS) \
                 and state.get("pending_steps") == "0"
 
-        assert wait_until(done, timeout_s=90.0, every_s=0.2), (scale.progress(client, run),
+        assert wait_until(done, timeout_s=90.0, every_s=0.2), (progress(client, run),
                                                                 (tmp_path / "aggregator.log").read_text()[-2000:])
-        state = scale.progress(client, run)
+        state = progress(client, run)
         for name in ("rank_steps_missing", "late_records", "duplicates", "bad_records", "stale_records", "too_old"):
             assert state.get(name) == "0", (name, state)
         assert state.get("last_step") == str(STEPS - 1), state
@@ -107,7 +110,7 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
         client.close()
         raise
     finally:
-        scale.stop_aggregator(aggregator)
+        stop_aggregator(aggregator)
 
 
 def test_single_redis_every_step_written_aggregated_once_and_read_from_the_aggregate(redis_url, tmp_path,
@@ -127,6 +130,6 @@ def test_three_master_cluster_the_same_and_runs_on_three_masters(cluster, tmp_pa
                                                wire.aggregator_key(run) + ":state")} == {port}
     client.close()
     # the scaling runs: names that hash to the 3 masters, one each
-    runs = scale.runs_on_masters(cluster.master_of, "scale-split", 3)
+    runs = runs_on_masters(cluster.master_of, "scale-split", 3)
     assert sorted(p for _, p in runs) == cluster.masters()
     assert all(cluster.master_of(wire.steps_key(name)) == p for name, p in runs)
