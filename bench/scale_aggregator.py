@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import wire
-from bench import loadgen
+from bench import loadgen, routing
 from bench.scale_probe import Sample, Sampler, groups
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,7 +229,7 @@ def aggregator_throughput(url: str, run: str, args: argparse.Namespace, backlog_
     backlog, its progress hash), None when it stopped moving for 30 s before catching up."""
     steps = max(1, round(backlog_s * args.steps_per_s))
     entries = steps * args.ranks
-    budget = (entries + args.ranks * 8) * (loadgen.LAYERS * loadgen.EXPERTS * 4 + 200)  # maxlen_for_budget's bound
+    budget = (entries + args.ranks * 8) * (routing.LAYERS * routing.EXPERTS * 4 + 200)  # maxlen_for_budget's bound
     # all due at once, at most 4 steps per write: the backlog is in step order give or take a round over the ranks
     report = loadgen.run_load(url, run, args.ranks, 1e6, steps / 1e6, args.processes, args.tokens,
                               instance_prefix=args.instance, memory_budget_bytes=budget, max_batch=4)

@@ -35,7 +35,7 @@ import numpy as np
 import zstandard
 
 import wire
-from bench import loadgen
+from bench import loadgen, routing
 from bench.malloc_env import pin_malloc
 
 SHAPES = (("decode", 8), ("decode", 64), ("decode", 256), ("prefill", 4096))
@@ -44,10 +44,10 @@ SAMPLE_TOKENS, SAMPLE_EVERY = 16, 4  # the collectors' default sampled rows (16 
 
 def records_for(phase: str, tokens: int, count: int, seed: int = 0) -> list[wire.StepRecord]:
     """`count` StepRecords of `tokens` tokens per rank (int32 counts [58, 256]), one per rank 0..count-1."""
-    base_LE = loadgen.popularity_LE(source="prefill_in4096" if phase == "prefill" else loadgen.DEFAULT_SOURCE)
+    base_LE = routing.popularity_LE(source="prefill_in4096" if phase == "prefill" else routing.DEFAULT_SOURCE)
     out = []
     for rank in range(count):
-        pool = loadgen.rank_pool(rank, 1, tokens, base_LE, seed=seed)
+        pool = routing.rank_pool(rank, 1, tokens, base_LE, seed=seed)
         out.append(wire.StepRecord(run="bench", rank=rank, world_size=256, step=1000, time_s=1.7e9, phase=phase,
                                    tokens=tokens, counts_LE=pool.counts_SLE[0], instance="bench-instance"))
     return out
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{v1['entry'] / v2['entry']:6.1f} {v1['redis']:9,.0f} {v2['redis']:9,.0f} "
                   f"{v1['redis'] / v2['redis']:6.1f}  {v1['encode_us']:7.1f} /{v2['encode_us']:7.1f} "
                   f"{v1['decode_us']:7.1f} /{v2['decode_us']:7.1f}")
-        sample = np.random.default_rng(0).integers(0, 256, (loadgen.LAYERS, SAMPLE_TOKENS, loadgen.TOP_K))
+        sample = np.random.default_rng(0).integers(0, 256, (routing.LAYERS, SAMPLE_TOKENS, routing.TOP_K))
         sample_raw = np.sort(sample, axis=2).astype("<i2").tobytes()
         print(f"  + sampled routing rows (collectors' default {SAMPLE_TOKENS} tokens/layer, one step in "
               f"{SAMPLE_EVERY}): {len(sample_raw):,} B int16 in v1 and v2 = {len(sample_raw) / SAMPLE_EVERY:,.0f} B "
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if server is not None:
             decode64 = [wire.encode_step(rec) for rec in per_shape[("decode", 64)]]
-            payloads = {"v1": loadgen.LAYERS * loadgen.EXPERTS * 4,
+            payloads = {"v1": routing.LAYERS * routing.EXPERTS * 4,
                         "v2": int(statistics.median(len(f["counts"]) for f in decode64))}  # type: ignore[arg-type]
             compare_rates(server, args.rounds, args.load_ranks, args.load_seconds, args.processes, payloads)
     finally:

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 import wire
-from bench import loadgen
+from bench import loadgen, routing
 
 
 def test_each_token_picks_k_distinct_experts_from_a_skewed_popularity():
-    base_LE = loadgen.popularity_LE()
+    base_LE = routing.popularity_LE()
     assert base_LE.shape == (58, 256) and np.allclose(base_LE.sum(axis=1), 1.0)
     assert (base_LE.max(axis=1) * 256).mean() > 3  # the real DeepSeek-V3 counts: hot experts several x the mean
-    mix_LE = loadgen.rank_mix_LE(base_LE, rank=5)
-    assert not np.allclose(mix_LE, base_LE) and np.allclose(mix_LE, loadgen.rank_mix_LE(base_LE, rank=5))
-    ids_LNK = loadgen.draw_topk_ids(mix_LE, tokens=64, top_k=8, rng=np.random.default_rng(0))
+    mix_LE = routing.rank_mix_LE(base_LE, rank=5)
+    assert not np.allclose(mix_LE, base_LE) and np.allclose(mix_LE, routing.rank_mix_LE(base_LE, rank=5))
+    ids_LNK = routing.draw_topk_ids(mix_LE, tokens=64, top_k=8, rng=np.random.default_rng(0))
     assert ids_LNK.shape == (58, 64, 8) and (np.diff(ids_LNK, axis=2) > 0).all()  # 8 distinct per token
-    counts_LE = loadgen.counts_from_ids(ids_LNK, 256)
+    counts_LE = routing.counts_from_ids(ids_LNK, 256)
     assert counts_LE.dtype == np.int32 and (counts_LE.sum(axis=1) == 64 * 8).all()
 
 

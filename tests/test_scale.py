@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import wire
-from bench import loadgen
+from bench import loadgen, routing
 from bench.scale_aggregator import caught_up, progress, start_aggregator, stop_aggregator
 from bench.scale_probe import DashboardProbe
 from bench.scale_split import runs_on_masters
@@ -31,8 +31,8 @@ def expected_SLE() -> np.ndarray:
     draws each rank's pool (the same seeds: rank r's pool is the same in every process)."""
     config = loadgen.LoadConfig(url="redis://unused", run="x", ranks=RANKS, steps_per_s=RATE, seconds=SECONDS,
                                 tokens_per_rank=TOKENS)
-    base_LE = loadgen.popularity_LE(config.num_layers, config.num_experts, seed=config.seed)
-    pools = [loadgen.rank_pool(r, config.pool_steps, TOKENS, base_LE, config.top_k, config.sample_tokens,
+    base_LE = routing.popularity_LE(config.num_layers, config.num_experts, seed=config.seed)
+    pools = [routing.rank_pool(r, config.pool_steps, TOKENS, base_LE, config.top_k, config.sample_tokens,
                                config.rank_spread, config.seed) for r in range(RANKS)]
     return np.stack([pool.counts_SLE for pool in pools]).sum(axis=0, dtype=np.int64)
 
@@ -76,7 +76,7 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
             assert not rec.late and rec.world_size == RANKS and rec.phase == "decode"
             assert rec.ranks_R.tolist() == list(range(RANKS)) and rec.missing_ranks.size == 0
             assert rec.tokens == RANKS * TOKENS and rec.tokens_R.tolist() == [TOKENS] * RANKS
-            assert (rec.counts_LE.sum(axis=1) == RANKS * TOKENS * loadgen.TOP_K).all()
+            assert (rec.counts_LE.sum(axis=1) == RANKS * TOKENS * routing.TOP_K).all()
             np.testing.assert_array_equal(rec.counts_LE, expected_SLE[rec.step % len(expected_SLE)])
 
         # the bench's dashboard probe read the aggregate feed while the steps arrived
