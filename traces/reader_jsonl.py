@@ -7,7 +7,7 @@ read_steps seeks to the lines of the steps in view.
 A trace without a metadata line (an older or hand-made one) gets a stand-in: layers "layer <i>", the step
 records' E, a contiguous layout over wire.default_gpus (meta_synthesized = True). Lines that do not decode,
 counts of another shape than the metadata's and repeated (instance, rank, step) records are skipped; the
-first two are counted as bad records. Timing lines are indexed by step only (traces/timings.py: TimingLines)
+first two are counted as bad records. Timing lines are indexed by step only (traces/timing_lines.py: TimingLines)
 and decoded when read_timings asks for their steps.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from .base import MAX_READ_BYTES, TraceReader, dedupe
 from .gpu import MAX_GPU_ROWS
 from .lines import decode_line, iter_lines
 from .timeline import Timeline, timeline_of_rows
-from .timings import TimingLines
+from .timing_lines import TimingLines
 
 PENDING_STEPS = 64
 

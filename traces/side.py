@@ -11,7 +11,7 @@ import wire
 
 from .gpu import MAX_GPU_ROWS, check_gpu_schema, gpu_samples_of
 from .lines import decode_line, iter_lines
-from .timings import TimingLines
+from .timing_lines import TimingLines
 
 
 class SideRecords:
@@ -36,7 +36,7 @@ class SideRecords:
 
 def read_side_jsonl(path: str, meta: wire.RunMeta) -> SideRecords:
     """The layout and gpu lines of an .arrows side file (absent: none), its timing lines indexed by step (at
-    most traces.timings.MAX_TIMING_LINES; decoded when read)."""
+    most traces.timing_lines.MAX_TIMING_LINES; decoded when read)."""
     out = SideRecords(path)
     if not os.path.isfile(path):
         return out

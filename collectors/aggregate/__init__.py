@@ -5,7 +5,8 @@ twice. In-process: `Aggregator(url, run, AggregateOptions(...))`, then `step()` 
 Files: assembly.py (pure: per-step buckets, completion, late ranks, duplicates, epochs), layoutbook.py (pure:
 the layout in force at each step), rollup.py (pure: 1 s and 60 s buckets), progress.py (pure: the progress
 hash), lease.py (the lease and its Lua scripts), takeover.py (what a new holder reads), worker.py (the Redis
-I/O of one run: Aggregator), options.py (the knobs), __main__.py (the CLI, --all).
+I/O of one run: Aggregator, its rounds and state), reading.py (a round's pipelined reads and their decoding),
+commit.py (the outbox and the MULTI/EXEC commit), options.py (the knobs), __main__.py (the CLI, --all).
 
 Redis design (every key is one run's, moe:{RUN}:..., so one hash slot in a Cluster; every transaction and
 script touches one run's keys only):

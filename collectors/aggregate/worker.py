@@ -6,6 +6,7 @@ before the layout change its collector wrote first), decode and assemble them (a
 was written into the rollups (rollup.RollupBuilder), then commit: one MULTI/EXEC, under WATCH of the lease,
 holding the aggregates, the rollups that closed, the XACKs of every entry consumed and the progress hash.
 A standby's round tries to take the lease; a round that fails on Redis buffers everything and backs off.
+The reads and their decoding are reading.py's, the outbox and the commit commit.py's.
 """
 from __future__ import annotations
 
@@ -17,32 +18,28 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import redis
 from redis.exceptions import RedisClusterException
-from redis.typing import EncodableT, FieldT
 
 import wire
 
 from .assembly import Assembler, Output, entry_id_key
+from .commit import _Outbox, commit, queue
 from .layoutbook import LayoutBook
 from .lease import KEPT, LOST, RETAKEN, Lease
 from .options import GROUP, AggregateOptions
-from .progress import decode_progress, encode_progress, state_key
+from .progress import decode_progress, state_key
+from .reading import _text, _why, ingest, place_layouts, read_meta, read_round, take_layouts
 from .rollup import RollupBuilder
 from .takeover import claim, last_bucket_start, read_tail, replay, stream_entries
 
 REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
-META_REFRESH_S = 5.0  # the run metadata is read again this often
 TRIM_EVERY_S = 1.0  # the steps stream is trimmed this often
-STATE_REFRESH_S = 2.0  # the instance map and retired set go into the progress hash at least this often
-LAYOUT_PAGE = 64  # layout entries a round (a 58 x 288 map is ~67 kB)
 MAX_WAITING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
 REPORT_AGAIN_S = 30.0  # a Redis failure that goes on is reported again this often
-MAX_WHY_CHARS = 300
 QUIET_LOG_EVERY = 12  # while nothing arrives, one progress line every this many intervals
 
 
@@ -53,31 +50,6 @@ def default_consumer() -> str:
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= MAX_WHY_CHARS else text[:MAX_WHY_CHARS] + "..."
-
-
-@dataclass
-class _Outbox:
-    """What waits for the next commit: encoded aggregates (in order), rollups (resolution, start, fields) and
-    the ids of the step entries consumed."""
-
-    records: list[dict] = field(default_factory=list)
-    rollups: list[tuple[int, int, dict]] = field(default_factory=list)
-    acks: list[bytes] = field(default_factory=list)
-
-    def sizes(self) -> tuple[int, int, int]:
-        return len(self.records), len(self.rollups), len(self.acks)
-
-    def drop(self, sizes: tuple[int, int, int]) -> None:
-        """Forget the first (records, rollups, acks): they landed."""
-        del self.records[:sizes[0]], self.rollups[:sizes[1]], self.acks[:sizes[2]]
-
-    def __bool__(self) -> bool:
-        return bool(self.records or self.rollups or self.acks)
 
 
 class Aggregator:
@@ -184,7 +156,7 @@ class Aggregator:
         try:
             if self.holder and self.synced and release:
                 if self._outbox:
-                    self._commit(time.monotonic())
+                    commit(self, time.monotonic())
                 self.lease.release()
         except REDIS_ERRORS as exc:
             self._log(f"aggregate {self.run}: could not release the lease ({_why(exc)}); it expires in "
@@ -237,17 +209,17 @@ class Aggregator:
         if now >= self._renew_at and not self._keep_lease(now):
             return False
         if now >= self._meta_at:
-            self._read_meta(now)
-        entries = self._read(now)
-        out = self._ingest(entries, now)
-        self._place_layouts()  # changes waiting for a collector instance that may have shown up now
+            read_meta(self, now)
+        entries = read_round(self, now)
+        out = ingest(self, entries, now)
+        place_layouts(self)  # changes waiting for a collector instance that may have shown up now
         if now >= self._reclaim_at:
             out.extend(self._reclaim(now))
         out.extend(self.assembler.due(now))
-        self._queue(out, now)
+        queue(self, out, now)
         wrote = bool(self._outbox)
         if self._outbox or self._heartbeat:
-            self._commit(now)
+            commit(self, now)
         if now >= self._trim_at:
             self._trim(now)
         return bool(entries) or wrote
@@ -308,8 +280,8 @@ class Aggregator:
         top_60s = last_bucket_start(self.client, self.run, 60)
         self.rollups.already_written(1, top_1s)
         self.rollups.already_written(60, top_60s)
-        self._read_meta(now)
-        while self._take_layouts(now, more=True):
+        read_meta(self, now)
+        while take_layouts(self, now, more=True):
             pass
         wall = time.time()
         replay_from = next((entry_id for entry_id, t in tail.entries if t >= top_60s + 60), None)
@@ -323,9 +295,9 @@ class Aggregator:
         claimed = 0
         for entries, gone in claim(self.client, self.run, GROUP, self.consumer, o.read_count):
             claimed += len(entries)
-            out = self._ingest(entries, now)
+            out = ingest(self, entries, now)
             out.acks.extend(gone)
-            self._queue(out, now)
+            queue(self, out, now)
             if not self._still_holding():
                 return
         self._drop_idle_consumers()
@@ -334,7 +306,7 @@ class Aggregator:
         self._log(f"aggregate {self.run}: took over as {self.consumer}: epoch {epoch!r}, last step "
                   f"{self.assembler.last_step}, {len(tail.written)} steps known written (horizon {tail.horizon}), "
                   f"{claimed} pending entries claimed, {replayed} aggregates replayed into the rollups")
-        self._commit(now)
+        commit(self, now)
 
     def _still_holding(self) -> bool:
         """Renew the lease when due during a long takeover; False when it was lost (state already dropped)."""
@@ -360,207 +332,11 @@ class Aggregator:
         if not ids:
             return Output()
         entries = stream_entries(self.client.xclaim(self.steps_key, GROUP, self.consumer, idle_ms, ids))
-        out = self._ingest([(entry_id, fields) for entry_id, fields in entries if fields is not None], now)
+        out = ingest(self, [(entry_id, fields) for entry_id, fields in entries if fields is not None], now)
         out.acks.extend(entry_id for entry_id, fields in entries if fields is None)
         return out
 
-    # ------------------------------------------------------------------------------------------ reading
-    def _read(self, now: float) -> list[tuple[bytes, dict]]:
-        """New layout changes (taken first) and up to read_count new step entries, one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xrange(self.layouts_key, min=b"(" + self._layouts_after, count=LAYOUT_PAGE)
-        pipe.xreadgroup(GROUP, self.consumer, {self.steps_key: ">"}, count=self.options.read_count,
-                        block=self._block_ms(now))
-        layouts, reply = pipe.execute(raise_on_error=False)
-        if not isinstance(layouts, Exception):
-            self._take_layouts(now, layouts)
-        if isinstance(reply, redis.ResponseError) and "NOGROUP" in str(reply):
-            self._log(f"aggregate {self.run}: the consumer group is gone (Redis restarted or the stream was "
-                      "deleted): made again")
-            self._ensure_group()
-            return []
-        if isinstance(reply, Exception):
-            raise reply
-        entries: list[tuple[bytes, dict]] = []
-        for _stream, items in reply or ():
-            entries.extend((entry_id, fields) for entry_id, fields in stream_entries(items) if fields is not None)
-        if entries:
-            self._last_read_id = entries[-1][0]
-        return entries
-
-    def _block_ms(self, now: float) -> int | None:
-        """XREADGROUP's BLOCK: up to block_ms, never past the next step's deadline; None: do not block."""
-        if not self.options.block_ms or self._outbox or self._heartbeat:
-            return None
-        wait_ms = float(self.options.block_ms)
-        deadline = self.assembler.next_deadline_s(now)
-        if deadline is not None:
-            wait_ms = min(wait_ms, deadline * 1000)
-        return int(wait_ms) if wait_ms >= 1 else None
-
-    def _ingest(self, entries: Sequence[tuple[bytes, dict]], now: float) -> Output:
-        """Decode entries (one that does not decode is counted and acked) and assemble them."""
-        out = Output()
-        decoded: list[tuple[bytes, wire.StepRecord]] = []
-        for entry_id, fields in entries:
-            try:
-                rec = wire.decode_step(fields)
-                if rec.run != self.run:
-                    raise ValueError(f"a record of run {rec.run!r} in the stream of run {self.run!r}")
-            except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
-                out.extend(self.assembler.bad(entry_id, f"entry {entry_id.decode('ascii', 'replace')}: "
-                                                        f"{_why(exc)}"))
-                continue
-            decoded.append((entry_id, rec))
-        self.entries_in += len(entries)
-        out.extend(self.assembler.add(decoded, now))
-        return out
-
-    def _queue(self, out: Output, now: float) -> None:
-        """Encode what assembly wrote into the outbox, fold it into the rollups, and queue the rollups that
-        closed."""
-        wall = time.time()
-        for emitted in out.emitted:
-            try:
-                fields = wire.encode_aggregate(emitted.record)
-            except ValueError as exc:  # cannot happen for records of decoded steps; counted, never a crash
-                self.counters.bad_records += 1
-                self.assembler.last_problem = f"step {emitted.record.step}: not written: {_why(exc)}"
-                self._outbox.acks.extend(emitted.entry_ids)
-                continue
-            self._outbox.records.append(fields)
-            self._outbox.acks.extend(emitted.entry_ids)
-            self.rollups.add(emitted.record, now, wall)
-        self._outbox.acks.extend(out.acks)
-        for rollup in self.rollups.close_due(now, wall, self.assembler.oldest_pending_time_s()):
-            try:
-                self._outbox.rollups.append((rollup.resolution_s, rollup.start_s, wire.encode_rollup(rollup)))
-            except ValueError as exc:  # a bucket beyond the format's bounds: reported, the others go on
-                self.last_error = f"rollup {rollup.resolution_s} s at {rollup.start_s} not written: {_why(exc)}"
-
-    def _read_meta(self, now: float) -> None:
-        self._meta_at = now + META_REFRESH_S
-        raw = self.client.getrange(self.meta_key, 0, wire.MAX_META_BYTES)
-        if not raw or raw == self._meta_raw:
-            return
-        self._meta_raw = raw
-        try:
-            meta = wire.decode_meta(raw)
-        except ValueError as exc:
-            self.assembler.last_problem = f"run metadata unusable ({_why(exc)}): GPU loads use the contiguous layout"
-            self.book.set_base(None, None)
-            return
-        self._meta_shape = (len(meta.layer_names), meta.num_experts)
-        self.book.set_base(meta.layout.physical_to_logical_map, meta.layout.gpus)
-
-    def _take_layouts(self, now: float, reply=None, more: bool = False) -> bool:
-        """Fold layout changes (reply: an XRANGE page; more=True: read the next page here) into the book, each
-        under the epoch of the collector that published it; those of a collector instance that has sent no step
-        yet wait. Returns whether a full page was read."""
-        if more:
-            reply = self.client.xrange(self.layouts_key, min=b"(" + self._layouts_after, count=LAYOUT_PAGE)
-        entries = stream_entries(reply)
-        for entry_id, fields in entries:
-            self._layouts_after = entry_id
-            try:
-                if fields is None:
-                    raise ValueError("the entry has no fields")
-                self._waiting_layouts.append(wire.decode_layout_record(fields))
-            except Exception as exc:
-                self.layout_problems += 1
-                self.assembler.last_problem = f"layout entry {entry_id.decode('ascii', 'replace')}: {_why(exc)}"
-        self._place_layouts()
-        return len(entries) >= LAYOUT_PAGE
-
-    def _place_layouts(self) -> None:
-        if not self._waiting_layouts:
-            return
-        assembler = self.assembler
-        shape = assembler.shape or self._meta_shape
-        current = set(assembler.instance_of_rank.values())
-        waiting = list(self._waiting_layouts)
-        self._waiting_layouts.clear()
-        for rec in waiting:
-            if rec.instance in assembler.retired:
-                continue
-            if shape is None or assembler.epoch is None or (rec.instance and rec.instance not in current):
-                self._waiting_layouts.append(rec)
-                continue
-            try:
-                rec.validate(shape[1], num_layers=shape[0])
-            except ValueError as exc:
-                self.layout_problems += 1
-                assembler.last_problem = f"layout change from step {rec.step}: {_why(exc)}"
-                continue
-            self.book.add(assembler.epoch, rec.step, rec.physical_to_logical_LP, rec.gpus)
-
     # ------------------------------------------------------------------------------------------ writing
-    def _commit(self, now: float) -> None:
-        """One MULTI/EXEC under WATCH of the lease: the aggregates (MAXLEN ~), the closed rollups (explicit ids,
-        MINID to their retention), the XACKs, the progress hash and the lease's expiry. A commit whose outcome
-        that raised (the connection broke during EXEC, or EXECABORT) is checked by its tag in the progress hash
-        before anything is sent again: what landed is not written twice."""
-        o, box = self.options, self._outbox
-        if self._inflight is not None:
-            tag, sizes = self._inflight
-            if _text(self.client.hget(self.state_key, "commit")) == tag:
-                box.drop(sizes)
-            self._inflight = None
-        self._seq += 1
-        tag = f"{self.consumer}/{self._seq}"
-        sizes = box.sizes()
-        full_state = self.assembler.version != self._state_version or now - self._state_at >= STATE_REFRESH_S
-        assembler = self.assembler
-        state: dict[FieldT, EncodableT] = encode_progress(
-            assembler.counters, self.rollups.counters, epoch=assembler.epoch, last_step=assembler.last_step,
-            pending_steps=assembler.pending_steps, lag_entries=self.lag_entries, entries_per_s=self._entries_per_s,
-            consumer=self.consumer, time_s=time.time(), commit=tag, last_problem=assembler.last_problem,
-            instances=assembler.instance_of_rank if full_state else None,
-            retired=list(assembler.retired) if full_state else None)
-        version = assembler.version
-        with self._watchable_transaction() as pipe:
-            pipe.watch(self.lease.key)
-            holder = pipe.get(self.lease.key)
-            if holder != self.consumer.encode():
-                pipe.reset()
-                if holder is None and self._keep_lease(now):
-                    self._heartbeat = True  # taken again: the next round commits
-                elif holder is not None:
-                    self._lose("another aggregator holds it")
-                return
-            pipe.multi()
-            for fields in box.records:
-                pipe.xadd(self.agg_key, fields, maxlen=o.agg_maxlen, approximate=True)
-            for resolution, start, fields in box.rollups:
-                retention = o.retention_1s_s if resolution == 1 else o.retention_60s_s
-                pipe.xadd(wire.rollup_key(self.run, resolution), fields, id=f"{start * 1000}-0",
-                          minid=max(0, (start - retention) * 1000), approximate=False)
-            if box.acks:
-                pipe.xack(self.steps_key, GROUP, *box.acks)
-            pipe.hset(self.state_key, mapping=state)
-            if assembler.epoch is None:
-                pipe.hdel(self.state_key, "epoch")
-            pipe.pexpire(self.lease.key, int(o.lease_s * 1000))
-            self._inflight = (tag, sizes)  # until it is known to have landed or not: the next commit checks
-            try:
-                replies = pipe.execute(raise_on_error=False)
-            except redis.WatchError:
-                self._inflight = None
-                self._lose("taken by another aggregator while committing")
-                return
-        self._inflight = None
-        failed = [box.records[i] for i, reply in enumerate(replies[:sizes[0]]) if isinstance(reply, Exception)]
-        for reply in replies[:sizes[0]]:
-            if isinstance(reply, Exception):
-                self.last_error = f"aggregate not written ({_why(reply)}): kept for the next commit"
-        box.drop(sizes)
-        box.records[:0] = failed
-        self.commits += 1
-        self._heartbeat = False
-        self._renew_at = now + o.lease_s / 3
-        if full_state:
-            self._state_version, self._state_at = version, now
-
     def _watchable_transaction(self):
         """redis-py's own transactional pipeline of the client in use (a single Redis or a Redis Cluster): WATCH,
         then commands that answer at once, then MULTI ... EXEC on one connection. (wire.AutoClient.pipeline() on a
@@ -635,9 +411,3 @@ class Aggregator:
             self._log(f"aggregate {self.run}: {c.bad_records - self._bad_reported} malformed entries acked and "
                       f"skipped since the last report ({c.bad_records} in all); latest: {self.assembler.last_problem}")
             self._bad_reported = c.bad_records
-
-
-def _text(value) -> str:
-    if isinstance(value, (bytes, bytearray)):
-        return value.decode("utf-8", "replace")
-    return "" if value is None else str(value)
