@@ -1,7 +1,7 @@
 """Server-side cost of one dashboard tick on a 600-step window read from the aggregate stream, DeepSeek-V3's
 58 x 256 at 256 ranks (no timed assertion anywhere).
 
-Starts its own redis-server on a free loopback port, writes 600 aggregated steps (wire.encode_aggregate: the
+Starts its own redis-server on a free loopback port, writes 600 aggregated steps (core.encode_aggregate: the
 ranks of each step summed, 256 ranks present, skewed drifting counts of 64 tokens x top-8 per rank, as the
 aggregator writes them) with the aggregator's lease held, then times, per tick, what the server does: the poll
 of the aggregate stream (5 new steps written before every tick, untimed), folding them into the window,
@@ -25,14 +25,14 @@ import time
 
 import numpy as np
 
-import wire
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.aggregate import AggregateReader
-from dashboard.sources.base import Batch, Health
-from dashboard.sources.redis import RedisSource
-from demo.localredis import RedisServer
+from moe_monitor import core
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.aggregate import AggregateReader
+from moe_monitor.dashboard.sources.base import Batch, Health
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.demo.localredis import RedisServer
 
 RUN = "tick-agg"
 NEW_STEPS_PER_TICK = 5
@@ -44,14 +44,14 @@ class AggregateSource:
     def __init__(self, client, run: str, window_steps: int):
         self.client, self.run = client, run
         self.reader = AggregateReader(client, run, window_steps)
-        self._meta = wire.decode_meta(client.get(wire.meta_key(run)))
+        self._meta = core.decode_meta(client.get(core.meta_key(run)))
 
     def poll(self, max_entries: int) -> Batch:
         batch = Batch()
         self.reader.read(batch, max_entries)
         return batch
 
-    def meta(self) -> wire.RunMeta:
+    def meta(self) -> core.RunMeta:
         return self._meta
 
     def health(self) -> Health:
@@ -77,17 +77,17 @@ class Traffic:
         per_rank[0] += (counts - per_rank.sum(axis=0)).astype(np.int32)
         return per_rank
 
-    def aggregate(self, per_rank_RLE: np.ndarray) -> wire.AggregateRecord:
+    def aggregate(self, per_rank_RLE: np.ndarray) -> core.AggregateRecord:
         ranks = np.arange(self.ranks)
-        rec = wire.AggregateRecord(run=RUN, step=self.step, time_s=time.time(), phase="decode",
+        rec = core.AggregateRecord(run=RUN, step=self.step, time_s=time.time(), phase="decode",
                                    world_size=self.ranks, counts_LE=per_rank_RLE.sum(axis=0, dtype=np.int64),
                                    ranks_R=ranks, tokens_R=np.full(self.ranks, 64), dropped_R=np.zeros(self.ranks,
                                    dtype=np.int64), instance="epoch-1")
         self.step += 1
         return rec
 
-    def rank_records(self, per_rank_RLE: np.ndarray, step: int, run: str) -> list[wire.StepRecord]:
-        return [wire.StepRecord(run=run, rank=r, world_size=self.ranks, step=step, time_s=time.time(), phase="decode",
+    def rank_records(self, per_rank_RLE: np.ndarray, step: int, run: str) -> list[core.StepRecord]:
+        return [core.StepRecord(run=run, rank=r, world_size=self.ranks, step=step, time_s=time.time(), phase="decode",
                                 tokens=64, counts_LE=per_rank_RLE[r], instance=f"c{r}") for r in range(self.ranks)]
 
 
@@ -112,7 +112,7 @@ def tick(watched: WatchedRun, figures: bool) -> dict[str, float]:
         import plotly.io
         import plotly.tools
 
-        from dashboard.figures import load as load_figures
+        from moe_monitor.dashboard.figures import load as load_figures
         fig = load_figures.gpu_load_bars(snap.latest_G, snap.stats, snap.straggler.gpu if snap.straggler else None,
                                          snap.unit)
         plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False)
@@ -133,21 +133,21 @@ def main() -> None:
     args = parser.parse_args()
     server = RedisServer(tempfile.mkdtemp(prefix="tick-redis-"))
     try:
-        client = wire.connect(server.url, timeout_s=30.0)
-        meta = wire.RunMeta(run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
+        client = core.connect(server.url, timeout_s=30.0)
+        meta = core.RunMeta(run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
                             range(args.layers)], num_experts=args.experts, top_k=8, hidden_size=7168,
                             moe_intermediate_size=2048, dtype_bytes=2, world_size=args.ranks,
-                            layout=wire.Layout(gpus=args.gpus, nodes=max(1, args.gpus // 8),
-                                               physical_to_logical_map=wire.contiguous_layout(args.layers, args.experts)))
-        client.set(wire.meta_key(RUN), wire.encode_meta(meta))
-        client.set(wire.aggregator_key(RUN), "bench", px=3_600_000)
+                            layout=core.Layout(gpus=args.gpus, nodes=max(1, args.gpus // 8),
+                                               physical_to_logical_map=core.contiguous_layout(args.layers, args.experts)))
+        client.set(core.meta_key(RUN), core.encode_meta(meta))
+        client.set(core.aggregator_key(RUN), "bench", px=3_600_000)
         traffic = Traffic(args.layers, args.experts, args.ranks)
         entry_bytes = []
         for first in range(0, args.steps, 50):
-            fields = [wire.encode_aggregate(traffic.aggregate(traffic.step_counts()))
+            fields = [core.encode_aggregate(traffic.aggregate(traffic.step_counts()))
                       for _ in range(min(50, args.steps - first))]
             entry_bytes += [len(f["counts"]) for f in fields]
-            write(client, wire.aggregate_key(RUN), fields)
+            write(client, core.aggregate_key(RUN), fields)
         watched = WatchedRun(AggregateSource(client, RUN, args.steps), args.steps)
         cold = tick(watched, args.figures)["total"]
         while watched.last_tick is not None and watched.last_tick.more:
@@ -155,8 +155,8 @@ def main() -> None:
         assert watched.window is not None and watched.window.size == args.steps
         parts: dict[str, list[float]] = {}
         for _ in range(args.repeats):
-            write(client, wire.aggregate_key(RUN),
-                  [wire.encode_aggregate(traffic.aggregate(traffic.step_counts())) for _ in range(NEW_STEPS_PER_TICK)])
+            write(client, core.aggregate_key(RUN),
+                  [core.encode_aggregate(traffic.aggregate(traffic.step_counts())) for _ in range(NEW_STEPS_PER_TICK)])
             for name, ms in tick(watched, args.figures).items():
                 parts.setdefault(name, []).append(ms)
         assert watched.window.size == args.steps and watched.bad_records == 0
@@ -169,18 +169,18 @@ def main() -> None:
         print(f"  cold first tick (the {args.steps}-step backlog, {len(entry_bytes)} entries): {cold:.0f} ms")
         # side by side: the same 5 steps as per-rank records, polled and summed by the dashboard itself
         run = f"{RUN}-ranks"
-        client.set(wire.meta_key(run), wire.encode_meta(meta.__class__(**{**meta.__dict__, "run": run})))
+        client.set(core.meta_key(run), core.encode_meta(meta.__class__(**{**meta.__dict__, "run": run})))
         per_rank = WatchedRun(RedisSource(client, server.url, run, args.steps), args.steps,
                               max_entries_per_tick=NEW_STEPS_PER_TICK * args.ranks)
         steps_rank, steps_agg = [], []
         for repeat in range(max(3, args.repeats // 5)):
             counts = [traffic.step_counts() for _ in range(NEW_STEPS_PER_TICK)]
-            write(client, wire.steps_key(run), [wire.encode_step(r) for i, c in enumerate(counts)
+            write(client, core.steps_key(run), [core.encode_step(r) for i, c in enumerate(counts)
                                                  for r in traffic.rank_records(c, repeat * NEW_STEPS_PER_TICK + i, run)])
             started = time.perf_counter()
             per_rank.tick()
             steps_rank.append((time.perf_counter() - started) * 1e3)
-            write(client, wire.aggregate_key(RUN), [wire.encode_aggregate(traffic.aggregate(c)) for c in counts])
+            write(client, core.aggregate_key(RUN), [core.encode_aggregate(traffic.aggregate(c)) for c in counts])
             started = time.perf_counter()
             watched.tick()
             steps_agg.append((time.perf_counter() - started) * 1e3)

@@ -24,8 +24,8 @@ warnings.filterwarnings("ignore")
 
 import torch
 
-from collectors import attach
-from demo.localredis import RedisServer
+from moe_monitor.collectors import attach
+from moe_monitor.demo.localredis import RedisServer
 from tests.support.tiny_models import build
 
 # Qwen3-30B-A3B's routing shape (128 experts, top-8) with tiny widths and 8 of its 48 layers.

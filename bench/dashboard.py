@@ -1,13 +1,13 @@
 """Server-side cost of one live dashboard tick: a window of 600 steps x 58 layers x 256 experts from Redis.
 
 Starts its own redis-server on a free loopback port (never touches another Redis), fills one run with
-600 steps written by wire.encode_step (DeepSeek-V3 shape, skewed counts, 32 GPUs contiguous), then for
+600 steps written by core.encode_step (DeepSeek-V3 shape, skewed counts, 32 GPUs contiguous), then for
 each page times what the server does per tick: poll Redis for the new entries (5 new steps written before
 every tick, untimed), fold them into the window, resolve the layout, analyse, build the page's plotly
 figures and serialise them as st.plotly_chart does (Figure.to_dict, plotly.io.to_json). Prints the median over the
 repeats and the figure payload per tick (bytes of the figures' JSON summed), plus the one-off cold start
 (the first poll reading the whole 600-step backlog). Then, side by side on two more runs with the same
-traffic, overview ticks of a run whose engine rebalanced mid-window (a wire.LayoutRecord in force from the
+traffic, overview ticks of a run whose engine rebalanced mid-window (a core.LayoutRecord in force from the
 middle of the window: the tick it arrives recomputes the rows from that step, the next ones only the new
 rows) against ticks of a run without layout changes.
 
@@ -29,20 +29,20 @@ import plotly.io
 import plotly.tools
 from prometheus_client import CollectorRegistry, generate_latest
 
-import wire
-from dashboard.analytics.balance import step_vs_window
-from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
-from dashboard.exporter.metrics import series_count
-from dashboard.exporter.server import RunExporter
-from dashboard.figures import experts as expert_figures
-from dashboard.figures import gpu as gpu_figures
-from dashboard.figures import load as load_figures
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from demo.localredis import RedisServer
-from planner.loads import weighted_loads
+from moe_monitor import core
+from moe_monitor.dashboard.analytics.balance import step_vs_window
+from moe_monitor.dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
+from moe_monitor.dashboard.figures import experts as expert_figures
+from moe_monitor.dashboard.figures import gpu as gpu_figures
+from moe_monitor.dashboard.figures import load as load_figures
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.demo.localredis import RedisServer
+from moe_monitor.exporter.metrics import series_count
+from moe_monitor.exporter.server import RunExporter
+from moe_monitor.planner.loads import weighted_loads
 
 RUN = "bench"
 NEW_STEPS_PER_TICK = 5
@@ -63,12 +63,12 @@ class Writer:
             self.base_LE *= np.exp(self.rng.normal(0, 0.02, size=self.base_LE.shape))
             p = self.base_LE / self.base_LE.sum(axis=1, keepdims=True)
             counts = np.stack([self.rng.multinomial(self.tokens, row) for row in p]).astype(np.int32)
-            rec = wire.StepRecord(run=self.run, rank=0, world_size=1, step=self.step, time_s=time.time(),
+            rec = core.StepRecord(run=self.run, rank=0, world_size=1, step=self.step, time_s=time.time(),
                                   phase="decode" if self.step % 8 else "prefill", tokens=self.tokens // 8,
                                   counts_LE=counts)
-            pipe.xadd(wire.steps_key(self.run), wire.encode_step(rec))
+            pipe.xadd(core.steps_key(self.run), core.encode_step(rec))
             self.step += 1
-        pipe.zadd(wire.RUNS_KEY, {self.run: time.time()})
+        pipe.zadd(core.RUNS_KEY, {self.run: time.time()})
         pipe.execute()
 
 
@@ -109,12 +109,12 @@ def tick(page: str, watched: WatchedRun) -> int:
                for fig in page_figures(page, watched, snap))
 
 
-def run_meta(run: str, layers: int, experts: int, gpus: int) -> wire.RunMeta:
+def run_meta(run: str, layers: int, experts: int, gpus: int) -> core.RunMeta:
     """DeepSeek-V3-shaped metadata, contiguous layout."""
-    return wire.RunMeta(run=run, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
+    return core.RunMeta(run=run, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
                         range(layers)], num_experts=experts, top_k=8, hidden_size=7168, moe_intermediate_size=2048,
-                        dtype_bytes=2, layout=wire.Layout(gpus=gpus, nodes=max(1, gpus // 8),
-                                                          physical_to_logical_map=wire.contiguous_layout(layers, experts)))
+                        dtype_bytes=2, layout=core.Layout(gpus=gpus, nodes=max(1, gpus // 8),
+                                                          physical_to_logical_map=core.contiguous_layout(layers, experts)))
 
 
 def rebalance(client, url: str, args, gpus: int) -> None:
@@ -123,14 +123,14 @@ def rebalance(client, url: str, args, gpus: int) -> None:
     writers, watched = {}, {}
     for name in ("plain", "rebalanced"):
         run = f"{RUN}-{name}"
-        client.set(wire.meta_key(run), wire.encode_meta(run_meta(run, args.layers, args.experts, gpus)))
+        client.set(core.meta_key(run), core.encode_meta(run_meta(run, args.layers, args.experts, gpus)))
         writers[name] = Writer(client, args.layers, args.experts, run=run)
         writers[name].write(args.steps)
         watched[name] = WatchedRun(RedisSource(client, url, run, args.steps), args.steps)
         tick("overview", watched[name])
     rng = np.random.default_rng(1)
     map_LP = np.stack([rng.permutation(args.experts) for _ in range(args.layers)])
-    client.xadd(wire.layouts_key(f"{RUN}-rebalanced"), wire.encode_layout_record(wire.LayoutRecord(
+    client.xadd(core.layouts_key(f"{RUN}-rebalanced"), core.encode_layout_record(core.LayoutRecord(
         run=f"{RUN}-rebalanced", step=args.steps // 2, time_s=time.time(), physical_to_logical_LP=map_LP, gpus=gpus)))
     times_ms: dict[str, list[float]] = {"plain": [], "rebalanced": []}
     for _ in range(args.repeats + 1):
@@ -157,9 +157,9 @@ def main() -> None:
     server = RedisServer(tempfile.mkdtemp(prefix="bench-redis-"))
     url = server.url
     try:
-        client = wire.connect(url, timeout_s=10.0)
-        gpus = wire.default_gpus(args.experts)
-        client.set(wire.meta_key(RUN), wire.encode_meta(run_meta(RUN, args.layers, args.experts, gpus)))
+        client = core.connect(url, timeout_s=10.0)
+        gpus = core.default_gpus(args.experts)
+        client.set(core.meta_key(RUN), core.encode_meta(run_meta(RUN, args.layers, args.experts, gpus)))
         writer = Writer(client, args.layers, args.experts)
         writer.write(args.steps)
         print(f"window {args.steps} steps x {args.layers} layers x {args.experts} experts, {gpus} GPUs, "

@@ -45,10 +45,9 @@ def main(argv=None) -> int:
     import numpy as np
     import redis
 
-    import planner
-    import wire
-    from demo.ep import EPConfig, launch
-    from demo.localredis import RedisServer
+    from moe_monitor import core, planner
+    from moe_monitor.demo.ep import EPConfig, launch
+    from moe_monitor.demo.localredis import RedisServer
 
     server = RedisServer(tempfile.mkdtemp(prefix="moe-bench-ep-redis-"))
     try:
@@ -60,8 +59,8 @@ def main(argv=None) -> int:
         results = launch(cfg, timeout_s=3600)
         wall_s = time.monotonic() - started
         client = redis.Redis.from_url(server.url)
-        timings = [wire.decode_timing(f) for _, f in client.xrange(wire.timings_key(cfg.run))]
-        steps = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key(cfg.run))]
+        timings = [core.decode_timing(f) for _, f in client.xrange(core.timings_key(cfg.run))]
+        steps = [core.decode_step(f) for _, f in client.xrange(core.steps_key(cfg.run))]
         client.close()
     finally:
         server.stop()
@@ -93,7 +92,7 @@ def main(argv=None) -> int:
     eta_before = float(planner.balancedness(planner.gpu_loads(counts_LE, contiguous_LP, args.ranks)).mean())
     eta_after = float(planner.balancedness(planner.gpu_loads(counts_LE, planned_LP, args.ranks)).mean())
 
-    from dashboard.analytics.timing import summarise  # the Time page's numbers (numpy only)
+    from moe_monitor.dashboard.analytics.timing import summarise  # the Time page's numbers (numpy only)
 
     def shares(lo: int, hi: int):
         """The Time page's summary of steps lo..hi-1 (warm-up left out): arrays [T, R, L]."""

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-import wire
 from bench.routing import (
     EXPERTS,
     LAYERS,
@@ -54,6 +53,7 @@ from bench.routing import (
     rank_pool,
     run_meta,
 )
+from moe_monitor import core
 
 FLUSH_INTERVAL_S = 0.1                        # the publisher's flush interval (collectors/publisher.py)
 BATCH = 256                                   # at most this many steps per write (the publisher's batch)
@@ -96,7 +96,7 @@ class LoadConfig:
     def maxlen(self) -> int:
         """The steps stream's MAXLEN, as a collector sets it (collectors/monitor.py)."""
         sample_bytes = self.num_layers * self.sample_tokens * self.top_k * 2
-        return wire.maxlen_for_budget(self.memory_budget_bytes, self.num_layers, self.num_experts, sample_bytes)
+        return core.maxlen_for_budget(self.memory_budget_bytes, self.num_layers, self.num_experts, sample_bytes)
 
 
 SAMPLE_EVERY = 4  # a step in four carries sampled rows (the collectors' default sample_every)
@@ -242,7 +242,10 @@ def _drive(config: LoadConfig, index: int, ranks: list[int], processes: int, rea
     """One process: draw the pools, open one RedisSink per rank, report ready, wait for the common start
     (start[0]: time.monotonic(), start[1]: time.time(); CLOCK_MONOTONIC is system-wide), then write every
     rank's due steps each tick."""
-    from collectors.sinks import PartialWrite, RedisSink  # the real writer (collectors/__init__ loads no torch)
+    from moe_monitor.collectors.sinks import (  # the real writer (collectors/__init__ loads no torch)
+        PartialWrite,
+        RedisSink,
+    )
 
     report = ProcessReport(index=index, ranks=list(ranks))
     began = time.monotonic()
@@ -252,7 +255,7 @@ def _drive(config: LoadConfig, index: int, ranks: list[int], processes: int, rea
     report.pool_s = time.monotonic() - began
     meta = run_meta(config.run, config.ranks, config.num_layers, config.num_experts, config.top_k,
                     config.sample_tokens)
-    instances = {r: f"{config.instance_prefix or wire.new_instance_id()}-r{r}" for r in ranks}
+    instances = {r: f"{config.instance_prefix or core.new_instance_id()}-r{r}" for r in ranks}
     sinks = {r: RedisSink(config.url, dataclasses.replace(meta, instance=instances[r]), config.maxlen,
                           config.redis_timeout_s, config.memory_budget_bytes, compact=config.compact) for r in ranks}
     published = dict.fromkeys(ranks, 0)
@@ -294,7 +297,7 @@ def _drive(config: LoadConfig, index: int, ranks: list[int], processes: int, rea
                 sample = None
                 if pool.sample_SLNK is not None and k % SAMPLE_EVERY == 0:
                     sample = pool.sample_SLNK[k % len(pool.sample_SLNK)]
-                records.append(wire.StepRecord(
+                records.append(core.StepRecord(
                     run=config.run, rank=r, world_size=config.ranks, step=config.first_step + k,
                     time_s=wall0 + k / rate, phase=config.phase, tokens=config.tokens_per_rank,
                     counts_LE=pool.counts_SLE[k % len(pool.counts_SLE)], sample_ids_LNK=sample,
@@ -353,7 +356,7 @@ def run_load(url: str, run: str, ranks: int, steps_per_s: float, seconds: float,
     counted (LoadReport.failed)."""
     if ranks < 1 or steps_per_s <= 0 or seconds < 0:
         raise ValueError(f"need ranks >= 1, steps_per_s > 0, seconds >= 0 (got {ranks}, {steps_per_s}, {seconds})")
-    config = LoadConfig(url=url, run=wire.check_run_name(run), ranks=ranks, steps_per_s=steps_per_s,
+    config = LoadConfig(url=url, run=core.check_run_name(run), ranks=ranks, steps_per_s=steps_per_s,
                         seconds=seconds, tokens_per_rank=tokens_per_rank, compact=compact, **options)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
@@ -425,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--processes", type=int, default=max(1, min(4, os.cpu_count() or 1)))
     parser.add_argument("--tokens", type=int, default=64, help="tokens per rank per step")
-    parser.add_argument("--phase", default="decode", choices=wire.PHASES)
+    parser.add_argument("--phase", default="decode", choices=core.PHASES)
     parser.add_argument("--sample-tokens", type=int, default=0, help="sampled rows per layer, one step in 4")
     parser.add_argument("--v1", action="store_true", help="write int32 version-1 records instead of compact ones")
     args = parser.parse_args(argv)
@@ -434,12 +437,12 @@ def main(argv: list[str] | None = None) -> int:
     if url is None:
         import tempfile
 
-        from demo.localredis import RedisServer
+        from moe_monitor.demo.localredis import RedisServer
 
         server = RedisServer(tempfile.mkdtemp(prefix="loadgen-redis-"))
         url = server.url
     try:
-        client = wire.connect(url, timeout_s=5.0)
+        client = core.connect(url, timeout_s=5.0)
         before = redis_figures(client)
         report = run_load(url, args.run, args.ranks, args.steps_per_s, args.seconds, args.processes, args.tokens,
                           compact=not args.v1, phase=args.phase, sample_tokens=args.sample_tokens)
@@ -449,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  redis-server: CPU {(after['cpu_s'] - before['cpu_s']) / report.duration_s:.2f} cores, "
                   f"used_memory {after['used_memory'] / 2**20:.1f} MiB (peak "
                   f"{after['used_memory_peak'] / 2**20:.1f} MiB), steps stream "
-                  f"{client.xlen(wire.steps_key(args.run))} entries (MAXLEN ~{report.config.maxlen})")
+                  f"{client.xlen(core.steps_key(args.run))} entries (MAXLEN ~{report.config.maxlen})")
         client.close()
     finally:
         if server is not None:

@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import numpy as np
 
-from planner.advisor import advise, initial_layout, periodic_schedule, static_schedule
-from planner.api import plan
-from planner.bounds import best_bound, group_partition_bound
-from planner.eplb_ref import eplb_global, eplb_hierarchical
-from planner.loads import layer_imbalance
-from planner.simulate import CostModel, simulate
-from planner.synthetic import drifting_windows, skewed_counts
+from moe_monitor.planner.advisor import advise, initial_layout, periodic_schedule, static_schedule
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.bounds import best_bound, group_partition_bound
+from moe_monitor.planner.eplb_ref import eplb_global, eplb_hierarchical
+from moe_monitor.planner.loads import layer_imbalance
+from moe_monitor.planner.simulate import CostModel, simulate
+from moe_monitor.planner.synthetic import drifting_windows, skewed_counts
 
 DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G = 32

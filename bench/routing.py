@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-import wire
+from moe_monitor import core
 
 LAYERS, EXPERTS, TOP_K = 58, 256, 8           # DeepSeek-V3: 61 layers, the first 3 dense
 HIDDEN, MOE_FFN, DTYPE_BYTES = 7168, 2048, 2  # its hidden size and expert FFN width (bytes per value on the wire)
@@ -108,15 +108,15 @@ def rank_pool(rank: int, pool_steps: int, tokens: int, base_LE: np.ndarray, top_
 
 # ---------------------------------------------------------------------------------------------------- the run
 def run_meta(run: str, ranks: int, num_layers: int = LAYERS, num_experts: int = EXPERTS, top_k: int = TOP_K,
-             sample_tokens: int = 0, instance: str = "") -> wire.RunMeta:
+             sample_tokens: int = 0, instance: str = "") -> core.RunMeta:
     """The RunMeta every simulated rank writes (as collectors/monitor.py builds it): DeepSeek-V3 sizes,
-    world_size = ranks, the contiguous layout over wire.default_gpus(E, ranks) GPUs in nodes of 8 where they
+    world_size = ranks, the contiguous layout over core.default_gpus(E, ranks) GPUs in nodes of 8 where they
     divide evenly."""
-    gpus = wire.default_gpus(num_experts, ranks)
+    gpus = core.default_gpus(num_experts, ranks)
     nodes = gpus // 8 if gpus % 8 == 0 else 1
-    layout = wire.Layout(gpus, nodes, wire.contiguous_layout(num_layers, num_experts))
-    return wire.RunMeta(
-        run=wire.check_run_name(run), model_name="deepseek-ai/DeepSeek-V3 (bench.loadgen)",
+    layout = core.Layout(gpus, nodes, core.contiguous_layout(num_layers, num_experts))
+    return core.RunMeta(
+        run=core.check_run_name(run), model_name="deepseek-ai/DeepSeek-V3 (bench.loadgen)",
         layer_names=[f"model.layers.{i}.mlp.experts" for i in range(61 - num_layers, 61)][:num_layers]
         if num_layers <= 61 else [f"layer{i}" for i in range(num_layers)],
         num_experts=num_experts, top_k=top_k, hidden_size=HIDDEN, moe_intermediate_size=MOE_FFN,

@@ -8,7 +8,7 @@ Redis: private redis-servers with `maxmemory` (--maxmemory-mb, default 1024) and
 (--policy): under noeviction a full Redis refuses the write (the collector counts it) instead of evicting a run's
 keys behind everyone's back. While the load runs, a sampler reads every 0.5 s: INFO memory used_memory of every
 master, the steps stream's length, XINFO GROUPS on the steps stream (`lag`: entries not yet delivered to the
-aggregator's group; `pending`: delivered, not acknowledged) and the newest aggregated step (wire.aggregate_key)
+aggregator's group; `pending`: delivered, not acknowledged) and the newest aggregated step (core.aggregate_key)
 against the newest written step. Printed per target (the single Redis, then the cluster):
 
 - records written / failed (what the writers report; the stream is trimmed at MAXLEN ~ and by the aggregator, so
@@ -17,7 +17,7 @@ against the newest written step. Printed per target (the single Redis, then the 
   redis-server CPU, used_memory peak (INFO, right after the main load) and the stream's memory per entry;
 - the aggregator (`python -m collectors.aggregate --redis URL --run NAME`, a subprocess started before the load):
   how far behind it read, how long after the last write it had caught up, its progress hash
-  (wire.aggregator_key(run) + ":state": steps written, rank-steps it wrote a step without);
+  (core.aggregator_key(run) + ":state": steps written, rank-steps it wrote a step without);
 - the dashboard: a WatchedRun over a RedisSource (the dashboard's own reader, window --window 600 steps) on a thread
   of this process, started once the aggregate stream holds the window (or half the run when the run is shorter):
   the cold first tick(s) reading the window's backlog, then one tick a second (the pages' refresh) while steps
@@ -35,10 +35,10 @@ against the newest written step. Printed per target (the single Redis, then the 
   the records per second it consumes with the CPU to itself, its ceiling in steps/s at --ranks ranks.
 
 Cluster (--cluster-seconds, default 40; --masters 3, --replicas 0: on a 2-core machine replicas only take CPU from
-the figures, --replicas 1 adds them): the same load, aggregator and dashboard through the cluster URL (wire.connect
-speaks cluster). A run's keys share one hash slot (wire.run_key's hash tag), so one run lives on one master. The
+the figures, --replicas 1 adds them): the same load, aggregator and dashboard through the cluster URL (core.connect
+speaks cluster). A run's keys share one hash slot (core.run_key's hash tag), so one run lives on one master. The
 scaling from 1 to 3 masters: (i) the one run of --ranks ranks above and (ii) the same ranks split into 3 runs
-whose names hash to 3 different masters (LocalCluster.master_of on wire.steps_key), each with its own aggregator
+whose names hash to 3 different masters (LocalCluster.master_of on core.steps_key), each with its own aggregator
 process, for the same time: redis-server CPU seconds and used_memory per master, and the throughput of all runs
 together. On a machine with fewer cores than masters + writers + aggregators, the masters share the same cores:
 the figures show how the load splits, not a speed-up.
@@ -65,7 +65,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import wire
 from bench import loadgen
 from bench.malloc_env import STEADY, pin_malloc
 from bench.scale_aggregator import (
@@ -84,6 +83,7 @@ from bench.scale_aggregator import (
 from bench.scale_probe import DashboardFigures, DashboardProbe, Sampler, StreamCounter
 from bench.scale_split import Split, report_scaling, split_load
 from bench.scale_target import Target, benchmark_xadd, entry_size, mib
+from moe_monitor import core
 
 GOAL_TICK_MS = 100.0
 GOAL_MEMORY_BYTES = 512 << 20
@@ -148,14 +148,14 @@ def measure(target: Target, args: argparse.Namespace, run: str, seconds: float, 
         aggregator = start_aggregator(target.url, run, tmp / f"aggregator-{run}.log")
         print(f"aggregator: started (pid {aggregator.pid if aggregator else '-'}; log {tmp}/aggregator-{run}.log)")
     try:
-        run_port = target.master_of(wire.steps_key(run))
+        run_port = target.master_of(core.steps_key(run))
         masters = {port: target.node_urls[port] for port in target.masters}
         sampler = Sampler(target.url, run, masters, run_port)
         counter = StreamCounter(target.url, run) if args.count_stream else None
         steps = round(args.steps_per_s * seconds)
         probe = DashboardProbe(target.url, run, args.window, min(args.window, max(1, steps // 2))) \
             if aggregator is not None else None
-        client = wire.connect(target.url, timeout_s=10.0)
+        client = core.connect(target.url, timeout_s=10.0)
         before = target.figures()
         began = time.monotonic()
         report = loadgen.run_load(target.url, run, args.ranks, args.steps_per_s, seconds, args.processes,
@@ -168,8 +168,8 @@ def measure(target: Target, args: argparse.Namespace, run: str, seconds: float, 
         print()
         report_load(report, node_cpu[run_port])
         window = sampler.window(began)
-        length = client.xlen(wire.steps_key(run))
-        usage = client.memory_usage(wire.steps_key(run), samples=0) or 0
+        length = client.xlen(core.steps_key(run))
+        usage = client.memory_usage(core.steps_key(run), samples=0) or 0
         trimmed = "; the aggregator trims it to 5 s behind what it read" if aggregator else ""
         print(f"  Redis memory{f' (master :{run_port}, holding the run)' if target.cluster else ''}: used_memory "
               f"peak {mib(after[run_port]['used_memory_peak'])} (sampled max {mib(node_peak[run_port])}), at the "

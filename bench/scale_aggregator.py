@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import wire
 from bench import loadgen, routing
 from bench.scale_probe import Sample, Sampler, groups
+from moe_monitor import core
 
 REPO = Path(__file__).resolve().parents[1]
-AGGREGATOR_MAIN = REPO / "collectors" / "aggregate" / "__main__.py"
+AGGREGATOR_MAIN = REPO / "moe_monitor" / "aggregator" / "__main__.py"
 
 def aggregator_available() -> bool:
     """Whether collectors/aggregate/__main__.py is there (`python -m collectors.aggregate`)."""
@@ -37,10 +37,10 @@ def start_aggregator(url: str, run: str, log_path: Path, wait_s: float = 90.0,
     if not aggregator_available():
         return None
     log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (the child's log, closed with it)
-    proc = subprocess.Popen([sys.executable, "-m", "collectors.aggregate", "--redis", url, "--run", run, *options],
+    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor.aggregator", "--redis", url, "--run", run, *options],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     log.close()
-    client = wire.connect(url, timeout_s=5.0)
+    client = core.connect(url, timeout_s=5.0)
     deadline = time.monotonic() + wait_s
     try:
         while time.monotonic() < deadline:
@@ -105,10 +105,10 @@ PROGRESS_FIELDS = ("steps_written", "rank_steps_missing", "late_records", "late_
 
 
 def progress(client, run: str) -> dict[str, str]:
-    """The aggregator's progress hash (wire.aggregator_key(run) + ":state"), the fields in PROGRESS_FIELDS that
+    """The aggregator's progress hash (core.aggregator_key(run) + ":state"), the fields in PROGRESS_FIELDS that
     are there, as text ({} when there is none)."""
     try:
-        raw = client.hgetall(wire.aggregator_key(run) + ":state")
+        raw = client.hgetall(core.aggregator_key(run) + ":state")
     except Exception:
         return {}
     text = {(k.decode() if isinstance(k, bytes) else str(k)): (v.decode() if isinstance(v, bytes) else str(v))
@@ -134,7 +134,7 @@ def caught_up(client, run: str) -> bool:
     never read, or is null)."""
     found = groups(client, run)
     try:
-        newest = client.xinfo_stream(wire.steps_key(run))["last-generated-id"]
+        newest = client.xinfo_stream(core.steps_key(run))["last-generated-id"]
     except Exception:
         return False
     return bool(found) and all(g.get("last-delivered-id") == newest and int(g.get("pending") or 0) == 0
@@ -144,7 +144,7 @@ def caught_up(client, run: str) -> bool:
 def drain(url: str, run: str, timeout_s: float) -> float | None:
     """Seconds until the aggregator has caught up (caught_up) with the steps stream; None when it has not within
     timeout_s."""
-    client = wire.connect(url, timeout_s=5.0)
+    client = core.connect(url, timeout_s=5.0)
     began = time.monotonic()
     try:
         while time.monotonic() - began < timeout_s:
@@ -175,7 +175,7 @@ def ramp(url: str, run: str, args: argparse.Namespace, rates: list[float], first
     or "at least" the rate the load generator reached when it could not go faster."""
     print(f"\nceiling ramp: {args.ranks} ranks, {args.ramp_seconds:g} s per rate, rates {rates} steps/s per rank")
     ceiling, limited, fell_at = None, False, None
-    client = wire.connect(url, timeout_s=5.0)
+    client = core.connect(url, timeout_s=5.0)
     for rate in rates:
         missing_before = int(progress(client, run).get("rank_steps_missing", 0))
         began = time.monotonic()
@@ -233,7 +233,7 @@ def aggregator_throughput(url: str, run: str, args: argparse.Namespace, backlog_
     # all due at once, at most 4 steps per write: the backlog is in step order give or take a round over the ranks
     report = loadgen.run_load(url, run, args.ranks, 1e6, steps / 1e6, args.processes, args.tokens,
                               instance_prefix=args.instance, memory_budget_bytes=budget, max_batch=4)
-    client = wire.connect(url, timeout_s=5.0)
+    client = core.connect(url, timeout_s=5.0)
     proc = start_aggregator(url, run, log_path)
     try:
         first: tuple[float, int] | None = None  # (when, entries read) at the first look that saw it reading
@@ -255,7 +255,7 @@ def aggregator_throughput(url: str, run: str, args: argparse.Namespace, backlog_
         client.close()
         stop_aggregator(proc)
         with contextlib.suppress(Exception):  # the backlog run's keys: its memory is not the next phase's
-            cleanup = wire.connect(url, timeout_s=10.0)
-            for key in (wire.steps_key(run), wire.aggregate_key(run)):
+            cleanup = core.connect(url, timeout_s=10.0)
+            for key in (core.steps_key(run), core.aggregate_key(run)):
                 cleanup.delete(key)
             cleanup.close()

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import redis
 
-import wire
 from bench.scale_target import node_client
+from moe_monitor import core
 
 DASHBOARD_EVERY_S = 1.0  # the live pages' refresh (dashboard/views/session.py REFRESH_S)
 MAX_COLD_TICKS = 50
@@ -24,7 +24,7 @@ MAX_COLD_TICKS = 50
 def groups(client, run: str) -> list[dict]:
     """XINFO GROUPS of the run's steps stream ([] when the stream or its groups do not exist yet)."""
     try:
-        return list(client.xinfo_groups(wire.steps_key(run)))
+        return list(client.xinfo_groups(core.steps_key(run)))
     except Exception:
         return []
 
@@ -81,9 +81,9 @@ class Sampler:
         self._thread.start()
 
     def _loop(self) -> None:
-        client = wire.connect(self.url, timeout_s=5.0)
+        client = core.connect(self.url, timeout_s=5.0)
         nodes = {port: node_client(url) for port, url in self.node_urls.items()}
-        steps_key = wire.steps_key(self.run)
+        steps_key = core.steps_key(self.run)
         while not self._stop.wait(self.interval_s):
             with contextlib.suppress(Exception):
                 self.samples.append(look(client, self.run, nodes, self.run_port, steps_key))
@@ -105,7 +105,7 @@ class Sampler:
 
 def look(client, run: str, nodes: dict[int, redis.Redis], run_port: int, steps_key: str | None = None) -> Sample:
     """One Sample of the run now (the lag and pending of the most lagging group when there are several)."""
-    steps_key = steps_key or wire.steps_key(run)
+    steps_key = steps_key or core.steps_key(run)
     node_memory = {port: int(node.info("memory")["used_memory"]) for port, node in nodes.items()}
     found = groups(client, run)
     lag: int | None = None
@@ -120,7 +120,7 @@ def look(client, run: str, nodes: dict[int, redis.Redis], run_port: int, steps_k
             behind_s = max(newest - min(_id(g["last-delivered-id"])[0] for g in found), 0) / 1e3
     return Sample(time.monotonic(), node_memory.get(run_port, 0), int(client.xlen(steps_key)), lag, pending,
                   behind_s, newest_step(client, steps_key),
-                  newest_step(client, wire.aggregate_key(run)) if found else None, node_memory)
+                  newest_step(client, core.aggregate_key(run)) if found else None, node_memory)
 
 
 def _id(entry_id: bytes | str) -> tuple[int, int]:
@@ -137,7 +137,7 @@ class StreamCounter:
     first)."""
 
     def __init__(self, url: str, run: str):
-        self.url, self.key = url, wire.steps_key(run)
+        self.url, self.key = url, core.steps_key(run)
         self.steps: dict[int, set[int]] = {}
         self.read = 0
         self.unread = 0
@@ -146,7 +146,7 @@ class StreamCounter:
         self._thread.start()
 
     def _loop(self) -> None:
-        client = wire.connect(self.url, timeout_s=5.0)
+        client = core.connect(self.url, timeout_s=5.0)
         last: bytes | str = "0-0"
         while not self._stop.is_set():
             try:
@@ -213,7 +213,7 @@ class DashboardFigures:
 
 class DashboardProbe:
     """The dashboard's reader on a thread of this process: once the run's aggregate stream holds `start_at`
-    entries, a WatchedRun(RedisSource(wire.connect(url), url, run, window), window) ticks until the window's
+    entries, a WatchedRun(RedisSource(core.connect(url), url, run, window), window) ticks until the window's
     backlog is read (the cold start), then once every `every_s` until stop(); each tick timed as the Overview
     does it: tick() + resolve_layout + analyse (bench.aggregate_tick)."""
 
@@ -238,12 +238,12 @@ class DashboardProbe:
             self.figures.error = f"{type(exc).__name__}: {exc}"
 
     def _watch(self) -> None:
-        from dashboard.live.watched import WatchedRun
-        from dashboard.sources.redis import RedisSource
+        from moe_monitor.dashboard.live.watched import WatchedRun
+        from moe_monitor.dashboard.sources.redis import RedisSource
 
-        client = wire.connect(self.url, timeout_s=5.0)
+        client = core.connect(self.url, timeout_s=5.0)
         try:
-            key = wire.aggregate_key(self.run)
+            key = core.aggregate_key(self.run)
             while True:  # a stop() while waiting still reads the stream once it holds start_at entries
                 with contextlib.suppress(redis.RedisError):
                     if client.xlen(key) >= self.start_at:
@@ -277,8 +277,8 @@ class DashboardProbe:
 
 def dashboard_tick(watched) -> float:
     """One Overview tick of a WatchedRun: poll + ingest, resolve the layout, analyse; milliseconds."""
-    from dashboard.live.layout import resolve_layout
-    from dashboard.live.snapshot import analyse
+    from moe_monitor.dashboard.live.layout import resolve_layout
+    from moe_monitor.dashboard.live.snapshot import analyse
 
     started = time.perf_counter()
     watched.tick()

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import wire
 from bench import loadgen
 from bench.scale_aggregator import drain, progress, start_aggregator, stop_aggregator
 from bench.scale_probe import Sampler
 from bench.scale_target import Target, mib
+from moe_monitor import core
 
 if TYPE_CHECKING:
     from bench.scale import Result
@@ -29,7 +29,7 @@ def runs_on_masters(master_of: Callable[[str], int], base: str, count: int) -> l
     chosen: dict[int, str] = {}
     for i in range(10_000):
         name = f"{base}-{i}"
-        chosen.setdefault(master_of(wire.steps_key(name)), name)
+        chosen.setdefault(master_of(core.steps_key(name)), name)
         if len(chosen) == count:
             return [(chosen[port], port) for port in sorted(chosen)]
     raise RuntimeError(f"no {count} runs on {count} different masters (the cluster has {len(chosen)})")
@@ -81,7 +81,7 @@ def split_load(target: Target, args: argparse.Namespace, seconds: float, tmp: Pa
         after = target.figures()
         caught = [drain(target.url, run, 60.0) if agg is not None else None for (run, _), agg in zip(runs, aggregators)]
         time.sleep(3.0)
-        client = wire.connect(target.url, timeout_s=10.0)
+        client = core.connect(target.url, timeout_s=10.0)
         states = [progress(client, run) for run, _ in runs]
         client.close()
         return Split(runs, shares, reports, caught, states,
@@ -103,7 +103,7 @@ def report_scaling(one: Result, split: Split, target: Target, cores: int) -> Non
           f"master over the same {one.seconds:g} s of load:")
     print(f"  {'master':>8s} | {'(i) 1 run of ' + str(one.ranks) + ' ranks':>40s} | "
           f"{'(ii) ' + str(len(split.runs)) + ' runs of ' + '/'.join(map(str, split.shares)) + ' ranks':>46s}")
-    index_port = target.master_of(wire.RUNS_KEY)
+    index_port = target.master_of(core.RUNS_KEY)
     cpu_one = sum(one.node_cpu_s.get(p, 0.0) for p in target.masters)
     cpu_split = sum(split.node_cpu_s.get(p, 0.0) for p in target.masters)
     for port in target.masters:
@@ -131,7 +131,7 @@ def report_scaling(one: Result, split: Split, target: Target, cores: int) -> Non
     print(f"  what this shows: a run lives on one master (its keys share a hash slot), so one run's load cannot be "
           f"spread; runs on different masters split it: the busiest master carries {busiest_one:.0%} of the "
           f"redis-server CPU with one run, {busiest_split:.0%} with {len(split.runs)} (memory likewise). The run "
-          f"index {wire.RUNS_KEY} is one key for all runs, on master :{index_port}: every write of every run also "
+          f"index {core.RUNS_KEY} is one key for all runs, on master :{index_port}: every write of every run also "
           "ZADDs it there (a second node per write round trip for the runs elsewhere). What it "
           f"does not show: a speed-up. Here {len(target.node_urls)} redis-servers, the load generator and "
           f"{len(split.runs)} aggregators share {cores} cores, so the throughput is the machine's, not the "

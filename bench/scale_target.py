@@ -9,8 +9,8 @@ import statistics
 
 import redis
 
-import wire
 from bench import loadgen
+from moe_monitor import core
 
 
 def mib(n: float) -> str:
@@ -19,7 +19,7 @@ def mib(n: float) -> str:
 
 def start_redis(tmp: str, maxmemory_bytes: int, policy: str):
     """A private redis-server with maxmemory and maxmemory-policy set."""
-    from demo.localredis import RedisServer
+    from moe_monitor.demo.localredis import RedisServer
 
     server = RedisServer(tmp)
     client = server.client()
@@ -47,7 +47,7 @@ class Target:
             self.url = self.server.url
             self.node_urls = {self.server.port: self.server.url}
         else:
-            from demo.localcluster import LocalCluster
+            from moe_monitor.demo.localcluster import LocalCluster
 
             self.cluster = LocalCluster(tmp, masters=masters, replicas=replicas)
             self.url = self.cluster.url
@@ -107,7 +107,7 @@ def entry_size(tokens: int) -> int:
     ranks of real-shaped decode records of `tokens` tokens)."""
     from bench.wire import entry_bytes, records_for
 
-    return int(statistics.median(entry_bytes(wire.encode_step(rec)) for rec in records_for("decode", tokens, 16)))
+    return int(statistics.median(entry_bytes(core.encode_step(rec)) for rec in records_for("decode", tokens, 16)))
 
 
 def benchmark_xadd(target: Target, payload_bytes: int, maxlen: int) -> float | None:

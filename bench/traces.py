@@ -14,29 +14,28 @@ from pathlib import Path
 
 import numpy as np
 
-import traces
-import wire
+from moe_monitor import core, traces
 
 STEPS, L, E, G, PAGE = 10_000, 58, 256, 32, 600
 
 
-def meta() -> wire.RunMeta:
-    return wire.RunMeta(run="bench", model_name="synthetic DeepSeek-V3 shape", layer_names=[f"layer{i}" for i in range(L)],
+def meta() -> core.RunMeta:
+    return core.RunMeta(run="bench", model_name="synthetic DeepSeek-V3 shape", layer_names=[f"layer{i}" for i in range(L)],
                         num_experts=E, top_k=8, hidden_size=7168, moe_intermediate_size=2048, dtype_bytes=2,
-                        layout=wire.Layout(G, 4, wire.contiguous_layout(L, E)), world_size=1, started_s=1.7e9)
+                        layout=core.Layout(G, 4, core.contiguous_layout(L, E)), world_size=1, started_s=1.7e9)
 
 
 def chunks(rng: np.random.Generator, size: int = 500):
     popularity = rng.dirichlet(np.full(E, 0.3), size=L)
     for a in range(0, STEPS, size):
-        yield [wire.StepRecord(run="bench", rank=0, world_size=1, step=s, time_s=1.7e9 + 0.05 * s,
+        yield [core.StepRecord(run="bench", rank=0, world_size=1, step=s, time_s=1.7e9 + 0.05 * s,
                                phase="decode" if s % 8 else "prefill", tokens=2048,
                                counts_LE=np.stack([rng.multinomial(2048 * 8, popularity[l]) for l in range(L)]).astype(np.int32))
                for s in range(a, min(STEPS, a + size))]
 
 
 def jsonl_bytes(records) -> int:
-    return sum(len(wire.trace_line("step", wire.encode_step(r))) + 1 for r in records)
+    return sum(len(core.trace_line("step", core.encode_step(r))) + 1 for r in records)
 
 
 def first_page(path: Path) -> tuple[float, int]:

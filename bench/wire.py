@@ -3,7 +3,7 @@ and what a Redis takes of them, on real-shaped records (bench.loadgen: DeepSeek-
 top-8, per-layer popularity from the real SGLang counts, each rank its own mix).
 
 1. Sizes: for decode steps of 8, 64 and 256 tokens per rank and a prefill step of 4096, the stream entry (every
-   field name and value) and its counts payload as wire.encode_step writes them (compact=False: int32 v1; default:
+   field name and value) and its counts payload as core.encode_step writes them (compact=False: int32 v1; default:
    v2), the memory one entry takes in a Redis stream (MEMORY USAGE over XLEN), and encode_step / decode_step
    microseconds. Medians over the records; the ratio v1 / v2.
 2. Codecs on the same narrowed bytes (the counts in the narrowest integer type, what v2 compresses): zstd level 1
@@ -34,21 +34,21 @@ from collections.abc import Callable
 import numpy as np
 import zstandard
 
-import wire
 from bench import loadgen, routing
 from bench.malloc_env import pin_malloc
+from moe_monitor import core
 
 SHAPES = (("decode", 8), ("decode", 64), ("decode", 256), ("prefill", 4096))
 SAMPLE_TOKENS, SAMPLE_EVERY = 16, 4  # the collectors' default sampled rows (16 tokens per layer, one step in 4)
 
 
-def records_for(phase: str, tokens: int, count: int, seed: int = 0) -> list[wire.StepRecord]:
+def records_for(phase: str, tokens: int, count: int, seed: int = 0) -> list[core.StepRecord]:
     """`count` StepRecords of `tokens` tokens per rank (int32 counts [58, 256]), one per rank 0..count-1."""
     base_LE = routing.popularity_LE(source="prefill_in4096" if phase == "prefill" else routing.DEFAULT_SOURCE)
     out = []
     for rank in range(count):
         pool = routing.rank_pool(rank, 1, tokens, base_LE, seed=seed)
-        out.append(wire.StepRecord(run="bench", rank=rank, world_size=256, step=1000, time_s=1.7e9, phase=phase,
+        out.append(core.StepRecord(run="bench", rank=rank, world_size=256, step=1000, time_s=1.7e9, phase=phase,
                                    tokens=tokens, counts_LE=pool.counts_SLE[0], instance="bench-instance"))
     return out
 
@@ -85,14 +85,14 @@ def codecs() -> dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes, int],
     return table
 
 
-def codec_table(records: list[wire.StepRecord], reps: int) -> dict[str, tuple[float, float, float]]:
+def codec_table(records: list[core.StepRecord], reps: int) -> dict[str, tuple[float, float, float]]:
     """codec -> (median bytes, median compress us, median decompress us) on each record's narrowed counts, calls
     interleaved (codecs in random order for every record and repetition)."""
     table = codecs()
     raws = []
     for rec in records:
-        type_name = wire.compact.narrowest_type(rec.counts_LE)
-        raws.append(np.ascontiguousarray(rec.counts_LE, dtype=wire.COUNT_TYPES[type_name]).tobytes())
+        type_name = core.compact.narrowest_type(rec.counts_LE)
+        raws.append(np.ascontiguousarray(rec.counts_LE, dtype=core.COUNT_TYPES[type_name]).tobytes())
     sizes: dict[str, list[int]] = {name: [] for name in table}
     enc: dict[str, list[int]] = {name: [] for name in table}
     dec: dict[str, list[int]] = {name: [] for name in table}
@@ -120,7 +120,7 @@ def codec_table(records: list[wire.StepRecord], reps: int) -> dict[str, tuple[fl
     return out
 
 
-def redis_entry_bytes(client, records: list[wire.StepRecord], compact: bool, copies: int = 4) -> float:
+def redis_entry_bytes(client, records: list[core.StepRecord], compact: bool, copies: int = 4) -> float:
     """Bytes of Redis memory per stream entry (MEMORY USAGE of a stream of the records, `copies` times each,
     over its length)."""
     key = "bench:wire:entries"
@@ -128,7 +128,7 @@ def redis_entry_bytes(client, records: list[wire.StepRecord], compact: bool, cop
     pipe = client.pipeline(transaction=False)
     for _ in range(copies):
         for rec in records:
-            pipe.xadd(key, wire.encode_step(rec, compact=compact))
+            pipe.xadd(key, core.encode_step(rec, compact=compact))
     pipe.execute()
     usage = client.memory_usage(key, samples=0)
     length = client.xlen(key)
@@ -136,11 +136,11 @@ def redis_entry_bytes(client, records: list[wire.StepRecord], compact: bool, cop
     return usage / length
 
 
-def sizes(records: list[wire.StepRecord], reps: int, client) -> dict[str, dict[str, float]]:
+def sizes(records: list[core.StepRecord], reps: int, client) -> dict[str, dict[str, float]]:
     """version -> {entry, counts, redis (bytes, medians over records), encode_us, decode_us}."""
     out: dict[str, dict[str, float]] = {}
     for version, compact in (("v1", False), ("v2", True)):
-        encoded = [wire.encode_step(rec, compact=compact) for rec in records]
+        encoded = [core.encode_step(rec, compact=compact) for rec in records]
         out[version] = {
             "entry": statistics.median(entry_bytes(f) for f in encoded),
             "counts": statistics.median(len(f["counts"]) for f in encoded),  # type: ignore[arg-type]
@@ -154,10 +154,10 @@ def sizes(records: list[wire.StepRecord], reps: int, client) -> dict[str, dict[s
         order = [("v1", False), ("v2", True)]
         random.shuffle(order)
         for version, compact in order:
-            fields = wire.encode_step(rec, compact=compact)
-            times[f"{version}_encode"].append(median_us(functools.partial(wire.encode_step, rec, compact=compact),
+            fields = core.encode_step(rec, compact=compact)
+            times[f"{version}_encode"].append(median_us(functools.partial(core.encode_step, rec, compact=compact),
                                                         per_record))
-            times[f"{version}_decode"].append(median_us(functools.partial(wire.decode_step, fields), per_record))
+            times[f"{version}_decode"].append(median_us(functools.partial(core.decode_step, fields), per_record))
     for version in ("v1", "v2"):
         out[version]["encode_us"] = statistics.median(times[f"{version}_encode"])
         out[version]["decode_us"] = statistics.median(times[f"{version}_decode"])
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     server = None
     if not args.no_redis:
-        from demo.localredis import RedisServer
+        from moe_monitor.demo.localredis import RedisServer
 
         server = RedisServer(tempfile.mkdtemp(prefix="bench-wire-redis-"))
     try:
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{dec_r:.2f}")
 
         if server is not None:
-            decode64 = [wire.encode_step(rec) for rec in per_shape[("decode", 64)]]
+            decode64 = [core.encode_step(rec) for rec in per_shape[("decode", 64)]]
             payloads = {"v1": routing.LAYERS * routing.EXPERTS * 4,
                         "v2": int(statistics.median(len(f["counts"]) for f in decode64))}  # type: ignore[arg-type]
             compare_rates(server, args.rounds, args.load_ranks, args.load_seconds, args.processes, payloads)

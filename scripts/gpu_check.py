@@ -23,9 +23,9 @@ warnings.filterwarnings("ignore")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import wire  # noqa: E402
-from collectors import ExpertLoadMonitor, attach  # noqa: E402
-from demo.localredis import RedisServer  # noqa: E402
+from moe_monitor import core  # noqa: E402
+from moe_monitor.collectors import ExpertLoadMonitor, attach  # noqa: E402
+from moe_monitor.demo.localredis import RedisServer  # noqa: E402
 from tests.support.tiny_models import build  # noqa: E402
 
 
@@ -114,7 +114,7 @@ def main() -> int:
         stream_mon.end_step("decode")  # on the default stream
     stream_mon.close()
     with open(trace, encoding="utf-8") as lines:
-        steps = [rec for kind, rec in (wire.decode_trace_line(line) for line in lines) if kind == "step"]
+        steps = [rec for kind, rec in (core.decode_trace_line(line) for line in lines) if kind == "step"]
     got = [rec.counts_LE[0].tolist() for rec in steps]
     check("side-stream counting published whole (snapshot waits for the counting stream)",
           len(got) == 3 and all(row == (2 * expected_side).tolist() for row in got),
@@ -125,8 +125,8 @@ def main() -> int:
         live = attach(build("qwen3_moe").cuda(), redis_url=server.url, run="gpu-check", nvml_interval_s=0.25)
         time.sleep(1.2)
         live.close()
-        samples = [wire.decode_gpu_sample(f) for _, f in
-                   wire.connect(server.url).xrange(wire.gpu_key("gpu-check"))]
+        samples = [core.decode_gpu_sample(f) for _, f in
+                   core.connect(server.url).xrange(core.gpu_key("gpu-check"))]
         ok = bool(samples) and samples[-1].status == "ok" and samples[-1].gpus[0]["memory_total_bytes"]
         check("NVML samples of the model's GPU", bool(ok), str(samples[-1].gpus[0] if ok else samples[:1]))
     finally:

@@ -64,10 +64,10 @@ def main() -> int:
     import numpy as np
     import torch
 
-    import wire
-    from collectors import attach
-    from demo.checkpoints import write_checkpoint
-    from demo.localredis import RedisServer
+    from moe_monitor import core
+    from moe_monitor.collectors import attach
+    from moe_monitor.demo.checkpoints import write_checkpoint
+    from moe_monitor.demo.localredis import RedisServer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
@@ -78,7 +78,7 @@ def main() -> int:
     try:
         first = run_child(checkpoint, {"MOE_MONITOR_REDIS_URL": redis.url, "MOE_MONITOR_RUN": "gpu-check"}, 0)
         time.sleep(2)   # the publisher's last flush
-        steps = [wire.decode_step(f) for _, f in redis.client().xrange(wire.steps_key("gpu-check"))]
+        steps = [core.decode_step(f) for _, f in redis.client().xrange(core.steps_key("gpu-check"))]
         bad = [s.step for s in steps if (s.counts_LE.sum(axis=1) != s.tokens * TOP_K).any()]
         print(("FAIL" if bad else "ok  ") + f" 1. {len(steps)} steps ({'CUDA graphs' if device == 'cuda' else 'CPU, compiled'}), "
               f"steps with padding counted: {bad[:5]}")

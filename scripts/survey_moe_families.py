@@ -53,7 +53,7 @@ def survey_one(model_type: str) -> dict:
     """Build, attach, forward, compare; a dict of what happened (never raises)."""
     import torch
 
-    from collectors import attach
+    from moe_monitor.collectors import attach
     from tests.support.tiny_models import build_any, text_forward
     from tests.test_collectors_nested import _block_and_experts, _truth
 

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from demo.localredis import RedisServer
+from moe_monitor.demo.localredis import RedisServer
 
 # The engine tests need vLLM's CPU build, which lives in its own .venv-engines: `make test-engines` runs them
 # (MOE_ENGINE_TESTS=1); `make test` does not collect them.

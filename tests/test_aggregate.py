@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import redis
 
-import wire
-from collectors.aggregate import Aggregator
-from collectors.aggregate.__main__ import main
-from collectors.aggregate.options import GROUP
-from collectors.aggregate.progress import state_key
+from moe_monitor import core
+from moe_monitor.aggregator import Aggregator
+from moe_monitor.aggregator.__main__ import main
+from moe_monitor.aggregator.options import GROUP
+from moe_monitor.aggregator.progress import state_key
 from tests.support.aggregates import aggregates, drive, options, publish, rank_record
 from tests.support.redisfaults import FaultyRedis
 from tests.support.waiting import wait_until
@@ -23,7 +23,7 @@ L, E = 4, 16
 
 
 def step_record(run: str, step: int, rank: int, world: int = 4, inst: str = "c", counts=None,
-                phase: str = "decode") -> wire.StepRecord:
+                phase: str = "decode") -> core.StepRecord:
     """Rank `rank`'s record of a step, sent now; counts: random L x E counts (seeded by run, step, rank, inst)
     when None."""
     if counts is None:
@@ -43,14 +43,14 @@ def server(tmp_path):
     server.stop()
 
 
-def by_step(records: list[wire.AggregateRecord]) -> dict[tuple[str, int], list[wire.AggregateRecord]]:
-    out: dict[tuple[str, int], list[wire.AggregateRecord]] = {}
+def by_step(records: list[core.AggregateRecord]) -> dict[tuple[str, int], list[core.AggregateRecord]]:
+    out: dict[tuple[str, int], list[core.AggregateRecord]] = {}
     for rec in records:
         out.setdefault((rec.instance, rec.step), []).append(rec)
     return out
 
 
-def check_exact(client, run: str, sent: list[wire.StepRecord]) -> dict:
+def check_exact(client, run: str, sent: list[core.StepRecord]) -> dict:
     """Every step's entries (one epoch) together hold each rank once and sum exactly the raw records sent; one
     non-late entry a step. Returns the entries by (epoch, step)."""
     steps = by_step(aggregates(client, run))
@@ -70,11 +70,11 @@ def check_exact(client, run: str, sent: list[wire.StepRecord]) -> dict:
 
 
 def pending(client, run: str) -> int:
-    return int(client.xpending(wire.steps_key(run), GROUP)["pending"])
+    return int(client.xpending(core.steps_key(run), GROUP)["pending"])
 
 
 def test_sums_equal_the_raw_records_and_every_entry_is_acked(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     sent = [step_record("exact", s, r) for s in range(25) for r in (2, 0, 3, 1)]
     publish(client, sent)
     agg = aggregator(redis_url, "exact")
@@ -87,11 +87,11 @@ def test_sums_equal_the_raw_records_and_every_entry_is_acked(redis_url):
     assert state[b"consumer"] == agg.consumer.encode()
     assert drive([agg], lambda: client.hget(state_key("exact"), "lag_entries") == b"0")
     agg.close()
-    assert client.get(wire.aggregator_key("exact")) is None  # released
+    assert client.get(core.aggregator_key("exact")) is None  # released
 
 
 def test_a_missing_rank_is_named_after_the_deadline_and_folded_in_when_it_arrives_late(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     lines: list[str] = []
     sent = [step_record("late", s, r) for s in range(4) for r in range(4) if (s, r) != (2, 1)]
     publish(client, sent)
@@ -111,7 +111,7 @@ def test_a_missing_rank_is_named_after_the_deadline_and_folded_in_when_it_arrive
 
 
 def test_duplicates_are_skipped_and_counted(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     sent = [step_record("dup", s, r) for s in range(3) for r in range(4)]
     publish(client, sent[:6] + sent[:2] + sent[6:])  # step 0's first ranks again while it assembles
     agg = aggregator(redis_url, "dup")
@@ -124,15 +124,15 @@ def test_duplicates_are_skipped_and_counted(redis_url):
 
 
 def test_malformed_entries_are_acked_counted_and_reported_in_one_line(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     lines: list[str] = []
-    key = wire.steps_key("bad")
+    key = core.steps_key("bad")
     good = [step_record("bad", 0, r) for r in range(4)]
     publish(client, good[:2])
     client.xadd(key, {"v": 2, "run": "bad"})  # missing fields
-    fields = wire.encode_step(step_record("bad", 1, 0))
+    fields = core.encode_step(step_record("bad", 1, 0))
     client.xadd(key, {**fields, "counts": b"\x00\x01"})  # counts cut short
-    client.xadd(key, wire.encode_step(step_record("other", 1, 0)))  # another run's record
+    client.xadd(key, core.encode_step(step_record("other", 1, 0)))  # another run's record
     publish(client, good[2:])
     agg = aggregator(redis_url, "bad", lines)
     assert drive([agg], lambda: agg.counters.steps_written == 1 and agg.counters.bad_records == 3)
@@ -144,7 +144,7 @@ def test_malformed_entries_are_acked_counted_and_reported_in_one_line(redis_url)
 
 
 def test_two_aggregators_at_once_write_each_step_exactly_once(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     first, second = aggregator(redis_url, "twice"), aggregator(redis_url, "twice")
     sent = []
     for s in range(30):
@@ -162,7 +162,7 @@ def test_two_aggregators_at_once_write_each_step_exactly_once(redis_url):
 
 
 def test_killing_the_holder_lets_the_standby_take_over_without_losing_or_repeating_a_step(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     holder = aggregator(redis_url, "kill", deadline_s=5.0)
     lines: list[str] = []
     standby = aggregator(redis_url, "kill", lines, deadline_s=5.0)
@@ -184,13 +184,13 @@ def test_killing_the_holder_lets_the_standby_take_over_without_losing_or_repeati
 
 
 def test_a_successor_of_a_trimmed_aggregate_stream_places_late_ranks_only_where_it_can_tell(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     sent = [step_record("trimmed", s, r) for s in range(40) for r in range(4) if (s, r) not in ((5, 3), (38, 3))]
     publish(client, sent)
     first = aggregator(redis_url, "trimmed", agg_maxlen=16)
     assert drive([first], lambda: first.counters.steps_written == 40)
     first.close()
-    assert client.xlen(wire.aggregate_key("trimmed")) < 40  # MAXLEN ~ 16 trimmed it
+    assert client.xlen(core.aggregate_key("trimmed")) < 40  # MAXLEN ~ 16 trimmed it
     lines: list[str] = []
     second = aggregator(redis_url, "trimmed", lines, agg_maxlen=16)
     again = [step_record("trimmed", 5, 3), step_record("trimmed", 38, 3), step_record("trimmed", 2, 0),
@@ -209,7 +209,7 @@ def test_a_successor_of_a_trimmed_aggregate_stream_places_late_ranks_only_where_
 
 
 def test_a_holder_that_stalled_past_its_lease_cannot_commit_and_its_entries_are_reclaimed(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     stalled = aggregator(redis_url, "stall", deadline_s=5.0)
     other = aggregator(redis_url, "stall", deadline_s=5.0)
     sent = [step_record("stall", 0, r) for r in range(4)] + [step_record("stall", 1, r) for r in range(3)]
@@ -256,7 +256,7 @@ def test_redis_killed_and_restarted_empty_costs_no_crash_and_loses_nothing_buffe
     after = [step_record("faulty", s, r) for s in range(4, 6) for r in range(4)]
     publish(client, after)
     assert drive([agg], lambda: agg.counters.steps_written == 6, timeout_s=10)
-    assert agg.holder and client.get(wire.aggregator_key("faulty")) == agg.consumer.encode()
+    assert agg.holder and client.get(core.aggregator_key("faulty")) == agg.consumer.encode()
     check_exact(client, "faulty", short + after)
     agg.close()
 
@@ -283,7 +283,7 @@ class LostReply(Aggregator):
 
 
 def test_a_commit_whose_reply_was_lost_is_not_written_again(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     agg = LostReply(redis_url, "lost", options(), log=lambda _: None)
     assert drive([agg], lambda: agg.synced)
     agg.lose_next = True
@@ -320,7 +320,7 @@ def test_writes_refused_by_a_full_redis_cost_one_message_and_lose_nothing(server
 
 
 def test_a_collector_restart_starts_a_new_epoch(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     old = [step_record("epochs", s, r, inst=f"old{r}") for s in range(5) for r in range(4) if (s, r) != (4, 3)]
     new = [step_record("epochs", s, r, inst=f"new{r}") for s in range(3) for r in range(4)]
     stale = step_record("epochs", 4, 3, inst="old3")
@@ -337,7 +337,7 @@ def test_a_collector_restart_starts_a_new_epoch(redis_url):
 
 
 def test_the_raw_stream_is_trimmed_behind_what_was_consumed_but_not_past_pending_steps(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     agg = aggregator(redis_url, "trim", keep_raw_s=0.2, deadline_s=2.0)
     waiting = [step_record("trim", 0, r) for r in range(3)]
     publish(client, waiting)
@@ -349,18 +349,18 @@ def test_the_raw_stream_is_trimmed_behind_what_was_consumed_but_not_past_pending
     assert drive([agg], lambda: agg.counters.steps_written == 5)
     time.sleep(1.0)
     agg.step()
-    assert client.xlen(wire.steps_key("trim")) == 3 + 12 + 8  # step 0 waits: nothing before it may go
+    assert client.xlen(core.steps_key("trim")) == 3 + 12 + 8  # step 0 waits: nothing before it may go
     assert drive([agg], lambda: agg.counters.steps_written == 6, timeout_s=6)
     publish(client, [step_record("trim", 9, r) for r in range(4)])
-    assert drive([agg], lambda: client.xlen(wire.steps_key("trim")) <= 4 + 8, timeout_s=3)
+    assert drive([agg], lambda: client.xlen(core.steps_key("trim")) <= 4 + 8, timeout_s=3)
     agg.close()
 
 
 def test_the_cli_aggregates_every_run_and_picks_up_new_ones(redis_url, capsys):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     for run in ("cli-a", "cli-b"):
         publish(client, [step_record(run, s, r) for s in range(3) for r in range(4)])
-        client.zadd(wire.RUNS_KEY, {run: time.time()})
+        client.zadd(core.RUNS_KEY, {run: time.time()})
     stop = threading.Event()
     args = ["--redis", redis_url, "--all", "--deadline-s", "0.3", "--lease-s", "1", "--discover-s", "0.2",
             "--log-every-s", "0.5", "--duration-s", "20"]
@@ -369,13 +369,13 @@ def test_the_cli_aggregates_every_run_and_picks_up_new_ones(redis_url, capsys):
     try:
         assert wait_until(lambda: all(len(aggregates(client, run)) == 3 for run in ("cli-a", "cli-b")))
         publish(client, [step_record("cli-c", s, r) for s in range(2) for r in range(4)])
-        client.zadd(wire.RUNS_KEY, {"cli-c": time.time()})
+        client.zadd(core.RUNS_KEY, {"cli-c": time.time()})
         assert wait_until(lambda: len(aggregates(client, "cli-c")) == 2)
     finally:
         stop.set()
         worker.join(10)
     assert not worker.is_alive()
-    assert all(client.get(wire.aggregator_key(run)) is None for run in ("cli-a", "cli-b", "cli-c"))
+    assert all(client.get(core.aggregator_key(run)) is None for run in ("cli-a", "cli-b", "cli-c"))
     assert main(["--redis", "http://nowhere", "--run", "x"]) == 2
     assert "must start with redis://" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from redis.cluster import key_slot
 
-import wire
-from collectors.aggregate import Aggregator
-from demo.localcluster import LocalCluster
+from moe_monitor import core
+from moe_monitor.aggregator import Aggregator
+from moe_monitor.demo.localcluster import LocalCluster
 from tests.support.aggregates import aggregates, drive, options, publish, rank_record
 
 pytestmark = pytest.mark.slow
@@ -23,17 +23,17 @@ def cluster(tmp_path_factory):
     nodes.stop()
 
 
-def records(run: str, steps: range, skip_rank: int | None = None) -> list[wire.StepRecord]:
+def records(run: str, steps: range, skip_rank: int | None = None) -> list[core.StepRecord]:
     return [rank_record(run, s, r, np.full((L, E), s + r), WORLD, tokens=4)
             for s in steps for r in range(WORLD) if r != skip_rank]
 
 
 def test_runs_on_two_shards_are_aggregated_exactly_and_a_standby_takes_over(cluster):
-    client = wire.connect(cluster.url, timeout_s=2.0)
+    client = core.connect(cluster.url, timeout_s=2.0)
     runs = ["agg-a"]
     runs.append(next(f"agg-{i}" for i in range(100)
-                     if key_slot(wire.steps_key(f"agg-{i}").encode()) // 5462
-                     != key_slot(wire.steps_key("agg-a").encode()) // 5462))
+                     if key_slot(core.steps_key(f"agg-{i}").encode()) // 5462
+                     != key_slot(core.steps_key("agg-a").encode()) // 5462))
     slow = options(deadline_s=5.0, log_every_s=60.0)
     holders = {run: Aggregator(cluster.url, run, slow, log=lambda _: None) for run in runs}
     standby = Aggregator(cluster.url, runs[0], slow, log=lambda _: None)
@@ -46,7 +46,7 @@ def test_runs_on_two_shards_are_aggregated_exactly_and_a_standby_takes_over(clus
     publish(client, [rec for rec in records(runs[0], range(10, 14)) if rec.rank == 3])
     assert drive([standby, holders[runs[1]]], lambda: standby.counters.steps_written == 14, timeout_s=15.0)
     for run, want in ((runs[0], 14), (runs[1], 10)):  # the second run's steps 10-13 wait for rank 3
-        steps: dict[int, list[wire.AggregateRecord]] = {}
+        steps: dict[int, list[core.AggregateRecord]] = {}
         for rec in aggregates(client, run):
             steps.setdefault(rec.step, []).append(rec)
         assert sorted(steps) == list(range(want))
@@ -54,7 +54,7 @@ def test_runs_on_two_shards_are_aggregated_exactly_and_a_standby_takes_over(clus
             assert [e.late for e in entries] == [False]
             assert entries[0].ranks_R.tolist() == list(range(WORLD))
             assert (entries[0].counts_LE == sum(step + r for r in range(WORLD))).all()
-    assert client.get(wire.aggregator_key(runs[0])) == standby.consumer.encode()
+    assert client.get(core.aggregator_key(runs[0])) == standby.consumer.encode()
     standby.close()
     holders[runs[1]].close()
     client.close()

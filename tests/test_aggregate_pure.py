@@ -7,21 +7,21 @@ import math
 import numpy as np
 import pytest
 
-import wire
-from collectors.aggregate import AggregateOptions, Assembler, LayoutBook, RollupBuilder, bucket_rollup
-from collectors.aggregate.assembly import Counters
-from collectors.aggregate.progress import decode_progress, encode_progress
-from collectors.aggregate.rollup import RollupCounters, StepEntry
-from planner.loads import balancedness_or_nan, gpu_loads
+from moe_monitor import core
+from moe_monitor.aggregator import AggregateOptions, Assembler, LayoutBook, RollupBuilder, bucket_rollup
+from moe_monitor.aggregator.assembly import Counters
+from moe_monitor.aggregator.progress import decode_progress, encode_progress
+from moe_monitor.aggregator.rollup import RollupCounters, StepEntry
+from moe_monitor.planner.loads import balancedness_or_nan, gpu_loads
 
 L, E = 3, 8
 
 
 def rec(step: int, rank: int, world: int = 4, counts=None, inst: str = "c", t: float = 1000.0,
-        phase: str = "decode", tokens: int = 4) -> wire.StepRecord:
+        phase: str = "decode", tokens: int = 4) -> core.StepRecord:
     if counts is None:
         counts = np.random.default_rng(step * 1000 + rank).integers(0, 50, (L, E)).astype(np.int32)
-    return wire.StepRecord(run="r", rank=rank, world_size=world, step=step, time_s=t, phase=phase, tokens=tokens,
+    return core.StepRecord(run="r", rank=rank, world_size=world, step=step, time_s=t, phase=phase, tokens=tokens,
                            counts_LE=np.asarray(counts, dtype=np.int32), instance=inst, dropped_steps=rank)
 
 
@@ -29,7 +29,7 @@ def ids(n: int, start: int = 0) -> list[bytes]:
     return [f"{1000 + i}-0".encode() for i in range(start, start + n)]
 
 
-def feed(assembler: Assembler, records: list[wire.StepRecord], now: float = 0.0, first: int = 0):
+def feed(assembler: Assembler, records: list[core.StepRecord], now: float = 0.0, first: int = 0):
     entries = list(zip(ids(len(records), first), records))
     return assembler.add(entries, now), entries
 
@@ -158,11 +158,11 @@ def test_the_layout_in_force_follows_the_changes_of_the_epoch():
 
 # ------------------------------------------------------------------------------------------------ rollups
 def agg(step: int, t: float, counts=None, ranks=(0, 1), world: int = 2, late: bool = False,
-        epoch: str = "e") -> wire.AggregateRecord:
+        epoch: str = "e") -> core.AggregateRecord:
     if counts is None:
         counts = np.random.default_rng(step).integers(0, 40, (L, E))
     ranks_R = np.asarray(ranks, dtype=np.int64)
-    return wire.AggregateRecord(run="r", step=step, time_s=t, phase="decode", world_size=world,
+    return core.AggregateRecord(run="r", step=step, time_s=t, phase="decode", world_size=world,
                                 counts_LE=np.asarray(counts, dtype=np.int64), ranks_R=ranks_R,
                                 tokens_R=np.full(ranks_R.size, 4), dropped_R=np.zeros(ranks_R.size, dtype=np.int64),
                                 instance=epoch, late=late)
@@ -178,8 +178,8 @@ def test_bucket_statistics_match_a_direct_computation():
     record = bucket_rollup("r", 1, 100, steps, book)
     loads = np.stack([gpu_loads(c, layout, 4) for c in counts])
     eta = balancedness_or_nan(loads)
-    assert (record.eta_hist_B == wire.eta_histogram(eta)).all() and record.eta_hist_B.sum() == 5 * L - 1
-    assert record.eta_quantile(0.5) == wire.eta_quantile(wire.eta_histogram(eta), 0.5)
+    assert (record.eta_hist_B == core.eta_histogram(eta)).all() and record.eta_hist_B.sum() == 5 * L - 1
+    assert record.eta_quantile(0.5) == core.eta_quantile(core.eta_histogram(eta), 0.5)
     assert record.max_load_sum == pytest.approx(loads.max(-1).mean(-1).sum())
     assert record.mean_load_sum == pytest.approx(loads.mean(-1).mean(-1).sum())
     assert record.max_load_peak == pytest.approx(loads.max()) and record.gpus == 4

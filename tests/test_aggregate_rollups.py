@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import redis
 
-import wire
-from collectors.aggregate import AggregateOptions, Aggregator
-from planner.loads import balancedness_or_nan, gpu_loads
+from moe_monitor import core
+from moe_monitor.aggregator import AggregateOptions, Aggregator
+from moe_monitor.planner.loads import balancedness_or_nan, gpu_loads
 from tests.support import aggregates as support
 from tests.support.aggregates import aggregates, drive, publish, rank_record
 
@@ -27,13 +27,13 @@ def options(**change) -> AggregateOptions:
 
 
 def write_meta_and_change(client, run: str) -> None:
-    meta = wire.RunMeta(run=run, model_name="tiny", layer_names=[f"l{i}" for i in range(L)], num_experts=E, top_k=2,
+    meta = core.RunMeta(run=run, model_name="tiny", layer_names=[f"l{i}" for i in range(L)], num_experts=E, top_k=2,
                         hidden_size=0, moe_intermediate_size=0, dtype_bytes=2, world_size=WORLD,
-                        layout=wire.Layout(gpus=GPUS, nodes=1, physical_to_logical_map=META_MAP))
-    client.set(wire.meta_key(run), wire.encode_meta(meta))
-    change = wire.LayoutRecord(run=run, step=CHANGE_STEP, time_s=time.time(),
+                        layout=core.Layout(gpus=GPUS, nodes=1, physical_to_logical_map=META_MAP))
+    client.set(core.meta_key(run), core.encode_meta(meta))
+    change = core.LayoutRecord(run=run, step=CHANGE_STEP, time_s=time.time(),
                                physical_to_logical_LP=np.array(CHANGED_MAP), gpus=GPUS, instance="c")
-    client.xadd(wire.layouts_key(run), wire.encode_layout_record(change))
+    client.xadd(core.layouts_key(run), core.encode_layout_record(change))
 
 
 def publish_steps(client, run: str, times: list[float], skip: tuple[int, int] | None = None) -> None:
@@ -50,8 +50,8 @@ def publish_steps(client, run: str, times: list[float], skip: tuple[int, int] | 
     publish(client, records)
 
 
-def rollups(client, run: str, resolution_s: int) -> list[tuple[bytes, wire.RollupRecord]]:
-    return [(i, wire.decode_rollup(f)) for i, f in client.xrange(wire.rollup_key(run, resolution_s))]
+def rollups(client, run: str, resolution_s: int) -> list[tuple[bytes, core.RollupRecord]]:
+    return [(i, core.decode_rollup(f)) for i, f in client.xrange(core.rollup_key(run, resolution_s))]
 
 
 def minutes_ago(n: int) -> float:
@@ -59,7 +59,7 @@ def minutes_ago(n: int) -> float:
 
 
 def test_rollups_hold_exactly_the_steps_of_their_bucket_under_the_layout_in_force(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     write_meta_and_change(client, "roll")
     base = minutes_ago(2)
     times = [base + 0.3 * s for s in range(24)]  # 6.9 s: seconds base .. base + 6
@@ -77,14 +77,14 @@ def test_rollups_hold_exactly_the_steps_of_their_bucket_under_the_layout_in_forc
         loads = np.stack([gpu_loads(s.counts_LE, np.array(CHANGED_MAP if s.step >= CHANGE_STEP else META_MAP), GPUS)
                           for s in mine])
         eta = balancedness_or_nan(loads)
-        assert (bucket.eta_hist_B == wire.eta_histogram(eta)).all()
+        assert (bucket.eta_hist_B == core.eta_histogram(eta)).all()
         if any(s.step >= CHANGE_STEP for s in mine):  # the change matters: the metadata's layout reads otherwise
             before = balancedness_or_nan(np.stack([gpu_loads(s.counts_LE, np.array(META_MAP), GPUS) for s in mine]))
             assert not np.allclose(np.nan_to_num(before), np.nan_to_num(eta))
         assert bucket.eta_hist_B.sum() == np.count_nonzero(loads.max(-1) > 0)  # steps x layers with traffic
         for q in (0.5, 0.99):
             direct = float(np.quantile(eta[np.isfinite(eta)], q, method="inverted_cdf"))
-            assert bucket.eta_quantile(q) - 1 / wire.ETA_BINS < direct <= bucket.eta_quantile(q) + 1e-9
+            assert bucket.eta_quantile(q) - 1 / core.ETA_BINS < direct <= bucket.eta_quantile(q) + 1e-9
         assert bucket.max_load_sum == pytest.approx(loads.max(-1).mean(-1).sum())
         assert bucket.mean_load_sum == pytest.approx(loads.mean(-1).mean(-1).sum())
         assert bucket.max_load_peak == pytest.approx(loads.max()) and bucket.gpus == GPUS
@@ -98,7 +98,7 @@ def test_rollups_hold_exactly_the_steps_of_their_bucket_under_the_layout_in_forc
 
 
 def test_a_late_rank_counts_in_its_seconds_bucket(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     base = minutes_ago(2)
     publish_steps(client, "lateroll", [base + 0.5], skip=(0, 3))
     agg = Aggregator(redis_url, "lateroll", options(rollup_grace_s=1.5), log=lambda _: None)
@@ -112,7 +112,7 @@ def test_a_late_rank_counts_in_its_seconds_bucket(redis_url):
 
 
 def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     base = minutes_ago(3)
     times = [base + 5 + 0.5 * s for s in range(80)]  # 40 s of steps
     publish_steps(client, "once", times)
@@ -122,7 +122,7 @@ def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis
     assert 5 <= len(written_first) < 40 and rollups(client, "once", 60) == []
     top = written_first[-1][0]
     with pytest.raises(redis.ResponseError, match="equal or smaller"):
-        client.xadd(wire.rollup_key("once", 1), {"v": 1}, id=top)  # Redis refuses a bucket written before
+        client.xadd(core.rollup_key("once", 1), {"v": 1}, id=top)  # Redis refuses a bucket written before
     first.abandon()
     lines: list[str] = []
     second = Aggregator(redis_url, "once", options(), log=lines.append)
@@ -135,12 +135,12 @@ def test_a_bucket_is_written_once_and_a_successor_rebuilds_the_open_minute(redis
     assert sum(r.steps for _, r in seconds) == 80
     (_, minute), = rollups(client, "once", 60)
     assert minute.steps == 80 and (minute.counts_LE == sum(s.counts_LE for s in aggregates(client, "once"))).all()
-    assert int(client.hget(wire.aggregator_key("once") + ":state", "buckets_1s")) == 40
+    assert int(client.hget(core.aggregator_key("once") + ":state", "buckets_1s")) == 40
     second.close()
 
 
 def test_retention_trims_old_buckets(redis_url):
-    client = wire.connect(redis_url)
+    client = core.connect(redis_url)
     base = minutes_ago(5)
     times = [base + 10.0 * s for s in range(24)]  # 4 minutes of sparse steps
     publish_steps(client, "keep", times)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import wire
-from dashboard.analytics import alerts
+from moe_monitor import core
+from moe_monitor.dashboard.analytics import alerts
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -35,7 +35,7 @@ def test_thresholds_are_the_yamls():
 
 
 def test_the_overview_shows_the_rules_on_its_window(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill_skewed(client, "skew")
     at = run_app(redis_url, monkeypatch)
     line = next(w.value for w in at.warning if "Alerts on this window" in w.value)

@@ -4,7 +4,14 @@ import math
 import numpy as np
 import pytest
 
-from dashboard.analytics.balance import across_layers, balancedness, imbalance, step_vs_window, straggler, window_stats
+from moe_monitor.dashboard.analytics.balance import (
+    across_layers,
+    balancedness,
+    imbalance,
+    step_vs_window,
+    straggler,
+    window_stats,
+)
 
 
 def test_eta_is_mean_over_max():
@@ -64,7 +71,7 @@ def test_per_layer_straggler_differs_from_the_summed_one():
     # one step, three layers, three GPUs. Summed over layers GPU 2 carries the most (21 vs 20 vs 10), but
     # each layer waits on its own busiest GPU: GPU 0 in layers 0 and 1, GPU 1 in layer 2. GPU 2 is never
     # the one a layer waits for.
-    from dashboard.analytics.balance import layer_straggler
+    from moe_monitor.dashboard.analytics.balance import layer_straggler
 
     loads_TLG = np.array([[[10.0, 0.0, 7.0], [10.0, 0.0, 7.0], [0.0, 10.0, 7.0]]])
     assert straggler(loads_TLG.sum(axis=1)).gpu == 2
@@ -76,15 +83,15 @@ def test_per_layer_straggler_differs_from_the_summed_one():
 
 
 def test_snapshot_defaults_to_the_per_layer_view():
-    import wire
-    from dashboard.live.layout import resolve_layout
-    from dashboard.live.snapshot import analyse
-    from dashboard.live.window import StepWindow
+    from moe_monitor import core
+    from moe_monitor.dashboard.live.layout import resolve_layout
+    from moe_monitor.dashboard.live.snapshot import analyse
+    from moe_monitor.dashboard.live.window import StepWindow
 
     # 3 layers, 3 experts, 3 GPUs (one expert each): counts are the loads of the test above
     window = StepWindow(4, 3, 3)
     counts = np.array([[10, 0, 7], [10, 0, 7], [0, 10, 7]], dtype=np.int32)
-    window.add(wire.StepRecord(run="s", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=17,
+    window.add(core.StepRecord(run="s", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=17,
                                counts_LE=counts))
     layout = resolve_layout(None, 3, 3, gpus=3)
     per_layer, summed = analyse(window, layout, "both"), analyse(window, layout, "both", summed=True)

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
-from dashboard.analytics.series import bin_edges, downsample_max, downsample_sum, rate_per_s, small_ints
+from moe_monitor.dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
+from moe_monitor.dashboard.analytics.series import bin_edges, downsample_max, downsample_sum, rate_per_s, small_ints
 
 
 def test_hot_experts_ranked_with_share_and_x_mean():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.localredis import free_port
+from moe_monitor.demo.localredis import free_port
 from tests.support.browserkit import chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def demo(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    with serving(["-m", "demo", "--port", str(port)], port, tmp_path / "demo.log", env, ready_s=120) as url:
+    with serving(["-m", "moe_monitor.demo", "--port", str(port)], port, tmp_path / "moe_monitor.demo.log", env, ready_s=120) as url:
         yield url
 
 

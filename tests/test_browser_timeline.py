@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from demo.localredis import free_port
+from moe_monitor.demo.localredis import free_port
 from tests.support.browserkit import chromium_page, serving
 from tests.support.listsource import recording, write_jsonl
 
-STREAMLIT = ["-m", "streamlit", "run", "app.py", "--server.headless", "true", "--browser.gatherUsageStats", "false",
+STREAMLIT = ["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.headless", "true", "--browser.gatherUsageStats", "false",
              "--server.fileWatcherType", "none"]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.localredis import RedisServer, free_port
+from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.support.browserkit import chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def app_url(tmp_path):
         fill_with_collector(server.url, RUN, steps=40)
         port = free_port()
         env = dict(os.environ, REDIS_URL=server.url)
-        with serving(["-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+        with serving(["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.port", str(port), "--server.headless", "true",
                       "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
                      port, tmp_path / "streamlit.log", env) as url:
             yield url

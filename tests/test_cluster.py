@@ -1,5 +1,5 @@
 """One URL for a single Redis or a Redis Cluster, against a real cluster (demo/localcluster.py: 3 masters
-+ 3 replicas of redis-server on loopback, with a password) and the session's single redis-server: wire.connect
++ 3 replicas of redis-server on loopback, with a password) and the session's single redis-server: core.connect
 tells them apart; a collector publishes through the cluster and the dashboard reads every step exactly; two runs
 land on different shards; a master SIGKILLed mid-run fails over to its replica while the collector and the
 dashboard carry on, and every step that does not arrive is counted."""
@@ -14,17 +14,17 @@ import redis
 import torch
 from redis.cluster import RedisCluster, key_slot
 
-import wire
-from collectors import ExpertLoadMonitor, attach
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource, read_runs
-from demo.localcluster import LocalCluster
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor, attach
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource, read_runs
+from moe_monitor.demo.localcluster import LocalCluster
 from tests.support.tiny_models import build
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 PASSWORD = "cluster-pass"
-RUN_KEYS = (wire.meta_key, wire.steps_key, wire.gpu_key, wire.layouts_key, wire.health_key, wire.timings_key)
+RUN_KEYS = (core.meta_key, core.steps_key, core.gpu_key, core.layouts_key, core.health_key, core.timings_key)
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +59,10 @@ def _window_steps(watched: WatchedRun) -> dict[int, np.ndarray]:
 
 def _run_on_another_shard(cluster: LocalCluster, run: str) -> str:
     """The first name shard-0, shard-1, ... whose keys live on another master than run's."""
-    taken = cluster.master_of(wire.steps_key(run))
+    taken = cluster.master_of(core.steps_key(run))
     for i in range(100):
         name = f"shard-{i}"
-        if cluster.master_of(wire.steps_key(name)) != taken:
+        if cluster.master_of(core.steps_key(name)) != taken:
             return name
     raise AssertionError("no run name on another shard")
 
@@ -71,17 +71,17 @@ def _run_on_another_shard(cluster: LocalCluster, run: str) -> str:
 def test_connect_tells_a_cluster_from_a_single_redis(cluster, redis_url):
     """The same kind of redis:// URL: a cluster node gives a RedisCluster (every key readable through any node's
     URL), a single Redis a redis.Redis; nothing is decided before the first command."""
-    in_cluster, single = wire.connect(cluster.url), wire.connect(redis_url)
+    in_cluster, single = core.connect(cluster.url), core.connect(redis_url)
     assert in_cluster.cluster is None and single.cluster is None  # lazy: nothing sent yet
     for name in ("a", "b", "c", "d"):
-        in_cluster.set(wire.meta_key(name), name.encode())
-    single.set(wire.meta_key("a"), b"a")
+        in_cluster.set(core.meta_key(name), name.encode())
+    single.set(core.meta_key("a"), b"a")
     assert in_cluster.cluster is True and isinstance(in_cluster.resolve(), RedisCluster)
     assert single.cluster is False and type(single.resolve()) is redis.Redis
-    other = wire.connect(cluster.url_of(cluster.ports[-1]))  # any node's URL reaches every shard
-    assert [other.get(wire.meta_key(name)) for name in "abcd"] == [b"a", b"b", b"c", b"d"]
+    other = core.connect(cluster.url_of(cluster.ports[-1]))  # any node's URL reaches every shard
+    assert [other.get(core.meta_key(name)) for name in "abcd"] == [b"a", b"b", b"c", b"d"]
     assert "cluster-pass" not in repr(other) and "cluster" in repr(other)
-    in_cluster.delete(*[wire.meta_key(name) for name in "abcd"])  # RedisCluster splits a DEL over slots
+    in_cluster.delete(*[core.meta_key(name) for name in "abcd"])  # RedisCluster splits a DEL over slots
 
 
 def test_a_client_made_while_its_node_is_down_speaks_cluster_once_it_is_up(cluster):
@@ -90,16 +90,16 @@ def test_a_client_made_while_its_node_is_down_speaks_cluster_once_it_is_up(clust
     port = cluster.replicas()[0]
     cluster.kill(port)
     try:
-        client = wire.connect(cluster.url_of(port), timeout_s=0.5, retries=0)
+        client = core.connect(cluster.url_of(port), timeout_s=0.5, retries=0)
         with pytest.raises(redis.exceptions.ConnectionError):
-            client.get(wire.meta_key("late"))
+            client.get(core.meta_key("late"))
         assert client.cluster is None
     finally:
         cluster.restart(port)
         cluster.wait_ready()
-    client.set(wire.meta_key("late"), b"up")  # a replica's URL: the write goes to the slot's master
-    assert client.cluster is True and wire.connect(cluster.url).get(wire.meta_key("late")) == b"up"
-    client.delete(wire.meta_key("late"))
+    client.set(core.meta_key("late"), b"up")  # a replica's URL: the write goes to the slot's master
+    assert client.cluster is True and core.connect(cluster.url).get(core.meta_key("late")) == b"up"
+    client.delete(core.meta_key("late"))
 
 
 # ---------------------------------------------------------------------- (b) collector -> cluster -> dashboard
@@ -109,9 +109,9 @@ def test_collectors_publish_through_the_cluster_and_the_dashboard_reads_every_st
     model = build("olmoe")
     first = "cluster-model"
     second = _run_on_another_shard(cluster, first)
-    for run in (first, second):  # a run's keys share one slot (wire.run_key's hash tag)
+    for run in (first, second):  # a run's keys share one slot (core.run_key's hash tag)
         assert len({key_slot(key(run).encode()) for key in RUN_KEYS}) == 1
-    assert cluster.master_of(wire.steps_key(first)) != cluster.master_of(wire.steps_key(second))
+    assert cluster.master_of(core.steps_key(first)) != cluster.master_of(core.steps_key(second))
 
     monitor = attach(model, redis_url=cluster.url, run=first)
     engine = ExpertLoadMonitor(2, 8, 2, redis_url=cluster.url, run=second, nvml=False)
@@ -129,7 +129,7 @@ def test_collectors_publish_through_the_cluster_and_the_dashboard_reads_every_st
     engine.close()
     assert monitor.stats()["published_steps"] == 12 and engine.stats()["published_steps"] == 12
 
-    reader = wire.connect(cluster.url, timeout_s=1.0)
+    reader = core.connect(cluster.url, timeout_s=1.0)
     assert {name for name, _ in read_runs(reader).runs} >= {first, second}
     for run, expected in ((first, per_step_LE), (second, [_expected_LE(s) for s in range(12)])):
         watched = WatchedRun(RedisSource(reader, cluster.url, run, window_steps=64), window_steps=64)
@@ -173,7 +173,7 @@ def test_failover_mid_run_loses_only_counted_in_flight_steps(failover_cluster, s
     collector's dropped count, the dashboard's missed steps)."""
     cluster, run, total, timeout_s = failover_cluster, "failover", 400, 0.5
     mon = ExpertLoadMonitor(2, 8, 2, redis_url=cluster.url, run=run, nvml=False, redis_timeout_s=timeout_s)
-    source = RedisSource(wire.connect(cluster.url, timeout_s=0.5, retries=1), cluster.url, run, window_steps=512)
+    source = RedisSource(core.connect(cluster.url, timeout_s=0.5, retries=1), cluster.url, run, window_steps=512)
     dashboard = _Dashboard(WatchedRun(source, window_steps=512))
     ended_at, slowest, failures = [0.0] * total, [0.0], []
 
@@ -196,7 +196,7 @@ def test_failover_mid_run_loses_only_counted_in_flight_steps(failover_cluster, s
         model_thread.start()
         assert wait_until(lambda: dashboard.watched.steps_read >= 50, timeout_s=15)
         killed_at = time.monotonic()
-        old, new = cluster.kill_master_of(wire.steps_key(run), stall=stall)
+        old, new = cluster.kill_master_of(core.steps_key(run), stall=stall)
         promoted_at = time.monotonic()
         model_thread.join(30)
         assert not model_thread.is_alive() and not failures and mon.step == total
@@ -213,8 +213,8 @@ def test_failover_mid_run_loses_only_counted_in_flight_steps(failover_cluster, s
     assert stats["queued_steps"] == 0 and stats["published_steps"] + stats["dropped_steps"] == total
     assert stats["sinks"]["redis"]["failures"] >= 1, stats  # the collector did meet the failover
     assert stats["sinks"]["redis"]["max_write_s"] <= 2 * timeout_s + 0.5, stats  # as test_faults bounds it
-    live = wire.connect(cluster.url_of(new))  # cluster.url may name the node that failed
-    stream = [wire.decode_step(f).step for _, f in live.xrange(wire.steps_key(run))]
+    live = core.connect(cluster.url_of(new))  # cluster.url may name the node that failed
+    stream = [core.decode_step(f).step for _, f in live.xrange(core.steps_key(run))]
     assert stream == sorted(stream)  # what was retried landed in step order
 
     got = _window_steps(watched)
@@ -229,4 +229,4 @@ def test_failover_mid_run_loses_only_counted_in_flight_steps(failover_cluster, s
     failed_ticks = [h for h in dashboard.healths if not h.reachable]  # soft: said in the health, nothing raised
     assert all(h.error for h in failed_ticks) and dashboard.healths[-1].reachable
     assert "the source failed" not in watched.last_error
-    assert old != new and cluster.master_of(wire.steps_key(run)) == new
+    assert old != new and cluster.master_of(core.steps_key(run)) == new

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor, attach
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor, attach
 from tests.support.tiny_models import build
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
 
 def _steps(client, run):
-    return [wire.decode_step(fields) for _, fields in client.xrange(wire.steps_key(run))]
+    return [core.decode_step(fields) for _, fields in client.xrange(core.steps_key(run))]
 
 
 def _routed_ids(model):
@@ -58,9 +58,9 @@ def test_generate_prefill_then_decode_round_trip(redis_server, redis_url):
         assert rec.dropped_steps == 0 and rec.world_size == 1 and rec.rank == 0
     total = sum(r.counts_LE.astype(np.int64) for r in records)
     assert np.array_equal(total, monitor.counts())
-    meta = wire.decode_meta(redis_server.client().get(wire.meta_key("gen")))
+    meta = core.decode_meta(redis_server.client().get(core.meta_key("gen")))
     assert meta.layer_names == monitor.layer_names and meta.num_experts == 8 and meta.top_k == 2
-    assert meta.layout.physical_to_logical_map == wire.contiguous_layout(layers, 8)
+    assert meta.layout.physical_to_logical_map == core.contiguous_layout(layers, 8)
     assert meta.hidden_size == 32 and meta.moe_intermediate_size == 16 and meta.dtype_bytes == 4
 
 
@@ -120,8 +120,8 @@ def test_torch_compile_attached_before_compiling(tmp_path):
     assert dynamo_utils.counters["frames"]["total"] == frames_after_warmup, "the hooks made dynamo recompile"
     monitor.close()
     with open(tmp_path / "c.jsonl", encoding="utf-8") as trace:
-        lines = [wire.parse_trace_line(line) for line in trace]
-    records = [wire.decode_step(f) for kind, f in lines if kind == "step"]
+        lines = [core.parse_trace_line(line) for line in trace]
+    records = [core.decode_step(f) for kind, f in lines if kind == "step"]
     assert len(records) == 8
     for rec in records:  # sampled rows from inside the compiled graph: real ids of that very step
         if rec.step % 2:
@@ -155,7 +155,7 @@ def test_generic_api_for_engines(redis_server, redis_url):
 
 
 def test_password_url_and_ranks_from_environment(tmp_path, monkeypatch):
-    from demo.localredis import RedisServer
+    from moe_monitor.demo.localredis import RedisServer
     server = RedisServer(tmp_path, password="s3cret")
     try:
         monkeypatch.setenv("RANK", "2")
@@ -252,7 +252,7 @@ def test_hanging_redis_never_blocks_the_forward():
 
 
 def test_buffered_steps_survive_a_redis_restart(tmp_path):
-    from demo.localredis import RedisServer
+    from moe_monitor.demo.localredis import RedisServer
     server = RedisServer(tmp_path)
     port = server.port
     mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="restart", queue_steps=100, nvml=False)
@@ -273,14 +273,14 @@ def test_buffered_steps_survive_a_redis_restart(tmp_path):
         mon.close()
         records = _steps(server.client(), "restart")
         assert [r.step for r in records] == [0, 1, 2, 3, 4] and server.port == port
-        assert server.client().get(wire.meta_key("restart")) is not None  # metadata written again
+        assert server.client().get(core.meta_key("restart")) is not None  # metadata written again
     finally:
         server.stop()
 
 
 def test_options_by_object_and_by_name():
     """MonitorOptions holds the knobs; names passed to attach()/ExpertLoadMonitor override its fields."""
-    from collectors import MonitorOptions
+    from moe_monitor.collectors import MonitorOptions
     opts = MonitorOptions(sample_tokens=4, gpus=2, nvml=False)
     layout = [[1, 0, 3, 2]]
     mon = ExpertLoadMonitor(1, 4, 2, options=opts, gpus=4, physical_to_logical_map=layout)
@@ -319,7 +319,7 @@ def test_unknown_option_names_the_valid_ones():
     ("physical_to_logical_map", [[0, 1.5]], r"physical_to_logical_map must be a list of rows of integer"),
 ])
 def test_bad_options_say_what_is_expected(name, value, message):
-    from collectors import MonitorOptions
+    from moe_monitor.collectors import MonitorOptions
     extra = {"gpus": 8} if name == "nodes" else {}
     with pytest.raises(ValueError, match=message):
         MonitorOptions(**{name: value, **extra})

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from collectors import attach
+from moe_monitor.collectors import attach
 from tests.support.tiny_models import REQUIRED, STANDARD, build
 
 warnings.filterwarnings("ignore", category=UserWarning)

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor, record_trace
-from dashboard.live.layout import in_force_note, resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor, record_trace
+from moe_monitor.dashboard.live.layout import in_force_note, resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support.redisfaults import FaultyRedis
 from tests.support.waiting import wait_until
 
@@ -80,14 +80,14 @@ def test_monitor_publishes_a_layout_change_that_the_dashboard_applies_from_its_s
     mon = ExpertLoadMonitor(2, 4, 1, redis_url=redis_url, run=RUN, gpus=2, nvml=False, sample_tokens=0)
     _run_with_a_rebalance(mon)
     client = redis_server.client()
-    entries = client.xrange(wire.layouts_key(RUN))
+    entries = client.xrange(core.layouts_key(RUN))
     assert len(entries) == 1
-    rec = wire.decode_layout_record(entries[0][1]).validate(4, num_layers=2)
+    rec = core.decode_layout_record(entries[0][1]).validate(4, num_layers=2)
     assert (rec.step, rec.gpus, rec.nodes, rec.source, rec.instance) == (3, 2, 1, "engine", mon.instance)
     np.testing.assert_array_equal(rec.physical_to_logical_LP, NEW_LP)
     stats = mon.stats()["sinks"]["redis"]
     assert (stats["published_layouts"], stats["queued_layouts"], stats["dropped_layouts"]) == (1, 0, 0)
-    assert wire.decode_meta(client.get(wire.meta_key(RUN))).layout.physical_to_logical_map == [[0, 1, 2, 3]] * 2
+    assert core.decode_meta(client.get(core.meta_key(RUN))).layout.physical_to_logical_map == [[0, 1, 2, 3]] * 2
     _check_loads(_watch(RedisSource(client, redis_url, RUN, 64)))
 
 
@@ -97,12 +97,12 @@ def test_a_layout_arriving_after_its_steps_recomputes_them(redis_server, redis_u
     mon = ExpertLoadMonitor(2, 4, 1, redis_url=redis_url, run=RUN, gpus=2, nvml=False, sample_tokens=0)
     _run_with_a_rebalance(mon)
     client = redis_server.client()
-    layouts = client.xrange(wire.layouts_key(RUN))
-    client.delete(wire.layouts_key(RUN))
+    layouts = client.xrange(core.layouts_key(RUN))
+    client.delete(core.layouts_key(RUN))
     watched = _watch(RedisSource(client, redis_url, RUN, 64))
     layout = resolve_layout(watched.source.meta(), 2, 4, changes=watched.layouts.changes)
     np.testing.assert_allclose(analyse(watched.window, layout, "both").view.loads_TLG, np.concatenate([WANT_TLG[:3]] * 2))
-    client.xadd(wire.layouts_key(RUN), layouts[0][1])
+    client.xadd(core.layouts_key(RUN), layouts[0][1])
     watched.tick()
     _check_loads(watched)
 
@@ -113,9 +113,9 @@ def test_trace_file_round_trip_with_a_layout_line(redis_server, redis_url, tmp_p
                             trace_path=str(path))
     _run_with_a_rebalance(mon)
     lines = path.read_text().splitlines()
-    kinds = [wire.parse_trace_line(line)[0] for line in lines]
+    kinds = [core.parse_trace_line(line)[0] for line in lines]
     assert kinds.count("layout") == 1 and kinds.count("step") == 6 and kinds[0] == "meta"
-    kind, rec = wire.decode_trace_line(lines[kinds.index("layout")])
+    kind, rec = core.decode_trace_line(lines[kinds.index("layout")])
     assert kind == "layout" and rec.step == 3
     np.testing.assert_array_equal(rec.physical_to_logical_LP, NEW_LP)
     _check_loads(_watch(TraceSource(str(path))))
@@ -133,9 +133,9 @@ def test_a_rotated_trace_file_starts_with_the_layout_in_force(tmp_path):
         _step(mon, [1, 2])
         time.sleep(0.12)  # a batch each: the file rotates between them
     mon.close()
-    head = [wire.parse_trace_line(line)[0] for line in path.read_text().splitlines()[:2]]
+    head = [core.parse_trace_line(line)[0] for line in path.read_text().splitlines()[:2]]
     assert head == ["meta", "layout"] and (tmp_path / "rot.jsonl.1").exists()
-    _, rec = wire.decode_trace_line(path.read_text().splitlines()[1])
+    _, rec = core.decode_trace_line(path.read_text().splitlines()[1])
     assert (rec.step, rec.source) == (1, "apply")
 
 
@@ -160,7 +160,7 @@ def test_publish_layout_checks_the_map_and_never_waits(redis_server, redis_url):
     mon.close()
     with pytest.raises(RuntimeError, match="after close"):
         mon.publish_layout(NEW_LP)
-    rec = wire.decode_layout_record(redis_server.client().xrange(wire.layouts_key("checks"))[0][1])
+    rec = core.decode_layout_record(redis_server.client().xrange(core.layouts_key("checks"))[0][1])
     assert (rec.step, rec.gpus) == (7, 4) and rec.physical_to_logical_LP.tolist() == [[3, 2, 1, 0], [0, 1, 2, 3]]
     memory_only = ExpertLoadMonitor(2, 4, 1, gpus=2, nvml=False)
     memory_only.publish_layout(NEW_LP)
@@ -193,10 +193,10 @@ def test_outage_while_a_layout_waits_loses_nothing(server):
     assert wait_until(lambda: mon.stats()["sinks"]["redis"]["published_layouts"] == 1)
     mon.close()
     client = server.client()
-    layouts = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layouts_key("down"))]
+    layouts = [core.decode_layout_record(f) for _, f in client.xrange(core.layouts_key("down"))]
     assert [r.step for r in layouts] == [3]
     np.testing.assert_array_equal(layouts[0].physical_to_logical_LP, NEW_LP)
-    assert [wire.decode_step(f).step for _, f in client.xrange(wire.steps_key("down"))] == list(range(43, 63))
+    assert [core.decode_step(f).step for _, f in client.xrange(core.steps_key("down"))] == list(range(43, 63))
     stats = mon.stats()["sinks"]["redis"]
     assert (stats["dropped_layouts"], stats["dropped_steps"]) == (0, 40)
 
@@ -210,15 +210,15 @@ def test_a_redis_restarted_empty_gets_the_layout_in_force_back(server):
     mon.publish_layout(NEW_LP)
     _step(mon, [1])
     client = server.client()
-    assert wait_until(lambda: client.exists(wire.layouts_key("reborn")) == 1)
+    assert wait_until(lambda: client.exists(core.layouts_key("reborn")) == 1)
     server.restart()
     client = server.client()
     for _ in range(5):
         _step(mon, [2])
         time.sleep(0.15)
-    assert wait_until(lambda: client.exists(wire.layouts_key("reborn")) == 1)
+    assert wait_until(lambda: client.exists(core.layouts_key("reborn")) == 1)
     mon.close()
-    layouts = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layouts_key("reborn"))]
+    layouts = [core.decode_layout_record(f) for _, f in client.xrange(core.layouts_key("reborn"))]
     assert [r.step for r in layouts] == [1]
     np.testing.assert_array_equal(layouts[0].physical_to_logical_LP, NEW_LP)
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from collectors import attach
+from moe_monitor import core
+from moe_monitor.collectors import attach
 from tests.support.tiny_models import MORE, NESTED, NUM_EXPERTS, TOP_K, build, build_any, text_forward
 
 warnings.filterwarnings("ignore", category=UserWarning)
@@ -200,9 +200,9 @@ def test_top_k_from_ids_applies_the_first_steps_padding_mask(redis_server, redis
     expected = np.stack([np.bincount(taps[i][real].reshape(-1), minlength=NUM_EXPERTS) for i in range(layers)])
     assert monitor.counts().tolist() == (2 * expected).tolist()
     client = redis_server.client()
-    meta = wire.decode_meta(client.get(wire.meta_key("lazyk")))
+    meta = core.decode_meta(client.get(core.meta_key("lazyk")))
     assert meta.top_k == TOP_K and meta.num_experts == NUM_EXPERTS and meta.layer_names == monitor.layer_names
-    records = [wire.decode_step(fields) for _, fields in client.xrange(wire.steps_key("lazyk"))]
+    records = [core.decode_step(fields) for _, fields in client.xrange(core.steps_key("lazyk"))]
     assert [r.step for r in records] == [0, 1] and [r.tokens for r in records] == [8, 8]
     for rec in records:
         assert rec.counts_LE.tolist() == expected.tolist()

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import wire
-from collectors.nvml import NvmlSampler, read_gpu
+from moe_monitor import core
+from moe_monitor.collectors.nvml import NvmlSampler, read_gpu
 
 H100_TOTAL_BYTES = 85_520_809_984  # 81559 MiB
 
@@ -83,7 +83,7 @@ class PartialNvml(RecordedNvml):
         raise NVMLError("Not Supported")
 
 
-def _samples(nvml) -> list[wire.GpuSample]:
+def _samples(nvml) -> list[core.GpuSample]:
     """Start a sampler on nvml, wait for its first sample, stop it; every sample it published."""
     samples, got = [], threading.Event()
 
@@ -106,7 +106,7 @@ def test_read_gpu_converts_to_the_wire_units():
         "power_usage_w": pytest.approx(68.123), "power_limit_w": pytest.approx(700.0), "sm_clock_mhz": 1980,
         "temperature_c": 34,
     }
-    assert set(reading) == set(wire.GPU_FIELDS)
+    assert set(reading) == set(core.GPU_FIELDS)
 
 
 def test_a_query_the_gpu_cannot_answer_reads_none():
@@ -114,8 +114,8 @@ def test_a_query_the_gpu_cannot_answer_reads_none():
     reading = read_gpu(nvml, 0, nvml.nvmlDeviceGetHandleByIndex(0))
     assert reading["power_usage_w"] is None and reading["power_limit_w"] is None  # missing, not invented
     assert reading["memory_total_bytes"] == H100_TOTAL_BYTES and reading["temperature_c"] == 34
-    sample = wire.GpuSample(0, "host", 1.0, "ok", [reading])
-    assert wire.decode_gpu_sample(wire.encode_gpu_sample(sample)).gpus == [reading]  # valid on the wire
+    sample = core.GpuSample(0, "host", 1.0, "ok", [reading])
+    assert core.decode_gpu_sample(core.encode_gpu_sample(sample)).gpus == [reading]  # valid on the wire
 
 
 def test_sampler_publishes_every_gpu_of_a_cpu_model_in_wire_form():
@@ -124,7 +124,7 @@ def test_sampler_publishes_every_gpu_of_a_cpu_model_in_wire_form():
     assert (sample.status, sample.rank, sample.reason) == ("ok", 3, "")
     assert [gpu["index"] for gpu in sample.gpus] == [0, 1]
     assert [gpu["power_usage_w"] for gpu in sample.gpus] == [pytest.approx(68.123)] * 2
-    decoded = wire.decode_gpu_sample(wire.encode_gpu_sample(sample))
+    decoded = core.decode_gpu_sample(core.encode_gpu_sample(sample))
     assert decoded.gpus == sample.gpus and decoded.status == "ok"
     assert nvml.calls == ["init", "shutdown"]
 
@@ -157,4 +157,4 @@ def test_sampler_says_why_nvml_is_unavailable_once(nvml, reason, shut_down):
     assert sample.status == "unavailable" and sample.gpus == []
     assert sample.reason == reason.format(host=socket.gethostname())
     assert ("shutdown" in nvml.calls) == shut_down
-    assert wire.decode_gpu_sample(wire.encode_gpu_sample(sample)).reason == sample.reason
+    assert core.decode_gpu_sample(core.encode_gpu_sample(sample)).reason == sample.reason

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor, MonitorOptions, attach
-from collectors.counter import DeviceCounter, StreamOrder
-from collectors.sinks import TraceFileSink
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor, MonitorOptions, attach
+from moe_monitor.collectors.counter import DeviceCounter, StreamOrder
+from moe_monitor.collectors.sinks import TraceFileSink
 from tests.support.tiny_models import build
 
 
 def _health(client, run):
-    return json.loads(client.hget(wire.health_key(run), "0"))
+    return json.loads(client.hget(core.health_key(run), "0"))
 
 
 # ---------------------------------------------------------------------- 1. adapters never raise
@@ -150,7 +150,7 @@ def test_out_of_range_ids_are_counted_as_invalid_never_as_an_expert(redis_server
     mon.close()
     assert mon.counts().tolist() == [[1, 0, 2, 1], [1, 1, 2, 1]]
     assert mon.invalid_counts().tolist() == [6, 4] and stats["invalid_ids"] == 10
-    first, second = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("invalid"))]
+    first, second = [core.decode_step(f) for _, f in redis_server.client().xrange(core.steps_key("invalid"))]
     assert first.counts_LE.tolist() == [[1, 0, 2, 1], [1, 0, 2, 1]] and second.counts_LE[0].sum() == 0
     assert first.sample_ids_LNK[0].tolist() == [[0, -1], [-1, 3], [2, 2], [-1, -1]]
     assert _health(redis_server.client(), "invalid")["invalid_ids"] == 10
@@ -246,7 +246,7 @@ def test_cpu_counters_need_no_stream_order():
 # ---------------------------------------------------------------------- 5. trace size cap
 def _read_trace(path):
     with open(path, encoding="utf-8") as handle:
-        lines = [wire.decode_trace_line(line) for line in handle]
+        lines = [core.decode_trace_line(line) for line in handle]
     return lines[0], [rec.step for kind, rec in lines if kind == "step"]
 
 
@@ -313,17 +313,17 @@ DISK = {"full": False}
 def test_trace_sink_recovers_after_a_full_disk_and_keeps_its_size_honest(tmp_path, monkeypatch):
     """A failed write (ENOSPC) neither breaks the sink for good nor repeats or inflates anything: the
     retried batch lands once, when the disk has room, with no early rotation, and the file replays."""
-    import collectors.sinks
+    from moe_monitor.collectors import sinks
 
     path = tmp_path / "run.jsonl"
-    meta = wire.RunMeta(run="full", model_name="m", layer_names=["a"], num_experts=4, top_k=1,
+    meta = core.RunMeta(run="full", model_name="m", layer_names=["a"], num_experts=4, top_k=1,
                         hidden_size=1, moe_intermediate_size=1, dtype_bytes=2,
-                        layout=wire.Layout(1, 1, wire.contiguous_layout(1, 4)), world_size=1)
+                        layout=core.Layout(1, 1, core.contiguous_layout(1, 4)), world_size=1)
     sink = TraceFileSink(path, meta, max_bytes=64 << 10)
-    monkeypatch.setattr(collectors.sinks, "open", lambda *a, **k: _FullDisk(open(*a, **k)),  # noqa: SIM115
+    monkeypatch.setattr(sinks, "open", lambda *a, **k: _FullDisk(open(*a, **k)),  # noqa: SIM115
                         raising=False)
     sink._file = _FullDisk(sink._file)
-    records = [wire.StepRecord(run="full", rank=0, world_size=1, step=s, time_s=1.0 + s, phase="decode",
+    records = [core.StepRecord(run="full", rank=0, world_size=1, step=s, time_s=1.0 + s, phase="decode",
                                tokens=1, counts_LE=np.array([[1, 0, 0, 0]], dtype=np.int32)) for s in range(3)]
     DISK["full"] = True
     try:
@@ -358,7 +358,7 @@ def test_a_publisher_failure_reaches_the_redis_health_even_beside_a_trace(redis_
         mon.end_step("decode")
     client, deadline, seen = redis_server.client(), time.monotonic() + 10, []
     while time.monotonic() < deadline and not any("decode failed" in h["last_error"] for h in seen):
-        if client.hexists(wire.health_key("decodefail"), "0"):
+        if client.hexists(core.health_key("decodefail"), "0"):
             seen.append(_health(client, "decodefail"))
         time.sleep(0.005)
     mon.close()

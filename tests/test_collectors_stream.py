@@ -8,16 +8,16 @@ import time
 import numpy as np
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor, attach, record_trace
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor, attach, record_trace
 from tests.support.tiny_models import build
 
 
 def _trace(path):
     with open(path, encoding="utf-8") as lines_file:
-        lines = [wire.parse_trace_line(line) for line in lines_file]
-    meta = wire.decode_meta(lines[0][1]["meta"])
-    steps = [wire.decode_step(f) for kind, f in lines if kind == "step"]
+        lines = [core.parse_trace_line(line) for line in lines_file]
+    meta = core.decode_meta(lines[0][1]["meta"])
+    steps = [core.decode_step(f) for kind, f in lines if kind == "step"]
     return meta, steps, [k for k, _ in lines]
 
 
@@ -31,7 +31,7 @@ def test_trace_file_and_redis_hold_the_same_steps(redis_server, redis_url, tmp_p
     meta, steps, kinds = _trace(tmp_path / "live.jsonl")
     assert kinds[0] == "meta" and meta.layer_names == monitor.layer_names
     assert "gpu" in kinds  # the NVML status travels in the live trace too
-    from_redis = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("traced"))]
+    from_redis = [core.decode_step(f) for _, f in redis_server.client().xrange(core.steps_key("traced"))]
     assert [s.step for s in steps] == [0, 1, 2] == [s.step for s in from_redis]
     for a, b in zip(steps, from_redis):
         assert np.array_equal(a.counts_LE, b.counts_LE) and a.tokens == b.tokens
@@ -49,7 +49,7 @@ def test_nvml_reports_what_the_host_has(redis_server, redis_url):
     mon.end_step()
     time.sleep(0.8)
     mon.close()
-    samples = [wire.decode_gpu_sample(f) for _, f in redis_server.client().xrange(wire.gpu_key("nvml"))]
+    samples = [core.decode_gpu_sample(f) for _, f in redis_server.client().xrange(core.gpu_key("nvml"))]
     assert samples, "the sampler published nothing"
     try:
         import pynvml
@@ -74,10 +74,10 @@ def test_stream_is_trimmed_to_the_memory_budget(redis_server, redis_url):
     mon.close()
     client = redis_server.client()
     assert mon.stats()["published_steps"] == 500
-    assert 100 <= client.xlen(wire.steps_key("trim")) < 300  # MAXLEN ~100: trimmed in whole stream nodes
-    health = json.loads(client.hget(wire.health_key("trim"), "0"))
+    assert 100 <= client.xlen(core.steps_key("trim")) < 300  # MAXLEN ~100: trimmed in whole stream nodes
+    health = json.loads(client.hget(core.health_key("trim"), "0"))
     assert health["published_steps"] == 500 and health["dropped_steps"] == 0
-    assert client.zscore(wire.RUNS_KEY, "trim") is not None
+    assert client.zscore(core.RUNS_KEY, "trim") is not None
 
 
 def test_publisher_survives_a_failing_trace_sink(redis_server, redis_url):
@@ -100,9 +100,9 @@ def test_publisher_survives_a_failing_trace_sink(redis_server, redis_url):
     assert stats["sinks"]["trace"]["queued_steps"] == 3
     assert "trace sink failed: OSError" in stats["sinks"]["trace"]["last_error"]
     assert "trace sink failed" in stats["last_error"]
-    records = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("sinkfail"))]
+    records = [core.decode_step(f) for _, f in redis_server.client().xrange(core.steps_key("sinkfail"))]
     assert [(r.step, r.dropped_steps) for r in records] == [(0, 0), (1, 0), (2, 0)]
-    health = json.loads(redis_server.client().hget(wire.health_key("sinkfail"), "0"))
+    health = json.loads(redis_server.client().hget(core.health_key("sinkfail"), "0"))
     assert "trace sink failed" in health["last_error"] and health["dropped_steps"] == 0
     after = mon.stats()
     assert after["sinks"]["trace"]["dropped_steps"] == 3 and after["dropped_steps"] == 3
@@ -131,13 +131,13 @@ class _MemorySink:
 
 
 def _record(step):
-    return wire.StepRecord(run="mem", rank=0, world_size=1, step=step, time_s=float(step), phase="decode",
+    return core.StepRecord(run="mem", rank=0, world_size=1, step=step, time_s=float(step), phase="decode",
                            tokens=1, counts_LE=np.zeros((1, 2), dtype=np.int32))
 
 
 def test_one_failing_sink_does_not_hold_up_another():
     """Every sink gets every step in order: the healthy one at once, the failing one after its backoff."""
-    from collectors.publisher import Publisher, StepJob
+    from moe_monitor.collectors.publisher import Publisher, StepJob
     down = threading.Event()
     down.set()
     flaky, steady = _MemorySink("flaky", down), _MemorySink("steady")
@@ -146,7 +146,7 @@ def test_one_failing_sink_does_not_hold_up_another():
                     flush_interval_s=0.02)
     for step in range(5):
         pub.submit(StepJob(step, float(step), "decode", None, slot=step, facts=None))
-    pub.submit_sample(wire.GpuSample(0, "h", 1.0, "unavailable", reason="none"))
+    pub.submit_sample(core.GpuSample(0, "h", 1.0, "unavailable", reason="none"))
     deadline = time.monotonic() + 2
     while (steady.records != list(range(5)) or not flaky.failed) and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -178,7 +178,7 @@ def test_sampled_rows_a_layer_did_not_write_read_minus_one(redis_server, redis_u
     mon.record(1, torch.tensor([[6, 7], [6, 7]]))
     mon.end_step("decode")
     mon.close()
-    (rec,) = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("fewer"))]
+    (rec,) = [core.decode_step(f) for _, f in redis_server.client().xrange(core.steps_key("fewer"))]
     assert rec.sample_ids_LNK[0].tolist() == [[1, 2]] * 4
     assert rec.sample_ids_LNK[1].tolist() == [[6, 7], [6, 7], [-1, -1], [-1, -1]]
 
@@ -186,7 +186,7 @@ def test_sampled_rows_a_layer_did_not_write_read_minus_one(redis_server, redis_u
 def test_steps_dropped_in_an_outage_are_counted_before_the_next_published_step(tmp_path):
     """The first record published after an outage carries every drop made while it waited, so the
     reader can tell a gap the collector dropped from steps lost in the stream."""
-    from demo.localredis import RedisServer
+    from moe_monitor.demo.localredis import RedisServer
 
     server = RedisServer(tmp_path)
     mon = ExpertLoadMonitor(1, 2, 1, redis_url=server.url, run="gap", queue_steps=3, nvml=False)
@@ -204,7 +204,7 @@ def test_steps_dropped_in_an_outage_are_counted_before_the_next_published_step(t
         while mon.stats()["published_steps"] < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
         mon.close()
-        records = [wire.decode_step(f) for _, f in server.client().xrange(wire.steps_key("gap"))]
+        records = [core.decode_step(f) for _, f in server.client().xrange(core.steps_key("gap"))]
         assert [r.step for r in records] == [5, 6, 7]
         assert records[0].dropped_steps == 5  # steps 0-4: the jump from nothing to step 5 is explained
     finally:

@@ -1,5 +1,5 @@
-"""The dashboard reading aggregated steps (wire.AggregateRecord, one per step with its ranks summed by the
-aggregator) against a real redis-server: entries written with wire.encode_aggregate + XADD, read by
+"""The dashboard reading aggregated steps (core.AggregateRecord, one per step with its ranks summed by the
+aggregator) against a real redis-server: entries written with core.encode_aggregate + XADD, read by
 dashboard.sources.aggregate.AggregateReader (directly, and through a small Source that does what the hook in
 RedisSource.poll does), folded into the step window. A window filled from aggregates equals, exactly, one filled
 from the same per-rank records summed by the dashboard."""
@@ -11,27 +11,27 @@ import time
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.live.window import StepWindow
-from dashboard.sources.aggregate import AggregateReader
-from dashboard.sources.base import Batch, Health
-from dashboard.sources.redis import RedisSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.live.window import StepWindow
+from moe_monitor.dashboard.sources.aggregate import AggregateReader
+from moe_monitor.dashboard.sources.base import Batch, Health
+from moe_monitor.dashboard.sources.redis import RedisSource
 
 L, E, GPUS = 3, 16, 4
 RUN = "agg-run"
 
 
-def meta(run: str = RUN, world: int = 4) -> wire.RunMeta:
-    return wire.RunMeta(run=run, model_name="tiny", layer_names=[f"l{i}" for i in range(L)], num_experts=E, top_k=2,
+def meta(run: str = RUN, world: int = 4) -> core.RunMeta:
+    return core.RunMeta(run=run, model_name="tiny", layer_names=[f"l{i}" for i in range(L)], num_experts=E, top_k=2,
                         hidden_size=8, moe_intermediate_size=8, dtype_bytes=2, world_size=world,
-                        layout=wire.Layout(gpus=GPUS, nodes=1, physical_to_logical_map=wire.contiguous_layout(L, E)))
+                        layout=core.Layout(gpus=GPUS, nodes=1, physical_to_logical_map=core.contiguous_layout(L, E)))
 
 
 def rank_records(steps: range, world: int = 4, seed: int = 0, t0: float | None = None, instance: str = "c",
-                 skip: dict[int, set[int]] | None = None) -> list[wire.StepRecord]:
+                 skip: dict[int, set[int]] | None = None) -> list[core.StepRecord]:
     """Per-rank records of `steps` (every rank unless skip[step] names it), skewed counts, phases that differ
     between ranks on some steps, growing dropped counts."""
     rng = np.random.default_rng(seed)
@@ -42,18 +42,18 @@ def rank_records(steps: range, world: int = 4, seed: int = 0, t0: float | None =
             if rank in (skip or {}).get(step, set()):
                 continue
             phase = "prefill" if (step + (rank == 2 and step % 5 == 0)) % 4 == 0 else "decode"
-            out.append(wire.StepRecord(
+            out.append(core.StepRecord(
                 run=RUN, rank=rank, world_size=world, step=step, time_s=t0 + step * 0.1 + rank * 0.001, phase=phase,
                 tokens=int(rng.integers(1, 64)), counts_LE=rng.gamma(0.5, 40.0, size=(L, E)).astype(np.int32),
                 dropped_steps=step // 7 if rank == 1 else 0, instance=f"{instance}{rank}"))
     return out
 
 
-def aggregate_of(records: list[wire.StepRecord], epoch: str = "e1", late: bool = False) -> wire.AggregateRecord:
+def aggregate_of(records: list[core.StepRecord], epoch: str = "e1", late: bool = False) -> core.AggregateRecord:
     """What the aggregator writes for these records of one step: ranks summed, phase theirs when they agree."""
     records = sorted(records, key=lambda r: r.rank)
     phases = {r.phase for r in records}
-    return wire.AggregateRecord(
+    return core.AggregateRecord(
         run=RUN, step=records[0].step, time_s=max(r.time_s for r in records),
         phase=phases.pop() if len(phases) == 1 else "mixed", world_size=records[0].world_size,
         counts_LE=np.sum([r.counts_LE.astype(np.int64) for r in records], axis=0),
@@ -61,17 +61,17 @@ def aggregate_of(records: list[wire.StepRecord], epoch: str = "e1", late: bool =
         dropped_R=np.array([r.dropped_steps for r in records]), instance=epoch, late=late)
 
 
-def write_steps(client, records: list[wire.StepRecord], run: str = RUN) -> None:
+def write_steps(client, records: list[core.StepRecord], run: str = RUN) -> None:
     pipe = client.pipeline(transaction=False)
     for rec in records:
-        pipe.xadd(wire.steps_key(run), wire.encode_step(rec))
+        pipe.xadd(core.steps_key(run), core.encode_step(rec))
     pipe.execute()
 
 
-def write_aggregates(client, records: list[wire.AggregateRecord], run: str = RUN) -> None:
+def write_aggregates(client, records: list[core.AggregateRecord], run: str = RUN) -> None:
     pipe = client.pipeline(transaction=False)
     for rec in records:
-        pipe.xadd(wire.aggregate_key(run), wire.encode_aggregate(rec))
+        pipe.xadd(core.aggregate_key(run), core.encode_aggregate(rec))
     pipe.execute()
 
 
@@ -82,7 +82,7 @@ class AggregateSource:
     def __init__(self, client, run: str, window_steps: int, **reader_options):
         self.client, self.run = client, run
         self.reader = AggregateReader(client, run, window_steps, check_every_s=0.0, **reader_options)
-        self.layouts: list[wire.LayoutRecord] = []  # handed over with the next poll
+        self.layouts: list[core.LayoutRecord] = []  # handed over with the next poll
 
     def poll(self, max_entries: int) -> Batch:
         batch = Batch(layouts=self.layouts)
@@ -90,9 +90,9 @@ class AggregateSource:
         self.reader.read(batch, max_entries)
         return batch
 
-    def meta(self) -> wire.RunMeta | None:
-        raw = self.client.get(wire.meta_key(self.run))
-        return wire.decode_meta(raw) if raw else None
+    def meta(self) -> core.RunMeta | None:
+        raw = self.client.get(core.meta_key(self.run))
+        return core.decode_meta(raw) if raw else None
 
     def health(self) -> Health:
         return Health(reachable=True, where="test")
@@ -125,12 +125,12 @@ def assert_same_window(a: WatchedRun, b: WatchedRun) -> None:
 
 
 def test_window_from_aggregates_equals_window_summed_here(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.meta_key(RUN), wire.encode_meta(meta()))
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta()))
     # step 5 lost rank 3 for good (the aggregator gave up on it); step 8's rank 2 came late (a second entry)
     records = rank_records(range(20), skip={5: {3}})
     write_steps(client, records)
-    by_step: dict[int, list[wire.StepRecord]] = {}
+    by_step: dict[int, list[core.StepRecord]] = {}
     for rec in records:
         by_step.setdefault(rec.step, []).append(rec)
     aggregates = []
@@ -142,7 +142,7 @@ def test_window_from_aggregates_equals_window_summed_here(redis_url):
     write_aggregates(client, aggregates)
     summed_here = WatchedRun(RedisSource(client, redis_url, RUN, 50), 50)  # no aggregator holds the run yet
     summed_here.tick()
-    client.set(wire.aggregator_key(RUN), "owner", px=60_000)  # now one does
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)  # now one does
     from_aggregate = WatchedRun(AggregateSource(client, RUN, 50), 50)
     tick = from_aggregate.tick()
     assert tick.aggregates_in == 21 and tick.steps_in == 0 and from_aggregate.bad_records == 0
@@ -163,11 +163,11 @@ def test_window_from_aggregates_equals_window_summed_here(redis_url):
 
 
 def test_reader_pages_the_newest_window_within_the_byte_budget_then_reads_forwards(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     recs = rank_records(range(40), world=2)
     write_aggregates(client, [aggregate_of([r for r in recs if r.step == s]) for s in range(40)])
-    client.set(wire.aggregator_key(RUN), "owner", px=60_000)
-    one = len(wire.encode_aggregate(aggregate_of(recs[:2]))["counts"]) + 300
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)
+    one = len(core.encode_aggregate(aggregate_of(recs[:2]))["counts"]) + 300
     reader = AggregateReader(client, RUN, window_steps=25, check_every_s=0.0, page_entries=4, bytes_budget=10 * one)
     polls = []
     while True:
@@ -195,19 +195,19 @@ def test_reader_pages_the_newest_window_within_the_byte_budget_then_reads_forwar
 
 
 def test_in_use_follows_the_aggregators_lease(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     recs = rank_records(range(3), world=2)
     write_steps(client, recs)
     reader = AggregateReader(client, RUN, 10, check_every_s=0.0)
     assert not reader.read(Batch(), 100)  # no aggregate stream: the readers sum the ranks themselves
     write_aggregates(client, [aggregate_of(recs[i:i + 2]) for i in (0, 2, 4)])
     assert not reader.read(Batch(), 100)  # an aggregate without a live aggregator while steps flow: not used
-    client.set(wire.aggregator_key(RUN), "owner", px=60_000)
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)
     batch = Batch()
     assert reader.read(batch, 100) and [a.step for a in batch.aggregates] == [0, 1, 2] and reader.switches == 1
-    client.delete(wire.aggregator_key(RUN))  # the aggregator stopped
+    client.delete(core.aggregator_key(RUN))  # the aggregator stopped
     assert not reader.read(Batch(), 100) and reader.switches == 2
-    client.delete(wire.steps_key(RUN))  # a finished run whose per-rank steps are gone: the aggregate is all there is
+    client.delete(core.steps_key(RUN))  # a finished run whose per-rank steps are gone: the aggregate is all there is
     batch = Batch()
     assert reader.read(batch, 100) and [a.step for a in batch.aggregates] == [0, 1, 2]
     slow = AggregateReader(client, RUN, 10, check_every_s=3600.0)
@@ -215,23 +215,23 @@ def test_in_use_follows_the_aggregators_lease(redis_url):
 
 
 def test_bad_entries_are_counted_and_the_rest_is_read(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.meta_key(RUN), wire.encode_meta(meta(world=2)))
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta(world=2)))
     recs = rank_records(range(4), world=2)
-    good = [wire.encode_aggregate(aggregate_of(recs[i:i + 2])) for i in (0, 2, 4, 6)]
+    good = [core.encode_aggregate(aggregate_of(recs[i:i + 2])) for i in (0, 2, 4, 6)]
     broken = dict(good[1], counts=good[1]["counts"][:-5])
-    client.xadd(wire.aggregate_key(RUN), good[0])
-    client.xadd(wire.aggregate_key(RUN), broken)
-    client.xadd(wire.aggregate_key(RUN), {"v": 1, "junk": b"\xff"})
-    client.xadd(wire.aggregate_key(RUN), dict(good[2], L=9))  # counts of another shape than declared
-    client.xadd(wire.aggregate_key(RUN), good[3])
-    client.xadd(wire.aggregate_key(RUN), good[3])  # the same step twice: its ranks are already in the row
+    client.xadd(core.aggregate_key(RUN), good[0])
+    client.xadd(core.aggregate_key(RUN), broken)
+    client.xadd(core.aggregate_key(RUN), {"v": 1, "junk": b"\xff"})
+    client.xadd(core.aggregate_key(RUN), dict(good[2], L=9))  # counts of another shape than declared
+    client.xadd(core.aggregate_key(RUN), good[3])
+    client.xadd(core.aggregate_key(RUN), good[3])  # the same step twice: its ranks are already in the row
     watched = WatchedRun(AggregateSource(client, RUN, 20), 20)
     tick = watched.tick()
     assert tick.aggregates_in == 3 and watched.bad_records == 4 and tick.bad == 4
     assert "arrived twice" in watched.last_error
     assert list(watched.window.step_C[watched.window.ordered_slots()]) == [0, 3]
-    wrong = aggregate_of([wire.StepRecord(run=RUN, rank=0, world_size=2, step=4, time_s=time.time(), phase="decode",
+    wrong = aggregate_of([core.StepRecord(run=RUN, rank=0, world_size=2, step=4, time_s=time.time(), phase="decode",
                                           tokens=1, counts_LE=np.ones((L + 1, E), dtype=np.int32))])
     write_aggregates(client, [wrong])
     watched.tick()
@@ -240,14 +240,14 @@ def test_bad_entries_are_counted_and_the_rest_is_read(redis_url):
 
 
 def test_trimmed_stream_is_reported(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.aggregator_key(RUN), "owner", px=60_000)
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)
     recs = rank_records(range(30), world=1)
     write_aggregates(client, [aggregate_of([r]) for r in recs[:10]])
     reader = AggregateReader(client, RUN, 10, check_every_s=0.0)
     reader.read(Batch(), 100)
     write_aggregates(client, [aggregate_of([r]) for r in recs[10:30]])
-    client.xtrim(wire.aggregate_key(RUN), maxlen=5, approximate=False)
+    client.xtrim(core.aggregate_key(RUN), maxlen=5, approximate=False)
     batch = Batch()
     reader.read(batch, 100)
     assert batch.trimmed and [a.step for a in batch.aggregates] == list(range(25, 30))
@@ -259,8 +259,8 @@ def test_trimmed_stream_is_reported(redis_url):
 
 
 def test_late_entries_add_into_their_row_or_are_counted(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.meta_key(RUN), wire.encode_meta(meta()))
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta()))
     recs = rank_records(range(8), seed=5)
     write_aggregates(client, [aggregate_of([r for r in recs if r.step == s and r.rank != 3]) for s in range(8)])
     watched = WatchedRun(AggregateSource(client, RUN, 4), 4)  # a window of 4 steps: 4..7
@@ -280,12 +280,12 @@ def test_late_entries_add_into_their_row_or_are_counted(redis_url):
 
 
 def test_a_new_aggregator_epoch_starts_the_window_afresh(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.meta_key(RUN), wire.encode_meta(meta(world=1)))
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta(world=1)))
     old = rank_records(range(10), world=1, t0=time.time() - 100)
     new = rank_records(range(4), world=1, t0=time.time() - 10, seed=6, instance="n")
     write_aggregates(client, [aggregate_of([r], epoch="A") for r in old])
-    layout = wire.LayoutRecord(run=RUN, step=3, time_s=old[2].time_s, source="engine", gpus=GPUS,
+    layout = core.LayoutRecord(run=RUN, step=3, time_s=old[2].time_s, source="engine", gpus=GPUS,
                                physical_to_logical_LP=np.tile(np.arange(E)[::-1], (L, 1)), instance="c0")
     source = AggregateSource(client, RUN, 50)
     source.layouts = [layout]
@@ -302,8 +302,8 @@ def test_a_new_aggregator_epoch_starts_the_window_afresh(redis_url):
 
 
 def test_switching_feeds_neither_doubles_nor_drops_a_step(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.meta_key(RUN), wire.encode_meta(meta()))
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta()))
     records = rank_records(range(30))
     write_steps(client, [r for r in records if r.step < 12])
     source = RedisSource(client, redis_url, RUN, 100)
@@ -314,11 +314,11 @@ def test_switching_feeds_neither_doubles_nor_drops_a_step(redis_url):
     # the aggregator starts: it aggregates from step 5 on (it caught up with the stream), more steps come
     write_steps(client, [r for r in records if 12 <= r.step < 20])
     write_aggregates(client, [aggregate_of([r for r in records if r.step == s]) for s in range(5, 20)])
-    client.set(wire.aggregator_key(RUN), "owner", px=60_000)
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)
     watched.tick()
     assert watched.feed == "aggregate" and watched.skipped_overlap == 7 and watched.bad_records == 0
     # the aggregator stops; the per-rank steps are read again from their newest window
-    client.delete(wire.aggregator_key(RUN))
+    client.delete(core.aggregator_key(RUN))
     write_steps(client, [r for r in records if r.step >= 20])
     watched.tick()
     assert watched.feed == "steps" and watched.feed_switches == 2 and watched.bad_records == 0

@@ -5,30 +5,30 @@ import json
 
 import numpy as np
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
 
 def step_line(step: int) -> str:
-    rec = wire.StepRecord(run="t", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode", tokens=4,
+    rec = core.StepRecord(run="t", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode", tokens=4,
                           counts_LE=np.full((2, 8), step, dtype=np.int32))
-    return wire.trace_line("step", wire.encode_step(rec))
+    return core.trace_line("step", core.encode_step(rec))
 
 
 def meta_line() -> str:
-    return wire.trace_line("meta", {"meta": wire.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2))})
+    return core.trace_line("meta", {"meta": core.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2))})
 
 
 def test_malformed_metadata_in_redis_is_a_bad_record(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "bm", steps=3, meta=False)
-    raw = json.loads(wire.encode_meta(synthfill.make_meta("bm", 4, 16, gpus=4)))
+    raw = json.loads(core.encode_meta(synthfill.make_meta("bm", 4, 16, gpus=4)))
     raw["num_experts"] = "16"  # a string where an int belongs
-    client.set(wire.meta_key("bm"), json.dumps(raw))
+    client.set(core.meta_key("bm"), json.dumps(raw))
     watched = WatchedRun(RedisSource(client, redis_url, "bm", window_steps=10), window_steps=10)
     watched.tick()
     assert watched.bad_records == 1 and "run metadata" in watched.last_error and "num_experts" in watched.last_error
@@ -38,7 +38,7 @@ def test_malformed_metadata_in_redis_is_a_bad_record(redis_url):
 
 
 def test_malformed_metadata_in_a_trace_is_a_bad_record(tmp_path):
-    raw = json.loads(wire.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2)))
+    raw = json.loads(core.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2)))
     raw["layout"]["gpus"] = [2]
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps({"kind": "meta", "meta": raw}) + "\n" + step_line(0) + "\n")
@@ -88,10 +88,10 @@ def test_complete_last_line_without_newline_is_taken_once_the_file_stops_growing
 
 
 def test_redis_error_reply_is_a_source_error(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "wt", steps=3)
-    client.delete(wire.steps_key("wt"))
-    client.set(wire.steps_key("wt"), "not a stream")  # WRONGTYPE on XRANGE
+    client.delete(core.steps_key("wt"))
+    client.set(core.steps_key("wt"), "not a stream")  # WRONGTYPE on XRANGE
     source = RedisSource(client, redis_url, "wt", window_steps=10)
     assert source.poll(10).steps == []
     health = source.health()
@@ -102,16 +102,16 @@ def test_redis_error_reply_is_a_source_error(redis_url, monkeypatch):
 
 
 def test_nvml_fields_of_the_wrong_type_are_bad_records(redis_url, tmp_path):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "nv", steps=2)
-    bad = {"v": wire.SCHEMA_VERSION, "rank": 0, "host": "h", "t": "1.0", "status": "ok", "reason": "",
+    bad = {"v": core.SCHEMA_VERSION, "rank": 0, "host": "h", "t": "1.0", "status": "ok", "reason": "",
            "gpus": json.dumps([{"index": 0, "power_usage_w": "high"}])}
-    client.xadd(wire.gpu_key("nv"), bad)
+    client.xadd(core.gpu_key("nv"), bad)
     watched = WatchedRun(RedisSource(client, redis_url, "nv", window_steps=10), window_steps=10)
     watched.tick()
     assert watched.bad_records == 1 and "power_usage_w" in watched.last_error
     path = tmp_path / "nv.jsonl"
-    path.write_text(meta_line() + "\n" + wire.trace_line("gpu", bad) + "\n")
+    path.write_text(meta_line() + "\n" + core.trace_line("gpu", bad) + "\n")
     trace = WatchedRun(TraceSource(str(path)), window_steps=10)
     trace.tick()
     assert trace.bad_records == 1 and "power_usage_w" in trace.last_error and not trace.gpus.series

@@ -4,10 +4,10 @@ import json
 
 import numpy as np
 
-from dashboard.analytics.balance import balancedness, step_vs_window, window_stats
-from dashboard.figures import experts as expert_figures
-from dashboard.figures import gpu as gpu_figures
-from dashboard.figures import load as load_figures
+from moe_monitor.dashboard.analytics.balance import balancedness, step_vs_window, window_stats
+from moe_monitor.dashboard.figures import experts as expert_figures
+from moe_monitor.dashboard.figures import gpu as gpu_figures
+from moe_monitor.dashboard.figures import load as load_figures
 
 
 def decoded(fig):

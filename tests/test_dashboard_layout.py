@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.layout import resolve_layout
+from moe_monitor import core
+from moe_monitor.dashboard.live.layout import resolve_layout
 from tests.support.synthfill import make_meta
 
 
@@ -28,7 +28,7 @@ def test_meta_layout_and_overrides():
 
 
 def test_uploaded_sglang_json_with_replicas():
-    rows = wire.parse_layout_json(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 0, 1]] * 2}))
+    rows = core.parse_layout_json(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 0, 1]] * 2}))
     lay = resolve_layout(make_meta("m", 2, 4, gpus=2), 2, 4, gpus=3, uploaded=rows)
     assert lay.origin == "uploaded JSON" and lay.slots_per_gpu == 2
     np.testing.assert_array_equal(lay.p2l_LP[0], [0, 1, 2, 3, 0, 1])
@@ -39,4 +39,4 @@ def test_uploaded_sglang_json_with_replicas():
 @pytest.mark.parametrize("text", ["{", '{"layout": []}', '{"physical_to_logical_map": [[0, "a"]]}'])
 def test_bad_layout_json(text):
     with pytest.raises(ValueError):
-        wire.parse_layout_json(text)
+        core.parse_layout_json(text)

@@ -9,21 +9,27 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor
-from dashboard.figures import experts as expert_figures
-from dashboard.figures import gpu as gpu_figures
-from dashboard.figures import load as load_figures
-from dashboard.live import window as window_module
-from dashboard.live.layout import in_force_note, resolve_layout
-from dashboard.live.layout_changes import LayoutChange, LayoutHistory, change_from_record, change_marks, in_force
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.live.window import StepWindow
-from dashboard.sources.base import Batch
-from dashboard.sources.redis import RedisSource
-from dashboard.sources.trace import TraceSource
-from planner.loads import gpu_weights, weighted_loads
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor
+from moe_monitor.dashboard.figures import experts as expert_figures
+from moe_monitor.dashboard.figures import gpu as gpu_figures
+from moe_monitor.dashboard.figures import load as load_figures
+from moe_monitor.dashboard.live import window as window_module
+from moe_monitor.dashboard.live.layout import in_force_note, resolve_layout
+from moe_monitor.dashboard.live.layout_changes import (
+    LayoutChange,
+    LayoutHistory,
+    change_from_record,
+    change_marks,
+    in_force,
+)
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.live.window import StepWindow
+from moe_monitor.dashboard.sources.base import Batch
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.dashboard.sources.trace import TraceSource
+from moe_monitor.planner.loads import gpu_weights, weighted_loads
 from tests.support.apptest import run_app
 from tests.support.listsource import ListSource
 from tests.support.synthfill import make_meta
@@ -33,12 +39,12 @@ SWAPPED = np.array([[0, 2, 1, 3]])  # GPU 0: experts 0, 2; GPU 1: experts 1, 3
 
 
 def _step(step, counts, instance="", t=None):
-    return wire.StepRecord(run="w", rank=0, world_size=1, step=step, time_s=float(step if t is None else t),
+    return core.StepRecord(run="w", rank=0, world_size=1, step=step, time_s=float(step if t is None else t),
                            phase="decode", tokens=1, counts_LE=np.asarray(counts, dtype=np.int32), instance=instance)
 
 
 def _layout(step, map_LP, instance="", gpus=2, source="engine"):
-    return wire.LayoutRecord(run="w", step=step, time_s=100.0 + step, physical_to_logical_LP=np.asarray(map_LP),
+    return core.LayoutRecord(run="w", step=step, time_s=100.0 + step, physical_to_logical_LP=np.asarray(map_LP),
                              gpus=gpus, source=source, instance=instance)
 
 
@@ -151,25 +157,25 @@ def test_watched_run_keeps_the_history_and_counts_bad_layout_records():
 def test_bad_layout_entries_in_redis_and_trace_files_are_bad_records(redis_server, redis_url, tmp_path):
     client = redis_server.client()
     meta = make_meta("bad", 1, 4, gpus=2)
-    client.set(wire.meta_key("bad"), wire.encode_meta(meta))
-    client.xadd(wire.steps_key("bad"), wire.encode_step(wire.StepRecord(
+    client.set(core.meta_key("bad"), core.encode_meta(meta))
+    client.xadd(core.steps_key("bad"), core.encode_step(core.StepRecord(
         run="bad", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=1,
         counts_LE=np.array([[1, 2, 4, 8]], dtype=np.int32))))
-    good = wire.encode_layout_record(wire.LayoutRecord(run="bad", step=0, time_s=1.0,
+    good = core.encode_layout_record(core.LayoutRecord(run="bad", step=0, time_s=1.0,
                                                        physical_to_logical_LP=SWAPPED, gpus=2))
-    client.xadd(wire.layouts_key("bad"), {"v": 1, "L": 70000})
-    client.xadd(wire.layouts_key("bad"), {**good, "map": b"\xff" * 16})
-    client.xadd(wire.layouts_key("bad"), good)
+    client.xadd(core.layouts_key("bad"), {"v": 1, "L": 70000})
+    client.xadd(core.layouts_key("bad"), {**good, "map": b"\xff" * 16})
+    client.xadd(core.layouts_key("bad"), good)
     watched = WatchedRun(RedisSource(client, redis_url, "bad", 16), 16)
     watched.tick()
     assert watched.bad_records == 2 and "layout entry" in watched.last_error and len(watched.layouts) == 1
     watched.tick()
     assert watched.bad_records == 2  # read once, after the last id seen
     path = tmp_path / "t.jsonl"
-    path.write_text("\n".join([wire.trace_line("meta", {"meta": wire.encode_meta(meta)}),
-                               wire.trace_line("layout", {**good, "gpus": 3}),
+    path.write_text("\n".join([core.trace_line("meta", {"meta": core.encode_meta(meta)}),
+                               core.trace_line("layout", {**good, "gpus": 3}),
                                json.dumps({"kind": "layout", "map_b64": "!"}),
-                               wire.trace_line("layout", good)]) + "\n")
+                               core.trace_line("layout", good)]) + "\n")
     batch = TraceSource(str(path)).poll(100)
     assert batch.bad_records == 2 and len(batch.layouts) == 1 and batch.layouts[0].step == 0
 
@@ -226,7 +232,7 @@ def test_overview_and_devices_pages_show_the_change(redis_server, redis_url, mon
     lines = [md.value for md in at.markdown if md.value.startswith("**Layout in force:**")]
     assert len(lines) == 1 and "engine rebalance since step 4" in lines[0], lines
     assert any("layout: engine rebalance at step 4" in c.value for c in at.caption)
-    at.switch_page("dashboard/pages/devices.py").run()
+    at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
     specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
     marked = [s for s in specs if any(shape.get("x0") == 4 for shape in s["layout"].get("shapes", []))]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import wire
+from moe_monitor import core
 from tests.support.apptest import APP
 
 RUN = "pages-run"
@@ -23,11 +23,11 @@ def filled(redis_server):
 
 def expected(url: str, run: str, phase: str = "both") -> dict:
     """Per-step counts (ranks summed) straight from the stream, and the numbers the pages must show."""
-    client = wire.connect(url, timeout_s=2.0)
-    meta = wire.decode_meta(client.get(wire.meta_key(run)))
+    client = core.connect(url, timeout_s=2.0)
+    meta = core.decode_meta(client.get(core.meta_key(run)))
     steps: dict[int, list] = {}
-    for _, fields in client.xrange(wire.steps_key(run)):
-        rec = wire.decode_step(fields)
+    for _, fields in client.xrange(core.steps_key(run)):
+        rec = core.decode_step(fields)
         entry = steps.setdefault(rec.step, [np.zeros_like(rec.counts_LE, dtype=np.int64), set()])
         entry[0] += rec.counts_LE
         entry[1].add(rec.phase)
@@ -93,13 +93,13 @@ def test_phase_filter_applies(filled, monkeypatch, phase):
     assert 0 < want["steps"] < both["steps"]  # the real run has both phases
     assert any(f"phase: {phase} · {want['steps']} steps in window" in c.value for c in at.caption)
     assert metric(at, "balancedness now") == f"{want['eta_now_p50']:.3f}"
-    at.switch_page("dashboard/pages/experts.py").run()
+    at.switch_page("page_files/experts.py").run()
     assert not at.exception and any(f"phase: {phase}" in c.value for c in at.caption)
 
 
 def test_devices(filled, monkeypatch):
     at = app(filled, monkeypatch)
-    at.switch_page("dashboard/pages/devices.py").run()
+    at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) == 5
     assert any("Per-step vs window-sum imbalance" in md.value for md in at.markdown)
@@ -107,7 +107,7 @@ def test_devices(filled, monkeypatch):
 
 def test_experts(filled, monkeypatch):
     at = app(filled, monkeypatch)
-    at.switch_page("dashboard/pages/experts.py").run()
+    at.switch_page("page_files/experts.py").run()
     assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) == 3  # layer x expert, expert x time, drift (staleness: on request)
     top = at.dataframe[0].value
@@ -116,7 +116,7 @@ def test_experts(filled, monkeypatch):
 
 def test_gpu_panel_without_nvidia_gpu(filled, monkeypatch):
     at = app(filled, monkeypatch)
-    at.switch_page("dashboard/pages/gpus.py").run()
+    at.switch_page("page_files/gpus.py").run()
     assert not at.exception, at.exception
     assert any("No NVIDIA GPU / NVML not available on the collector host" in w.value for w in at.warning)
     assert metric(at, "GPU 0 (node 0) expert load").endswith("tokens")

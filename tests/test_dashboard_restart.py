@@ -3,16 +3,16 @@ import time
 
 import numpy as np
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
 from tests.support import synthfill
 
 P2L = [list(range(16))] * 4
 
 
 def test_restart_under_the_same_run_name_starts_a_new_window(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "rs", steps=30, instance="old", time0_s=t0)
     watched = WatchedRun(RedisSource(client, redis_url, "rs", window_steps=50), window_steps=50)
@@ -36,7 +36,7 @@ def test_restart_under_the_same_run_name_starts_a_new_window(redis_url):
 def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
     from tests.support.apptest import run_app
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "rp", steps=30, instance="old", time0_s=t0)
     synthfill.fill(client, "rp", steps=6, instance="new", time0_s=t0 + 30, meta=False)
@@ -47,13 +47,13 @@ def test_restart_is_shown_on_the_page(redis_url, monkeypatch):
 
 
 def test_backlog_is_read_in_pages_within_a_byte_budget(redis_url, monkeypatch):
-    from dashboard.sources import redis as redis_source
-    from dashboard.sources import streams
+    from moe_monitor.dashboard.sources import redis as redis_source
+    from moe_monitor.dashboard.sources import streams
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     totals = synthfill.fill(client, "pg", steps=30)
     monkeypatch.setattr(redis_source, "PAGE_ENTRIES", 4)
-    entry_bytes = streams.entry_bytes(client.xrange(wire.steps_key("pg"), count=1)[0][1])
+    entry_bytes = streams.entry_bytes(client.xrange(core.steps_key("pg"), count=1)[0][1])
     monkeypatch.setattr(redis_source, "TICK_BYTES_BUDGET", 10 * entry_bytes)  # ~10 entries a tick
     watched = WatchedRun(RedisSource(client, redis_url, "pg", window_steps=25), window_steps=25)
     ticks = [watched.tick() for _ in range(3)]
@@ -70,12 +70,12 @@ def test_backlog_is_read_in_pages_within_a_byte_budget(redis_url, monkeypatch):
 
 
 def test_steps_trimmed_before_they_were_read_are_reported(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "gap", steps=10, instance="a")
     watched = WatchedRun(RedisSource(client, redis_url, "gap", window_steps=100), window_steps=100)
     watched.tick()
     synthfill.fill(client, "gap", steps=20, first_step=10, instance="a", meta=False)
-    client.xtrim(wire.steps_key("gap"), maxlen=5, approximate=False)  # steps 10..24 never read
+    client.xtrim(core.steps_key("gap"), maxlen=5, approximate=False)  # steps 10..24 never read
     watched.tick()
     assert watched.missed_steps == 15 and watched.bad_records == 0
     assert watched.gap_note == "missed 15 steps (stream trimmed before the dashboard read them)"
@@ -83,7 +83,7 @@ def test_steps_trimmed_before_they_were_read_are_reported(redis_url):
 
 def test_one_rank_restarting_does_not_hide_the_other_ranks(redis_url):
     """Each rank has its own collector instance; when rank 1 restarts, rank 0's records still count."""
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[0], instance="A0", time0_s=t0)
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[1], instance="A1", time0_s=t0, meta=False)

@@ -1,5 +1,5 @@
-"""Hours of history: the aggregator's rollups (wire.RollupRecord, 1 s / 60 s buckets, entry id = bucket start in
-ms) read by dashboard.sources.rollups.RollupSource from a real redis-server (written with wire.encode_rollup +
+"""Hours of history: the aggregator's rollups (core.RollupRecord, 1 s / 60 s buckets, entry id = bucket start in
+ms) read by dashboard.sources.rollups.RollupSource from a real redis-server (written with core.encode_rollup +
 XADD), folded into a bucket window (one row per bucket, its counts the bucket's sum), analysed as the pages do,
 and a page rendered in Streamlit's AppTest at a rollup resolution, saying which resolution it shows. Expected
 numbers are recomputed here from the buckets' own fields."""
@@ -11,16 +11,16 @@ import time
 import numpy as np
 import pytest
 
-import wire
-from dashboard.analytics.rollups import eta_quantiles, per_step_stats
-from dashboard.live.buckets import BucketWindow
-from dashboard.live.layout import resolve_layout
-from dashboard.live.layout_changes import LayoutChange, LayoutHistory
-from dashboard.live.rollups import RollupRun, span_text, timed_layouts
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from dashboard.sources.rollups import RollupSource, available_resolutions
+from moe_monitor import core
+from moe_monitor.dashboard.analytics.rollups import eta_quantiles, per_step_stats
+from moe_monitor.dashboard.live.buckets import BucketWindow
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.layout_changes import LayoutChange, LayoutHistory
+from moe_monitor.dashboard.live.rollups import RollupRun, span_text, timed_layouts
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.dashboard.sources.rollups import RollupSource, available_resolutions
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -28,7 +28,7 @@ L, E, GPUS = 3, 16, 4
 RUN = "roll-run"
 
 
-def bucket(start_s: int, resolution_s: int = 60, steps: int = 20, seed: int = 0, run: str = RUN) -> wire.RollupRecord:
+def bucket(start_s: int, resolution_s: int = 60, steps: int = 20, seed: int = 0, run: str = RUN) -> core.RollupRecord:
     """A bucket as the aggregator writes it: `steps` steps of skewed counts summed, their per-(step, layer)
     balancedness histogram and busiest / mean GPU loads under the contiguous layout over GPUS GPUs."""
     rng = np.random.default_rng(seed + start_s)
@@ -36,18 +36,18 @@ def bucket(start_s: int, resolution_s: int = 60, steps: int = 20, seed: int = 0,
     loads_SLG = counts_SLE.reshape(steps, L, GPUS, E // GPUS).sum(axis=3).astype(np.float64)
     eta_SL = loads_SLG.mean(axis=2) / np.maximum(loads_SLG.max(axis=2), 1e-9)
     phases = np.array([steps // 4, steps - steps // 4, 0, 0])
-    return wire.RollupRecord(
+    return core.RollupRecord(
         run=run, resolution_s=resolution_s, start_s=start_s, steps=steps, tokens=int(counts_SLE.sum()) // 2,
-        steps_by_phase=phases, counts_LE=counts_SLE.sum(axis=0), gpus=GPUS, eta_hist_B=wire.eta_histogram(eta_SL),
+        steps_by_phase=phases, counts_LE=counts_SLE.sum(axis=0), gpus=GPUS, eta_hist_B=core.eta_histogram(eta_SL),
         max_load_sum=float(loads_SLG.max(axis=2).mean(axis=1).sum()),
         mean_load_sum=float(loads_SLG.mean(axis=2).mean(axis=1).sum()), max_load_peak=float(loads_SLG.max()),
         missing_rank_steps=1 if start_s % 7 == 0 else 0)
 
 
-def write_rollups(client, records: list[wire.RollupRecord], run: str = RUN) -> None:
+def write_rollups(client, records: list[core.RollupRecord], run: str = RUN) -> None:
     pipe = client.pipeline(transaction=False)
     for rec in records:
-        pipe.xadd(wire.rollup_key(run, rec.resolution_s), wire.encode_rollup(rec), id=f"{rec.start_s * 1000}-0")
+        pipe.xadd(core.rollup_key(run, rec.resolution_s), core.encode_rollup(rec), id=f"{rec.start_s * 1000}-0")
     pipe.execute()
 
 
@@ -56,7 +56,7 @@ def newest_start(resolution_s: int = 60) -> int:
 
 
 def test_rollup_source_reads_the_newest_span_by_ms_ids_then_forwards(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     end = newest_start(1)
     write_rollups(client, [bucket(end - 119 + i, 1, steps=2) for i in range(120)])
     source = RollupSource(client, RUN, 1, 60, page_entries=7)
@@ -80,16 +80,16 @@ def test_rollup_source_reads_the_newest_span_by_ms_ids_then_forwards(redis_url):
 
 
 def test_bad_rollup_entries_are_counted_not_raised(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.set(wire.meta_key(RUN), wire.encode_meta(synthfill.make_meta(RUN, L, E, GPUS)))
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(synthfill.make_meta(RUN, L, E, GPUS)))
     start = newest_start()
     good = [bucket(start - 60 * i) for i in range(5, 0, -1)]
     write_rollups(client, good[:3])
-    key = wire.rollup_key(RUN, 60)
+    key = core.rollup_key(RUN, 60)
     client.xadd(key, {"v": 1, "res": 60, "junk": b"\x00"}, id=f"{(start - 170) * 1000}-0")
-    client.xadd(key, wire.encode_rollup(dataclasses.replace(good[3], resolution_s=1, start_s=start - 165)),
+    client.xadd(key, core.encode_rollup(dataclasses.replace(good[3], resolution_s=1, start_s=start - 165)),
                 id=f"{(start - 165) * 1000}-0")  # a 1 s bucket in the 60 s stream
-    client.xadd(key, wire.encode_rollup(dataclasses.replace(good[3], start_s=start - 600,
+    client.xadd(key, core.encode_rollup(dataclasses.replace(good[3], start_s=start - 600,
                                                             counts_LE=np.ones((L + 1, E), dtype=np.int64))),
                 id=f"{(start - 160) * 1000}-0")  # counts of another shape than the run's
     write_rollups(client, good[3:])
@@ -100,7 +100,7 @@ def test_bad_rollup_entries_are_counted_not_raised(redis_url):
     assert rolled.rollups_read == 5 and rolled.rollup_bad == 3 and rolled.bad_records == 3
     assert "counts are (4, 16)" in rolled.last_error
     assert rolled.window is not None and rolled.window.size == 5 and not rolled.read_error
-    client.xadd(key, wire.encode_rollup(good[-1]), id=f"{(start + 1) * 1000}-0")  # the same bucket again
+    client.xadd(key, core.encode_rollup(good[-1]), id=f"{(start + 1) * 1000}-0")  # the same bucket again
     rolled.tick()
     assert rolled.rollup_bad == 4 and "arrived twice" in rolled.last_error and rolled.window.size == 5
 
@@ -124,7 +124,7 @@ def test_bucket_window_rows_are_the_sums_and_the_per_step_stats_come_from_the_bu
     span_s = kept[-1].start_s - kept[0].start_s + 60
     assert snap.steps_per_s == pytest.approx(sum(b.steps for b in kept) / span_s)
     assert snap.tokens_per_s == pytest.approx(sum(b.tokens for b in kept) / span_s)
-    merged = wire.merge_rollups(kept, 3600, 0)
+    merged = core.merge_rollups(kept, 3600, 0)
     ps = snap.per_step
     assert ps is not None and ps.steps == merged.steps
     assert ps.eta_p50 == pytest.approx(merged.eta_quantile(0.5)) and ps.eta_tail == pytest.approx(merged.eta_quantile(0.01))
@@ -144,12 +144,12 @@ def test_bucket_window_rows_are_the_sums_and_the_per_step_stats_come_from_the_bu
 
 def test_eta_quantiles_match_the_wire_rule_and_empty_buckets_are_nan():
     rng = np.random.default_rng(3)
-    hist_TB = rng.integers(0, 5, size=(7, wire.ETA_BINS))
+    hist_TB = rng.integers(0, 5, size=(7, core.ETA_BINS))
     hist_TB[4] = 0
     for q in (0.0, 0.01, 0.5, 0.99, 1.0):
         got = eta_quantiles(hist_TB, q)
         for t in range(7):
-            want = wire.eta_quantile(hist_TB[t], q)
+            want = core.eta_quantile(hist_TB[t], q)
             assert (np.isnan(got[t]) and np.isnan(want)) or got[t] == pytest.approx(want)
     stats = per_step_stats(hist_TB, np.array([3, 0, 2, 2, 0, 1, 1]), np.ones(7), np.ones(7) / 2, np.arange(7.0))
     assert np.isnan(stats.busiest_mean_T[1]) and stats.imbalance_T[0] == pytest.approx(2.0)
@@ -165,23 +165,23 @@ def test_layout_changes_are_dated_by_their_bucket():
     assert span_text(6 * 3600) == "6 h" and span_text(600) == "10 min" and span_text(90) == "90 s"
 
 
-def fill_run_with_rollups(client, hours: int = 6) -> tuple[list[wire.RollupRecord], int]:
+def fill_run_with_rollups(client, hours: int = 6) -> tuple[list[core.RollupRecord], int]:
     """A live run (metadata, a few per-rank steps, listed in moe:runs) whose aggregator wrote `hours` of 1-minute
     rollups, plus three entries that do not decode."""
     synthfill.fill(client, RUN, steps=6, num_layers=L, num_experts=E, gpus=GPUS)
     start = newest_start()
     buckets = [bucket(start - 60 * i, steps=20) for i in range(hours * 60 - 1, -1, -1)]
     write_rollups(client, buckets[:-3])
-    key = wire.rollup_key(RUN, 60)
+    key = core.rollup_key(RUN, 60)
     for i, junk in enumerate(({"v": 1}, {"v": 7, "res": 60}, {"v": 1, "res": 60, "start": 5})):
         client.xadd(key, junk, id=f"{(start - 150 + i) * 1000}-0")
     write_rollups(client, buckets[-3:])
-    client.zadd(wire.RUNS_KEY, {RUN: time.time()})
+    client.zadd(core.RUNS_KEY, {RUN: time.time()})
     return buckets, 3
 
 
 def test_pages_at_a_rollup_resolution_say_so_and_count_bad_entries(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     buckets, bad = fill_run_with_rollups(client)
     at = run_app(redis_url, monkeypatch)
     assert any("full resolution: last 600 steps" in c.value for c in at.caption)
@@ -193,18 +193,18 @@ def test_pages_at_a_rollup_resolution_say_so_and_count_bad_entries(redis_url, mo
     assert any(line in c.value and "360 buckets in window" in c.value for c in at.caption), [c.value for c in at.caption]
     assert any(f"Skipped {bad} bad record(s)" in w.value for w in at.warning)
     assert any("rank-step(s) missing" in w.value for w in at.warning)
-    merged = wire.merge_rollups(buckets, 3600, 0)
+    merged = core.merge_rollups(buckets, 3600, 0)
     labels = {m.label: m.value for m in at.metric}
     assert labels["per-step balancedness, median"] == f"{merged.eta_quantile(0.5):.3f}"
     assert labels["busiest GPU per step, peak"] == f"{merged.max_load_peak:,.0f}"
     assert len(at.get("plotly_chart")) == 2  # the per-GPU bars and what the bucket sums hide
-    at.switch_page("dashboard/pages/devices.py").run()
+    at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
     assert any(line in c.value for c in at.caption) and len(at.get("plotly_chart")) == 5
     assert any("Per-1-minute bucket vs window-sum imbalance" in md.value for md in at.markdown)
-    at.switch_page("dashboard/pages/time.py").run()  # layer timings need single steps
+    at.switch_page("page_files/time.py").run()  # layer timings need single steps
     assert not at.exception, at.exception
-    at.switch_page("dashboard/pages/experts.py").run()
+    at.switch_page("page_files/experts.py").run()
     assert not at.exception and any(line in c.value for c in at.caption)
     at.sidebar.number_input(key="span_hours").set_value(2).run()
     assert not at.exception and any("1-minute rollups: last 2 h, 120 buckets" in c.value for c in at.caption)

@@ -5,15 +5,15 @@ import time
 
 import numpy as np
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource, read_runs
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource, read_runs
+from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support import synthfill
 
 
 def test_incremental_reads_sum_ranks_and_count_bad_records(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     totals = synthfill.fill(client, "inc", steps=12, world_size=2)
     synthfill.add_bad_entry(client, "inc")
     watched = WatchedRun(RedisSource(client, redis_url, "inc", window_steps=50), window_steps=50)
@@ -24,16 +24,16 @@ def test_incremental_reads_sum_ranks_and_count_bad_records(redis_url):
     np.testing.assert_array_equal(view.counts_sum_LE, sum(totals))
     assert list(view.ranks_T) == [2] * 12
     assert watched.tick().steps_in == 0  # nothing new: nothing re-read
-    rec = wire.StepRecord(run="inc", rank=0, world_size=2, step=12, time_s=time.time(), phase="decode", tokens=3,
+    rec = core.StepRecord(run="inc", rank=0, world_size=2, step=12, time_s=time.time(), phase="decode", tokens=3,
                           counts_LE=np.ones((4, 16), dtype=np.int32), dropped_steps=7)
-    client.xadd(wire.steps_key("inc"), wire.encode_step(rec))
+    client.xadd(core.steps_key("inc"), core.encode_step(rec))
     assert watched.tick().steps_in == 1
     assert watched.window.size == 13 and watched.dropped_steps == 7
     assert [name for name, _ in read_runs(client).runs] == ["inc"]
 
 
 def test_first_poll_reads_only_the_window_backlog(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "tail", steps=40)
     watched = WatchedRun(RedisSource(client, redis_url, "tail", window_steps=10), window_steps=10)
     assert watched.tick().steps_in == 10
@@ -41,7 +41,7 @@ def test_first_poll_reads_only_the_window_backlog(redis_url):
 
 
 def test_count_cap_per_tick(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "cap", steps=1)
     watched = WatchedRun(RedisSource(client, redis_url, "cap", window_steps=100), window_steps=100,
                       max_entries_per_tick=4)
@@ -56,7 +56,7 @@ def test_unreachable_redis_is_reported_not_raised():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again below: nothing listens there
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
-    source = RedisSource(wire.connect(url, timeout_s=0.3, retries=0), url, "gone", window_steps=5)
+    source = RedisSource(core.connect(url, timeout_s=0.3, retries=0), url, "gone", window_steps=5)
     started = time.monotonic()
     batch = source.poll(10)
     assert time.monotonic() - started < 3
@@ -67,16 +67,16 @@ def test_unreachable_redis_is_reported_not_raised():
 
 def test_trace_source_replays_in_chunks_and_skips_bad_lines(tmp_path):
     meta = synthfill.make_meta("tr", 2, 8, gpus=2)
-    lines = [wire.trace_line("meta", {"meta": wire.encode_meta(meta)})]
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(meta)})]
     rng = np.random.default_rng(0)
     for step in range(6):
-        rec = wire.StepRecord(run="tr", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode",
+        rec = core.StepRecord(run="tr", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode",
                               tokens=8, counts_LE=rng.integers(0, 5, size=(2, 8)).astype(np.int32))
-        lines.append(wire.trace_line("step", wire.encode_step(rec)))
+        lines.append(core.trace_line("step", core.encode_step(rec)))
     lines.insert(3, '{"kind": "step", "v": 1}')
     lines.insert(4, "not json")
-    gpu = wire.GpuSample(rank=0, host="h", time_s=100.0, status="unavailable", reason="no driver")
-    lines.append(wire.trace_line("gpu", wire.encode_gpu_sample(gpu)))
+    gpu = core.GpuSample(rank=0, host="h", time_s=100.0, status="unavailable", reason="no driver")
+    lines.append(core.trace_line("gpu", core.encode_gpu_sample(gpu)))
     path = tmp_path / "run.jsonl"
     path.write_text("\n".join(lines) + "\n")
     watched = WatchedRun(TraceSource(str(path)), window_steps=100, max_entries_per_tick=4)
@@ -101,32 +101,32 @@ def test_missing_trace_file_is_unreachable(tmp_path):
 def test_a_redis_error_mid_poll_loses_no_step(redis_url):
     """Steps are read first, then one pipeline; when Redis answers that pipeline with an error (here
     WRONGTYPE on the health key), the steps already read are read again by the next poll, not lost."""
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "mid", steps=6)
     source = RedisSource(client, redis_url, "mid", window_steps=50)
     watched = WatchedRun(source, window_steps=50)
     assert watched.tick().steps_in == 6
     synthfill.fill(client, "mid", steps=4, first_step=6)
-    client.delete(wire.health_key("mid"))
-    client.set(wire.health_key("mid"), b"not a hash")            # the backlog case below reads it too
+    client.delete(core.health_key("mid"))
+    client.set(core.health_key("mid"), b"not a hash")            # the backlog case below reads it too
     assert watched.tick().steps_in == 0 and not source.health().reachable
-    client.delete(wire.health_key("mid"))
+    client.delete(core.health_key("mid"))
     assert watched.tick().steps_in == 4
     assert list(watched.window.view("both", [list(range(16))] * 4, 4).step_T) == list(range(10))
     fresh = RedisSource(client, redis_url, "mid", window_steps=50)  # the first poll, paging the backlog
-    client.set(wire.health_key("mid"), b"not a hash")
+    client.set(core.health_key("mid"), b"not a hash")
     assert fresh.poll(1000).steps == []
-    client.delete(wire.health_key("mid"))
+    client.delete(core.health_key("mid"))
     assert sorted(rec.step for rec in fresh.poll(1000).steps) == list(range(10))
 
 
 def test_a_health_hash_with_too_many_fields_is_not_read(redis_url):
     """A health hash far beyond any real world size is not pulled into the dashboard (one bad record)."""
-    from dashboard.sources.redis import MAX_HEALTH_RANKS
+    from moe_monitor.dashboard.sources.redis import MAX_HEALTH_RANKS
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "wide", steps=3)
-    client.hset(wire.health_key("wide"), mapping={str(r): "{}" for r in range(MAX_HEALTH_RANKS + 1)})
+    client.hset(core.health_key("wide"), mapping={str(r): "{}" for r in range(MAX_HEALTH_RANKS + 1)})
     source = RedisSource(client, redis_url, "wide", window_steps=10)
     batch = source.poll(100)
     assert len(batch.steps) == 3 and batch.bad_records == 1 and "not read" in batch.last_error

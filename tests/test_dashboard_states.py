@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-import wire
+from moe_monitor import core
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -27,7 +27,7 @@ def test_no_run_yet(redis_url, monkeypatch):
 
 
 def test_stopped_run_and_bad_records_are_shown(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "old", steps=20, world_size=2, time0_s=time.time() - 3600)
     synthfill.add_bad_entry(client, "old")
     at = run_app(redis_url, monkeypatch)
@@ -39,7 +39,7 @@ def test_stopped_run_and_bad_records_are_shown(redis_url, monkeypatch):
 
 
 def test_layout_override_changes_gpus(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "lay", steps=10, num_experts=16, gpus=4)
     at = run_app(redis_url, monkeypatch)
     assert any("4 GPUs on 1 node(s)" in c.value for c in at.caption)
@@ -53,14 +53,14 @@ def test_layout_override_changes_gpus(redis_url, monkeypatch):
 
 def test_trace_file_source(tmp_path, monkeypatch):
     meta = synthfill.make_meta("tr", 2, 8, gpus=2)
-    lines = [wire.trace_line("meta", {"meta": wire.encode_meta(meta)})]
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(meta)})]
     for step in range(12):
         counts = np.zeros((2, 8), dtype=np.int32)
         counts[:, 0] = 10  # expert 0 lives on GPU 0: GPU 0 is the straggler
         counts[:, 5] = 2
-        rec = wire.StepRecord(run="tr", rank=0, world_size=1, step=step, time_s=1000.0 + step, phase="decode",
+        rec = core.StepRecord(run="tr", rank=0, world_size=1, step=step, time_s=1000.0 + step, phase="decode",
                               tokens=6, counts_LE=counts)
-        lines.append(wire.trace_line("step", wire.encode_step(rec)))
+        lines.append(core.trace_line("step", core.encode_step(rec)))
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(lines) + "\n")
     monkeypatch.setenv("MOE_TRACE_DIR", str(tmp_path))  # the trace folder: names are taken inside it

@@ -9,21 +9,21 @@ import time
 import numpy as np
 import pytest
 
-import wire
-from dashboard.analytics import timing
-from dashboard.live.timings import TimingRing
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core
+from moe_monitor.dashboard.analytics import timing
+from moe_monitor.dashboard.live.timings import TimingRing
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support import synthfill
 
 NAN = np.nan
 
 
 def _rec(step: int, rank: int, world: int = 2, layers: int = 2, run: str = "t", instance: str = "",
-         scale: float = 1.0) -> wire.TimingRecord:
+         scale: float = 1.0) -> core.TimingRecord:
     base = np.arange(1, layers + 1, dtype=np.float32) * 1e-3 * scale
-    return wire.TimingRecord(run=run, rank=rank, world_size=world, step=step, time_s=1.7e9 + step,
+    return core.TimingRecord(run=run, rank=rank, world_size=world, step=step, time_s=1.7e9 + step,
                              dispatch_s_L=base, compute_s_L=2 * base, combine_s_L=base, layer_s_L=5 * base + rank * 1e-4,
                              instance=instance)
 
@@ -118,13 +118,13 @@ def test_timing_ring_keeps_the_window_and_refuses_what_does_not_fit():
 
 
 def test_watched_run_counts_a_bad_timing_and_restarts_drop_the_ring(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "wt", steps=6, num_layers=2, num_experts=8, gpus=2, world_size=2, instance="a")
     pipe = client.pipeline()
     for step in range(6):
         for rank in range(2):
-            pipe.xadd(wire.timings_key("wt"), wire.encode_timing(_rec(step, rank, run="wt", instance="a")))
-    pipe.xadd(wire.timings_key("wt"), wire.encode_timing(_rec(5, 1, run="wt", instance="a")))  # a duplicate
+            pipe.xadd(core.timings_key("wt"), core.encode_timing(_rec(step, rank, run="wt", instance="a")))
+    pipe.xadd(core.timings_key("wt"), core.encode_timing(_rec(5, 1, run="wt", instance="a")))  # a duplicate
     pipe.execute()
     watched = WatchedRun(RedisSource(client, redis_url, "wt", 50), 50)
     watched.tick()
@@ -136,45 +136,45 @@ def test_watched_run_counts_a_bad_timing_and_restarts_drop_the_ring(redis_url):
 
 # ------------------------------------------------------------------------------------------ sources
 def test_redis_source_reads_timings_incrementally_and_counts_a_bad_entry(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "rt", steps=10, num_layers=2, num_experts=8, gpus=2, world_size=2)
-    key = wire.timings_key("rt")
+    key = core.timings_key("rt")
     for step in range(10):
         for rank in range(2):
-            client.xadd(key, wire.encode_timing(_rec(step, rank, run="rt")))
-    bad = wire.encode_timing(_rec(10, 0, run="rt"))
+            client.xadd(key, core.encode_timing(_rec(step, rank, run="rt")))
+    bad = core.encode_timing(_rec(10, 0, run="rt"))
     bad["layer"] = b"\x00" * 3  # wrong byte length
     client.xadd(key, bad)
     source = RedisSource(client, redis_url, "rt", window_steps=100)
     batch = source.poll(1000)
     assert len(batch.timings) == 20 and batch.bad_records == 1 and "timing entry" in batch.last_error
     assert [(t.step, t.rank) for t in batch.timings[:3]] == [(0, 0), (0, 1), (1, 0)]  # oldest first
-    client.xadd(key, wire.encode_timing(_rec(11, 1, run="rt")))
+    client.xadd(key, core.encode_timing(_rec(11, 1, run="rt")))
     again = source.poll(1000)
     assert [(t.step, t.rank) for t in again.timings] == [(11, 1)] and again.bad_records == 0
     assert source.poll(1000).timings == []
 
 
 def test_redis_source_timing_backlog_is_the_window(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "rb", steps=2, num_layers=2, num_experts=8, gpus=2, world_size=2)
     for step in range(30):
         for rank in range(2):
-            client.xadd(wire.timings_key("rb"), wire.encode_timing(_rec(step, rank, run="rb")))
+            client.xadd(core.timings_key("rb"), core.encode_timing(_rec(step, rank, run="rb")))
     batch = RedisSource(client, redis_url, "rb", window_steps=5).poll(1000)
     assert [t.step for t in batch.timings] == [25, 25, 26, 26, 27, 27, 28, 28, 29, 29]
 
 
 def test_trace_source_yields_timing_lines(tmp_path):
     meta = synthfill.make_meta("tr", 2, 8, 2, world_size=2)
-    lines = [json.dumps({"kind": "meta", "meta": wire.encode_meta(meta)})]
+    lines = [json.dumps({"kind": "meta", "meta": core.encode_meta(meta)})]
     rng = np.random.default_rng(0)
     for step in range(3):
         for rank in range(2):
-            rec = wire.StepRecord(run="tr", rank=rank, world_size=2, step=step, time_s=time.time(), phase="decode",
+            rec = core.StepRecord(run="tr", rank=rank, world_size=2, step=step, time_s=time.time(), phase="decode",
                                   tokens=8, counts_LE=synthfill.skewed_counts(rng, 2, 8, 8))
-            lines.append(wire.trace_line("step", wire.encode_step(rec)))
-            lines.append(wire.trace_line("timing", wire.encode_timing(_rec(step, rank, run="tr"))))
+            lines.append(core.trace_line("step", core.encode_step(rec)))
+            lines.append(core.trace_line("timing", core.encode_timing(_rec(step, rank, run="tr"))))
     lines.append('{"kind": "timing", "v": 1}')
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(lines) + "\n")

@@ -2,13 +2,13 @@
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.window import StepWindow
-from planner.loads import gpu_weights, weighted_loads
+from moe_monitor import core
+from moe_monitor.dashboard.live.window import StepWindow
+from moe_monitor.planner.loads import gpu_weights, weighted_loads
 
 
 def rec(step, counts, rank=0, world=1, phase="decode", tokens=4, t=None):
-    return wire.StepRecord(run="w", rank=rank, world_size=world, step=step, time_s=float(step if t is None else t),
+    return core.StepRecord(run="w", rank=rank, world_size=world, step=step, time_s=float(step if t is None else t),
                            phase=phase, tokens=tokens, counts_LE=np.asarray(counts, dtype=np.int32))
 
 
@@ -81,12 +81,12 @@ def test_wrong_shape_is_refused():
 def test_steps_missing_ranks_stay_out_of_window_statistics_until_the_grace_period(redis_url):
     import time
 
-    from dashboard.live.watched import WatchedRun
-    from dashboard.live.window import PENDING_GRACE_S
-    from dashboard.sources.redis import RedisSource
+    from moe_monitor.dashboard.live.watched import WatchedRun
+    from moe_monitor.dashboard.live.window import PENDING_GRACE_S
+    from moe_monitor.dashboard.sources.redis import RedisSource
     from tests.support import synthfill
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 0.5
     complete = synthfill.fill(client, "part", steps=5, world_size=3, time0_s=t0)
     synthfill.fill(client, "part", steps=1, first_step=5, world_size=3, ranks=[0, 2], time0_s=t0 + 0.5, meta=False)

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
 from tests.support.waiting import wait_until
 
 RANKS, PER_PROCESS, SEQS, PROMPT, STEPS = 4, 2, 3, 5, 23
@@ -19,16 +19,16 @@ RANKS, PER_PROCESS, SEQS, PROMPT, STEPS = 4, 2, 3, 5, 23
 
 @pytest.mark.slow
 def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_them(redis_url):
-    aggregator = subprocess.Popen([sys.executable, "-m", "collectors.aggregate", "--redis", redis_url, "--run",
+    aggregator = subprocess.Popen([sys.executable, "-m", "moe_monitor.aggregator", "--redis", redis_url, "--run",
                                    "fleet", "--log-every-s", "60"], stderr=subprocess.DEVNULL)
     try:
-        fleet = subprocess.run([sys.executable, "-m", "demo.fleet", "--redis", redis_url, "--run", "fleet",
+        fleet = subprocess.run([sys.executable, "-m", "moe_monitor.demo.fleet", "--redis", redis_url, "--run", "fleet",
                                 "--ranks", str(RANKS), "--ranks-per-process", str(PER_PROCESS), "--seqs-per-rank",
                                 str(SEQS), "--prompt-len", str(PROMPT), "--new-tokens", "4", "--steps", str(STEPS),
                                 "--seconds", "200"], capture_output=True, text=True, timeout=240)
         assert fleet.returncode == 0, fleet.stderr[-2000:]
-        client = wire.connect(redis_url, timeout_s=2.0)
-        state_key = wire.aggregator_key("fleet") + ":state"
+        client = core.connect(redis_url, timeout_s=2.0)
+        state_key = core.aggregator_key("fleet") + ":state"
 
         def written() -> int:
             raw = client.hget(state_key, "steps_written")
@@ -46,7 +46,7 @@ def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_th
     finally:
         aggregator.terminate()
         aggregator.wait(30)
-    aggregates = [wire.decode_aggregate(fields) for _, fields in client.xrange(wire.aggregate_key("fleet"))]
+    aggregates = [core.decode_aggregate(fields) for _, fields in client.xrange(core.aggregate_key("fleet"))]
     assert [a.step for a in aggregates] == list(range(steps))  # each step once, none late, none missing
     for agg in aggregates:
         assert agg.ranks_R.tolist() == list(range(RANKS)) and agg.world_size == RANKS

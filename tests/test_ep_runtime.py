@@ -23,14 +23,13 @@ import pytest
 import redis
 import torch
 
-import planner
-import wire
-from collectors import attach
-from demo.ep import EPConfig, launch
-from demo.ep.apply import main as apply_main
-from demo.ep.placement import Placement, plan_moves
-from demo.ep.worker import make_traffic
-from demo.model import build_model
+from moe_monitor import core, planner
+from moe_monitor.collectors import attach
+from moe_monitor.demo.ep import EPConfig, launch
+from moe_monitor.demo.ep.apply import main as apply_main
+from moe_monitor.demo.ep.placement import Placement, plan_moves
+from moe_monitor.demo.ep.worker import make_traffic
+from moe_monitor.demo.model import build_model
 
 pytestmark = pytest.mark.slow
 
@@ -67,10 +66,10 @@ def _reference(cfg: EPConfig, outputs: list[dict]) -> tuple[float, list[list[np.
 
 def _published(url: str, run: str):
     client = redis.Redis.from_url(url)
-    steps = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key(run))]
-    timings = [wire.decode_timing(f) for _, f in client.xrange(wire.timings_key(run))]
-    layouts = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layouts_key(run))]
-    meta = wire.decode_meta(client.get(wire.meta_key(run)))
+    steps = [core.decode_step(f) for _, f in client.xrange(core.steps_key(run))]
+    timings = [core.decode_timing(f) for _, f in client.xrange(core.timings_key(run))]
+    layouts = [core.decode_layout_record(f) for _, f in client.xrange(core.layouts_key(run))]
+    meta = core.decode_meta(client.get(core.meta_key(run)))
     client.close()
     return steps, timings, layouts, meta
 
@@ -140,8 +139,8 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + 600
     while thread.is_alive() and time.monotonic() < deadline:  # wait for step 2 of the run, then apply
-        last = client.xrevrange(wire.steps_key(cfg.run), count=1)
-        if last and wire.decode_step(last[0][1]).step >= 2:
+        last = client.xrevrange(core.steps_key(cfg.run), count=1)
+        if last and core.decode_step(last[0][1]).step >= 2:
             break
         time.sleep(0.1)
     assert apply_main(["--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file)]) == 0
@@ -169,7 +168,7 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     _check_published(redis_url, cfg, results, ref_counts)
     _, _, layouts, _ = _published(redis_url, cfg.run)
     client = redis.Redis.from_url(redis_url)
-    requested = [wire.decode_layout_record(f) for _, f in client.xrange(wire.layout_requests_key(cfg.run))]
+    requested = [core.decode_layout_record(f) for _, f in client.xrange(core.layout_requests_key(cfg.run))]
     client.close()
     marked = [rec for rec in layouts if rec.instance == results[0]["instance"]]
     assert len(requested) == 1 and requested[0].source == "apply" and requested[0].step <= from_step
@@ -192,7 +191,7 @@ def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys):
 def test_grouped_experts_equal_the_per_group_gemms():
     """The demo's grouped path (two grouped GEMMs per layer) computes what the exact per-(source, expert) path
     does, within float32 rounding; a row naming an expert the rank lacks is refused."""
-    from demo.ep.store import ExpertStore
+    from moe_monitor.demo.ep.store import ExpertStore
 
     gen = torch.Generator().manual_seed(0)
     hidden, ffn = 64, 32

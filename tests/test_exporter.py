@@ -14,14 +14,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
-import wire
-from dashboard.exporter.metrics import series_count
-from dashboard.exporter.server import RunExporter
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from demo.localredis import free_port
+from moe_monitor import core
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.demo.localredis import free_port
+from moe_monitor.exporter.metrics import series_count
+from moe_monitor.exporter.server import RunExporter
 from tests.support import synthfill
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def _value(samples, name, **labels):
 
 
 def test_exported_numbers_are_the_overviews(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "exp", steps=30, num_layers=4, num_experts=16, gpus=4, world_size=2)
     exporter = RunExporter(client, redis_url, ["exp"], window_steps=100)
     exporter.poll()
@@ -78,9 +78,9 @@ def test_timing_series_are_the_time_pages(redis_url):
     from dashboard.analytics.timing on the same window, 3 phases x 5 series more than without."""
     import numpy as np
 
-    from dashboard.analytics import timing
+    from moe_monitor.dashboard.analytics import timing
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "tim", steps=20, num_layers=2, num_experts=8, gpus=2, world_size=2)
     untimed = RunExporter(client, redis_url, ["tim"], window_steps=100)
     untimed.poll()
@@ -88,7 +88,7 @@ def test_timing_series_are_the_time_pages(redis_url):
     for step in range(20):
         for rank in range(2):
             lay = np.array([1e-3 * (1 + step % 4), 2e-3], np.float32)
-            client.xadd(wire.timings_key("tim"), wire.encode_timing(wire.TimingRecord(
+            client.xadd(core.timings_key("tim"), core.encode_timing(core.TimingRecord(
                 run="tim", rank=rank, world_size=2, step=step, time_s=1.7e9, dispatch_s_L=lay * 0.25,
                 compute_s_L=lay * 0.5, combine_s_L=lay * 0.125, layer_s_L=lay)))
     exporter = RunExporter(client, redis_url, ["tim"], window_steps=100)
@@ -111,7 +111,7 @@ def test_timing_series_are_the_time_pages(redis_url):
 
 def test_a_redis_that_goes_away_is_exported_not_raised(redis_server):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    exporter = RunExporter(wire.connect(url, timeout_s=0.3, retries=0), url, None)
+    exporter = RunExporter(core.connect(url, timeout_s=0.3, retries=0), url, None)
     exporter.poll()
     registry = CollectorRegistry()
     registry.register(exporter)
@@ -120,10 +120,10 @@ def test_a_redis_that_goes_away_is_exported_not_raised(redis_server):
 
 
 def test_the_cli_serves_both_formats_on_loopback(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "cli", steps=12, num_layers=2, num_experts=8, gpus=2)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dashboard.exporter", "--redis", redis_url, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor.exporter", "--redis", redis_url, "--port", str(port),
                              "--interval-s", "0.5"], cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -148,7 +148,7 @@ def test_the_grafana_dashboard_and_the_alerts_use_only_exported_metrics(redis_ur
     import json
     import re
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "names", steps=10, num_layers=2, num_experts=8, gpus=2)
     exporter = RunExporter(client, redis_url, ["names"])
     exporter.poll()
@@ -165,7 +165,7 @@ def test_the_grafana_dashboard_and_the_alerts_use_only_exported_metrics(redis_ur
 
 
 def test_per_layer_and_top_expert_series_only_on_request_and_capped(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "card", steps=20, num_layers=4, num_experts=16, gpus=4)
     counts = {}
     for options in ({}, {"per_layer": True}, {"top_experts": 5}):
@@ -187,9 +187,9 @@ def test_per_layer_and_top_expert_series_only_on_request_and_capped(redis_url):
 
 
 def test_rebalance_advisor_gauges_are_the_advisors_and_computed_at_most_every_interval(redis_url):
-    from dashboard.whatif.advice import advice_on_window
+    from moe_monitor.dashboard.whatif.advice import advice_on_window
 
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "adv", steps=40, num_layers=4, num_experts=16, gpus=4)
     exporter = RunExporter(client, redis_url, ["adv"], window_steps=100, advise_every_s=3600)
     exporter.poll()
@@ -220,7 +220,7 @@ def test_rebalance_advisor_gauges_are_the_advisors_and_computed_at_most_every_in
 
 
 def test_the_help_text_documents_the_rebalance_gauges():
-    out = subprocess.run([sys.executable, "-m", "dashboard.exporter", "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "moe_monitor.exporter", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60).stdout
     for name in ("moe_rebalance_predicted_gain_ratio", "moe_rebalance_moves", "--advise-every-s"):
         assert name in out

@@ -16,8 +16,8 @@ import pytest
 import redis
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor
 from tests.support.redisfaults import FaultyRedis, make_cert
 from tests.support.waiting import wait_until
 
@@ -37,11 +37,11 @@ def _steps(mon: ExpertLoadMonitor, count: int, rate_hz: float) -> None:
 
 
 def _records(client, run):
-    return [wire.decode_step(f) for _, f in client.xrange(wire.steps_key(run))]
+    return [core.decode_step(f) for _, f in client.xrange(core.steps_key(run))]
 
 
 def _health(client, run):
-    return json.loads(client.hget(wire.health_key(run), "0"))
+    return json.loads(client.hget(core.health_key(run), "0"))
 
 
 def _monitor(url: str, run: str, timeout_s: float = 0.5, **options) -> ExpertLoadMonitor:
@@ -84,7 +84,7 @@ def test_outage_buffer_holds_queue_steps_at_a_high_step_rate(server):
     records = _records(client, "outage")
     assert [r.step for r in records] == list(range(before + during - queue, before + during))
     assert records[0].dropped_steps == during - queue and records[-1].dropped_steps == during - queue
-    assert client.get(wire.meta_key("outage")) is not None  # an empty Redis got the metadata back
+    assert client.get(core.meta_key("outage")) is not None  # an empty Redis got the metadata back
     health = _health(client, "outage")
     assert health["dropped_steps"] == during - queue and health["last_error"] == ""
     assert health["sink_failures"] >= 1 and "ConnectionError" in health["last_failure"]
@@ -97,12 +97,12 @@ def test_redis_flushed_under_a_live_collector_gets_the_metadata_back(server):
     mon = _monitor(server.url, "flushed")
     _steps(mon, 5, 200)
     client = server.client()
-    assert wait_until(lambda: client.get(wire.meta_key("flushed")) is not None)
+    assert wait_until(lambda: client.get(core.meta_key("flushed")) is not None)
     client.flushall()
     _steps(mon, 5, 50)
-    assert wait_until(lambda: client.get(wire.meta_key("flushed")) is not None, timeout_s=5.0)
+    assert wait_until(lambda: client.get(core.meta_key("flushed")) is not None, timeout_s=5.0)
     mon.close()
-    assert wire.decode_meta(client.get(wire.meta_key("flushed"))).run == "flushed"
+    assert core.decode_meta(client.get(core.meta_key("flushed"))).run == "flushed"
     assert mon.stats()["dropped_steps"] == 0 and mon.stats()["last_error"] == ""
 
 
@@ -192,7 +192,7 @@ def test_acl_user_without_write_permission(server):
     mon.close()
     assert [r.step for r in _records(admin, "acl")] == list(range(8))
     assert "NoPermissionError" in _health(admin, "acl")["last_failure"]
-    assert admin.exists(wire.meta_key("acl"))
+    assert admin.exists(core.meta_key("acl"))
 
 
 def test_tls_server_with_a_certificate_the_client_does_not_trust(tmp_path):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import wire
-from demo.localredis import RedisServer
+from moe_monitor import core
+from moe_monitor.demo.localredis import RedisServer
 
 pytestmark = pytest.mark.skipif(os.environ.get("MOE_SOAK") != "1", reason="soak test: set MOE_SOAK=1")
 
@@ -24,7 +24,7 @@ L, E, K = 8, 64, 8
 COLLECTOR = """
 import json, os, sys, time
 import torch
-from collectors import ExpertLoadMonitor
+from moe_monitor.collectors import ExpertLoadMonitor
 
 def rss_bytes():
     with open("/proc/self/status") as status:
@@ -68,7 +68,7 @@ def test_eight_collectors_for_a_minute(tmp_path):
         client = server.client()
         redis_samples = []  # (seconds since every rank wrote, used_memory, rss) every 2.5 s while they all run
         start = time.monotonic()
-        while client.hlen(wire.health_key("soak")) < RANKS and time.monotonic() - start < 120:
+        while client.hlen(core.health_key("soak")) < RANKS and time.monotonic() - start < 120:
             time.sleep(0.2)
         start = time.monotonic()
         while all(p.poll() is None for p in procs) and time.monotonic() - start < SECONDS + 60:
@@ -87,11 +87,11 @@ def test_eight_collectors_for_a_minute(tmp_path):
             assert grew[0] < 32 << 20 and grew[1] < 16 << 20, f"rank {rank} collector memory grew: {rss}"
         used = [u for t, u, _ in redis_samples if t >= 20]  # the stream trimmed to its budget by then
         assert len(used) >= 8 and max(used) < 1.25 * min(used), f"Redis memory grew: {redis_samples}"
-        records = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key("soak"))]
+        records = [core.decode_step(f) for _, f in client.xrange(core.steps_key("soak"))]
         for rank in range(RANKS):
             steps = [r.step for r in records if r.rank == rank]
             assert steps and steps == list(range(steps[0], RATE_HZ * SECONDS)), f"rank {rank}: a gap in the stream"
-            health = json.loads(client.hget(wire.health_key("soak"), str(rank)))
+            health = json.loads(client.hget(core.health_key("soak"), str(rank)))
             assert health["dropped_steps"] == 0 and health["published_steps"] == RATE_HZ * SECONDS
         print("redis (s, used_memory, rss):", redis_samples)
         print("collector rss after warm-up:", [[line["rss"] >> 20 for line in (json.loads(x) for x in out.splitlines()

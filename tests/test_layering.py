@@ -20,8 +20,9 @@ for package in sys.argv[1].split(","):
     module = importlib.import_module(package)
     names.append(package)
     for info in pkgutil.walk_packages(module.__path__, package + "."):
-        if info.name.startswith("dashboard.pages") or info.name.endswith("__main__"):
-            continue  # page entry files run a page when imported, __main__ runs a CLI; the app run covers pages
+        if (info.name.startswith("moe_monitor.dashboard.page_files") or info.name == "moe_monitor.dashboard.app"
+                or info.name.endswith("__main__")):
+            continue  # the app and its page files run when imported, __main__ runs a CLI; the app run covers them
         importlib.import_module(info.name)
         names.append(info.name)
 if len(sys.argv) > 2:
@@ -29,7 +30,7 @@ if len(sys.argv) > 2:
     at = AppTest.from_file(sys.argv[2], default_timeout=30).run()
     assert not at.exception, at.exception
     for page in ("devices", "experts", "gpus", "time", "whatif"):
-        at.switch_page(f"dashboard/pages/{page}.py").run()
+        at.switch_page(f"page_files/{page}.py").run()
         assert not at.exception, at.exception
 loaded = sorted({m.split(".")[0] for m in sys.modules})
 print("IMPORTED", len(names), "LOADED", " ".join(loaded))
@@ -47,18 +48,18 @@ def _walk(packages: str, *extra: str) -> tuple[int, set[str]]:
 
 
 def test_dashboard_never_imports_torch_or_pynvml():
-    imported, loaded = _walk("dashboard", str(ROOT / "app.py"))
+    imported, loaded = _walk("moe_monitor.dashboard,moe_monitor.exporter", str(ROOT / "moe_monitor" / "dashboard" / "app.py"))
     assert imported >= 30, imported  # the walk really imported the package
     assert not loaded & {"torch", "pynvml"}, sorted(loaded & {"torch", "pynvml"})
 
 
 def test_planner_never_imports_torch_or_the_ui():
-    imported, loaded = _walk("planner")
+    imported, loaded = _walk("moe_monitor.planner")
     assert imported >= 15, imported
     assert not loaded & {"torch", "streamlit", "plotly"}, sorted(loaded & {"torch", "streamlit", "plotly"})
 
 
-@pytest.mark.parametrize("package", ["collectors", "wire"])
+@pytest.mark.parametrize("package", ["moe_monitor.collectors", "moe_monitor.core", "moe_monitor.aggregator"])
 def test_model_side_never_imports_the_ui(package):
     imported, loaded = _walk(package)
     assert imported >= 5, imported
@@ -67,5 +68,5 @@ def test_model_side_never_imports_the_ui(package):
 
 def test_the_walk_sees_a_heavy_import():
     """The same sys.modules check sees torch when something does import it (so the tests above can fail)."""
-    _, loaded = _walk("collectors")
+    _, loaded = _walk("moe_monitor.collectors")
     assert "torch" in loaded

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import wire
+from moe_monitor import core
 from tests.support.properties import property_settings
 from tests.test_properties_wire import DEEP, HOSTILE_BYTES, field_values, json_values
 
@@ -18,11 +18,11 @@ SETTINGS = property_settings()
 MAP_LP = np.array([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 2, 3]], dtype=np.int32)  # 2 layers, 4 experts, 6 slots
 
 
-def _record(**changes) -> wire.LayoutRecord:
+def _record(**changes) -> core.LayoutRecord:
     fields = dict(run="p", step=5, time_s=1.7e9, physical_to_logical_LP=MAP_LP, gpus=2, nodes=1, source="engine",
                   rank=1, instance="i-1")
     fields.update(changes)
-    return wire.LayoutRecord(**fields)
+    return core.LayoutRecord(**fields)
 
 
 def _as_redis(fields: dict) -> dict:
@@ -31,33 +31,33 @@ def _as_redis(fields: dict) -> dict:
 
 
 def _good_fields() -> dict:
-    return _as_redis(wire.encode_layout_record(_record()))
+    return _as_redis(core.encode_layout_record(_record()))
 
 
 def test_round_trip_through_stream_fields_and_a_trace_line():
     rec = _record(source="apply", nodes=2, instance="abc", rank=3, step=123)
-    fields = wire.encode_layout_record(rec)
-    assert set(fields) == set(wire.LAYOUT_FIELDS) and fields["v"] == wire.SCHEMA_VERSION
+    fields = core.encode_layout_record(rec)
+    assert set(fields) == set(core.LAYOUT_FIELDS) and fields["v"] == core.SCHEMA_VERSION
     assert (fields["L"], fields["P"]) == (2, 6) and fields["map"] == MAP_LP.astype("<i4").tobytes()
-    for decoded in (wire.decode_layout_record(_as_redis(fields)), wire.decode_layout_record(fields),
-                    wire.decode_trace_line(wire.trace_line("layout", fields))[1]):
-        assert isinstance(decoded, wire.LayoutRecord)
+    for decoded in (core.decode_layout_record(_as_redis(fields)), core.decode_layout_record(fields),
+                    core.decode_trace_line(core.trace_line("layout", fields))[1]):
+        assert isinstance(decoded, core.LayoutRecord)
         assert (decoded.run, decoded.step, decoded.time_s, decoded.gpus, decoded.nodes, decoded.source,
                 decoded.rank, decoded.instance) == ("p", 123, 1.7e9, 2, 2, "apply", 3, "abc")
         assert decoded.physical_to_logical_LP.dtype == np.int32
         np.testing.assert_array_equal(decoded.physical_to_logical_LP, MAP_LP)
         assert decoded.validate(4) is decoded and decoded.validate(4, num_layers=2) is decoded
-    assert wire.decode_trace_line(wire.trace_line("layout", fields))[0] == "layout" and "layout" in wire.TRACE_KINDS
+    assert core.decode_trace_line(core.trace_line("layout", fields))[0] == "layout" and "layout" in core.TRACE_KINDS
 
 
 def test_key_and_exports():
-    assert wire.layouts_key("run-1") == "moe:{run-1}:layouts"
+    assert core.layouts_key("run-1") == "moe:{run-1}:layouts"
     with pytest.raises(ValueError, match="run name"):
-        wire.layouts_key("bad name")
-    assert wire.LAYOUT_SOURCES == ("initial", "engine", "apply")
+        core.layouts_key("bad name")
+    assert core.LAYOUT_SOURCES == ("initial", "engine", "apply")
     for name in ("LayoutRecord", "encode_layout_record", "decode_layout_record", "layouts_key", "LAYOUT_SOURCES"):
-        assert name in wire.__all__
-    assert "moe:R:layouts" in wire.__doc__
+        assert name in core.__all__
+    assert "moe:R:layouts" in core.__doc__
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -92,7 +92,7 @@ def test_validate_needs_every_expert_and_even_splits(changes, message):
 ])
 def test_encode_refuses_what_a_reader_would_refuse(changes, message):
     with pytest.raises(ValueError, match=message):
-        wire.encode_layout_record(_record(**changes))
+        core.encode_layout_record(_record(**changes))
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -117,34 +117,34 @@ def test_decode_refuses_fields_beyond_the_bounds(changes, message):
     fields = _good_fields()
     fields.update(changes)
     with pytest.raises(ValueError, match=message):
-        wire.decode_layout_record(fields)
+        core.decode_layout_record(fields)
 
 
-@pytest.mark.parametrize("name", [n for n in wire.LAYOUT_FIELDS if n != "inst"])
+@pytest.mark.parametrize("name", [n for n in core.LAYOUT_FIELDS if n != "inst"])
 def test_decode_names_a_missing_field(name):
     with pytest.raises(ValueError, match=f"missing field '{name}'"):
-        wire.decode_layout_record({k: v for k, v in _good_fields().items() if k != name.encode()})
-    assert wire.decode_layout_record({k: v for k, v in _good_fields().items() if k != b"inst"}).instance == ""
+        core.decode_layout_record({k: v for k, v in _good_fields().items() if k != name.encode()})
+    assert core.decode_layout_record({k: v for k, v in _good_fields().items() if k != b"inst"}).instance == ""
 
 
 def _check_layout(fields) -> None:
     try:
-        rec = wire.decode_layout_record(fields)
+        rec = core.decode_layout_record(fields)
     except ValueError:
         return
     num_layers, num_slots = rec.physical_to_logical_LP.shape
-    assert 1 <= num_layers <= wire.MAX_LAYERS and 1 <= num_slots <= wire.MAX_SLOTS
-    assert num_layers * num_slots <= wire.MAX_CELLS and rec.physical_to_logical_LP.dtype == np.int32
-    assert rec.physical_to_logical_LP.min() >= 0 and rec.physical_to_logical_LP.max() < wire.MAX_EXPERTS
-    assert num_slots % rec.gpus == 0 and rec.gpus % rec.nodes == 0 and rec.source in wire.LAYOUT_SOURCES
-    assert 0 <= rec.step < wire.MAX_STEP and 0 <= rec.rank < wire.MAX_WORLD and abs(rec.time_s) < wire.MAX_TIME_S
-    assert len(rec.instance) <= wire.MAX_NAME_CHARS
+    assert 1 <= num_layers <= core.MAX_LAYERS and 1 <= num_slots <= core.MAX_SLOTS
+    assert num_layers * num_slots <= core.MAX_CELLS and rec.physical_to_logical_LP.dtype == np.int32
+    assert rec.physical_to_logical_LP.min() >= 0 and rec.physical_to_logical_LP.max() < core.MAX_EXPERTS
+    assert num_slots % rec.gpus == 0 and rec.gpus % rec.nodes == 0 and rec.source in core.LAYOUT_SOURCES
+    assert 0 <= rec.step < core.MAX_STEP and 0 <= rec.rank < core.MAX_WORLD and abs(rec.time_s) < core.MAX_TIME_S
+    assert len(rec.instance) <= core.MAX_NAME_CHARS
     for experts in (1, 4, 7):
         with contextlib.suppress(ValueError):
             rec.validate(experts)
 
 
-LAYOUT_NAMES = list(wire.LAYOUT_FIELDS)
+LAYOUT_NAMES = list(core.LAYOUT_FIELDS)
 
 
 @SETTINGS
@@ -181,8 +181,8 @@ def test_decode_a_good_layout_record_with_hostile_fields(changes, text_keys):
 @example('{"kind": "layout", "map_b64": "\u00e9"}')
 def test_decode_layout_trace_lines(line):
     with contextlib.suppress(ValueError):
-        kind, rec = wire.decode_trace_line(line)
-        assert kind == "layout" and isinstance(rec, wire.LayoutRecord)
+        kind, rec = core.decode_trace_line(line)
+        assert kind == "layout" and isinstance(rec, core.LayoutRecord)
 
 
 @st.composite
@@ -201,14 +201,14 @@ def layouts(draw):
 
 
 @SETTINGS
-@given(layouts(), st.integers(0, 2**62 - 1), st.sampled_from(wire.LAYOUT_SOURCES))
+@given(layouts(), st.integers(0, 2**62 - 1), st.sampled_from(core.LAYOUT_SOURCES))
 def test_every_valid_layout_round_trips(layout, step, source):
     map_LP, num_experts, gpus, nodes = layout
-    rec = wire.LayoutRecord(run="r", step=step, time_s=12.5, physical_to_logical_LP=map_LP, gpus=gpus, nodes=nodes,
+    rec = core.LayoutRecord(run="r", step=step, time_s=12.5, physical_to_logical_LP=map_LP, gpus=gpus, nodes=nodes,
                             source=source)
-    fields = wire.encode_layout_record(rec)
-    for decoded in (wire.decode_layout_record(_as_redis(fields)),
-                    wire.decode_trace_line(wire.trace_line("layout", fields))[1]):
+    fields = core.encode_layout_record(rec)
+    for decoded in (core.decode_layout_record(_as_redis(fields)),
+                    core.decode_trace_line(core.trace_line("layout", fields))[1]):
         np.testing.assert_array_equal(decoded.physical_to_logical_LP, map_LP)
         assert (decoded.step, decoded.gpus, decoded.nodes, decoded.source) == (step, gpus, nodes, source)
         decoded.validate(num_experts, num_layers=map_LP.shape[0])
@@ -223,7 +223,7 @@ def test_every_valid_layout_round_trips(layout, step, source):
 def test_validate_of_arbitrary_maps(rows, experts, gpus):
     width = min(map(len, rows))
     map_LP = np.array([row[:width] for row in rows], dtype=np.int64)
-    rec = wire.LayoutRecord(run="r", step=0, time_s=0.0, physical_to_logical_LP=map_LP, gpus=gpus)
+    rec = core.LayoutRecord(run="r", step=0, time_s=0.0, physical_to_logical_LP=map_LP, gpus=gpus)
     try:
         rec.validate(experts)
     except ValueError:
@@ -236,7 +236,7 @@ def test_hostile_sizes_are_refused_before_reading_the_map():
     fields = _good_fields()
     fields.update({b"L": b"1024", b"P": b"65536", b"map": b""})
     with pytest.raises(ValueError, match="exceeds 1048576 cells"):
-        wire.decode_layout_record(fields)
+        core.decode_layout_record(fields)
     fields.update({b"L": b"1", b"P": b"1", b"map": HOSTILE_BYTES[7]})
     with pytest.raises(ValueError, match="expected 1x1 int32"):
-        wire.decode_layout_record(fields)
+        core.decode_layout_record(fields)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import wire
 from bench import loadgen, routing
+from moe_monitor import core
 
 
 def test_each_token_picks_k_distinct_experts_from_a_skewed_popularity():
@@ -20,11 +20,11 @@ def test_each_token_picks_k_distinct_experts_from_a_skewed_popularity():
     assert counts_LE.dtype == np.int32 and (counts_LE.sum(axis=1) == 64 * 8).all()
 
 
-def _stream(url: str, run: str) -> list[wire.StepRecord]:
-    client = wire.connect(url, timeout_s=5.0)
-    entries = client.xrange(wire.steps_key(run))
+def _stream(url: str, run: str) -> list[core.StepRecord]:
+    client = core.connect(url, timeout_s=5.0)
+    entries = client.xrange(core.steps_key(run))
     client.close()
-    return [wire.decode_step(fields) for _, fields in entries]
+    return [core.decode_step(fields) for _, fields in entries]
 
 
 def test_sixteen_ranks_in_three_processes_land_every_step(redis_url):
@@ -38,7 +38,7 @@ def test_sixteen_ranks_in_three_processes_land_every_step(redis_url):
 
     records = _stream(redis_url, "lg")
     assert len(records) == ranks * steps  # within MAXLEN: nothing trimmed
-    by_rank: dict[int, list[wire.StepRecord]] = {}
+    by_rank: dict[int, list[core.StepRecord]] = {}
     for rec in records:
         by_rank.setdefault(rec.rank, []).append(rec)
     assert sorted(by_rank) == list(range(ranks))
@@ -53,9 +53,9 @@ def test_sixteen_ranks_in_three_processes_land_every_step(redis_url):
     assert len({rec.instance for rec in records}) == ranks
     # the same step differs between ranks (each its own mix), and a rank's pool cycles
     assert not np.array_equal(by_rank[0][0].counts_LE, by_rank[1][0].counts_LE)
-    client = wire.connect(redis_url, timeout_s=5.0)
-    meta = wire.decode_meta(client.get(wire.meta_key("lg")))
-    health = client.hgetall(wire.health_key("lg"))
+    client = core.connect(redis_url, timeout_s=5.0)
+    meta = core.decode_meta(client.get(core.meta_key("lg")))
+    health = client.hgetall(core.health_key("lg"))
     client.close()
     assert (meta.world_size, meta.num_experts, meta.top_k, len(meta.layer_names)) == (ranks, 256, 8, 58)
     assert len(health) == ranks
@@ -65,9 +65,9 @@ def test_version_one_records_through_the_same_writer(redis_url):
     report = loadgen.run_load(redis_url, "lg1", ranks=2, steps_per_s=10.0, seconds=1.0, processes=1,
                               tokens_per_rank=8, compact=False)
     assert report.ok, report.summary()
-    client = wire.connect(redis_url, timeout_s=5.0)
-    entries = client.xrange(wire.steps_key("lg1"))
+    client = core.connect(redis_url, timeout_s=5.0)
+    entries = client.xrange(core.steps_key("lg1"))
     client.close()
     assert len(entries) == 20 and {fields[b"v"] for _, fields in entries} == {b"1"}
     assert all(len(fields[b"counts"]) == 58 * 256 * 4 for _, fields in entries)
-    assert [wire.decode_step(f).step for _, f in entries if f[b"rank"] == b"1"] == list(range(10))
+    assert [core.decode_step(f).step for _, f in entries if f[b"rank"] == b"1"] == list(range(10))

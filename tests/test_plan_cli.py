@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.loads import check_layout, layer_imbalance
-from planner.synthetic import drifting_windows, skewed_counts
+from moe_monitor.planner.loads import check_layout, layer_imbalance
+from moe_monitor.planner.synthetic import drifting_windows, skewed_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 
 def run(*args):
     env = dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "planner", *map(str, args)], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "moe_monitor.planner", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -141,8 +141,9 @@ def test_bad_arguments_exit_2(tmp_path, args, msg):
 
 
 def test_dashboard_planner_never_imports_torch():
-    code = ("import sys, planner, planner.api, planner.io, planner.edits,"
-            " planner.traffic, planner.budget, planner.repair;"
+    code = ("import sys, moe_monitor.planner, moe_monitor.planner.api, moe_monitor.planner.io,"
+            " moe_monitor.planner.edits, moe_monitor.planner.traffic, moe_monitor.planner.budget,"
+            " moe_monitor.planner.repair;"
             " bad = [m for m in ('torch', 'streamlit', 'pynvml') if m in sys.modules]; print(bad);"
             " sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ),
@@ -154,7 +155,7 @@ def test_dashboard_planner_never_imports_torch():
 # Run in-process through planner.cli.main (the same code as python -m planner, minus the interpreter start).
 
 def cli(capsys, *args) -> tuple[int, list[str]]:
-    from planner.cli import main
+    from moe_monitor.planner.cli import main
 
     rc = main([str(a) for a in args])
     err = capsys.readouterr().err
@@ -219,7 +220,7 @@ def test_recent_is_checked_for_windowed_input_too(tmp_path, capsys):
 
 
 def test_layout_json_is_strict(tmp_path):
-    from planner.io import write_json
+    from moe_monitor.planner.io import write_json
 
     out = tmp_path / "o.json"
     with pytest.raises(ValueError, match="NaN or infinite"):

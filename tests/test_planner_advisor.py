@@ -21,14 +21,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import wire
-from planner.advisor import advise, initial_layout, periodic_schedule, predicted_gain_seconds, static_schedule
-from planner.io import load_trace_steps
-from planner.repair import experts_copied
-from planner.schedule import Change, Schedule, load_schedule, schedule_from_json
-from planner.simulate import CostModel, simulate
-from planner.staleness import staleness
-from planner.synthetic import drifting_windows
+from moe_monitor import core
+from moe_monitor.planner.advisor import (
+    advise,
+    initial_layout,
+    periodic_schedule,
+    predicted_gain_seconds,
+    static_schedule,
+)
+from moe_monitor.planner.io import load_trace_steps
+from moe_monitor.planner.repair import experts_copied
+from moe_monitor.planner.schedule import Change, Schedule, load_schedule, schedule_from_json
+from moe_monitor.planner.simulate import CostModel, simulate
+from moe_monitor.planner.staleness import staleness
+from moe_monitor.planner.synthetic import drifting_windows
 from tests.support.properties import property_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,9 +221,9 @@ def test_load_trace_steps_reads_traces_and_counts(tmp_path):
     lines = []
     for step in range(5):
         for rank in range(2):                                    # ranks are summed
-            rec = wire.StepRecord(run="adv", rank=rank, world_size=2, step=step, time_s=1.0 + step,
+            rec = core.StepRecord(run="adv", rank=rank, world_size=2, step=step, time_s=1.0 + step,
                                   phase="decode", tokens=8, counts_LE=counts[step].astype(np.int32))
-            lines.append(wire.trace_line("step", wire.encode_step(rec)))
+            lines.append(core.trace_line("step", core.encode_step(rec)))
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
     assert np.array_equal(load_trace_steps(tmp_path / "t.jsonl"), 2 * counts)
     (tmp_path / "c.json").write_text(json.dumps({"logical_count": counts.tolist()}))
@@ -228,7 +234,7 @@ def test_load_trace_steps_reads_traces_and_counts(tmp_path):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "planner", *map(str, args)], cwd=ROOT, env=dict(os.environ),
+    return subprocess.run([sys.executable, "-m", "moe_monitor.planner", *map(str, args)], cwd=ROOT, env=dict(os.environ),
                           capture_output=True, text=True, timeout=120)
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.api import plan
-from planner.eplb_ref import eplb_global
-from planner.loads import layer_imbalance
-from planner.synthetic import drifting_windows
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.eplb_ref import eplb_global
+from moe_monitor.planner.loads import layer_imbalance
+from moe_monitor.planner.synthetic import drifting_windows
 
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from planner.api import plan
-from planner.bounds import best_bound, group_partition_bound, replica_bound, slot_bound
-from planner.loads import check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance, replica_counts
-from planner.synthetic import skewed_counts
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.bounds import best_bound, group_partition_bound, replica_bound, slot_bound
+from moe_monitor.planner.loads import check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance, replica_counts
+from moe_monitor.planner.synthetic import skewed_counts
 
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 
@@ -108,7 +108,7 @@ def _brute_optimum(c_LE, G):
 
 @pytest.mark.parametrize("E,G", [(8, 4), (9, 3)])
 def test_r0_bounds_below_exhaustive_optimum(E, G):
-    from planner.bounds import cardinality_bound
+    from moe_monitor.planner.bounds import cardinality_bound
     rng = np.random.default_rng(E * 10 + G)
     # heavy-tailed rows (where the cardinality bounds bind) and flat ones
     c = np.concatenate([np.round(rng.lognormal(0, 1.5, (12, E)) * 100), rng.integers(1, 100, (4, E))]) + 1.0
@@ -124,7 +124,7 @@ def test_r0_bounds_below_exhaustive_optimum(E, G):
 
 
 def test_r0_bounds_hold_on_random_layouts_and_plans():
-    from planner.bounds import cardinality_bound
+    from moe_monitor.planner.bounds import cardinality_bound
     rng = np.random.default_rng(11)
     for sigma in (0.5, 1.5, 2.5):
         c = np.round(rng.lognormal(0, sigma, (20, 64)) * 1000) + 1
@@ -140,9 +140,9 @@ def test_r0_bounds_hold_on_random_layouts_and_plans():
 
 @pytest.mark.parametrize("R", [0, 16])
 def test_pair_resplits_keep_invariants_and_never_raise_the_max(R):
-    from planner.loads import slot_weights
-    from planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
-    from planner.pairs import refine_pairs
+    from moe_monitor.planner.loads import slot_weights
+    from moe_monitor.planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
+    from moe_monitor.planner.pairs import refine_pairs
     c = skewed_counts(layers=6, experts=64, sigma=1.2, seed=9)
     G = 16
     rep = replicate_greedy(c, 64 + R)

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.api import plan
-from planner.bounds import best_bound, group_partition_bound
-from planner.eplb_ref import eplb_global, eplb_hierarchical
-from planner.loads import duplicates_on_gpu, layer_imbalance
-from planner.synthetic import skewed_counts
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.bounds import best_bound, group_partition_bound
+from moe_monitor.planner.eplb_ref import eplb_global, eplb_hierarchical
+from moe_monitor.planner.loads import duplicates_on_gpu, layer_imbalance
+from moe_monitor.planner.synthetic import skewed_counts
 
 G = 32
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.api import plan
-from planner.budget import bytes_per_expert, knee_index, replica_budget_curve
-from planner.edits import add_replica, move_replica
-from planner.loads import check_layout, layer_imbalance, replica_counts
-from planner.repair import experts_copied, repair_curve, repair_plan
-from planner.synthetic import skewed_counts
-from planner.traffic import route, traffic
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.budget import bytes_per_expert, knee_index, replica_budget_curve
+from moe_monitor.planner.edits import add_replica, move_replica
+from moe_monitor.planner.loads import check_layout, layer_imbalance, replica_counts
+from moe_monitor.planner.repair import experts_copied, repair_curve, repair_plan
+from moe_monitor.planner.synthetic import skewed_counts
+from moe_monitor.planner.traffic import route, traffic
 
 G = 8
 

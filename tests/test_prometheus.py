@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-import wire
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from demo.localredis import free_port
+from moe_monitor import core
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.demo.localredis import free_port
 from tests.support import synthfill
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def _wait(what, check, timeout_s: float = 60):
 
 @pytest.mark.slow
 def test_prometheus_scrapes_the_exporter_stores_the_overviews_numbers_and_fires_an_alert(redis_url, tmp_path):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "steady", steps=30, num_layers=4, num_experts=16, gpus=4)
     synthfill.fill_skewed(client, "skewed")
     exporter_port, prom_port = free_port(), free_port()
@@ -77,7 +77,7 @@ def test_prometheus_scrapes_the_exporter_stores_the_overviews_numbers_and_fires_
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\nrule_files: [alerts.yml]\n"
         f"scrape_configs:\n  - job_name: moe-load\n    static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n")
-    exporter = subprocess.Popen([sys.executable, "-m", "dashboard.exporter", "--redis", redis_url, "--port",
+    exporter = subprocess.Popen([sys.executable, "-m", "moe_monitor.exporter", "--redis", redis_url, "--port",
                                  str(exporter_port), "--interval-s", "0.5"], cwd=ROOT, env=dict(os.environ),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     prometheus = subprocess.Popen([_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",

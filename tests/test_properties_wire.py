@@ -15,11 +15,11 @@ import numpy as np
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.live.window import StepWindow
-from dashboard.sources.base import Batch
-from dashboard.sources.redis import _collector_health, decode_health_rank, decode_health_report
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.live.window import StepWindow
+from moe_monitor.dashboard.sources.base import Batch
+from moe_monitor.dashboard.sources.redis import _collector_health, decode_health_rank, decode_health_report
 from tests.support.listsource import ListSource
 from tests.support.properties import property_settings
 
@@ -43,27 +43,27 @@ field_values = st.one_of(st.binary(max_size=64), st.text(max_size=30), st.intege
 
 
 def _good_step_fields(sample: bool = True) -> dict:
-    rec = wire.StepRecord(run="p", rank=1, world_size=2, step=5, time_s=1.7e9, phase="decode", tokens=9,
+    rec = core.StepRecord(run="p", rank=1, world_size=2, step=5, time_s=1.7e9, phase="decode", tokens=9,
                           counts_LE=np.array([[1, 0, 2], [0, 3, 0]], dtype=np.int32), dropped_steps=1,
                           sample_ids_LNK=np.array([[[0, 2]], [[1, -1]]], dtype=np.int16) if sample else None,
                           instance="i-1")
-    return {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in wire.encode_step(rec).items()}
+    return {k.encode(): v if isinstance(v, bytes) else str(v).encode() for k, v in core.encode_step(rec).items()}
 
 
-STEP_NAMES = [*wire.STEP_FIELDS, *wire.COMPACT_FIELDS, *wire.SAMPLE_FIELDS]
+STEP_NAMES = [*core.STEP_FIELDS, *core.COMPACT_FIELDS, *core.SAMPLE_FIELDS]
 
 
 def _check_step(fields: dict) -> None:
     try:
-        rec = wire.decode_step(fields)
+        rec = core.decode_step(fields)
     except ValueError:
         return
-    assert 0 <= rec.step < wire.MAX_STEP and 0 <= rec.tokens < wire.MAX_TOKENS
-    assert 0 <= rec.rank < rec.world_size <= wire.MAX_WORLD and 0 <= rec.dropped_steps < wire.MAX_STEP
+    assert 0 <= rec.step < core.MAX_STEP and 0 <= rec.tokens < core.MAX_TOKENS
+    assert 0 <= rec.rank < rec.world_size <= core.MAX_WORLD and 0 <= rec.dropped_steps < core.MAX_STEP
     num_layers, num_experts = rec.counts_LE.shape
-    assert num_layers <= wire.MAX_LAYERS and num_experts <= wire.MAX_EXPERTS
-    assert num_layers * num_experts <= wire.MAX_CELLS and rec.counts_LE.min() >= 0
-    assert abs(rec.time_s) < wire.MAX_TIME_S and len(rec.instance) <= wire.MAX_NAME_CHARS
+    assert num_layers <= core.MAX_LAYERS and num_experts <= core.MAX_EXPERTS
+    assert num_layers * num_experts <= core.MAX_CELLS and rec.counts_LE.min() >= 0
+    assert abs(rec.time_s) < core.MAX_TIME_S and len(rec.instance) <= core.MAX_NAME_CHARS
 
 
 @SETTINGS
@@ -90,10 +90,10 @@ def test_decode_step_of_a_good_entry_with_hostile_fields(sample, changes, text_k
 
 
 def _good_meta() -> dict:
-    layout = wire.Layout(gpus=2, nodes=1, physical_to_logical_map=[[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 2, 3]])
-    meta = wire.RunMeta(run="p", model_name="m", layer_names=["a", "b"], num_experts=4, top_k=2, hidden_size=8,
+    layout = core.Layout(gpus=2, nodes=1, physical_to_logical_map=[[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 2, 3]])
+    meta = core.RunMeta(run="p", model_name="m", layer_names=["a", "b"], num_experts=4, top_k=2, hidden_size=8,
                         moe_intermediate_size=4, dtype_bytes=2, layout=layout, world_size=2, started_s=1.7e9)
-    return json.loads(wire.encode_meta(meta))
+    return json.loads(core.encode_meta(meta))
 
 
 META_NAMES = [*_good_meta(), "gpus", "nodes", "physical_to_logical_map", "evil"]
@@ -101,12 +101,12 @@ META_NAMES = [*_good_meta(), "gpus", "nodes", "physical_to_logical_map", "evil"]
 
 def _check_meta(text) -> None:
     try:
-        meta = wire.decode_meta(text)
+        meta = core.decode_meta(text)
     except ValueError:
         return
     rows = np.asarray(meta.layout.physical_to_logical_map)
-    assert rows.shape[0] == len(meta.layer_names) <= wire.MAX_LAYERS and rows.size <= wire.MAX_CELLS
-    assert 1 <= meta.num_experts <= wire.MAX_EXPERTS and 1 <= meta.world_size <= wire.MAX_WORLD
+    assert rows.shape[0] == len(meta.layer_names) <= core.MAX_LAYERS and rows.size <= core.MAX_CELLS
+    assert 1 <= meta.num_experts <= core.MAX_EXPERTS and 1 <= meta.world_size <= core.MAX_WORLD
 
 
 @SETTINGS
@@ -147,15 +147,15 @@ def test_health_entries(field, value):
             decode(arg)
     reports, bad = _collector_health({field: value, b"0": b'{"dropped_steps": 3}'})
     assert reports[0] == {"dropped_steps": 3}
-    assert all(isinstance(rank, int) and 0 <= rank < wire.MAX_WORLD for rank in reports)
+    assert all(isinstance(rank, int) and 0 <= rank < core.MAX_WORLD for rank in reports)
     for report in reports.values():
         assert all(isinstance(v, (int, float, str, type(None))) for v in report.values())
         assert len(str(report.get("last_error") or "")) <= 2000
 
 
 def _good_gpu_fields() -> dict:
-    sample = wire.GpuSample(0, "h", 1.0, "ok", [{"index": 0, "name": "H200", "memory_used_bytes": 10**11}])
-    return {k.encode(): str(v).encode() for k, v in wire.encode_gpu_sample(sample).items()}
+    sample = core.GpuSample(0, "h", 1.0, "ok", [{"index": 0, "name": "H200", "memory_used_bytes": 10**11}])
+    return {k.encode(): str(v).encode() for k, v in core.encode_gpu_sample(sample).items()}
 
 
 GPU_NAMES = ["v", "rank", "host", "t", "status", "reason", "gpus"]
@@ -163,16 +163,16 @@ GPU_NAMES = ["v", "rank", "host", "t", "status", "reason", "gpus"]
 
 def _check_gpu(fields) -> None:
     try:
-        sample = wire.decode_gpu_sample(fields)
+        sample = core.decode_gpu_sample(fields)
     except ValueError:
         return
-    assert 0 <= sample.rank < wire.MAX_WORLD and len(sample.gpus) <= wire.MAX_GPUS_PER_SAMPLE
+    assert 0 <= sample.rank < core.MAX_WORLD and len(sample.gpus) <= core.MAX_GPUS_PER_SAMPLE
 
 
 @SETTINGS
 @given(st.dictionaries(st.sampled_from(GPU_NAMES), st.one_of(field_values, json_values.map(json.dumps),
                                                                 st.lists(st.dictionaries(
-                                                                    st.sampled_from([*wire.GPU_FIELDS, "x"]),
+                                                                    st.sampled_from([*core.GPU_FIELDS, "x"]),
                                                                     json_values), max_size=3).map(json.dumps)),
                        min_size=1, max_size=4))
 @example({"gpus": DEEP})
@@ -188,14 +188,14 @@ def test_decode_gpu_sample(changes):
 
 def _check_trace_line(line) -> None:
     with contextlib.suppress(ValueError):
-        wire.decode_trace_line(line)
+        core.decode_trace_line(line)
 
 
 @SETTINGS
 @given(st.one_of(
     st.text(max_size=200),
     json_values.map(json.dumps),
-    st.tuples(st.sampled_from(wire.TRACE_KINDS), st.dictionaries(
+    st.tuples(st.sampled_from(core.TRACE_KINDS), st.dictionaries(
         st.sampled_from([*STEP_NAMES, "counts_b64", "sample_b64", "meta", "gpus", *GPU_NAMES]),
         st.one_of(json_values, st.text(max_size=20)), max_size=8)).map(lambda kf: json.dumps({"kind": kf[0], **kf[1]})),
 ))
@@ -215,13 +215,13 @@ def test_decode_trace_line(line):
 @example('{"physical_to_logical_map": [[' + "9" * 4000 + "]]}")
 def test_parse_and_validate_layouts(text):
     try:
-        rows = wire.parse_layout_json(text)
+        rows = core.parse_layout_json(text)
     except ValueError:
         return
-    assert len(rows) <= wire.MAX_LAYERS and sum(map(len, rows)) <= wire.MAX_CELLS
+    assert len(rows) <= core.MAX_LAYERS and sum(map(len, rows)) <= core.MAX_CELLS
     for gpus in (1, 2):
         with contextlib.suppress(ValueError):
-            wire.Layout(gpus=gpus, nodes=1, physical_to_logical_map=rows).validate(len(rows), 2)
+            core.Layout(gpus=gpus, nodes=1, physical_to_logical_map=rows).validate(len(rows), 2)
 
 
 @SETTINGS
@@ -230,17 +230,17 @@ def test_parse_and_validate_layouts(text):
 @example(1, 10**9, 1)
 def test_sizes_and_contiguous_layouts(layers, experts, slots):
     try:
-        rows = wire.contiguous_layout(layers, experts, slots)
+        rows = core.contiguous_layout(layers, experts, slots)
     except ValueError:
         return
-    assert len(rows) * len(rows[0]) <= wire.MAX_CELLS
+    assert len(rows) * len(rows[0]) <= core.MAX_CELLS
 
 
-def _two_layer_meta() -> wire.RunMeta:
+def _two_layer_meta() -> core.RunMeta:
     """The run's metadata: [2 layers, 3 experts], 2 ranks."""
-    return wire.RunMeta(run="w", model_name="m", layer_names=["a", "b"], num_experts=3, top_k=1,
+    return core.RunMeta(run="w", model_name="m", layer_names=["a", "b"], num_experts=3, top_k=1,
                         hidden_size=1, moe_intermediate_size=1, dtype_bytes=2,
-                        layout=wire.Layout(1, 1, wire.contiguous_layout(2, 3)), world_size=2)
+                        layout=core.Layout(1, 1, core.contiguous_layout(2, 3)), world_size=2)
 
 
 bad_values = {
@@ -268,7 +268,7 @@ def records(draw):
         broken = draw(st.one_of(st.none(), st.sampled_from(sorted(bad_values))))
         if broken is not None:
             fields[broken] = draw(bad_values[broken])
-        out.append((wire.StepRecord(**fields), broken is None))
+        out.append((core.StepRecord(**fields), broken is None))
     return out
 
 
@@ -298,8 +298,8 @@ HOSTILE_SIZES = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
 import numpy as np
-import wire
-from dashboard.sources.redis import decode_health_report
+from moe_monitor import core
+from moe_monitor.dashboard.sources.redis import decode_health_report
 
 def meta(experts=8, layers=1, slots=None, world=1):
     return {"run": "x", "model_name": "m", "layer_names": ["l"] * layers, "num_experts": experts, "top_k": 1,
@@ -309,19 +309,19 @@ def meta(experts=8, layers=1, slots=None, world=1):
 step = {"v": b"1", "run": b"x", "rank": b"0", "world": b"1", "step": b"0", "t": b"1.0", "phase": b"decode",
         "tokens": b"1", "dropped": b"0", "counts": b"\0" * 4}
 attempts = [
-    (wire.decode_meta, json.dumps(meta(10**9))), (wire.decode_meta, json.dumps(meta(10**12))),
-    (wire.decode_meta, json.dumps(meta(8, 2000))), (wire.decode_meta, json.dumps(meta(8, 1, 10**5))),
-    (wire.decode_meta, json.dumps(meta(world=10**9))), (wire.decode_meta, " " * (wire.MAX_META_BYTES + 1)),
-    (wire.parse_layout_json, json.dumps({"physical_to_logical_map": [[0] * 70000]})),
-    (wire.decode_trace_line, json.dumps({"kind": "meta", "meta": meta(10**9)})),
-    (wire.decode_trace_line, " " * (wire.MAX_TRACE_LINE_BYTES + 1)),
-    (wire.decode_step, {**step, "L": b"1024", "E": b"65536"}), (wire.decode_step, {**step, "L": b"1", "E": b"1",
+    (core.decode_meta, json.dumps(meta(10**9))), (core.decode_meta, json.dumps(meta(10**12))),
+    (core.decode_meta, json.dumps(meta(8, 2000))), (core.decode_meta, json.dumps(meta(8, 1, 10**5))),
+    (core.decode_meta, json.dumps(meta(world=10**9))), (core.decode_meta, " " * (core.MAX_META_BYTES + 1)),
+    (core.parse_layout_json, json.dumps({"physical_to_logical_map": [[0] * 70000]})),
+    (core.decode_trace_line, json.dumps({"kind": "meta", "meta": meta(10**9)})),
+    (core.decode_trace_line, " " * (core.MAX_TRACE_LINE_BYTES + 1)),
+    (core.decode_step, {**step, "L": b"1024", "E": b"65536"}), (core.decode_step, {**step, "L": b"1", "E": b"1",
                                                                                 "sample": b"", "sample_n": b"1" * 30,
                                                                                 "sample_k": b"1"}),
-    (wire.decode_gpu_sample, {"v": b"1", "rank": b"0", "host": b"h", "t": b"1", "status": b"ok", "reason": b"",
+    (core.decode_gpu_sample, {"v": b"1", "rank": b"0", "host": b"h", "t": b"1", "status": b"ok", "reason": b"",
                               "gpus": json.dumps([{"index": 0}] * 100000).encode()}),
     (decode_health_report, b'{"queued": ' + b"1" * 4000 + b"}"),
-    (lambda n: wire.contiguous_layout(n, n), 10**9), (lambda n: wire.Layout(1, 1, [[0]]).validate(1, n), 10**9),
+    (lambda n: core.contiguous_layout(n, n), 10**9), (lambda n: core.Layout(1, 1, [[0]]).validate(1, n), 10**9),
 ]
 for decode, item in attempts:
     try:
@@ -335,7 +335,7 @@ for decode, item in attempts:
 
 def test_hostile_sizes_decode_in_bounded_memory():
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    probe = "import wire, dashboard.sources.redis; print(open('/proc/self/statm').read().split()[0])"
+    probe = "import moe_monitor.core, moe_monitor.dashboard.sources.redis; print(open('/proc/self/statm').read().split()[0])"
     base = int(subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
                               check=True).stdout.split()[0]) * 4096
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(HOSTILE_SIZES), str(base + (160 << 20))],

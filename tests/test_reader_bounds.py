@@ -8,25 +8,25 @@ import time
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.gpu_history import GpuHistory
-from dashboard.live.watched import WatchedRun
-from dashboard.live.window import StepWindow
-from dashboard.sources.base import Batch
-from dashboard.sources.redis import RedisSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.gpu_history import GpuHistory
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.live.window import StepWindow
+from moe_monitor.dashboard.sources.base import Batch
+from moe_monitor.dashboard.sources.redis import RedisSource
 from tests.support import synthfill
 from tests.support.listsource import ListSource
 
 
 def _rec(step, counts=((1, 2),), rank=0, world=1, phase="decode", tokens=4, instance="", t=None):
-    return wire.StepRecord(run="b", rank=rank, world_size=world, step=step,
+    return core.StepRecord(run="b", rank=rank, world_size=world, step=step,
                            time_s=float(100 + step if t is None else t), phase=phase, tokens=tokens,
                            counts_LE=np.asarray(counts, dtype=np.int32), instance=instance)
 
 
 def _entry(**over) -> dict:
     fields = {k.encode(): v if isinstance(v, bytes) else str(v).encode()
-              for k, v in wire.encode_step(_rec(3)).items()}
+              for k, v in core.encode_step(_rec(3)).items()}
     fields.update({k.encode(): str(v).encode() for k, v in over.items()})
     return fields
 
@@ -45,12 +45,12 @@ def _entry(**over) -> dict:
 ])
 def test_out_of_range_fields_are_one_value_error_at_decode(over, message):
     with pytest.raises(ValueError, match=message):
-        wire.decode_step(_entry(**over))
+        core.decode_step(_entry(**over))
 
 
 def test_the_largest_allowed_values_decode():
-    rec = wire.decode_step(_entry(step=wire.MAX_STEP - 1, tokens=wire.MAX_TOKENS - 1, world=wire.MAX_WORLD,
-                                  rank=wire.MAX_WORLD - 1, dropped=wire.MAX_STEP - 1))
+    rec = core.decode_step(_entry(step=core.MAX_STEP - 1, tokens=core.MAX_TOKENS - 1, world=core.MAX_WORLD,
+                                  rank=core.MAX_WORLD - 1, dropped=core.MAX_STEP - 1))
     assert (rec.step, rec.tokens, rec.world_size, rec.rank) == (2**62 - 1, 2**40 - 1, 65536, 65535)
 
 
@@ -66,9 +66,9 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("bad", [
     _rec(2**70), _rec(5, tokens=2**70), _rec(5, rank=2**40, world=2**41), _rec(5, phase="warmup"),
     _rec(5, counts=((1, -2),)), _rec(5, t=float("nan")), _rec(1, tokens=2**70, rank=1, world=2),
-    wire.StepRecord(run="b", rank=0, world_size=1, step=5, time_s=1.0, phase="decode", tokens=1,
+    core.StepRecord(run="b", rank=0, world_size=1, step=5, time_s=1.0, phase="decode", tokens=1,
                     counts_LE=np.asarray([[1.5, 2.0]])),
-    wire.StepRecord(run="b", rank=0, world_size=1, step=5, time_s=1.0, phase="decode", tokens=1,
+    core.StepRecord(run="b", rank=0, world_size=1, step=5, time_s=1.0, phase="decode", tokens=1,
                     counts_LE=np.asarray([[2**40, 2]])),
 ])
 def test_window_refuses_a_bad_record_before_changing_anything(bad):
@@ -85,7 +85,7 @@ def test_window_refuses_a_bad_record_before_changing_anything(bad):
 
 
 def test_a_tick_counts_any_failing_record_and_keeps_the_rest_of_its_poll():
-    broken = wire.StepRecord(run="b", rank=0, world_size=1, step=2, time_s=102.0, phase="decode", tokens=1,
+    broken = core.StepRecord(run="b", rank=0, world_size=1, step=2, time_s=102.0, phase="decode", tokens=1,
                              counts_LE=None)  # type: ignore[arg-type]
     first = Batch(steps=[_rec(0), _rec(1), _rec(2**70), broken, _rec(3, t=float("inf")), _rec(4)])
     watched = WatchedRun(ListSource([first, Batch(steps=[_rec(5), _rec(6)])]), window_steps=10)
@@ -97,12 +97,12 @@ def test_a_tick_counts_any_failing_record_and_keeps_the_rest_of_its_poll():
 
 
 def test_an_out_of_range_step_in_redis_costs_one_record_not_the_poll(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "big", steps=3)
-    fields = wire.encode_step(wire.StepRecord(run="big", rank=0, world_size=1, step=3, time_s=time.time(),
+    fields = core.encode_step(core.StepRecord(run="big", rank=0, world_size=1, step=3, time_s=time.time(),
                                               phase="decode", tokens=1,
                                               counts_LE=np.ones((4, 16), dtype=np.int32)))
-    client.xadd(wire.steps_key("big"), {**fields, "step": str(2**64)})
+    client.xadd(core.steps_key("big"), {**fields, "step": str(2**64)})
     synthfill.fill(client, "big", steps=2, first_step=4, meta=False)
     watched = WatchedRun(RedisSource(client, redis_url, "big", window_steps=20), window_steps=20)
     watched.tick()
@@ -157,7 +157,7 @@ def test_retired_instances_are_bounded():
 def test_gpu_devices_are_bounded():
     history = GpuHistory(max_samples=2)
     for host in range(3000):
-        history.add(wire.GpuSample(rank=0, host=f"h{host}", time_s=1.0, status="ok", gpus=[{"index": 0}]))
-        history.add(wire.GpuSample(rank=1, host=f"h{host}", time_s=1.0, status="unavailable", reason="x"))
+        history.add(core.GpuSample(rank=0, host=f"h{host}", time_s=1.0, status="ok", gpus=[{"index": 0}]))
+        history.add(core.GpuSample(rank=1, host=f"h{host}", time_s=1.0, status="unavailable", reason="x"))
     assert len(history.series) <= 1024 and len(history.unavailable) <= 1024
     assert ("h2999", 0) in history.series  # the newest stay

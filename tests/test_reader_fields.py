@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
 from tests.support import synthfill
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +38,9 @@ def _watch(client, url, run):
     (b"1", b'{"last_error": ' + json.dumps([[[[1]]]]).encode() + b"}"),
 ])
 def test_a_bad_health_field_is_one_bad_record(redis_url, field, value):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "hh", steps=3)
-    client.hset(wire.health_key("hh"), mapping={b"0": json.dumps({"dropped_steps": 2, "queued": 0, "last_error": "",
+    client.hset(core.health_key("hh"), mapping={b"0": json.dumps({"dropped_steps": 2, "queued": 0, "last_error": "",
                                                                   "time_s": 1.0}), field: value})
     watched = _watch(client, redis_url, "hh")
     for _ in range(3):
@@ -49,16 +49,16 @@ def test_a_bad_health_field_is_one_bad_record(redis_url, field, value):
     assert health.reachable and watched.window.size == 3
     assert watched.bad_records == 1 and "health" in watched.last_error, watched.last_error
     assert health.collectors[0]["dropped_steps"] == 2
-    assert all(isinstance(rank, int) and 0 <= rank < wire.MAX_WORLD for rank in health.collectors)
+    assert all(isinstance(rank, int) and 0 <= rank < core.MAX_WORLD for rank in health.collectors)
     for report in health.collectors.values():
         assert all(isinstance(v, (int, float, str, type(None))) for v in report.values()), report
 
 
 @pytest.mark.parametrize("score", [float("inf"), float("-inf")])
 def test_a_non_finite_last_seen_time_is_unknown(redis_url, score):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "nf", steps=2)
-    client.zadd(wire.RUNS_KEY, {"nf": score})
+    client.zadd(core.RUNS_KEY, {"nf": score})
     watched = _watch(client, redis_url, "nf")
     watched.tick()
     assert watched.source.health().last_seen_s is None
@@ -71,18 +71,18 @@ def test_a_non_finite_last_seen_time_is_unknown(redis_url, score):
     b"\xff\xfe{}",
 ])
 def test_metadata_that_breaks_the_json_parser_is_a_bad_record(redis_url, text):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "bj", steps=3, meta=False)
-    client.set(wire.meta_key("bj"), text)
+    client.set(core.meta_key("bj"), text)
     with pytest.raises(ValueError):
-        wire.decode_meta(text)
+        core.decode_meta(text)
     watched = _watch(client, redis_url, "bj")
     watched.tick()
     assert watched.bad_records == 1 and "run metadata" in watched.last_error and watched.window.size == 3
 
 
 def _meta_json(**over) -> dict:
-    raw = json.loads(wire.encode_meta(synthfill.make_meta("m", 2, 8, gpus=2)))
+    raw = json.loads(core.encode_meta(synthfill.make_meta("m", 2, 8, gpus=2)))
     raw.update(over)
     return raw
 
@@ -100,15 +100,15 @@ def _meta_json(**over) -> dict:
 ])
 def test_out_of_range_metadata_is_one_value_error(over, message):
     with pytest.raises(ValueError, match=message):
-        wire.decode_meta(json.dumps(_meta_json(**over)))
+        core.decode_meta(json.dumps(_meta_json(**over)))
 
 
 @pytest.mark.parametrize("gpus", [DEEP, json.dumps([{"index": 10**4000}]), json.dumps([{"index": 0, "power_usage_w": 10**400}]),
                                   json.dumps([{"index": 0, "name": "n" * 10_000}]), json.dumps([{"index": 0}] * 5000)])
 def test_a_gpu_sample_that_breaks_the_parser_is_a_bad_record(redis_url, gpus):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "gj", steps=2)
-    client.xadd(wire.gpu_key("gj"), {"v": wire.SCHEMA_VERSION, "rank": 0, "host": "h", "t": "1.0", "status": "ok",
+    client.xadd(core.gpu_key("gj"), {"v": core.SCHEMA_VERSION, "rank": 0, "host": "h", "t": "1.0", "status": "ok",
                                      "reason": "", "gpus": gpus})
     watched = _watch(client, redis_url, "gj")
     watched.tick()
@@ -122,13 +122,13 @@ def test_a_gpu_sample_that_breaks_the_parser_is_a_bad_record(redis_url, gpus):
 ])
 def test_a_layout_file_that_breaks_the_parser_is_one_value_error(text):
     with pytest.raises(ValueError):
-        wire.parse_layout_json(text)
+        core.parse_layout_json(text)
 
 
 HOSTILE = r"""
 import json, resource, sys, time
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
-import wire
+from moe_monitor import core
 def meta(experts, slots=1):
     return json.dumps({"run": "x", "model_name": "m", "layer_names": ["a"], "num_experts": experts, "top_k": 1,
                        "hidden_size": 1, "moe_intermediate_size": 1, "dtype_bytes": 2,
@@ -136,7 +136,7 @@ def meta(experts, slots=1):
 texts = [meta(10**8), meta(10**9), meta(10**12), meta(8, 0)]
 lines = [json.dumps({"kind": "meta", "meta": t}) for t in texts]
 started = time.perf_counter()
-for decode, items in ((wire.decode_meta, texts), (wire.decode_trace_line, lines)):
+for decode, items in ((core.decode_meta, texts), (core.decode_trace_line, lines)):
     for item in items:
         try:
             decode(item)
@@ -149,7 +149,7 @@ print("seconds", time.perf_counter() - started)
 
 
 def _baseline_as() -> int:
-    probe = "import resource, wire; print(open('/proc/self/statm').read().split()[0])"
+    probe = "import resource, moe_monitor.core; print(open('/proc/self/statm').read().split()[0])"
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True,
                          env=_env())
     return int(out.stdout.split()[0]) * 4096
@@ -171,17 +171,17 @@ def test_a_tiny_metadata_record_claiming_huge_sizes_allocates_nothing():
 
 
 def test_identical_metadata_bytes_decode_once(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "mc", steps=2)
     calls = []
-    real = wire.decode_meta
-    monkeypatch.setattr(wire, "decode_meta", lambda raw: calls.append(1) or real(raw))
+    real = core.decode_meta
+    monkeypatch.setattr(core, "decode_meta", lambda raw: calls.append(1) or real(raw))
     watched = _watch(client, redis_url, "mc")
     for _ in range(4):
         watched.source._meta_read_at = float("-inf")  # force the periodic re-read
         watched.tick()
     assert len(calls) == 1 and watched.source.meta().num_experts == 16
-    client.set(wire.meta_key("mc"), wire.encode_meta(synthfill.make_meta("mc", 4, 16, gpus=8)))
+    client.set(core.meta_key("mc"), core.encode_meta(synthfill.make_meta("mc", 4, 16, gpus=8)))
     watched.source._meta_read_at = float("-inf")
     watched.tick()
     assert len(calls) == 2 and watched.source.meta().layout.gpus == 8
@@ -192,8 +192,8 @@ def test_layout_validation_of_a_large_layout_is_fast():
 
     rows = np.tile(np.arange(1024), (1024, 1)).tolist()  # 1024 layers x 1024 slots: the cell budget
     started = time.perf_counter()
-    wire.Layout(gpus=8, nodes=1, physical_to_logical_map=rows).validate(1024, 1024)
+    core.Layout(gpus=8, nodes=1, physical_to_logical_map=rows).validate(1024, 1024)
     assert time.perf_counter() - started < 1.0
     rows[700][5] = 6
     with pytest.raises(ValueError, match="layer 700"):
-        wire.Layout(gpus=8, nodes=1, physical_to_logical_map=rows).validate(1024, 1024)
+        core.Layout(gpus=8, nodes=1, physical_to_logical_map=rows).validate(1024, 1024)

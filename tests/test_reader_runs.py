@@ -2,8 +2,8 @@
 entries with an invalid or non-UTF-8 name or a non-finite time are skipped, counted and mentioned on the page."""
 from __future__ import annotations
 
-import wire
-from dashboard.sources.redis import read_runs
+from moe_monitor import core
+from moe_monitor.dashboard.sources.redis import read_runs
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -11,27 +11,27 @@ HOSTILE = {"bad name!": 2e9, b"\xff\xfe": 2e9 + 1, "infinite": float("inf"), "ne
 
 
 def test_invalid_entries_are_skipped_and_counted(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "good", steps=2)
-    client.zadd(wire.RUNS_KEY, HOSTILE)
+    client.zadd(core.RUNS_KEY, HOSTILE)
     listing = read_runs(client)
     assert [name for name, _ in listing.runs] == ["good"] and listing.skipped == 4
     assert [name for name, _ in read_runs(client).runs] == ["good"]
 
 
 def test_the_run_list_never_scans_the_keyspace(redis_url):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "indexed", steps=1)
-    client.set(wire.meta_key("orphan"), wire.encode_meta(synthfill.make_meta("orphan", 1, 4, gpus=1)))
+    client.set(core.meta_key("orphan"), core.encode_meta(synthfill.make_meta("orphan", 1, 4, gpus=1)))
     client.config_resetstat()
     assert [name for name, _ in read_runs(client).runs] == ["indexed"]
     assert "cmdstat_scan" not in client.info("commandstats")
 
 
 def test_the_page_selects_a_valid_run_and_says_how_many_were_skipped(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "good", steps=5)
-    client.zadd(wire.RUNS_KEY, HOSTILE)
+    client.zadd(core.RUNS_KEY, HOSTILE)
     at = run_app(redis_url, monkeypatch)
     assert at.sidebar.selectbox(key="run").value == "good"
     assert not at.error, [e.value for e in at.error]
@@ -41,8 +41,8 @@ def test_the_page_selects_a_valid_run_and_says_how_many_were_skipped(redis_url, 
 
 
 def test_only_hostile_entries_read_as_no_run_yet(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
-    client.zadd(wire.RUNS_KEY, {b"\xff": 1.0, "negative-inf": float("-inf")})
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.zadd(core.RUNS_KEY, {b"\xff": 1.0, "negative-inf": float("-inf")})
     at = run_app(redis_url, monkeypatch)
     assert not at.error, [e.value for e in at.error]
     assert any("No run yet" in i.value for i in at.info)

@@ -12,20 +12,20 @@ import tracemalloc
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources import trace as trace_source
-from dashboard.sources.trace import TraceSource, trace_file_in
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources import trace as trace_source
+from moe_monitor.dashboard.sources.trace import TraceSource, trace_file_in
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
 
 def _lines(steps: int = 3) -> list[str]:
-    lines = [wire.trace_line("meta", {"meta": wire.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2))})]
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(synthfill.make_meta("t", 2, 8, gpus=2))})]
     for step in range(steps):
-        rec = wire.StepRecord(run="t", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode",
+        rec = core.StepRecord(run="t", rank=0, world_size=1, step=step, time_s=100.0 + step, phase="decode",
                               tokens=4, counts_LE=np.full((2, 8), step, dtype=np.int32))
-        lines.append(wire.trace_line("step", wire.encode_step(rec)))
+        lines.append(core.trace_line("step", core.encode_step(rec)))
     return lines
 
 

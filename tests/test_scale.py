@@ -9,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import wire
 from bench import loadgen, routing
 from bench.scale_aggregator import caught_up, progress, start_aggregator, stop_aggregator
 from bench.scale_probe import DashboardProbe
 from bench.scale_split import runs_on_masters
-from dashboard.live.watched import AGGREGATE, WatchedRun
-from dashboard.sources.redis import RedisSource
-from demo.localcluster import LocalCluster
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import AGGREGATE, WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.demo.localcluster import LocalCluster
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -44,13 +44,13 @@ def cluster(tmp_path_factory):
     nodes.stop()
 
 
-def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndarray) -> wire.AutoClient:
+def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndarray) -> core.AutoClient:
     """The short load with the aggregator and the dashboard's reader; asserts everything but what is particular to
     the target. Returns a client of the target (the caller closes it)."""
     # a deadline far past any stall of a loaded machine: every step waits for all its ranks (none written short)
     aggregator = start_aggregator(url, run, tmp_path / "aggregator.log", options=["--deadline-s", "30"])
     assert aggregator is not None, "collectors/aggregate/__main__.py is missing"
-    client = wire.connect(url, timeout_s=10.0)
+    client = core.connect(url, timeout_s=10.0)
     try:
         probe = DashboardProbe(url, run, WINDOW, start_at=STEPS // 3, every_s=0.5)
         report = loadgen.run_load(url, run, RANKS, RATE, SECONDS, PROCESSES, TOKENS, instance_prefix=f"t-{run}")
@@ -70,7 +70,7 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
         for name in ("rank_steps_missing", "late_records", "duplicates", "bad_records", "stale_records", "too_old"):
             assert state.get(name) == "0", (name, state)
         assert state.get("last_step") == str(STEPS - 1), state
-        records = [wire.decode_aggregate(fields) for _, fields in client.xrange(wire.aggregate_key(run))]
+        records = [core.decode_aggregate(fields) for _, fields in client.xrange(core.aggregate_key(run))]
         assert sorted(rec.step for rec in records) == list(range(STEPS))  # each step exactly once
         for rec in records:
             assert not rec.late and rec.world_size == RANKS and rec.phase == "decode"
@@ -85,7 +85,7 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
         assert figures.feed == AGGREGATE and figures.bad_records == 0, figures
 
         # the dashboard's reader, fresh: the aggregate feed with exactly those steps and counts
-        reader = wire.connect(url, timeout_s=10.0)
+        reader = core.connect(url, timeout_s=10.0)
         watched = WatchedRun(RedisSource(reader, url, run, WINDOW), WINDOW)
 
         def read_all() -> bool:
@@ -125,11 +125,11 @@ def test_three_master_cluster_the_same_and_runs_on_three_masters(cluster, tmp_pa
     client = load_aggregate_and_watch(cluster.url, run, tmp_path, expected_SLE)
     assert client.cluster is True
     # every key of the run (one hash slot) on one master
-    port = cluster.master_of(wire.steps_key(run))
-    assert {cluster.master_of(key) for key in (wire.aggregate_key(run), wire.meta_key(run),
-                                               wire.aggregator_key(run) + ":state")} == {port}
+    port = cluster.master_of(core.steps_key(run))
+    assert {cluster.master_of(key) for key in (core.aggregate_key(run), core.meta_key(run),
+                                               core.aggregator_key(run) + ":state")} == {port}
     client.close()
     # the scaling runs: names that hash to the 3 masters, one each
     runs = runs_on_masters(cluster.master_of, "scale-split", 3)
     assert sorted(p for _, p in runs) == cluster.masters()
-    assert all(cluster.master_of(wire.steps_key(name)) == p for name, p in runs)
+    assert all(cluster.master_of(core.steps_key(name)) == p for name, p in runs)

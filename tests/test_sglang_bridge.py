@@ -22,18 +22,18 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from collectors.sglang import Bridge, BridgeOptions
-from collectors.sglang import state as bridge_state
-from collectors.sglang.dumps import parse_name, phase_of
-from collectors.sglang.records import logical_counts, sampled_rows
-from collectors.sglang.stepids import StepIds
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from demo.localredis import free_port
-from planner import plan
+from moe_monitor import core
+from moe_monitor.collectors.sglang import Bridge, BridgeOptions
+from moe_monitor.collectors.sglang import state as bridge_state
+from moe_monitor.collectors.sglang.dumps import parse_name, phase_of
+from moe_monitor.collectors.sglang.records import logical_counts, sampled_rows
+from moe_monitor.collectors.sglang.stepids import StepIds
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.demo.localredis import free_port
+from moe_monitor.planner import plan
 from tests.support.redisfaults import FaultyRedis
 from tests.support.waiting import wait_until
 
@@ -130,18 +130,18 @@ def per_pass_dump(folder: Path, counts_LE, layout_LP, first_pass: int, passes: i
 
 
 # ---------------------------------------------------------------------------------------------- reading back
-def steps_of(url: str, run: str) -> list[wire.StepRecord]:
-    client = wire.connect(url, timeout_s=2.0)
-    return [wire.decode_step(fields) for _, fields in client.xrange(wire.steps_key(run))]
+def steps_of(url: str, run: str) -> list[core.StepRecord]:
+    client = core.connect(url, timeout_s=2.0)
+    return [core.decode_step(fields) for _, fields in client.xrange(core.steps_key(run))]
 
 
-def layouts_of(url: str, run: str) -> list[wire.LayoutRecord]:
-    client = wire.connect(url, timeout_s=2.0)
-    return [wire.decode_layout_record(fields) for _, fields in client.xrange(wire.layouts_key(run))]
+def layouts_of(url: str, run: str) -> list[core.LayoutRecord]:
+    client = core.connect(url, timeout_s=2.0)
+    return [core.decode_layout_record(fields) for _, fields in client.xrange(core.layouts_key(run))]
 
 
-def meta_of(url: str, run: str) -> wire.RunMeta:
-    return wire.decode_meta(wire.connect(url, timeout_s=2.0).get(wire.meta_key(run)))
+def meta_of(url: str, run: str) -> core.RunMeta:
+    return core.decode_meta(core.connect(url, timeout_s=2.0).get(core.meta_key(run)))
 
 
 def bridge_once(folder: Path, url: str, run: str, **options) -> tuple[int, list[str]]:
@@ -280,7 +280,7 @@ def test_stat_ring_rows_and_the_top_k_it_needs(tmp_path, redis_url, real):
     rc, lines = bridge_once(tmp_path, redis_url, "st")  # stat dumps do not say k
     assert rc == 2 and "--top-k" in lines[-1], lines
     assert steps_of(redis_url, "st") == []
-    assert not wire.connect(redis_url).exists(bridge_state.seen_key("st"))  # not marked read: read once k is given
+    assert not core.connect(redis_url).exists(bridge_state.seen_key("st"))  # not marked read: read once k is given
     rc, lines = bridge_once(tmp_path, redis_url, "st", top_k=K)
     assert rc == 0, lines
     records = steps_of(redis_url, "st")
@@ -290,8 +290,8 @@ def test_stat_ring_rows_and_the_top_k_it_needs(tmp_path, redis_url, real):
         assert (rec.rank, rec.world_size, rec.phase) == (0, 1, "unknown")
         assert rec.tokens == tokens_of(ring[row])
     meta = meta_of(redis_url, "st")
-    assert meta.layout.gpus == wire.default_gpus(256)
-    assert meta.layout.physical_to_logical_map == wire.contiguous_layout(61, 256)
+    assert meta.layout.gpus == core.default_gpus(256)
+    assert meta.layout.physical_to_logical_map == core.contiguous_layout(61, 256)
     assert layouts_of(redis_url, "st") == []  # stat dumps hold no layout: nothing is invented
 
 
@@ -315,7 +315,7 @@ def test_restart_never_publishes_a_dump_twice(tmp_path, redis_url, real):
         assert [rec.step for rec in records if rec.rank == rank] == [0, 1, 2, 3, 4, 5]
     assert len(layouts_of(redis_url, "rs")) == 1  # the same map throughout: one initial record
     assert len({(rec.rank, rec.step) for rec in records}) == len(records)
-    wire.connect(redis_url).set(bridge_state.state_key("rs"), json.dumps({"ids": 5}))  # a hand-edited state
+    core.connect(redis_url).set(bridge_state.state_key("rs"), json.dumps({"ids": 5}))  # a hand-edited state
     rc, lines = bridge_once(tmp_path, redis_url, "rs", top_k=K)
     assert rc == 0 and any("malformed" in line for line in lines), lines
     assert len(steps_of(redis_url, "rs")) == len(records)  # what was read stays read
@@ -504,7 +504,7 @@ def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
         expected.update({(rank, 2 * i + t): split[rank, t] for rank in range(GPUS) for t in range(2)})
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "collectors.sglang", "--dump-dir", str(folder), "--redis", redis_url, "--run", "srv",
+        [sys.executable, "-m", "moe_monitor.collectors.sglang", "--dump-dir", str(folder), "--redis", redis_url, "--run", "srv",
          "--server", server.url, "--every", "0.3", "--poll", "0.1", "--top-k", str(K), "--gpus", str(GPUS)],
         cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
@@ -523,7 +523,7 @@ def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
     for rec in records:
         np.testing.assert_array_equal(rec.counts_LE, expected[(rec.rank, rec.step)])
     assert "recording started" in stderr and "Traceback" not in stderr
-    seen = wire.connect(redis_url).hgetall(bridge_state.seen_key("srv"))
+    seen = core.connect(redis_url).hgetall(bridge_state.seen_key("srv"))
     statuses = {json.loads(v)["status"] for v in seen.values()}
     assert statuses == {"published", "empty"}  # the dumps after the queue ran dry held no passes
 
@@ -561,7 +561,7 @@ def test_server_down_is_one_line_then_retried(tmp_path, redis_url, real):
 def test_dashboard_reads_the_bridged_run(tmp_path, redis_url, real):
     expected = per_pass_dump(tmp_path, real["prefill"], real["layout_a"], first_pass=0, passes=3, time_s=T0, seed=12)
     assert bridge_once(tmp_path, redis_url, "dash", top_k=K, model_name="deepseek-ai/DeepSeek-V3")[0] == 0
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     watched = WatchedRun(RedisSource(client, redis_url, "dash", window_steps=50), window_steps=50)
     for _ in range(10):
         watched.tick()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-import wire
-from demo.localredis import RedisServer
+from moe_monitor import core
+from moe_monitor.demo.localredis import RedisServer
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -47,13 +47,13 @@ def assert_no_password(at) -> None:
 def test_url_field_shows_the_redacted_url_and_the_run_is_read(locked_redis, monkeypatch):
     at = run_app(locked_redis.url, monkeypatch)
     field = at.sidebar.text_input(key="redis_url")
-    assert field.value == wire.redact(locked_redis.url) == f"redis://:***@127.0.0.1:{locked_redis.port}/0"
+    assert field.value == core.redact(locked_redis.url) == f"redis://:***@127.0.0.1:{locked_redis.port}/0"
     assert field.proto.type == field.proto.PASSWORD
     assert at.sidebar.selectbox(key="run").value == RUN  # listed with the environment's real URL
     assert next(m.value for m in at.metric if m.label == "source") == "ok"
     assert any("12 steps in window" in c.value for c in at.caption)
     assert_no_password(at)
-    at.switch_page("dashboard/pages/devices.py").run()
+    at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
     assert_no_password(at)
 
@@ -66,6 +66,6 @@ def test_a_typed_url_replaces_the_environments(locked_redis, monkeypatch):
     assert any("not reachable" in c.value for c in at.sidebar.caption)  # the typed URL is the one used
     assert_no_password(at)
     # typing the redacted text back means the environment's URL again
-    at.sidebar.text_input(key="redis_url").input(wire.redact(locked_redis.url)).run()
+    at.sidebar.text_input(key="redis_url").input(core.redact(locked_redis.url)).run()
     assert at.sidebar.selectbox(key="run").value == RUN
     assert_no_password(at)

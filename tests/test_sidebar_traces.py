@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-import wire
-from dashboard.views import sidebar as sidebar_module
+from moe_monitor import core
+from moe_monitor.dashboard.views import sidebar as sidebar_module
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
@@ -20,13 +20,13 @@ NAME = re.compile(r"^upload-\d{8}-\d{6}-[0-9a-f]{8}(-[A-Za-z0-9_-]+)?\.jsonl$")
 
 def trace_text(steps: int) -> str:
     """A 2-layer, 8-expert, 2-GPU trace of `steps` decode steps; GPU 0 is the straggler (balancedness 0.6)."""
-    lines = [wire.trace_line("meta", {"meta": wire.encode_meta(synthfill.make_meta("tr", 2, 8, gpus=2))})]
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(synthfill.make_meta("tr", 2, 8, gpus=2))})]
     for step in range(steps):
         counts = np.zeros((2, 8), dtype=np.int32)
         counts[:, 0], counts[:, 5] = 10, 2
-        rec = wire.StepRecord(run="tr", rank=0, world_size=1, step=step, time_s=1000.0 + step, phase="decode",
+        rec = core.StepRecord(run="tr", rank=0, world_size=1, step=step, time_s=1000.0 + step, phase="decode",
                               tokens=6, counts_LE=counts)
-        lines.append(wire.trace_line("step", wire.encode_step(rec)))
+        lines.append(core.trace_line("step", core.encode_step(rec)))
     return "\n".join(lines) + "\n"
 
 
@@ -153,8 +153,8 @@ def test_upload_names_keep_nothing_of_a_path():
 def test_a_columnar_upload_is_opened_saved_under_its_container_and_selected(folder, tmp_path, monkeypatch, suffix):
     """A .parquet or .arrows trace is opened (timeline too) before it is kept, and saved under its container's
     extension whatever the client called it."""
-    from traces import open_trace
-    from traces.cli import main as traces_main
+    from moe_monitor.traces import open_trace
+    from moe_monitor.traces.cli import main as traces_main
 
     src = tmp_path / "src.jsonl"
     src.write_text(trace_text(9))

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.redis import RedisSource
-from dashboard.views.time import NO_TIMINGS
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.redis import RedisSource
+from moe_monitor.dashboard.views.time import NO_TIMINGS
 from tests.support import synthfill
 from tests.support.apptest import APP
 
@@ -24,23 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 L, E, G, R = 2, 8, 2, 2
 
 
-def _timing(run: str, step: int, rank: int, layer_s: float, instance: str = "") -> wire.TimingRecord:
+def _timing(run: str, step: int, rank: int, layer_s: float, instance: str = "") -> core.TimingRecord:
     """dispatch 10 %, compute 40 %, combine 10 % of layer_s, every layer alike."""
     lay = np.full(L, layer_s, dtype=np.float32)
-    return wire.TimingRecord(run=run, rank=rank, world_size=R, step=step, time_s=time.time(),
+    return core.TimingRecord(run=run, rank=rank, world_size=R, step=step, time_s=time.time(),
                              dispatch_s_L=lay * 0.1, compute_s_L=lay * 0.4, combine_s_L=lay * 0.1, layer_s_L=lay,
                              instance=instance)
 
 
 def fill_run(url: str, run: str, steps: int = 20, timings: bool = True, instance: str = "i0",
-             layer_s=lambda step: 1e-3 * (1 + step % 3)) -> wire.Redis:
-    client = wire.connect(url, timeout_s=2.0)
+             layer_s=lambda step: 1e-3 * (1 + step % 3)) -> core.Redis:
+    client = core.connect(url, timeout_s=2.0)
     synthfill.fill(client, run, steps=steps, num_layers=L, num_experts=E, gpus=G, world_size=R, instance=instance)
     if timings:
         pipe = client.pipeline()
         for step in range(steps):
             for rank in range(R):
-                pipe.xadd(wire.timings_key(run), wire.encode_timing(_timing(run, step, rank, layer_s(step), instance)))
+                pipe.xadd(core.timings_key(run), core.encode_timing(_timing(run, step, rank, layer_s(step), instance)))
         pipe.execute()
     return client
 
@@ -56,7 +56,7 @@ def app(url: str, monkeypatch, page: str) -> AppTest:
 
 def test_time_page_with_timings(redis_url, monkeypatch):
     fill_run(redis_url, "timed")
-    at = app(redis_url, monkeypatch, "dashboard/pages/time.py")
+    at = app(redis_url, monkeypatch, "page_files/time.py")
     charts = at.get("plotly_chart")
     assert len(charts) == 5
     metrics = {m.label: m.value for m in at.metric}
@@ -71,23 +71,23 @@ def test_time_page_with_timings(redis_url, monkeypatch):
 
 def test_time_page_without_timings_is_one_line(redis_url, monkeypatch):
     fill_run(redis_url, "untimed", timings=False)
-    at = app(redis_url, monkeypatch, "dashboard/pages/time.py")
+    at = app(redis_url, monkeypatch, "page_files/time.py")
     assert [i.value for i in at.info] == [NO_TIMINGS]
     assert not at.get("plotly_chart") and not at.main.metric and not at.main.caption and not at.main.markdown
 
 
 def test_time_page_marks_layout_changes(redis_url, monkeypatch):
     client = fill_run(redis_url, "marked")
-    change = wire.LayoutRecord(run="marked", step=10, time_s=time.time(), physical_to_logical_LP=np.tile(
+    change = core.LayoutRecord(run="marked", step=10, time_s=time.time(), physical_to_logical_LP=np.tile(
         np.arange(E, dtype=np.int32)[::-1], (L, 1)), gpus=G, nodes=1, source="apply", instance="i0")
-    client.xadd(wire.layouts_key("marked"), wire.encode_layout_record(change))
-    at = app(redis_url, monkeypatch, "dashboard/pages/time.py")
+    client.xadd(core.layouts_key("marked"), core.encode_layout_record(change))
+    at = app(redis_url, monkeypatch, "page_files/time.py")
     steps_fig = at.get("plotly_chart")[1].proto.spec
     assert '"layout applied"' in steps_fig and '"x0":10' in steps_fig.replace(" ", "")
 
 
 def _whatif(url: str, monkeypatch) -> AppTest:
-    return app(url, monkeypatch, "dashboard/pages/whatif.py")
+    return app(url, monkeypatch, "page_files/whatif.py")
 
 
 def test_apply_button_publishes_a_request_not_a_change(redis_url, monkeypatch):
@@ -95,14 +95,14 @@ def test_apply_button_publishes_a_request_not_a_change(redis_url, monkeypatch):
     at = _whatif(redis_url, monkeypatch)
     at.button(key="whatif_apply").click().run()
     assert not at.exception, at.exception
-    assert client.xlen(wire.layout_requests_key("live-apply")) == 0  # nothing sent before the confirmation
+    assert client.xlen(core.layout_requests_key("live-apply")) == 0  # nothing sent before the confirmation
     assert any("Switch the running engine" in w.value for w in at.warning)
     at.button(key="whatif_apply_confirm").click().run()
     assert not at.exception, at.exception
     assert any(s.value == "requested at step 20; the engine switches within a few steps" for s in at.success)
-    entries = client.xrange(wire.layout_requests_key("live-apply"))
-    assert len(entries) == 1 and client.xlen(wire.layouts_key("live-apply")) == 0
-    rec = wire.decode_layout_record(entries[0][1])
+    entries = client.xrange(core.layout_requests_key("live-apply"))
+    assert len(entries) == 1 and client.xlen(core.layouts_key("live-apply")) == 0
+    rec = core.decode_layout_record(entries[0][1])
     assert (rec.source, rec.step, rec.num_layers, rec.gpus) == ("apply", 20, L, G)
     state = at.session_state["whatif_state"]
     assert [r.step for r in state.requests] == [20]
@@ -119,12 +119,12 @@ def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
     layout that swaps experts between the GPUs. The panel shows the means over 8 steps either side."""
     client = fill_run(redis_url, "applied", layer_s=lambda step: 2e-3 if step < 10 else 1e-3)
     new_LP = np.tile(np.array([0, 4, 1, 5, 2, 6, 3, 7], dtype=np.int32), (L, 1))
-    change = wire.LayoutRecord(run="applied", step=10, time_s=time.time(), physical_to_logical_LP=new_LP, gpus=G,
+    change = core.LayoutRecord(run="applied", step=10, time_s=time.time(), physical_to_logical_LP=new_LP, gpus=G,
                                nodes=1, source="apply", instance="i0")
-    client.xadd(wire.layouts_key("applied"), wire.encode_layout_record(change))
+    client.xadd(core.layouts_key("applied"), core.encode_layout_record(change))
     counts = {}
-    for _, fields in client.xrange(wire.steps_key("applied")):
-        rec = wire.decode_step(fields)
+    for _, fields in client.xrange(core.steps_key("applied")):
+        rec = core.decode_step(fields)
         counts[rec.step] = counts.get(rec.step, 0) + rec.counts_LE.astype(np.int64)
 
     def loads(counts_LE, p2l_LP):
@@ -146,7 +146,7 @@ def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
     assert metrics["balancedness per step, after"].value == f"{eta_after:.3f}"
     assert metrics["balancedness per step, after"].delta == f"{eta_after - eta_before:+.3f}"
     assert "predicted balancedness" in metrics
-    assert client.xlen(wire.layout_requests_key("applied")) == 0
+    assert client.xlen(core.layout_requests_key("applied")) == 0
 
 
 @pytest.mark.slow
@@ -155,11 +155,11 @@ def test_ep_runtime_end_to_end_feeds_the_time_page(redis_url, monkeypatch):
     WatchedRun sees them all and the Time page draws its charts."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "demo.ep", "--ranks", "2", "--steps", "12", "--seconds", "0",
+    proc = subprocess.run([sys.executable, "-m", "moe_monitor.demo.ep", "--ranks", "2", "--steps", "12", "--seconds", "0",
                            "--batch", "1", "--seq-len", "8", "--redis", redis_url, "--run", "ep-time"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     watched = WatchedRun(RedisSource(client, redis_url, "ep-time", 100), 100)
     while watched.tick().more:
         pass
@@ -169,6 +169,6 @@ def test_ep_runtime_end_to_end_feeds_the_time_page(redis_url, monkeypatch):
     view = watched.timings.aligned(steps)
     assert view.has_T.all() and view.num_ranks == 2
     assert np.isfinite(view.layer_TRL).all() and np.isfinite(view.compute_TRL).all()
-    at = app(redis_url, monkeypatch, "dashboard/pages/time.py")
+    at = app(redis_url, monkeypatch, "page_files/time.py")
     assert len(at.get("plotly_chart")) == 5 and not at.error
     assert time.monotonic() - started < 90

@@ -9,10 +9,10 @@ import re
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import wire
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.base import is_seekable
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.base import is_seekable
+from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support import synthfill
 from tests.support.apptest import APP
 from tests.support.listsource import recording, write_jsonl
@@ -67,7 +67,7 @@ def test_seek_and_step_move_the_window_every_page_analyses(replay_app):
     _ok(at.button(key="timeline_back").click().run())
     assert _window(at) == (29, 58, 30)
     for page in ("devices", "experts", "gpus"):
-        _ok(at.switch_page(f"dashboard/pages/{page}.py").run())
+        _ok(at.switch_page(f"page_files/{page}.py").run())
         assert _window(at) == (29, 58, 30)
         if page != "gpus":
             assert _in_window(at) == 30
@@ -115,18 +115,18 @@ def test_play_advances_the_window(replay_app):
 
 def test_the_staleness_figure_on_experts_and_whatif(replay_app):
     at = replay_app
-    _ok(at.switch_page("dashboard/pages/experts.py").run())
+    _ok(at.switch_page("page_files/experts.py").run())
     assert len(at.get("plotly_chart")) == 3 and not any("Placement staleness" in c.value for c in at.caption)
     _ok(at.toggle(key="experts_staleness").set_value(True).run())   # asked for: it costs a few plans
     charts = at.get("plotly_chart")
     assert len(charts) == 4
     assert any("Placement staleness" in c.value for c in at.caption)
-    _ok(at.switch_page("dashboard/pages/whatif.py").run())
+    _ok(at.switch_page("page_files/whatif.py").run())
     assert any("Placement staleness" in c.value for c in at.caption)
 
 
 def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redis_url, monkeypatch):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "pause-run", steps=30, num_layers=2, num_experts=8, gpus=2)
     monkeypatch.setenv("REDIS_URL", redis_url)
     at = _ok(AppTest.from_file(APP, default_timeout=60).run())
@@ -138,7 +138,7 @@ def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redi
     _ok(at.run())
     assert _in_window(at) == 30  # the view is frozen ...
     assert any("Paused" in i.value and "12 new steps waiting" in i.value for i in at.info)  # ... polling is not
-    _ok(at.switch_page("dashboard/pages/devices.py").run())
+    _ok(at.switch_page("page_files/devices.py").run())
     assert _in_window(at) == 30
     _ok(at.button(key="live_resume_button").click().run())
     assert _in_window(at) == 42  # nothing lost

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live import playback
-from dashboard.live.pause import Paused
-from dashboard.live.replay import RangeReplay
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.base import Batch, is_seekable
+from moe_monitor import core
+from moe_monitor.dashboard.live import playback
+from moe_monitor.dashboard.live.pause import Paused
+from moe_monitor.dashboard.live.replay import RangeReplay
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.base import Batch, is_seekable
 from tests.support.listsource import ListSource, recording
 
 
@@ -80,7 +80,7 @@ def test_a_paused_run_keeps_its_window_while_the_live_one_goes_on():
     assert paused.frozen.window.size == 30 and live.window.size == 60
     assert paused.waiting(live) == (30, False)
     assert paused.frozen.window.newest_step == 29 and paused.at_step == 29
-    timed = wire.TimingRecord(run="r", rank=0, world_size=1, step=60, time_s=1.7e9,
+    timed = core.TimingRecord(run="r", rank=0, world_size=1, step=60, time_s=1.7e9,
                               dispatch_s_L=np.ones(2, np.float32), compute_s_L=np.ones(2, np.float32),
                               combine_s_L=np.ones(2, np.float32), layer_s_L=np.ones(2, np.float32))
     live.timings.add(timed)   # the live run's layer timings go on too, the frozen copy's do not

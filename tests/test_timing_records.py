@@ -9,31 +9,31 @@ import pytest
 import redis
 import torch
 
-import wire
-from collectors import ExpertLoadMonitor, record_trace
-from collectors.timing import StepTimer
+from moe_monitor import core
+from moe_monitor.collectors import ExpertLoadMonitor, record_trace
+from moe_monitor.collectors.timing import StepTimer
 
 
-def _record(**changes) -> wire.TimingRecord:
+def _record(**changes) -> core.TimingRecord:
     fields = dict(run="r1", rank=1, world_size=4, step=7, time_s=1.7e9,
                   dispatch_s_L=np.array([1e-4, np.nan, 0.0], np.float32), compute_s_L=np.full(3, 2e-4, np.float32),
                   combine_s_L=np.full(3, 1e-4, np.float32), layer_s_L=np.full(3, 5e-4, np.float32), instance="i-1")
     fields.update(changes)
-    return wire.TimingRecord(**fields)
+    return core.TimingRecord(**fields)
 
 
 def test_round_trip_and_trace_line():
     rec = _record()
-    fields = wire.encode_timing(rec)
-    assert set(fields) == set(wire.TIMING_FIELDS)
-    back = wire.decode_timing({k.encode(): v for k, v in fields.items()})  # as redis-py hands it over
+    fields = core.encode_timing(rec)
+    assert set(fields) == set(core.TIMING_FIELDS)
+    back = core.decode_timing({k.encode(): v for k, v in fields.items()})  # as redis-py hands it over
     for a, b in zip(rec.arrays(), back.arrays()):
         np.testing.assert_array_equal(a, b)  # NaN == NaN here: not measured survives
     assert (back.run, back.rank, back.world_size, back.step, back.instance) == ("r1", 1, 4, 7, "i-1")
-    kind, traced = wire.decode_trace_line(wire.trace_line("timing", fields))
-    assert kind == "timing" and "timing" in wire.TRACE_KINDS and isinstance(traced, wire.TimingRecord)
+    kind, traced = core.decode_trace_line(core.trace_line("timing", fields))
+    assert kind == "timing" and "timing" in core.TRACE_KINDS and isinstance(traced, core.TimingRecord)
     np.testing.assert_array_equal(traced.layer_s_L, rec.layer_s_L)
-    assert wire.timings_key("r1") == "moe:{r1}:timings"
+    assert core.timings_key("r1") == "moe:{r1}:timings"
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -46,20 +46,20 @@ def test_round_trip_and_trace_line():
 ])
 def test_encode_refuses_what_readers_refuse(changes, message):
     with pytest.raises(ValueError, match=message):
-        wire.encode_timing(_record(**changes))
+        core.encode_timing(_record(**changes))
 
 
 def test_decode_bounds():
-    fields = wire.encode_timing(_record())
-    for name, value in [("L", 2), ("L", 0), ("L", wire.MAX_LAYERS + 1), ("v", 99), ("layer", b"\x00" * 5),
+    fields = core.encode_timing(_record())
+    for name, value in [("L", 2), ("L", 0), ("L", core.MAX_LAYERS + 1), ("v", 99), ("layer", b"\x00" * 5),
                         ("step", -1), ("t", "nan"), ("world", 0)]:
         bad = {**fields, name: value}
         with pytest.raises(ValueError):
-            wire.decode_timing(bad)
+            core.decode_timing(bad)
     missing = dict(fields)
     del missing["combine"]
     with pytest.raises(ValueError, match="combine"):
-        wire.decode_timing(missing)
+        core.decode_timing(missing)
 
 
 def test_step_timer_phases_add_up_on_the_cpu():
@@ -111,8 +111,8 @@ def test_timings_travel_with_their_steps(redis_url, tmp_path):
         mon.end_step(phase="decode")
     mon.close()
     client = redis.Redis.from_url(redis_url)
-    timings = [wire.decode_timing(f) for _, f in client.xrange(wire.timings_key("timed"))]
-    steps = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key("timed"))]
+    timings = [core.decode_timing(f) for _, f in client.xrange(core.timings_key("timed"))]
+    steps = [core.decode_step(f) for _, f in client.xrange(core.steps_key("timed"))]
     assert [s.step for s in steps] == [0, 1, 2, 3] and [t.step for t in timings] == [0, 1, 3]
     for t in timings:
         assert t.instance == steps[0].instance and t.world_size == 1
@@ -124,12 +124,12 @@ def test_timings_travel_with_their_steps(redis_url, tmp_path):
     stats = mon.stats()["sinks"]
     assert stats["redis"]["published_timings"] == 3 and stats["trace"]["published_timings"] == 3
     assert stats["redis"]["dropped_timings"] == 0
-    kinds = [wire.decode_trace_line(line)[0] for line in trace.read_text().splitlines()]
+    kinds = [core.decode_trace_line(line)[0] for line in trace.read_text().splitlines()]
     assert kinds.count("timing") == 3 and kinds.count("step") == 4
     client.close()
     dumped = tmp_path / "dumped.jsonl"   # record_trace copies the timings stream too
     record_trace(redis_url, "timed", str(dumped))
-    copied = [item for kind, item in map(wire.decode_trace_line, dumped.read_text().splitlines()) if kind == "timing"]
+    copied = [item for kind, item in map(core.decode_trace_line, dumped.read_text().splitlines()) if kind == "timing"]
     assert [t.step for t in copied] == [0, 1, 3]
     np.testing.assert_array_equal(copied[-1].dispatch_s_L, timings[-1].dispatch_s_L)
 
@@ -142,5 +142,5 @@ def test_untimed_run_writes_no_timing_stream(redis_url):
         mon.end_step()
     mon.close()
     client = redis.Redis.from_url(redis_url)
-    assert client.xlen(wire.steps_key("untimed")) == 3 and not client.exists(wire.timings_key("untimed"))
+    assert client.xlen(core.steps_key("untimed")) == 3 and not client.exists(core.timings_key("untimed"))
     client.close()

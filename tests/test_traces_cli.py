@@ -13,23 +13,22 @@ import numpy as np
 import pytest
 import torch
 
-import traces
-import wire
+from moe_monitor import core, traces
 from tests.support import synthfill
 from tests.test_sglang_bridge import DATA, save_per_pass, save_stat
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = ROOT / "traces" / "samples"
+SAMPLES = ROOT / "moe_monitor" / "traces" / "samples"
 
 
 def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "traces", *map(str, args)], cwd=ROOT, env=dict(os.environ),
+    return subprocess.run([sys.executable, "-m", "moe_monitor.traces", *map(str, args)], cwd=ROOT, env=dict(os.environ),
                           capture_output=True, text=True, timeout=timeout)
 
 
 def run_counts(client, run: str) -> dict[int, np.ndarray]:
     """Step (renumbered from 0) -> counts summed over ranks, from a run's stream."""
-    recs = [wire.decode_step(f) for _, f in client.xrange(wire.steps_key(run))]
+    recs = [core.decode_step(f) for _, f in client.xrange(core.steps_key(run))]
     first = min(r.step for r in recs)
     out: dict[int, np.ndarray] = {}
     for r in recs:
@@ -53,18 +52,18 @@ def test_record_then_replay_gives_the_same_counts(redis_server, redis_url, tmp_p
     assert sorted(replayed) == list(range(30))
     for step, total in enumerate(totals):
         np.testing.assert_array_equal(replayed[step], total)
-    meta = wire.decode_meta(client.get(wire.meta_key("again")))
-    assert meta.run == "again" and client.zscore(wire.RUNS_KEY, "again") is not None
+    meta = core.decode_meta(client.get(core.meta_key("again")))
+    assert meta.run == "again" and client.zscore(core.RUNS_KEY, "again") is not None
 
 
 def test_replay_loops_with_a_new_instance_and_continuing_steps(redis_server, redis_url, tmp_path):
     path = tmp_path / "t.parquet"
-    from traces.convert import convert
+    from moe_monitor.traces.convert import convert
     convert(str(DATA / "decode_in1000out1000.json"), str(path), run="x", phase="decode")
     done = cli("replay", "--trace", path, "--redis", redis_url, "--run", "looped", "--speed", 1000, "--loop",
                "--max-loops", 3)
     assert done.returncode == 0, done.stderr
-    recs = [wire.decode_step(f) for _, f in redis_server.client().xrange(wire.steps_key("looped"))]
+    recs = [core.decode_step(f) for _, f in redis_server.client().xrange(core.steps_key("looped"))]
     assert [r.step for r in recs] == [0, 1, 2] and len({r.instance for r in recs}) == 3
 
 
@@ -141,21 +140,21 @@ def test_shipped_samples_open_and_replay(redis_server, redis_url, name):
     assert (SAMPLES / name).stat().st_size < 2 << 20
     done = cli("replay", "--trace", SAMPLES / name, "--redis", redis_url, "--run", "sample-replay", "--speed", 1000)
     assert done.returncode == 0, done.stderr
-    assert redis_server.client().xlen(wire.steps_key("sample-replay")) == len(reader.read_steps(0, 1 << 40))
+    assert redis_server.client().xlen(core.steps_key("sample-replay")) == len(reader.read_steps(0, 1 << 40))
 
 
 def test_record_of_an_aggregated_run_writes_one_row_per_step_with_late_ranks_folded_in(redis_server, redis_url,
                                                                                         tmp_path):
     client = redis_server.client()
     totals = synthfill.fill(client, "aggd", steps=30, world_size=2)
-    by_step: dict[int, list[wire.StepRecord]] = {}
-    for _, fields in client.xrange(wire.steps_key("aggd")):
-        rec = wire.decode_step(fields)
+    by_step: dict[int, list[core.StepRecord]] = {}
+    for _, fields in client.xrange(core.steps_key("aggd")):
+        rec = core.decode_step(fields)
         by_step.setdefault(rec.step, []).append(rec)
 
-    def aggregate(recs: list[wire.StepRecord], late: bool = False) -> wire.AggregateRecord:
+    def aggregate(recs: list[core.StepRecord], late: bool = False) -> core.AggregateRecord:
         recs = sorted(recs, key=lambda r: r.rank)
-        return wire.AggregateRecord(
+        return core.AggregateRecord(
             run="aggd", step=recs[0].step, time_s=max(r.time_s for r in recs), phase=recs[0].phase, world_size=2,
             counts_LE=sum(r.counts_LE.astype(np.int64) for r in recs), ranks_R=np.array([r.rank for r in recs]),
             tokens_R=np.array([r.tokens for r in recs]), dropped_R=np.array([r.dropped_steps for r in recs]),
@@ -163,13 +162,13 @@ def test_record_of_an_aggregated_run_writes_one_row_per_step_with_late_ranks_fol
 
     for step in sorted(by_step):
         if step == 5:  # rank 1 of step 5 came after the aggregator's deadline: a late entry folds it in
-            client.xadd(wire.aggregate_key("aggd"), wire.encode_aggregate(aggregate([r for r in by_step[5]
+            client.xadd(core.aggregate_key("aggd"), core.encode_aggregate(aggregate([r for r in by_step[5]
                                                                                      if r.rank == 0])))
-            client.xadd(wire.aggregate_key("aggd"), wire.encode_aggregate(aggregate([r for r in by_step[5]
+            client.xadd(core.aggregate_key("aggd"), core.encode_aggregate(aggregate([r for r in by_step[5]
                                                                                      if r.rank == 1], late=True)))
         else:
-            client.xadd(wire.aggregate_key("aggd"), wire.encode_aggregate(aggregate(by_step[step])))
-    client.set(wire.aggregator_key("aggd"), "an-aggregator", px=120_000)  # it holds the run: readers take its stream
+            client.xadd(core.aggregate_key("aggd"), core.encode_aggregate(aggregate(by_step[step])))
+    client.set(core.aggregator_key("aggd"), "an-aggregator", px=120_000)  # it holds the run: readers take its stream
     out = tmp_path / "agg.parquet"
     done = cli("record", "--redis", redis_url, "--run", "aggd", "--out", out, "--steps", 30)
     assert done.returncode == 0, done.stderr

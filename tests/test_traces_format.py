@@ -10,27 +10,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import traces
-import wire
-from dashboard.live.layout import resolve_layout
-from dashboard.live.snapshot import analyse
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core, traces
+from moe_monitor.dashboard.live.layout import resolve_layout
+from moe_monitor.dashboard.live.snapshot import analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.trace import TraceSource
+from moe_monitor.traces.ipc import StreamEncoder
+from moe_monitor.traces.schema import META_SHAPE, schema_metadata, step_schema
 from tests.support.synthfill import make_meta
-from traces.ipc import StreamEncoder
-from traces.schema import META_SHAPE, schema_metadata, step_schema
 
 L, E, G = 2, 8, 2
 NEW_LP = np.array([[2, 3, 0, 1, 4, 5, 6, 7]] * L)
 
 
-def records(steps: int = 40, world: int = 2, seed: int = 0) -> list[wire.StepRecord]:
+def records(steps: int = 40, world: int = 2, seed: int = 0) -> list[core.StepRecord]:
     rng = np.random.default_rng(seed)
     out = []
     for step in range(steps):
         for rank in range(world):
             sample = rng.integers(-1, E, (L, 3, 2)).astype(np.int16) if step % 3 == 0 else None
-            out.append(wire.StepRecord(run="tr", rank=rank, world_size=world, step=step, time_s=1000.0 + step,
+            out.append(core.StepRecord(run="tr", rank=rank, world_size=world, step=step, time_s=1000.0 + step,
                                        phase=("prefill", "decode")[step % 2], tokens=int(rng.integers(1, 50)),
                                        counts_LE=rng.integers(0, 20, (L, E)).astype(np.int32), dropped_steps=step // 10,
                                        sample_ids_LNK=sample, instance=f"inst-{step // 25}",
@@ -38,17 +37,17 @@ def records(steps: int = 40, world: int = 2, seed: int = 0) -> list[wire.StepRec
     return out
 
 
-def layout() -> wire.LayoutRecord:
-    return wire.LayoutRecord(run="tr", step=20, time_s=1020.0, physical_to_logical_LP=NEW_LP, gpus=G, source="engine")
+def layout() -> core.LayoutRecord:
+    return core.LayoutRecord(run="tr", step=20, time_s=1020.0, physical_to_logical_LP=NEW_LP, gpus=G, source="engine")
 
 
-def gpu() -> list[wire.GpuSample]:
-    ok = wire.GpuSample(rank=0, host="h", time_s=1005.0, status="ok",
+def gpu() -> list[core.GpuSample]:
+    ok = core.GpuSample(rank=0, host="h", time_s=1005.0, status="ok",
                         gpus=[{"index": 0, "name": "H200", "memory_used_bytes": 5, "power_usage_w": 300.5}])
-    return [ok, wire.GpuSample(rank=1, host="h", time_s=1030.0, status="unavailable", reason="no driver")]
+    return [ok, core.GpuSample(rank=1, host="h", time_s=1030.0, status="unavailable", reason="no driver")]
 
 
-def write(path, recs=None, with_layout=True) -> list[wire.StepRecord]:
+def write(path, recs=None, with_layout=True) -> list[core.StepRecord]:
     recs = records() if recs is None else recs
     writer = traces.open_writer(path, make_meta("tr", L, E, G, world_size=2))
     writer.write(recs[:40], gpu()[:1])
@@ -60,15 +59,15 @@ def write(path, recs=None, with_layout=True) -> list[wire.StepRecord]:
 
 
 def jsonl(path, recs) -> None:
-    lines = [wire.trace_line("meta", {"meta": wire.encode_meta(make_meta("tr", L, E, G, world_size=2))})]
-    lines += [wire.trace_line("step", wire.encode_step(r)) for r in recs[:40]]
-    lines += [wire.trace_line("gpu", wire.encode_gpu_sample(gpu()[0])), wire.trace_line("layout", wire.encode_layout_record(layout()))]
-    lines += [wire.trace_line("step", wire.encode_step(r)) for r in recs[40:]]
-    lines += [wire.trace_line("gpu", wire.encode_gpu_sample(gpu()[1]))]
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(make_meta("tr", L, E, G, world_size=2))})]
+    lines += [core.trace_line("step", core.encode_step(r)) for r in recs[:40]]
+    lines += [core.trace_line("gpu", core.encode_gpu_sample(gpu()[0])), core.trace_line("layout", core.encode_layout_record(layout()))]
+    lines += [core.trace_line("step", core.encode_step(r)) for r in recs[40:]]
+    lines += [core.trace_line("gpu", core.encode_gpu_sample(gpu()[1]))]
     path.write_text("\n".join(lines) + "\n")
 
 
-def same(a: wire.StepRecord, b: wire.StepRecord) -> bool:
+def same(a: core.StepRecord, b: core.StepRecord) -> bool:
     return (a.step, a.rank, a.world_size, a.time_s, a.phase, a.tokens, a.dropped_steps, a.instance, a.scope) == (
         b.step, b.rank, b.world_size, b.time_s, b.phase, b.tokens, b.dropped_steps, b.instance, b.scope) \
         and np.array_equal(a.counts_LE, b.counts_LE) and (
@@ -213,6 +212,6 @@ def test_not_a_trace_and_garbage(tmp_path):
 
 def test_traces_imports_neither_the_ui_nor_torch():
     from tests.test_layering import _walk
-    imported, loaded = _walk("traces")
+    imported, loaded = _walk("moe_monitor.traces")
     assert imported >= 15, imported
     assert not loaded & {"torch", "streamlit", "plotly", "pynvml"}, sorted(loaded & {"torch", "streamlit", "plotly"})

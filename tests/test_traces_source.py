@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import traces
-import wire
-from collectors import attach
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core, traces
+from moe_monitor.collectors import attach
+from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support.tiny_models import build
 from tests.test_traces_format import jsonl, records, same, write
 
@@ -65,8 +64,8 @@ def test_the_collector_writes_arrows_through_attach(tmp_path):
 
 
 def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
+    from moe_monitor.traces.recorder import ArrowRecorder
     from tests.support.synthfill import make_meta
-    from traces.recorder import ArrowRecorder
     path = tmp_path / "r.arrows"
     recs = records(40, world=1)
     rec = ArrowRecorder(path, make_meta("tr", 2, 8, 2), max_bytes=6000)
@@ -87,4 +86,4 @@ def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
     reader = traces.open_trace(path)
     assert list(reader.timeline().step_T) == list(range(8)) and not reader.truncated
     assert all(same(a, b) for a, b in zip(reader.read_steps(0, 7), recs[:8]))
-    assert isinstance(reader.read_steps(0, 0)[0], wire.StepRecord)
+    assert isinstance(reader.read_steps(0, 0)[0], core.StepRecord)

@@ -1,4 +1,4 @@
-"""Layer timings (wire.TimingRecord) in every trace container: an EP-like run recorded by TraceFileSink into
+"""Layer timings (core.TimingRecord) in every trace container: an EP-like run recorded by TraceFileSink into
 .arrows and JSON lines, converted to .parquet (and back to .arrows), reads back bit for bit (NaN = not
 measured kept, a NaN payload too) through TraceReader.read_timings, TraceSource.poll / seek and the replay
 window the Time page reads; record / replay / info on the command line; a damaged timings table or line is
@@ -12,37 +12,36 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import traces
-import wire
-from collectors.sinks import TraceFileSink
-from dashboard.live.replay import RangeReplay
-from dashboard.live.watched import WatchedRun
-from dashboard.sources.base import Batch
-from dashboard.sources.trace import TraceSource
+from moe_monitor import core, traces
+from moe_monitor.collectors.sinks import TraceFileSink
+from moe_monitor.dashboard.live.replay import RangeReplay
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.base import Batch
+from moe_monitor.dashboard.sources.trace import TraceSource
+from moe_monitor.traces import cli
+from moe_monitor.traces.convert import convert
+from moe_monitor.traces.timings import META_TIMING_ROWS, TIMING_ARRAYS, timing_batch, timing_schema, timings_sidecar
 from tests.support import synthfill
-from traces import cli
-from traces.convert import convert
-from traces.timings import META_TIMING_ROWS, TIMING_ARRAYS, timing_batch, timing_schema, timings_sidecar
 
 L, E, G, R, STEPS = 3, 8, 2, 4, 24
 RUN, INSTANCE = "ep", "ep-inst"
-SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "samples"
+SAMPLES = Path(__file__).resolve().parents[1] / "moe_monitor" / "traces" / "samples"
 PAYLOAD_NAN = np.array([0x7FC0_0123], dtype=np.uint32).view(np.float32)[0]  # a quiet NaN with a payload
 
 
-def meta() -> wire.RunMeta:
+def meta() -> core.RunMeta:
     return synthfill.make_meta(RUN, L, E, G, world_size=R, started_s=1.7e9)
 
 
-def steps() -> list[wire.StepRecord]:
+def steps() -> list[core.StepRecord]:
     rng = np.random.default_rng(1)
-    return [wire.StepRecord(run=RUN, rank=r, world_size=R, step=s, time_s=1.7e9 + s * 0.05 + r * 1e-3,
+    return [core.StepRecord(run=RUN, rank=r, world_size=R, step=s, time_s=1.7e9 + s * 0.05 + r * 1e-3,
                             phase=("prefill", "decode")[s % 2], tokens=int(rng.integers(1, 99)),
                             counts_LE=rng.integers(0, 30, (L, E)).astype(np.int32), instance=INSTANCE)
             for s in range(STEPS) for r in range(R)]
 
 
-def timings() -> list[wire.TimingRecord]:
+def timings() -> list[core.TimingRecord]:
     """Every (step, rank) but step 11 (timed nothing) and step 7 rank 2 (lost); NaN where not measured: a
     dispatch layer per row, every combine of every fifth step, rank 3's first compute layer; one NaN payload."""
     out = []
@@ -60,7 +59,7 @@ def timings() -> list[wire.TimingRecord]:
             layer = (dispatch + compute + np.nan_to_num(combine) + np.float32(2e-5)).astype(np.float32)
             if (s, r) == (3, 1):
                 layer[2] = PAYLOAD_NAN
-            out.append(wire.TimingRecord(run=RUN, rank=r, world_size=R, step=s, time_s=1.7e9 + s * 0.05 + r * 1e-3,
+            out.append(core.TimingRecord(run=RUN, rank=r, world_size=R, step=s, time_s=1.7e9 + s * 0.05 + r * 1e-3,
                                          dispatch_s_L=dispatch, compute_s_L=compute.astype(np.float32),
                                          combine_s_L=combine.astype(np.float32), layer_s_L=layer, instance=INSTANCE))
     return out
@@ -76,7 +75,7 @@ def record(path: Path) -> None:
     sink.close()
 
 
-def key(t: wire.TimingRecord) -> tuple:
+def key(t: core.TimingRecord) -> tuple:
     return (t.run, t.step, t.rank, t.world_size, t.time_s, t.instance, *(np.asarray(a).tobytes() for a in t.arrays()))
 
 
@@ -192,11 +191,11 @@ def test_info_counts_timing_rows(recorded, capsys):
 def test_convert_keeps_timings_of_steps_without_a_step_record(tmp_path):
     path = tmp_path / "t.jsonl"
     record(path)
-    extra = wire.TimingRecord(run=RUN, rank=0, world_size=R, step=500, time_s=1.8e9, dispatch_s_L=np.zeros(L, np.float32),
+    extra = core.TimingRecord(run=RUN, rank=0, world_size=R, step=500, time_s=1.8e9, dispatch_s_L=np.zeros(L, np.float32),
                               compute_s_L=np.ones(L, np.float32), combine_s_L=np.zeros(L, np.float32),
                               layer_s_L=np.full(L, 2.0, np.float32), instance=INSTANCE)
     with open(path, "a") as handle:
-        handle.write(wire.trace_line("timing", wire.encode_timing(extra)) + "\n")
+        handle.write(core.trace_line("timing", core.encode_timing(extra)) + "\n")
     convert(str(path), str(tmp_path / "t.parquet"))
     got = traces.open_trace(tmp_path / "t.parquet").read_timings(0, 1 << 40)
     assert [key(t) for t in got] == want() + [key(extra)]
@@ -255,12 +254,12 @@ def test_bad_timing_lines_are_bad_records_once(recorded, tmp_path, name):
     for src in recorded.glob(name + "*"):
         (tmp_path / src.name).write_bytes(src.read_bytes())
     lines_of = Path(str(path) + ".side.jsonl") if name.endswith(".arrows") else path
-    wrong_l = wire.TimingRecord(run=RUN, rank=0, world_size=R, step=4, time_s=1.7e9, dispatch_s_L=np.zeros(L + 1, np.float32),
+    wrong_l = core.TimingRecord(run=RUN, rank=0, world_size=R, step=4, time_s=1.7e9, dispatch_s_L=np.zeros(L + 1, np.float32),
                                 compute_s_L=np.zeros(L + 1, np.float32), combine_s_L=np.zeros(L + 1, np.float32),
                                 layer_s_L=np.zeros(L + 1, np.float32))
     with open(lines_of, "a") as handle:
         handle.write('{"kind":"timing","v":1,"step":5,"dispatch_b64":"not base64!"}\n')  # does not decode
-        handle.write(wire.trace_line("timing", wire.encode_timing(wrong_l)) + "\n")       # 4 layers, the run has 3
+        handle.write(core.trace_line("timing", core.encode_timing(wrong_l)) + "\n")       # 4 layers, the run has 3
         handle.write('{"kind":"timing","step":6,' + "x" * 50)                             # cut short
     reader = traces.open_trace(path)
     assert len(reader.read_steps(0, 99)) == STEPS * R
@@ -297,12 +296,12 @@ def test_a_writer_refuses_timings_a_reader_would(tmp_path):
     writer = traces.open_writer(tmp_path / "x.parquet", meta())
     bad = timings()[0]
     with pytest.raises(ValueError, match="the trace holds \\[3\\]"):
-        writer.write([], (), [wire.TimingRecord(**{**bad.__dict__, "layer_s_L": np.zeros(L + 1, np.float32)})])
+        writer.write([], (), [core.TimingRecord(**{**bad.__dict__, "layer_s_L": np.zeros(L + 1, np.float32)})])
     with pytest.raises(ValueError, match="compute times"):
-        writer.write([], (), [wire.TimingRecord(**{**bad.__dict__, "compute_s_L": np.full(L, -1, np.float32)})])
+        writer.write([], (), [core.TimingRecord(**{**bad.__dict__, "compute_s_L": np.full(L, -1, np.float32)})])
     writer.abort()
     assert list(tmp_path.iterdir()) == []
-    assert tuple(f"{phase}_s_L" for phase in wire.TIMING_PHASES) == TIMING_ARRAYS
+    assert tuple(f"{phase}_s_L" for phase in core.TIMING_PHASES) == TIMING_ARRAYS
 
 
 # ------------------------------------------------------------------------------------------ record, replay
@@ -310,18 +309,18 @@ def test_record_and_replay_carry_timings(redis_server, redis_url, tmp_path):
     client = redis_server.client()
     synthfill.fill(client, "live", steps=12, num_layers=L, world_size=2, instance="i0")
     layer = np.array([1e-3, np.nan, 2e-3], np.float32)
-    sent = [wire.TimingRecord(run="live", rank=r, world_size=2, step=s, time_s=1.7e9 + s, dispatch_s_L=layer / 4,
+    sent = [core.TimingRecord(run="live", rank=r, world_size=2, step=s, time_s=1.7e9 + s, dispatch_s_L=layer / 4,
                               compute_s_L=layer / 2, combine_s_L=np.full(L, np.nan, np.float32), layer_s_L=layer + s,
                               instance="i0") for s in range(12) for r in range(2)]
     for rec in sent:
-        client.xadd(wire.timings_key("live"), wire.encode_timing(rec))
+        client.xadd(core.timings_key("live"), core.encode_timing(rec))
     out = tmp_path / "rec.parquet"
     assert cli.main(["record", "--redis", redis_url, "--run", "live", "--out", str(out), "--steps", "12"]) == 0
     got = traces.open_trace(out).read_timings(0, 99)
     assert [key(t) for t in got] == [key(t) for t in sent]
     assert cli.main(["replay", "--trace", str(out), "--redis", redis_url, "--run", "again", "--speed", "1000"]) == 0
-    replayed = [wire.decode_timing(f) for _, f in client.xrange(wire.timings_key("again"))]
+    replayed = [core.decode_timing(f) for _, f in client.xrange(core.timings_key("again"))]
     assert [(t.step, t.rank) for t in replayed] == [(t.step, t.rank) for t in sent]
     np.testing.assert_array_equal(np.stack([t.layer_s_L for t in replayed]), np.stack([t.layer_s_L for t in sent]))
-    steps_instance = {wire.decode_step(f).instance for _, f in client.xrange(wire.steps_key("again"))}
+    steps_instance = {core.decode_step(f).instance for _, f in client.xrange(core.steps_key("again"))}
     assert {t.instance for t in replayed} == steps_instance  # the replayed run's collector, not the recorded one

@@ -6,10 +6,10 @@ import types
 
 import pytest
 
-from collectors.vllm.batch import batch_phase, step_facts
-from collectors.vllm.patch import patch_module
-from collectors.vllm.scope import publishing_rule
-from collectors.vllm.settings import run_name_for, settings_from_env
+from moe_monitor.collectors.vllm.batch import batch_phase, step_facts
+from moe_monitor.collectors.vllm.patch import patch_module
+from moe_monitor.collectors.vllm.scope import publishing_rule
+from moe_monitor.collectors.vllm.settings import run_name_for, settings_from_env
 
 
 def test_settings_from_env():
@@ -124,21 +124,21 @@ def test_eplb_commits_are_noted():
 def test_scope_travels_with_the_step_and_bad_scopes_are_refused():
     import numpy as np
 
-    import wire
-    rec = wire.StepRecord(run="r", rank=1, world_size=4, step=3, time_s=1.0, phase="decode", tokens=2,
+    from moe_monitor import core
+    rec = core.StepRecord(run="r", rank=1, world_size=4, step=3, time_s=1.0, phase="decode", tokens=2,
                           counts_LE=np.ones((2, 4), dtype=np.int32), scope="dp-group")
-    fields = wire.encode_step(rec)
-    assert wire.decode_step(fields).scope == "dp-group"
-    assert "scope" not in wire.encode_step(wire.StepRecord(**{**rec.__dict__, "scope": "rank"}))
-    assert wire.decode_step({k: v for k, v in fields.items() if k != "scope"}).scope == "rank"   # older records
+    fields = core.encode_step(rec)
+    assert core.decode_step(fields).scope == "dp-group"
+    assert "scope" not in core.encode_step(core.StepRecord(**{**rec.__dict__, "scope": "rank"}))
+    assert core.decode_step({k: v for k, v in fields.items() if k != "scope"}).scope == "rank"   # older records
     with pytest.raises(ValueError, match="scope"):
-        wire.decode_step({**fields, "scope": "everyone"})
+        core.decode_step({**fields, "scope": "everyone"})
     with pytest.raises(ValueError, match="scope"):
-        wire.encode_step(wire.StepRecord(**{**rec.__dict__, "scope": "nobody"}))
+        core.encode_step(core.StepRecord(**{**rec.__dict__, "scope": "nobody"}))
 
 
 def test_a_monitor_takes_the_engines_publisher_numbering():
-    from collectors import ExpertLoadMonitor, MonitorOptions
+    from moe_monitor.collectors import ExpertLoadMonitor, MonitorOptions
 
     mon = ExpertLoadMonitor(2, 4, 1, rank=2, world_size=4, scope="dp-group", nvml=False)
     assert (mon.rank, mon.world_size, mon.scope, mon.meta.world_size) == (2, 4, "dp-group", 4)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import wire
-from planner.advisor import advise, advise_now
-from planner.repair import experts_copied
-from planner.simulate import CostModel
+from moe_monitor import core
+from moe_monitor.planner.advisor import advise, advise_now
+from moe_monitor.planner.repair import experts_copied
+from moe_monitor.planner.simulate import CostModel
 from tests.support import synthfill
 from tests.support.apptest import APP
 
@@ -53,24 +53,24 @@ def test_bad_input_says_what_is_wrong():
 
 
 def _fill(client, run: str, skewed: bool) -> None:
-    client.set(wire.meta_key(run), wire.encode_meta(synthfill.make_meta(run, L, E, gpus=G)))
+    client.set(core.meta_key(run), core.encode_meta(synthfill.make_meta(run, L, E, gpus=G)))
     for step, counts_LE in enumerate(_counts(skewed, steps=80)):
-        rec = wire.StepRecord(run=run, rank=0, world_size=1, step=step, time_s=1_700_000_000.0 + step * 0.1,
+        rec = core.StepRecord(run=run, rank=0, world_size=1, step=step, time_s=1_700_000_000.0 + step * 0.1,
                               phase="decode", tokens=4096, counts_LE=counts_LE.astype(np.int32))
-        client.xadd(wire.steps_key(run), wire.encode_step(rec))
-    client.zadd(wire.RUNS_KEY, {run: 1_700_000_100.0 + (1 if skewed else 0)})
+        client.xadd(core.steps_key(run), core.encode_step(rec))
+    client.zadd(core.RUNS_KEY, {run: 1_700_000_100.0 + (1 if skewed else 0)})
 
 
 @pytest.mark.parametrize("skewed", [True, False])
 def test_the_advisor_line_on_the_whatif_page(redis_url, monkeypatch, skewed):
-    client = wire.connect(redis_url, timeout_s=2.0)
+    client = core.connect(redis_url, timeout_s=2.0)
     run = "advise-skewed" if skewed else "advise-balanced"
     _fill(client, run, skewed)
     monkeypatch.setenv("REDIS_URL", redis_url)
     at = AppTest.from_file(APP, default_timeout=60)
     at.session_state["run"] = run
     at.run()
-    at.switch_page("dashboard/pages/whatif.py").run()
+    at.switch_page("page_files/whatif.py").run()
     assert not at.exception, at.exception
     lines = [x.value for x in (*at.success, *at.info) if "Rebalance advisor" in x.value]
     assert len(lines) == 1

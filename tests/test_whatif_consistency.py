@@ -5,10 +5,10 @@ import warnings
 import numpy as np
 import pytest
 
-import wire
-from dashboard.analytics.balance import balancedness
-from dashboard.whatif import score as whatif_score
-from planner import loads as planner_loads
+from moe_monitor import core
+from moe_monitor.dashboard.analytics.balance import balancedness
+from moe_monitor.dashboard.whatif import score as whatif_score
+from moe_monitor.planner import loads as planner_loads
 
 # 3 layers, 8 experts, 4 GPUs, R = 4; layer 2 is dense (never any token)
 LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3]] * 3)
@@ -63,15 +63,15 @@ def test_one_even_split_implementation_both_forms_agree():
         planner_loads.gpu_weights([[0, 1, 2, 2]], 4, 2)
 
 
-def _meta(hidden: int, inter: int, dtype_bytes: int = 2) -> wire.RunMeta:
-    return wire.RunMeta(run="r", model_name="m", layer_names=["a"], num_experts=8, top_k=2, hidden_size=hidden,
+def _meta(hidden: int, inter: int, dtype_bytes: int = 2) -> core.RunMeta:
+    return core.RunMeta(run="r", model_name="m", layer_names=["a"], num_experts=8, top_k=2, hidden_size=hidden,
                         moe_intermediate_size=inter, dtype_bytes=dtype_bytes,
-                        layout=wire.Layout(4, 1, wire.contiguous_layout(1, 8)))
+                        layout=core.Layout(4, 1, core.contiguous_layout(1, 8)))
 
 
 def test_zero_sizes_are_unknown_and_fall_back_to_deepseek_v3():
-    from dashboard.whatif.traffic import DEFAULT_SIZES, run_sizes
-    from planner.budget import bytes_per_expert
+    from moe_monitor.dashboard.whatif.traffic import DEFAULT_SIZES, run_sizes
+    from moe_monitor.planner.budget import bytes_per_expert
 
     assert run_sizes(_meta(64, 32)) == ((64, 32, 2), None)
     sizes, note = run_sizes(_meta(0, 0))                 # the generic collector API's defaults

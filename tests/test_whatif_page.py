@@ -10,14 +10,14 @@ import pytest
 from streamlit.runtime.memory_media_file_storage import _calculate_file_id
 from streamlit.testing.v1 import AppTest
 
-import wire
-from dashboard.views.whatif.controls import STATE_KEY, WhatIfState
-from planner.api import plan
-from planner.edits import add_replica
-from planner.io import load_counts
-from planner.repair import experts_copied
+from moe_monitor import core
+from moe_monitor.dashboard.views.whatif.controls import STATE_KEY, WhatIfState
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.edits import add_replica
+from moe_monitor.planner.io import load_counts
+from moe_monitor.planner.repair import experts_copied
 
-APP = str(Path(__file__).resolve().parents[1] / "app.py")
+APP = str(Path(__file__).resolve().parents[1] / "moe_monitor" / "dashboard" / "app.py")
 RUN = "whatif-run"
 STEPS = 30
 
@@ -33,11 +33,11 @@ def filled(redis_server):
 
 def stream(url: str):
     """(meta, per-step counts [T, L, E] in step order, ranks summed) straight from Redis."""
-    client = wire.connect(url, timeout_s=2.0)
-    meta = wire.decode_meta(client.get(wire.meta_key(RUN)))
+    client = core.connect(url, timeout_s=2.0)
+    meta = core.decode_meta(client.get(core.meta_key(RUN)))
     steps: dict[int, np.ndarray] = {}
-    for _, fields in client.xrange(wire.steps_key(RUN)):
-        rec = wire.decode_step(fields)
+    for _, fields in client.xrange(core.steps_key(RUN)):
+        rec = core.decode_step(fields)
         steps[rec.step] = steps.get(rec.step, 0) + rec.counts_LE.astype(np.int64)
     return meta, np.stack([steps[s] for s in sorted(steps)])
 
@@ -66,7 +66,7 @@ def expected(url: str, redundant: int, policy: str = "auto") -> dict:
 def page(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
     at = AppTest.from_file(APP, default_timeout=60).run()
-    at.switch_page("dashboard/pages/whatif.py").run()
+    at.switch_page("page_files/whatif.py").run()
     assert not at.exception, at.exception
     return at
 
@@ -157,7 +157,7 @@ def test_impossible_edit_says_why(filled, monkeypatch):
 
 
 def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
-    from planner.repair import repair_curve
+    from moe_monitor.planner.repair import repair_curve
 
     at = page(filled, monkeypatch)
     want = expected(filled, redundant=4)
@@ -182,7 +182,7 @@ def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
 
 
 def test_trace_of_the_run_loads_in_the_planner(filled, tmp_path):
-    from collectors import record_trace
+    from moe_monitor.collectors import record_trace
 
     path = tmp_path / "run.jsonl"
     record_trace(filled, RUN, str(path))

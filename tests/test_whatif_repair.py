@@ -3,10 +3,10 @@ one way (planner.repair.experts_copied)."""
 import numpy as np
 import pytest
 
-from dashboard.whatif import repair as whatif_repair
-from planner.loads import check_layout
-from planner.repair import experts_copied
-from planner.synthetic import skewed_counts
+from moe_monitor.dashboard.whatif import repair as whatif_repair
+from moe_monitor.planner.loads import check_layout
+from moe_monitor.planner.repair import experts_copied
+from moe_monitor.planner.synthetic import skewed_counts
 
 
 def test_repair_stays_within_the_budget_and_the_curve_falls():

@@ -6,13 +6,13 @@ import json
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.samples import SampleRing
-from dashboard.whatif import edits
-from dashboard.whatif import score as whatif_score
-from planner.io import load_counts, trace_windows
-from planner.repair import experts_copied
-from planner.windows import split_windows
+from moe_monitor import core
+from moe_monitor.dashboard.live.samples import SampleRing
+from moe_monitor.dashboard.whatif import edits
+from moe_monitor.dashboard.whatif import score as whatif_score
+from moe_monitor.planner.io import load_counts, trace_windows
+from moe_monitor.planner.repair import experts_copied
+from moe_monitor.planner.windows import split_windows
 
 # 2 layers, 8 experts, 4 GPUs, R = 4 -> 3 slots per GPU; experts 0 and 1 have two replicas
 LAYOUT = np.array([[0, 1, 2, 3, 4, 0, 5, 6, 1, 7, 2, 3],
@@ -114,9 +114,9 @@ def test_experts_copied_against_sets():
 def test_layout_json_is_sglang_loadable():
     text = edits.layout_json(LAYOUT)
     assert set(json.loads(text)) == {"physical_to_logical_map"}
-    rows = wire.parse_layout_json(text)
+    rows = core.parse_layout_json(text)
     assert rows == LAYOUT.tolist() and all(len(r) == 8 + 4 for r in rows)
-    wire.Layout(gpus=G, nodes=1, physical_to_logical_map=rows).validate(2, 8)
+    core.Layout(gpus=G, nodes=1, physical_to_logical_map=rows).validate(2, 8)
 
 
 def test_fit_and_score_steps_hold_out_overlap_and_minutes():
@@ -147,7 +147,7 @@ def test_split_windows_and_score_by_loop():
 
 
 def _rec(step, rank, counts, sample=None, phase="decode"):
-    return wire.StepRecord(run="r", rank=rank, world_size=2, step=step, time_s=float(step), phase=phase,
+    return core.StepRecord(run="r", rank=rank, world_size=2, step=step, time_s=float(step), phase=phase,
                            tokens=int(counts.sum()), counts_LE=counts.astype(np.int32), sample_ids_LNK=sample)
 
 
@@ -165,12 +165,12 @@ def test_sample_ring_keeps_newest_steps():
 def _trace_lines(counts_by_step, meta=True):
     lines = []
     if meta:
-        m = wire.RunMeta(run="r", model_name="m", layer_names=["a", "b"], num_experts=8, top_k=2, hidden_size=4,
-                         moe_intermediate_size=4, dtype_bytes=2, layout=wire.Layout(4, 1, wire.contiguous_layout(2, 8)))
-        lines.append(wire.trace_line("meta", {"meta": wire.encode_meta(m)}))
+        m = core.RunMeta(run="r", model_name="m", layer_names=["a", "b"], num_experts=8, top_k=2, hidden_size=4,
+                         moe_intermediate_size=4, dtype_bytes=2, layout=core.Layout(4, 1, core.contiguous_layout(2, 8)))
+        lines.append(core.trace_line("meta", {"meta": core.encode_meta(m)}))
     for step, ranks in counts_by_step:
         for rank, counts in enumerate(ranks):
-            lines.append(wire.trace_line("step", wire.encode_step(_rec(step, rank, counts))))
+            lines.append(core.trace_line("step", core.encode_step(_rec(step, rank, counts))))
     return lines
 
 
@@ -194,7 +194,7 @@ def test_trace_loader_sums_ranks_and_splits_windows(tmp_path):
 @pytest.mark.parametrize("bad, msg", [
     ("not json", "line 3: not a valid trace line"),
     (json.dumps({"kind": "step", "v": 1}), "line 3: not a valid trace line"),
-    (wire.trace_line("step", wire.encode_step(_rec(7, 0, np.ones((3, 8))))), "line 3: counts are [3, 8]"),
+    (core.trace_line("step", core.encode_step(_rec(7, 0, np.ones((3, 8))))), "line 3: counts are [3, 8]"),
 ])
 def test_trace_loader_bad_lines(tmp_path, bad, msg):
     lines = _trace_lines([(0, [np.ones((2, 8))])])
@@ -219,15 +219,15 @@ def test_plan_cli_reads_a_trace(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(_trace_lines([(s, [rng.integers(0, 9, (2, 8))]) for s in range(20)])) + "\n")
     out = tmp_path / "layout.json"
-    r = subprocess.run([sys.executable, "-m", "planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
+    r = subprocess.run([sys.executable, "-m", "moe_monitor.planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
                         "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    rows = wire.parse_layout_json(out.read_text())
-    wire.Layout(gpus=4, nodes=1, physical_to_logical_map=rows).validate(2, 8)
+    rows = core.parse_layout_json(out.read_text())
+    core.Layout(gpus=4, nodes=1, physical_to_logical_map=rows).validate(2, 8)
     assert len(rows[0]) == 12
     path.write_text("garbage\n")
-    r = subprocess.run([sys.executable, "-m", "planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
+    r = subprocess.run([sys.executable, "-m", "moe_monitor.planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
                         "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "t.jsonl line 1: not a valid trace line" in r.stderr

@@ -3,10 +3,10 @@ home-node lower bound beside it, on hand-made rows where the two differ."""
 import numpy as np
 import pytest
 
-import wire
-from dashboard.live.samples import SampleRing
-from dashboard.whatif import score as whatif_score
-from dashboard.whatif import traffic as whatif_traffic
+from moe_monitor import core
+from moe_monitor.dashboard.live.samples import SampleRing
+from moe_monitor.dashboard.whatif import score as whatif_score
+from moe_monitor.dashboard.whatif import traffic as whatif_traffic
 
 # 12 experts, 4 GPUs x 3 slots, 2 nodes: GPUs 0-1 = node 0 (experts 0-5), GPUs 2-3 = node 1 (experts 6-11)
 LAYOUT = np.arange(12)[None]
@@ -16,7 +16,7 @@ HIDDEN, DTYPE_BYTES = 10, 2
 def _rec(step, rank, rows_NK, world=4):
     sample = np.asarray(rows_NK, dtype=np.int16)[None]                  # one layer: [1, N, K]
     counts = np.bincount(sample[sample >= 0], minlength=12)[None].astype(np.int32)
-    return wire.StepRecord(run="r", rank=rank, world_size=world, step=step, time_s=float(step), phase="decode",
+    return core.StepRecord(run="r", rank=rank, world_size=world, step=step, time_s=float(step), phase="decode",
                            tokens=sample.shape[1], counts_LE=counts, sample_ids_LNK=sample)
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-import wire
+from moe_monitor import core
 
 
 def _record(**over):
@@ -14,7 +14,7 @@ def _record(**over):
                 counts_LE=np.array([[1, 0, 2], [0, 3, 0]]), dropped_steps=4,
                 sample_ids_LNK=np.array([[[0, 2]], [[1, -1]]]))
     base.update(over)
-    return wire.StepRecord(**base)
+    return core.StepRecord(**base)
 
 
 def _bytes_keys(fields):  # what redis-py hands back
@@ -22,17 +22,17 @@ def _bytes_keys(fields):  # what redis-py hands back
 
 
 def test_step_round_trip_through_redis_shaped_fields():
-    assert wire.decode_step(_bytes_keys(wire.encode_step(_record(instance="abc-1")))).instance == "abc-1"
-    rec = wire.decode_step(_bytes_keys(wire.encode_step(_record())))
+    assert core.decode_step(_bytes_keys(core.encode_step(_record(instance="abc-1")))).instance == "abc-1"
+    rec = core.decode_step(_bytes_keys(core.encode_step(_record())))
     assert (rec.run, rec.rank, rec.world_size, rec.step, rec.phase, rec.tokens, rec.dropped_steps) == \
         ("r1", 1, 2, 7, "decode", 3, 4)
     assert rec.counts_LE.dtype == np.dtype("<i4") and rec.counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
     assert rec.sample_ids_LNK.tolist() == [[[0, 2]], [[1, -1]]]
-    fields = wire.encode_step(_record())
+    fields = core.encode_step(_record())
     assert (fields["v"], fields["ct"], fields["cz"], len(fields["counts"])) == (2, "u1", "raw", 2 * 3)  # uint8 bytes
-    old = wire.encode_step(_record(), compact=False)  # version 1: raw int32, still read
+    old = core.encode_step(_record(), compact=False)  # version 1: raw int32, still read
     assert old["v"] == 1 and "ct" not in old and len(old["counts"]) == 2 * 3 * 4
-    assert wire.decode_step(_bytes_keys(old)).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
+    assert core.decode_step(_bytes_keys(old)).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -53,61 +53,61 @@ def test_step_round_trip_through_redis_shaped_fields():
     (lambda f: f.update({b"run": b"bad name!"}), "run name"),
 ])
 def test_malformed_step_entries_raise_one_clear_error(mutate, message):
-    fields = _bytes_keys(wire.encode_step(_record()))
+    fields = _bytes_keys(core.encode_step(_record()))
     mutate(fields)
     with pytest.raises(ValueError, match=message):
-        wire.decode_step(fields)
+        core.decode_step(fields)
 
 
 def test_meta_round_trip_and_bad_layouts():
-    layout = wire.Layout(gpus=2, nodes=1, physical_to_logical_map=[[0, 1, 2, 0], [2, 1, 0, 1]])
-    meta = wire.RunMeta(run="m", model_name="x", layer_names=["a", "b"], num_experts=3, top_k=2,
+    layout = core.Layout(gpus=2, nodes=1, physical_to_logical_map=[[0, 1, 2, 0], [2, 1, 0, 1]])
+    meta = core.RunMeta(run="m", model_name="x", layer_names=["a", "b"], num_experts=3, top_k=2,
                         hidden_size=8, moe_intermediate_size=4, dtype_bytes=2, layout=layout)
-    back = wire.decode_meta(wire.encode_meta(meta))
+    back = core.decode_meta(core.encode_meta(meta))
     assert back.layout.physical_to_logical_map == layout.physical_to_logical_map and back.top_k == 2
     with pytest.raises(ValueError, match="every expert"):
-        wire.Layout(2, 1, [[0, 1, 1, 1]]).validate(1, 3)
+        core.Layout(2, 1, [[0, 1, 1, 1]]).validate(1, 3)
     with pytest.raises(ValueError, match="split evenly"):
-        wire.Layout(2, 1, [[0, 1, 2]]).validate(1, 3)
+        core.Layout(2, 1, [[0, 1, 2]]).validate(1, 3)
     with pytest.raises(ValueError, match="not JSON"):
-        wire.decode_meta("{not json")
-    good = json.loads(wire.encode_meta(meta))
+        core.decode_meta("{not json")
+    good = json.loads(core.encode_meta(meta))
     for field, value in (("layer_names", 5), ("num_experts", "3"), ("top_k", True), ("started_s", "x")):
         with pytest.raises(ValueError, match=field):
-            wire.decode_meta(json.dumps({**good, field: value}))
+            core.decode_meta(json.dumps({**good, field: value}))
     for layout in ({"gpus": "2", "nodes": 1, "physical_to_logical_map": [[0, 1, 2, 0]] * 2},
                    {"gpus": 2, "nodes": 1, "physical_to_logical_map": [[[0], 1, 2, 0]] * 2}, []):
         with pytest.raises(ValueError, match="layout"):
-            wire.decode_meta(json.dumps({**good, "layout": layout}))
+            core.decode_meta(json.dumps({**good, "layout": layout}))
     with pytest.raises(ValueError, match="unknown field"):
-        wire.decode_meta(json.dumps({**good, "evil": 1}))
+        core.decode_meta(json.dumps({**good, "evil": 1}))
 
 
 def test_gpu_sample_round_trip_keeps_missing_values_missing():
-    sample = wire.GpuSample(0, "h", 1.0, "ok", [{"index": 0, "name": "H200", "power_usage_w": None,
+    sample = core.GpuSample(0, "h", 1.0, "ok", [{"index": 0, "name": "H200", "power_usage_w": None,
                                                   "gpu_utilization_percent": 87}])
-    back = wire.decode_gpu_sample(_bytes_keys(wire.encode_gpu_sample(sample)))
+    back = core.decode_gpu_sample(_bytes_keys(core.encode_gpu_sample(sample)))
     assert back.gpus[0]["gpu_utilization_percent"] == 87 and back.gpus[0]["power_usage_w"] is None
-    assert set(back.gpus[0]) == set(wire.GPU_FIELDS)
+    assert set(back.gpus[0]) == set(core.GPU_FIELDS)
     with pytest.raises(ValueError, match="unknown GPU status"):
-        wire.decode_gpu_sample({**_bytes_keys(wire.encode_gpu_sample(sample)), b"status": b"melted"})
-    fields = _bytes_keys(wire.encode_gpu_sample(sample))
+        core.decode_gpu_sample({**_bytes_keys(core.encode_gpu_sample(sample)), b"status": b"melted"})
+    fields = _bytes_keys(core.encode_gpu_sample(sample))
     for gpu in ({"index": 0, "power_usage_w": "x"}, {"index": 0, "temperature_c": -3},
                 {"index": 0.5}, {"name": "no index"}, {"index": 0, "name": 7}):
         with pytest.raises(ValueError, match="GPU"):
-            wire.decode_gpu_sample({**fields, b"gpus": json.dumps([gpu]).encode()})
+            core.decode_gpu_sample({**fields, b"gpus": json.dumps([gpu]).encode()})
     with pytest.raises(ValueError, match="not finite"):
-        wire.decode_gpu_sample({**fields, b"t": b"nan"})
+        core.decode_gpu_sample({**fields, b"t": b"nan"})
 
 
 def test_trace_lines_round_trip_and_reject_garbage():
-    kind, fields = wire.parse_trace_line(wire.trace_line("step", wire.encode_step(_record())))
-    assert kind == "step" and wire.decode_step(fields).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
+    kind, fields = core.parse_trace_line(core.trace_line("step", core.encode_step(_record())))
+    assert kind == "step" and core.decode_step(fields).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
     for bad in ("not json", '{"kind": "pickle"}', '{"kind": "step", "counts_b64": "@@@"}'):
         with pytest.raises(ValueError):
-            wire.parse_trace_line(bad)
+            core.parse_trace_line(bad)
 
 
 def test_stream_length_budget():
-    assert wire.maxlen_for_budget(256 << 20, 58, 256) == (256 << 20) // (58 * 256 * 4 + 200)
-    assert wire.maxlen_for_budget(1, 58, 256) == 100
+    assert core.maxlen_for_budget(256 << 20, 58, 256) == (256 << 20) // (58 * 256 * 4 + 200)
+    assert core.maxlen_for_budget(1, 58, 256) == 100

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import zstandard
 
-import wire
+from moe_monitor import core
 
 
-def _record(counts: np.ndarray) -> wire.StepRecord:
-    return wire.StepRecord(run="c", rank=0, world_size=1, step=3, time_s=1.7e9, phase="decode",
+def _record(counts: np.ndarray) -> core.StepRecord:
+    return core.StepRecord(run="c", rank=0, world_size=1, step=3, time_s=1.7e9, phase="decode",
                            tokens=64, counts_LE=counts)
 
 
@@ -20,9 +20,9 @@ def test_the_narrowest_type_that_holds_the_counts_is_chosen_and_round_trips(top,
     rng = np.random.default_rng(top)
     counts = rng.integers(0, top + 1, size=(58, 256)).astype(np.int32)
     counts[7, 9] = top
-    fields = wire.encode_step(_record(counts))
+    fields = core.encode_step(_record(counts))
     assert fields["ct"] == type_name
-    back = wire.decode_step(fields).counts_LE
+    back = core.decode_step(fields).counts_LE
     assert back.dtype == np.dtype("<i4") and np.array_equal(back, counts)
 
 
@@ -30,42 +30,42 @@ def test_decode_shaped_counts_compress_to_a_tenth_of_int32():
     rng = np.random.default_rng(0)
     popularity = rng.dirichlet(np.full(256, 0.3), size=58)
     counts = np.stack([np.bincount(rng.choice(256, 64 * 8, p=p), minlength=256) for p in popularity]).astype(np.int32)
-    fields = wire.encode_step(_record(counts))
+    fields = core.encode_step(_record(counts))
     assert fields["cz"] == "zstd" and len(fields["counts"]) < 58 * 256 * 4 / 8
-    assert np.array_equal(wire.decode_step(fields).counts_LE, counts)
+    assert np.array_equal(core.decode_step(fields).counts_LE, counts)
 
 
 def test_noise_that_does_not_compress_goes_raw():
     counts = np.random.default_rng(1).integers(0, 256, size=(4, 64)).astype(np.int32)
-    fields = wire.encode_step(_record(counts))
+    fields = core.encode_step(_record(counts))
     assert (fields["ct"], fields["cz"], len(fields["counts"])) == ("u1", "raw", 4 * 64)
 
 
 def test_a_frame_that_declares_more_than_the_cells_is_refused_before_decompressing():
     counts = np.zeros((2, 3), np.int32)
-    fields = wire.encode_step(_record(counts))
+    fields = core.encode_step(_record(counts))
     bomb = zstandard.ZstdCompressor().compress(bytes(1 << 24))  # 16 MiB of zeros in a few hundred bytes
     fields.update(cz="zstd", counts=bomb)
     with pytest.raises(ValueError, match="declare 16777216 bytes, expected 6"):
-        wire.decode_step(fields)
+        core.decode_step(fields)
     no_size = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(6))
     fields.update(counts=no_size)
     with pytest.raises(ValueError, match="declare"):
-        wire.decode_step(fields)
+        core.decode_step(fields)
 
 
 def test_a_truncated_frame_is_one_value_error():
     counts = np.random.default_rng(2).integers(0, 3, size=(58, 256)).astype(np.int32)
-    fields = wire.encode_step(_record(counts))
+    fields = core.encode_step(_record(counts))
     assert fields["cz"] == "zstd"
     fields["counts"] = fields["counts"][: len(fields["counts"]) // 2]
     with pytest.raises(ValueError, match="decompress"):
-        wire.decode_step(fields)
+        core.decode_step(fields)
 
 
 def test_pack_counts_refuses_negative_and_oversized_values():
     with pytest.raises(ValueError, match="negative"):
-        wire.pack_counts(np.array([[1, -1]]))
+        core.pack_counts(np.array([[1, -1]]))
     with pytest.raises(ValueError, match="do not fit i4"):
-        wire.pack_counts(np.array([[2**31]], dtype=np.int64))
-    assert wire.pack_counts(np.array([[2**40]], dtype=np.int64), widest="i8")[0] == "i8"
+        core.pack_counts(np.array([[2**31]], dtype=np.int64))
+    assert core.pack_counts(np.array([[2**40]], dtype=np.int64), widest="i8")[0] == "i8"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-import wire
+from moe_monitor import core
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,11 +72,11 @@ class Engine:
         self._log.close()
 
 
-def published_steps(client, run: str) -> list[wire.StepRecord]:
-    return [wire.decode_step(fields) for _, fields in client.xrange(wire.steps_key(run))]
+def published_steps(client, run: str) -> list[core.StepRecord]:
+    return [core.decode_step(fields) for _, fields in client.xrange(core.steps_key(run))]
 
 
-def wait_for_tokens(client, run: str, tokens: int, timeout_s: float = 20.0) -> list[wire.StepRecord]:
+def wait_for_tokens(client, run: str, tokens: int, timeout_s: float = 20.0) -> list[core.StepRecord]:
     """The run's published steps once they hold `tokens` tokens (or whatever is there after timeout_s)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -86,5 +86,5 @@ def wait_for_tokens(client, run: str, tokens: int, timeout_s: float = 20.0) -> l
         time.sleep(0.1)
 
 
-def total_counts(steps: list[wire.StepRecord]) -> np.ndarray:
+def total_counts(steps: list[core.StepRecord]) -> np.ndarray:
     return np.sum([s.counts_LE.astype(np.int64) for s in steps], axis=0)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import wire
-from demo.checkpoints import write_checkpoint
+from moe_monitor import core
+from moe_monitor.demo.checkpoints import write_checkpoint
 from tests.engines.engine import Engine, total_counts, wait_for_tokens
 from tests.support.redisfaults import FaultyRedis
 
@@ -45,7 +45,7 @@ def transformers_counts(checkpoint, prompts, outputs) -> np.ndarray:
     from it (all but the last, which no step reads)."""
     from transformers import AutoModelForCausalLM
 
-    from collectors import attach
+    from moe_monitor.collectors import attach
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     monitor = attach(model, nvml=False, sample_tokens=0)
@@ -91,9 +91,9 @@ def test_counts_through_redis_equal_transformers(family, mode, checkpoints, refe
                                                 "MOE_MONITOR_NVML": "0"}, tmp_path / "engine.log")
     try:
         outputs = engine.generate(PROMPTS, MAX_TOKENS)
-        client = wire.connect(redis_url)
+        client = core.connect(redis_url)
         steps = wait_for_tokens(client, run, expected_tokens(outputs))
-        meta = wire.decode_meta(client.get(wire.meta_key(run)))
+        meta = core.decode_meta(client.get(core.meta_key(run)))
         watched = dashboard_reads(client, redis_url, run)
     finally:
         engine.close()
@@ -107,8 +107,8 @@ def test_counts_through_redis_equal_transformers(family, mode, checkpoints, refe
 
 def dashboard_reads(client, redis_url: str, run: str):
     """The dashboard's live window over the run, as the pages poll it (dashboard.live needs numpy only)."""
-    from dashboard.live.watched import WatchedRun
-    from dashboard.sources.redis import RedisSource
+    from moe_monitor.dashboard.live.watched import WatchedRun
+    from moe_monitor.dashboard.sources.redis import RedisSource
 
     watched = WatchedRun(RedisSource(client, redis_url, run, window_steps=256), window_steps=256)
     for _ in range(3):
@@ -131,7 +131,7 @@ def test_redis_outage_changes_nothing_and_loses_nothing(checkpoints, reference, 
         server.start()                                  # back, empty: the queued steps land
         client = server.client()
         steps = wait_for_tokens(client, run, expected_tokens(outputs), timeout_s=30)
-        health = client.hgetall(wire.health_key(run))
+        health = client.hgetall(core.health_key(run))
     finally:
         engine.close()
         server.stop()

@@ -8,23 +8,23 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-import wire
-from collectors.aggregate import AggregateOptions, Aggregator
+from moe_monitor import core
+from moe_monitor.aggregator import AggregateOptions, Aggregator
 
 
 def rank_record(run: str, step: int, rank: int, counts_LE, world_size: int, time_s: float | None = None,
-                tokens: int = 16, instance: str = "c", phase: str = "decode") -> wire.StepRecord:
+                tokens: int = 16, instance: str = "c", phase: str = "decode") -> core.StepRecord:
     """One rank's record of a step: counts_LE (layers x experts, made int32), time_s (unix s; now when None)."""
-    return wire.StepRecord(run=run, rank=rank, world_size=world_size, step=step,
+    return core.StepRecord(run=run, rank=rank, world_size=world_size, step=step,
                            time_s=time.time() if time_s is None else time_s, phase=phase, tokens=tokens,
                            counts_LE=np.asarray(counts_LE, dtype=np.int32), instance=instance)
 
 
-def publish(client, records: Iterable[wire.StepRecord]) -> None:
+def publish(client, records: Iterable[core.StepRecord]) -> None:
     """XADD each record to its run's steps stream, in order, in one round trip."""
     pipe = client.pipeline(transaction=False)
     for rec in records:
-        pipe.xadd(wire.steps_key(rec.run), wire.encode_step(rec))
+        pipe.xadd(core.steps_key(rec.run), core.encode_step(rec))
     pipe.execute()
 
 
@@ -49,6 +49,6 @@ def drive(aggregators: Iterable[Aggregator], until: Callable[[], object], timeou
     return bool(until())
 
 
-def aggregates(client, run: str) -> list[wire.AggregateRecord]:
+def aggregates(client, run: str) -> list[core.AggregateRecord]:
     """The run's aggregate stream, decoded, oldest first."""
-    return [wire.decode_aggregate(fields) for _, fields in client.xrange(wire.aggregate_key(run))]
+    return [core.decode_aggregate(fields) for _, fields in client.xrange(core.aggregate_key(run))]

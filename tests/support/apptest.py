@@ -6,7 +6,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "moe_monitor" / "dashboard" / "app.py")
 
 
 def run_app(url: str, monkeypatch, timeout_s: float = 60) -> AppTest:

@@ -2,22 +2,22 @@
 watched run's own defences)."""
 from __future__ import annotations
 
-import wire
-from dashboard.sources.base import Batch, Health
-from traces import Timeline
+from moe_monitor import core
+from moe_monitor.dashboard.sources.base import Batch, Health
+from moe_monitor.traces import Timeline
 
 
 class ListSource:
     """poll() returns the next prepared Batch (an empty one when they run out); meta() returns `meta`."""
 
-    def __init__(self, batches: list[Batch], meta: wire.RunMeta | None = None):
+    def __init__(self, batches: list[Batch], meta: core.RunMeta | None = None):
         self.batches = list(batches)
         self._meta = meta
 
     def poll(self, max_entries: int) -> Batch:
         return self.batches.pop(0) if self.batches else Batch()
 
-    def meta(self) -> wire.RunMeta | None:
+    def meta(self) -> core.RunMeta | None:
         return self._meta
 
     def health(self) -> Health:
@@ -29,7 +29,7 @@ class SeekableListSource(ListSource):
     timeline() sums the ranks of each step; its balancedness is the mean over layers of mean/max GPU load
     under the layout in force (the metadata's before the first change). seek() counts its calls."""
 
-    def __init__(self, steps: list[wire.StepRecord], meta: wire.RunMeta, layouts: list[wire.LayoutRecord] = ()):
+    def __init__(self, steps: list[core.StepRecord], meta: core.RunMeta, layouts: list[core.LayoutRecord] = ()):
         super().__init__([], meta)
         self.records = sorted(steps, key=lambda r: (r.step, r.rank))
         self.layout_records = sorted(layouts, key=lambda r: r.step)
@@ -38,9 +38,9 @@ class SeekableListSource(ListSource):
     def timeline(self):
         import numpy as np
 
-        from planner.loads import gpu_loads
+        from moe_monitor.planner.loads import gpu_loads
 
-        by_step: dict[int, list[wire.StepRecord]] = {}
+        by_step: dict[int, list[core.StepRecord]] = {}
         for rec in self.records:
             by_step.setdefault(rec.step, []).append(rec)
         steps = sorted(by_step)
@@ -96,14 +96,14 @@ def recording(steps: int = 120, num_layers: int = 4, num_experts: int = 16, gpus
             if step == worst_step:
                 counts = np.zeros_like(counts)
                 counts[:, 0] = 256
-            records.append(wire.StepRecord(run="rec", rank=rank, world_size=world_size, step=step,
+            records.append(core.StepRecord(run="rec", rank=rank, world_size=world_size, step=step,
                                            time_s=time0_s + step * step_s,
                                            phase="prefill" if step % 2 == 0 else "decode", tokens=256,
                                            counts_LE=counts, instance="i0"))
     layouts = []
     if rebalance_at is not None:
-        base = np.asarray(wire.contiguous_layout(num_layers, num_experts), dtype=np.int32)
-        layouts.append(wire.LayoutRecord(run="rec", step=rebalance_at, time_s=time0_s + rebalance_at * step_s,
+        base = np.asarray(core.contiguous_layout(num_layers, num_experts), dtype=np.int32)
+        layouts.append(core.LayoutRecord(run="rec", step=rebalance_at, time_s=time0_s + rebalance_at * step_s,
                                          physical_to_logical_LP=np.roll(base, 1, axis=1), gpus=gpus,
                                          instance="i0"))
     return SeekableListSource(records, meta, layouts)
@@ -112,10 +112,10 @@ def recording(steps: int = 120, num_layers: int = 4, num_experts: int = 16, gpus
 def write_jsonl(source: SeekableListSource, path) -> None:
     """The recording as a JSON-lines trace file (what collectors write): metadata, then steps and layout
     changes in step order (a change before the first step it is in force at)."""
-    lines = [wire.trace_line("meta", {"meta": wire.encode_meta(source.meta())})]
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(source.meta())})]
     layouts = list(source.layout_records)
     for rec in source.records:
         while layouts and layouts[0].step <= rec.step:
-            lines.append(wire.trace_line("layout", wire.encode_layout_record(layouts.pop(0))))
-        lines.append(wire.trace_line("step", wire.encode_step(rec)))
+            lines.append(core.trace_line("layout", core.encode_layout_record(layouts.pop(0))))
+        lines.append(core.trace_line("step", core.encode_step(rec)))
     path.write_text("\n".join(lines) + "\n")

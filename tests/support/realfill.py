@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from collectors import attach
+from moe_monitor.collectors import attach
 from tests.support.tiny_models import build
 
 

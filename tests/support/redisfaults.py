@@ -9,8 +9,8 @@ import signal
 import subprocess
 from pathlib import Path
 
-import wire
-from demo.localredis import free_port, wait_for_port
+from moe_monitor import core
+from moe_monitor.demo.localredis import free_port, wait_for_port
 
 
 class FaultyRedis:
@@ -68,8 +68,8 @@ class FaultyRedis:
         with open(f"/proc/{self.proc.pid}/stat", encoding="ascii") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
 
-    def client(self, url: str | None = None) -> wire.AutoClient:
-        return wire.connect(url or self.url, timeout_s=2.0)
+    def client(self, url: str | None = None) -> core.AutoClient:
+        return core.connect(url or self.url, timeout_s=2.0)
 
     def stop(self) -> None:
         self.kill()

@@ -1,4 +1,0 @@
-"""Page entry file for st.navigation; the page itself is dashboard.views.devices.page()."""
-from dashboard.views.devices import page
-
-page()

@@ -1,4 +1,0 @@
-"""Page entry file for st.navigation; the page itself is dashboard.views.gpus.page()."""
-from dashboard.views.gpus import page
-
-page()

@@ -1,4 +1,0 @@
-"""Page entry file for st.navigation; the page itself is dashboard.views.whatif.page.page()."""
-from dashboard.views.whatif.page import page
-
-page()

@@ -1,0 +1,382 @@
+"""Per-step assembly of rank records into core.AggregateRecords. Pure: no I/O, no clock of its own (the caller
+passes the monotonic time a batch arrived).
+
+A step's records are summed into one int64 [L, E] bucket (np.add per record, no per-cell Python). A step is
+written once every rank of its world arrived, or `deadline_s` after its first record arrived here, whichever
+comes first; the ranks still missing are named by the record (AggregateRecord.missing_ranks) and counted.
+
+- A rank arriving after its step was written is written on its own: a late AggregateRecord (late=True) holding
+  only the late ranks of that step that arrived together, so no rank is in two entries of one step.
+- The same (step, rank) twice (a collector's retried write, a takeover's second look) is skipped and counted.
+- Collector restarts: every record names its collector process (StepRecord.instance); a rank already seen
+  that speaks with a new instance restarted, and its step ids start again. That opens a new epoch (the
+  AggregateRecord.instance of the records written from then on, = the instance that opened it): the pending
+  steps of the old epoch are written first with what they have, the old epoch's collector instances are
+  retired (their records still in flight are skipped and counted as stale), and step ids are forgotten. This
+  fits a serving job that restarts as a whole (its ranks' step ids start again together); a rank whose collector
+  goes on through another rank's restart has its records counted as stale until it restarts too (stale_records
+  rising steadily says so), since its step ids would never meet the restarted ranks' anyway.
+- A record of another shape than its epoch's first is a bad record (counted). A rank of a step older than
+  every step still remembered (`remember_steps` written steps) is dropped as too old: whether it was written
+  cannot be told any more.
+
+Every stream entry handed in comes back exactly once: in the entry ids of the record that consumed it, or
+in `acks` (consumed without a record: duplicates, stale, too old, bad), so the caller XACKs each once.
+
+Shape legend: L MoE layers, E logical experts, R ranks of a record.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from moe_monitor import core
+
+MAX_RETIRED = 1024  # retired collector instances remembered (the oldest forgotten first)
+MAX_NAMED = 16  # missing ranks named in a message
+_INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+@dataclass
+class Counters:
+    """What the aggregator did for a run, cumulative (kept in the progress hash across takeovers).
+
+    steps_written: aggregated steps written (late entries not included); rank_steps_missing: ranks absent
+    from the steps written without them; late_records / late_ranks: late entries written and the ranks they
+    folded in; duplicates: (step, rank) records seen again; bad_records: entries that do not decode or do not
+    fit their epoch; stale_records: records of retired collector instances; too_old: ranks of forgotten steps;
+    epochs: epochs opened (1 for a run whose collectors never restarted)."""
+
+    steps_written: int = 0
+    rank_steps_missing: int = 0
+    late_records: int = 0
+    late_ranks: int = 0
+    duplicates: int = 0
+    bad_records: int = 0
+    stale_records: int = 0
+    too_old: int = 0
+    epochs: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, int]) -> Counters:
+        """Counters from a mapping of some of the field names (others 0; unknown names ignored)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: int(v) for k, v in values.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """An aggregate to write, and the stream entries it consumed (to XACK with it)."""
+
+    record: core.AggregateRecord
+    entry_ids: tuple[bytes, ...]
+
+
+@dataclass
+class Output:
+    """What a call produced: aggregates to write (in order) and entries consumed without one."""
+
+    emitted: list[Emitted] = field(default_factory=list)
+    acks: list[bytes] = field(default_factory=list)
+
+    def extend(self, other: Output) -> None:
+        self.emitted.extend(other.emitted)
+        self.acks.extend(other.acks)
+
+    def __bool__(self) -> bool:
+        return bool(self.emitted or self.acks)
+
+
+class _Bucket:
+    """One step's ranks being summed; ranks: rank -> (tokens, dropped steps).
+
+    Records are added into an int32 staging array [L, E] (a third of the memory traffic of an int64 add) while
+    the sum of their maxima stays within int32; before that could overflow the stage is folded into the int64
+    total. counts_LE() gives the exact int64 [L, E] sum."""
+
+    __slots__ = ("step", "first_seen_s", "world", "_total_LE", "_stage_LE", "_stage_bound", "ranks", "time_s",
+                 "phases", "scopes", "entry_ids")
+
+    def __init__(self, rec: core.StepRecord, entry_id: bytes, now_s: float):
+        self.step = rec.step
+        self.first_seen_s = now_s
+        self.world = rec.world_size
+        self._total_LE: np.ndarray | None = None
+        self._stage_LE = np.array(rec.counts_LE, dtype=np.int32)  # a copy: v1 records are read-only views
+        self._stage_bound = int(self._stage_LE.max(initial=0))
+        self.ranks = {rec.rank: (rec.tokens, rec.dropped_steps)}
+        self.time_s = rec.time_s
+        self.phases = {rec.phase}
+        self.scopes = {rec.scope}
+        self.entry_ids = [entry_id]
+
+    def add(self, rec: core.StepRecord, entry_id: bytes) -> None:
+        counts = rec.counts_LE
+        top = int(counts.max(initial=0))
+        if self._stage_bound + top > _INT32_MAX:
+            self._fold()
+        if top > _INT32_MAX:  # not from the wire (int32 there): straight into the int64 total
+            self._total_LE = self._total_LE + counts if self._total_LE is not None else counts.astype(np.int64)
+        else:
+            np.add(self._stage_LE, counts, out=self._stage_LE, casting="unsafe")
+            self._stage_bound += top
+        self.ranks[rec.rank] = (rec.tokens, rec.dropped_steps)
+        self.world = max(self.world, rec.world_size)
+        self.time_s = max(self.time_s, rec.time_s)
+        self.phases.add(rec.phase)
+        self.scopes.add(rec.scope)
+        self.entry_ids.append(entry_id)
+
+    def _fold(self) -> None:
+        if self._total_LE is None:
+            self._total_LE = self._stage_LE.astype(np.int64)
+        else:
+            np.add(self._total_LE, self._stage_LE, out=self._total_LE)
+        self._stage_LE[...] = 0
+        self._stage_bound = 0
+
+    def counts_LE(self) -> np.ndarray:
+        """int64 [L, E]: the exact sum of the records added."""
+        if self._total_LE is None:
+            return self._stage_LE.astype(np.int64)
+        return self._total_LE + self._stage_LE
+
+
+class Assembler:
+    """Sums the ranks of each step of one run (see the module docstring for the rules).
+
+    State a successor needs (restore() takes it back): the epoch, its collector instance of each rank, the
+    retired instances, the ranks written of each remembered step (`written`: step -> bit mask of ranks, in
+    write order) and the counters."""
+
+    def __init__(self, run: str, deadline_s: float = 2.0, max_pending_steps: int = 4096,
+                 remember_steps: int = 16_384):
+        self.run = core.check_run_name(run)
+        self.deadline_s = float(deadline_s)
+        self.max_pending_steps = int(max_pending_steps)
+        self.remember_steps = int(remember_steps)
+        self.epoch: str | None = None
+        self.instance_of_rank: dict[int, str] = {}
+        self.retired: dict[str, None] = {}  # an ordered set, oldest first
+        self.written: dict[int, int] = {}  # step -> mask of the ranks written, in write order
+        self.horizon = 0  # steps below it that are neither pending nor written are too old
+        self.last_step = -1
+        self.shape: tuple[int, int] | None = None
+        self.counters = Counters()
+        self.version = 0  # goes up whenever the epoch, the instance map or the retired set changes
+        self.last_missing: tuple[int, list[int]] | None = None  # (step, ranks) of the latest step written short
+        self.last_problem = ""  # why the latest record was skipped (bad, stale, too old)
+        self._pending: dict[int, _Bucket] = {}  # step -> bucket, in arrival order
+
+    # --------------------------------------------------------------------------------------------- state
+    def restore(self, epoch: str | None, instance_of_rank: Mapping[int, str], retired: Iterable[str],
+                written: Mapping[int, int], horizon: int, counters: Counters) -> None:
+        """Take over a predecessor's state (nothing may be pending here yet). written: step -> rank mask of
+        the epoch's steps known to be written; horizon: steps below it are treated as too old."""
+        if self._pending:
+            raise ValueError("restore() needs an assembler with nothing pending")
+        self.epoch = epoch
+        self.instance_of_rank = dict(instance_of_rank)
+        self.retired = dict.fromkeys(retired)
+        self.written = {int(s): int(m) for s, m in sorted(written.items())}
+        self.horizon = int(horizon)
+        self.last_step = max(self.written, default=-1)
+        self.counters = counters
+        self.shape = None
+        self.version += 1
+
+    @property
+    def pending_steps(self) -> int:
+        return len(self._pending)
+
+    def oldest_pending_id(self) -> bytes | None:
+        """The smallest stream entry id held by a pending step (None when nothing is pending)."""
+        firsts = [b.entry_ids[0] for b in self._pending.values()]
+        return min(firsts, key=entry_id_key) if firsts else None
+
+    def oldest_pending_time_s(self) -> float:
+        """The earliest time (the collectors' clock) of a step still assembling; inf when none is."""
+        return min((b.time_s for b in self._pending.values()), default=math.inf)
+
+    def next_deadline_s(self, now_s: float) -> float | None:
+        """Seconds until the oldest pending step's deadline (None when nothing is pending)."""
+        for bucket in self._pending.values():
+            return max(0.0, bucket.first_seen_s + self.deadline_s - now_s)
+        return None
+
+    # --------------------------------------------------------------------------------------------- input
+    def add(self, entries: Sequence[tuple[bytes, core.StepRecord]], now_s: float) -> Output:
+        """Fold decoded stream entries (entry id, record), in stream order, into their steps; returns the
+        steps they completed, the late entries they make and the entries consumed without a record."""
+        out = Output()
+        late: dict[int, _Bucket] = {}
+        touched: dict[int, _Bucket] = {}
+        for entry_id, rec in entries:
+            self._place(entry_id, rec, now_s, out, late, touched)
+        for step in sorted(touched):
+            bucket = touched[step]
+            if len(bucket.ranks) >= bucket.world and self._pending.get(step) is bucket:
+                del self._pending[step]
+                out.emitted.append(self._emit(bucket, late=False))
+        for step in sorted(late):
+            out.emitted.append(self._emit(late[step], late=True))
+        while len(self._pending) > self.max_pending_steps:  # the oldest goes with what it has
+            step = next(iter(self._pending))
+            out.emitted.append(self._emit(self._pending.pop(step), late=False))
+        return out
+
+    def bad(self, entry_id: bytes, why: str) -> Output:
+        """An entry that did not decode: counted, consumed without a record."""
+        self.counters.bad_records += 1
+        self.last_problem = why
+        return Output(acks=[entry_id])
+
+    def due(self, now_s: float) -> Output:
+        """The pending steps whose deadline passed, written with the ranks they have (ascending by step)."""
+        ready: list[_Bucket] = []
+        for bucket in self._pending.values():  # arrival order: the first not due ends the search
+            if now_s - bucket.first_seen_s < self.deadline_s:
+                break
+            ready.append(bucket)
+        out = Output()
+        for bucket in sorted(ready, key=lambda b: b.step):
+            del self._pending[bucket.step]
+            out.emitted.append(self._emit(bucket, late=False))
+        return out
+
+    # --------------------------------------------------------------------------------------------- rules
+    def _place(self, entry_id: bytes, rec: core.StepRecord, now_s: float, out: Output,
+               late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
+        if not self._current(rec, out, late, touched):
+            self.counters.stale_records += 1
+            self.last_problem = f"step {rec.step} rank {rec.rank}: collector instance {rec.instance!r} was retired"
+            out.acks.append(entry_id)
+            return
+        shape = rec.counts_LE.shape
+        if self.shape is None:
+            self.shape = (int(shape[0]), int(shape[1]))
+        elif shape != self.shape:
+            self.counters.bad_records += 1
+            self.last_problem = (f"step {rec.step} rank {rec.rank}: counts are {list(shape)}, this epoch's are "
+                                 f"{list(self.shape)}")
+            out.acks.append(entry_id)
+            return
+        step, rank = rec.step, rec.rank
+        mask = self.written.get(step)
+        if mask is not None:  # written already: a duplicate, or a late rank
+            group = late.get(step)
+            if mask >> rank & 1 or (group is not None and rank in group.ranks):
+                self._duplicate(entry_id, out)
+            elif group is None:
+                late[step] = _Bucket(rec, entry_id, now_s)
+            else:
+                group.add(rec, entry_id)
+            return
+        bucket = self._pending.get(step)
+        if bucket is None:
+            if step < self.horizon:
+                self.counters.too_old += 1
+                self.last_problem = f"step {step} rank {rank}: older than every step remembered (from {self.horizon})"
+                out.acks.append(entry_id)
+                return
+            bucket = self._pending[step] = _Bucket(rec, entry_id, now_s)
+        elif rank in bucket.ranks:
+            self._duplicate(entry_id, out)
+            return
+        else:
+            bucket.add(rec, entry_id)
+        touched[step] = bucket
+
+    def _duplicate(self, entry_id: bytes, out: Output) -> None:
+        self.counters.duplicates += 1
+        out.acks.append(entry_id)
+
+    def _current(self, rec: core.StepRecord, out: Output, late: dict[int, _Bucket],
+                 touched: dict[int, _Bucket]) -> bool:
+        """True when rec belongs to the current epoch (opening a new one when its rank restarted); False for
+        a record of a retired collector instance."""
+        instance = rec.instance
+        known = self.instance_of_rank.get(rec.rank)
+        if known == instance:
+            return True
+        if instance in self.retired:
+            return False
+        if known is not None:  # this rank's collector restarted: its step ids start again
+            self._new_epoch(instance, out, late, touched)
+        elif self.epoch is None:
+            self.epoch = instance
+            self.counters.epochs += 1
+        self.instance_of_rank[rec.rank] = instance
+        self.version += 1
+        return True
+
+    def _new_epoch(self, instance: str, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
+        """Write what the old epoch has pending (steps, then late ranks), retire its collector instances and
+        start afresh under `instance`."""
+        for bucket in sorted(self._pending.values(), key=lambda b: b.step):
+            out.emitted.append(self._emit(bucket, late=False))
+        for step in sorted(late):
+            out.emitted.append(self._emit(late[step], late=True))
+        self._pending.clear()
+        late.clear()
+        touched.clear()
+        for old in dict.fromkeys(self.instance_of_rank.values()):
+            self.retired[old] = None
+        if self.epoch is not None:
+            self.retired[self.epoch] = None
+        while len(self.retired) > MAX_RETIRED:
+            del self.retired[next(iter(self.retired))]
+        self.instance_of_rank = {}
+        self.written, self.horizon, self.last_step, self.shape = {}, 0, -1, None
+        self.epoch = instance
+        self.counters.epochs += 1
+
+    # --------------------------------------------------------------------------------------------- output
+    def _emit(self, bucket: _Bucket, late: bool) -> Emitted:
+        ranks = sorted(bucket.ranks)
+        ranks_R = np.asarray(ranks, dtype=np.int64)
+        values = [bucket.ranks[r] for r in ranks]
+        tokens_R = np.fromiter((v[0] for v in values), dtype=np.int64, count=len(values))
+        dropped_R = np.fromiter((v[1] for v in values), dtype=np.int64, count=len(values))
+        phase = next(iter(bucket.phases)) if len(bucket.phases) == 1 else "mixed"
+        scope = next(iter(bucket.scopes)) if len(bucket.scopes) == 1 else "rank"
+        record = core.AggregateRecord(
+            run=self.run, step=bucket.step, time_s=bucket.time_s, phase=phase, world_size=bucket.world,
+            counts_LE=bucket.counts_LE(), ranks_R=ranks_R, tokens_R=tokens_R, dropped_R=dropped_R,
+            instance=self.epoch or "", late=late, scope=scope)
+        mask = 0
+        for rank in ranks:
+            mask |= 1 << rank
+        step = bucket.step
+        self.written[step] = self.written.pop(step, 0) | mask  # re-inserted: newest written last
+        if late:
+            self.counters.late_records += 1
+            self.counters.late_ranks += len(ranks)
+        else:
+            self.counters.steps_written += 1
+            missing = bucket.world - len(ranks)
+            if missing:
+                self.counters.rank_steps_missing += missing
+                self.last_missing = (step, record.missing_ranks[:MAX_NAMED].tolist())
+        self.last_step = max(self.last_step, step)
+        while len(self.written) > self.remember_steps:
+            forgotten = next(iter(self.written))
+            del self.written[forgotten]
+            self.horizon = max(self.horizon, forgotten + 1)
+        return Emitted(record, tuple(bucket.entry_ids))
+
+
+def entry_id_key(entry_id: bytes | str) -> tuple[int, int]:
+    """A stream entry id ("<ms>-<seq>") as a sortable (ms, seq); (0, 0) for anything else."""
+    text = entry_id.decode("ascii", "replace") if isinstance(entry_id, (bytes, bytearray)) else str(entry_id)
+    ms, _, seq = text.partition("-")
+    try:
+        return int(ms), int(seq or 0)
+    except ValueError:
+        return 0, 0

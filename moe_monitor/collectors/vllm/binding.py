@@ -1,0 +1,163 @@
+"""RunnerBinding: one monitor bound to a loaded vLLM model runner.
+
+Counting happens inside the model's forward, which vLLM may compile and capture as a CUDA graph, so the
+capture function given to every fused-MoE router (BaseRouter.set_capture_fn, called with the layer's logical
+topk_ids [N, K] before EPLB maps them to physical slots) only runs device ops into fixed buffers: it puts the
+ids into the monitor's counter under a fixed gate [T] (1 for the step's real tokens, 0 for the padding that
+CUDA graphs and data-parallel batches add, and 0 between steps, so warm-up, profiling and dummy runs count
+nothing). The step boundary lives outside the graph, around the runner's execute_model: the gate is opened for
+the scheduled tokens, and the step closed and handed to the publisher afterwards.
+
+EPLB: when the engine rebalances (--enable-eplb), its new physical_to_logical_map [L, P] is published as a
+layout record in force from the next step (read from the device once per rearrangement, never per step).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+from typing import Any
+
+import torch
+
+from moe_monitor.collectors.monitor import ExpertLoadMonitor
+
+from .batch import step_facts
+from .scope import Publishing, publishing_rule
+from .settings import PluginSettings, run_name_for
+
+log = logging.getLogger("vllm.moe_monitor")
+BINDINGS: list[RunnerBinding] = []   # every live binding of this process (EPLB commits mark them)
+
+
+def moe_layers(vllm_config) -> list[tuple[str, Any]]:
+    """(name, MoE runner layer) of every fused-MoE layer in model order whose router takes a capture function."""
+    cc = vllm_config.compilation_config
+    context = getattr(cc, "static_forward_context", {}) or {}
+    found = []
+    for name in getattr(cc, "static_all_moe_layers", []) or []:
+        layer = context.get(name)
+        router = getattr(layer, "router", None)
+        if router is not None and callable(getattr(router, "set_capture_fn", None)):
+            found.append((name, layer))
+    return found
+
+
+def worker_publishing(vllm_config) -> Publishing:
+    """The publishing rule for this worker (scope.py), from vLLM's parallel config and groups."""
+    pc = vllm_config.parallel_config
+    tp_rank = 0
+    if pc.tensor_parallel_size > 1:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        tp_rank = get_tensor_model_parallel_rank()
+    return publishing_rule(tp_rank, pc.tensor_parallel_size, pc.data_parallel_rank, pc.data_parallel_size,
+                           pc.pipeline_parallel_size, bool(pc.enable_expert_parallel))
+
+
+def eplb_map(runner) -> torch.Tensor | None:
+    """The engine's current physical_to_logical_map [L, P] (int64, on the host), or None without EPLB."""
+    state = getattr(runner, "eplb_state", None)
+    models = getattr(state, "model_states", None) or {}
+    for model_state in models.values():
+        return model_state.physical_to_logical_map.detach().to("cpu", torch.int64)
+    return None
+
+
+class RunnerBinding:
+    """Counts one vLLM worker's routing and publishes a step per execute_model call (module docstring)."""
+
+    def __init__(self, runner, settings: PluginSettings, publishing: Publishing):
+        config = runner.vllm_config
+        layers = moe_layers(config)
+        if not layers:
+            raise ValueError("the model has no fused-MoE layer with a capture hook")
+        moe = [layer.moe_config for _, layer in layers]
+        num_experts, top_k = moe[0].num_logical_experts, moe[0].experts_per_token
+        if any((m.num_logical_experts, m.experts_per_token) != (num_experts, top_k) for m in moe):
+            raise ValueError("MoE layers with different expert counts or top-k are not supported")
+        model = config.model_config
+        served = model.served_model_name
+        model_name = (served[0] if isinstance(served, list) and served else served) or model.model
+        text_config = getattr(model, "hf_text_config", None)
+        options: dict[str, Any] = dict(settings.options, rank=publishing.rank, world_size=publishing.world_size,
+                                       scope=publishing.scope, gpus=publishing.gpus)
+        initial = eplb_map(runner)
+        if initial is not None and initial.shape[0] == len(layers):
+            options.update(physical_to_logical_map=initial.tolist(), gpus=publishing.gpus)
+        self.device = torch.device(runner.device)
+        self.monitor = ExpertLoadMonitor(
+            len(layers), num_experts, top_k, device=self.device, redis_url=settings.redis_url,
+            run=settings.run or run_name_for(str(model_name)), layer_names=[name for name, _ in layers],
+            model_name=str(model_name), hidden_size=int(moe[0].hidden_dim),
+            moe_intermediate_size=int(getattr(text_config, "moe_intermediate_size", 0) or moe[0].intermediate_size),
+            dtype_bytes=int(model.dtype.itemsize), **options)
+        scheduler = config.scheduler_config
+        capture_max = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
+        self.gate_T = torch.zeros(2 * max(int(scheduler.max_num_batched_tokens), int(capture_max), 1),
+                                  dtype=torch.int64, device=self.device)
+        self.tokens, self.phase, self.in_step = 0, "unknown", False
+        self.runner = runner
+        self.layout_from: int | None = None   # step from which a committed EPLB layout is in force
+        for index, (_, layer) in enumerate(layers):
+            shared = int(getattr(layer.moe_config, "num_fused_shared_experts", 0) or 0)
+            layer.router.set_capture_fn(self._capture_fn(index, num_experts, shared > 0))
+        BINDINGS.append(self)
+        atexit.register(self.monitor.close, 2.0)
+        log.info("moe monitor: %d MoE layers x %d experts (top-%d) -> run %s; %s", len(layers), num_experts,
+                 top_k, self.monitor.run, publishing.reason)
+
+    def _capture_fn(self, layer: int, num_experts: int, fused_shared: bool):
+        """The capture function of one layer: device ops into fixed buffers only (module docstring). With shared
+        experts fused into the routing (their ids follow the E routed ones), those slots are not counted; any
+        other id outside [0, E) is counted as invalid, as on every other path."""
+        counter, gate_T, monitor = self.monitor.counter, self.gate_T, self.monitor
+        gate_len = gate_T.shape[0]
+
+        def capture(topk_ids: torch.Tensor) -> None:
+            try:
+                num = topk_ids.shape[0]
+                if num == 0 or topk_ids.dim() != 2:
+                    return
+                if num > gate_len:
+                    monitor._hook_failed(layer, f"{num} tokens exceed the gate of {gate_len}: not counted")
+                    return
+                ids = topk_ids.to(torch.int64)
+                valid = gate_T[:num].unsqueeze(1).expand(num, ids.shape[1])
+                if fused_shared:
+                    valid = valid * (ids < num_experts)
+                counter.record(layer, ids, valid)
+            except Exception as exc:  # never into the model's forward
+                monitor._hook_failed(layer, exc)
+        return capture
+
+    # ------------------------------------------------------------------ the step boundary (host, outside graphs)
+    def begin(self, scheduler_output) -> None:
+        """Open the gate for the step's scheduled tokens."""
+        tokens, phase = step_facts(scheduler_output)
+        self.tokens, self.phase, self.in_step = tokens, phase, True
+        if tokens > 0:
+            self.gate_T[: min(tokens, self.gate_T.shape[0])].fill_(1)
+            self.monitor.begin_step(tokens=tokens)
+
+    def end(self) -> None:
+        """Close the gate and the step (its copy leaves the device asynchronously); publish a committed layout."""
+        self.in_step = False
+        if self.tokens > 0:
+            self.gate_T[: min(self.tokens, self.gate_T.shape[0])].zero_()
+            self.monitor.end_step(phase=self.phase, tokens=self.tokens)
+            self.tokens = 0
+        if self.layout_from is not None:
+            self._publish_layout()
+
+    def layout_committed(self) -> None:
+        """EPLB committed new maps: they route the steps after the current one (or from the next step)."""
+        self.layout_from = self.monitor.step + (1 if self.in_step else 0)
+
+    def _publish_layout(self) -> None:
+        start, self.layout_from = self.layout_from, None
+        current = eplb_map(self.runner)
+        if current is None or current.shape[0] != self.monitor.num_layers:
+            return
+        try:
+            self.monitor.publish_layout(current, from_step=start, source="engine")
+        except ValueError as exc:
+            log.warning("moe monitor: the engine's new layout was not published: %s", exc)

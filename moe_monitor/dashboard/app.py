@@ -1,0 +1,37 @@
+"""MoE expert-load monitor: the Streamlit entry point. It only wires the sidebar and the navigation;
+pages live in dashboard/views (one function each), analytics in dashboard/analytics.
+
+Run: streamlit run app.py   (REDIS_URL=redis://host:port/db to choose the Redis the collectors write to)
+"""
+import os
+
+import streamlit as st
+
+from moe_monitor.dashboard.views.sidebar import sidebar
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+st.set_page_config(page_title="MoE load monitor", layout="wide")
+# .streamlit/config.toml binds to loopback only when streamlit starts in this directory: say so otherwise.
+if st.config.get_option("server.address") not in LOOPBACK and os.environ.get("MOE_DASHBOARD_ALLOW_REMOTE") != "1":
+    st.warning(f"**This dashboard is reachable from the network** (server.address = "
+               f"`{st.config.get_option('server.address') or 'all interfaces'}`): anyone who reaches this port "
+               "sees your runs and the Redis they come from. Bind it to loopback with "
+               "`streamlit run app.py --server.address 127.0.0.1`, or set MOE_DASHBOARD_ALLOW_REMOTE=1 if "
+               "exposing it is intended.")
+sidebar()
+
+# The app's root shows the Overview (a hidden default page: Streamlit serves the default page at "/" only), and
+# the Overview answers at /overview too, as every other page does at its own path.
+ROOT_PAGE = st.Page("page_files/overview.py", title="Overview", url_path="home", default=True,
+                    visibility="hidden")
+LIVE_PAGES = [
+    st.Page("page_files/overview.py", title="Overview", url_path="overview"),
+    st.Page("page_files/devices.py", title="Devices", url_path="devices"),
+    st.Page("page_files/experts.py", title="Experts", url_path="experts"),
+    st.Page("page_files/gpus.py", title="GPU panel", url_path="gpus"),
+    st.Page("page_files/time.py", title="Time", url_path="time"),
+]
+# Planning pages: the What-if layout preview built on planner (no auto-refresh).
+PLAN_PAGES = [st.Page("page_files/whatif.py", title="What-if", url_path="what-if")]
+st.navigation({"Live": [ROOT_PAGE, *LIVE_PAGES], "Plan": PLAN_PAGES}).run()

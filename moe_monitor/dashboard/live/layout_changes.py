@@ -1,0 +1,149 @@
+"""The layout changes of a watched run (core.LayoutRecord: an engine's EPLB rebalance, a layout applied by
+hand): which physical_to_logical_map is in force from which step, kept bounded, and where the figures mark
+them. Pure: no Streamlit, no I/O.
+
+Shape legend: L layers, P physical slots (slot p on GPU p // (P / gpus)), E logical experts, T steps.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_monitor import core
+
+MAX_CHANGES = 1024  # layout changes kept (the collectors' stream keeps ~1000); the oldest are forgotten first
+MARK_LABELS = {"engine": "engine rebalanced", "apply": "layout applied", "initial": "initial layout"}
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """A layout in force from step id `step` on, until the next change.
+
+    p2l_LP: int64 [L, P] (read-only) physical_to_logical_map; gpus, nodes as in core.Layout; source: one of
+    core.LAYOUT_SOURCES, or "run metadata" / "contiguous default" for the layout a run starts with; time_s: unix seconds it was issued
+    (None for the metadata's); instance: the collector that published it; key: a hash of the map, the step
+    window's cache key (equal maps, equal keys)."""
+
+    step: int
+    p2l_LP: np.ndarray
+    gpus: int
+    nodes: int
+    source: str
+    key: int
+    time_s: float | None = None
+    instance: str = ""
+
+    @staticmethod
+    def of(step: int, p2l_LP, gpus: int, nodes: int, source: str, time_s: float | None = None,
+           instance: str = "") -> LayoutChange:
+        """A LayoutChange with its map as a read-only int64 copy and its key computed (once)."""
+        layout_LP = np.array(p2l_LP, dtype=np.int64)
+        layout_LP.setflags(write=False)
+        return LayoutChange(step=int(step), p2l_LP=layout_LP, gpus=int(gpus), nodes=int(nodes), source=source,
+                            key=hash(layout_LP.tobytes()), time_s=time_s, instance=instance)
+
+    @property
+    def label(self) -> str:
+        """How a figure marks it: "engine rebalanced", "layout applied", "initial layout" ("" for the layout a
+        run starts with, which is no change)."""
+        return MARK_LABELS.get(self.source, "")
+
+
+def change_from_record(rec: core.LayoutRecord, num_layers: int, num_experts: int) -> LayoutChange:
+    """rec as a LayoutChange once it fits a run of num_layers x num_experts (every expert in every row, P a
+    multiple of gpus, gpus of nodes: LayoutRecord.validate), its step an id within wire/keys.py's bounds,
+    its source known and its time finite; ValueError naming what is wrong. (Records from
+    core.decode_layout_record pass all but the fit; this guards against any other source too.)"""
+    try:
+        step = operator.index(rec.step)
+    except TypeError:
+        raise ValueError(f"layout step must be an integer, got {type(rec.step).__name__}") from None
+    if isinstance(rec.step, bool) or not 0 <= step < core.MAX_STEP:
+        raise ValueError(f"layout step is outside 0..{core.MAX_STEP - 1}")
+    if rec.source not in core.LAYOUT_SOURCES:
+        raise ValueError(f"unknown layout source {str(rec.source)[:40]!r}")
+    try:
+        time_s = float(rec.time_s)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"layout time must be a number, got {type(rec.time_s).__name__}") from None
+    if not (math.isfinite(time_s) and abs(time_s) < core.MAX_TIME_S):
+        raise ValueError("layout time is not a finite time")
+    if not isinstance(rec.instance, str) or len(rec.instance) > core.MAX_NAME_CHARS:
+        raise ValueError(f"collector instance id must be text of at most {core.MAX_NAME_CHARS} characters")
+    rec.validate(num_experts, num_layers=num_layers)
+    return LayoutChange.of(step, rec.physical_to_logical_LP, rec.gpus, rec.nodes, rec.source, time_s,
+                           rec.instance)
+
+
+class LayoutHistory:
+    """The run's layout changes, ascending by step, at most MAX_CHANGES (the oldest forgotten first). A change
+    for a step that already has one replaces it (every rank publishes the same rebalance; a collector that
+    re-sends its layout after Redis came back empty sends the same change again)."""
+
+    def __init__(self, max_changes: int = MAX_CHANGES):
+        if max_changes < 1:
+            raise ValueError(f"max_changes must be at least 1, got {max_changes}")
+        self.max_changes = max_changes
+        self._changes: list[LayoutChange] = []
+        self._steps: list[int] = []
+        self.forgotten = 0  # changes pushed out by the bound
+
+    @property
+    def changes(self) -> tuple[LayoutChange, ...]:
+        return tuple(self._changes)
+
+    def __len__(self) -> int:
+        return len(self._changes)
+
+    def add(self, change: LayoutChange) -> None:
+        at = bisect.bisect_left(self._steps, change.step)
+        if at < len(self._steps) and self._steps[at] == change.step:
+            self._changes[at] = change
+            return
+        self._changes.insert(at, change)
+        self._steps.insert(at, change.step)
+        while len(self._changes) > self.max_changes:
+            del self._changes[0], self._steps[0]
+            self.forgotten += 1
+
+    def forget(self, instance: str) -> None:
+        """Drop the changes a retired collector instance published (its step ids are not the new ones')."""
+        kept = [c for c in self._changes if c.instance != instance]
+        self._changes, self._steps = kept, [c.step for c in kept]
+
+
+def in_force(schedule: Sequence[LayoutChange], step: int) -> LayoutChange | None:
+    """The change of schedule (ascending by step) in force at `step`: the last one with change.step <= step."""
+    at = bisect.bisect_right([c.step for c in schedule], step)
+    return schedule[at - 1] if at else None
+
+
+@dataclass(frozen=True)
+class LayoutMark:
+    """A layout change to mark on a time axis: the step it took force, the time of that step (unix s, the
+    first step of the view at or after it), and the label ("engine rebalanced", "layout applied")."""
+
+    step: int
+    time_s: float
+    label: str
+
+
+def change_marks(schedule: Sequence[LayoutChange], step_T: np.ndarray, time_s_T: np.ndarray) -> list[LayoutMark]:
+    """Marks for the changes that happen inside a view of steps step_T (ascending) at times time_s_T [T]: a
+    change is in view when steps on both sides of it are (step_T[0] < change.step <= step_T[-1]). The
+    layout a run starts with is not a change and gets no mark."""
+    step_T = np.asarray(step_T)
+    if step_T.size == 0:
+        return []
+    first, last = int(step_T[0]), int(step_T[-1])
+    marks = []
+    for change in schedule:
+        if change.label and first < change.step <= last:
+            at = int(np.searchsorted(step_T, change.step, side="left"))
+            marks.append(LayoutMark(change.step, float(time_s_T[at]), change.label))
+    return marks

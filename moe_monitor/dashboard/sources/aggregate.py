@@ -1,0 +1,134 @@
+"""Reading a run's aggregated steps: core.aggregate_key(run), one core.AggregateRecord per step with its ranks
+summed once by the aggregator (collectors.aggregate), plus a "late" entry for a step whose ranks arrived after
+it was written (the present-rank sets of a step's entries are disjoint: the window sums them).
+
+AggregateReader pages that stream as RedisSource pages the per-rank steps: the first polls page backwards
+through the newest window_steps entries and hand them over oldest first once collected; later polls read
+forwards after the last id seen, in pages of PAGE_ENTRIES, up to the caller's max_entries and
+TICK_BYTES_BUDGET bytes a poll (Batch.more when either stopped it). When the stream's first entry is newer than
+the last id seen, entries were trimmed before they were read (Batch.trimmed). Every entry goes through
+core.decode_aggregate; one that does not decode (whatever the exception) is one bad record of the batch and the
+rest of the poll goes on. Redis errors are raised to the caller (RedisSource.poll turns them into its health);
+what was handed over before the error is not read again, what was not is read by the next poll.
+
+Whether the aggregate is read at all (`in_use`) is decided again every CHECK_S seconds with one round trip of
+three small commands (EXISTS of the aggregator's lease core.aggregator_key(run), XLEN of the aggregate and of
+the per-rank steps): the aggregate stream has entries and either an aggregator holds the run's lease or no
+per-rank step is left to sum (a finished run whose steps were trimmed away). When the aggregator stops (its
+lease expires) while collectors still write, readers go back to summing the per-rank steps themselves; when
+one starts, they switch to its stream, reading its newest window first. The reader of the window
+(dashboard.live.watched.WatchedRun) takes either kind of record and skips a step the other kind already
+filled, so a switch neither doubles nor drops a step.
+
+The hook in RedisSource (dashboard/sources/redis.py): make one AggregateReader per source and, in poll(),
+read the aggregate in place of the per-rank steps while it is in use:
+
+    self._aggregate = AggregateReader(client, self.run, self.window_steps)          # __init__
+    ...
+    if self._aggregate.read(batch, max_entries):  # the aggregator sums the ranks: no per-rank steps this poll
+        step_entries, self._last_step_id, self._backlog, self._backlog_bytes = [], b"", [], 0
+    elif not self._last_step_id:  # None or b"" (back from the aggregate): the newest window first
+        step_entries = self._read_backlog(batch)
+    else:
+        step_entries = self._read_forward(self._last_step_id, max_entries, batch)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from moe_monitor import core
+from moe_monitor.dashboard.sources.base import Batch
+from moe_monitor.dashboard.sources.streams import StreamEntry, decode_into, page_backwards, pages_after
+
+CHECK_S = 5.0  # how often whether the aggregate is in use is decided again
+PAGE_ENTRIES = 100  # entries a read (58 x 256 summed counts are ~20-60 kB an entry, compact)
+TICK_BYTES_BUDGET = 24 << 20  # bytes a poll reads at most (the backlog goes on at the next poll)
+
+
+class AggregateReader:
+    """The aggregate stream of one run, read incrementally. client: a Redis client made by core.connect()
+    (single Redis or Cluster: the run's keys share one slot); window_steps: entries the first polls read
+    (the newest, oldest first once collected).
+
+    in_use: whether the last check found the aggregate to read (see the module docstring); switches: how
+    often that changed; checked_s: time.monotonic() of the last check."""
+
+    def __init__(self, client: Any, run: str, window_steps: int, check_every_s: float = CHECK_S,
+                 page_entries: int = PAGE_ENTRIES, bytes_budget: int = TICK_BYTES_BUDGET):
+        if window_steps < 1:
+            raise ValueError(f"window_steps must be at least 1, got {window_steps}")
+        if page_entries < 1 or bytes_budget < 1:
+            raise ValueError("page_entries and bytes_budget must be at least 1")
+        self.client, self.run = client, core.check_run_name(run)
+        self.window_steps, self.check_every_s = int(window_steps), float(check_every_s)
+        self.page_entries, self.bytes_budget = int(page_entries), int(bytes_budget)
+        self.in_use = False
+        self.switches = 0
+        self.checked_s = float("-inf")
+        self._last_id: bytes | None = None  # None until the newest window is read
+        self._backlog: list[StreamEntry] = []  # newest first while paging backwards
+        self._backlog_bytes = 0
+
+    @property
+    def key(self) -> str:
+        return core.aggregate_key(self.run)
+
+    def check(self) -> bool:
+        """Decide now whether the aggregate is in use (one round trip); returns in_use. A change to in use
+        starts the reading again from the newest window."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.exists(core.aggregator_key(self.run))
+        pipe.xlen(self.key)
+        pipe.xlen(core.steps_key(self.run))
+        lease, aggregated, per_rank = pipe.execute()
+        use = int(aggregated or 0) > 0 and (int(lease or 0) > 0 or int(per_rank or 0) == 0)
+        if use != self.in_use:
+            self.switches += 1
+            self._last_id, self._backlog, self._backlog_bytes = None, [], 0
+        self.in_use = use
+        self.checked_s = time.monotonic()
+        return use
+
+    def read(self, batch: Batch, max_entries: int) -> bool:
+        """When the aggregate is in use: read what arrived since the last call into batch.aggregates (oldest
+        first; bad entries counted in batch.bad_records, batch.more / batch.trimmed set) and return True.
+        Otherwise read nothing and return False. Redis errors are raised."""
+        if time.monotonic() - self.checked_s >= self.check_every_s:
+            self.check()
+        if not self.in_use:
+            return False
+        if self._last_id is None:
+            self._take(self._read_backlog(batch), batch)
+        else:
+            self._read_forward(max(1, int(max_entries)), batch)
+        return True
+
+    @staticmethod
+    def _take(found: list[StreamEntry], batch: Batch) -> None:
+        decode_into(found, core.decode_aggregate, batch.aggregates, "aggregate", batch)
+
+    @property
+    def reading_backlog(self) -> bool:
+        """True while the newest window is being paged in (nothing handed over yet)."""
+        return self.in_use and self._last_id is None
+
+    def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
+        """Page backwards through the newest window_steps entries; [] (batch.more) until all are read (or the
+        start of the stream), then all of them oldest first."""
+        done, self._backlog_bytes = page_backwards(self.client, self.key, self._backlog, self._backlog_bytes,
+                                                   self.window_steps, self.page_entries, self.bytes_budget)
+        if not done:
+            batch.more = True
+            return []
+        found, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
+        self._last_id = found[-1][0] if found else b"0-0"
+        return found
+
+    def _read_forward(self, max_entries: int, batch: Batch) -> None:
+        """Entries after the last id seen, in pages, up to max_entries and the byte budget, each page decoded
+        into the batch as it arrives (a Redis error on a later page loses nothing already read)."""
+        for page in pages_after(self.client, self.key, self._last_id or b"0-0", max_entries, self.page_entries,
+                                self.bytes_budget, batch):
+            self._take(page, batch)
+            self._last_id = page[-1][0]

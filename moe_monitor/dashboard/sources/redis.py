@@ -1,0 +1,360 @@
+"""Live source: one run's streams in Redis, read with XRANGE after the last id seen (never XREAD BLOCK).
+
+Reads go in pages of PAGE_ENTRIES entries, several per poll up to a byte budget (TICK_BYTES_BUDGET) and the
+caller's max_entries, so one poll never pulls a whole stream (58 x 256 int32 counts are ~60 kB an entry).
+The first polls page backwards through the last window_steps x world_size entries (world_size from the
+run's metadata, 1 without it) and hand them over oldest first once collected; later polls continue
+forwards from the last id seen. When the stream's first entry is newer than the last id seen, entries were
+trimmed before they were read: the batch says so (Batch.trimmed). Every command goes through a client made
+by core.connect() with explicit timeouts, so an unreachable Redis costs one timeout, not a hang; any
+Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raised.
+
+The same code reads a single Redis or a Redis Cluster (core.connect decides; a redis.cluster.RedisCluster
+passed directly works too): a run's keys share one slot (core.run_key's hash tag), so its streams are read
+from the shard that holds them, and the poll's pipeline (the run's keys and moe:runs) is split per node by
+redis-py. A poll that meets a failover (the master of the run's slot killed, its replica not promoted yet)
+fails like one against an unreachable Redis: nothing of it is handed over and the next poll reads it again.
+
+Aggregated steps: while an aggregator sums the run's ranks (collectors.aggregate; its lease exists and its
+stream moe:<run>:agg has entries, or no per-rank step is left), the steps come from its stream instead, one
+entry per step (dashboard/sources/aggregate.py, Batch.aggregates); the choice is made again every few seconds,
+so readers go back to summing the ranks themselves when the aggregator stops.
+
+Layout changes (moe:<run>:layouts) are read forwards from the start of their stream, at most LAYOUT_PAGE
+entries a poll, after the last id seen, in the same round trip as the GPU samples.
+
+Layer timings (moe:<run>:timings, core.TimingRecord: one small entry per step and rank) ride in that round trip
+too: the first poll reads the newest window_steps x world_size entries backwards (at most TIMING_PAGE), later
+polls read forwards after the last id seen, at most TIMING_PAGE entries a poll (Batch.more when the page was full).
+
+Nothing read is trusted: a step, GPU or layout entry that fails to decode (whatever the exception) is one bad record
+and the rest of the poll goes on; the metadata is read with GETRANGE up to core.MAX_META_BYTES and decoded
+only when its bytes changed; a bad health field (a rank that is not ASCII digits below core.MAX_WORLD, a
+report that is not a small JSON object or whose known fields have the wrong type or range) is one bad record
+per bad version, not one per poll. moe:runs entries that are not valid runs are skipped and counted.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import time
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from moe_monitor import core
+from moe_monitor.dashboard.sources.aggregate import AggregateReader
+from moe_monitor.dashboard.sources.base import Batch, Health
+from moe_monitor.dashboard.sources.streams import (
+    StreamEntry,
+    decode_into,
+    entries,
+    exclusive,
+    page_backwards,
+    pages_after,
+    why,
+)
+
+# RedisClusterException is not a RedisError: a RedisCluster used directly raises it when no node answers (a
+# core.connect client raises ConnectionError instead)
+REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
+UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, RedisClusterException)
+META_REFRESH_S = 5.0
+GPU_BACKLOG = 600
+TIMING_PAGE = 4096  # timing entries a poll (58 layers: ~1.1 kB an entry)
+LAYOUT_PAGE = 64  # layout entries a poll (a 58 x 288 map is ~67 kB; a stream holds ~1000)
+PAGE_ENTRIES = 200
+TICK_BYTES_BUDGET = 24 << 20
+MAX_RUNS = 100  # runs listed
+RUNS_READ = 1000  # entries of moe:runs read to find them (invalid ones are skipped)
+MAX_HEALTH_BYTES = 64 << 10  # one rank's health report (JSON)
+MAX_HEALTH_ERROR_CHARS = 1000
+MAX_HEALTH_KEYS = 64
+MAX_HEALTH_RANKS = 1024  # health reports read per poll at most (a larger hash is not read: one bad record)
+_RANK_TEXT = re.compile(r"[0-9]{1,5}")
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """runs: (run, last time a collector wrote, unix s), newest first; skipped: entries of moe:runs left out
+    (a name that is not UTF-8 or not a valid run name, a time that is not finite)."""
+
+    runs: list[tuple[str, float]]
+    skipped: int
+
+
+def read_runs(client: core.Client) -> RunListing:
+    """The runs indexed in the moe:runs sorted set (the collectors ZADD their run there about once a second while
+    they write), newest first, at most MAX_RUNS of the newest RUNS_READ entries. One ZREVRANGE, never a SCAN of the keyspace.
+    Entries with an invalid or non-UTF-8 name or a non-finite time are skipped and counted. Raises the
+    client's ConnectionError/TimeoutError when Redis is unreachable."""
+    reply = cast("list[tuple[bytes, float]]", client.zrevrange(core.RUNS_KEY, 0, RUNS_READ - 1, withscores=True))
+    runs: list[tuple[str, float]] = []
+    skipped = 0
+    for member, score in reply:
+        try:
+            name = core.check_run_name(member.decode() if isinstance(member, (bytes, bytearray)) else str(member))
+            when = float(score)
+        except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+            skipped += 1
+            continue
+        if not (math.isfinite(when) and abs(when) < core.MAX_TIME_S):
+            skipped += 1
+        elif len(runs) < MAX_RUNS:
+            runs.append((name, when))
+    return RunListing(runs, skipped)
+
+
+def decode_health_rank(field) -> int:
+    """A field name of moe:<run>:health -> the rank: ASCII digits, below core.MAX_WORLD; ValueError otherwise."""
+    try:
+        text = field.decode() if isinstance(field, (bytes, bytearray)) else str(field)
+    except UnicodeDecodeError:
+        raise ValueError("health field name is not UTF-8") from None
+    if not _RANK_TEXT.fullmatch(text) or int(text) >= core.MAX_WORLD:
+        raise ValueError(f"health field {text[:20]!r} is not a rank 0..{core.MAX_WORLD - 1}")
+    return int(text)
+
+
+def decode_health_report(value) -> dict:
+    """A value of moe:<run>:health -> the collector's report, a flat dict of scalars. The fields the pages
+    read are checked: dropped_steps, published_steps, queued and rank ints 0..wire.MAX_STEP - 1, time_s a
+    finite time, last_error text or null (cut at MAX_HEALTH_ERROR_CHARS); of the other fields (a collector
+    may add its own figures) at most MAX_HEALTH_KEYS with short names are kept when they are a bool, null,
+    text (cut likewise), an int below 2**63 or a finite float, and dropped otherwise. ValueError (never
+    another exception) when it is not a JSON object of at most MAX_HEALTH_BYTES or a checked field is wrong."""
+    raw = core.parse_json(value, "health report", MAX_HEALTH_BYTES)
+    if not isinstance(raw, dict):
+        raise ValueError("health report is not a JSON object")
+    report: dict = {}
+    for key in ("rank", "dropped_steps", "published_steps", "queued"):
+        if key in raw:
+            number = raw[key]
+            if not (isinstance(number, int) and not isinstance(number, bool) and 0 <= number < core.MAX_STEP):
+                raise ValueError(f"health report {key!r} is not an integer 0..{core.MAX_STEP - 1}")
+            report[key] = number
+    if "time_s" in raw:
+        when = raw["time_s"]
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not abs(when) < core.MAX_TIME_S:
+            raise ValueError("health report 'time_s' is not a finite time")  # NaN fails abs(when) < MAX_TIME_S
+        report["time_s"] = float(when)
+    if "last_error" in raw:
+        error = raw["last_error"]
+        if error is not None and not isinstance(error, str):
+            raise ValueError("health report 'last_error' is not text")
+        report["last_error"] = _cut(error)
+    for key, item in raw.items():
+        if key in report or key in _CHECKED_HEALTH or len(report) >= MAX_HEALTH_KEYS or len(key) > 64:
+            continue
+        if item is None or isinstance(item, bool) or isinstance(item, int) and abs(item) < 2**63 \
+                or isinstance(item, float) and math.isfinite(item):
+            report[key] = item
+        elif isinstance(item, str):
+            report[key] = _cut(item)
+    return report
+
+
+_CHECKED_HEALTH = frozenset({"rank", "dropped_steps", "published_steps", "queued", "time_s", "last_error"})
+
+
+def _cut(text: str | None) -> str | None:
+    return text if text is None or len(text) <= MAX_HEALTH_ERROR_CHARS else text[:MAX_HEALTH_ERROR_CHARS] + "..."
+
+
+def _time_or_none(value) -> float | None:
+    """A sorted-set score as a time, None when absent or not a finite time (ZADD accepts +inf and -inf)."""
+    try:
+        when = float(value)
+    except (TypeError, ValueError):
+        return None
+    return when if math.isfinite(when) and abs(when) < core.MAX_TIME_S else None
+
+
+class RedisSource:
+    """Source over moe:<run>:{steps,gpu,layouts,timings,meta,health} (keys and records: wire/)."""
+
+    def __init__(self, client: core.Client, url: str, run: str, window_steps: int):
+        self.client, self.where, self.run = client, core.redact(url), core.check_run_name(run)
+        if window_steps < 1:
+            raise ValueError(f"window_steps must be at least 1, got {window_steps}")
+        self.window_steps = int(window_steps)
+        self._last_step_id: bytes | None = None  # None until the backlog is read
+        self._backlog: list[StreamEntry] = []  # entries newest first while paging backwards
+        self._backlog_bytes = 0
+        self._last_gpu_id: bytes | None = None
+        self._last_layout_id = b"0-0"  # the whole layout stream is read, oldest first
+        self._last_timing_id: bytes | None = None  # None until the newest window of timings is read
+        self._meta: core.RunMeta | None = None
+        self._meta_error = ""
+        self._meta_raw: bytes | None = None  # the bytes self._meta was decoded from (not decoded again)
+        self._bad_meta_raw: bytes | None = None
+        self._meta_read_at = float("-inf")
+        self._bad_health: set[bytes] = set()  # digests of the bad health fields of the last poll
+        self._health_fields = 0  # HLEN of the health hash at the last poll
+        self._health = Health(reachable=False, where=self.where, error="not polled yet")
+        self._aggregate = AggregateReader(client, self.run, self.window_steps)  # the aggregator's steps, when in use
+
+    def poll(self, max_entries: int) -> Batch:
+        batch = Batch()
+        started = time.perf_counter()
+        cursor = (self._last_step_id, list(self._backlog), self._backlog_bytes)
+        try:
+            if self._last_step_id is None and self._meta is None and not self._backlog:
+                self._read_meta(self.client.getrange(core.meta_key(self.run), 0, core.MAX_META_BYTES), batch)
+            if self._aggregate.read(batch, max_entries):  # the aggregator sums the ranks: no per-rank steps
+                step_entries, self._last_step_id, self._backlog, self._backlog_bytes = [], b"", [], 0
+            elif not self._last_step_id:  # None, or b"" back from the aggregate: the newest window first
+                step_entries = self._read_backlog(batch)
+            else:
+                step_entries = self._read_forward(self._last_step_id, max_entries, batch)
+            pipe = self.client.pipeline(transaction=False)
+            gpu = core.gpu_key(self.run)
+            if self._last_gpu_id is None:
+                pipe.xrevrange(gpu, count=GPU_BACKLOG)
+            else:
+                pipe.xrange(gpu, min=exclusive(self._last_gpu_id), count=GPU_BACKLOG)
+            pipe.xrange(core.layouts_key(self.run), min=exclusive(self._last_layout_id), count=LAYOUT_PAGE)
+            timings = core.timings_key(self.run)
+            if self._last_timing_id is None:
+                world = self._meta.world_size if self._meta else 1
+                pipe.xrevrange(timings, count=min(TIMING_PAGE, self.window_steps * max(1, world)))
+            else:
+                pipe.xrange(timings, min=exclusive(self._last_timing_id), count=TIMING_PAGE)
+            pipe.zscore(core.RUNS_KEY, self.run)
+            pipe.hlen(core.health_key(self.run))
+            # the reports ride in the same round trip while the hash was small at the last poll; a hash that
+            # grew past the cap is fetched once at most, then only counted until it shrinks
+            read_health = self._health_fields <= MAX_HEALTH_RANKS
+            if read_health:
+                pipe.hgetall(core.health_key(self.run))
+            refresh_meta = time.monotonic() - self._meta_read_at > META_REFRESH_S
+            if refresh_meta:
+                pipe.getrange(core.meta_key(self.run), 0, core.MAX_META_BYTES)  # one byte more: too large
+            replies = pipe.execute()
+            health_fields = self._health_fields = int(replies[4] or 0)
+            collectors = replies[5] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
+        except REDIS_ERRORS as exc:
+            # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
+            self._last_step_id, self._backlog, self._backlog_bytes = cursor
+            answered = not isinstance(exc, UNREACHABLE_ERRORS)
+            self._health = Health(reachable=False, where=self.where, answered=answered,
+                                  error=f"{type(exc).__name__}: {exc}")
+            return batch
+        except Exception:  # not a Redis failure (a bug): still nothing of this poll is lost to the next one
+            self._last_step_id, self._backlog, self._backlog_bytes = cursor
+            raise
+        gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
+        if self._last_gpu_id is None:
+            gpu_entries = gpu_entries[::-1]
+        decode_into(step_entries, core.decode_step, batch.steps, "step", batch)
+        self._last_gpu_id = decode_into(gpu_entries, core.decode_gpu_sample, batch.gpu_samples, "gpu", batch,
+                                        self._last_gpu_id) or b"0-0"
+        self._last_layout_id = decode_into(entries(layout_entries), core.decode_layout_record,
+                                           batch.layouts, "layout", batch, self._last_layout_id) or b"0-0"
+        self._take_timings(entries(timing_entries), batch)
+        if refresh_meta:
+            self._read_meta(replies[-1], batch)
+        reports, bad = _collector_health(collectors)
+        if health_fields > MAX_HEALTH_RANKS:
+            bad[b"too-many-health-fields"] = (f"health hash holds {health_fields} fields, more than the "
+                                             f"{MAX_HEALTH_RANKS} rank reports read; not read")
+        for digest in bad.keys() - self._bad_health:  # a bad field counts once, not at every poll
+            batch.bad_records += 1
+            batch.last_error = bad[digest]
+        self._bad_health = set(bad)
+        self._health = Health(
+            reachable=True, where=self.where, latency_ms=(time.perf_counter() - started) * 1e3,
+            last_seen_s=_time_or_none(last_seen),
+            collectors=reports,
+            note="reading the aggregate backlog" if self._aggregate.reading_backlog else
+            "" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
+        )
+        return batch
+
+    def _take_timings(self, found: list[StreamEntry], batch: Batch) -> None:
+        """Decode the timing entries of this poll (the first poll's come newest first) into the batch."""
+        first = self._last_timing_id is None
+        if first:
+            found = found[::-1]
+        elif len(found) >= TIMING_PAGE:
+            batch.more = True
+        self._last_timing_id = decode_into(found, core.decode_timing, batch.timings, "timing", batch,
+                                           self._last_timing_id) or b"0-0"
+
+    def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
+        """Page backwards through the last window x world entries; [] (batch.more) until all are read,
+        then all of them oldest first."""
+        world = self._meta.world_size if self._meta else 1
+        done, self._backlog_bytes = page_backwards(self.client, core.steps_key(self.run), self._backlog,
+                                                   self._backlog_bytes, self.window_steps * max(1, world),
+                                                   PAGE_ENTRIES, TICK_BYTES_BUDGET)
+        if not done:
+            batch.more = True
+            return []
+        found, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
+        self._last_step_id = found[-1][0] if found else b"0-0"
+        return found
+
+    def _read_forward(self, last_id: bytes, max_entries: int, batch: Batch) -> list[StreamEntry]:
+        """Entries after last_id, in pages, up to max_entries and the byte budget."""
+        found: list[StreamEntry] = []
+        for page in pages_after(self.client, core.steps_key(self.run), last_id, max_entries, PAGE_ENTRIES,
+                                TICK_BYTES_BUDGET, batch):
+            found.extend(page)
+            self._last_step_id = page[-1][0]
+        return found
+
+    def _read_meta(self, raw, batch: Batch) -> None:
+        """Decode the metadata's bytes (GETRANGE: b"" when absent) unless they are the ones decoded last."""
+        self._meta_read_at = time.monotonic()
+        if not raw or raw == self._meta_raw and self._meta is not None and not self._meta_error:
+            return
+        if raw == self._bad_meta_raw:  # counted once per bad version, not at every refresh
+            return
+        try:
+            self._meta, self._meta_error, self._meta_raw = core.decode_meta(raw), "", raw
+        except Exception as exc:  # wire raises ValueError only; anything else is a bad record too
+            self._meta_error = f"run metadata ({core.meta_key(self.run)}) is unusable: {why(exc)}"
+            self._bad_meta_raw = raw
+            batch.bad_records += 1
+            batch.last_error = self._meta_error
+
+    def meta(self) -> core.RunMeta | None:
+        return self._meta
+
+    @property
+    def meta_error(self) -> str:
+        """Why the run's metadata could not be used ('' when it could or is absent)."""
+        return self._meta_error
+
+    def health(self) -> Health:
+        return self._health
+
+
+def _digest(field, value) -> bytes:
+    data = bytes(field) + b"\0" + bytes(value) if isinstance(field, bytes) and isinstance(value, bytes) \
+        else repr((field, value)).encode()
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _collector_health(raw: dict) -> tuple[dict[int, dict], dict[bytes, str]]:
+    """HGETALL of moe:<run>:health -> ({rank: report}, {digest of a bad field: why}). A report that does not
+    decode is kept for its rank as {"last_error": "unreadable health entry (why)"}; a field that is not a rank
+    is left out. Never raises."""
+    out: dict[int, dict] = {}
+    bad: dict[bytes, str] = {}
+    for field, value in (raw or {}).items():
+        try:
+            rank = decode_health_rank(field)
+        except ValueError as exc:
+            bad[_digest(field, value)] = f"health entry: {exc}"
+            continue
+        try:
+            out[rank] = decode_health_report(value)
+        except ValueError as exc:
+            bad[_digest(field, value)] = f"health entry of rank {rank}: {exc}"
+            out[rank] = {"last_error": f"unreadable health entry ({exc})"}
+    return out, bad

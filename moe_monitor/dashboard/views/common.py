@@ -1,0 +1,201 @@
+"""What every live page does first on each tick: poll the source, show the states a user can meet
+(no Redis, no run, stopped run, bad records, no steps in this phase), resolve the layout, analyse.
+
+At a rollup resolution (Settings.rolled_up) the live run is polled as usual and the pages that can draw buckets
+analyse the RollupRun riding on it; pages that need single steps (Time, What-if) ask for full resolution. Each
+page's caption says which resolution it shows."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import streamlit as st
+
+from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
+from moe_monitor.dashboard.live.rollups import RollupRun, full_resolution_line
+from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
+from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.sources.base import is_seekable
+from moe_monitor.dashboard.views import timeline
+from moe_monitor.dashboard.views.session import (
+    STALE_AFTER_S,
+    Settings,
+    rollup_run_for,
+    runs_at,
+    safe_text,
+    settings,
+    shown_url,
+    skipped_runs,
+    watched_run_for,
+)
+
+
+@dataclass
+class PageData:
+    """A tick's inputs for a page. layout and snapshot are None only for poll_and_analyse(require_steps=False)
+    when no step passes the filter yet. watched: the live run (or its paused copy, or a recording's range), or
+    the RollupRun at a rollup resolution; resolution: the line saying which ("full resolution: last 600
+    steps", "1-minute rollups: last 6 h, 360 buckets of 7,200 steps")."""
+
+    settings: Settings
+    watched: WatchedRun
+    layout: ResolvedLayout | None
+    snapshot: Snapshot | None
+    resolution: str = ""
+
+
+def ago(time_s: float | None) -> str:
+    if time_s is None:
+        return "never"
+    try:
+        seconds = max(0.0, time.time() - time_s)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
+    except (OverflowError, OSError, ValueError):  # not a time this machine can show
+        return "unknown"
+    return f"{stamp} ({seconds:.0f} s ago)" if seconds < 3 * 86400 else stamp
+
+
+def no_redis_message(cfg: Settings, error: str) -> None:
+    st.error(f"**No Redis reachable at `{shown_url(cfg.redis_url)}`** ({safe_text(error, cfg.redis_url)}).\n\n"
+             "Start Redis where the collectors write (e.g. `redis-server --bind 127.0.0.1`), or point the "
+             "dashboard at it: set `REDIS_URL=redis://host:port/db` before `streamlit run app.py`, or edit "
+             "the Redis URL in the sidebar.")
+
+
+def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) -> PageData | None:
+    """Poll once and analyse; None (after showing why) when there is nothing to draw. With
+    require_steps=False a reachable source without steps still gives a PageData (snapshot None). A page that
+    needs single steps passes full_resolution=True: it gets the live run whatever resolution the sidebar chose."""
+    cfg = settings()
+    if cfg.source == "redis":
+        skipped = skipped_runs(cfg.redis_url)
+        if skipped:
+            st.caption(f"{skipped} entr{'y' if skipped == 1 else 'ies'} of `moe:runs` skipped: not a valid run "
+                       "name (or not UTF-8), or a last-write time that is not finite.")
+    if cfg.source == "redis" and not cfg.run:
+        _, error = runs_at(cfg.redis_url)
+        if error:
+            no_redis_message(cfg, error)
+        else:
+            st.info("**No run yet.** Redis is reachable but no collector has written a run. Attach a collector "
+                    "to a MoE model (`from collectors import attach`) and its run appears here.")
+        return None
+    if cfg.source == "trace" and not cfg.trace_path:
+        st.info("No trace file in the trace folder yet: upload one in the sidebar, or record one there "
+                "(MOE_TRACE_DIR, else ./recordings).")
+        return None
+    watched = watched_run_for(cfg)
+    resolution = full_resolution_line(watched, cfg.window_steps)
+    if is_seekable(watched.source) and timeline.seekable_now(cfg, watched.source):  # the range is the window
+        shown = timeline.replay_controls(cfg, watched.source)
+        if shown is None:
+            return None
+        watched = shown
+        resolution = f"full resolution: {watched.window.size if watched.window else 0:,} steps of the recording"
+    else:
+        watched.tick()
+        rolled = None if full_resolution else rollup_run_for(cfg, watched)
+        if rolled is not None:  # hours of history: the buckets, beside the live run that keeps polling
+            rolled.tick()
+            watched, resolution = rolled, rolled.resolution_line()
+        elif cfg.source == "redis":  # live: keep polling, show the frozen window while paused
+            watched = timeline.live_controls(cfg, watched)
+            if cfg.rolled_up:
+                resolution += " (this page reads single steps; the rollups show on Overview, Devices, Experts, GPU panel)"
+    health = watched.source.health()
+    if not health.reachable:
+        if cfg.source == "redis" and health.answered:
+            st.error(f"**Redis at `{shown_url(cfg.redis_url)}` answered with an error** while reading run "
+                     f"`{cfg.run}`: {safe_text(health.error, cfg.redis_url)}.\n\nA `moe:{cfg.run}:*` key of the wrong "
+                     "type (WRONGTYPE), a Redis that cannot persist (MISCONF) or out of memory (OOM) stops the "
+                     "collectors too: fix Redis, the page retries on its own.")
+        elif cfg.source == "redis":
+            no_redis_message(cfg, health.error)
+        else:
+            st.error(f"Cannot read the trace `{health.where}`: {health.error}")
+        return None
+    _status_banners(cfg, watched)
+    window = watched.window
+    if window is None:
+        if isinstance(watched, RollupRun):
+            st.info(f"Run `{cfg.run}` has no {resolution.split(':')[0]} bucket in its stream yet "
+                    f"({watched.read_error or 'the aggregator writes a bucket once it closes'}).")
+        else:
+            st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
+        return None if require_steps else PageData(cfg, watched, None, None, resolution)
+    try:
+        layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
+                                gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
+                                uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout],
+                                changes=watched.layouts.changes, at_step=window.newest_step)
+    except ValueError as exc:
+        st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
+        return None if require_steps else PageData(cfg, watched, None, None, resolution)
+    phase = "both" if window.resolution_s else cfg.phase  # a bucket sums the steps of every phase
+    snap = analyse(window, layout, phase, cfg.layer, cfg.summed)
+    if snap is None:
+        st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
+        return None if require_steps else PageData(cfg, watched, layout, None, resolution)
+    return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap, resolution=resolution)
+
+
+def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
+    health = watched.source.health()
+    if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
+        rows = "buckets" if watched.window is not None and watched.window.resolution_s else "steps"
+        st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
+                   f"{watched.window.size if watched.window else 0} {rows}.")
+    if watched.restart_note:
+        st.info(f"**{watched.restart_note[0].upper()}{watched.restart_note[1:]}** under the same run name: "
+                f"its step ids start again, so the window starts afresh"
+                f"{f'; {watched.skipped_old_records} late record(s) of the old collector skipped' if watched.skipped_old_records else ''}.")
+    if watched.gap_note:
+        st.warning(f"**{watched.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
+                   "MAXLEN if this keeps happening.")
+    if watched.bad_records:
+        latest = safe_text(watched.last_error, cfg.redis_url) if cfg.source == "redis" else watched.last_error
+        st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {latest}")
+    if isinstance(watched, RollupRun) and watched.read_error:
+        st.warning(f"The rollup stream could not be read: {safe_text(watched.read_error, cfg.redis_url)}")
+
+
+def poll_and_caption(require_steps: bool = True) -> PageData | None:
+    """poll_and_analyse() with the page caption drawn under it when there is a snapshot: what every live page's
+    fragment does first on each tick."""
+    current = poll_and_analyse(require_steps)
+    if current is not None and current.snapshot is not None:
+        caption(current)
+    return current
+
+
+def caption(data: PageData) -> None:
+    """One line under each page title: source, resolution, phase, layout and the even-split rule; a warning
+    under it when steps in view lack ranks (which ranks, how many rank-steps)."""
+    cfg, snap = data.settings, data.snapshot
+    what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
+    restart = f" · {data.watched.restart_note}" if data.watched.restart_note else ""
+    resolution = f" · {data.resolution}" if data.resolution else ""
+    if snap.resolution_s:
+        rows = f"phase: both (a bucket sums every phase) · {snap.view.num_steps} buckets in window"
+    else:
+        rows = f"phase: {cfg.phase} · {snap.view.num_steps} steps in window"
+    st.caption(f"{what}{restart}{resolution} · {rows} · GPU load of "
+               f"{snap.load_label} · layout: {data.layout.origin}, {data.layout.gpus} GPUs on "
+               f"{data.layout.nodes} node(s), {data.layout.slots_per_gpu} slots/GPU · replicas share an "
+               "expert's tokens evenly")
+    missing_line(data)
+
+
+def missing_line(data: PageData) -> None:
+    """A warning naming the ranks absent from complete steps in view (the aggregator gave up on them, or their
+    records never arrived), and the rank-steps missing in a rollup window."""
+    snap, watched = data.snapshot, data.watched
+    if snap.missing.rank_steps:
+        ranks = ", ".join(f"{rank} ({steps} step{'' if steps == 1 else 's'})" for rank, steps in snap.missing.by_rank)
+        who = ("the aggregator wrote them without those ranks" if watched.feed == "aggregate"
+               else "those ranks' records never arrived")
+        st.warning(f"**{snap.missing.steps} step(s) still missing ranks**: {snap.missing.rank_steps:,} rank-step(s) "
+                   f"missing in the window ({who}); ranks: {ranks}. Their loads count only the ranks present.")
+    if snap.per_step is not None and snap.per_step.missing_rank_steps:
+        st.warning(f"**{snap.per_step.missing_rank_steps:,} rank-step(s) missing** from the buckets in view: the "
+                   f"aggregator wrote those steps without some ranks ({snap.per_step.late_rank_steps:,} folded in late).")

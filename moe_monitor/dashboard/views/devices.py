@@ -1,0 +1,50 @@
+"""Devices: per-GPU load over time, per-layer balancedness over time, per-step vs window-sum imbalance."""
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from moe_monitor.dashboard.analytics.balance import step_vs_window
+from moe_monitor.dashboard.figures import load as load_figures
+from moe_monitor.dashboard.figures.units import format_number
+from moe_monitor.dashboard.views import timeline
+from moe_monitor.dashboard.views.common import PageData, poll_and_caption
+from moe_monitor.dashboard.views.session import REFRESH_S
+
+
+def page() -> None:
+    st.title("Devices")
+    live()
+
+
+@st.fragment(run_every=REFRESH_S)
+def live() -> None:
+    current = poll_and_caption()
+    if current is not None:
+        render(current)
+    timeline.keep_playing()
+
+
+def render(current: PageData) -> None:
+    snap = current.snapshot
+    unit, marks, x_T, x_title = snap.unit, snap.axis_marks(), snap.x_T, snap.x_title
+    st.plotly_chart(load_figures.load_bands(x_T, snap.loads_TG, unit, marks, x_title), key="devices_bands")
+    st.plotly_chart(load_figures.gpu_time_heatmap(x_T, snap.loads_TG, unit, marks, x_title), key="devices_gpu_time")
+    st.plotly_chart(load_figures.eta_over_time(x_T, snap.eta_TL, marks, x_title), key="devices_eta_time")
+    st.plotly_chart(load_figures.layer_eta_heatmap(x_T, snap.eta_TL, marks, x_title), key="devices_layer_eta")
+    svw = step_vs_window(snap.view.loads_TLG)
+    finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
+    worst = float(finite.max()) if finite.size else float("nan")
+    row = snap.row_name
+    st.markdown(f"**Per-{row} vs window-sum imbalance.** Window sum (median layer): "
+                f"{format_number(float(_nanmedian(svw.window_sum_L)))} · per {row}, p99 (median layer): "
+                f"{format_number(float(_nanmedian(svw.per_step_p99_L)))} · worst single {row} and layer: {format_number(worst)}. "
+                "A window sum averages the tail away: the layer waits on each step's busiest GPU."
+                + ("" if not snap.resolution_s else " A bucket is a sum itself: the per-step tail is on the "
+                   "Overview (from the buckets' per-step histograms)."))
+    st.plotly_chart(load_figures.step_vs_window_figure(svw), key="devices_step_vs_window")
+
+
+def _nanmedian(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return np.median(finite) if finite.size else float("nan")

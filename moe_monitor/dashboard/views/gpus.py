@@ -1,0 +1,84 @@
+"""GPU panel: NVML readings of each device beside the expert load of the same GPU, or the collector's
+"no NVIDIA GPU / NVML not available" report when that is what it sent.
+
+Matching: by the rank that sent the readings (EP GPU g = rank g when there is one GPU per rank, i.e.
+world_size == gpus and each rank reports one device). Otherwise NVML devices are shown by host and index,
+and the page says that no pairing is claimed.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from moe_monitor.dashboard.figures import gpu as gpu_figures
+from moe_monitor.dashboard.figures.units import GIB
+from moe_monitor.dashboard.views import timeline
+from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
+from moe_monitor.dashboard.views.session import REFRESH_S
+
+
+def page() -> None:
+    st.title("GPU panel")
+    st.number_input("EP GPU", min_value=0, value=0, step=1, key="gpu_panel_gpu")
+    live()
+
+
+@st.fragment(run_every=REFRESH_S)
+def live() -> None:
+    current = poll_and_caption(require_steps=False)
+    if current is not None:
+        render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
+    timeline.keep_playing()
+
+
+def render(current: PageData, gpu: int) -> None:
+    history, snap = current.watched.gpus, current.snapshot
+    for (host, rank), report in sorted(history.unavailable.items()):
+        st.warning(f"**No NVIDIA GPU / NVML not available on the collector host `{host}`** (rank {rank}): "
+                   f"{report.reason or 'no reason given'} — reported {ago(report.time_s)}. Expert load is "
+                   "still shown; GPU readings appear when a collector runs on a host with NVIDIA GPUs.")
+    if not history.series and not history.unavailable:
+        st.info("The collector has not sent any NVML sample for this run yet.")
+    gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
+    gpu = min(max(gpu, 0), gpus - 1)
+    pairs, note = history.pairing(gpus, current.watched.world_size)
+    device = pairs.get(gpu)
+    if device is None and history.series:
+        st.caption(note or f"EP GPU {gpu}: no rank sent NVML readings for it; devices listed by host and index.")
+        device = st.selectbox("NVML device (host, index)", history.devices(), key="gpu_panel_device",
+                              format_func=lambda d: f"{d[0]} #{d[1]}")
+        paired = False
+    else:
+        paired = device is not None
+    rows = history.rows(device) if device else []
+    if rows:
+        last = rows[-1]
+        cols = st.columns(5)
+        cols[0].metric("utilisation (time-based)", reading(last, "gpu_utilization_percent", "{:.0f} %"))
+        cols[1].metric("memory used / total", f"{reading(last, 'memory_used_bytes', '{:.1f}', GIB)} / "
+                                              f"{reading(last, 'memory_total_bytes', '{:.1f} GiB', GIB)}")
+        cols[2].metric("power / limit", f"{reading(last, 'power_usage_w', '{:.0f}')} / {reading(last, 'power_limit_w', '{:.0f} W')}")
+        cols[3].metric("SM clock", reading(last, "sm_clock_mhz", "{:.0f} MHz"))
+        cols[4].metric("temperature", reading(last, "temperature_c", "{:.0f} C"))
+        beside = f"beside EP GPU {gpu} (rank {last.get('rank')})" if paired else "(not paired with an EP GPU)"
+        st.caption(f"NVML device {device[1]} on `{device[0]}` ({last.get('name') or 'unknown model'}) {beside}. "
+                   "NVML utilisation is the share of time a kernel ran, not SM occupancy.")
+    if snap is None:
+        return
+    load_T = snap.loads_TG[:, gpu]
+    st.metric(f"{snap.gpu_name(gpu)} expert load, latest {snap.row_name}", f"{float(load_T[snap.latest]):,.0f} tokens",
+              help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
+    title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}"
+                                                      if rows and paired else "")
+    st.plotly_chart(gpu_figures.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title,
+                                            snap.time_marks()), key="gpu_panel_fig")
+    if rows and not paired:
+        st.plotly_chart(gpu_figures.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
+                        key="gpu_panel_nvml")
+
+
+def reading(row: dict, name: str, spec: str, scale: float = 1.0) -> str:
+    """One NVML reading of a sample row, divided by scale and formatted; "n/a" where NVML had no value."""
+    value = row.get(name)
+    return "n/a" if value is None else spec.format(value / scale)
+
+

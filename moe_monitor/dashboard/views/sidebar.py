@@ -1,0 +1,280 @@
+"""The sidebar: source (live Redis or trace file), run, phase filter, window size, resolution (full, or the
+aggregator's 1 s / 60 s rollups for hours of history, when the run has them), layer choice and the
+layout override / upload. Returns a Settings and keeps it in the session (dashboard.views.session owns the
+session state); pages read it with session.settings().
+
+Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (core.redact) and the
+environment's URL is used for as long as the field holds that redacted text. Trace files are picked from the
+trace folder (session.trace_root(): MOE_TRACE_DIR, else ./recordings), never typed as a path; an upload is saved
+into that folder under a generated name and selected."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from moe_monitor import core
+from moe_monitor.dashboard.views.session import (
+    SAMPLE_PREFIX,
+    Settings,
+    env_redis_url,
+    keep_settings,
+    rollup_resolutions,
+    runs_at,
+    samples_root,
+    shown_url,
+    trace_root,
+    watched_layers,
+)
+
+PER_LAYER = "per layer (busiest layer of each GPU)"
+ALL_LAYERS = "all layers (sum)"
+TRACE_SUFFIXES = (".jsonl", ".trace", ".json", ".parquet", ".arrows")  # what the upload takes
+UPLOAD_CAP_MIB = 256          # largest trace upload (st.file_uploader's max_upload_size; server.maxUploadSize too)
+MAX_LISTED = 500              # newest trace files offered in the picker
+_TRACE_KINDS = ("meta", "step", "gpu")
+SIDECAR_SUFFIXES = (".side.jsonl", ".gpu.parquet", ".timings.parquet")  # parts of an .arrows / .parquet trace, not traces
+NO_SAMPLE = "(none)"
+_SAVED = "sidebar_saved_uploads"  # session entry: upload file id -> the name it was saved under
+
+
+def sidebar() -> Settings:
+    sb = st.sidebar
+    sb.header("MoE load monitor")
+    source = sb.radio("Source", ("Live Redis", "Trace file"), horizontal=True, key="source_kind")
+    redis_url, run, trace_path = env_redis_url(), None, ""
+    if source == "Live Redis":
+        redis_url = _redis_url_field(sb)
+        runs, error = runs_at(redis_url)
+        if error:
+            sb.caption("Redis not reachable (see the page).")
+        elif runs:
+            names = [name for name, _ in runs]
+            run = sb.selectbox("Run", names, key="run", help="Runs newest first (last write time)")
+        else:
+            sb.caption("No run in this Redis yet.")
+    else:
+        trace_path = _trace_controls(sb)
+    phase = sb.radio("Phase", ("both", "prefill", "decode"), horizontal=True, key="phase")
+    window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
+                                       key="window_steps"))
+    resolution_s, span_s = _resolution_controls(sb, redis_url, run) if source == "Live Redis" else (0, 0)
+    layer_names = [PER_LAYER, ALL_LAYERS] + [f"layer {i}" for i in range(watched_layers())]
+    layer_choice = sb.selectbox("GPU load of", layer_names, key="layer_choice",
+                                help="A layer finishes when its own busiest GPU finishes: the per-layer view "
+                                     "takes each GPU's busiest layer per step and names the straggler per "
+                                     "(step, layer). The sum over layers lets hot GPUs of different layers cancel.")
+    layer = None if layer_choice in (None, PER_LAYER, ALL_LAYERS) else int(layer_choice.split()[1])
+    gpus, per_node, uploaded = _layout_controls(sb)
+    cfg = Settings(source="redis" if source == "Live Redis" else "trace", redis_url=redis_url, run=run,
+                   trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer,
+                   summed=layer_choice == ALL_LAYERS, gpus=gpus,
+                   gpus_per_node=per_node, uploaded_layout=uploaded, resolution_s=resolution_s, span_s=span_s)
+    keep_settings(cfg)
+    return cfg
+
+
+FULL = "steps (full resolution)"
+RESOLUTIONS = {FULL: 0, "1-second rollups": 1, "1-minute rollups": 60}
+SPAN_MINUTES = (1, 30, 10)  # 1-second rollups: min, max, default minutes (one row per second)
+SPAN_HOURS = (1, 24, 6)     # 1-minute rollups: min, max, default hours (one row per minute)
+
+
+def _resolution_controls(sb, redis_url: str, run: str | None) -> tuple[int, int]:
+    """(rollup resolution in s, span in s): (0, 0) at full resolution. Offered only when the run has rollups (the
+    aggregator writes them); the span is minutes of 1-second buckets or hours of 1-minute buckets."""
+    have = rollup_resolutions(redis_url, run)
+    if not have:
+        return 0, 0
+    names = [FULL, *(name for name, res in RESOLUTIONS.items() if res in have)]
+    if st.session_state.get("resolution") not in (None, *names):
+        del st.session_state["resolution"]  # that resolution is gone (another run)
+    choice = sb.radio("Resolution", names, key="resolution",
+                      help="Full resolution: every step of the window. Rollups (written by the aggregator): "
+                           "hours of history, one row per second or minute, each the sum of its steps, with "
+                           "the per-step statistics the sum hides beside it.")
+    resolution_s = RESOLUTIONS.get(choice or FULL, 0)
+    if resolution_s == 1:
+        low, high, default = SPAN_MINUTES
+        return 1, 60 * int(sb.number_input("Rollup window (minutes)", min_value=low, max_value=high,
+                                           value=default, step=1, key="span_minutes"))
+    if resolution_s == 60:
+        low, high, default = SPAN_HOURS
+        return 60, 3600 * int(sb.number_input("Rollup window (hours)", min_value=low, max_value=high,
+                                              value=default, step=1, key="span_hours"))
+    return 0, 0
+
+
+def _redis_url_field(sb) -> str:
+    """The Redis URL to read. The field starts with REDIS_URL redacted (the widget's value travels to the browser,
+    so it must hold no password); while it still holds that text the environment's own URL is used."""
+    env_url = env_redis_url()
+    shown = shown_url(env_url)
+    typed = sb.text_input("Redis URL", value=shown, key="redis_url", type="password",
+                          help="Default: the REDIS_URL environment variable, shown with its password as *** (the "
+                               "dashboard still uses the real one). Type another URL to read another Redis.")
+    typed = (typed or "").strip()
+    return env_url if typed == shown else typed
+
+
+def trace_files(root: Path) -> list[str]:
+    """Names of the files in root, newest first (modification time; then by name): regular files only (no
+    symlinks, folders or devices), hidden files and the sidecars of columnar traces (SIDECAR_SUFFIXES) left
+    out, at most MAX_LISTED. JSON lines, .arrows and .parquet traces alike. Whatever their name: a file that
+    is not a trace is reported by the replay itself."""
+    found: list[tuple[float, str]] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:  # no such folder (yet), or not readable
+        return []
+    for entry in entries:
+        if entry.name.startswith(".") or entry.name.endswith(SIDECAR_SUFFIXES):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                found.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+        except OSError:  # removed while listing
+            continue
+    found.sort(key=lambda item: (-item[0], item[1]))
+    return [name for _, name in found[:MAX_LISTED]]
+
+
+def upload_container(data: bytes) -> str:
+    """'parquet', 'arrows' or 'jsonl': the trace container an upload's first bytes announce (as open_trace
+    tells files apart)."""
+    from moe_monitor.traces.reader import IPC_MAGIC, PARQUET_MAGIC
+    head = data[:4]
+    return "parquet" if head == PARQUET_MAGIC else "arrows" if head == IPC_MAGIC else "jsonl"
+
+
+def upload_name(client_name: str, now_s: float | None = None, suffix: str = ".jsonl") -> str:
+    """A fresh file name for an upload: upload-<UTC time>-<random>[-<the client's stem, letters, digits, _ and -
+    only>]<suffix> (.jsonl, .parquet or .arrows: the container its bytes are, never the client's extension).
+    Never the client's name as such: no path separators, no dots, nothing hidden."""
+    base = re.split(r"[\\/]", str(client_name))[-1]
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", base.rsplit(".", 1)[0] if "." in base else base).strip("-_")[:40]
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
+    return f"upload-{stamp}-{secrets.token_hex(4)}" + (f"-{stem}" if stem else "") + suffix
+
+
+def save_upload(root: Path, client_name: str, data: bytes) -> str:
+    """Write data into root under upload_name(client_name) (written to a hidden temporary file, then renamed, so
+    the picker never lists half a file) and return that name. A columnar trace (.parquet / .arrows) is opened
+    from the temporary file first, timeline included: ValueError (why it is not a trace) and nothing is kept
+    when it does not open. OSError when the folder cannot take it."""
+    root.mkdir(parents=True, exist_ok=True)
+    container = upload_container(data)
+    name = upload_name(client_name, suffix=".jsonl" if container == "jsonl" else f".{container}")
+    tmp = root / f".{name}.part"
+    try:
+        with open(tmp, "xb") as handle:
+            handle.write(data)
+        if container != "jsonl":
+            from moe_monitor.traces import open_trace
+            reader = open_trace(tmp)
+            try:
+                reader.timeline()
+            finally:
+                reader.close()
+        os.replace(tmp, root / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return name
+
+
+def first_line_error(data: bytes) -> str:
+    """'' when data starts like a trace (its first non-blank line a JSON object with a trace kind), else why not."""
+    first = re.search(rb"\S", data)  # in C: a file of blank lines costs no Python loop
+    if first is None:
+        return "it is empty"
+    end = data.find(b"\n", first.start())
+    try:
+        obj = json.loads(data[first.start():end if end >= 0 else len(data)])
+    except (ValueError, RecursionError):
+        return "its first line is not JSON"
+    if not isinstance(obj, dict) or obj.get("kind") not in _TRACE_KINDS:
+        return "its first line is not a trace line (a JSON object with kind meta, step or gpu)"
+    return ""
+
+
+def _trace_controls(sb) -> str:
+    """The trace picker (files of the trace folder, newest first) and the upload; returns the chosen name
+    (relative to trace_root()) or '' when the folder holds none."""
+    root = trace_root()
+    picker = sb.container()
+    _trace_upload(sb, root)  # before the picker is built: a fresh upload becomes its value
+    names = trace_files(root)
+    if st.session_state.get("trace_path") not in (None, *names):
+        del st.session_state["trace_path"]  # its file is gone: fall back to the newest
+    with picker:
+        name = None
+        if names:
+            name = st.selectbox("Trace file", names, key="trace_path",
+                                help="Trace files (JSON lines) in the trace folder, newest first.")
+        st.caption(("" if names else "No trace file here yet. ")
+                   + f"Trace folder: `{root}` (set MOE_TRACE_DIR before starting the dashboard to use another; "
+                     "record with `collectors.record_trace(...)`, `trace_path=` at attach or `python -m traces "
+                     "record`, or upload below).")
+        samples = sorted(n for n in trace_files(samples_root()) if n.endswith(".parquet"))
+        sample = st.selectbox("Or a shipped sample", [NO_SAMPLE, *samples], key="trace_sample",
+                              help="Sample traces shipped in traces/samples/ (the demo, real DeepSeek-V3 counts).")
+    if sample and sample != NO_SAMPLE:
+        return SAMPLE_PREFIX + sample
+    return name or ""
+
+
+def _trace_upload(sb, root: Path) -> None:
+    upload = sb.file_uploader(f"Upload a trace (.jsonl, .parquet or .arrows, up to {UPLOAD_CAP_MIB} MiB)",
+                              type=[s.lstrip(".") for s in TRACE_SUFFIXES], key="trace_upload",
+                              max_upload_size=UPLOAD_CAP_MIB,
+                              help="Saved into the trace folder under a new name, then selected.")
+    if upload is None:
+        return
+    saved: dict[str, str] = st.session_state.setdefault(_SAVED, {})
+    if upload.file_id in saved:
+        sb.caption(f"Uploaded as `{saved[upload.file_id]}`.")
+        return
+    if upload.size > UPLOAD_CAP_MIB * 2 ** 20:
+        sb.error(f"The upload is {upload.size / 2 ** 20:.1f} MiB, above the {UPLOAD_CAP_MIB} MiB cap; copy large "
+                 "traces into the trace folder instead.")
+        return
+    data = upload.getvalue()
+    why = first_line_error(data) if upload_container(data) == "jsonl" else ""
+    if why:
+        sb.error(f"Not saved: the upload is not a trace ({why}). A trace is JSON lines, as "
+                 "`collectors.record_trace(...)` or `trace_path=` write them, or a .parquet / .arrows trace.")
+        return
+    try:
+        name = save_upload(root, upload.name, data)
+    except ValueError as exc:   # a columnar file that does not open as a trace
+        sb.error(f"Not saved: the upload is not a trace ({str(exc).rsplit(': ', 1)[-1][:200]}).")
+        return
+    except OSError as exc:
+        sb.error(f"Could not save the upload into the trace folder: {exc.strerror or type(exc).__name__}.")
+        return
+    saved[upload.file_id] = name
+    st.session_state["trace_path"] = name
+    sb.caption(f"Uploaded as `{name}` and selected.")
+
+
+def _layout_controls(sb) -> tuple[int | None, int | None, tuple[tuple[int, ...], ...] | None]:
+    with sb.expander("Layout and topology"):
+        st.caption("Default: the run's metadata (else contiguous, E/G experts per GPU). 0 = from the run.")
+        gpus = int(st.number_input("GPUs", min_value=0, max_value=4096, value=0, step=1, key="gpus_override"))
+        per_node = int(st.number_input("GPUs per node", min_value=0, max_value=4096, value=0, step=1,
+                                       key="gpus_per_node_override"))
+        upload = st.file_uploader('Layout JSON ({"physical_to_logical_map": [[...]]})', type=["json"],
+                                  key="layout_upload")
+        uploaded = None
+        if upload is not None:
+            try:
+                uploaded = tuple(tuple(row) for row in core.parse_layout_json(upload.getvalue()))
+                st.caption(f"Using {upload.name}: {len(uploaded)} layers x {len(uploaded[0])} slots.")
+            except ValueError as exc:
+                st.error(str(exc))
+    return gpus or None, per_node or None, uploaded

@@ -1,0 +1,87 @@
+"""A layout over the ranks of an EP group: which rank holds which expert, and which replica a token goes to.
+
+Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots (slot p on rank
+p // S, S = P / G), G ranks (GPUs), N tokens, K top-k, C the most replicas any expert has in a layer.
+
+Replica choice (deterministic, even): the k-th expert of token n (its index in this rank's batch), expert e with
+c_e replicas in slot order r_0 < r_1 < ..., goes to replica r_(n mod c_e). Consecutive tokens of a batch
+alternate between the replicas, so each replica gets N / c_e of the tokens (within one), on every rank, without
+any communication; this is the even split the dashboard and the planner assume.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from moe_monitor import core
+
+
+class Placement:
+    """layout_LP int [L, P] over `ranks` ranks; ValueError unless every expert 0..E-1 has a slot in every layer
+    and P is a multiple of ranks."""
+
+    def __init__(self, layout_LP, ranks: int, num_experts: int):
+        layout = core.check_layout_map(layout_LP, ranks, 1, len(layout_LP), num_experts)
+        self.layout_LP = np.asarray(layout, dtype=np.int64)
+        self.ranks, self.num_experts = ranks, num_experts
+        self.num_layers, self.num_slots = self.layout_LP.shape
+        self.slots_per_rank = self.num_slots // ranks
+        count_LE = np.zeros((self.num_layers, num_experts), dtype=np.int64)
+        for layer in range(self.num_layers):
+            np.add.at(count_LE[layer], self.layout_LP[layer], 1)
+        max_c = int(count_LE.max())
+        slots_LEC = np.zeros((self.num_layers, num_experts, max_c), dtype=np.int64)
+        for layer in range(self.num_layers):
+            seen = np.zeros(num_experts, dtype=np.int64)
+            for slot, expert in enumerate(self.layout_LP[layer]):
+                slots_LEC[layer, expert, seen[expert]] = slot
+                seen[expert] += 1
+        self.replica_count_LE = torch.from_numpy(count_LE)
+        self.replica_rank_LEC = torch.from_numpy(slots_LEC // self.slots_per_rank)
+
+    def experts_on(self, rank: int, layer: int) -> list[int]:
+        """Sorted distinct experts rank holds in layer."""
+        s = self.slots_per_rank
+        return sorted({int(e) for e in self.layout_LP[layer, rank * s:(rank + 1) * s]})
+
+    def holders(self, layer: int, expert: int) -> list[int]:
+        """Sorted distinct ranks holding expert in layer."""
+        slots = np.flatnonzero(self.layout_LP[layer] == expert)
+        return sorted({int(p) // self.slots_per_rank for p in slots})
+
+    def destinations(self, layer: int, ids_NK: torch.Tensor) -> torch.Tensor:
+        """int64 [N * K]: the rank each (token, k) pair goes to, pairs flattened token-major (module docstring)."""
+        n, k = ids_NK.shape
+        ids_M = ids_NK.reshape(-1).to(torch.int64)
+        token_M = torch.arange(n, dtype=torch.int64).repeat_interleave(k)
+        replica_M = token_M % self.replica_count_LE[layer][ids_M]
+        return self.replica_rank_LEC[layer][ids_M, replica_M]
+
+
+@dataclass(frozen=True)
+class Move:
+    """One expert's weights of one layer copied from rank src to rank dst (dst did not hold it)."""
+
+    layer: int
+    expert: int
+    src: int
+    dst: int
+
+
+def plan_moves(old: Placement, new: Placement) -> list[Move]:
+    """The copies that take the ranks from old to new: for every rank, every expert the new layout puts on it
+    that it does not hold now, from one of its current holders (spread: holder (dst + layer + expert) mod the
+    holder count). Same list, same order, on every rank."""
+    if (old.num_layers, old.ranks, old.num_experts) != (new.num_layers, new.ranks, new.num_experts):
+        raise ValueError("the new layout must have the same layers, ranks and experts as the current one")
+    moves = []
+    for layer in range(new.num_layers):
+        for dst in range(new.ranks):
+            held = set(old.experts_on(dst, layer))
+            for expert in new.experts_on(dst, layer):
+                if expert not in held:
+                    holders = old.holders(layer, expert)
+                    moves.append(Move(layer, expert, holders[(dst + layer + expert) % len(holders)], dst))
+    return moves

@@ -1,0 +1,148 @@
+"""`python -m demo.fleet`: a whole data-parallel-attention deployment of the tiny DeepSeek-V3 on the CPU, 32 ranks
+by default, each decoding what a real DP-attention rank decodes (32 sequences at a time), published rank by rank
+through the real collector so that the aggregator (collectors.aggregate) and the dashboard see a deployment.
+
+Each process hosts one node's ranks (8 by default) and runs ONE forward per step over all their sequences (a
+forward over 256 sequences costs about what one over 32 does on a CPU: the experts loop dominates); forward
+pre-hooks on the experts modules take the ids each MoE layer dispatched, int64 [tokens, 8], and hand each rank its
+own rows to its own ExpertLoadMonitor (rank r of W, the real counter, publisher and RedisSink). Step ids match
+across ranks (step k is every rank's k-th step), and the processes step in lockstep (a barrier before every
+step), as expert-parallel ranks do: the all-to-all of each MoE layer makes every rank wait for the slowest.
+
+Traffic: demo.traffic's drifting, correlated prompts (the skew comes out of the model's own routing), each node
+with its own topics, every node on one drift clock (wall time since the fleet started); a round is one prefill
+step of `prompt_len` tokens per sequence, then `new_tokens` decode steps of one token per sequence.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import signal
+import sys
+import time
+
+GPUS, NODES = 32, 4  # the layout the runs describe: 256 experts over 32 GPUs in 4 nodes (contiguous)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m demo.fleet", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--redis", required=True, help="Redis URL (redis://, rediss://, a cluster node)")
+    parser.add_argument("--run", default="demo-fleet", help="run name")
+    parser.add_argument("--ranks", type=int, default=32, help="data-parallel attention ranks (W)")
+    parser.add_argument("--ranks-per-process", type=int, default=8, help="ranks hosted by one process (a node)")
+    parser.add_argument("--seqs-per-rank", type=int, default=32, help="sequences each rank decodes at a time")
+    parser.add_argument("--prompt-len", type=int, default=24, help="prompt tokens per sequence (prefill step)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="decode steps per round")
+    parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until stopped)")
+    parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
+    return parser.parse_args(argv)
+
+
+def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop, barrier) -> None:
+    """One process: the model, one monitor per hosted rank, rounds of prefill + decode until stop is set;
+    every step waits at `barrier` for the other processes' (a broken barrier ends the process)."""
+    import threading
+
+    import torch
+
+    from moe_monitor.collectors import ExpertLoadMonitor
+    from moe_monitor.demo.model import build_model
+    from moe_monitor.demo.traffic import DriftingTraffic
+
+    torch.set_num_threads(1)
+    model = build_model()
+    traffic = DriftingTraffic(model, seed=1 + ranks[0])
+    experts = [(name, module) for name, module in model.named_modules() if name.endswith("mlp.experts")]
+    captured: list = [None] * len(experts)
+
+    def capture(index: int):
+        def hook(module, args, kwargs):
+            captured[index] = kwargs["top_k_index"] if "top_k_index" in kwargs else args[1]
+        return hook
+
+    for index, (_, module) in enumerate(experts):
+        module.register_forward_pre_hook(capture(index), with_kwargs=True)
+    config = model.config
+    monitors = [ExpertLoadMonitor(len(experts), config.n_routed_experts, config.num_experts_per_tok,
+                                  redis_url=args.redis, run=args.run, layer_names=[name for name, _ in experts],
+                                  model_name=config.name_or_path, hidden_size=config.hidden_size,
+                                  moe_intermediate_size=config.moe_intermediate_size, dtype_bytes=2,
+                                  gpus=GPUS, nodes=NODES, rank=rank, world_size=args.ranks, nvml=False)
+                for rank in ranks]
+    seqs = args.seqs_per_rank
+    generator = torch.Generator().manual_seed(ranks[0])
+
+    def step(input_ids, cache, phase: str):
+        barrier.wait()  # lockstep with the other nodes (BrokenBarrierError once one stopped: main aborts it)
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        rows_per_rank = input_ids.numel() // len(ranks)
+        for layer, ids in enumerate(captured):  # ids: int64 [ranks x seqs x tokens, k], rank-major rows
+            for i, monitor in enumerate(monitors):
+                monitor.record(layer, ids[i * rows_per_rank:(i + 1) * rows_per_rank])
+        for monitor in monitors:
+            monitor.end_step(phase=phase)
+        probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+        top = torch.topk(probs, 20, dim=-1)
+        pick = torch.multinomial(top.values, 1, generator=generator)
+        return top.indices.gather(1, pick), out.past_key_values
+
+    steps, began = 0, time.monotonic()
+    try:
+        with torch.inference_mode():
+            while not stop.is_set() and not (args.steps and steps >= args.steps):
+                traffic.apply(time.time() - start_s)
+                prompt = torch.cat([traffic.prompts(seqs, args.prompt_len) for _ in ranks])
+                token, cache = step(prompt, None, "prefill")
+                steps += 1
+                for _ in range(args.new_tokens):
+                    if stop.is_set() or args.steps and steps >= args.steps:
+                        break
+                    token, cache = step(token, cache, "decode")
+                    steps += 1
+    except threading.BrokenBarrierError:
+        pass  # another node stopped
+    finally:
+        barrier.abort()
+        for monitor in monitors:
+            monitor.close()
+        stats = monitors[0].stats()
+        print(f"demo.fleet: ranks {ranks[0]}-{ranks[-1]}: {steps} steps, {steps / (time.monotonic() - began):.1f} "
+              f"steps/s; rank {ranks[0]}: published {stats.get('published_steps')}, dropped "
+              f"{stats.get('dropped_steps')}", flush=True)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not 1 <= args.ranks <= 1024 or args.ranks_per_process < 1:
+        print("demo.fleet: --ranks must be 1..1024 and --ranks-per-process >= 1", file=sys.stderr)
+        return 2
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    start_s = time.time()
+    groups = [list(range(first, min(first + args.ranks_per_process, args.ranks)))
+              for first in range(0, args.ranks, args.ranks_per_process)]
+    barrier = ctx.Barrier(len(groups))
+    nodes = [ctx.Process(target=serve_node, args=(args, ranks, start_s, stop, barrier), name=f"fleet-node-{i}")
+             for i, ranks in enumerate(groups)]
+    for node in nodes:
+        node.start()
+    print(f"demo.fleet: run {args.run!r}: {args.ranks} ranks x {args.seqs_per_rank} sequences in {len(nodes)} "
+          f"processes", flush=True)
+    deadline = time.monotonic() + args.seconds if args.seconds > 0 else float("inf")
+    try:
+        while not stop.is_set() and time.monotonic() < deadline and all(node.is_alive() for node in nodes):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    stop.set()
+    barrier.abort()
+    for node in nodes:
+        node.join(30)
+        if node.is_alive():
+            node.terminate()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""A private redis-server child process on a free loopback port (tests and the demo; never a shared Redis)."""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 10.0) -> bool:
+    """True once something accepts connections on 127.0.0.1:port, False after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+class RedisServer:
+    """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
+
+    def __init__(self, tmp_dir, password: str | None = None, tls_cert_key: tuple[str, str] | None = None,
+                 own_session: bool = False):
+        """tls_cert_key (cert.pem, key.pem): serve TLS only; url is then rediss:// trusting that cert.
+        own_session: keep the terminal's Ctrl-C away from it, so its owner can flush before stopping it."""
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
+        self.port = free_port()
+        self.password = password
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--dir", str(tmp_dir), "--daemonize", "no", "--loglevel", "warning"]
+        if tls_cert_key:
+            cert, key = tls_cert_key
+            args[1:3] = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", cert, "--tls-key-file",
+                         key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
+        if password:
+            args += ["--requirepass", password]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=own_session)
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        if tls_cert_key:
+            self.url = f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={tls_cert_key[0]}"
+        if not wait_for_port(self.port):
+            self.stop()
+            raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def client(self):
+        from moe_monitor import core
+        return core.connect(self.url, timeout_s=2.0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

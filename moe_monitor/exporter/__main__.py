@@ -1,0 +1,62 @@
+"""python -m dashboard.exporter --redis URL [--run NAME ... | --all] [--port 9464] [--address 127.0.0.1]
+
+Serves /metrics (Prometheus text format, or OpenMetrics when the scraper asks for it) for the runs in one
+Redis. Binds loopback unless told otherwise.
+
+Rebalance advisor gauges (labels run, phase), recomputed at most every --advise-every-s seconds per run (each
+decision costs a repair of the layout in force on the window): moe_rebalance_predicted_gain_ratio (straggler
+time a repair would save over the next 1,000 steps if the window repeats, as a share of their expert time),
+moe_rebalance_migration_cost_ratio (time serving waits for its expert copies, same unit: rebalance when the
+gain exceeds it) and moe_rebalance_moves (expert copies it needs)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from moe_monitor.exporter.metrics import series_count
+from moe_monitor.exporter.server import RunExporter, connect, poll_forever
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dashboard.exporter", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n")[2])
+    p.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--run", action="append", help="a run to export (repeat for several)")
+    which.add_argument("--all", action="store_true", help="every run of moe:runs (the default)")
+    p.add_argument("--port", type=int, default=9464)
+    p.add_argument("--address", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--window-steps", type=int, default=600)
+    p.add_argument("--interval-s", type=float, default=5.0, help="seconds between polls of Redis")
+    p.add_argument("--per-layer", action="store_true", help="also each layer's balancedness (L series per phase)")
+    p.add_argument("--top-experts", type=int, default=0, help="also the N hottest experts' tokens per step (N <= 64)")
+    p.add_argument("--advise-every-s", type=float, default=30.0,
+                   help="seconds between rebalance-advisor decisions per run (moe_rebalance_* gauges; each costs a "
+                        "repair)")
+    args = p.parse_args(argv)
+    try:
+        exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps, args.per_layer,
+                               args.top_experts, args.advise_every_s)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    exporter.poll()
+    registry = CollectorRegistry()
+    registry.register(exporter)
+    start_http_server(args.port, addr=args.address, registry=registry)
+    print(f"serving http://{args.address}:{args.port}/metrics: {series_count(exporter.collect())} series, "
+          f"first poll {exporter.poll_ms:.1f} ms", flush=True)
+    stop = threading.Event()
+    try:
+        poll_forever(exporter, args.interval_s, stop)
+    except KeyboardInterrupt:
+        stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""A watched run's numbers as Prometheus metric families, computed by the same analytics as the pages
+(dashboard.live.snapshot.analyse): one implementation of every number.
+
+Names carry their unit (Prometheus conventions); labels are bounded: run, phase, the window a statistic
+covers, the statistic, and gpu (G values). Per-layer and per-expert series only on request and capped
+(per_layer: L series per run and phase; top_experts: N), so a 58-layer x 256-expert x 32-GPU run costs a
+few hundred series by default, not the L x E x ranks that stalls per-expert metrics elsewhere.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Iterable
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from moe_monitor.dashboard.analytics.timing import TimingSummary
+from moe_monitor.dashboard.live.snapshot import Snapshot
+from moe_monitor.dashboard.sources.base import Health
+from moe_monitor.planner.advisor import Advice
+
+PHASES = ("both", "prefill", "decode")
+
+
+def _value(x: float) -> float:
+    return float(x) if x is not None and math.isfinite(float(x)) else math.nan
+
+
+def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: int,
+                 dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None,
+                 per_layer: bool = False, top_experts: int = 0,
+                 advice: dict[str, Advice | None] | None = None,
+                 timings: dict[str, TimingSummary | None] | None = None) -> list[Metric]:
+    """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
+    step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
+    layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
+    over layers); advice: phase -> the rebalance advisor's latest decision on that phase's window
+    (planner.advisor.advise_now; None or absent: no gauge for that phase); timings: phase -> the layer timings of
+    that phase's window (dashboard.analytics.timing.summarise; None or absent: no timing series, as for a run
+    whose engine does not time its layers)."""
+    now_s = time.time() if now_s is None else now_s
+    eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
+                            "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
+                            "loads; stat: min/p50/p90 over layers)", labels=["run", "phase", "window", "stat"])
+    idle = GaugeMetricFamily("moe_idle_share_ratio", "1 - balancedness, window mean of per-step eta",
+                             labels=["run", "phase"])
+    load = GaugeMetricFamily("moe_gpu_load_tokens_per_step", "Per-GPU expert load in tokens per step, per-layer "
+                             "view (each GPU's busiest layer; even split across replicas); stat: latest/mean/"
+                             "p99/max over the window", labels=["run", "phase", "gpu", "stat"])
+    straggler = GaugeMetricFamily("moe_straggler_gpu", "GPU that is busiest in most (step, layer) pairs; -1 none",
+                                  labels=["run", "phase"])
+    straggler_ratio = GaugeMetricFamily("moe_straggler_load_to_mean_ratio", "The straggler's load over the "
+                                        "mean GPU load", labels=["run", "phase"])
+    rate = GaugeMetricFamily("moe_steps_per_second", "Steps per second over the window", labels=["run", "phase"])
+    tokens = GaugeMetricFamily("moe_tokens_per_second", "Tokens per second over the window",
+                               labels=["run", "phase"])
+    layer_eta = GaugeMetricFamily("moe_layer_balancedness_ratio", "Mean over the window's steps of one layer's "
+                                  "balancedness (only with --per-layer)", labels=["run", "phase", "layer"])
+    hot = GaugeMetricFamily("moe_expert_tokens_per_step", "Tokens per step of the hottest experts, summed over "
+                            "layers (only with --top-experts N)", labels=["run", "phase", "expert"])
+    for phase, snap in snapshots.items():
+        if snap is None:
+            continue
+        if per_layer:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a layer idle in every step stays NaN
+                eta_L = np.nanmean(snap.eta_TL, axis=0)
+            for layer, value in enumerate(eta_L):
+                layer_eta.add_metric([run, phase, str(layer)], _value(value))
+        if top_experts > 0:
+            per_step_E = snap.view.counts_sum_LE.sum(axis=0) / max(1, snap.view.num_steps)
+            for expert in np.argsort(-per_step_E, kind="stable")[:top_experts]:
+                hot.add_metric([run, phase, str(int(expert))], float(per_step_E[expert]))
+        for window, spread in (("latest_step", snap.eta_now), ("step_mean", snap.eta_step_mean),
+                               ("window_sum", snap.eta_window_sum)):
+            for stat in ("min", "p50", "p90"):
+                eta.add_metric([run, phase, window, stat], _value(getattr(spread, stat)))
+        idle.add_metric([run, phase], _value(snap.idle_share))
+        for gpu in range(snap.latest_G.size):
+            for stat, values in (("latest", snap.latest_G), ("mean", snap.stats.mean_G), ("p99", snap.stats.p99_G),
+                                 ("max", snap.stats.max_G)):
+                load.add_metric([run, phase, str(gpu), stat], _value(values[gpu]))
+        straggler.add_metric([run, phase], float(snap.straggler.gpu) if snap.straggler else -1.0)
+        straggler_ratio.add_metric([run, phase], _value(snap.straggler.ratio_to_mean) if snap.straggler else 1.0)
+        rate.add_metric([run, phase], _value(snap.steps_per_s))
+        tokens.add_metric([run, phase], _value(snap.tokens_per_s))
+    gain = GaugeMetricFamily("moe_rebalance_predicted_gain_ratio", "Rebalance advisor: straggler time a repair "
+                             "of the layout in force would save over the next horizon steps if the window repeats, "
+                             "as a share of those steps' expert time (recomputed at most every 30 s)",
+                             labels=["run", "phase"])
+    moves = GaugeMetricFamily("moe_rebalance_moves", "Rebalance advisor: expert copies its candidate layout needs "
+                              "(0: no repair moves anything)", labels=["run", "phase"])
+    migration = GaugeMetricFamily("moe_rebalance_migration_cost_ratio", "Rebalance advisor: time serving waits "
+                                  "for the candidate's copies, as a share of the horizon's expert time (rebalance "
+                                  "when the predicted gain exceeds it)", labels=["run", "phase"])
+    for phase, decision in (advice or {}).items():
+        if decision is None:
+            continue
+        gain.add_metric([run, phase], _value(decision.gain_ratio))
+        moves.add_metric([run, phase], float(decision.moves))
+        migration.add_metric([run, phase], _value(decision.migration_ratio))
+    share = GaugeMetricFamily("moe_alltoall_share_ratio", "All-to-all time as a share of MoE layer time over the "
+                              "window (kind: dispatch or combine; measured layer timings)",
+                              labels=["run", "phase", "kind"])
+    overlap = GaugeMetricFamily("moe_overlap_ratio", "Achieved overlap of expert compute and all-to-all: mean of "
+                                "(compute + comm - layer) / min(compute, comm), clipped to [0, 1]",
+                                labels=["run", "phase"])
+    layer_s = GaugeMetricFamily("moe_layer_seconds", "MoE layer wall time per (step, layer), its slowest rank "
+                                "(stat: mean or p99 over the window)", labels=["run", "phase", "stat"])
+    for phase, summary in (timings or {}).items():
+        if summary is None:
+            continue
+        share.add_metric([run, phase, "dispatch"], _value(summary.dispatch_share))
+        share.add_metric([run, phase, "combine"], _value(summary.combine_share))
+        overlap.add_metric([run, phase], _value(summary.overlap))
+        layer_s.add_metric([run, phase, "mean"], _value(summary.layer_mean_s))
+        layer_s.add_metric([run, phase, "p99"], _value(summary.layer_p99_s))
+    timed = [share, overlap, layer_s] if any(v is not None for v in (timings or {}).values()) else []
+    steps = CounterMetricFamily("moe_steps", "Step records read (one per step and rank)", labels=["run"])
+    steps.add_metric([run], float(steps_read))
+    dropped = GaugeMetricFamily("moe_dropped_steps", "Steps the collectors dropped (their own count)",
+                                labels=["run"])
+    dropped.add_metric([run], float(dropped_steps))
+    bad = CounterMetricFamily("moe_bad_records", "Records the reader skipped as malformed", labels=["run"])
+    bad.add_metric([run], float(bad_records))
+    up = GaugeMetricFamily("moe_collector_up", "1 when the run's Redis keys were readable at the last poll",
+                           labels=["run"])
+    up.add_metric([run], 1.0 if health.reachable else 0.0)
+    age = GaugeMetricFamily("moe_collector_last_write_age_seconds", "Seconds since a collector of the run "
+                            "last wrote", labels=["run"])
+    if health.last_seen_s is not None:
+        age.add_metric([run], max(0.0, now_s - health.last_seen_s))
+    extra = ([layer_eta] if per_layer else []) + ([hot] if top_experts > 0 else [])
+    rebalance = [gain, moves, migration] if advice else []
+    return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
+            *timed, *extra]
+
+
+def series_count(families: Iterable[Metric]) -> int:
+    """Number of time series (samples) the families expose."""
+    return sum(len(family.samples) for family in families)

@@ -1,0 +1,200 @@
+"""convert(IN, OUT): a trace (JSON lines, .arrows, .parquet), an SGLang expert-distribution dump (.pt: stat,
+per_pass or per_token; parsed by collectors/sglang, which needs torch and is imported only for them) or an
+SGLang logical_count JSON ([L, E] or [T, L, E]) -> a .parquet or .arrows trace.
+
+SGLang inputs become one step per forward pass (per_pass / per_token, the file's rank; logical counts summed
+over replicas through the dump's own physical_to_logical_map, which is the run's layout), one per non-zero
+stat row, or one per [L, E] table of a logical_count JSON (phase from `phase`, tokens = busiest layer / k).
+A trace's layer timings (core.TimingRecord) go along, chunk by chunk with their steps (every timing of the
+input, steps without a step record included): into the .parquet timings sidecar, or the .arrows side file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from moe_monitor import core
+
+from .reader import open_trace
+from .writers import open_writer
+
+CHUNK_STEPS = 512
+MAX_JSON_BYTES = 1 << 30
+
+
+def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None, phase: str = "unknown",
+            top_k: int = 8) -> int:
+    """Write src as the trace dst; returns the steps written. ValueError (one line) on bad input."""
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ValueError("IN and OUT are the same file")
+    open_writer_check(dst)
+    name = os.path.basename(src)
+    if name.lower().endswith((".pt", ".pth")):
+        meta, steps = _sglang_dump(src, run, gpus, top_k)
+        return _write(dst, meta, [], ((records, []) for records in steps), [])
+    if name.lower().endswith(".json") and _looks_like_logical_count(src):
+        meta, steps = _logical_count_json(src, run, gpus, phase, top_k)
+        return _write(dst, meta, [], ((records, []) for records in steps), [])
+    reader = open_trace(src)
+    try:
+        tl = reader.timeline()
+        meta = reader.meta if run is None else _renamed(reader.meta, run)
+
+        def chunks() -> Iterator[tuple[list[core.StepRecord], list[core.TimingRecord]]]:
+            low = 0  # timings from here on not handed out yet
+            for a in range(0, max(tl.num_steps, 1), CHUNK_STEPS):
+                b = min(tl.num_steps, a + CHUNK_STEPS) - 1
+                last = int(tl.step_T[b]) if b >= 0 else -1
+                records = reader.read_steps(int(tl.step_T[a]), last) if b >= 0 else []
+                high = last if b + 1 < tl.num_steps else core.MAX_STEP - 1  # the last chunk takes any later ones
+                timings = reader.read_timings(low, high)
+                low = high + 1
+                if run:
+                    records = [_with_run(rec, meta.run) for rec in records]
+                    timings = [_timing_run(rec, meta.run) for rec in timings]
+                yield records, timings
+
+        layouts = [_layout_run(rec, meta.run) for rec in reader.layouts]
+        return _write(dst, meta, layouts, chunks(), reader.gpu_samples())
+    finally:
+        reader.close()
+
+
+def open_writer_check(dst: str) -> None:
+    if not dst.lower().endswith((".parquet", ".arrows")):
+        raise ValueError(f"{dst}: OUT must end in .parquet (archive) or .arrows (recording)")
+
+
+def _write(dst: str, meta: core.RunMeta, layouts, chunks, samples) -> int:
+    """chunks: (step records, layer timings) pairs in step order."""
+    writer = open_writer(dst, meta, layouts)
+    steps = 0
+    try:
+        for records, timings in chunks:
+            writer.write(records, (), timings)
+            steps += len({rec.step for rec in records})
+        writer.write([], samples)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close()
+    return steps
+
+
+def _renamed(meta: core.RunMeta, run: str):
+    import dataclasses
+    return dataclasses.replace(meta, run=core.check_run_name(run))
+
+
+def _with_run(rec: core.StepRecord, run: str) -> core.StepRecord:
+    import dataclasses
+    return dataclasses.replace(rec, run=run)
+
+
+def _timing_run(rec: core.TimingRecord, run: str) -> core.TimingRecord:
+    import dataclasses
+    return dataclasses.replace(rec, run=run)
+
+
+def _layout_run(rec: core.LayoutRecord, run: str) -> core.LayoutRecord:
+    import dataclasses
+    return dataclasses.replace(rec, run=run)
+
+
+def _looks_like_logical_count(path: str) -> bool:
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+    return head.lstrip().startswith(b"{") and b'"logical_count"' in head
+
+
+def _meta_for(run: str, model: str, num_layers: int, num_experts: int, gpus: int | None, top_k: int,
+              layout_rows=None, world: int = 1, extra: dict | None = None) -> core.RunMeta:
+    num_slots = len(layout_rows[0]) if layout_rows is not None else num_experts
+    gpus = gpus or next(g for g in (32, 16, 8, 4, 2, 1) if num_slots % g == 0)
+    if num_slots % gpus:
+        raise ValueError(f"{num_slots} slots do not split over --gpus {gpus}")
+    rows = layout_rows if layout_rows is not None else core.contiguous_layout(num_layers, num_experts)
+    meta = core.RunMeta(run=core.check_run_name(run), model_name=model,
+                        layer_names=[f"layer{i}" for i in range(num_layers)], num_experts=num_experts, top_k=top_k,
+                        hidden_size=0, moe_intermediate_size=0, dtype_bytes=2, layout=core.Layout(gpus, 1, rows),
+                        world_size=world, started_s=time.time(), extra=extra or {})
+    core.encode_meta(meta)
+    return meta
+
+
+def _steps_of(run: str, counts_TLE: np.ndarray, phases, tokens_T, rank: int = 0, world: int = 1,
+              time0_s: float = 0.0, samples=None) -> Iterator[list[core.StepRecord]]:
+    for a in range(0, counts_TLE.shape[0], CHUNK_STEPS):
+        yield [core.StepRecord(run=run, rank=rank, world_size=world, step=t, time_s=time0_s + t, phase=phases[t],
+                               tokens=int(tokens_T[t]), counts_LE=counts_TLE[t].astype(np.int32),
+                               sample_ids_LNK=None if samples is None else samples[t], instance="converted")
+               for t in range(a, min(counts_TLE.shape[0], a + CHUNK_STEPS))]
+
+
+def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str, top_k: int):
+    if os.path.getsize(path) > MAX_JSON_BYTES:
+        raise ValueError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
+    with open(path, "rb") as handle:
+        obj = core.parse_json(handle.read(), "logical_count JSON")
+    from moe_monitor.planner.loads import as_counts
+    counts = as_counts(obj.get("logical_count") if isinstance(obj, dict) else None, f"{os.path.basename(path)}: logical_count",
+                       ndim=(2, 3))
+    if counts.ndim == 2:
+        counts = counts[None]
+    if (counts != np.round(counts)).any() or counts.max(initial=0) > np.iinfo(np.int32).max:
+        raise ValueError(f"{path}: logical_count must hold whole numbers below 2**31")
+    if phase not in core.PHASES:
+        raise ValueError(f"--phase must be one of {core.PHASES}")
+    stem = os.path.basename(path).rsplit(".", 1)[0]
+    meta = _meta_for(run or _run_name(stem), "sglang logical_count", counts.shape[1], counts.shape[2], gpus, top_k,
+                     extra={"source": "sglang logical_count JSON", "file": os.path.basename(path)[:200]})
+    tokens_T = (counts.sum(axis=2).max(axis=1) + top_k // 2) // max(1, top_k)
+    return meta, _steps_of(meta.run, counts.astype(np.int64), [phase] * counts.shape[0], tokens_T,
+                           time0_s=float(int(os.path.getmtime(path))))
+
+
+def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int):
+    from moe_monitor.collectors.sglang.dumps import PassDump, parse_name, read_dump
+    from moe_monitor.collectors.sglang.records import pass_steps, stat_steps, top_k_of
+
+    dump = read_dump(path, max_bytes=4 << 30)
+    named = parse_name(os.path.basename(path))
+    time0_s = named.time_s if named is not None else float(int(os.path.getmtime(path)))
+    stem = _run_name(os.path.basename(path).rsplit(".", 1)[0])
+    if isinstance(dump, PassDump):
+        k = top_k_of(dump) or top_k
+        steps = pass_steps(dump, k)
+        meta = _meta_for(run or stem, "sglang per-pass dump", dump.num_layers, dump.num_experts, gpus, k,
+                         layout_rows=dump.physical_to_logical_LP.tolist(), world=max(dump.rank + 1, 1),
+                         extra={"source": f"sglang {dump.mode} dump", "file": os.path.basename(path)[:200]})
+        step_ids = steps.position_T - int(steps.position_T[0]) if steps.position_T.size else steps.position_T
+        chunks = ([_step(meta.run, steps, t, int(step_ids[t]), dump.rank, meta.world_size, time0_s)
+                   for t in range(a, min(len(step_ids), a + CHUNK_STEPS))]
+                  for a in range(0, len(step_ids), CHUNK_STEPS))
+        return meta, chunks
+    steps = stat_steps(dump, top_k)
+    meta = _meta_for(run or stem, "sglang stat dump", dump.num_layers, dump.num_experts, gpus, top_k,
+                     extra={"source": "sglang stat dump", "file": os.path.basename(path)[:200]})
+    return meta, _steps_of(meta.run, steps.counts_TLE, steps.phase_T, steps.tokens_T, time0_s=time0_s)
+
+
+def _step(run, steps, t: int, step_id: int, rank: int, world: int, time0_s: float) -> core.StepRecord:
+    return core.StepRecord(run=run, rank=rank, world_size=world, step=step_id, time_s=time0_s + step_id * 1e-3,
+                           phase=steps.phase_T[t], tokens=int(steps.tokens_T[t]), counts_LE=steps.counts_TLE[t],
+                           sample_ids_LNK=steps.sample_T[t], instance="converted")
+
+
+def _run_name(stem: str) -> str:
+    import re
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem)[:128].strip("-") or "converted"
+    return name
+
+
+def logical_count_of(path: str) -> list:
+    """The logical_count list of a JSON file (for tests and tools)."""
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["logical_count"]
