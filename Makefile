@@ -32,23 +32,23 @@ system-deps:
 
 demo: venv
 	bash scripts/system-deps.sh
-	PORT=$(PORT) $(PY) -m moe_monitor.demo
+	PORT=$(PORT) $(PY) -m moe_monitor demo
 
 # the same dashboard watching a real vLLM (CPU build, in .venv-engines) through the plugin
 demo-vllm: venv $(ENGINES)/.installed
 	bash scripts/system-deps.sh
-	PORT=$(PORT) $(PY) -m moe_monitor.demo --engine vllm --run demo-vllm
+	PORT=$(PORT) $(PY) -m moe_monitor demo --engine vllm --run demo-vllm
 
 # the tiny DeepSeek-V3 over 4 expert-parallel CPU ranks (all-to-all, layer timings, layouts applied live)
 demo-ep: venv
 	bash scripts/system-deps.sh
-	PORT=$(PORT) $(PY) -m moe_monitor.demo --engine ep --run demo-ep
+	PORT=$(PORT) $(PY) -m moe_monitor demo --engine ep --run demo-ep
 
 # a 32-rank data-parallel-attention deployment of the tiny DeepSeek-V3 (32 sequences per rank), ranks summed by
 # the aggregator (collectors.aggregate), watched in the dashboard
 demo-fleet: venv
 	bash scripts/system-deps.sh
-	PORT=$(PORT) $(PY) -m moe_monitor.demo --engine fleet --run demo-fleet
+	PORT=$(PORT) $(PY) -m moe_monitor demo --engine fleet --run demo-fleet
 
 test: venv system-deps
 	$(PY) -m pytest -q

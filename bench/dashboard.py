@@ -30,6 +30,7 @@ import plotly.tools
 from prometheus_client import CollectorRegistry, generate_latest
 
 from moe_monitor import core
+from moe_monitor.core.loadmodel import weighted_loads
 from moe_monitor.dashboard.analytics.balance import step_vs_window
 from moe_monitor.dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
 from moe_monitor.dashboard.figures import experts as expert_figures
@@ -42,7 +43,6 @@ from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.demo.localredis import RedisServer
 from moe_monitor.exporter.metrics import series_count
 from moe_monitor.exporter.server import RunExporter
-from moe_monitor.planner.loads import weighted_loads
 
 RUN = "bench"
 NEW_STEPS_PER_TICK = 5

@@ -45,7 +45,8 @@ def main(argv=None) -> int:
     import numpy as np
     import redis
 
-    from moe_monitor import core, planner
+    from moe_monitor import core
+    from moe_monitor.core import loadmodel
     from moe_monitor.demo.ep import EPConfig, launch
     from moe_monitor.demo.localredis import RedisServer
 
@@ -85,12 +86,12 @@ def main(argv=None) -> int:
     after_counts_LE = sum(s.counts_LE.astype(np.float64) for s in steps if s.step >= from_step)
 
     def max_load(counts, layout_LP) -> float:
-        return float(planner.gpu_loads(counts, layout_LP, args.ranks).max(axis=1).mean())
+        return float(loadmodel.gpu_loads(counts, layout_LP, args.ranks).max(axis=1).mean())
 
     predicted_in = max_load(counts_LE, contiguous_LP) / max_load(counts_LE, planned_LP)
     predicted_out = max_load(after_counts_LE, contiguous_LP) / max_load(after_counts_LE, planned_LP)
-    eta_before = float(planner.balancedness(planner.gpu_loads(counts_LE, contiguous_LP, args.ranks)).mean())
-    eta_after = float(planner.balancedness(planner.gpu_loads(counts_LE, planned_LP, args.ranks)).mean())
+    eta_before = float(loadmodel.balancedness(loadmodel.gpu_loads(counts_LE, contiguous_LP, args.ranks)).mean())
+    eta_after = float(loadmodel.balancedness(loadmodel.gpu_loads(counts_LE, planned_LP, args.ranks)).mean())
 
     from moe_monitor.dashboard.analytics.timing import summarise  # the Time page's numbers (numpy only)
 

@@ -15,7 +15,7 @@ against the newest written step. Printed per target (the single Redis, then the 
   counting it afterwards cannot prove that no step was lost; --count-stream also tails the stream and counts each
   rank's distinct steps as they arrive), the achieved rate, how late records landed, write latency, client and
   redis-server CPU, used_memory peak (INFO, right after the main load) and the stream's memory per entry;
-- the aggregator (`python -m collectors.aggregate --redis URL --run NAME`, a subprocess started before the load):
+- the aggregator (`moe-monitor aggregate --redis URL --run NAME`, a subprocess started before the load):
   how far behind it read, how long after the last write it had caught up, its progress hash
   (core.aggregator_key(run) + ":state": steps written, rank-steps it wrote a step without);
 - the dashboard: a WatchedRun over a RedisSource (the dashboard's own reader, window --window 600 steps) on a thread
@@ -70,7 +70,6 @@ from bench.malloc_env import STEADY, pin_malloc
 from bench.scale_aggregator import (
     Ceiling,
     Lag,
-    aggregator_available,
     aggregator_throughput,
     drain,
     folded,
@@ -142,11 +141,9 @@ def measure(target: Target, args: argparse.Namespace, run: str, seconds: float, 
     aggregator = None
     if args.no_aggregator:
         print("aggregator: not started (--no-aggregator)")
-    elif not aggregator_available():
-        print("aggregator: collectors/aggregate/__main__.py does not exist: lag and ceiling not measured")
     else:
         aggregator = start_aggregator(target.url, run, tmp / f"aggregator-{run}.log")
-        print(f"aggregator: started (pid {aggregator.pid if aggregator else '-'}; log {tmp}/aggregator-{run}.log)")
+        print(f"aggregator: started (pid {aggregator.pid}; log {tmp}/aggregator-{run}.log)")
     try:
         run_port = target.master_of(core.steps_key(run))
         masters = {port: target.node_urls[port] for port in target.masters}

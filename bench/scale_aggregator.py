@@ -1,5 +1,5 @@
-"""The aggregator in bench.scale: starting and stopping `python -m collectors.aggregate` (aggregator_available,
-start_aggregator, stop_aggregator), its progress hash (progress, folded), whether and when it caught up (caught_up,
+"""The aggregator in bench.scale: starting and stopping `moe-monitor aggregate` (start_aggregator,
+stop_aggregator), its progress hash (progress, folded), whether and when it caught up (caught_up,
 drain), how far behind it read (Lag, report_aggregator), its ceiling by a ramp of rates (Ceiling, ramp) and its
 throughput alone on a backlog (entries_read, aggregator_throughput)."""
 
@@ -21,23 +21,14 @@ from bench.scale_probe import Sample, Sampler, groups
 from moe_monitor import core
 
 REPO = Path(__file__).resolve().parents[1]
-AGGREGATOR_MAIN = REPO / "moe_monitor" / "aggregator" / "__main__.py"
-
-def aggregator_available() -> bool:
-    """Whether collectors/aggregate/__main__.py is there (`python -m collectors.aggregate`)."""
-    return AGGREGATOR_MAIN.is_file()
-
 
 def start_aggregator(url: str, run: str, log_path: Path, wait_s: float = 90.0,
-                     options: Sequence[str] = ()) -> subprocess.Popen | None:
-    """THE AGGREGATOR HOOK. Starts `python -m collectors.aggregate --redis URL --run RUN [options]` (stdout and
+                     options: Sequence[str] = ()) -> subprocess.Popen:
+    """Starts `moe-monitor aggregate --redis URL --run RUN [options]` (stdout and
     stderr to log_path) and waits up to wait_s until it has created its consumer group on the run's steps stream (XINFO
-    GROUPS lists one) or has died. Returns the process (None when collectors/aggregate/__main__.py is missing);
-    RuntimeError when it exits before its group appears."""
-    if not aggregator_available():
-        return None
+    GROUPS lists one) or has died. Returns the process; RuntimeError when it exits before its group appears."""
     log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (the child's log, closed with it)
-    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor.aggregator", "--redis", url, "--run", run, *options],
+    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", url, "--run", run, *options],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     log.close()
     client = core.connect(url, timeout_s=5.0)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_monitor import core, traces
+from moe_monitor import core
+from moe_monitor.core import tracefile
 
 STEPS, L, E, G, PAGE = 10_000, 58, 256, 32, 600
 
@@ -40,7 +41,7 @@ def jsonl_bytes(records) -> int:
 
 def first_page(path: Path) -> tuple[float, int]:
     t0 = time.perf_counter()
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     tl = reader.timeline()
     page = reader.read_steps(int(tl.step_T[0]), int(tl.step_T[min(PAGE, tl.num_steps) - 1]))
     took = time.perf_counter() - t0
@@ -60,7 +61,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as folder:
         paths = {name: Path(folder) / f"bench.{name}" for name in ("parquet", "arrows")}
-        writers = {name: traces.open_writer(path, meta()) for name, path in paths.items()}
+        writers = {name: tracefile.open_writer(path, meta()) for name, path in paths.items()}
         json_size = 0
         t_write = dict.fromkeys(paths, 0.0)
         for records in chunks(rng):

@@ -12,9 +12,10 @@ import redis
 
 from moe_monitor import core
 from moe_monitor.aggregator import Aggregator
-from moe_monitor.aggregator.__main__ import main
 from moe_monitor.aggregator.options import GROUP
 from moe_monitor.aggregator.progress import state_key
+from moe_monitor.cli import build_parser, main
+from moe_monitor.cli.aggregate import aggregate
 from tests.support.aggregates import aggregates, drive, options, publish, rank_record
 from tests.support.redisfaults import FaultyRedis
 from tests.support.waiting import wait_until
@@ -364,7 +365,7 @@ def test_the_cli_aggregates_every_run_and_picks_up_new_ones(redis_url, capsys):
     stop = threading.Event()
     args = ["--redis", redis_url, "--all", "--deadline-s", "0.3", "--lease-s", "1", "--discover-s", "0.2",
             "--log-every-s", "0.5", "--duration-s", "20"]
-    worker = threading.Thread(target=main, args=(args, stop))
+    worker = threading.Thread(target=aggregate, args=(build_parser().parse_args(["aggregate", *args]), stop))
     worker.start()
     try:
         assert wait_until(lambda: all(len(aggregates(client, run)) == 3 for run in ("cli-a", "cli-b")))
@@ -376,7 +377,7 @@ def test_the_cli_aggregates_every_run_and_picks_up_new_ones(redis_url, capsys):
         worker.join(10)
     assert not worker.is_alive()
     assert all(client.get(core.aggregator_key(run)) is None for run in ("cli-a", "cli-b", "cli-c"))
-    assert main(["--redis", "http://nowhere", "--run", "x"]) == 2
+    assert main(["aggregate", "--redis", "http://nowhere", "--run", "x"]) == 2
     assert "must start with redis://" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["--redis", redis_url])  # --run or --all is required
+        main(["aggregate", "--redis", redis_url])  # --run or --all is required

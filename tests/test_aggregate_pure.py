@@ -12,7 +12,7 @@ from moe_monitor.aggregator import AggregateOptions, Assembler, LayoutBook, Roll
 from moe_monitor.aggregator.assembly import Counters
 from moe_monitor.aggregator.progress import decode_progress, encode_progress
 from moe_monitor.aggregator.rollup import RollupCounters, StepEntry
-from moe_monitor.planner.loads import balancedness_or_nan, gpu_loads
+from moe_monitor.core.loadmodel import balancedness, gpu_loads
 
 L, E = 3, 8
 
@@ -177,7 +177,7 @@ def test_bucket_statistics_match_a_direct_computation():
     steps = [StepEntry("e", s, "decode", 2, c, 8, missing_ranks=s % 2) for s, c in enumerate(counts)]
     record = bucket_rollup("r", 1, 100, steps, book)
     loads = np.stack([gpu_loads(c, layout, 4) for c in counts])
-    eta = balancedness_or_nan(loads)
+    eta = balancedness(loads)
     assert (record.eta_hist_B == core.eta_histogram(eta)).all() and record.eta_hist_B.sum() == 5 * L - 1
     assert record.eta_quantile(0.5) == core.eta_quantile(core.eta_histogram(eta), 0.5)
     assert record.max_load_sum == pytest.approx(loads.max(-1).mean(-1).sum())

@@ -12,7 +12,7 @@ import redis
 
 from moe_monitor import core
 from moe_monitor.aggregator import AggregateOptions, Aggregator
-from moe_monitor.planner.loads import balancedness_or_nan, gpu_loads
+from moe_monitor.core.loadmodel import balancedness, gpu_loads
 from tests.support import aggregates as support
 from tests.support.aggregates import aggregates, drive, publish, rank_record
 
@@ -76,10 +76,10 @@ def test_rollups_hold_exactly_the_steps_of_their_bucket_under_the_layout_in_forc
         assert bucket.steps == len(mine) and (bucket.counts_LE == sum(s.counts_LE for s in mine)).all()
         loads = np.stack([gpu_loads(s.counts_LE, np.array(CHANGED_MAP if s.step >= CHANGE_STEP else META_MAP), GPUS)
                           for s in mine])
-        eta = balancedness_or_nan(loads)
+        eta = balancedness(loads)
         assert (bucket.eta_hist_B == core.eta_histogram(eta)).all()
         if any(s.step >= CHANGE_STEP for s in mine):  # the change matters: the metadata's layout reads otherwise
-            before = balancedness_or_nan(np.stack([gpu_loads(s.counts_LE, np.array(META_MAP), GPUS) for s in mine]))
+            before = balancedness(np.stack([gpu_loads(s.counts_LE, np.array(META_MAP), GPUS) for s in mine]))
             assert not np.allclose(np.nan_to_num(before), np.nan_to_num(eta))
         assert bucket.eta_hist_B.sum() == np.count_nonzero(loads.max(-1) > 0)  # steps x layers with traffic
         for q in (0.5, 0.99):

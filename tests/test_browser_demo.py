@@ -1,4 +1,4 @@
-"""End to end, as a user sees it: `python -m demo` (private Redis, real DeepSeek-V3-shaped model, collector,
+"""End to end, as a user sees it: `moe-monitor demo` (private Redis, real DeepSeek-V3-shaped model, collector,
 dashboard) opened in headless Debian chromium through playwright: charts render, numbers move, every page
 loads without an exception. Screenshots land in the test's tmp_path (and artifacts/ when it exists)."""
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def demo(tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    with serving(["-m", "moe_monitor.demo", "--port", str(port)], port, tmp_path / "moe_monitor.demo.log", env, ready_s=120) as url:
+    with serving(["-m", "moe_monitor", "demo", "--port", str(port)], port, tmp_path / "demo.log", env, ready_s=120) as url:
         yield url
 
 

@@ -1,4 +1,4 @@
-"""The app in a real browser (headless Debian chromium through playwright, `streamlit run app.py`): the Overview
+"""The app in a real browser (headless Debian chromium through playwright, `moe-monitor dashboard`): the Overview
 answers at /overview itself (no "Page not found" first), and a recorded trace plays: the replay window's step
 label moves on its own."""
 from __future__ import annotations

@@ -18,7 +18,7 @@ def test_banner_when_reachable_from_the_network(address, monkeypatch, value):
     monkeypatch.delenv("MOE_DASHBOARD_ALLOW_REMOTE", raising=False)
     at = run_app("redis://127.0.0.1:1/0", monkeypatch)
     banner = at.warning[0].value
-    assert "reachable from the network" in banner and "--server.address 127.0.0.1" in banner
+    assert "reachable from the network" in banner and "--address 127.0.0.1" in banner
 
 
 @pytest.mark.parametrize("value,allow", [("127.0.0.1", ""), ("::1", ""), ("0.0.0.0", "1")])
@@ -42,6 +42,9 @@ def test_viewers_see_no_tracebacks():
     root = Path(__file__).resolve().parents[1]
     client = (root / ".streamlit" / "config.toml").read_text().split("[client]")[1].split("\n[")[0]
     assert '\nshowErrorDetails = "type"\n' in client
+    from moe_monitor.dashboard.serve import streamlit_command  # what `moe-monitor dashboard` passes, from any folder
+    assert "--client.showErrorDetails=type" in streamlit_command(8501)
+    assert "--server.address=127.0.0.1" in streamlit_command(8501)
     shown = subprocess.run([sys.executable, "-m", "streamlit", "config", "show"], cwd=root, capture_output=True,
                            text=True, timeout=60).stdout
     assert '\nshowErrorDetails = "type"\n' in shown

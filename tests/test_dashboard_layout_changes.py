@@ -11,6 +11,7 @@ import torch
 
 from moe_monitor import core
 from moe_monitor.collectors import ExpertLoadMonitor
+from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures import load as load_figures
@@ -29,7 +30,6 @@ from moe_monitor.dashboard.live.window import StepWindow
 from moe_monitor.dashboard.sources.base import Batch
 from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.dashboard.sources.trace import TraceSource
-from moe_monitor.planner.loads import gpu_weights, weighted_loads
 from tests.support.apptest import run_app
 from tests.support.listsource import ListSource
 from tests.support.synthfill import make_meta

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from moe_monitor import core
+from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
 from moe_monitor.dashboard.live.window import StepWindow
-from moe_monitor.planner.loads import gpu_weights, weighted_loads
 
 
 def rec(step, counts, rank=0, world=1, phase="decode", tokens=4, t=None):

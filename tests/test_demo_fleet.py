@@ -19,7 +19,7 @@ RANKS, PER_PROCESS, SEQS, PROMPT, STEPS = 4, 2, 3, 5, 23
 
 @pytest.mark.slow
 def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_them(redis_url):
-    aggregator = subprocess.Popen([sys.executable, "-m", "moe_monitor.aggregator", "--redis", redis_url, "--run",
+    aggregator = subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", redis_url, "--run",
                                    "fleet", "--log-every-s", "60"], stderr=subprocess.DEVNULL)
     try:
         fleet = subprocess.run([sys.executable, "-m", "moe_monitor.demo.fleet", "--redis", redis_url, "--run", "fleet",

@@ -24,9 +24,10 @@ import redis
 import torch
 
 from moe_monitor import core, planner
+from moe_monitor.cli import main as cli_main
 from moe_monitor.collectors import attach
+from moe_monitor.core import loadmodel
 from moe_monitor.demo.ep import EPConfig, launch
-from moe_monitor.demo.ep.apply import main as apply_main
 from moe_monitor.demo.ep.placement import Placement, plan_moves
 from moe_monitor.demo.ep.worker import make_traffic
 from moe_monitor.demo.model import build_model
@@ -115,7 +116,7 @@ def _replica_layout(seed: int, ranks: int, redundant: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     counts_LE = rng.zipf(1.3, size=(NUM_LAYERS, NUM_EXPERTS)).clip(max=10_000).astype(np.float64)
     layout_LP = np.asarray(planner.plan(counts_LE, gpus=ranks, redundant=redundant).layout_LP, dtype=np.int64)
-    assert (planner.replica_counts(layout_LP, NUM_EXPERTS) > 1).any()
+    assert (loadmodel.replica_counts(layout_LP, NUM_EXPERTS) > 1).any()
     return layout_LP
 
 
@@ -143,7 +144,7 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
         if last and core.decode_step(last[0][1]).step >= 2:
             break
         time.sleep(0.1)
-    assert apply_main(["--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file)]) == 0
+    assert cli_main(["apply", "--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file)]) == 0
     thread.join(900)
     client.close()
     assert "error" not in box, box.get("error")
@@ -180,10 +181,10 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
 
 def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys):
     missing = tmp_path / "none.json"
-    assert apply_main(["--redis", redis_url, "--run", "no-such-run", "--layout", str(missing)]) == 2
+    assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(missing)]) == 2
     layout_file = tmp_path / "l.json"
     layout_file.write_text('{"physical_to_logical_map": [[0, 1], [1, 0]]}')
-    assert apply_main(["--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file)]) == 2
+    assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file)]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "no metadata" in err
 

@@ -123,7 +123,7 @@ def test_the_cli_serves_both_formats_on_loopback(redis_url):
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "cli", steps=12, num_layers=2, num_experts=8, gpus=2)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor.exporter", "--redis", redis_url, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor", "export", "--redis", redis_url, "--port", str(port),
                              "--interval-s", "0.5"], cwd=ROOT, env=dict(os.environ), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -220,7 +220,7 @@ def test_rebalance_advisor_gauges_are_the_advisors_and_computed_at_most_every_in
 
 
 def test_the_help_text_documents_the_rebalance_gauges():
-    out = subprocess.run([sys.executable, "-m", "moe_monitor.exporter", "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "moe_monitor", "export", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60).stdout
     for name in ("moe_rebalance_predicted_gain_ratio", "moe_rebalance_moves", "--advise-every-s"):
         assert name in out

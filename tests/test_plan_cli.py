@@ -1,4 +1,4 @@
-"""The CLI contract: python -m planner --load FILE --gpus G --redundant R [...] --out OUT.json."""
+"""The CLI contract: moe-monitor plan --load FILE --gpus G --redundant R [...] --out OUT.json."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,7 @@ DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
 
 def run(*args):
     env = dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "moe_monitor.planner", *map(str, args)], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "moe_monitor", "plan", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -152,12 +152,12 @@ def test_dashboard_planner_never_imports_torch():
 
 
 # Bad input found by the "never down, never wrong" issue: each answered with one "error: ..." line and exit 2.
-# Run in-process through planner.cli.main (the same code as python -m planner, minus the interpreter start).
+# Run in-process through planner.cli.main (the same code as moe-monitor plan, minus the interpreter start).
 
 def cli(capsys, *args) -> tuple[int, list[str]]:
-    from moe_monitor.planner.cli import main
+    from moe_monitor.cli import main
 
-    rc = main([str(a) for a in args])
+    rc = main(["plan", *(str(a) for a in args)])
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return rc, err.strip().splitlines()

@@ -4,7 +4,7 @@
 - migration counts only expert copies a GPU did not hold before;
 - schedule JSON round trip; bad schedules refused with one clear message;
 - the advisor never schedules a change whose predicted gain is below its migration time;
-- python -m planner advise / simulate / staleness end to end (subprocess) on a small generated trace;
+- moe-monitor advise / simulate / staleness end to end (subprocess) on a small generated trace;
 - property: simulate never crashes on small arbitrary schedules and counts, costs finite and >= 0.
 """
 from __future__ import annotations
@@ -234,7 +234,7 @@ def test_load_trace_steps_reads_traces_and_counts(tmp_path):
 
 
 def _run(*args):
-    return subprocess.run([sys.executable, "-m", "moe_monitor.planner", *map(str, args)], cwd=ROOT, env=dict(os.environ),
+    return subprocess.run([sys.executable, "-m", "moe_monitor", *map(str, args)], cwd=ROOT, env=dict(os.environ),
                           capture_output=True, text=True, timeout=120)
 
 
@@ -265,10 +265,8 @@ def test_cli_advise_simulate_staleness_end_to_end(tmp_path):
              "--out", tmp_path / "curve.json")
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "curve.json").read_text())["fit_steps"] == [100, 200]
-    # the plain planning form still works, with and without the "plan" word
-    for head in ([], ["plan"]):
-        r = _run(*head, "--load", trace, "--gpus", 4, "--redundant", 4, "--out", tmp_path / "p.json")
-        assert r.returncode == 0, r.stderr
+    r = _run("plan", "--load", trace, "--gpus", 4, "--redundant", 4, "--out", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("args, message", [

@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moe_monitor.core.loadmodel import gpu_loads, replica_counts
 from moe_monitor.planner.api import plan
 from moe_monitor.planner.bounds import best_bound, group_partition_bound, replica_bound, slot_bound
-from moe_monitor.planner.loads import check_layout, duplicates_on_gpu, gpu_loads, layer_imbalance, replica_counts
+from moe_monitor.planner.loads import check_layout, duplicates_on_gpu, layer_imbalance
 from moe_monitor.planner.synthetic import skewed_counts
 
 DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
@@ -140,7 +141,7 @@ def test_r0_bounds_hold_on_random_layouts_and_plans():
 
 @pytest.mark.parametrize("R", [0, 16])
 def test_pair_resplits_keep_invariants_and_never_raise_the_max(R):
-    from moe_monitor.planner.loads import slot_weights
+    from moe_monitor.core.loadmodel import slot_weights
     from moe_monitor.planner.pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
     from moe_monitor.planner.pairs import refine_pairs
     c = skewed_counts(layers=6, experts=64, sigma=1.2, seed=9)

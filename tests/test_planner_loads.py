@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from moe_monitor.planner.loads import gpu_weights, replica_counts, validated_layout, weighted_loads
+from moe_monitor.core.loadmodel import gpu_weights, replica_counts, validated_layout, weighted_loads
 
 
 def test_gpu_load_with_replicas_even_split():

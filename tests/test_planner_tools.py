@@ -4,10 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.planner.api import plan
 from moe_monitor.planner.budget import bytes_per_expert, knee_index, replica_budget_curve
 from moe_monitor.planner.edits import add_replica, move_replica
-from moe_monitor.planner.loads import check_layout, layer_imbalance, replica_counts
+from moe_monitor.planner.loads import check_layout, layer_imbalance
 from moe_monitor.planner.repair import experts_copied, repair_curve, repair_plan
 from moe_monitor.planner.synthetic import skewed_counts
 from moe_monitor.planner.traffic import route, traffic

@@ -1,4 +1,4 @@
-"""The exporter in a real monitoring stack: Debian's Prometheus scrapes `python -m dashboard.exporter` on
+"""The exporter in a real monitoring stack: Debian's Prometheus scrapes `moe-monitor export` on
 loopback, stores the Overview's balancedness for the same window, loads the alerting rules of
 deploy/prometheus, and fires MoEBalancednessLow on a run made imbalanced on purpose. promtool checks the
 rules and runs their unit tests (deploy/prometheus/alerts_test.yml)."""
@@ -77,7 +77,7 @@ def test_prometheus_scrapes_the_exporter_stores_the_overviews_numbers_and_fires_
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\nrule_files: [alerts.yml]\n"
         f"scrape_configs:\n  - job_name: moe-load\n    static_configs:\n      - targets: ['127.0.0.1:{exporter_port}']\n")
-    exporter = subprocess.Popen([sys.executable, "-m", "moe_monitor.exporter", "--redis", redis_url, "--port",
+    exporter = subprocess.Popen([sys.executable, "-m", "moe_monitor", "export", "--redis", redis_url, "--port",
                                  str(exporter_port), "--interval-s", "0.5"], cwd=ROOT, env=dict(os.environ),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     prometheus = subprocess.Popen([_tool("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",

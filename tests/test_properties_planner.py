@@ -16,9 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from moe_monitor.core.counts import MAX_COUNT_SUM
+from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.planner.api import POLICIES, plan
 from moe_monitor.planner.io import load_counts, load_layout
-from moe_monitor.planner.loads import MAX_COUNT_SUM, duplicates_on_gpu, replica_counts
+from moe_monitor.planner.loads import duplicates_on_gpu
 from tests.support.properties import property_settings
 
 SETTINGS = property_settings()

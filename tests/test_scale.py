@@ -1,6 +1,6 @@
 """The load test's short version (bench.scale), through the real code paths, into a single Redis and a 3-master
 Redis Cluster (demo/localcluster.py): simulated DeepSeek-V3-shaped ranks in 2 processes writing through
-collectors.sinks.RedisSink (bench.loadgen), the aggregator as its CLI (`python -m collectors.aggregate`), the
+collectors.sinks.RedisSink (bench.loadgen), the aggregator as its CLI (`moe-monitor aggregate`), the
 dashboard's reader (RedisSource + WatchedRun). Every rank-step is written, every step aggregated exactly once with
 all its ranks and the very counts the ranks generated, no rank-step missing, and the dashboard reads the aggregate
 feed. Correctness only: no timed assertion (waits are generous for a loaded 2-core machine)."""
@@ -49,7 +49,6 @@ def load_aggregate_and_watch(url: str, run: str, tmp_path, expected_SLE: np.ndar
     the target. Returns a client of the target (the caller closes it)."""
     # a deadline far past any stall of a loaded machine: every step waits for all its ranks (none written short)
     aggregator = start_aggregator(url, run, tmp_path / "aggregator.log", options=["--deadline-s", "30"])
-    assert aggregator is not None, "collectors/aggregate/__main__.py is missing"
     client = core.connect(url, timeout_s=10.0)
     try:
         probe = DashboardProbe(url, run, WINDOW, start_at=STEPS // 3, every_s=0.5)

@@ -1,4 +1,4 @@
-"""The SGLang bridge (python -m collectors.sglang): SGLang's expert-distribution dumps in, our step and layout
+"""The SGLang bridge (moe-monitor sglang): SGLang's expert-distribution dumps in, our step and layout
 records out, against a real redis-server.
 
 Dumps are written with torch.save in the structures SGLang's recorder writes (stat, per_pass, per_token);
@@ -25,9 +25,9 @@ import torch
 from moe_monitor import core
 from moe_monitor.collectors.sglang import Bridge, BridgeOptions
 from moe_monitor.collectors.sglang import state as bridge_state
-from moe_monitor.collectors.sglang.dumps import parse_name, phase_of
-from moe_monitor.collectors.sglang.records import logical_counts, sampled_rows
 from moe_monitor.collectors.sglang.stepids import StepIds
+from moe_monitor.core.sglang_dumps import parse_name, phase_of
+from moe_monitor.core.sglang_records import logical_counts, sampled_rows
 from moe_monitor.dashboard.live.layout import resolve_layout
 from moe_monitor.dashboard.live.snapshot import analyse
 from moe_monitor.dashboard.live.watched import WatchedRun
@@ -504,7 +504,7 @@ def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
         expected.update({(rank, 2 * i + t): split[rank, t] for rank in range(GPUS) for t in range(2)})
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moe_monitor.collectors.sglang", "--dump-dir", str(folder), "--redis", redis_url, "--run", "srv",
+        [sys.executable, "-m", "moe_monitor", "sglang", "--dump-dir", str(folder), "--redis", redis_url, "--run", "srv",
          "--server", server.url, "--every", "0.3", "--poll", "0.1", "--top-k", str(K), "--gpus", str(GPUS)],
         cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:

@@ -153,8 +153,8 @@ def test_upload_names_keep_nothing_of_a_path():
 def test_a_columnar_upload_is_opened_saved_under_its_container_and_selected(folder, tmp_path, monkeypatch, suffix):
     """A .parquet or .arrows trace is opened (timeline too) before it is kept, and saved under its container's
     extension whatever the client called it."""
-    from moe_monitor.traces import open_trace
-    from moe_monitor.traces.cli import main as traces_main
+    from moe_monitor.cli import main as traces_main
+    from moe_monitor.core.tracefile import open_trace
 
     src = tmp_path / "src.jsonl"
     src.write_text(trace_text(9))

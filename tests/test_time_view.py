@@ -1,6 +1,6 @@
 """The Time page and the What-if page's "Apply to the running engine", rendered by streamlit.testing.v1.AppTest
 against a real redis-server filled with wire encoders (steps, timings, layout changes exactly as the EP runtime
-writes them), and one end-to-end run of the CPU EP runtime (python -m demo.ep) feeding the page."""
+writes them), and one end-to-end run of the CPU EP runtime (python -m moe_monitor.demo.ep) feeding the page."""
 from __future__ import annotations
 
 import os

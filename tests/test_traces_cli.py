@@ -1,4 +1,4 @@
-"""python -m traces: record a run from a real redis-server, replay it into another run name (equal counts),
+"""moe-monitor record|replay|convert|info: record a run from a real redis-server, replay it into another run name (equal counts),
 convert JSON lines / SGLang dumps / logical_count JSON, info, bad input as one `error:` line; the shipped
 samples open and replay."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from moe_monitor import core, traces
+from moe_monitor import core
+from moe_monitor.core import tracefile
 from tests.support import synthfill
 from tests.test_sglang_bridge import DATA, save_per_pass, save_stat
 
@@ -22,7 +23,7 @@ SAMPLES = ROOT / "moe_monitor" / "traces" / "samples"
 
 
 def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "moe_monitor.traces", *map(str, args)], cwd=ROOT, env=dict(os.environ),
+    return subprocess.run([sys.executable, "-m", "moe_monitor", *map(str, args)], cwd=ROOT, env=dict(os.environ),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -43,7 +44,7 @@ def test_record_then_replay_gives_the_same_counts(redis_server, redis_url, tmp_p
     out = tmp_path / f"rec{suffix}"
     done = cli("record", "--redis", redis_url, "--run", "live", "--out", out, "--steps", 30)
     assert done.returncode == 0, done.stderr
-    reader = traces.open_trace(out)
+    reader = tracefile.open_trace(out)
     assert reader.timeline().num_steps == 30 and len(reader.gpu_samples()) == 1
     assert not np.isnan(reader.timeline().balancedness_T).any()
     done = cli("replay", "--trace", out, "--redis", redis_url, "--run", "again", "--speed", 1000)
@@ -74,7 +75,7 @@ def test_convert_jsonl_to_parquet_is_equal_content(tmp_path):
     jsonl(src, recs)
     done = cli("convert", src, dst)
     assert done.returncode == 0, done.stderr
-    a, b = traces.open_trace(src), traces.open_trace(dst)
+    a, b = tracefile.open_trace(src), tracefile.open_trace(dst)
     assert a.meta == b.meta and [r.step for r in a.layouts] == [r.step for r in b.layouts]
     assert all(same(x, y) for x, y in zip(a.read_steps(0, 99), b.read_steps(0, 99)))
     assert len(b.read_steps(0, 99)) == len(recs)
@@ -93,7 +94,7 @@ def test_convert_sglang_dumps(tmp_path):
     out = tmp_path / "pass.parquet"
     done = cli("convert", path, out, "--gpus", 2)
     assert done.returncode == 0, done.stderr
-    reader = traces.open_trace(out)
+    reader = tracefile.open_trace(out)
     got = reader.read_steps(0, 99)
     assert [r.step for r in got] == [0, 1, 2, 3] and {r.rank for r in got} == {2}
     want = np.zeros((4, 3, 8), dtype=np.int64)
@@ -104,11 +105,11 @@ def test_convert_sglang_dumps(tmp_path):
     stat = save_stat(tmp_path, 1_750_000_001.0, rng.integers(0, 5, (3, 2, 8)))
     done = cli("convert", stat, tmp_path / "stat.arrows")
     assert done.returncode == 0, done.stderr
-    assert traces.open_trace(tmp_path / "stat.arrows").timeline().num_steps == 3
+    assert tracefile.open_trace(tmp_path / "stat.arrows").timeline().num_steps == 3
     json_path = tmp_path / "lc.json"
     json_path.write_text(json.dumps({"logical_count": rng.integers(0, 9, (5, 2, 8)).tolist()}))
     assert cli("convert", json_path, tmp_path / "lc.parquet").returncode == 0
-    assert traces.open_trace(tmp_path / "lc.parquet").timeline().num_steps == 5
+    assert tracefile.open_trace(tmp_path / "lc.parquet").timeline().num_steps == 5
 
 
 @pytest.mark.parametrize("args,why", [
@@ -133,7 +134,7 @@ def test_a_bad_pt_file_is_one_error_line(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SAMPLES.glob("*.parquet") if not p.name.endswith(".gpu.parquet")))
 def test_shipped_samples_open_and_replay(redis_server, redis_url, name):
-    reader = traces.open_trace(SAMPLES / name)
+    reader = tracefile.open_trace(SAMPLES / name)
     tl = reader.timeline()
     assert tl.num_steps >= 1 and reader.bad_records == 0
     assert np.isfinite(tl.balancedness_T).all() and (tl.balancedness_T < 1).all()
@@ -172,7 +173,7 @@ def test_record_of_an_aggregated_run_writes_one_row_per_step_with_late_ranks_fol
     out = tmp_path / "agg.parquet"
     done = cli("record", "--redis", redis_url, "--run", "aggd", "--out", out, "--steps", 30)
     assert done.returncode == 0, done.stderr
-    reader = traces.open_trace(out)
+    reader = tracefile.open_trace(out)
     rows = reader.read_steps(0, 10**6)
     assert [r.step for r in rows] == list(range(30)) and {r.rank for r in rows} == {0}  # one row per step
     for row in rows:

@@ -10,13 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moe_monitor import core, traces
+from moe_monitor import core
+from moe_monitor.core import tracefile
+from moe_monitor.core.tracefile.ipc import StreamEncoder
+from moe_monitor.core.tracefile.schema import META_SHAPE, schema_metadata, step_schema
 from moe_monitor.dashboard.live.layout import resolve_layout
 from moe_monitor.dashboard.live.snapshot import analyse
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.trace import TraceSource
-from moe_monitor.traces.ipc import StreamEncoder
-from moe_monitor.traces.schema import META_SHAPE, schema_metadata, step_schema
 from tests.support.synthfill import make_meta
 
 L, E, G = 2, 8, 2
@@ -49,7 +50,7 @@ def gpu() -> list[core.GpuSample]:
 
 def write(path, recs=None, with_layout=True) -> list[core.StepRecord]:
     recs = records() if recs is None else recs
-    writer = traces.open_writer(path, make_meta("tr", L, E, G, world_size=2))
+    writer = tracefile.open_writer(path, make_meta("tr", L, E, G, world_size=2))
     writer.write(recs[:40], gpu()[:1])
     if with_layout:
         writer.add_layouts([layout()])
@@ -79,7 +80,7 @@ def test_every_record_kind_round_trips(tmp_path, name):
     path = tmp_path / name
     recs = records()
     jsonl(path, recs) if name.endswith(".jsonl") else write(path, recs)
-    with traces.open_trace(path) as reader:
+    with tracefile.open_trace(path) as reader:
         # every field round-trips; started_s is the writer's own clock (make_meta stamps the time it is called)
         want = make_meta("tr", L, E, G, world_size=2)
         assert dataclasses.replace(reader.meta, started_s=want.started_s) == want
@@ -102,7 +103,7 @@ def test_read_steps_ranges(tmp_path, name):
     path = tmp_path / name
     recs = records()
     jsonl(path, recs) if name.endswith(".jsonl") else write(path, recs)
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert [(r.step, r.rank) for r in reader.read_steps(5, 6)] == [(5, 0), (5, 1), (6, 0), (6, 1)]
     assert reader.read_steps(39, 1000)[-1].step == 39 and reader.read_steps(100, 200) == []
     assert reader.read_steps(7, 6) == [] and len(reader.read_steps(-5, 0)) == 2
@@ -128,7 +129,7 @@ def test_timeline_balancedness_is_the_dashboards_analysis(tmp_path):
     for name in ("t.arrows", "t.jsonl"):
         other = tmp_path / name
         write(other, recs) if name.endswith(".arrows") else jsonl(other, recs)
-        np.testing.assert_allclose(traces.open_trace(other).timeline().balancedness_T, want_T, rtol=1e-6)
+        np.testing.assert_allclose(tracefile.open_trace(other).timeline().balancedness_T, want_T, rtol=1e-6)
 
 
 def test_a_recording_cut_short_opens_to_its_prefix(tmp_path):
@@ -138,7 +139,7 @@ def test_a_recording_cut_short_opens_to_its_prefix(tmp_path):
     data = enc.header() + b"".join(enc.chunk(recs[i:i + 10]) for i in range(0, 80, 10))
     for cut in (len(data) - 7, len(data) - 300, len(enc.header()) + 50):
         path.write_bytes(data[:cut])
-        reader = traces.open_trace(path)
+        reader = tracefile.open_trace(path)
         steps = reader.timeline().step_T
         assert reader.truncated and "cut short" in reader.last_error
         assert len(steps) < 40 and list(steps) == list(range(len(steps)))
@@ -167,26 +168,26 @@ def test_hostile_files_give_one_error_or_bad_records(tmp_path, name):
     # not a trace at all, a huge L x E claimed in the metadata, a schema lacking columns
     put(pa.schema([("x", pa.int64())]))
     with pytest.raises(ValueError, match="not a MoE trace"):
-        traces.open_trace(path)
+        tracefile.open_trace(path)
     huge = schema_metadata(meta, [])
     huge[META_SHAPE] = b"1024,65536"
     put(step_schema(L, E, huge))
     with pytest.raises(ValueError, match="does not match"):
-        traces.open_trace(path)
+        tracefile.open_trace(path)
     huge_meta = dict(huge)
     huge_meta[b"moe.run_meta"] = huge_meta[b"moe.run_meta"].replace(b'"num_experts":8', b'"num_experts":99999999')
     put(step_schema(L, E, huge_meta))
     with pytest.raises(ValueError):
-        traces.open_trace(path)
+        tracefile.open_trace(path)
     wrong = step_schema(L, E, schema_metadata(meta, []))
     wrong = wrong.set(wrong.get_field_index("counts"), pa.field("counts", pa.binary(12)))
     put(wrong)
     with pytest.raises(ValueError, match="counts"):
-        traces.open_trace(path)
+        tracefile.open_trace(path)
     # rows breaking the bounds: counted as bad records, the good rows read
     schema = step_schema(L, E, schema_metadata(meta, []))
     good = records(4, world=1)
-    batch = traces.encode.step_batch(good, schema, traces.balance.LayoutSchedule(meta))
+    batch = tracefile.encode.step_batch(good, schema, tracefile.balance.LayoutSchedule(meta))
     counts = np.stack([r.counts_LE for r in good]).copy()
     counts[1, 0, 0] = -3
     cols = {n: batch.column(n) for n in schema.names}
@@ -194,7 +195,7 @@ def test_hostile_files_give_one_error_or_bad_records(tmp_path, name):
     cols["time_s"] = pa.array([1.0, 2.0, float("nan"), 4.0])
     cols["rank"] = pa.array([0, 0, 0, 5], pa.int32())
     put(schema, pa.RecordBatch.from_arrays([cols[n] for n in schema.names], schema=schema))
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert [r.step for r in reader.read_steps(0, 10)] == [0]
     assert reader.bad_records == 3 and reader.last_error
     assert list(reader.timeline().step_T) == [0, 1]  # the timeline checks all but the counts
@@ -205,13 +206,13 @@ def test_not_a_trace_and_garbage(tmp_path):
         path = tmp_path / "x.bin"
         path.write_bytes(content)
         with pytest.raises(ValueError):
-            traces.open_trace(path)
+            tracefile.open_trace(path)
     with pytest.raises(ValueError, match="no such|No such"):
-        traces.open_trace(tmp_path / "missing.parquet")
+        tracefile.open_trace(tmp_path / "missing.parquet")
 
 
 def test_traces_imports_neither_the_ui_nor_torch():
     from tests.test_layering import _walk
-    imported, loaded = _walk("moe_monitor.traces")
+    imported, loaded = _walk("moe_monitor.core,moe_monitor.traces")
     assert imported >= 15, imported
     assert not loaded & {"torch", "streamlit", "plotly", "pynvml"}, sorted(loaded & {"torch", "streamlit", "plotly"})

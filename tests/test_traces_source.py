@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from moe_monitor import core, traces
+from moe_monitor import core
 from moe_monitor.collectors import attach
+from moe_monitor.core import tracefile
 from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support.tiny_models import build
 from tests.test_traces_format import jsonl, records, same, write
@@ -20,7 +21,7 @@ def test_seek_and_timeline_on_every_container(tmp_path, name):
     jsonl(path, recs) if name.endswith(".jsonl") else write(path, recs)
     source = TraceSource(name, root=tmp_path)
     tl = source.timeline()
-    assert isinstance(tl, traces.Timeline) and list(tl.step_T) == list(range(40))
+    assert isinstance(tl, tracefile.Timeline) and list(tl.step_T) == list(range(40))
     batch = source.seek(22, 24)
     assert [(r.step, r.rank) for r in batch.steps] == [(s, k) for s in (22, 23, 24) for k in (0, 1)]
     assert all(same(a, b) for a, b in zip(batch.steps, recs[44:50]))
@@ -54,7 +55,7 @@ def test_the_collector_writes_arrows_through_attach(tmp_path):
             model(input_ids=torch.randint(3, 90, (2, n)))
     counts = monitor.counts()
     monitor.close()
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert reader.meta.layer_names == monitor.layer_names and reader.bad_records == 0
     got = reader.read_steps(0, 10)
     assert [r.step for r in got] == [0, 1, 2] and [r.tokens for r in got] == [10, 6, 2]
@@ -64,7 +65,7 @@ def test_the_collector_writes_arrows_through_attach(tmp_path):
 
 
 def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
-    from moe_monitor.traces.recorder import ArrowRecorder
+    from moe_monitor.core.tracefile.recorder import ArrowRecorder
     from tests.support.synthfill import make_meta
     path = tmp_path / "r.arrows"
     recs = records(40, world=1)
@@ -72,7 +73,7 @@ def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
     for i in range(0, 40, 4):
         rec.write(recs[i:i + 4], [])
     rec.close()
-    new, old = traces.open_trace(path), traces.open_trace(str(path) + ".1")
+    new, old = tracefile.open_trace(path), tracefile.open_trace(str(path) + ".1")
     steps = list(old.timeline().step_T) + list(new.timeline().step_T)
     assert steps == list(range(steps[0], 40)) and path.stat().st_size <= 6000
     # a failed write (the file closed under it) is retried: the file is cut back to its last whole chunk
@@ -83,7 +84,7 @@ def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
     rec._file.close()
     rec.write(recs[4:8], [])
     rec.close()
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert list(reader.timeline().step_T) == list(range(8)) and not reader.truncated
     assert all(same(a, b) for a, b in zip(reader.read_steps(0, 7), recs[:8]))
     assert isinstance(reader.read_steps(0, 0)[0], core.StepRecord)

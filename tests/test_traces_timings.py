@@ -12,15 +12,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from moe_monitor import core, traces
+from moe_monitor import cli, core
 from moe_monitor.collectors.sinks import TraceFileSink
+from moe_monitor.core import tracefile
+from moe_monitor.core.tracefile.timings import (
+    META_TIMING_ROWS,
+    TIMING_ARRAYS,
+    timing_batch,
+    timing_schema,
+    timings_sidecar,
+)
 from moe_monitor.dashboard.live.replay import RangeReplay
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.base import Batch
 from moe_monitor.dashboard.sources.trace import TraceSource
-from moe_monitor.traces import cli
 from moe_monitor.traces.convert import convert
-from moe_monitor.traces.timings import META_TIMING_ROWS, TIMING_ARRAYS, timing_batch, timing_schema, timings_sidecar
 from tests.support import synthfill
 
 L, E, G, R, STEPS = 3, 8, 2, 4, 24
@@ -100,7 +106,7 @@ CONTAINERS = ["rec.arrows", "rec.jsonl", "a.parquet", "j.parquet", "back.arrows"
 
 @pytest.mark.parametrize("name", CONTAINERS)
 def test_timings_round_trip_exactly_through_every_container(recorded, name):
-    with traces.open_trace(recorded / name) as reader:
+    with tracefile.open_trace(recorded / name) as reader:
         got = reader.read_timings(0, 1 << 40)
         assert [key(t) for t in got] == want() and reader.timing_rows() == len(want())
         assert np.isnan(got[0].combine_s_L).all() and np.isnan(got[0].dispatch_s_L[0])
@@ -197,7 +203,7 @@ def test_convert_keeps_timings_of_steps_without_a_step_record(tmp_path):
     with open(path, "a") as handle:
         handle.write(core.trace_line("timing", core.encode_timing(extra)) + "\n")
     convert(str(path), str(tmp_path / "t.parquet"))
-    got = traces.open_trace(tmp_path / "t.parquet").read_timings(0, 1 << 40)
+    got = tracefile.open_trace(tmp_path / "t.parquet").read_timings(0, 1 << 40)
     assert [key(t) for t in got] == want() + [key(extra)]
 
 
@@ -225,7 +231,7 @@ def test_a_damaged_timings_table_is_one_message_and_the_steps_read(recorded, tmp
         writer = pq.ParquetWriter(side, timing_schema(L))
         writer.write_batch(timing_batch(timings()[:5], timing_schema(L)))
         writer.close()
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert reader.read_timings(0, 99) == [] and reader.bad_records == 1
     assert why in reader.last_error and "the steps read without them" in reader.last_error
     assert len(reader.read_steps(0, 99)) == STEPS * R and reader.bad_records == 1  # one message, once
@@ -242,7 +248,7 @@ def test_a_bad_timing_row_is_one_bad_record(recorded, tmp_path):
     column = pa.FixedSizeBinaryArray.from_buffers(pa.binary(L * 4), table.num_rows, [None, pa.py_buffer(layer)])
     table = table.set_column(table.schema.get_field_index("layer_s_L"), table.schema.field("layer_s_L"), column)
     pq.write_table(table, side)
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     got = reader.read_timings(0, 99)
     assert [key(t) for t in got] == want()[:4] + want()[5:]
     assert reader.bad_records == 1 and "layer times must be NaN" in reader.last_error
@@ -261,7 +267,7 @@ def test_bad_timing_lines_are_bad_records_once(recorded, tmp_path, name):
         handle.write('{"kind":"timing","v":1,"step":5,"dispatch_b64":"not base64!"}\n')  # does not decode
         handle.write(core.trace_line("timing", core.encode_timing(wrong_l)) + "\n")       # 4 layers, the run has 3
         handle.write('{"kind":"timing","step":6,' + "x" * 50)                             # cut short
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert len(reader.read_steps(0, 99)) == STEPS * R
     got = reader.read_timings(0, 99)
     assert [key(t) for t in got] == want() and reader.bad_records == 3
@@ -275,7 +281,7 @@ def test_bad_timing_lines_are_bad_records_once(recorded, tmp_path, name):
 def test_a_trace_from_before_timings_opens_as_before(tmp_path):
     sample = SAMPLES / "demo.parquet"
     assert META_TIMING_ROWS not in (pq.ParquetFile(sample).metadata.metadata or {})  # written before timings
-    with traces.open_trace(sample) as reader:
+    with tracefile.open_trace(sample) as reader:
         tl = reader.timeline()
         assert tl.num_steps > 0 and reader.read_timings(0, 1 << 40) == [] and reader.timing_rows() == 0
         assert reader.info().timings == 0 and reader.bad_records == 0
@@ -284,16 +290,16 @@ def test_a_trace_from_before_timings_opens_as_before(tmp_path):
     # a trace written now without timings: no sidecar, a stale one of that name removed
     path = tmp_path / "plain.parquet"
     timings_sidecar(path).write_bytes(b"left from an earlier trace")
-    writer = traces.open_writer(path, meta())
+    writer = tracefile.open_writer(path, meta())
     writer.write(steps())
     writer.close()
     assert not timings_sidecar(path).exists()
-    reader = traces.open_trace(path)
+    reader = tracefile.open_trace(path)
     assert reader.read_timings(0, 99) == [] and reader.bad_records == 0
 
 
 def test_a_writer_refuses_timings_a_reader_would(tmp_path):
-    writer = traces.open_writer(tmp_path / "x.parquet", meta())
+    writer = tracefile.open_writer(tmp_path / "x.parquet", meta())
     bad = timings()[0]
     with pytest.raises(ValueError, match="the trace holds \\[3\\]"):
         writer.write([], (), [core.TimingRecord(**{**bad.__dict__, "layer_s_L": np.zeros(L + 1, np.float32)})])
@@ -316,7 +322,7 @@ def test_record_and_replay_carry_timings(redis_server, redis_url, tmp_path):
         client.xadd(core.timings_key("live"), core.encode_timing(rec))
     out = tmp_path / "rec.parquet"
     assert cli.main(["record", "--redis", redis_url, "--run", "live", "--out", str(out), "--steps", "12"]) == 0
-    got = traces.open_trace(out).read_timings(0, 99)
+    got = tracefile.open_trace(out).read_timings(0, 99)
     assert [key(t) for t in got] == [key(t) for t in sent]
     assert cli.main(["replay", "--trace", str(out), "--redis", redis_url, "--run", "again", "--speed", "1000"]) == 0
     replayed = [core.decode_timing(f) for _, f in client.xrange(core.timings_key("again"))]

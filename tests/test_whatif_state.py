@@ -219,7 +219,7 @@ def test_plan_cli_reads_a_trace(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(_trace_lines([(s, [rng.integers(0, 9, (2, 8))]) for s in range(20)])) + "\n")
     out = tmp_path / "layout.json"
-    r = subprocess.run([sys.executable, "-m", "moe_monitor.planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
+    r = subprocess.run([sys.executable, "-m", "moe_monitor", "plan", "--load", str(path), "--gpus", "4", "--redundant", "4",
                         "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -227,7 +227,7 @@ def test_plan_cli_reads_a_trace(tmp_path):
     core.Layout(gpus=4, nodes=1, physical_to_logical_map=rows).validate(2, 8)
     assert len(rows[0]) == 12
     path.write_text("garbage\n")
-    r = subprocess.run([sys.executable, "-m", "moe_monitor.planner", "--load", str(path), "--gpus", "4", "--redundant", "4",
+    r = subprocess.run([sys.executable, "-m", "moe_monitor", "plan", "--load", str(path), "--gpus", "4", "--redundant", "4",
                         "--out", str(out)], cwd=root, env=dict(os.environ),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "t.jsonl line 1: not a valid trace line" in r.stderr

@@ -1,4 +1,4 @@
-"""The aggregator: `python -m collectors.aggregate --redis URL (--run NAME | --all)`, a process anyone can run next
+"""The aggregator: `moe-monitor aggregate --redis URL (--run NAME | --all)`, a process anyone can run next
 to Redis. It sums each step's ranks once (so no dashboard has to), writes hours of rollups, and is safe to run
 twice. In-process: `Aggregator(url, run, AggregateOptions(...))`, then `step()` / `run_until()`, `stats()`.
 
@@ -60,7 +60,7 @@ script touches one run's keys only):
 
 Memory in Redis (MEMORY USAGE of real streams on redis-server 7.0; DeepSeek-V3's 58 MoE layers x 256 experts at
 256 ranks x 64 decode tokens x top-8 x 20 steps/s, popularity of the real DeepSeek-V3 decode counts in
-tests/data; `python -m collectors.aggregate.selfbench` measures it again): a 1 s bucket sums 20 steps (counts up
+tests/data; `python -m bench.aggregate_ceiling` measures it again): a 1 s bucket sums 20 steps (counts up
 to ~1e5 per expert: int32, zstd) and takes 41.5 kB, so the default 15 min of 1 s rollups (900 buckets) take 36 MiB (1 h: 142 MiB); a 60 s
 bucket takes 49.7 kB, so 24 h of 60 s rollups (1,440 buckets) takes 68 MiB; the aggregate stream takes 21 kB
 an entry, 82 MiB at its default 4,096 entries. The raw steps kept behind the aggregator (--keep-raw-s 5) are

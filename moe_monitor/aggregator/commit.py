@@ -16,7 +16,7 @@ from moe_monitor import core
 from .assembly import Output
 from .options import GROUP
 from .progress import encode_progress
-from .reading import _text, _why
+from .reading import _text
 
 if TYPE_CHECKING:
     from .worker import Aggregator
@@ -53,7 +53,7 @@ def queue(agg: Aggregator, out: Output, now: float) -> None:
             fields = core.encode_aggregate(emitted.record)
         except ValueError as exc:  # cannot happen for records of decoded steps; counted, never a crash
             agg.counters.bad_records += 1
-            agg.assembler.last_problem = f"step {emitted.record.step}: not written: {_why(exc)}"
+            agg.assembler.last_problem = f"step {emitted.record.step}: not written: {core.why(exc)}"
             agg._outbox.acks.extend(emitted.entry_ids)
             continue
         agg._outbox.records.append(fields)
@@ -64,7 +64,7 @@ def queue(agg: Aggregator, out: Output, now: float) -> None:
         try:
             agg._outbox.rollups.append((rollup.resolution_s, rollup.start_s, core.encode_rollup(rollup)))
         except ValueError as exc:  # a bucket beyond the format's bounds: reported, the others go on
-            agg.last_error = f"rollup {rollup.resolution_s} s at {rollup.start_s} not written: {_why(exc)}"
+            agg.last_error = f"rollup {rollup.resolution_s} s at {rollup.start_s} not written: {core.why(exc)}"
 
 
 def commit(agg: Aggregator, now: float) -> None:
@@ -124,7 +124,7 @@ def commit(agg: Aggregator, now: float) -> None:
     failed = [box.records[i] for i, reply in enumerate(replies[:sizes[0]]) if isinstance(reply, Exception)]
     for reply in replies[:sizes[0]]:
         if isinstance(reply, Exception):
-            agg.last_error = f"aggregate not written ({_why(reply)}): kept for the next commit"
+            agg.last_error = f"aggregate not written ({core.why(reply)}): kept for the next commit"
     box.drop(sizes)
     box.records[:0] = failed
     agg.commits += 1

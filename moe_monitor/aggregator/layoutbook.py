@@ -17,7 +17,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from moe_monitor import core
-from moe_monitor.planner.loads import validated_layout
+from moe_monitor.core.loadmodel import validated_layout
 
 MAX_CHANGES = 1024  # layout changes kept per epoch (the collectors' layout stream keeps ~1000)
 MAX_EPOCHS = 4  # epochs whose changes are kept (the current one and the last few)

@@ -19,12 +19,6 @@ if TYPE_CHECKING:
 
 META_REFRESH_S = 5.0  # the run metadata is read again this often
 LAYOUT_PAGE = 64  # layout entries a round (a 58 x 288 map is ~67 kB)
-MAX_WHY_CHARS = 300
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= MAX_WHY_CHARS else text[:MAX_WHY_CHARS] + "..."
 
 
 def _text(value) -> str:
@@ -79,7 +73,7 @@ def ingest(agg: Aggregator, entries: Sequence[tuple[bytes, dict]], now: float) -
                 raise ValueError(f"a record of run {rec.run!r} in the stream of run {agg.run!r}")
         except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
             out.extend(agg.assembler.bad(entry_id, f"entry {entry_id.decode('ascii', 'replace')}: "
-                                                   f"{_why(exc)}"))
+                                                   f"{core.why(exc)}"))
             continue
         decoded.append((entry_id, rec))
     agg.entries_in += len(entries)
@@ -96,7 +90,7 @@ def read_meta(agg: Aggregator, now: float) -> None:
     try:
         meta = core.decode_meta(raw)
     except ValueError as exc:
-        agg.assembler.last_problem = f"run metadata unusable ({_why(exc)}): GPU loads use the contiguous layout"
+        agg.assembler.last_problem = f"run metadata unusable ({core.why(exc)}): GPU loads use the contiguous layout"
         agg.book.set_base(None, None)
         return
     agg._meta_shape = (len(meta.layer_names), meta.num_experts)
@@ -118,7 +112,7 @@ def take_layouts(agg: Aggregator, now: float, reply=None, more: bool = False) ->
             agg._waiting_layouts.append(core.decode_layout_record(fields))
         except Exception as exc:
             agg.layout_problems += 1
-            agg.assembler.last_problem = f"layout entry {entry_id.decode('ascii', 'replace')}: {_why(exc)}"
+            agg.assembler.last_problem = f"layout entry {entry_id.decode('ascii', 'replace')}: {core.why(exc)}"
     place_layouts(agg)
     return len(entries) >= LAYOUT_PAGE
 
@@ -141,6 +135,6 @@ def place_layouts(agg: Aggregator) -> None:
             rec.validate(shape[1], num_layers=shape[0])
         except ValueError as exc:
             agg.layout_problems += 1
-            assembler.last_problem = f"layout change from step {rec.step}: {_why(exc)}"
+            assembler.last_problem = f"layout change from step {rec.step}: {core.why(exc)}"
             continue
         agg.book.add(assembler.epoch, rec.step, rec.physical_to_logical_LP, rec.gpus)

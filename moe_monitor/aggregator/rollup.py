@@ -5,7 +5,7 @@ A step counts in the second of its time (AggregateRecord.time_s, the collectors'
 FUTURE_TOLERANCE_S ahead of the wall clock counts as now). A second's steps are kept whole until the second
 closes, so a late rank that arrives before then is folded into its step before the step's statistics are
 taken: per step and layer the GPU loads under the layout in force at that step (LayoutBook), their
-balancedness eta = mean/max (planner.loads.balancedness_or_nan: idle layers left out), the busiest GPU's load.
+balancedness eta = mean/max (core.loadmodel.balancedness: idle layers left out), the busiest GPU's load.
 
 A bucket closes once aggregated steps are `grace_s` past its end, or the wall clock is and nothing arrived for
 it in `grace_s` of monotonic time, and no step still assembling could fall in it (the caller says from which
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_monitor import core
-from moe_monitor.planner.loads import balancedness_or_nan, gpu_loads
+from moe_monitor.core.loadmodel import balancedness, gpu_loads
 
 from .layoutbook import LayoutBook
 
@@ -94,7 +94,7 @@ def bucket_rollup(run: str, resolution_s: int, start_s: int, steps: Sequence[Ste
         for where, layout_LP, layout_gpus in book.layouts(epoch, step_T, num_layers, num_experts, world):
             loads_TLG = gpu_loads(counts_TLE[index_T[where]], layout_LP, layout_gpus)  # float64, slot form
             busiest_TL = loads_TLG.max(axis=-1)
-            hist_B += core.eta_histogram(balancedness_or_nan(loads_TLG))
+            hist_B += core.eta_histogram(balancedness(loads_TLG))
             max_sum += float(busiest_TL.mean(axis=-1).sum())
             mean_sum += float(loads_TLG.mean(axis=-1).mean(axis=-1).sum())
             peak = max(peak, float(busiest_TL.max()))

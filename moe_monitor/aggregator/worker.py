@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable
 
 import redis
-from redis.exceptions import RedisClusterException
 
 from moe_monitor import core
 
@@ -31,11 +30,10 @@ from .layoutbook import LayoutBook
 from .lease import KEPT, LOST, RETAKEN, Lease
 from .options import GROUP, AggregateOptions
 from .progress import decode_progress, state_key
-from .reading import _text, _why, ingest, place_layouts, read_meta, read_round, take_layouts
+from .reading import _text, ingest, place_layouts, read_meta, read_round, take_layouts
 from .rollup import RollupBuilder
 from .takeover import claim, last_bucket_start, read_tail, replay, stream_entries
 
-REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
 TRIM_EVERY_S = 1.0  # the steps stream is trimmed this often
 MAX_WAITING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
@@ -117,7 +115,7 @@ class Aggregator:
             return False
         try:
             did = self._round(now)
-        except REDIS_ERRORS as exc:
+        except core.REDIS_ERRORS as exc:
             self._failed(exc, now, "Redis")
             return False
         except Exception as exc:  # a bug must not end the aggregator: reported and backed off like Redis
@@ -158,8 +156,8 @@ class Aggregator:
                 if self._outbox:
                     commit(self, time.monotonic())
                 self.lease.release()
-        except REDIS_ERRORS as exc:
-            self._log(f"aggregate {self.run}: could not release the lease ({_why(exc)}); it expires in "
+        except core.REDIS_ERRORS as exc:
+            self._log(f"aggregate {self.run}: could not release the lease ({core.why(exc)}); it expires in "
                       f"{self.options.lease_s:g} s")
         finally:
             self.holder = self.synced = False
@@ -365,10 +363,10 @@ class Aggregator:
         self.redis_errors += 1
         self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff_s * 2))
         self._retry_at = now + self._backoff_s
-        self.last_error = f"{what}: {_why(exc)}"
+        self.last_error = f"{what}: {core.why(exc)}"
         if self._failing_since is None or now - self._reported_at >= REPORT_AGAIN_S:
             records, rollups, acks = self._outbox.sizes()
-            self._log(f"aggregate {self.run}: {what} at {self.where} failed ({_why(exc)}); {records} aggregates, "
+            self._log(f"aggregate {self.run}: {what} at {self.where} failed ({core.why(exc)}); {records} aggregates, "
                       f"{rollups} rollups and {acks} acks buffered, {self.assembler.pending_steps} steps "
                       f"assembling; retrying (backoff up to {BACKOFF_MAX_S:g} s)")
             self._reported_at = now
@@ -390,7 +388,7 @@ class Aggregator:
             groups = self.client.xinfo_groups(self.steps_key)
             lag = next((g.get("lag") for g in groups if _text(g.get("name")) == GROUP), None)
             self.lag_entries = -1 if lag is None else int(lag)
-        except REDIS_ERRORS:
+        except core.REDIS_ERRORS:
             self.lag_entries = -1
         self._heartbeat = True
         quiet = self.entries_in == entries_then and c.steps_written == steps_then

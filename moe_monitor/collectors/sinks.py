@@ -209,7 +209,7 @@ class TraceFileSink:
         self._max_bytes = max_bytes
         self._columnar = None
         if self._path.lower().endswith(".arrows"):
-            from moe_monitor.traces.recorder import ArrowRecorder  # pyarrow only for a columnar trace
+            from moe_monitor.core.tracefile.recorder import ArrowRecorder  # pyarrow only for a columnar trace
 
             self._columnar = ArrowRecorder(self._path, meta, max_bytes)
             return

@@ -1,7 +1,7 @@
 """MoE expert-load monitor: the Streamlit entry point. It only wires the sidebar and the navigation;
 pages live in dashboard/views (one function each), analytics in dashboard/analytics.
 
-Run: streamlit run app.py   (REDIS_URL=redis://host:port/db to choose the Redis the collectors write to)
+Run: moe-monitor dashboard   (REDIS_URL=redis://host:port/db to choose the Redis the collectors write to)
 """
 import os
 
@@ -12,12 +12,12 @@ from moe_monitor.dashboard.views.sidebar import sidebar
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 st.set_page_config(page_title="MoE load monitor", layout="wide")
-# .streamlit/config.toml binds to loopback only when streamlit starts in this directory: say so otherwise.
+# `moe-monitor dashboard` binds loopback unless told otherwise (a bare `streamlit run` may not): say so otherwise.
 if st.config.get_option("server.address") not in LOOPBACK and os.environ.get("MOE_DASHBOARD_ALLOW_REMOTE") != "1":
     st.warning(f"**This dashboard is reachable from the network** (server.address = "
                f"`{st.config.get_option('server.address') or 'all interfaces'}`): anyone who reaches this port "
                "sees your runs and the Redis they come from. Bind it to loopback with "
-               "`streamlit run app.py --server.address 127.0.0.1`, or set MOE_DASHBOARD_ALLOW_REMOTE=1 if "
+               "`moe-monitor dashboard --address 127.0.0.1` (its default), or set MOE_DASHBOARD_ALLOW_REMOTE=1 if "
                "exposing it is intended.")
 sidebar()
 

@@ -1,4 +1,4 @@
-"""`python -m demo.fleet`: a whole data-parallel-attention deployment of the tiny DeepSeek-V3 on the CPU, 32 ranks
+"""`python -m moe_monitor.demo.fleet`: a whole data-parallel-attention deployment of the tiny DeepSeek-V3 on the CPU, 32 ranks
 by default, each decoding what a real DP-attention rank decodes (32 sequences at a time), published rank by rank
 through the real collector so that the aggregator (collectors.aggregate) and the dashboard see a deployment.
 
@@ -25,7 +25,7 @@ GPUS, NODES = 32, 4  # the layout the runs describe: 256 experts over 32 GPUs in
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m demo.fleet", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m moe_monitor.demo.fleet", description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis", required=True, help="Redis URL (redis://, rediss://, a cluster node)")
     parser.add_argument("--run", default="demo-fleet", help="run name")
     parser.add_argument("--ranks", type=int, default=32, help="data-parallel attention ranks (W)")

@@ -1,4 +1,4 @@
-"""`python -m demo.vllm --redis URL` (in .venv-engines): a real vLLM engine on the CPU serving a tiny Qwen3-MoE
+"""`python -m moe_monitor.demo.vllm --redis URL` (in .venv-engines): a real vLLM engine on the CPU serving a tiny Qwen3-MoE
 (random weights, written on first use) with this package's plugin publishing to Redis, fed prompts of
 drifting token ranges until stopped. `make demo-vllm` starts it beside a private Redis and the dashboard."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m demo.vllm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m moe_monitor.demo.vllm", description=__doc__)
     parser.add_argument("--redis", required=True, help="Redis URL the plugin publishes to")
     parser.add_argument("--run", default="demo-vllm", help="run name")
     parser.add_argument("--checkpoint", type=Path, default=Path(tempfile.gettempdir()) / "moe-demo-qwen3-moe")

@@ -14,7 +14,7 @@ from moe_monitor.dashboard.analytics.timing import TimingSummary, summarise
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
 from moe_monitor.dashboard.live.watched import WatchedRun
-from moe_monitor.dashboard.sources.redis import REDIS_ERRORS, RedisSource, read_runs
+from moe_monitor.dashboard.sources.redis import RedisSource, read_runs
 from moe_monitor.dashboard.whatif.advice import advice_on_window
 from moe_monitor.exporter.metrics import PHASES, run_families
 from moe_monitor.planner.advisor import Advice
@@ -51,7 +51,7 @@ class RunExporter:
         try:
             names = self.runs if self.runs is not None else [name for name, _ in read_runs(self.client).runs]
             self.error = ""
-        except REDIS_ERRORS as exc:
+        except core.REDIS_ERRORS as exc:
             names, self.error = list(self._watched), f"{type(exc).__name__}: {exc}"
         for name in names:
             try:

@@ -7,13 +7,13 @@ int [L, P] with slot p on GPU p // S (shape legend: README, Conventions).
 - repair_plan / repair_curve / experts_copied: fix the current layout within a move budget;
 - add_replica / move_replica: one hand edit; replica_budget_curve: imbalance against redundant slots;
 - traffic: all-to-all traffic of sampled top-k rows under a layout;
-- gpu_loads / gpu_weights / weighted_loads / balancedness: the one even-split GPU-load rule;
+- (GPU loads under a layout and balancedness are the load model's: moe_monitor.core.loadmodel);
 - load_counts / load_layout / split_windows: inputs (SGLang logical_count JSON or .pt, traces, layouts);
 - simulate / Schedule / CostModel: replay per-step counts under a layout schedule, straggler + migration time;
 - advise / periodic_schedule / static_schedule: rebalance policies that write schedules;
 - staleness: imbalance at t + delta of layouts fitted at t.
 
-The CLI is `python -m planner` (planner/cli.py).
+The CLI is `moe-monitor plan` (planner/cli.py).
 """
 from .advisor import advise, periodic_schedule, static_schedule
 from .api import POLICIES, PlanResult, plan
@@ -21,7 +21,6 @@ from .bounds import best_bound, group_partition_bound
 from .budget import bytes_per_expert, replica_budget_curve
 from .edits import add_replica, move_replica
 from .io import load_counts, load_layout, load_trace_steps
-from .loads import balancedness, gpu_loads, gpu_weights, imbalance, replica_counts, validated_layout, weighted_loads
 from .repair import experts_copied, repair_curve, repair_plan
 from .schedule import Change, Schedule, load_schedule
 from .simulate import CostModel, SimResult, simulate
@@ -33,8 +32,8 @@ from .windows import MAX_WINDOWS, split_windows
 __all__ = [
     "Change", "CostModel", "Schedule", "SimResult", "StalenessCurve", "advise", "load_schedule", "load_trace_steps",
     "periodic_schedule", "simulate", "staleness", "static_schedule",
-    "DEEPSEEK_V3", "MAX_WINDOWS", "POLICIES", "ExpertSizes", "PlanResult", "add_replica", "balancedness",
-    "best_bound", "bytes_per_expert", "experts_copied", "gpu_loads", "gpu_weights", "group_partition_bound",
-    "imbalance", "load_counts", "load_layout", "move_replica", "plan", "repair_curve", "repair_plan",
-    "replica_budget_curve", "replica_counts", "split_windows", "traffic", "validated_layout", "weighted_loads",
+    "DEEPSEEK_V3", "MAX_WINDOWS", "POLICIES", "ExpertSizes", "PlanResult", "add_replica",
+    "best_bound", "bytes_per_expert", "experts_copied", "group_partition_bound",
+    "load_counts", "load_layout", "move_replica", "plan", "repair_curve", "repair_plan",
+    "replica_budget_curve", "split_windows", "traffic",
 ]

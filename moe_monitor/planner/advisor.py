@@ -25,8 +25,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import validated_layout
+
 from .api import plan
-from .loads import as_counts, check_shape, duplicates_on_gpu, validated_layout, whole_number
+from .loads import check_shape, duplicates_on_gpu, whole_number
 from .repair import experts_copied, repair_curve
 from .schedule import Change, Schedule
 from .simulate import CostModel, straggler_tokens

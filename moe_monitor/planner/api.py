@@ -18,10 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import replica_counts, slot_weights
+
 from .bounds import best_bound, group_partition_bound
 from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
 from .hierarchical import off_node_share, plan_hierarchical
-from .loads import as_counts, check_shape, check_size, layer_imbalance, replica_counts, slot_weights
+from .loads import check_shape, check_size, layer_imbalance
 from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
 from .pairs import MAX_SPLITS, num_splits, refine_pairs
 from .replicas import refine_all

@@ -17,7 +17,9 @@ from itertools import combinations
 
 import numpy as np
 
-from .loads import as_counts, check_shape
+from moe_monitor.core.counts import as_counts
+
+from .loads import check_shape
 from .pack import replicate_greedy
 
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from moe_monitor.core.counts import as_counts
+
 from .api import plan
-from .loads import as_counts
 from .sizes import DEEPSEEK_V3
 
 

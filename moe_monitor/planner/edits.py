@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .loads import replica_counts
+from moe_monitor.core.loadmodel import replica_counts
 
 
 def _checked_copy(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, gpus: int

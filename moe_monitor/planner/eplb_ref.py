@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loads import as_counts, check_shape
+from moe_monitor.core.counts import as_counts
+
+from .loads import check_shape
 from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
 
 

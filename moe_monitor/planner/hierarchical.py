@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import slot_weights
+
 from .eplb_ref import check_hierarchy, group_to_node
-from .loads import as_counts, check_shape, duplicates_on_gpu, slot_weights
+from .loads import check_shape, duplicates_on_gpu
 from .pack import expand_replicas, replicate_greedy
 from .replicas import refine_all
 

@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.counts import as_counts
 
-from .loads import CHUNK_STEPS, MAX_SLOTS, as_counts
+from .loads import CHUNK_STEPS, MAX_SLOTS
 from .windows import MAX_WINDOWS, split_windows
 
 _LOADERS: dict[str, Callable[[Path], object]] = {}
@@ -46,7 +47,7 @@ def _tensors_to_arrays(obj, path: Path, depth: int = 0):
     """obj with every torch tensor (at the top or inside lists, as a .pt may hold them) as a float64 array;
     as_counts checks the rest."""
     if hasattr(obj, "detach"):  # a torch tensor: only a .pt file holds one, so torch is loaded
-        from moe_monitor.planner.ptfile import tensor_array
+        from moe_monitor.core.ptfile import tensor_array
 
         return tensor_array(obj, str(path))
     if isinstance(obj, (list, tuple)) and depth < 3:
@@ -74,7 +75,7 @@ def _load_json(path: Path):
 
 
 def _load_pt(path: Path):
-    from moe_monitor.planner.ptfile import load_weights_only  # lazily: torch is needed only for .pt input
+    from moe_monitor.core.ptfile import load_weights_only  # lazily: torch is needed only for .pt input
 
     return _from_obj(load_weights_only(str(path)), path)
 
@@ -202,7 +203,7 @@ def load_trace_steps(path) -> np.ndarray:
 
 def _trace_counts(p: Path) -> np.ndarray:
     """int64 [T, L, E] of a trace through traces.open_trace, ranks summed; ValueError on any bad record."""
-    from moe_monitor.traces import open_trace  # pyarrow: only for a trace
+    from moe_monitor.core.tracefile import open_trace  # pyarrow: only for a trace
 
     with open_trace(p) as reader:
         steps_T = reader.timeline().step_T

@@ -17,7 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .loads import as_counts, check_layout, check_size, layer_imbalance, replica_counts, slot_weights
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import replica_counts, slot_weights
+
+from .loads import check_layout, check_size, layer_imbalance
 from .refine import refine_swaps
 from .replicas import refine_replicas
 from .robust import scenarios

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loads import replica_counts, slot_weights
+from moe_monitor.core.loadmodel import replica_counts, slot_weights
+
 from .refine import _presence, refine_swaps
 
 

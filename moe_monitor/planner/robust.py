@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .loads import as_counts, check_shape, slot_weights
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import slot_weights
+
+from .loads import check_shape
 from .pack import expand_replicas, layout_from_bins, replicate_greedy
 from .refine import refine_swaps
 from .replicas import refine_all

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .loads import validated_layout, whole_number
+from moe_monitor.core.loadmodel import validated_layout
+
+from .loads import whole_number
 
 SCHEDULE_VERSION = 1
 

@@ -33,8 +33,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import gpu_loads
+
 from .budget import bytes_per_expert
-from .loads import CHUNK_STEPS, as_counts, gpu_loads
+from .loads import CHUNK_STEPS
 from .repair import experts_copied
 from .schedule import as_schedule, check_schedule
 from .sizes import DEEPSEEK_V3

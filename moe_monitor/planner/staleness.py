@@ -20,8 +20,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.loadmodel import gpu_loads, imbalance, validated_layout
+
 from .api import plan
-from .loads import CHUNK_STEPS, as_counts, gpu_loads, imbalance_or_nan, validated_layout, whole_number
+from .loads import CHUNK_STEPS, whole_number
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ def step_imbalance(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> 
     """Per step, the mean over layers with tokens of max/mean GPU load, float64 [T] (NaN for idle steps)."""
     out = np.empty(counts_TLE.shape[0])
     for a in range(0, counts_TLE.shape[0], CHUNK_STEPS):
-        imb_TL = imbalance_or_nan(gpu_loads(counts_TLE[a:a + CHUNK_STEPS], layout_LP, gpus))
+        imb_TL = imbalance(gpu_loads(counts_TLE[a:a + CHUNK_STEPS], layout_LP, gpus))
         n = np.isfinite(imb_TL).sum(1)
         total = np.where(np.isfinite(imb_TL), imb_TL, 0.0).sum(1)
         out[a:a + CHUNK_STEPS] = np.where(n > 0, total / np.maximum(n, 1), np.nan)

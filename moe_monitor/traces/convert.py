@@ -18,9 +18,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from moe_monitor import core
-
-from .reader import open_trace
-from .writers import open_writer
+from moe_monitor.core.tracefile.reader import open_trace
+from moe_monitor.core.tracefile.writers import open_writer
 
 CHUNK_STEPS = 512
 MAX_JSON_BYTES = 1 << 30
@@ -140,7 +139,7 @@ def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str
         raise ValueError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
     with open(path, "rb") as handle:
         obj = core.parse_json(handle.read(), "logical_count JSON")
-    from moe_monitor.planner.loads import as_counts
+    from moe_monitor.core.counts import as_counts
     counts = as_counts(obj.get("logical_count") if isinstance(obj, dict) else None, f"{os.path.basename(path)}: logical_count",
                        ndim=(2, 3))
     if counts.ndim == 2:
@@ -158,8 +157,8 @@ def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str
 
 
 def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int):
-    from moe_monitor.collectors.sglang.dumps import PassDump, parse_name, read_dump
-    from moe_monitor.collectors.sglang.records import pass_steps, stat_steps, top_k_of
+    from moe_monitor.core.sglang_dumps import PassDump, parse_name, read_dump
+    from moe_monitor.core.sglang_records import pass_steps, stat_steps, top_k_of
 
     dump = read_dump(path, max_bytes=4 << 30)
     named = parse_name(os.path.basename(path))

@@ -3,8 +3,8 @@ watched run's own defences)."""
 from __future__ import annotations
 
 from moe_monitor import core
+from moe_monitor.core.tracefile import Timeline
 from moe_monitor.dashboard.sources.base import Batch, Health
-from moe_monitor.traces import Timeline
 
 
 class ListSource:
@@ -38,7 +38,7 @@ class SeekableListSource(ListSource):
     def timeline(self):
         import numpy as np
 
-        from moe_monitor.planner.loads import gpu_loads
+        from moe_monitor.core.loadmodel import gpu_loads
 
         by_step: dict[int, list[core.StepRecord]] = {}
         for rec in self.records:

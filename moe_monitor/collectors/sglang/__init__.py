@@ -1,6 +1,6 @@
 """SGLang bridge: SGLang's own expert counts, published to the monitor with no code in SGLang.
 
-    python -m collectors.sglang --dump-dir DIR --redis URL --run NAME [--server URL --every SECONDS] [--once]
+    moe-monitor sglang --dump-dir DIR --redis URL --run NAME [--server URL --every SECONDS] [--once]
 
 SGLang counts experts when started with `--expert-distribution-recorder-mode stat|per_pass|per_token` and
 writes dumps (torch.save) into SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR when asked (POST
@@ -14,7 +14,8 @@ runmeta (the run metadata and the GPUs of its layout),
 folder (which files are complete), state (what was read, kept in Redis), server (the HTTP endpoints),
 bridge (the loop), cli (the command line).
 """
+from moe_monitor.core.sglang_dumps import PassDump, StatDump, parse_dump, read_dump
+
 from .bridge import Bridge, BridgeOptions, ConfigError
-from .dumps import PassDump, StatDump, parse_dump, read_dump
 
 __all__ = ["Bridge", "BridgeOptions", "ConfigError", "PassDump", "StatDump", "parse_dump", "read_dump"]

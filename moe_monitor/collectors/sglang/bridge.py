@@ -23,15 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import redis
 
 from moe_monitor import core
 from moe_monitor.collectors.sinks import PartialWrite, RedisSink
+from moe_monitor.core.sglang_dumps import PassDump, StatDump, read_dump
+from moe_monitor.core.sglang_records import SAMPLE_TOKENS, Steps, pass_steps, stat_steps, top_k_of
 
 from . import state as store
-from .dumps import PassDump, StatDump, read_dump
 from .folder import DumpFile, Folder
-from .records import SAMPLE_TOKENS, Steps, pass_steps, stat_steps, top_k_of
 from .runmeta import ConfigError, MetaSettings, run_meta_for
 from .server import ServerDriver, ServerError
 from .stepids import StepIds
@@ -39,12 +38,12 @@ from .stepids import StepIds
 BATCH_RECORDS = 256        # step records per RedisSink.write
 HEARTBEAT_S = 5.0          # health written this often while idle
 MAX_FILES_PER_POLL = 64    # files read per round of the loop (a backlog does not hold up the server's dumps)
-REDIS_ERRORS = (redis.RedisError, OSError, PartialWrite)
+REDIS_ERRORS = (*core.REDIS_ERRORS, PartialWrite)  # a batch Redis took only part of counts as Redis's failure
 
 
 @dataclass(frozen=True)
 class BridgeOptions:
-    """Settings of `python -m collectors.sglang` (see its --help)."""
+    """Settings of `moe-monitor sglang` (see its --help)."""
 
     dump_dir: str
     redis_url: str

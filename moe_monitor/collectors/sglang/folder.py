@@ -10,7 +10,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .dumps import DumpName, parse_name
+from moe_monitor.core.sglang_dumps import DumpName, parse_name
 
 
 @dataclass(frozen=True)

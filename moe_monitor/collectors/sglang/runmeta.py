@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass
 
 from moe_monitor import core
-
-from .dumps import PassDump, StatDump
+from moe_monitor.core.sglang_dumps import PassDump, StatDump
 
 
 class ConfigError(Exception):

@@ -13,26 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_monitor.planner.loads import balancedness_or_nan, imbalance_or_nan
+from moe_monitor.core.loadmodel import balancedness, imbalance
 
-# 1/eta over the last axis (GPUs), NaN where every GPU has load 0: one implementation, shared with the planner
-# and the What-if page.
-imbalance = imbalance_or_nan
-
-
-def balancedness(loads_XG: np.ndarray) -> np.ndarray:
-    """eta = mean/max over the last axis (GPUs), [..., G] -> float64 [...], NaN where every GPU has load 0:
-    planner.loads.balancedness_or_nan. The step window's float32 loads take a path that gives the same values
-    bit for bit without first copying the whole [T, L, G] array to float64 (the max is exact in float32, the
-    mean accumulates in float64 per row): half the time of a window tick at 256 GPUs."""
-    if not (isinstance(loads_XG, np.ndarray) and loads_XG.dtype == np.float32 and loads_XG.ndim >= 1
-            and loads_XG.shape[-1] > 0):
-        return balancedness_or_nan(loads_XG)
-    peak = loads_XG.max(axis=-1)
-    mean = loads_XG.mean(axis=-1, dtype=np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(peak > 0, mean / np.where(peak > 0, peak, 1.0), np.nan)
-
+__all__ = ["balancedness", "imbalance"]  # the load model's, for the views (one implementation, in core)
 
 def nan_percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
     """Percentiles (0-100) of the finite values; NaN for each when there are none."""

@@ -26,7 +26,6 @@ from moe_monitor.dashboard.live.layout_changes import LayoutHistory
 from moe_monitor.dashboard.live.snapshot import bucket_name
 from moe_monitor.dashboard.live.watched import AGGREGATE, TickStats, WatchedRun
 from moe_monitor.dashboard.sources.rollups import RollupBatch, RollupSource
-from moe_monitor.dashboard.sources.streams import why
 
 
 class RollupRun(WatchedRun):
@@ -55,7 +54,7 @@ class RollupRun(WatchedRun):
             batch = self.rollups.poll()
             self.read_error = ""
         except Exception as exc:  # Redis down or refusing: the live run's health says so; nothing is lost
-            batch, self.read_error = RollupBatch(), why(exc)
+            batch, self.read_error = RollupBatch(), core.why(exc)
         if batch.last_error:  # read before the buckets below were folded in
             self.rollup_error = batch.last_error
         refused = 0
@@ -65,7 +64,7 @@ class RollupRun(WatchedRun):
                 self.rollups_read += 1
             except Exception as exc:  # one bad record; the read goes on
                 refused += 1
-                self.rollup_error = f"rollup bucket at {getattr(rec, 'start_s', '?')} s: {why(exc)}"
+                self.rollup_error = f"rollup bucket at {getattr(rec, 'start_s', '?')} s: {core.why(exc)}"
         self.rollup_bad += batch.bad_records + refused
         self._sync()
         self.last_tick = TickStats(steps_in=0, gpu_in=0, bad=batch.bad_records + refused, more=batch.more,

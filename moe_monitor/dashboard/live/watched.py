@@ -53,16 +53,9 @@ from moe_monitor.dashboard.sources.base import Batch, Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
 MAX_OLD_INSTANCES = 4096  # retired collector instances remembered (their late records are skipped)
-MAX_ERROR_CHARS = 500
 MAX_PENDING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step (the oldest go)
 FLOOR_SLACK_S = 30.0  # after a switch of feed, a record newer than the window's newest step by more is not skipped
 STEPS, AGGREGATE = "steps", "aggregate"  # feeds: per-rank records summed here, or steps summed by the aggregator
-
-
-def _why(exc: BaseException) -> str:
-    """An exception as one short line: the message of a ValueError, else the type and the message."""
-    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
 
 
 @dataclass
@@ -133,7 +126,7 @@ class WatchedRun:
         try:
             batch = self.source.poll(self.max_entries_per_tick)
         except Exception as exc:  # a Source must not raise; if one does, this tick is lost, not the page
-            batch = Batch(bad_records=1, last_error=f"the source failed: {_why(exc)}")
+            batch = Batch(bad_records=1, last_error=f"the source failed: {core.why(exc)}")
         self.bad_records += batch.bad_records
         if batch.last_error:
             self.last_error = batch.last_error
@@ -154,7 +147,7 @@ class WatchedRun:
                 taken += 1
             except Exception as exc:  # any failure of one record is one bad record; the poll goes on
                 refused += 1
-                self.last_error = f"step {_short(rec.step)} rank {_short(rec.rank)}: {_why(exc)}"
+                self.last_error = f"step {_short(rec.step)} rank {_short(rec.rank)}: {core.why(exc)}"
         self.bad_records += refused
         self.steps_read += taken
         aggregates = getattr(batch, "aggregates", [])
@@ -167,7 +160,7 @@ class WatchedRun:
             except Exception as exc:
                 refused += 1
                 self.bad_records += 1
-                self.last_error = f"GPU sample of rank {_short(getattr(sample, 'rank', '?'))}: {_why(exc)}"
+                self.last_error = f"GPU sample of rank {_short(getattr(sample, 'rank', '?'))}: {core.why(exc)}"
         for timing in getattr(batch, "timings", ()):
             try:
                 if timing.instance in self._old_instances:
@@ -178,7 +171,7 @@ class WatchedRun:
                 refused += 1
                 self.bad_records += 1
                 self.last_error = (f"timings of step {_short(getattr(timing, 'step', '?'))} rank "
-                                   f"{_short(getattr(timing, 'rank', '?'))}: {_why(exc)}")
+                                   f"{_short(getattr(timing, 'rank', '?'))}: {core.why(exc)}")
         bad_layouts = self._take_layouts(getattr(batch, "layouts", []))
         refused += bad_layouts
         self.bad_records += bad_layouts
@@ -209,7 +202,7 @@ class WatchedRun:
                 self.steps_read += int(rec.ranks_R.size)  # the per-rank records it stands for
             except Exception as exc:  # any failure of one record is one bad record; the poll goes on
                 bad += 1
-                self.last_error = f"aggregated step {_short(getattr(rec, 'step', '?'))}: {_why(exc)}"
+                self.last_error = f"aggregated step {_short(getattr(rec, 'step', '?'))}: {core.why(exc)}"
         return bad
 
     def _switch_feed(self, feed: str) -> None:
@@ -312,7 +305,7 @@ class WatchedRun:
                 self.layouts.add(change)
             except Exception as exc:  # one bad record; the poll goes on
                 bad += 1
-                self.last_error = f"layout change from step {_short(getattr(rec, 'step', '?'))}: {_why(exc)}"
+                self.last_error = f"layout change from step {_short(getattr(rec, 'step', '?'))}: {core.why(exc)}"
         return bad
 
     def _run_sizes(self) -> tuple[int, int] | None:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_record
-from moe_monitor.planner.loads import gpu_weights, weighted_loads
 
 PHASE_FILTERS = {"both": tuple(range(len(core.PHASES))), "prefill": (PHASE_CODE["prefill"],),
                  "decode": (PHASE_CODE["decode"],)}

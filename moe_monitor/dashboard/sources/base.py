@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from moe_monitor import core
 
 if TYPE_CHECKING:  # the traces package is imported by sources that implement Seekable
-    from moe_monitor import traces
-
-
+    from moe_monitor.core import tracefile
 @dataclass
 class Batch:
     """What one poll brought: new step records (one per step and rank), NVML samples, layout changes
@@ -82,7 +80,7 @@ class Seekable(Protocol):
 
     isinstance() does not work on this protocol: test with `is_seekable(source)`."""
 
-    def timeline(self) -> traces.Timeline:
+    def timeline(self) -> tracefile.Timeline:
         """One entry per step of the whole recording (ranks summed), oldest first: step ids, times, phases,
         tokens, per-step balancedness under the layout in force, and the steps layout changes start at."""
         ...

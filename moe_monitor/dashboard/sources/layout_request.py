@@ -2,7 +2,7 @@
 requests stream (core.layout_requests_key). A runtime able to move experts (the CPU EP runtime, demo/ep) picks it
 up and publishes the change it makes to the layouts stream, from the step it takes force; readers of the run's
 layout history never read requests. Used by the What-if page's "Apply to the running engine" and by
-`python -m demo.ep.apply`. No Streamlit, no torch: wire, numpy and a redis client.
+`moe-monitor apply`. No Streamlit, no torch: wire, numpy and a redis client.
 """
 from __future__ import annotations
 

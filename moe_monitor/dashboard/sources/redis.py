@@ -55,12 +55,10 @@ from moe_monitor.dashboard.sources.streams import (
     exclusive,
     page_backwards,
     pages_after,
-    why,
 )
 
 # RedisClusterException is not a RedisError: a RedisCluster used directly raises it when no node answers (a
 # core.connect client raises ConnectionError instead)
-REDIS_ERRORS = (redis.RedisError, OSError, RedisClusterException)
 UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, RedisClusterException)
 META_REFRESH_S = 5.0
 GPU_BACKLOG = 600
@@ -236,7 +234,7 @@ class RedisSource:
             replies = pipe.execute()
             health_fields = self._health_fields = int(replies[4] or 0)
             collectors = replies[5] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
-        except REDIS_ERRORS as exc:
+        except core.REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
             self._last_step_id, self._backlog, self._backlog_bytes = cursor
             answered = not isinstance(exc, UNREACHABLE_ERRORS)
@@ -317,7 +315,7 @@ class RedisSource:
         try:
             self._meta, self._meta_error, self._meta_raw = core.decode_meta(raw), "", raw
         except Exception as exc:  # wire raises ValueError only; anything else is a bad record too
-            self._meta_error = f"run metadata ({core.meta_key(self.run)}) is unusable: {why(exc)}"
+            self._meta_error = f"run metadata ({core.meta_key(self.run)}) is unusable: {core.why(exc)}"
             self._bad_meta_raw = raw
             batch.bad_records += 1
             batch.last_error = self._meta_error

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar, cast
 
+from moe_monitor import core
+
 # One stream entry as redis-py returns it without decoding: (entry id, {field: value}).
 StreamEntry = tuple[bytes, dict[bytes, bytes]]
 ENTRY_OVERHEAD_BYTES = 200  # what an entry costs beyond its payloads (ids, field names, framing), roughly
-MAX_ERROR_CHARS = 500
 
 T = TypeVar("T")
 
@@ -66,12 +67,6 @@ def entry_bytes(fields: dict) -> int:
     return ENTRY_OVERHEAD_BYTES + sum(len(v) for v in fields.values() if isinstance(v, (bytes, bytearray)))
 
 
-def why(exc: BaseException) -> str:
-    """An exception as one short line: the message of a ValueError, else the type and the message."""
-    text = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "..."
-
-
 def decode_into(found: list[StreamEntry], decode: Callable[[dict], T], out: list[T], kind: str,
                 tally: Tally, last_id: bytes | None = None) -> bytes | None:
     """Decode each entry (oldest first) into out; an entry that does not decode is one bad record of tally,
@@ -82,7 +77,7 @@ def decode_into(found: list[StreamEntry], decode: Callable[[dict], T], out: list
             out.append(decode(fields))
         except Exception as exc:  # wire raises ValueError only; anything else is one bad record too
             tally.bad_records += 1
-            tally.last_error = f"{kind} entry {id_text(entry_id)}: {why(exc)}"
+            tally.last_error = f"{kind} entry {id_text(entry_id)}: {core.why(exc)}"
     return last_id
 
 

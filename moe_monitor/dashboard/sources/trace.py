@@ -1,8 +1,8 @@
 """Replay source: a recorded trace file, read in chunks as if it were live, and seekable (timeline(),
-seek(first, last)). Three containers, told apart by their first bytes (traces.container_of): the columnar
-.parquet archive and .arrows recording (traces/, read through traces.open_trace: poll() hands out whole
+seek(first, last)). Three containers, told apart by their first bytes (tracefile.container_of): the columnar
+.parquet archive and .arrows recording (traces/, read through tracefile.open_trace: poll() hands out whole
 steps forward, a grown .arrows file is reopened and continued) and the JSON lines below, read incrementally
-by this module as it always was. timeline() and seek() read every container through traces.open_trace (a
+by this module as it always was. timeline() and seek() read every container through tracefile.open_trace (a
 JSON-lines file is indexed once, bounded), reopened when the file has changed.
 
 Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines ignored):
@@ -17,7 +17,7 @@ Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines igno
 Layer timings (core.TimingRecord, every rank) reach the pages from every container: poll() hands out those
 of a JSON-lines trace as its "timing" lines come, and those of a .parquet trace (its <stem>.timings.parquet
 sidecar) or an .arrows recording (the "timing" lines of its side file) with the chunk of steps they belong
-to; seek(first, last) puts the timings of those steps into Batch.timings (traces.TraceReader.read_timings).
+to; seek(first, last) puts the timings of those steps into Batch.timings (tracefile.TraceReader.read_timings).
 A timings table or line that does not read is a bad record of the batch; the steps replay without it.
 
 The collectors write it (collectors.sinks.TraceFileSink while collecting, collectors.record_trace() from a
@@ -44,7 +44,8 @@ import stat
 import time
 from pathlib import Path
 
-from moe_monitor import core, traces
+from moe_monitor import core
+from moe_monitor.core import tracefile
 from moe_monitor.dashboard.sources.base import Batch, Health
 from moe_monitor.traces.cursor import Cursor
 
@@ -112,7 +113,7 @@ class TraceSource:
         self._size, self._still_polls, self._grew_at = -1, 0, time.monotonic()
         self._container = ""  # "jsonl", "parquet" or "arrows" once the file was first read
         self._cursor: Cursor | None = None  # the forward replay of a columnar file
-        self._reader: traces.TraceReader | None = None  # what timeline() and seek() read
+        self._reader: tracefile.TraceReader | None = None  # what timeline() and seek() read
         self._reader_stamp: tuple[int, int] | None = None  # (size, mtime_ns) of the file _reader opened
         self._bad_reported = 0  # the columnar reader's bad records already counted in a batch
         self._truncation_told = False
@@ -161,14 +162,14 @@ class TraceSource:
             return "parquet"
         return "arrows" if head == b"\xff\xff\xff\xff" else "jsonl"
 
-    def _open_reader(self, path: str, info: os.stat_result) -> traces.TraceReader:
-        """traces.open_trace(path), kept while the file's size and mtime stay the same."""
+    def _open_reader(self, path: str, info: os.stat_result) -> tracefile.TraceReader:
+        """tracefile.open_trace(path), kept while the file's size and mtime stay the same."""
         stamp = (info.st_size, info.st_mtime_ns)
         if self._reader is None or self._reader_stamp != stamp:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
-            self._reader = traces.open_trace(path)
+            self._reader = tracefile.open_trace(path)
             self._reader_stamp = stamp
         return self._reader
 
@@ -202,8 +203,8 @@ class TraceSource:
         self._offset += len(chunk.steps)  # steps handed out (the health line's position)
         self._finished = self._cursor.done
 
-    def _seekable_reader(self) -> traces.TraceReader:
-        """The file opened through traces.open_trace (root rules and regular-file checks as for poll);
+    def _seekable_reader(self) -> tracefile.TraceReader:
+        """The file opened through tracefile.open_trace (root rules and regular-file checks as for poll);
         ValueError with the reason when it cannot be."""
         path = self.path if self.root is None else trace_file_in(self.root, self.path)
         try:
@@ -215,8 +216,8 @@ class TraceSource:
         with handle:
             return self._open_reader(str(path), os.fstat(handle.fileno()))
 
-    def timeline(self) -> traces.Timeline:
-        """The trace's steps (traces.Timeline: step ids, times, phases, tokens, balancedness per step, the steps
+    def timeline(self) -> tracefile.Timeline:
+        """The trace's steps (tracefile.Timeline: step ids, times, phases, tokens, balancedness per step, the steps
         layout records take force from); ValueError when the file cannot be read as a trace."""
         reader = self._seekable_reader()
         if self._meta is None:

@@ -58,7 +58,7 @@ def ago(time_s: float | None) -> str:
 def no_redis_message(cfg: Settings, error: str) -> None:
     st.error(f"**No Redis reachable at `{shown_url(cfg.redis_url)}`** ({safe_text(error, cfg.redis_url)}).\n\n"
              "Start Redis where the collectors write (e.g. `redis-server --bind 127.0.0.1`), or point the "
-             "dashboard at it: set `REDIS_URL=redis://host:port/db` before `streamlit run app.py`, or edit "
+             "dashboard at it: set `REDIS_URL=redis://host:port/db` before `moe-monitor dashboard`, or edit "
              "the Redis URL in the sidebar.")
 
 

@@ -18,7 +18,7 @@ import streamlit as st
 from moe_monitor import core
 from moe_monitor.dashboard.live.rollups import RollupRun
 from moe_monitor.dashboard.live.watched import WatchedRun
-from moe_monitor.dashboard.sources.redis import REDIS_ERRORS, RedisSource, RunListing, read_runs
+from moe_monitor.dashboard.sources.redis import RedisSource, RunListing, read_runs
 from moe_monitor.dashboard.sources.rollups import RollupSource, available_resolutions
 from moe_monitor.dashboard.sources.trace import TraceSource
 
@@ -98,7 +98,7 @@ def _run_listing(url: str) -> tuple[RunListing, str]:
     else:
         try:
             listing = read_runs(client)
-        except REDIS_ERRORS as exc:
+        except core.REDIS_ERRORS as exc:
             error = safe_text(f"{type(exc).__name__}: {exc}", url)
     st.session_state["run_listing"] = (url, listing.skipped)
     return listing, error
@@ -183,7 +183,7 @@ def rollup_resolutions(url: str, run: str | None) -> tuple[int, ...]:
         return ()
     try:
         return available_resolutions(redis_client(url), run)
-    except (ValueError, *REDIS_ERRORS):
+    except (ValueError, *core.REDIS_ERRORS):
         return ()
 
 

@@ -147,7 +147,7 @@ def trace_files(root: Path) -> list[str]:
 def upload_container(data: bytes) -> str:
     """'parquet', 'arrows' or 'jsonl': the trace container an upload's first bytes announce (as open_trace
     tells files apart)."""
-    from moe_monitor.traces.reader import IPC_MAGIC, PARQUET_MAGIC
+    from moe_monitor.core.tracefile.reader import IPC_MAGIC, PARQUET_MAGIC
     head = data[:4]
     return "parquet" if head == PARQUET_MAGIC else "arrows" if head == IPC_MAGIC else "jsonl"
 
@@ -175,7 +175,7 @@ def save_upload(root: Path, client_name: str, data: bytes) -> str:
         with open(tmp, "xb") as handle:
             handle.write(data)
         if container != "jsonl":
-            from moe_monitor.traces import open_trace
+            from moe_monitor.core.tracefile import open_trace
             reader = open_trace(tmp)
             try:
                 reader.timeline()
@@ -218,8 +218,8 @@ def _trace_controls(sb) -> str:
                                 help="Trace files (JSON lines) in the trace folder, newest first.")
         st.caption(("" if names else "No trace file here yet. ")
                    + f"Trace folder: `{root}` (set MOE_TRACE_DIR before starting the dashboard to use another; "
-                     "record with `collectors.record_trace(...)`, `trace_path=` at attach or `python -m traces "
-                     "record`, or upload below).")
+                     "record with `collectors.record_trace(...)`, `trace_path=` at attach or `moe-monitor record`, "
+                     "or upload below).")
         samples = sorted(n for n in trace_files(samples_root()) if n.endswith(".parquet"))
         sample = st.selectbox("Or a shipped sample", [NO_SAMPLE, *samples], key="trace_sample",
                               help="Sample traces shipped in traces/samples/ (the demo, real DeepSeek-V3 counts).")

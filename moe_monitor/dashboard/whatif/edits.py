@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.planner.edits import add_replica, move_replica
-from moe_monitor.planner.loads import replica_counts
 
 ACTIONS = ("add", "move")
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from moe_monitor.core.loadmodel import balancedness, gpu_weights, weighted_loads
 from moe_monitor.dashboard.analytics.balance import LayerSpread, across_layers
 from moe_monitor.dashboard.live.samples import SampledRows
-from moe_monitor.planner.loads import balancedness_or_nan, gpu_weights, weighted_loads
 from moe_monitor.planner.windows import split_windows
 
 MAX_SAMPLE_ROWS = 4096
@@ -161,6 +161,6 @@ def score(layout_LP: ArrayLike, score_TLE: ArrayLike, gpus: int) -> Score:
     """Score a layout [L, P] on per-step counts [T, L, E] (loads by the same code as the Overview's)."""
     c = np.asarray(score_TLE)
     loads_TLG = weighted_loads(c, gpu_weights(layout_LP, c.shape[2], gpus))
-    return Score(eta_sum_L=balancedness_or_nan(loads_TLG.sum(0, dtype=np.float64)),
-                 eta_step_TL=balancedness_or_nan(loads_TLG), mean_load_LG=loads_TLG.mean(0, dtype=np.float64),
+    return Score(eta_sum_L=balancedness(loads_TLG.sum(0, dtype=np.float64)),
+                 eta_step_TL=balancedness(loads_TLG), mean_load_LG=loads_TLG.mean(0, dtype=np.float64),
                  active_L=c.sum((0, 2)) > 0)

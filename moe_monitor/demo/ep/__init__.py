@@ -2,8 +2,8 @@
 the experts its layout puts on it, routing with the tiny DeepSeek-V3's own router and exchanging tokens with
 all_to_all_single, watched by the collectors (counts and per-layer dispatch / compute / combine times).
 
-    python -m demo.ep --ranks 4 --redis redis://127.0.0.1:6379/0 --run ep-demo --seconds 60 [--layout FILE]
-    python -m demo.ep.apply --redis URL --run ep-demo --layout FILE     # switch the running layout live
+    python -m moe_monitor.demo.ep --ranks 4 --redis redis://127.0.0.1:6379/0 --run ep-demo --seconds 60 [--layout FILE]
+    moe-monitor apply --redis URL --run ep-demo --layout FILE     # switch the running layout live
 
 Modules, one job each: config (EPConfig: what a run does), placement (a layout over the ranks: who holds
 which expert, which replica a token goes to), store (the expert weights a rank holds, its expert FFNs),

@@ -1,4 +1,4 @@
-"""`python -m demo.ep --ranks N [--redis URL] [--run NAME] [--seconds S] [--layout FILE]`: the EP runtime on
+"""`python -m moe_monitor.demo.ep --ranks N [--redis URL] [--run NAME] [--seconds S] [--layout FILE]`: the EP runtime on
 the CPU (demo/ep/__init__.py), N = 2..8 processes, publishing one run of world size N (scope "rank": each rank
 its own tokens). Without --redis the collectors count in memory only. Bad input: one `error: ...` line, exit 2."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import warnings
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m demo.ep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m moe_monitor.demo.ep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4, help="processes (expert-parallel ranks), 2..8")
     parser.add_argument("--redis", default=None, help="Redis URL to publish to (default: no publishing)")
     parser.add_argument("--run", default="ep-demo", help="run name")

@@ -1,4 +1,4 @@
-"""Rank 0's watch of the run's layout requests: "apply" records (python -m demo.ep.apply, the dashboard, an
+"""Rank 0's watch of the run's layout requests: "apply" records (moe-monitor apply, the dashboard, an
 operator) arrive here without the EP steps ever waiting on Redis.
 
 A daemon thread reads new entries of core.layout_requests_key(run) every poll_s with XREAD without BLOCK (from the

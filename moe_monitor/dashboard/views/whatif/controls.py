@@ -20,7 +20,6 @@ import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from moe_monitor import core
-from moe_monitor.dashboard.sources.redis import REDIS_ERRORS
 from moe_monitor.dashboard.whatif import edits
 from moe_monitor.dashboard.whatif.score import Score, WhatIfData
 from moe_monitor.planner.api import POLICIES
@@ -341,7 +340,7 @@ def on_apply_confirm() -> None:
     except ValueError as exc:
         state.apply_note = ("error", f"Cannot apply: {exc}")
         return
-    except REDIS_ERRORS as exc:
+    except core.REDIS_ERRORS as exc:
         state.apply_note = ("error", f"Cannot apply: Redis: {type(exc).__name__}")
         return
     state.requests = [*state.requests, Requested(record.step, target.key, target.predicted_eta,

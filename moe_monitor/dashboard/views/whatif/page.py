@@ -135,7 +135,7 @@ def _advisor(current: PageData, layout: ResolvedLayout, window: StepWindow, view
     left, right = st.columns([4, 1])
     line = whatif_advice.advice_line(advice)
     text = (f"**Rebalance advisor: {line}.** On the newest {min(view.num_steps, DEFAULT_WINDOW):,} steps of the "
-            f"window, repair within {DEFAULT_MAX_MOVES} moves, as `python -m planner advise` decides (straggler "
+            f"window, repair within {DEFAULT_MAX_MOVES} moves, as `moe-monitor advise` decides (straggler "
             "time saved if the window repeats, against the time serving waits for the copies).")
     (left.success if advice.rebalance else left.info)(text)
     controls.advice_buttons(right, data_key, state.show_advice == data_key, advice.moves)

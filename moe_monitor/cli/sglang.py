@@ -1,6 +1,5 @@
-"""python -m collectors.sglang: the command line of the SGLang dump bridge (bridge.py does the work).
-
-    python -m collectors.sglang --dump-dir DIR --redis URL --run NAME [--server URL --every SECONDS] [--once]
+"""moe-monitor sglang --dump-dir DIR --redis URL --run NAME [--server URL --every SECONDS] [--once]: the SGLang
+dump bridge (collectors/sglang/bridge.py does the work).
 
 Exit codes: 0 done (or stopped by Ctrl-C / SIGTERM), 1 (--once) the server or Redis failed, 2 bad settings.
 """
@@ -9,24 +8,22 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import threading
 
 from moe_monitor import core
 
-from .bridge import Bridge, BridgeOptions
+from .common import add_redis, add_run, fail, guarded
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m collectors.sglang",
+def register(sub) -> None:
+    parser = sub.add_parser(
+        "sglang", help="publish SGLang's expert-distribution dumps to the monitor's Redis",
         description="Publish SGLang's expert-distribution dumps (--expert-distribution-recorder-mode stat, per_pass "
                     "or per_token; files in SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR) to the monitor's Redis streams.")
     parser.add_argument("--dump-dir", required=True, help="the folder SGLang writes its dumps into "
                         "(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR)")
-    parser.add_argument("--redis", default=os.environ.get("REDIS_URL"), required="REDIS_URL" not in os.environ,
-                        help="Redis URL (default: $REDIS_URL)")
-    parser.add_argument("--run", required=True, help="run name (letters, digits, _ . -)")
+    add_redis(parser, required=True)
+    add_run(parser)
     parser.add_argument("--server", help="SGLang server URL, e.g. http://127.0.0.1:30000: start recording, dump "
                         "every --every seconds, and stop recording on exit")
     parser.add_argument("--every", type=_positive_float, default=10.0, metavar="SECONDS",
@@ -49,17 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="environment variable holding the server's admin API key (sent as a Bearer token)")
     parser.add_argument("--sample-tokens", type=int, default=16, choices=range(0, 257), metavar="N",
                         help="routing rows sampled per pass from per_token dumps (0: none; default 16)")
-    return parser
+    parser.set_defaults(handler=lambda args: guarded(bridge, args))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def bridge(args: argparse.Namespace) -> int:
+    from moe_monitor.collectors.sglang.bridge import Bridge, BridgeOptions
     api_key = None
     if args.api_key_env:
         api_key = os.environ.get(args.api_key_env)
         if not api_key:
-            print(f"error: --api-key-env {args.api_key_env}: that variable is not set", file=sys.stderr)
-            return 2
+            return fail(f"--api-key-env {args.api_key_env}: that variable is not set")
     try:
         core.check_run_name(args.run)
         opts = BridgeOptions(
@@ -68,12 +64,11 @@ def main(argv: list[str] | None = None) -> int:
             model_name=args.model, max_file_bytes=int(args.max_file_mib * (1 << 20)),
             redis_timeout_s=args.redis_timeout_s, server_timeout_s=args.server_timeout_s,
             sample_tokens=args.sample_tokens, api_key=api_key)
-        bridge = Bridge(opts)
+        running = Bridge(opts)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc))
     if args.once:
-        return bridge.run_once()
+        return running.run_once()
     stop = threading.Event()
 
     def on_signal(signum, frame):  # first signal: finish (last dump, stop recording); second: give up
@@ -84,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        return bridge.run(stop)
+        return running.run(stop)
     except KeyboardInterrupt:
         return 130
 

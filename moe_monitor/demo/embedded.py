@@ -1,10 +1,11 @@
-"""`make demo` / `python -m demo`: private Redis (unless REDIS_URL is set), the tiny DeepSeek-V3 driven by
-drifting traffic with the real collector attached, and the dashboard on 127.0.0.1:$PORT (default 8501).
+"""`moe-monitor demo` (`make demo`): a private redis-server (unless REDIS_URL is set), the tiny DeepSeek-V3
+driven by drifting traffic with the real collector attached, and the dashboard on 127.0.0.1:$PORT (default 8501).
 `--engine vllm` (`make demo-vllm`) serves a tiny Qwen3-MoE in a real vLLM instead (demo/vllm.py, run with
 .venv-engines' Python), watched through the vLLM plugin; `--engine ep` (`make demo-ep`) runs the tiny
 DeepSeek-V3 over 4 expert-parallel CPU ranks with real all-to-all (demo/ep), timed and open to live layout
 changes; `--engine fleet` (`make demo-fleet`) runs a 32-rank data-parallel-attention deployment of it
-(demo/fleet.py, 32 sequences per rank) with the aggregator (collectors.aggregate) summing its ranks."""
+(demo/fleet.py, 32 sequences per rank) with the aggregator summing its ranks. The engines other than
+transformers run in processes of their own (python -m moe_monitor.demo.ep | .fleet | .vllm: the demo starts them)."""
 from __future__ import annotations
 
 import argparse
@@ -18,29 +19,13 @@ import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
-    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8501)), help="dashboard port")
-    parser.add_argument("--run", default=os.environ.get("RUN", "demo-deepseek-v3"), help="run name in Redis")
-    parser.add_argument("--no-dashboard", action="store_true", help="only drive the model")
-    parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: until Ctrl-C)")
-    parser.add_argument("--engine", choices=("transformers", "vllm", "ep", "fleet"), default="transformers",
-                        help="what serves the model: transformers in this process, vLLM (.venv-engines), the "
-                             "expert-parallel runtime on CPU ranks (demo/ep), or a 32-rank deployment (demo/fleet)")
-    parser.add_argument("--ranks", type=int, default=None, help="--engine ep: ranks (2..8, default 4); "
-                                                                "--engine fleet: ranks (default 32)")
-    return parser.parse_args(argv)
+from moe_monitor.dashboard.serve import streamlit_command
 
 
 def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
     # one BLAS thread: the window's small matmuls gain nothing from more, and a busy host's pool stalls a tick
     env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "REDIS_URL": redis_url}
-    cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "dashboard" / "app.py"), "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.headless", "true", "--browser.gatherUsageStats", "false"]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env)
+    return subprocess.Popen(streamlit_command(port), env=env)
 
 
 def engine_command(args, redis_url: str) -> list[str] | None:
@@ -51,9 +36,11 @@ def engine_command(args, redis_url: str) -> list[str] | None:
     if args.engine == "fleet":  # a whole DP-attention deployment of the tiny model, ranks summed by the aggregator
         return [sys.executable, "-m", "moe_monitor.demo.fleet", "--ranks", str(args.ranks or 32), "--redis", redis_url, "--run",
                 args.run, "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
-    engine_python = ROOT / ".venv-engines" / "bin" / "python"
+    engine_python = Path(os.environ.get("MOE_ENGINE_PYTHON") or Path(".venv-engines") / "bin" / "python")
     if not engine_python.exists():
-        print("demo: vLLM lives in .venv-engines: run `make demo-vllm` (it builds it)", file=sys.stderr)
+        print(f"demo: vLLM lives in its own environment ({engine_python} not found): run `make demo-vllm` in a "
+              "checkout (it builds .venv-engines), or set MOE_ENGINE_PYTHON to a Python with vLLM and this "
+              "package", file=sys.stderr)
         return None
     cmd = [str(engine_python), "-m", "moe_monitor.demo.vllm", "--redis", redis_url, "--run", args.run]
     return cmd + (["--seconds", str(args.seconds)] if args.seconds > 0 else [])
@@ -65,11 +52,11 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     cmd = engine_command(args, redis_url)
     if cmd is None:
         return 2
-    engine = subprocess.Popen(cmd, cwd=ROOT)
+    engine = subprocess.Popen(cmd)
     helpers = [engine]
     if args.engine == "fleet":  # ranks summed once, by the aggregator, for every dashboard
-        helpers.append(subprocess.Popen([sys.executable, "-m", "moe_monitor.aggregator", "--redis", redis_url, "--run",
-                                         args.run], cwd=ROOT))
+        helpers.append(subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", redis_url,
+                                         "--run", args.run]))
     dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url)
     if dashboard is not None:
         print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once the engine is up)",
@@ -85,8 +72,8 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def run_demo(args: argparse.Namespace) -> int:
+    """The demo until Ctrl-C, SIGTERM or --seconds; args as `moe-monitor demo` parses them."""
     warnings.filterwarnings("ignore", category=UserWarning)
     from moe_monitor.collectors import attach
     from moe_monitor.demo.model import build_model
@@ -96,7 +83,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     redis = dashboard = monitor = None
     try:
-        redis_url = os.environ.get("REDIS_URL")
+        redis_url = args.redis
         if not redis_url:
             from moe_monitor.demo.localredis import RedisServer
             redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"), own_session=True)
@@ -130,6 +117,3 @@ def main(argv=None) -> int:
             redis.stop()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,7 +13,7 @@ written with torch.save) has three modes; the facts used here:
   nothing was routed, K' a fixed width >= k), "input_ids", "positions", "extend_seq_lens" and
   "forward_mode" (the int value of SGLang's ForwardMode: EXTEND 1, DECODE 2, MIXED 3, IDLE 4, ...).
 
-Files load with torch.load(weights_only=True) only (load_weights_only, the rule of planner/ptfile.py): a
+Files load with torch.load(weights_only=True) only (core.ptfile.load_weights_only): a
 file that holds anything but tensors and plain containers is refused, never unpickled. Every problem is one ValueError naming the file.
 
 Shape legend (README, Conventions): T forward passes (or buffered stat rows), L layers, E logical experts,
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.ptfile import load_weights_only
 
 NAME_RE = re.compile(r"^expert_distribution_recorder_(\d{1,12}(?:\.\d{1,9})?)(?:_(\d{1,5}))?\.pt$")
 INT32_MAX = (1 << 31) - 1
@@ -125,36 +126,6 @@ def read_dump(path: str | os.PathLike[str], max_bytes: int) -> Dump:
         raise ValueError(f"{name}: {exc}") from None
     except Exception as exc:  # anything torch or numpy raises on a strange object is a bad file, not a crash
         raise ValueError(f"{name}: not a well-formed dump ({type(exc).__name__}: {_first_line(exc)})") from None
-
-
-def load_weights_only(path: str) -> Any:
-    """torch.load(path, map_location="cpu", weights_only=True) -- the only way a dump is loaded (as in
-    planner/ptfile.py): tensors and plain containers only, never an arbitrary pickled object. ValueError
-    (one line, naming the file) when torch refuses or cannot read it."""
-    import pickle
-    import warnings
-
-    import torch
-
-    name = os.path.basename(path)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch warns about pickle protocols on some files
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        text = str(exc)
-        blocked = re.search(r"unsupported GLOBAL (\S+)", text)
-        if blocked:
-            raise ValueError(f"{name}: holds a pickled object ({blocked.group(1)}), not only tensors: refused "
-                             "(dumps load with weights_only=True)") from None
-        detail = re.search(r"WeightsUnpickler error: \s*(.+)", text)
-        raise ValueError(f"{name}: not a torch tensor file, or corrupt (weights-only unpickler: "
-                         f"{detail.group(1).strip()[:120] if detail else type(exc).__name__})") from None
-    except Exception as exc:  # torch raises many types for truncated and corrupt files
-        text = _first_line(exc)
-        if "zip archive" in text or isinstance(exc, EOFError):
-            raise ValueError(f"{name}: truncated or corrupt (not a complete torch zip archive)") from None
-        raise ValueError(f"{name}: cannot be read as a torch file ({type(exc).__name__}: {text[:200]})") from None
 
 
 def _first_line(exc: BaseException) -> str:

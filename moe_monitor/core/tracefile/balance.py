@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from moe_monitor import core
-from moe_monitor.planner.loads import balancedness_or_nan, gpu_weights, weighted_loads
+from moe_monitor.core.loadmodel import balancedness, gpu_weights, weighted_loads
 
 
 class LayoutSchedule:
@@ -65,7 +65,7 @@ def step_balancedness(step_T: np.ndarray, counts_TLE: np.ndarray, schedule: Layo
     for index in np.unique(segment_T):
         these = np.flatnonzero(segment_T == index)
         loads_TLG = weighted_loads(counts_TLE[these], schedule.weights(int(index)))
-        eta_TL = balancedness_or_nan(loads_TLG)
+        eta_TL = balancedness(loads_TLG)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # a step idle in every layer stays NaN
             out[these] = np.nanmean(eta_TL, axis=1)

@@ -18,7 +18,7 @@ import numpy as np
 
 from moe_monitor import core
 
-from .dumps import PassDump, StatDump
+from .sglang_dumps import PassDump, StatDump
 
 SAMPLE_TOKENS = 16  # sampled routing rows per pass and rank (per_token dumps)
 

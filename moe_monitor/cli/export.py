@@ -1,7 +1,6 @@
-"""python -m dashboard.exporter --redis URL [--run NAME ... | --all] [--port 9464] [--address 127.0.0.1]
-
-Serves /metrics (Prometheus text format, or OpenMetrics when the scraper asks for it) for the runs in one
-Redis. Binds loopback unless told otherwise.
+"""moe-monitor export --redis URL [--run NAME ... | --all] [--port 9464] [--address 127.0.0.1]: serve /metrics
+(Prometheus text format, or OpenMetrics when the scraper asks for it) for the runs in one Redis. Binds loopback
+unless told otherwise.
 
 Rebalance advisor gauges (labels run, phase), recomputed at most every --advise-every-s seconds per run (each
 decision costs a repair of the layout in force on the window): moe_rebalance_predicted_gain_ratio (straggler
@@ -11,22 +10,18 @@ gain exceeds it) and moe_rebalance_moves (expert copies it needs)."""
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import threading
 
-from prometheus_client import CollectorRegistry, start_http_server
-
-from moe_monitor.exporter.metrics import series_count
-from moe_monitor.exporter.server import RunExporter, connect, poll_forever
+from .common import add_redis, guarded
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dashboard.exporter", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n")[2])
-    p.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+def register(sub) -> None:
+    p = sub.add_parser("export", help="Prometheus /metrics for the runs in one Redis",
+                       description=(__doc__ or "").split("\n\n")[0].split(":", 1)[1].strip(),
+                       epilog=(__doc__ or "").split("\n\n")[1])
+    add_redis(p)
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--run", action="append", help="a run to export (repeat for several)")
+    which.add_argument("--run", action="append", metavar="NAME", help="a run to export (repeat for several)")
     which.add_argument("--all", action="store_true", help="every run of moe:runs (the default)")
     p.add_argument("--port", type=int, default=9464)
     p.add_argument("--address", default="127.0.0.1", help="address to bind (default: loopback only)")
@@ -37,13 +32,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--advise-every-s", type=float, default=30.0,
                    help="seconds between rebalance-advisor decisions per run (moe_rebalance_* gauges; each costs a "
                         "repair)")
-    args = p.parse_args(argv)
-    try:
-        exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps, args.per_layer,
-                               args.top_experts, args.advise_every_s)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    p.set_defaults(handler=lambda args: guarded(export, args))
+
+
+def export(args: argparse.Namespace) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from moe_monitor.exporter.metrics import series_count
+    from moe_monitor.exporter.server import RunExporter, connect, poll_forever
+    exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps, args.per_layer,
+                           args.top_experts, args.advise_every_s)
     exporter.poll()
     registry = CollectorRegistry()
     registry.register(exporter)
@@ -56,7 +54,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         stop.set()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

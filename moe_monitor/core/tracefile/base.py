@@ -20,7 +20,7 @@ MAX_READ_BYTES = 4 << 30  # counts one read_steps call may return (a 4 GiB view 
 
 @dataclass(frozen=True)
 class TraceInfo:
-    """What `python -m traces info` prints."""
+    """What `moe-monitor info` prints."""
 
     path: str
     container: str

@@ -1,4 +1,4 @@
-"""python -m collectors.aggregate.selfbench --redis URL: how many step entries a second one aggregator sustains,
+"""python -m bench.aggregate_ceiling --redis URL: how many step entries a second one aggregator sustains,
 its CPU, and what the rollups cost in Redis memory, at DeepSeek-V3's shape (58 MoE layers x 256 experts, top-8).
 
 Point it at a scratch Redis: it writes a throwaway run (selfbench-<random>) and deletes its keys at the end.
@@ -24,11 +24,10 @@ import time
 import numpy as np
 
 from moe_monitor import core
-
-from .layoutbook import LayoutBook
-from .options import AggregateOptions
-from .rollup import StepEntry, bucket_rollup
-from .worker import Aggregator
+from moe_monitor.aggregator.layoutbook import LayoutBook
+from moe_monitor.aggregator.options import AggregateOptions
+from moe_monitor.aggregator.rollup import StepEntry, bucket_rollup
+from moe_monitor.aggregator.worker import Aggregator
 
 LAYERS, EXPERTS, TOP_K, TOKENS = 58, 256, 8, 64
 POOL = 64  # distinct rank-step count arrays the records cycle through
@@ -95,7 +94,7 @@ def drain(url: str, run: str, options: AggregateOptions, want_steps: int, limit_
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m collectors.aggregate.selfbench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.aggregate_ceiling", description=__doc__.split("\n\n")[0])
     p.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p.add_argument("--ranks", type=int, default=256)
     p.add_argument("--steps", type=int, default=40, help="steps of the backlog")

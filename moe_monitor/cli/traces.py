@@ -1,0 +1,58 @@
+"""moe-monitor info FILE and moe-monitor convert IN OUT: describe a trace; convert JSON-lines traces, SGLang
+dumps (.pt) and logical_count JSON into columnar traces (.parquet archive, .arrows recording)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from .common import add_json, guarded, print_json
+
+
+def register(sub) -> None:
+    inf = sub.add_parser("info", help="a trace's run, steps, ranks, time span, layouts and size",
+                         description="Describe a trace (.parquet, .arrows or JSON lines).")
+    inf.add_argument("path", metavar="FILE")
+    add_json(inf)
+    inf.set_defaults(handler=lambda args: guarded(info, args))
+    con = sub.add_parser("convert", help="JSON lines, SGLang dumps (.pt) or logical_count JSON -> .parquet/.arrows",
+                         description="Convert a trace or an SGLang dump into a columnar trace.")
+    con.add_argument("src", metavar="IN")
+    con.add_argument("dst", metavar="OUT", help="output trace: .parquet (archive) or .arrows (recording)")
+    con.add_argument("--run", default=None, metavar="NAME", help="run name of the output (default: the input's)")
+    con.add_argument("--gpus", type=int, default=None, help="GPUs of the layout (SGLang inputs)")
+    con.add_argument("--phase", default="unknown", help="phase of logical_count JSON steps")
+    con.add_argument("--top-k", type=int, default=8, help="k of the model (SGLang inputs without ids)")
+    add_json(con)
+    con.set_defaults(handler=lambda args: guarded(convert, args))
+
+
+def info(args: argparse.Namespace) -> int:
+    from moe_monitor.core.tracefile.reader import open_trace
+    with open_trace(args.path) as reader:
+        found = reader.info()
+        meta = reader.meta
+    if args.json:
+        print_json({**dataclasses.asdict(found), "run": meta.run, "model_name": meta.model_name,
+                    "layers": len(meta.layer_names), "experts": meta.num_experts, "top_k": meta.top_k,
+                    "gpus": meta.layout.gpus})
+        return 0
+    print(f"{found.path}: {found.container}")
+    print(f"run {meta.run}: {meta.model_name}, {len(meta.layer_names)} layers x {meta.num_experts} experts, "
+          f"top-{meta.top_k}, {meta.layout.gpus} GPUs")
+    print(f"steps {found.steps} ({found.first_step}..{found.last_step}), ranks {found.ranks}, "
+          f"time span {found.span_s:.1f} s")
+    print(f"layout records {found.layouts}, NVML samples {found.gpu_samples}, layer timing rows {found.timings}, "
+          f"size {found.size_bytes} bytes")
+    if found.bad_records or found.truncated:
+        print(f"bad records {found.bad_records}{', truncated (a recording cut short)' if found.truncated else ''}")
+    return 0
+
+
+def convert(args: argparse.Namespace) -> int:
+    from moe_monitor.traces.convert import convert as convert_file
+    steps = convert_file(args.src, args.dst, run=args.run, gpus=args.gpus, phase=args.phase, top_k=args.top_k)
+    if args.json:
+        print_json({"out": args.dst, "steps": steps})
+    else:
+        print(f"wrote {args.dst}: {steps} steps")
+    return 0

@@ -1,0 +1,69 @@
+"""The one place that reads PyTorch .pt files (SGLang dumps and logical_count files): weights_only=True,
+always, on the CPU. torch is imported only when a .pt file is read, so nothing that imports this needs torch
+until then, and a machine without torch gets a clear message instead."""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import warnings
+from typing import Any
+
+
+def load_weights_only(path: str) -> Any:
+    """torch.load(path, map_location="cpu", weights_only=True): tensors and plain containers only, never an
+    arbitrary pickled object. ValueError (one line, naming the file) when torch is missing, refuses the file
+    or cannot read it."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError(f"{path}: reading a .pt file needs torch installed (or save the counts as JSON)") from None
+
+    name = os.path.basename(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols on some files
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        text = str(exc)
+        blocked = re.search(r"unsupported GLOBAL (\S+)", text)
+        if blocked:
+            raise ValueError(f"{name}: holds a pickled object ({blocked.group(1)}), not only tensors: refused "
+                             "(.pt files load weights-only)") from None
+        detail = re.search(r"WeightsUnpickler error: \s*(.+)", text)
+        raise ValueError(f"{name}: not a torch tensor file, or corrupt (weights-only unpickler: "
+                         f"{detail.group(1).strip()[:120] if detail else type(exc).__name__})") from None
+    except Exception as exc:  # torch raises many types for truncated and corrupt files
+        text = _first_line(exc)
+        if "zip archive" in text or isinstance(exc, EOFError):
+            raise ValueError(f"{name}: truncated or corrupt (not a complete torch zip archive; read weights-only)") from None
+        raise ValueError(f"{name}: cannot be read as a weights-only torch file ({type(exc).__name__}: "
+                         f"{text[:200]})") from None
+
+
+def tensor_array(tensor, path: str):
+    """A loaded tensor as a float64 numpy array. ValueError (never another exception) for tensors that hold no
+    plain numbers: sparse, nested, meta (no data), quantized, bool or complex tensors."""
+    import torch
+
+    layout = getattr(tensor, "layout", None)
+    if getattr(tensor, "is_nested", False) or layout != torch.strided:
+        kind = "nested" if getattr(tensor, "is_nested", False) else f"{layout}"
+        raise ValueError(f"{path}: logical_count is a {kind} tensor; save a dense one (tensor.to_dense())")
+    if getattr(tensor, "is_meta", False):
+        raise ValueError(f"{path}: logical_count is a meta tensor (shape only, no data)")
+    if getattr(tensor, "is_quantized", False):
+        raise ValueError(f"{path}: logical_count is a quantized tensor ({tensor.dtype}); save it dequantized "
+                         "(tensor.dequantize())")
+    dtype = getattr(tensor, "dtype", None)
+    if dtype == torch.bool or getattr(dtype, "is_complex", False):
+        raise ValueError(f"{path}: logical_count is a {dtype} tensor; counts are integer or real numbers")
+    try:
+        return tensor.detach().to("cpu", torch.float64).numpy()
+    except Exception as exc:  # any other tensor kind torch cannot hand to numpy
+        raise ValueError(f"{path}: logical_count tensor cannot be read as numbers ({type(exc).__name__}: "
+                         f"{_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else ""
