@@ -12,6 +12,7 @@ import redis
 
 from moe_monitor import core
 from moe_monitor.aggregator import Aggregator
+from moe_monitor.aggregator.commit import Committer
 from moe_monitor.aggregator.options import GROUP
 from moe_monitor.aggregator.progress import state_key
 from moe_monitor.cli import build_parser, main
@@ -262,8 +263,8 @@ def test_redis_killed_and_restarted_empty_costs_no_crash_and_loses_nothing_buffe
     agg.close()
 
 
-class LostReply(Aggregator):
-    """An aggregator whose next commit lands in Redis but whose reply is lost on the way back (as when the
+class LostReplyCommitter(Committer):
+    """A committer whose next commit lands in Redis but whose reply is lost on the way back (as when the
     connection breaks during EXEC): Redis is real, only the reply is dropped."""
 
     lose_next = False
@@ -283,11 +284,19 @@ class LostReply(Aggregator):
         return pipe
 
 
+class LostReply(Aggregator):
+    """An aggregator writing through LostReplyCommitter."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.committer = LostReplyCommitter(self.client, self.run, self.consumer, self.options, self._report_error)
+
+
 def test_a_commit_whose_reply_was_lost_is_not_written_again(redis_url):
     client = core.connect(redis_url)
     agg = LostReply(redis_url, "lost", options(), log=lambda _: None)
     assert drive([agg], lambda: agg.synced)
-    agg.lose_next = True
+    agg.committer.lose_next = True
     sent = [step_record("lost", s, r) for s in range(3) for r in range(4)]
     publish(client, sent)
     assert drive([agg], lambda: agg.redis_errors == 1 and agg.counters.steps_written == 3)

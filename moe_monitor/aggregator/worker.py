@@ -17,7 +17,6 @@ import socket
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import redis
@@ -25,17 +24,16 @@ import redis
 from moe_monitor import core
 
 from .assembly import Assembler, Output, entry_id_key
-from .commit import _Outbox, commit, queue
+from .commit import CommitResult, Committer
 from .layoutbook import LayoutBook
 from .lease import KEPT, LOST, RETAKEN, Lease
 from .options import GROUP, AggregateOptions
 from .progress import decode_progress, state_key
-from .reading import _text, ingest, place_layouts, read_meta, read_round, take_layouts
+from .reading import RoundReader, text_of
 from .rollup import RollupBuilder
 from .takeover import claim, last_bucket_start, read_tail, replay, stream_entries
 
 TRIM_EVERY_S = 1.0  # the steps stream is trimmed this often
-MAX_WAITING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
 REPORT_AGAIN_S = 30.0  # a Redis failure that goes on is reported again this often
 QUIET_LOG_EVERY = 12  # while nothing arrives, one progress line every this many intervals
@@ -75,13 +73,11 @@ class Aggregator:
         self.lease = Lease(self.client, self.run, self.consumer, self.options.lease_s, self.state_key)
         self.holder = False  # the lease is ours
         self.synced = False  # ... and the takeover read what it needed
-        self.entries_in = 0
-        self.commits = 0
         self.redis_errors = 0
         self.lag_entries = -1
         self.last_error = ""
-        self.layout_problems = 0
-        self._seq = 0
+        self.reader = RoundReader(self.client, self.run, self.consumer, self.options.read_count)
+        self.committer = Committer(self.client, self.run, self.consumer, self.options, self._report_error)
         now = time.monotonic()
         self._acquire_at = self._retry_at = now
         self._backoff_s = 0.0
@@ -99,13 +95,25 @@ class Aggregator:
     def counters(self):
         return self.assembler.counters
 
+    @property
+    def entries_in(self) -> int:
+        return self.reader.entries_in
+
+    @property
+    def commits(self) -> int:
+        return self.committer.commits
+
+    @property
+    def layout_problems(self) -> int:
+        return self.reader.layout_problems
+
     def stats(self) -> dict[str, object]:
         """Counters and state for a benchmark or a test, as plain values."""
         return dict(self.counters.as_dict(), holder=self.holder, synced=self.synced, entries_in=self.entries_in,
                     commits=self.commits, redis_errors=self.redis_errors, lag_entries=self.lag_entries,
                     pending_steps=self.assembler.pending_steps, epoch=self.assembler.epoch,
                     buckets_1s=self.rollups.counters.buckets_1s, buckets_60s=self.rollups.counters.buckets_60s,
-                    buffered=self._outbox.sizes(), last_error=self.last_error)
+                    buffered=self.committer.outbox.sizes(), last_error=self.last_error)
 
     def step(self) -> bool:
         """One round; True when it consumed entries or wrote something. Never raises on Redis failures (they
@@ -153,8 +161,8 @@ class Aggregator:
         consumer group for whoever takes over. Then close the client (when this aggregator made it)."""
         try:
             if self.holder and self.synced and release:
-                if self._outbox:
-                    commit(self, time.monotonic())
+                if self.committer.outbox:
+                    self._commit(time.monotonic())
                 self.lease.release()
         except core.REDIS_ERRORS as exc:
             self._log(f"aggregate {self.run}: could not release the lease ({core.why(exc)}); it expires in "
@@ -177,17 +185,10 @@ class Aggregator:
         self.assembler = Assembler(self.run, o.deadline_s, o.max_pending_steps, o.remember_steps)
         self.book = LayoutBook()
         self.rollups = RollupBuilder(self.run, self.book, o.grace_s)
-        self._outbox = _Outbox()
-        self._inflight: tuple[str, tuple[int, int, int]] | None = None  # (commit tag, sizes) of an unsure commit
-        self._layouts_after = b"0-0"
-        self._waiting_layouts: deque[core.LayoutRecord] = deque(maxlen=MAX_WAITING_LAYOUTS)
-        self._meta_raw: object = None
-        self._meta_shape: tuple[int, int] | None = None
-        self._meta_at = -math.inf
-        self._last_read_id: bytes | None = None
+        self.reader.reset()
+        self.committer.reset()
         self._trimmed_ms = 0
         self._trim_at = self._reclaim_at = self._renew_at = -math.inf
-        self._state_version, self._state_at = -1, -math.inf
         self._heartbeat = False
         self._bad_reported = self.assembler.counters.bad_records
 
@@ -206,21 +207,52 @@ class Aggregator:
             return True
         if now >= self._renew_at and not self._keep_lease(now):
             return False
-        if now >= self._meta_at:
-            read_meta(self, now)
-        entries = read_round(self, now)
-        out = ingest(self, entries, now)
-        place_layouts(self)  # changes waiting for a collector instance that may have shown up now
+        self.reader.refresh_meta(self.assembler, self.book, now)
+        entries = self.reader.read(self.assembler, self.book, self._block_ms(now))
+        if entries is None:
+            self._log(f"aggregate {self.run}: the consumer group is gone (Redis restarted or the stream was "
+                      "deleted): made again")
+            self._ensure_group()
+            entries = []
+        out = self.reader.ingest(self.assembler, entries, now)
+        self.reader.place_layouts(self.assembler, self.book)  # changes waiting for an instance that showed up now
         if now >= self._reclaim_at:
             out.extend(self._reclaim(now))
         out.extend(self.assembler.due(now))
-        queue(self, out, now)
-        wrote = bool(self._outbox)
-        if self._outbox or self._heartbeat:
-            commit(self, now)
+        self.committer.queue(out, now, self.assembler, self.rollups)
+        wrote = bool(self.committer.outbox)
+        if self.committer.outbox or self._heartbeat:
+            self._commit(now)
         if now >= self._trim_at:
             self._trim(now)
         return bool(entries) or wrote
+
+    def _block_ms(self, now: float) -> int | None:
+        """XREADGROUP's BLOCK: up to block_ms, never past the next step's deadline; None: do not block."""
+        if not self.options.block_ms or self.committer.outbox or self._heartbeat:
+            return None
+        wait_ms = float(self.options.block_ms)
+        deadline = self.assembler.next_deadline_s(now)
+        if deadline is not None:
+            wait_ms = min(wait_ms, deadline * 1000)
+        return int(wait_ms) if wait_ms >= 1 else None
+
+    def _commit(self, now: float) -> None:
+        """Commit what is buffered, and act on what the commit found of the lease."""
+        result = self.committer.commit(now, self.assembler, self.rollups, self.lag_entries, self._entries_per_s)
+        if result is CommitResult.WRITTEN:
+            self._heartbeat = False
+            self._renew_at = now + self.options.lease_s / 3
+        elif result is CommitResult.LEASE_FREE:
+            if self._keep_lease(now):
+                self._heartbeat = True  # taken again: the next round commits
+        elif result is CommitResult.LEASE_HELD:
+            self._lose("another aggregator holds it")
+        else:
+            self._lose("taken by another aggregator while committing")
+
+    def _report_error(self, message: str) -> None:
+        self.last_error = message
 
     def _note_standby(self) -> None:
         name, ttl_ms = self.lease.holder()
@@ -278,8 +310,8 @@ class Aggregator:
         top_60s = last_bucket_start(self.client, self.run, 60)
         self.rollups.already_written(1, top_1s)
         self.rollups.already_written(60, top_60s)
-        read_meta(self, now)
-        while take_layouts(self, now, more=True):
+        self.reader.refresh_meta(self.assembler, self.book, now, force=True)
+        while self.reader.take_layouts(self.assembler, self.book):
             pass
         wall = time.time()
         replay_from = next((entry_id for entry_id, t in tail.entries if t >= top_60s + 60), None)
@@ -293,9 +325,9 @@ class Aggregator:
         claimed = 0
         for entries, gone in claim(self.client, self.run, GROUP, self.consumer, o.read_count):
             claimed += len(entries)
-            out = ingest(self, entries, now)
+            out = self.reader.ingest(self.assembler, entries, now)
             out.acks.extend(gone)
-            queue(self, out, now)
+            self.committer.queue(out, now, self.assembler, self.rollups)
             if not self._still_holding():
                 return
         self._drop_idle_consumers()
@@ -304,7 +336,7 @@ class Aggregator:
         self._log(f"aggregate {self.run}: took over as {self.consumer}: epoch {epoch!r}, last step "
                   f"{self.assembler.last_step}, {len(tail.written)} steps known written (horizon {tail.horizon}), "
                   f"{claimed} pending entries claimed, {replayed} aggregates replayed into the rollups")
-        commit(self, now)
+        self._commit(now)
 
     def _still_holding(self) -> bool:
         """Renew the lease when due during a long takeover; False when it was lost (state already dropped)."""
@@ -326,32 +358,25 @@ class Aggregator:
         idle_ms = int(2000 * self.options.lease_s)
         pending = self.client.xpending_range(self.steps_key, GROUP, min="-", max="+", count=self.options.read_count,
                                              idle=idle_ms)
-        ids = [p["message_id"] for p in pending if _text(p.get("consumer")) != self.consumer]
+        ids = [p["message_id"] for p in pending if text_of(p.get("consumer")) != self.consumer]
         if not ids:
             return Output()
         entries = stream_entries(self.client.xclaim(self.steps_key, GROUP, self.consumer, idle_ms, ids))
-        out = ingest(self, [(entry_id, fields) for entry_id, fields in entries if fields is not None], now)
+        out = self.reader.ingest(self.assembler, [(entry_id, fields) for entry_id, fields in entries
+                                                  if fields is not None], now)
         out.acks.extend(entry_id for entry_id, fields in entries if fields is None)
         return out
 
     # ------------------------------------------------------------------------------------------ writing
-    def _watchable_transaction(self):
-        """redis-py's own transactional pipeline of the client in use (a single Redis or a Redis Cluster): WATCH,
-        then commands that answer at once, then MULTI ... EXEC on one connection. (core.AutoClient.pipeline() on a
-        cluster queues every command, WATCH included, so the client it decided is asked for one.)"""
-        resolve = getattr(self.client, "resolve", None)
-        native = resolve() if callable(resolve) else self.client
-        return native.pipeline(transaction=True)
-
     def _trim(self, now: float) -> None:
         """XTRIM MINID ~ the steps stream to keep_raw_s behind the newest entry read, never past an entry still
         waiting for its step (nor, therefore, past the group's last delivered entry)."""
         self._trim_at = now + TRIM_EVERY_S
-        if self._last_read_id is None:
+        if self.reader.last_read_id is None:
             return
-        bound_ms = entry_id_key(self._last_read_id)[0] - int(self.options.keep_raw_s * 1000)
+        bound_ms = entry_id_key(self.reader.last_read_id)[0] - int(self.options.keep_raw_s * 1000)
         held = [i for i in (self.assembler.oldest_pending_id(),
-                            min(self._outbox.acks, key=entry_id_key, default=None)) if i is not None]
+                            min(self.committer.outbox.acks, key=entry_id_key, default=None)) if i is not None]
         for entry_id in held:
             bound_ms = min(bound_ms, entry_id_key(entry_id)[0])
         if bound_ms > self._trimmed_ms:
@@ -365,7 +390,7 @@ class Aggregator:
         self._retry_at = now + self._backoff_s
         self.last_error = f"{what}: {core.why(exc)}"
         if self._failing_since is None or now - self._reported_at >= REPORT_AGAIN_S:
-            records, rollups, acks = self._outbox.sizes()
+            records, rollups, acks = self.committer.outbox.sizes()
             self._log(f"aggregate {self.run}: {what} at {self.where} failed ({core.why(exc)}); {records} aggregates, "
                       f"{rollups} rollups and {acks} acks buffered, {self.assembler.pending_steps} steps "
                       f"assembling; retrying (backoff up to {BACKOFF_MAX_S:g} s)")
@@ -386,7 +411,7 @@ class Aggregator:
             return
         try:
             groups = self.client.xinfo_groups(self.steps_key)
-            lag = next((g.get("lag") for g in groups if _text(g.get("name")) == GROUP), None)
+            lag = next((g.get("lag") for g in groups if text_of(g.get("name")) == GROUP), None)
             self.lag_entries = -1 if lag is None else int(lag)
         except core.REDIS_ERRORS:
             self.lag_entries = -1
