@@ -60,6 +60,7 @@ test-engines: $(ENGINES)/.installed
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
 bench: venv

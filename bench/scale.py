@@ -62,14 +62,11 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import loadgen
 from bench.malloc_env import STEADY, pin_malloc
 from bench.scale_aggregator import (
-    Ceiling,
-    Lag,
     aggregator_throughput,
     drain,
     folded,
@@ -79,7 +76,8 @@ from bench.scale_aggregator import (
     start_aggregator,
     stop_aggregator,
 )
-from bench.scale_probe import DashboardFigures, DashboardProbe, Sampler, StreamCounter
+from bench.scale_probe import DashboardProbe, Sampler, StreamCounter
+from bench.scale_result import Result
 from bench.scale_split import Split, report_scaling, split_load
 from bench.scale_target import Target, benchmark_xadd, entry_size, mib
 from moe_monitor import core
@@ -93,45 +91,6 @@ def report_load(report: loadgen.LoadReport, redis_cpu_s: float) -> None:
     print(report.summary())
     print(f"  redis-server CPU: {redis_cpu_s:.1f} s = {redis_cpu_s / max(report.duration_s, 1e-9):.2f} cores "
           f"({redis_cpu_s / max(report.written, 1) * 1e6:.0f} us per record)")
-
-
-@dataclass
-class Result:
-    """The figures of one target's main load (the summary's rows)."""
-
-    label: str
-    ranks: int
-    steps_per_s: float
-    seconds: float
-    report: loadgen.LoadReport
-    run_port: int
-    memory_peak: float  # INFO used_memory_peak of the master holding the run, right after the load
-    node_cpu_s: dict[int, float]  # redis-server CPU seconds during the load, by port (replicas too)
-    node_peak: dict[int, int]  # used_memory sampled max during the load, by port (masters)
-    aggregator: bool = False
-    lag: Lag = field(default_factory=Lag)
-    caught_up_s: float | None = None
-    progress: dict[str, str] = field(default_factory=dict)
-    dashboard: DashboardFigures | None = None
-    entry_bytes: int = 0
-    xadd_rate: float | None = None
-    ceiling: Ceiling | None = None
-    backlog_rate: float | None = None
-
-    @property
-    def lost(self) -> int:
-        return self.report.expected - self.report.written
-
-    @property
-    def missing(self) -> int | None:
-        value = self.progress.get("rank_steps_missing")
-        return int(value) if value is not None else None
-
-    @property
-    def keeps_up(self) -> bool:
-        """Caught up within 2 s of the last write, every step written with all its ranks."""
-        return self.caught_up_s is not None and self.caught_up_s <= 2.0 and self.missing == 0 \
-            and int(self.progress.get("steps_written", -1)) == self.report.config.steps
 
 
 def measure(target: Target, args: argparse.Namespace, run: str, seconds: float, rates: list[float],

@@ -19,7 +19,7 @@ from bench.scale_target import Target, mib
 from moe_monitor import core
 
 if TYPE_CHECKING:
-    from bench.scale import Result
+    from bench.scale_result import Result
 
 
 def runs_on_masters(master_of: Callable[[str], int], base: str, count: int) -> list[tuple[str, int]]:

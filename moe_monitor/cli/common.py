@@ -10,7 +10,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from moe_monitor import core
 
@@ -20,7 +20,7 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 class Parser(argparse.ArgumentParser):
     """argparse with the house's error line: `error: MESSAGE`, exit status 2, no usage dump."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 

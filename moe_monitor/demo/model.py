@@ -9,7 +9,8 @@ VOCAB = 1024
 
 
 def build_model(moe_layers: int = 4, seed: int = 0) -> DeepseekV3ForCausalLM:
-    config = DeepseekV3Config(
+    # head_dim is a transformers 5 config field the class signature does not list (mypy sees the signature)
+    config = DeepseekV3Config(  # type: ignore[call-arg]
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
         num_hidden_layers=moe_layers + 1, first_k_dense_replace=1, n_routed_experts=256, num_experts_per_tok=8,
         n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5, num_attention_heads=4,

@@ -38,7 +38,7 @@ from .stepids import StepIds
 BATCH_RECORDS = 256        # step records per RedisSink.write
 HEARTBEAT_S = 5.0          # health written this often while idle
 MAX_FILES_PER_POLL = 64    # files read per round of the loop (a backlog does not hold up the server's dumps)
-REDIS_ERRORS = (*core.REDIS_ERRORS, PartialWrite)  # a batch Redis took only part of counts as Redis's failure
+REDIS_ERRORS: tuple[type[BaseException], ...] = (*core.REDIS_ERRORS, PartialWrite)  # a batch Redis took only part of counts as Redis's failure
 
 
 @dataclass(frozen=True)
