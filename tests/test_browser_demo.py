@@ -1,6 +1,7 @@
 """End to end, as a user sees it: `moe-monitor demo` (private Redis, real DeepSeek-V3-shaped model, collector,
 dashboard) opened in headless Debian chromium through playwright: charts render, numbers move, every page
-loads without an exception. Screenshots land in the test's tmp_path (and artifacts/ when it exists)."""
+loads without an exception. Screenshots land in the test's tmp_path, and in $MOE_DOCS_SCREENSHOTS when it names a
+folder: the docs' page images (docs/img) are these, taken with MOE_DOCS_SCREENSHOTS=docs/img."""
 from __future__ import annotations
 
 import os
@@ -30,10 +31,10 @@ def _metric_values(page) -> list[str]:
 
 def _shot(page, tmp_path: Path, name: str) -> None:
     path = tmp_path / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    artifacts = ROOT / "artifacts"
-    if artifacts.is_dir():
-        shutil.copy(path, artifacts / path.name)
+    page.screenshot(path=str(path), full_page=False)
+    docs = os.environ.get("MOE_DOCS_SCREENSHOTS")
+    if docs:
+        shutil.copy(path, (ROOT / docs) / path.name)
 
 
 @pytest.mark.browser
@@ -51,7 +52,7 @@ def test_demo_live_in_chromium(demo, tmp_path):
         while second == first and time.monotonic() < deadline:
             page.wait_for_timeout(1000)
             second = _metric_values(page)
-        _shot(page, tmp_path, "overview-2")
+        _shot(page, tmp_path, "overview")
         assert second != first, f"the overview numbers did not change between ticks: {first}"
         assert page.get_by_text("Straggler:").count() >= 1
         for path, name in (("devices", "devices"), ("experts", "experts"), ("gpus", "gpus")):
@@ -61,4 +62,14 @@ def test_demo_live_in_chromium(demo, tmp_path):
             assert page.locator('[data-testid="stException"]').count() == 0, f"{name} shows a traceback"
             _shot(page, tmp_path, name)
         assert page.get_by_text("NVML", exact=False).count() >= 1  # the GPU panel says NVML is unavailable
+        page.goto(f"{demo}/time")  # the transformers demo times no layers: the page says so, without a traceback
+        page.get_by_role("heading", name="Time").wait_for(timeout=60_000)
+        page.wait_for_timeout(1500)
+        assert page.locator('[data-testid="stException"]').count() == 0, "time shows a traceback"
+        _shot(page, tmp_path, "time")
+        page.goto(f"{demo}/what-if")
+        page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+        page.wait_for_timeout(2000)
+        assert page.locator('[data-testid="stException"]').count() == 0, "what-if shows a traceback"
+        _shot(page, tmp_path, "whatif")
 
