@@ -10,7 +10,6 @@ Shape legend: L layers, E logical experts, P physical slots, G GPUs, T steps.
 """
 from __future__ import annotations
 
-import bisect
 from collections import OrderedDict
 from collections.abc import Hashable
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.loadmodel import validated_layout
+from moe_monitor.core.timeline import LayoutTimeline
 
 MAX_CHANGES = 1024  # layout changes kept per epoch (the collectors' layout stream keeps ~1000)
 MAX_EPOCHS = 4  # epochs whose changes are kept (the current one and the last few)
@@ -29,7 +29,7 @@ class LayoutBook:
 
     def __init__(self) -> None:
         self._base: tuple[np.ndarray, int, int] | None = None  # (layout_LP, gpus, key) of the run metadata
-        self._changes: dict[str, tuple[list[int], list[tuple[np.ndarray, int, int]]]] = {}
+        self._changes: dict[str, LayoutTimeline[tuple[np.ndarray, int, int]]] = {}  # epoch -> its changes
         self._checked_layouts: OrderedDict[Hashable, np.ndarray] = OrderedDict()  # maps that passed the check
 
     def set_base(self, layout_LP: np.ndarray | list[list[int]] | None, gpus: int | None) -> None:
@@ -47,15 +47,7 @@ class LayoutBook:
         change for a step that has one replaces it (every rank may publish the same rebalance)."""
         layout = np.array(layout_LP, dtype=np.int64)
         entry = (layout, int(gpus), hash((layout.tobytes(), layout.shape, int(gpus))))
-        steps, changes = self._changes.setdefault(epoch, ([], []))
-        at = bisect.bisect_left(steps, step)
-        if at < len(steps) and steps[at] == step:
-            changes[at] = entry
-        else:
-            steps.insert(at, step)
-            changes.insert(at, entry)
-            if len(steps) > MAX_CHANGES:
-                del steps[0], changes[0]
+        self._changes.setdefault(epoch, LayoutTimeline(MAX_CHANGES)).add(step, entry)
         while len(self._changes) > MAX_EPOCHS:
             oldest = next(iter(self._changes))
             if oldest == epoch:
@@ -64,19 +56,19 @@ class LayoutBook:
 
     def changes(self, epoch: str) -> int:
         """How many layout changes are known for `epoch`."""
-        return len(self._changes.get(epoch, ([], []))[0])
+        timeline = self._changes.get(epoch)
+        return 0 if timeline is None else len(timeline)
 
     def layouts(self, epoch: str, step_T: np.ndarray, num_layers: int, num_experts: int,
                 world: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
         """[(indices into step_T, layout_LP int64 [L, P], G)], one per layout in force among the steps (ascending
         by step id within the epoch), each checked once (planner.loads.validated_layout). A layout that does not
         fit [L, E] gives way to the contiguous default."""
-        step_T = np.asarray(step_T, dtype=np.int64)
-        steps, changes = self._changes.get(epoch, ([], []))
-        which_T = np.searchsorted(np.asarray(steps, dtype=np.int64), step_T, side="right") - 1
+        timeline = self._changes.get(epoch) or LayoutTimeline(MAX_CHANGES)
+        which_T = timeline.index_at(step_T)
         groups = []
         for which in np.unique(which_T).tolist():
-            entry = changes[which] if which >= 0 else self._base
+            entry = timeline.items[which] if which >= 0 else self._base
             groups.append((np.flatnonzero(which_T == which), *self._checked(entry, num_layers, num_experts, world)))
         return groups
 

@@ -18,40 +18,40 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.loadmodel import balancedness, gpu_weights, weighted_loads
+from moe_monitor.core.timeline import LayoutTimeline
 
 
 class LayoutSchedule:
-    """The layouts of a run in step order: the metadata's from the start, then each record from its step."""
+    """The layouts of a run in step order: the metadata's from the start, then each record from its step (the
+    layout timeline, core.timeline)."""
 
     def __init__(self, meta: core.RunMeta, layouts: Sequence[core.LayoutRecord] = ()):
         self.num_experts = meta.num_experts
         self.gpus = meta.layout.gpus
-        base = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64)
-        self.num_layers = int(base.shape[0])
-        self._steps: list[int] = [-1]
-        self._maps: list[np.ndarray] = [base]
+        self._base = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64)
+        self.num_layers = int(self._base.shape[0])
+        self._changes: LayoutTimeline[np.ndarray] = LayoutTimeline(max_changes=1 << 20)
         self._weights: dict[int, np.ndarray] = {}
         for rec in sorted(layouts, key=lambda r: r.step):
             self.add(rec)
 
     def add(self, rec: core.LayoutRecord) -> None:
         """A layout record (already validated against the run): in force from rec.step on."""
-        if rec.gpus != self.gpus or rec.num_layers != self._maps[0].shape[0]:
+        if rec.gpus != self.gpus or rec.num_layers != self.num_layers:
             return
-        at = int(np.searchsorted(self._steps, rec.step, side="right"))
-        self._steps.insert(at, rec.step)
-        self._maps.insert(at, np.asarray(rec.physical_to_logical_LP, dtype=np.int64))
+        self._changes.add(rec.step, np.asarray(rec.physical_to_logical_LP, dtype=np.int64))
         self._weights.clear()
 
     def segment_of(self, step_T: np.ndarray) -> np.ndarray:
-        """int [T]: index of the layout in force at each step."""
-        return np.searchsorted(np.asarray(self._steps, dtype=np.int64), step_T, side="right") - 1
+        """int [T]: index of the layout in force at each step (-1: the metadata's)."""
+        return self._changes.index_at(step_T)
 
     def weights(self, index: int) -> np.ndarray:
-        """gpu_weights float32 [L, E, G] of layout `index`."""
+        """gpu_weights float32 [L, E, G] of layout `index` (-1: the metadata's)."""
         held = self._weights.get(index)
         if held is None:
-            held = self._weights[index] = gpu_weights(self._maps[index], self.num_experts, self.gpus)
+            layout = self._base if index < 0 else self._changes.items[index]
+            held = self._weights[index] = gpu_weights(layout, self.num_experts, self.gpus)
         return held
 
 

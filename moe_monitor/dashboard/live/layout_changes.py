@@ -6,7 +6,6 @@ Shape legend: L layers, P physical slots (slot p on GPU p // (P / gpus)), E logi
 """
 from __future__ import annotations
 
-import bisect
 import math
 import operator
 from collections.abc import Sequence
@@ -15,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.timeline import MAX_CHANGES, LayoutTimeline, index_in_force
 
-MAX_CHANGES = 1024  # layout changes kept (the collectors' stream keeps ~1000); the oldest are forgotten first
 MARK_LABELS = {"engine": "engine rebalanced", "apply": "layout applied", "initial": "initial layout"}
 
 
@@ -81,46 +80,37 @@ def change_from_record(rec: core.LayoutRecord, num_layers: int, num_experts: int
 
 
 class LayoutHistory:
-    """The run's layout changes, ascending by step, at most MAX_CHANGES (the oldest forgotten first). A change
-    for a step that already has one replaces it (every rank publishes the same rebalance; a collector that
-    re-sends its layout after Redis came back empty sends the same change again)."""
+    """The run's layout changes, ascending by step, at most max_changes (the oldest forgotten first, counted in
+    `forgotten`): the layout timeline (core.timeline) of checked LayoutChange records. A change for a step that
+    already has one replaces it."""
 
     def __init__(self, max_changes: int = MAX_CHANGES):
-        if max_changes < 1:
-            raise ValueError(f"max_changes must be at least 1, got {max_changes}")
+        self._timeline: LayoutTimeline[LayoutChange] = LayoutTimeline(max_changes)
         self.max_changes = max_changes
-        self._changes: list[LayoutChange] = []
-        self._steps: list[int] = []
-        self.forgotten = 0  # changes pushed out by the bound
 
     @property
     def changes(self) -> tuple[LayoutChange, ...]:
-        return tuple(self._changes)
+        return tuple(self._timeline.items)
+
+    @property
+    def forgotten(self) -> int:
+        return self._timeline.forgotten
 
     def __len__(self) -> int:
-        return len(self._changes)
+        return len(self._timeline)
 
     def add(self, change: LayoutChange) -> None:
-        at = bisect.bisect_left(self._steps, change.step)
-        if at < len(self._steps) and self._steps[at] == change.step:
-            self._changes[at] = change
-            return
-        self._changes.insert(at, change)
-        self._steps.insert(at, change.step)
-        while len(self._changes) > self.max_changes:
-            del self._changes[0], self._steps[0]
-            self.forgotten += 1
+        self._timeline.add(change.step, change)
 
     def forget(self, instance: str) -> None:
         """Drop the changes a retired collector instance published (its step ids are not the new ones')."""
-        kept = [c for c in self._changes if c.instance != instance]
-        self._changes, self._steps = kept, [c.step for c in kept]
+        self._timeline.remove_if(lambda change: change.instance == instance)
 
 
 def in_force(schedule: Sequence[LayoutChange], step: int) -> LayoutChange | None:
     """The change of schedule (ascending by step) in force at `step`: the last one with change.step <= step."""
-    at = bisect.bisect_right([c.step for c in schedule], step)
-    return schedule[at - 1] if at else None
+    at = int(index_in_force([c.step for c in schedule], [step])[0])
+    return schedule[at] if at >= 0 else None
 
 
 @dataclass(frozen=True)

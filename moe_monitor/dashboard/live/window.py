@@ -20,6 +20,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
+from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_record
@@ -289,7 +290,7 @@ class StepWindow:
         if schedule:
             starts = np.fromiter((c.step for c in schedule), dtype=np.int64, count=len(schedule))
             keys = np.fromiter((base_key, *(c.key for c in schedule)), dtype=np.int64, count=len(schedule) + 1)
-            want_key = keys[np.searchsorted(starts, self.step_C[rows], side="right")]
+            want_key = keys[index_in_force(starts, self.step_C[rows]) + 1]  # -1 (before every change): the base
         else:
             want_key = np.full(rows.size, base_key, dtype=np.int64)
         stale_mask = (self._loads_version_C[rows] != self.row_version_C[rows]) | (self._loads_key_C[rows] != want_key)
