@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.restarts import RetiredInstances, Verdict, verdict
 
 MAX_RETIRED = 1024  # retired collector instances remembered (the oldest forgotten first)
 MAX_NAMED = 16  # missing ranks named in a message
@@ -163,7 +164,7 @@ class Assembler:
         self.remember_steps = int(remember_steps)
         self.epoch: str | None = None
         self.instance_of_rank: dict[int, str] = {}
-        self.retired: dict[str, None] = {}  # an ordered set, oldest first
+        self.retired = RetiredInstances(MAX_RETIRED)
         self.written: dict[int, int] = {}  # step -> mask of the ranks written, in write order
         self.horizon = 0  # steps below it that are neither pending nor written are too old
         self.last_step = -1
@@ -183,7 +184,7 @@ class Assembler:
             raise ValueError("restore() needs an assembler with nothing pending")
         self.epoch = epoch
         self.instance_of_rank = dict(instance_of_rank)
-        self.retired = dict.fromkeys(retired)
+        self.retired = RetiredInstances(MAX_RETIRED, retired)
         self.written = {int(s): int(m) for s, m in sorted(written.items())}
         self.horizon = int(horizon)
         self.last_step = max(self.written, default=-1)
@@ -302,12 +303,12 @@ class Assembler:
         """True when rec belongs to the current epoch (opening a new one when its rank restarted); False for
         a record of a retired collector instance."""
         instance = rec.instance
-        known = self.instance_of_rank.get(rec.rank)
-        if known == instance:
+        said = verdict(self.instance_of_rank, self.retired, rec.rank, instance)
+        if said is Verdict.CURRENT:
             return True
-        if instance in self.retired:
+        if said is Verdict.RETIRED:
             return False
-        if known is not None:  # this rank's collector restarted: its step ids start again
+        if said is Verdict.RESTARTED:  # this rank's collector restarted: its step ids start again
             self._new_epoch(instance, out, late, touched)
         elif self.epoch is None:
             self.epoch = instance
@@ -327,11 +328,9 @@ class Assembler:
         late.clear()
         touched.clear()
         for old in dict.fromkeys(self.instance_of_rank.values()):
-            self.retired[old] = None
+            self.retired.add(old)
         if self.epoch is not None:
-            self.retired[self.epoch] = None
-        while len(self.retired) > MAX_RETIRED:
-            del self.retired[next(iter(self.retired))]
+            self.retired.add(self.epoch)
         self.instance_of_rank = {}
         self.written, self.horizon, self.last_step, self.shape = {}, 0, -1, None
         self.epoch = instance

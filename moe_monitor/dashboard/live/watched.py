@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass
 
 from moe_monitor import core
+from moe_monitor.core.restarts import RetiredInstances, Verdict, verdict
 from moe_monitor.dashboard.live.gpu_history import GpuHistory
 from moe_monitor.dashboard.live.layout_changes import LayoutHistory, change_from_record
 from moe_monitor.dashboard.live.record_checks import check_aggregate, check_record
@@ -97,7 +98,7 @@ class WatchedRun:
         self.world_size = 1
         self.last_tick: TickStats | None = None
         self.instance_of_rank: dict[int, str] = {}
-        self._old_instances: dict[str, None] = {}  # an ordered set, oldest first, at most MAX_OLD_INSTANCES
+        self._old_instances = RetiredInstances(MAX_OLD_INSTANCES)
         self._instance_started_s = float("-inf")
         self.restarts = 0
         self.restarted_at_s: float | None = None  # collector time of the new instance's first record
@@ -318,12 +319,12 @@ class WatchedRun:
     def _current_instance(self, rec: core.StepRecord) -> bool:
         """True when rec belongs to the collector instances being shown; a rank's new instance (newer than
         the current ones) restarts the window. False for records of instances already replaced."""
-        known = self.instance_of_rank.get(rec.rank)
-        if known == rec.instance:
+        said = verdict(self.instance_of_rank, self._old_instances, rec.rank, rec.instance)
+        if said is Verdict.CURRENT:
             return True
-        if rec.instance in self._old_instances:
+        if said is Verdict.RETIRED:
             return False
-        if known is None:  # first record of this rank (or of this rank since the restart)
+        if said is Verdict.FIRST:  # first record of this rank (or of this rank since the restart)
             self.instance_of_rank[rec.rank] = rec.instance
             first = self._instance_started_s == float("-inf")
             self._instance_started_s = rec.time_s if first else min(self._instance_started_s, rec.time_s)
@@ -357,9 +358,7 @@ class WatchedRun:
         self._restart_seen_s = time.time()
 
     def _retire(self, instance: str) -> None:
-        self._old_instances[instance] = None
-        while len(self._old_instances) > MAX_OLD_INSTANCES:
-            del self._old_instances[next(iter(self._old_instances))]
+        self._old_instances.add(instance)
 
     @property
     def restart_note(self) -> str:
