@@ -16,10 +16,11 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from moe_monitor import core
+from moe_monitor.core.health import decode_health_rank, decode_health_report
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.live.window import StepWindow
 from moe_monitor.dashboard.sources.base import Batch
-from moe_monitor.dashboard.sources.redis import _collector_health, decode_health_rank, decode_health_report
+from moe_monitor.dashboard.sources.redis import _collector_health
 from tests.support.listsource import ListSource
 from tests.support.properties import property_settings
 
@@ -299,7 +300,7 @@ import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
 import numpy as np
 from moe_monitor import core
-from moe_monitor.dashboard.sources.redis import decode_health_report
+from moe_monitor.core.health import decode_health_report
 
 def meta(experts=8, layers=1, slots=None, world=1):
     return {"run": "x", "model_name": "m", "layer_names": ["l"] * layers, "num_experts": experts, "top_k": 1,

@@ -6,6 +6,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.collectors.sinks import RedisSink
+from moe_monitor.core.health import HealthReport
 
 L, E = 58, 256
 
@@ -33,9 +34,9 @@ def test_compact_records_stretch_the_stream_within_the_same_budget(redis_url):
     fixed = RedisSink(redis_url, _meta("budget"), int32_maxlen, 2.0)  # no budget: the int32 sizing holds
     adaptive = RedisSink(redis_url, _meta("budget2"), int32_maxlen, 2.0, memory_budget_bytes=budget)
     for first in range(0, 600, 50):
-        fixed.write(records[first:first + 50], [], {"rank": 0})
+        fixed.write(records[first:first + 50], [], HealthReport(rank=0))
         adaptive.write([core.StepRecord(**{**r.__dict__, "run": "budget2"}) for r in records[first:first + 50]],
-                       [], {"rank": 0})
+                       [], HealthReport(rank=0))
     kept_fixed, kept_adaptive = client.xlen(core.steps_key("budget")), client.xlen(core.steps_key("budget2"))
     assert kept_fixed < 200 and kept_adaptive == 600  # ~6 kB entries: the budget holds ~1,000 of them
     used = client.memory_usage(core.steps_key("budget2"))

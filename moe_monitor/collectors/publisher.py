@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_monitor import core
+from moe_monitor.core.health import HealthReport
 
 from .counter import HostSlot, StepFacts
 from .outbox import Outbox, RecordQueue
@@ -323,12 +324,11 @@ class Publisher:
             dropped_layouts = box.layouts.dropped
         records = [_with_dropped(rec, dropped) for rec in sending]
         error_reported = self._error
-        health: dict[str, object] = {
-            "rank": self._rank, "dropped_steps": dropped, "published_steps": published_steps + len(records),
-            "queued": queued, "last_error": others, "sink_failures": box.failures,
-            "last_failure": box.last_failure, "time_s": time.time(),
-            "published_layouts": published_layouts + len(sending_layouts), "dropped_layouts": dropped_layouts}
-        health.update({k: v for k, v in collector.items() if k != "collector_error"})
+        health = HealthReport(
+            rank=self._rank, dropped_steps=dropped, published_steps=published_steps + len(records), queued=queued,
+            last_error=others, sink_failures=box.failures, last_failure=box.last_failure, time_s=time.time(),
+            extra={"published_layouts": published_layouts + len(sending_layouts), "dropped_layouts": dropped_layouts,
+                   **{k: v for k, v in collector.items() if k != "collector_error"}})
         failure: Exception | None = None
         landed: frozenset[int] | range = range(len(records))
         layouts_landed: frozenset[int] | range = range(len(sending_layouts))

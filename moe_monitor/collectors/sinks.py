@@ -9,7 +9,6 @@ failure (or hang) never holds up another. A batch carries step records, NVML sam
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,8 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
+from moe_monitor.core.health import HealthReport
+from moe_monitor.core.runwrite import RUNS_INDEX_EVERY_S, fields_of, queue_batch
 
 
 class Sink(Protocol):
@@ -28,7 +29,7 @@ class Sink(Protocol):
     keeps_health: bool  # whether write() stores the health report (a failure is cleared once one has it)
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
-              health: dict[str, object], layouts: Sequence[core.LayoutRecord] = (),
+              health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
               timings: Sequence[core.TimingRecord] = ()) -> None:
         """Write one batch (any list may be empty; layouts go before the steps). Raising means the batch did
         not land (PartialWrite: only in part). The publisher passes timings=[core.TimingRecord, ...] (after
@@ -96,32 +97,24 @@ class RedisSink:
         self._resend_layout = False  # the layout stream was found missing: send _last_layout again
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
-              health: dict[str, object], layouts: Sequence[core.LayoutRecord] = (),
+              health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
               timings: Sequence[core.TimingRecord] = ()) -> None:
         run = self._run
         with_meta = self._needs_meta
         resend = self._last_layout if self._resend_layout else None
-        layout_fields = [_fields(core.encode_layout_record(rec)) for rec in layouts]
+        layout_fields = [fields_of(core.encode_layout_record(rec)) for rec in layouts]
         check_layouts = self._last_layout is not None or bool(layouts)
         try:
             # pipeline() may be where the first write learns whether the server is a cluster (core.connect)
             pipe = self._client.pipeline(transaction=False)
             if with_meta:
                 pipe.set(core.meta_key(run), self._meta_json)
-            if resend is not None:
-                pipe.xadd(core.layouts_key(run), resend, maxlen=LAYOUTS_MAXLEN, approximate=True)
-            for fields in layout_fields:
-                pipe.xadd(core.layouts_key(run), fields, maxlen=LAYOUTS_MAXLEN, approximate=True)
-            for rec in records:
-                fields = _fields(core.encode_step(rec, compact=self._compact))
+            step_fields = [fields_of(core.encode_step(rec, compact=self._compact)) for rec in records]
+            for fields in step_fields:
                 self._track_entry_bytes(fields)
-                pipe.xadd(core.steps_key(run), fields, maxlen=self._maxlen, approximate=True)
-            for sample in samples:
-                pipe.xadd(core.gpu_key(run), _fields(core.encode_gpu_sample(sample)), maxlen=10_000, approximate=True)
-            for timing in timings:  # a step's layer timings, same batch, same MAXLEN as the steps
-                pipe.xadd(core.timings_key(run), _fields(core.encode_timing(timing)), maxlen=self._maxlen,
-                          approximate=True)
-            pipe.hset(core.health_key(run), str(health["rank"]), json.dumps(health))
+            queue_batch(pipe, run, layouts=([resend] if resend is not None else []) + layout_fields, steps=step_fields,
+                        samples=samples, timings=timings, steps_maxlen=self._maxlen)
+            pipe.hset(core.health_key(run), str(health.rank), health.encode())
             # moe:runs (when a collector last wrote) at most every RUNS_INDEX_EVERY_S: in a cluster it is another
             # node's key, and every batch of every rank reaching two nodes doubles the writers' round trips
             index_runs = with_meta or time.monotonic() - self._indexed_at >= RUNS_INDEX_EVERY_S
@@ -176,14 +169,8 @@ class RedisSink:
         self._client.close()
 
 
-RUNS_INDEX_EVERY_S = 1.0  # how often a writer refreshes its run's time in moe:runs
 MAX_STEPS_MAXLEN = 10_000_000  # a budget over tiny entries still bounds the stream's length
-LAYOUTS_MAXLEN = 1000  # layout changes kept per run (EPLB rebalances every few minutes: days of history)
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # a reply from a node lost
-
-
-def _fields(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, EncodableT]:
-    return {name: value for name, value in encoded.items()}
 
 
 class TraceFileSink:
@@ -243,7 +230,7 @@ class TraceFileSink:
         self._file = self._open_new()
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
-              health: dict[str, object], layouts: Sequence[core.LayoutRecord] = (),
+              health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
               timings: Sequence[core.TimingRecord] = ()) -> None:
         if self._columnar is not None:
             self._columnar.write(records, samples, layouts, timings)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.collectors.sinks import PartialWrite, RedisSink
+from moe_monitor.core.health import HealthReport
 from moe_monitor.core.sglang_dumps import PassDump, StatDump, read_dump
 from moe_monitor.core.sglang_records import SAMPLE_TOKENS, Steps, pass_steps, stat_steps, top_k_of
 
@@ -426,13 +426,14 @@ class Bridge:
         self._unsaved.clear()
         return self._job is None
 
-    def _health(self, rank: int, job: _Job | None = None, sending: int = 0) -> dict[str, object]:
+    def _health(self, rank: int, job: _Job | None = None, sending: int = 0) -> HealthReport:
         landed = job.landed_by_rank.get(rank, 0) if job else 0
-        return {"rank": rank, "dropped_steps": 0, "published_steps": self.published_by_rank.get(rank, 0) + landed
-                + sending, "queued": len(job.records) - sending if job else 0, "last_error": self._standing(),
-                "sink_failures": self._sink_failures, "last_failure": self._last_failure, "time_s": time.time(),
-                "files_published": self.files_published, "files_refused": self.files_refused,
-                "collector": "sglang-bridge"}
+        return HealthReport(
+            rank=rank, published_steps=self.published_by_rank.get(rank, 0) + landed + sending,
+            queued=len(job.records) - sending if job else 0, last_error=self._standing(),
+            sink_failures=self._sink_failures, last_failure=self._last_failure, time_s=time.time(),
+            extra={"files_published": self.files_published, "files_refused": self.files_refused,
+                   "collector": "sglang-bridge"})
 
     def _standing(self) -> str:
         return "; ".join(e for e in (self._server_error, self._folder_error and f"folder: {self._folder_error}") if e)
@@ -448,7 +449,7 @@ class Bridge:
         try:
             pipe = self.client.pipeline(transaction=False)
             pipe.hset(core.health_key(self.run_name),
-                      mapping={str(r): json.dumps(self._health(r)) for r in ranks})
+                      mapping={str(r): self._health(r).encode() for r in ranks})
             pipe.execute()
         except REDIS_ERRORS as exc:
             self._redis_failed(exc)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import cast
@@ -46,6 +45,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from moe_monitor import core
+from moe_monitor.core.health import decode_health_rank, decode_health_report
 from moe_monitor.dashboard.sources.aggregate import AggregateReader
 from moe_monitor.dashboard.sources.base import Batch, Health
 from moe_monitor.dashboard.sources.streams import (
@@ -68,11 +68,7 @@ PAGE_ENTRIES = 200
 TICK_BYTES_BUDGET = 24 << 20
 MAX_RUNS = 100  # runs listed
 RUNS_READ = 1000  # entries of moe:runs read to find them (invalid ones are skipped)
-MAX_HEALTH_BYTES = 64 << 10  # one rank's health report (JSON)
-MAX_HEALTH_ERROR_CHARS = 1000
-MAX_HEALTH_KEYS = 64
 MAX_HEALTH_RANKS = 1024  # health reports read per poll at most (a larger hash is not read: one bad record)
-_RANK_TEXT = re.compile(r"[0-9]{1,5}")
 
 
 @dataclass(frozen=True)
@@ -104,62 +100,6 @@ def read_runs(client: core.Client) -> RunListing:
         elif len(runs) < MAX_RUNS:
             runs.append((name, when))
     return RunListing(runs, skipped)
-
-
-def decode_health_rank(field) -> int:
-    """A field name of moe:<run>:health -> the rank: ASCII digits, below core.MAX_WORLD; ValueError otherwise."""
-    try:
-        text = field.decode() if isinstance(field, (bytes, bytearray)) else str(field)
-    except UnicodeDecodeError:
-        raise ValueError("health field name is not UTF-8") from None
-    if not _RANK_TEXT.fullmatch(text) or int(text) >= core.MAX_WORLD:
-        raise ValueError(f"health field {text[:20]!r} is not a rank 0..{core.MAX_WORLD - 1}")
-    return int(text)
-
-
-def decode_health_report(value) -> dict:
-    """A value of moe:<run>:health -> the collector's report, a flat dict of scalars. The fields the pages
-    read are checked: dropped_steps, published_steps, queued and rank ints 0..wire.MAX_STEP - 1, time_s a
-    finite time, last_error text or null (cut at MAX_HEALTH_ERROR_CHARS); of the other fields (a collector
-    may add its own figures) at most MAX_HEALTH_KEYS with short names are kept when they are a bool, null,
-    text (cut likewise), an int below 2**63 or a finite float, and dropped otherwise. ValueError (never
-    another exception) when it is not a JSON object of at most MAX_HEALTH_BYTES or a checked field is wrong."""
-    raw = core.parse_json(value, "health report", MAX_HEALTH_BYTES)
-    if not isinstance(raw, dict):
-        raise ValueError("health report is not a JSON object")
-    report: dict = {}
-    for key in ("rank", "dropped_steps", "published_steps", "queued"):
-        if key in raw:
-            number = raw[key]
-            if not (isinstance(number, int) and not isinstance(number, bool) and 0 <= number < core.MAX_STEP):
-                raise ValueError(f"health report {key!r} is not an integer 0..{core.MAX_STEP - 1}")
-            report[key] = number
-    if "time_s" in raw:
-        when = raw["time_s"]
-        if isinstance(when, bool) or not isinstance(when, (int, float)) or not abs(when) < core.MAX_TIME_S:
-            raise ValueError("health report 'time_s' is not a finite time")  # NaN fails abs(when) < MAX_TIME_S
-        report["time_s"] = float(when)
-    if "last_error" in raw:
-        error = raw["last_error"]
-        if error is not None and not isinstance(error, str):
-            raise ValueError("health report 'last_error' is not text")
-        report["last_error"] = _cut(error)
-    for key, item in raw.items():
-        if key in report or key in _CHECKED_HEALTH or len(report) >= MAX_HEALTH_KEYS or len(key) > 64:
-            continue
-        if item is None or isinstance(item, bool) or isinstance(item, int) and abs(item) < 2**63 \
-                or isinstance(item, float) and math.isfinite(item):
-            report[key] = item
-        elif isinstance(item, str):
-            report[key] = _cut(item)
-    return report
-
-
-_CHECKED_HEALTH = frozenset({"rank", "dropped_steps", "published_steps", "queued", "time_s", "last_error"})
-
-
-def _cut(text: str | None) -> str | None:
-    return text if text is None or len(text) <= MAX_HEALTH_ERROR_CHARS else text[:MAX_HEALTH_ERROR_CHARS] + "..."
 
 
 def _time_or_none(value) -> float | None:
