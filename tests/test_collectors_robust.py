@@ -4,7 +4,6 @@ CUDA stream ordering (its logic, with stand-in streams), and the trace file's si
 from __future__ import annotations
 
 import json
-import time
 import warnings
 
 import numpy as np

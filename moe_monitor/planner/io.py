@@ -6,7 +6,7 @@ oldest first). ``.pt`` files are read with ``torch.load(..., weights_only=True)`
 imported inside that loader, never at module level (the dashboard must run without torch).
 Project traces (JSON lines of core.trace_line, ``.jsonl`` / ``.trace``, or a ``.json`` whose first line is
 a trace line) load as [W, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
-contiguous windows of summed steps (see trace_windows). Other types: ``register_loader(".suffix", fn)``
+contiguous windows of summed steps (see _load_trace). Other types: ``register_loader(".suffix", fn)``
 where ``fn(path) -> array [L,E] | [T,L,E]``.
 Counts are checked by planner.loads.as_counts (numbers only, finite, >= 0, bounded sums); every malformed
 file gives one ValueError naming the file, never another exception.
@@ -89,50 +89,19 @@ def _is_trace_line(line: str) -> bool:
 
 
 def _load_trace(path: Path) -> np.ndarray:
-    with path.open("r", encoding="utf-8") as handle:
-        return trace_windows(handle, name=path.name)
+    """A trace (JSON lines, .parquet or .arrows) -> float64 [W, L, E]: every step's counts with its ranks summed,
+    in step order, split into W = min(MAX_WINDOWS, steps) contiguous windows of (nearly) equal step counts, each
+    summed (read through the trace containers, core.tracefile, as every reader of a trace does)."""
+    return split_windows(_trace_counts(path), MAX_WINDOWS)
 
 
 register_loader(".json", _load_json)
 register_loader(".jsonl", _load_trace)
 register_loader(".trace", _load_trace)
+register_loader(".parquet", _load_trace)
+register_loader(".arrows", _load_trace)
 register_loader(".pt", _load_pt)
 register_loader(".pth", _load_pt)
-
-
-def trace_windows(lines, max_windows: int = MAX_WINDOWS, name: str = "trace") -> np.ndarray:
-    """Trace lines (core.trace_line JSON lines) -> float64 [W, L, E]: every step's counts with its ranks
-    summed, in step order, split into W = min(max_windows, steps) contiguous windows of (nearly) equal
-    step counts, each summed. A record repeated in the file (the same step of the same rank and collector,
-    as a retried write can leave) counts once. Meta and GPU lines are checked, blank lines skipped. ValueError naming the
-    line for a line that does not decode, counts of another shape, or a trace without step lines."""
-    if max_windows < 1:
-        raise ValueError(f"max_windows must be >= 1, got {max_windows}")
-    steps: dict[int, np.ndarray] = {}
-    seen: set[tuple[str, int, int]] = set()  # (collector instance, rank, step)
-    shape = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            _, rec = core.decode_trace_line(line)
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
-            raise ValueError(f"{name} line {number}: not a valid trace line ({exc})") from None
-        if not isinstance(rec, core.StepRecord):
-            continue
-        if shape is None:
-            shape = rec.counts_LE.shape
-        elif rec.counts_LE.shape != shape:
-            raise ValueError(f"{name} line {number}: counts are {list(rec.counts_LE.shape)}, earlier steps "
-                             f"were {list(shape)} (layers x experts)")
-        if (rec.instance, rec.rank, rec.step) in seen:
-            continue
-        seen.add((rec.instance, rec.rank, rec.step))
-        held = steps.get(rec.step)
-        steps[rec.step] = rec.counts_LE.astype(np.int64) if held is None else held + rec.counts_LE
-    if not steps:
-        raise ValueError(f"{name}: the trace holds no step lines")
-    return split_windows(np.stack([steps[s] for s in sorted(steps)]), max_windows)
 
 
 def load_counts(path) -> np.ndarray:
