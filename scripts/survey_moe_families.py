@@ -3,8 +3,8 @@
 For every family of tests/support/tiny_models.py and every other model type whose config (or a nested
 sub-config) declares an expert count, build it tiny with random weights from a config holding only the keys
 its classes declare (tiny_models.build_any), attach(), run a text-only forward and compare each layer's
-counts with the zeroed-expert ground truth of tests/test_collectors_nested.py (that of
-tests/test_collectors_exact.py, for flat, list and flattened-output experts too). One subprocess per family.
+counts with the zeroed-expert ground truth of tests/collectors/test_collectors_nested.py (that of
+tests/collectors/test_collectors_exact.py, for flat, list and flattened-output experts too). One subprocess per family.
 
     python -m scripts.survey_moe_families [model_type ...]     # a markdown table on stdout
 """

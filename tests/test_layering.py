@@ -70,3 +70,28 @@ def test_the_walk_sees_a_heavy_import():
     """The same sys.modules check sees torch when something does import it (so the tests above can fail)."""
     _, loaded = _walk("moe_monitor.collectors")
     assert "torch" in loaded
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    lint = Path(sys.executable).with_name("lint-imports")
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([str(lint), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_layer_contracts_hold_and_can_break(tmp_path):
+    """pyproject.toml's import-linter contracts (make lint) hold on this tree, and a copy of it with one import
+    that runs back up (core importing the dashboard, inside a function) breaks them: the contracts are checked,
+    imports inside functions included."""
+    import shutil
+
+    shutil.copytree(ROOT / "moe_monitor", tmp_path / "moe_monitor", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    kept = _lint_imports(tmp_path)
+    assert kept.returncode == 0 and "BROKEN" not in kept.stdout, kept.stdout[-3000:] + kept.stderr[-2000:]
+    errors = tmp_path / "moe_monitor" / "core" / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _upward():\n    from moe_monitor.dashboard import serve\n"
+                      "    return serve\n")
+    broken = _lint_imports(tmp_path)
+    assert broken.returncode != 0 and "moe_monitor's layers BROKEN" in broken.stdout, broken.stdout[-3000:]
+    assert "moe_monitor.core.errors -> moe_monitor.dashboard.serve" in broken.stdout

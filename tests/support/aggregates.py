@@ -1,4 +1,4 @@
-"""The aggregator's tests against a real Redis (tests/test_aggregate*.py): ranks' step records and their
+"""The aggregator's tests against a real Redis (tests/aggregator/): ranks' step records and their
 publishing to a run's steps stream, AggregateOptions with test timings, rounds of aggregators until a condition
 holds, the aggregate stream read back decoded."""
 from __future__ import annotations

@@ -140,7 +140,7 @@ NESTED_FAMILY: dict[str, dict] = {
 }
 for _mla in ("axk1", "mistral_large4_text", "sarvam_mla"):
     NESTED_FAMILY[_mla] = dict(FAMILY["deepseek_v3"])
-# Families of tests/test_collectors_nested.py, built with build_any() and run on text only.
+# Families of tests/collectors/test_collectors_nested.py, built with build_any() and run on text only.
 # NESTED: the MoE sizes sit in a sub-config (text_config, thinker_config, ffn_config) of a composite model,
 # or under a name discovery did not know (gemma4's top_k_experts); switch_transformers has no top-k at all.
 NESTED = ["gemma4", "gemma4_text", "diffusion_gemma", "dbrx", "switch_transformers", "qwen3_vl_moe",

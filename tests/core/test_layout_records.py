@@ -11,8 +11,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from moe_monitor import core
+from tests.core.test_properties_wire import DEEP, HOSTILE_BYTES, field_values, json_values
 from tests.support.properties import property_settings
-from tests.test_properties_wire import DEEP, HOSTILE_BYTES, field_values, json_values
 
 SETTINGS = property_settings()
 MAP_LP = np.array([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 2, 3]], dtype=np.int32)  # 2 layers, 4 experts, 6 slots

@@ -214,7 +214,7 @@ def test_plan_cli_reads_a_trace(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     rng = np.random.default_rng(5)
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(_trace_lines([(s, [rng.integers(0, 9, (2, 8))]) for s in range(20)])) + "\n")

@@ -57,7 +57,7 @@ def _redis_rss(pid: int) -> int:
 
 def test_eight_collectors_for_a_minute(tmp_path):
     server = RedisServer(tmp_path)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     procs = []
     try:
         for rank in range(RANKS):

@@ -14,7 +14,7 @@ import pytest
 from moe_monitor.demo.localredis import free_port
 from tests.support.browserkit import chromium_page, serving
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The aggregator's pure parts: assembly of rank records into steps, the layout book, the rollup builder, the
-progress hash and the options (no Redis here; tests/test_aggregate.py drives the real thing)."""
+progress hash and the options (no Redis here; tests/aggregator/test_aggregate.py drives the real thing)."""
 from __future__ import annotations
 
 import math

@@ -13,8 +13,8 @@ import pytest
 from moe_monitor.planner.loads import check_layout, layer_imbalance
 from moe_monitor.planner.synthetic import drifting_windows, skewed_counts
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 
 
 def run(*args):

@@ -13,7 +13,7 @@ from moe_monitor.planner.bounds import best_bound, group_partition_bound, replic
 from moe_monitor.planner.loads import check_layout, duplicates_on_gpu, layer_imbalance
 from moe_monitor.planner.synthetic import skewed_counts
 
-DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
+DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 
 
 def real(name: str) -> np.ndarray:

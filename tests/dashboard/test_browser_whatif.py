@@ -11,7 +11,7 @@ import pytest
 from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.support.browserkit import chromium_page, serving
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUN = "whatif-browser"
 
 

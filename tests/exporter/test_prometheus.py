@@ -25,7 +25,7 @@ from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.demo.localredis import free_port
 from tests.support import synthfill
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"
 
 

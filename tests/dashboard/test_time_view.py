@@ -20,7 +20,7 @@ from moe_monitor.dashboard.views.time import NO_TIMINGS
 from tests.support import synthfill
 from tests.support.apptest import APP
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 L, E, G, R = 2, 8, 2, 2
 
 

@@ -24,7 +24,7 @@ from moe_monitor.dashboard.sources.redis import _collector_health
 from tests.support.listsource import ListSource
 from tests.support.properties import property_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = property_settings()
 DEEP = "[" * 50_000 + "]" * 50_000
 

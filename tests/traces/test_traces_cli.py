@@ -15,10 +15,10 @@ import torch
 
 from moe_monitor import core
 from moe_monitor.core import tracefile
+from tests.collectors.test_sglang_bridge import DATA, save_per_pass, save_stat
 from tests.support import synthfill
-from tests.test_sglang_bridge import DATA, save_per_pass, save_stat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "moe_monitor" / "traces" / "samples"
 
 
@@ -69,7 +69,7 @@ def test_replay_loops_with_a_new_instance_and_continuing_steps(redis_server, red
 
 
 def test_convert_jsonl_to_parquet_is_equal_content(tmp_path):
-    from tests.test_traces_format import jsonl, records, same
+    from tests.traces.test_traces_format import jsonl, records, same
     src, dst = tmp_path / "t.jsonl", tmp_path / "t.parquet"
     recs = records()
     jsonl(src, recs)

@@ -37,8 +37,8 @@ from moe_monitor.planner import plan
 from tests.support.redisfaults import FaultyRedis
 from tests.support.waiting import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 T0 = 1_750_000_000.0  # dump times (unix s)
 K = 8                 # DeepSeek-V3 top-k
 GPUS = 4              # ranks writing per_pass dumps in these tests

@@ -17,7 +17,7 @@ from moe_monitor.planner.edits import add_replica
 from moe_monitor.planner.io import load_counts
 from moe_monitor.planner.repair import experts_copied
 
-APP = str(Path(__file__).resolve().parents[1] / "moe_monitor" / "dashboard" / "app.py")
+APP = str(Path(__file__).resolve().parents[2] / "moe_monitor" / "dashboard" / "app.py")
 RUN = "whatif-run"
 STEPS = 30
 

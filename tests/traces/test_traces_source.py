@@ -11,7 +11,7 @@ from moe_monitor.collectors import attach
 from moe_monitor.core import tracefile
 from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support.tiny_models import build
-from tests.test_traces_format import jsonl, records, same, write
+from tests.traces.test_traces_format import jsonl, records, same, write
 
 
 @pytest.mark.parametrize("name", ["t.parquet", "t.arrows", "t.jsonl"])

@@ -10,7 +10,7 @@ from moe_monitor.dashboard.analytics import alerts
 from tests.support import synthfill
 from tests.support.apptest import run_app
 
-RULES = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "alerts.yml"
+RULES = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 
 
 def test_each_rule_fires_on_its_own_condition():

@@ -39,7 +39,7 @@ def test_viewers_see_no_tracebacks():
 
     from streamlit.testing.v1 import AppTest
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     client = (root / ".streamlit" / "config.toml").read_text().split("[client]")[1].split("\n[")[0]
     assert '\nshowErrorDetails = "type"\n' in client
     from moe_monitor.dashboard.serve import streamlit_command  # what `moe-monitor dashboard` passes, from any folder

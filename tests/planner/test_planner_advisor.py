@@ -37,7 +37,7 @@ from moe_monitor.planner.staleness import staleness
 from moe_monitor.planner.synthetic import drifting_windows
 from tests.support.properties import property_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # 0.5 s per token-slot; one expert copy = 1e9 bytes over 32 Gb/s = 0.25 s
 HAND_COST = CostModel(seconds_per_token_slot=0.5, link_gbps=32.0, bytes_per_expert=10 ** 9)
 

@@ -13,7 +13,7 @@ from moe_monitor.planner.eplb_ref import eplb_global
 from moe_monitor.planner.loads import layer_imbalance
 from moe_monitor.planner.synthetic import drifting_windows
 
-DATA = Path(__file__).parent / "data" / "sglang_deepseek_v3"
+DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 
 
 def load_all():

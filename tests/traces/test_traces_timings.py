@@ -31,7 +31,7 @@ from tests.support import synthfill
 
 L, E, G, R, STEPS = 3, 8, 2, 4, 24
 RUN, INSTANCE = "ep", "ep-inst"
-SAMPLES = Path(__file__).resolve().parents[1] / "moe_monitor" / "traces" / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "moe_monitor" / "traces" / "samples"
 PAYLOAD_NAN = np.array([0x7FC0_0123], dtype=np.uint32).view(np.float32)[0]  # a quiet NaN with a payload
 
 

@@ -24,7 +24,7 @@ from moe_monitor.exporter.metrics import series_count
 from moe_monitor.exporter.server import RunExporter
 from tests.support import synthfill
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _samples(text: str) -> dict[tuple, float]:
