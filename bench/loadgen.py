@@ -54,6 +54,7 @@ from bench.routing import (
     run_meta,
 )
 from moe_monitor import core
+from moe_monitor.core.health import HealthReport
 
 FLUSH_INTERVAL_S = 0.1                        # the publisher's flush interval (collectors/publisher.py)
 BATCH = 256                                   # at most this many steps per write (the publisher's batch)
@@ -231,11 +232,10 @@ def split_ranks(ranks: int, processes: int) -> list[list[int]]:
     return [list(range(i, ranks, processes)) for i in range(processes)]
 
 
-def _health(rank: int, published: int, failures: int, last_failure: str) -> dict[str, object]:
+def _health(rank: int, published: int, failures: int, last_failure: str) -> HealthReport:
     """The publisher's health report (collectors/publisher.py) of one simulated rank."""
-    return {"rank": rank, "dropped_steps": 0, "published_steps": published, "queued": 0, "last_error": "",
-            "sink_failures": failures, "last_failure": last_failure, "time_s": time.time(),
-            "published_layouts": 0, "dropped_layouts": 0}
+    return HealthReport(rank=rank, published_steps=published, sink_failures=failures, last_failure=last_failure,
+                        extra={"published_layouts": 0, "dropped_layouts": 0})
 
 
 def _drive(config: LoadConfig, index: int, ranks: list[int], processes: int, ready, go, start) -> ProcessReport:
