@@ -9,6 +9,7 @@ along), so the test takes seconds, not a download of torch."""
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -27,15 +28,21 @@ ROOT = Path(__file__).resolve().parents[1]
 def installed(tmp_path_factory):
     """(the wheel's path, the fresh venv's bin folder, the environment to run it with)."""
     work = tmp_path_factory.mktemp("wheel")
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REDIS_URL", "VIRTUAL_ENV")}
+    source = work / "source"  # a copy: the build leaves build/ and *.egg-info beside the sources it reads
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "moe_monitor", source / "moe_monitor", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(work / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(work / "dist"), str(source)], check=True, capture_output=True, timeout=300, env=clean)
     (wheel,) = (work / "dist").glob("moe_load_monitor-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=120, env=clean)
     bin_dir = work / "venv" / "bin"
     subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-compile",
-                    "--disable-pip-version-check", str(wheel)], check=True, capture_output=True, timeout=300)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "REDIS_URL", "VIRTUAL_ENV")}
-    env["PYTHONPATH"] = os.pathsep.join(site.getsitepackages())
+                    "--disable-pip-version-check", str(wheel)], check=True, capture_output=True, timeout=300,
+                   env=clean, cwd=work)
+    env = dict(clean, PYTHONPATH=os.pathsep.join(site.getsitepackages()))
     return wheel, bin_dir, env, work
 
 
