@@ -1,6 +1,6 @@
 """Scale test: 256 expert-parallel ranks at 20 steps/s for 60 s into one private Redis (bench.loadgen: DeepSeek-V3
 shaped compact records, 64 decode tokens per rank and step, through collectors.sinks.RedisSink from several
-processes), the aggregator (collectors.aggregate) summing them and a dashboard reading its stream; then the same
+processes), the aggregator (moe-monitor aggregate) summing them and a dashboard reading its stream; then the same
 through a private 3-master Redis Cluster (demo.localcluster) and the scaling from 1 to 3 masters. Ends with a
 table of the figures beside the goals.
 
@@ -24,7 +24,7 @@ against the newest written step. Printed per target (the single Redis, then the 
   arrive, each timed as bench.aggregate_tick does: tick() + resolve_layout + dashboard.live.snapshot.analyse;
   the feed it read ("aggregate": the aggregator's stream, not the per-rank records). This process runs with one
   BLAS thread (--blas-threads 1; 0: the library's default pool): on a machine the load keeps busy, OpenBLAS's
-  pool of 2 threads stalls (the GPU loads of 20 new rows, planner.loads.weighted_loads, ~3 ms on one thread, took
+  pool of 2 threads stalls (the GPU loads of 20 new rows, core.loadmodel.weighted_loads, ~3 ms on one thread, took
   15-40 ms median and 200-900 ms p90 with the default pool next to two busy processes on 2 cores);
 - redis-benchmark's XADD rate (bench.wire.redis_benchmark_rate: -P 16, 50 clients) for an entry of the size the
   load generator writes, into the same Redis (for the cluster: the master of the benchmark's key), after the load;

@@ -7,7 +7,7 @@ top-8, per-layer popularity from the real SGLang counts, each rank its own mix).
    v2), the memory one entry takes in a Redis stream (MEMORY USAGE over XLEN), and encode_step / decode_step
    microseconds. Medians over the records; the ratio v1 / v2.
 2. Codecs on the same narrowed bytes (the counts in the narrowest integer type, what v2 compresses): zstd level 1
-   (what wire/compact.py uses) and 3 (package zstandard) against lz4 (lz4.frame, default level; package lz4, used
+   (what core/compact.py uses) and 3 (package zstandard) against lz4 (lz4.frame, default level; package lz4, used
    here only, never a dependency: "lz4 not installed" when it is absent): size, compress and decompress
    microseconds, medians of interleaved calls (codecs in random order, record by record).
 3. Redis: `redis-benchmark` XADD rate (-n 20000 -P 16, its default 50 clients) of a payload of the v1 and of the

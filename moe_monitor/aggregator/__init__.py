@@ -11,29 +11,29 @@ commit.py (the outbox and the MULTI/EXEC commit), options.py (the knobs), __main
 Redis design (every key is one run's, moe:{RUN}:..., so one hash slot in a Cluster; every transaction and
 script touches one run's keys only):
 
-- Input: the run's steps stream (wire.steps_key), read in the consumer group "moe-aggregate" (XGROUP CREATE
+- Input: the run's steps stream (core.steps_key), read in the consumer group "moe-aggregate" (XGROUP CREATE
   ... 0 MKSTREAM: from the start of what is there), XREADGROUP COUNT --read-count (512) with a short BLOCK
   (100 ms; none with --all), pipelined behind an XRANGE of the layouts stream so a step never arrives before
-  the layout change its collector wrote first. Entries are decoded with wire.decode_step; one that does not
+  the layout change its collector wrote first. Entries are decoded with core.decode_step; one that does not
   decode (or names another run) is acked, counted (bad_records) and reported in one line per log interval.
 - Assembly (assembly.py): a step is written once all ranks of its world arrived, or --deadline-s (2 s) after
   its first record arrived here (monotonic clock, not record times), with the missing ranks named in the
   record's rank mask and counted. Late ranks become a late entry holding only them; duplicates are skipped
   and counted; a collector restart (a rank's instance changes) opens a new epoch (AggregateRecord.instance),
   after the old epoch's pending steps are written.
-- Output: XADD wire.aggregate_key(run) MAXLEN ~ --agg-maxlen (4096). Each commit is one MULTI/EXEC under
+- Output: XADD core.aggregate_key(run) MAXLEN ~ --agg-maxlen (4096). Each commit is one MULTI/EXEC under
   WATCH of the lease key: the aggregates, the rollups that closed, the XACKs of every step entry they (or
   the duplicates, bad and stale records) consumed, the progress hash and the lease's PEXPIRE. An entry is
   acked only with the aggregate that consumed it, so the group's pending list holds exactly the entries of
   steps not yet written. The WATCH fences a holder that stalled past its lease: its EXEC fails and it goes
-  back to standby. (The transaction uses redis-py's own pipeline of the client wire.connect decided, single
+  back to standby. (The transaction uses redis-py's own pipeline of the client core.connect decided, single
   or cluster: WATCH needs commands that answer at once, which a batching pipeline does not give.)
-- Rollups (rollup.py): XADD wire.rollup_key(run, 1 | 60) with the explicit id `<bucket start ms>-0` (Redis
+- Rollups (rollup.py): XADD core.rollup_key(run, 1 | 60) with the explicit id `<bucket start ms>-0` (Redis
   refuses a second write of a bucket: idempotent) and MINID (exact) = start - retention (--retention-1s-s
   900, --retention-60s-s 86400). A bucket closes once aggregated steps are --deadline-s + 1 s past its end,
   or the wall clock is and nothing arrived for it that long, and no step still assembling could fall in it; a
   minute is the merge of its seconds.
-- Lease (lease.py): SET wire.aggregator_key(run) <consumer> NX PX --lease-s (5 s), renewed every third of
+- Lease (lease.py): SET core.aggregator_key(run) <consumer> NX PX --lease-s (5 s), renewed every third of
   it (and by every commit) with a compare-and-renew Lua script, released with compare-and-delete. A second
   aggregator waits as standby (one SET NX a second) and takes over when the lease expires. Consumer names
   (--consumer; default host-pid-random) must differ between aggregators: the lease compares them.
@@ -47,7 +47,7 @@ script touches one run's keys only):
 - Raw stream kept short: about once a second, XTRIM MINID ~ to keep the last --keep-raw-s (5 s) behind the
   newest entry read, never past an entry still waiting for its step (hence never past the group's last
   delivered id).
-- Progress/health (progress.py): the hash wire.aggregator_key(run) + ":state", written by every commit:
+- Progress/health (progress.py): the hash core.aggregator_key(run) + ":state", written by every commit:
   steps_written, rank_steps_missing, late_records, late_ranks, duplicates, bad_records, stale_records,
   too_old, epochs, rollup counters, epoch, last_step, pending_steps, lag_entries (XINFO GROUPS lag; -1 when
   Redis cannot tell), entries_per_s, consumer, time_s, commit, last_problem, and (every 2 s or on change)
@@ -67,7 +67,7 @@ an entry, 82 MiB at its default 4,096 entries. The raw steps kept behind the agg
 ~6 kB an entry: 5 s x 5,120 entries/s is ~150 MB (the collectors' own MAXLEN budget trims first otherwise).
 
 Throughput (same self-benchmark, 2-core machine, redis-server and the writer on it too): one aggregator drains a
-backlog at 12,900-14,900 entries/s (60-71 ms of CPU per 1,000 entries, three quarters of it wire.decode_step,
+backlog at 12,900-14,900 entries/s (60-71 ms of CPU per 1,000 entries, three quarters of it core.decode_step,
 mostly its zstd) and keeps up with a writer at 5,120 entries/s (256 ranks x 20 steps/s; no step behind when the
 writer stops) using 34-35% of one core, redis-server ~9%.
 """

@@ -4,7 +4,7 @@ The run's metadata layout is in force from step 0 (when it fits the steps' [L, E
 run has no metadata, the contiguous layout over core.default_gpus(E, world) GPUs); each layout change
 (core.LayoutRecord: an engine's rebalance, a layout applied by hand) from its step on, within the epoch whose
 collectors published it (step ids start again when the collectors restart). Each map is checked once
-(planner.loads.validated_layout); the rollups compute GPU loads from it with planner.loads.gpu_loads.
+(core.loadmodel.validated_layout); the rollups compute GPU loads from it with core.loadmodel.gpu_loads.
 
 Shape legend: L layers, E logical experts, P physical slots, G GPUs, T steps.
 """
@@ -62,7 +62,7 @@ class LayoutBook:
     def layouts(self, epoch: str, step_T: np.ndarray, num_layers: int, num_experts: int,
                 world: int) -> list[tuple[np.ndarray, np.ndarray, int]]:
         """[(indices into step_T, layout_LP int64 [L, P], G)], one per layout in force among the steps (ascending
-        by step id within the epoch), each checked once (planner.loads.validated_layout). A layout that does not
+        by step id within the epoch), each checked once (core.loadmodel.validated_layout). A layout that does not
         fit [L, E] gives way to the contiguous default."""
         timeline = self._changes.get(epoch) or LayoutTimeline(MAX_CHANGES)
         which_T = timeline.index_at(step_T)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .options import MonitorOptions
     from .trace import record_trace
 
-# Imported on first use: the aggregator (collectors.aggregate), the vLLM plugin's entry point and the SGLang
+# Imported on first use: the aggregator (moe-monitor aggregate), the vLLM plugin's entry point and the SGLang
 # bridge run without loading torch and transformers until a model-side name is asked for.
 _LAZY = {"MoELayer": ".discovery", "find_moe_layers": ".discovery", "AttachedMonitor": ".hf", "attach": ".hf",
          "ExpertLoadMonitor": ".monitor", "MonitorOptions": ".options", "record_trace": ".trace"}

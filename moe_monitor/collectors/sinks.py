@@ -88,7 +88,7 @@ class RedisSink:
         self._run, self._maxlen = meta.run, maxlen
         self._min_maxlen, self._budget = maxlen, memory_budget_bytes
         self._entry_bytes = 0.0  # running mean of the step entries' bytes (0: none written yet)
-        self._compact = compact  # version 2 step records (wire/compact.py); False: version 1, raw int32
+        self._compact = compact  # version 2 step records (core/compact.py); False: version 1, raw int32
         self._indexed_at = float("-inf")  # time.monotonic() of the last ZADD to moe:runs that landed
         self._client = core.connect(url, timeout_s=timeout_s, retries=0)
         self._meta_json = core.encode_meta(meta)

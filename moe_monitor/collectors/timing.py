@@ -7,7 +7,7 @@ an all-to-all (one process) simply never calls them and publishes no timing reco
         with t.compute(): ...                # this rank's expert FFNs
         with t.combine(): ...                # all-to-all back + weighted sum
 
-Shape legend (README, Conventions): L MoE layers. Times are seconds, float32 [4, L] in wire.TIMING_PHASES
+Shape legend (README, Conventions): L MoE layers. Times are seconds, float32 [4, L] in core.TIMING_PHASES
 order (dispatch, compute, combine, layer); NaN = not measured this step. A phase timed twice in one step
 adds up.
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-DISPATCH, COMPUTE, COMBINE, LAYER = range(4)  # rows of the [4, L] arrays (wire.TIMING_PHASES order)
+DISPATCH, COMPUTE, COMBINE, LAYER = range(4)  # rows of the [4, L] arrays (core.TIMING_PHASES order)
 
 
 @dataclass

@@ -16,7 +16,7 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:R:timings      stream: one entry per (step, rank) of an engine that times its MoE layers (TimingRecord:
                        dispatch, expert compute, combine and whole-layer seconds, float32 [L] each, NaN =
                        not measured), fields in TIMING_FIELDS
-    moe:R:agg          stream: one entry per step with its ranks summed (AggregateRecord, collectors.aggregate),
+    moe:R:agg          stream: one entry per step with its ranks summed (AggregateRecord, the aggregator),
                        plus one per late rank folded in afterwards; readers use it when it exists
     moe:R:rollup:1s    streams: rollups of the aggregated steps per second / per minute (RollupRecord), entry
     moe:R:rollup:60s   id = bucket start (unix ms), trimmed by age (MINID) to their own memory budget
@@ -24,7 +24,7 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:R:health       hash: rank -> JSON {rank, dropped_steps, published_steps, queued, last_error,
                        sink_failures, last_failure, hook_errors, invalid_ids, time_s}
 
-Bounds (wire/keys.py): every decoder refuses, with one ValueError, a record beyond MAX_LAYERS layers,
+Bounds (core/keys.py): every decoder refuses, with one ValueError, a record beyond MAX_LAYERS layers,
 MAX_EXPERTS experts, MAX_SLOTS slots per layer, MAX_CELLS counts or layout cells, MAX_WORLD ranks, step ids
 from MAX_STEP, MAX_TOKENS tokens a step per rank, times from MAX_TIME_S, MAX_META_BYTES of metadata JSON,
 trace lines over MAX_TRACE_LINE_BYTES: a hostile or corrupt record can neither allocate gigabytes nor

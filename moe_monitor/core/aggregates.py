@@ -1,12 +1,12 @@
-"""AggregateRecord: one step of a run with its ranks summed (written by collectors.aggregate, read by dashboards
+"""AggregateRecord: one step of a run with its ranks summed (written by the aggregator, read by dashboards
 in place of summing every rank themselves), and its stream encoding.
 
-One entry per step in wire.aggregate_key(run). A rank whose record arrives after its step was written is folded
+One entry per step in core.aggregate_key(run). A rank whose record arrives after its step was written is folded
 in by a second entry for the same step holding only the late ranks (late=1): a reader sums the entries of a step,
 and no rank is in two entries of one step (the present-rank masks are disjoint).
 
 Shape legend: L MoE layers, E logical experts, W ranks (the world size), R ranks present in the record.
-Counts travel compact (wire/compact.py, up to int64: a sum over many ranks); the present ranks as a bit mask
+Counts travel compact (core/compact.py, up to int64: a sum over many ranks); the present ranks as a bit mask
 (numpy packbits, rank 0 first); their tokens and cumulative dropped steps as compact integer arrays [R].
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ def encode_aggregate(rec: AggregateRecord) -> dict[str, bytes | str | int]:
 def decode_aggregate(fields: dict) -> AggregateRecord:
     """Stream entry fields (bytes or str keys) -> AggregateRecord. Raises ValueError (never another exception)
     on any malformed entry: unknown version, missing field, a payload that is not exactly its cells, a mask
-    without ranks or with ranks beyond the world, negative values, bounds of wire/keys.py (L, E, cells, step,
+    without ranks or with ranks beyond the world, negative values, bounds of core/keys.py (L, E, cells, step,
     world, tokens per rank, time, instance id)."""
     _version(fields, AGGREGATE_VERSION, "aggregate")
     num_layers, num_experts = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "E", 1, MAX_EXPERTS + 1)

@@ -274,5 +274,5 @@ class AutoClient:
         return f"AutoClient({redact(self.url)!r}, {mode})"
 
 
-# What the readers and writers accept: an AutoClient (wire.connect) or a redis-py client made directly.
+# What the readers and writers accept: an AutoClient (core.connect) or a redis-py client made directly.
 Client: TypeAlias = AutoClient | redis.Redis | RedisCluster

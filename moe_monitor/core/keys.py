@@ -27,7 +27,7 @@ MAX_NAME_CHARS = 256           # collector instance ids, host names, GPU names a
 MAX_META_BYTES = 16 << 20      # the run metadata JSON (and a layout file)
 
 STEP_FIELDS = ("v", "run", "inst", "rank", "world", "step", "t", "phase", "tokens", "L", "E", "counts", "dropped")
-COMPACT_FIELDS = ("ct", "cz")  # version 2 step records: the counts' type and codec (wire/compact.py)
+COMPACT_FIELDS = ("ct", "cz")  # version 2 step records: the counts' type and codec (core/compact.py)
 MAX_SAMPLE_EXPERTS = 32767  # sampled ids travel as int16
 SAMPLE_FIELDS = ("sample_n", "sample_k", "sample")
 
@@ -47,18 +47,18 @@ def run_key(run: str, name: str) -> str:
 
 
 def steps_key(run: str) -> str:
-    """Stream of the run's per-rank step records (wire/steps.py), one entry per (step, rank)."""
+    """Stream of the run's per-rank step records (core/steps.py), one entry per (step, rank)."""
     return run_key(run, "steps")
 
 
 def aggregate_key(run: str) -> str:
-    """Stream of the run's aggregated steps (wire/aggregates.py): ranks summed by collectors.aggregate, one entry
+    """Stream of the run's aggregated steps (core/aggregates.py): ranks summed by the aggregator, one entry
     per step (plus one per late rank folded in afterwards). Readers use it when it exists."""
     return run_key(run, "agg")
 
 
 def rollup_key(run: str, resolution_s: int) -> str:
-    """Stream of the run's rollups at one resolution (wire/rollups.py; 1 s or 60 s buckets), entry id = the
+    """Stream of the run's rollups at one resolution (core/rollups.py; 1 s or 60 s buckets), entry id = the
     bucket's start in unix ms, so a bucket is written once however many aggregators try."""
     return run_key(run, f"rollup:{int(resolution_s)}s")
 
@@ -70,17 +70,17 @@ def aggregator_key(run: str) -> str:
 
 
 def timings_key(run: str) -> str:
-    """Stream of the run's per-step layer timings (wire/timings.py), one entry per (step, rank)."""
+    """Stream of the run's per-step layer timings (core/timings.py), one entry per (step, rank)."""
     return run_key(run, "timings")
 
 
 def layouts_key(run: str) -> str:
-    """Stream of the run's layout changes (wire/layouts.py), one entry per change."""
+    """Stream of the run's layout changes (core/layouts.py), one entry per change."""
     return run_key(run, "layouts")
 
 
 def layout_requests_key(run: str) -> str:
-    """Stream of layouts asked for (wire.LayoutRecord, source "apply"; their step: when asked) that a runtime
+    """Stream of layouts asked for (core.LayoutRecord, source "apply"; their step: when asked) that a runtime
     able to move experts picks up; it publishes the change it makes to layouts_key, from the step it takes force.
     Readers of the run's layout history never read requests."""
     return run_key(run, "layout_requests")

@@ -65,7 +65,7 @@ class LayoutRecord:
     def validate(self, num_experts: int, *, num_layers: int | None = None) -> LayoutRecord:
         """self when the map fits a run of num_experts experts (and num_layers layers, when given): every
         expert 0..E-1 in every row and nothing else, P a multiple of gpus, gpus a multiple of nodes (the
-        check of wire.Layout.validate); ValueError otherwise."""
+        check of core.Layout.validate); ValueError otherwise."""
         layout_LP = self.physical_to_logical_LP
         if not isinstance(layout_LP, np.ndarray) or layout_LP.ndim != 2:
             raise ValueError("physical_to_logical_LP must be a 2-D int array [layers, slots]")
@@ -105,7 +105,7 @@ def decode_layout_record(fields: dict) -> LayoutRecord:
     """Stream entry fields (bytes or str keys) -> LayoutRecord. Raises ValueError (never another exception)
     on any malformed entry: wrong schema version, missing field, wrong byte length, an expert id outside
     0..MAX_EXPERTS - 1, gpus not dividing P, nodes not dividing gpus, an unknown source, or a number outside
-    the bounds in wire/keys.py (L <= MAX_LAYERS, P <= MAX_SLOTS, L x P <= MAX_CELLS, step < MAX_STEP,
+    the bounds in core/keys.py (L <= MAX_LAYERS, P <= MAX_SLOTS, L x P <= MAX_CELLS, step < MAX_STEP,
     rank < MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS). Whether every expert has a slot is
     LayoutRecord.validate(num_experts)'s job."""
     _version(fields, SCHEMA_VERSION)

@@ -43,7 +43,7 @@ def _size(value, name: str, lo: int, hi: int) -> int:
 
 
 def check_sizes(num_layers, num_experts, num_slots=None) -> tuple[int, int, int]:
-    """(L, E, P) as ints within the bounds in wire/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, P <= MAX_SLOTS,
+    """(L, E, P) as ints within the bounds in core/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, P <= MAX_SLOTS,
     L x P <= MAX_CELLS; P defaults to E); ValueError naming the first that is not."""
     num_layers = _size(num_layers, "layers", 1, MAX_LAYERS)
     num_experts = _size(num_experts, "experts", 1, MAX_EXPERTS)
@@ -74,17 +74,17 @@ class Layout:
     def validate(self, num_layers: int, num_experts: int) -> Layout:
         """self when the map fits a run of num_layers x num_experts: L rows of P slots each, P a multiple of
         gpus, every expert 0..E-1 in every row and nothing else; ValueError otherwise. Sizes are checked
-        against the bounds in wire/keys.py before anything is allocated, and the map with numpy."""
+        against the bounds in core/keys.py before anything is allocated, and the map with numpy."""
         check_layout_map(self.physical_to_logical_map, self.gpus, self.nodes, num_layers, num_experts)
         return self
 
 
 def check_layout_map(rows, gpus, nodes, num_layers, num_experts) -> np.ndarray:
-    """The one check of a replica layout (Layout.validate and wire.LayoutRecord.validate): rows, a
+    """The one check of a replica layout (Layout.validate and core.LayoutRecord.validate): rows, a
     physical_to_logical_map [L][P] as nested lists or an int array, fits a run of num_layers x num_experts
     on gpus GPUs in nodes nodes: L rows of P slots each, P a multiple of gpus, gpus a multiple of nodes, every
     expert 0..E-1 in every row and nothing else. Returns the map as an int array [L, P]; ValueError
-    otherwise. Sizes are checked against the bounds in wire/keys.py before anything is allocated."""
+    otherwise. Sizes are checked against the bounds in core/keys.py before anything is allocated."""
     num_layers, num_experts, _ = check_sizes(num_layers, num_experts)
     if not (_in_range(_index_or_none(gpus), 1, MAX_SLOTS) and _in_range(_index_or_none(nodes), 1, MAX_SLOTS)) \
             or gpus % nodes:
@@ -183,7 +183,7 @@ _LAYOUT_SHAPE = "run metadata layout must be {gpus: int, nodes: int, physical_to
 
 def decode_meta(text: str | bytes) -> RunMeta:
     """JSON -> RunMeta; ValueError (never another exception) when it is not valid JSON, lacks fields, holds a
-    field of the wrong type or a size outside the bounds in wire/keys.py (at most MAX_META_BYTES of JSON,
+    field of the wrong type or a size outside the bounds in core/keys.py (at most MAX_META_BYTES of JSON,
     L <= MAX_LAYERS layer names, E <= MAX_EXPERTS, a layout of at most MAX_SLOTS slots per layer and MAX_CELLS
     in all, world_size <= MAX_WORLD), checked before anything of that size is built."""
     raw = _json(text, "run metadata", MAX_META_BYTES)
@@ -248,7 +248,7 @@ def parse_layout_json(text: str | bytes) -> list[list[int]]:
     """SGLang's {"physical_to_logical_map": [[...], ...]} -> the map [L][P] of int expert ids: the one parser of
     layout files (the dashboard's upload and the planner's --current). Whether the map fits a run (layers,
     experts, GPUs) is Layout.validate's job. ValueError (never another exception) when the text is not such a
-    JSON object, or exceeds the bounds in wire/keys.py (MAX_META_BYTES of text, MAX_LAYERS rows of at most
+    JSON object, or exceeds the bounds in core/keys.py (MAX_META_BYTES of text, MAX_LAYERS rows of at most
     MAX_SLOTS ids, MAX_CELLS in all, ids 0..MAX_EXPERTS - 1)."""
     raw = _json(text, "layout file", MAX_META_BYTES)
     rows = raw.get("physical_to_logical_map") if isinstance(raw, dict) else None

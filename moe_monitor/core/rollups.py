@@ -1,5 +1,5 @@
 """RollupRecord: the aggregated steps of one time bucket (1 s or 60 s) of a run, kept for hours (written by
-collectors.aggregate into wire.rollup_key(run, resolution_s), entry id = the bucket start in unix ms).
+the aggregator into core.rollup_key(run, resolution_s), entry id = the bucket start in unix ms).
 
 A sum over a bucket hides how uneven single steps were (a minute can read balancedness 0.99 while its steps
 sit at 0.8), so a rollup carries the per-step statistics beside the sum: a histogram of per-step, per-layer
@@ -33,7 +33,7 @@ class RollupRecord:
     """The aggregated steps whose time falls in [start_s, start_s + resolution_s).
 
     counts_LE: int64 [L, E] tokens per expert summed over the bucket's steps; steps_by_phase: int64 [4] steps
-    per phase (wire.PHASES order); eta_hist_B: int64 [B] per-(step, layer) balancedness counts;
+    per phase (core.PHASES order); eta_hist_B: int64 [B] per-(step, layer) balancedness counts;
     max_load_sum / mean_load_sum: over the steps, the layer-mean of the busiest / the mean GPU's tokens
     (their ratio is the bucket's mean per-step imbalance); max_load_peak: the busiest GPU's tokens in any layer
     of any step; missing_rank_steps: ranks absent from steps the aggregator wrote without them; late_rank_steps:
@@ -120,7 +120,7 @@ def encode_rollup(rec: RollupRecord) -> dict[str, bytes | str | int]:
 def decode_rollup(fields: dict) -> RollupRecord:
     """Stream entry fields (bytes or str keys) -> RollupRecord. ValueError (never another exception) on any
     malformed entry: unknown version or resolution, a start that is not a multiple of the resolution, payloads
-    that are not exactly their cells, negative or non-finite values, bounds of wire/keys.py."""
+    that are not exactly their cells, negative or non-finite values, bounds of core/keys.py."""
     _version(fields, ROLLUP_VERSION, "rollup")
     resolution = _int(fields, "res", 1, 86_401)
     if resolution not in ROLLUP_RESOLUTIONS_S:

@@ -1,7 +1,7 @@
 """StepRecord: one step of one rank, and its stream encoding.
 
 Version 2 (written since 0.3): counts in the narrowest integer type that holds them, zstd-compressed where that
-pays (wire/compact.py; fields "ct" and "cz"). Version 1 (raw little-endian int32 counts) is still read."""
+pays (core/compact.py; fields "ct" and "cz"). Version 1 (raw little-endian int32 counts) is still read."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -112,7 +112,7 @@ def encode_step(rec: StepRecord, compact: bool = True) -> dict[str, bytes | str 
 def decode_step(fields: dict) -> StepRecord:
     """Stream entry fields (bytes or str keys) -> StepRecord. Raises ValueError (never another exception) on
     any malformed entry: wrong schema version, missing field, wrong byte length, negative counts, or a number
-    outside the bounds in wire/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, L x E <= MAX_CELLS, step < MAX_STEP,
+    outside the bounds in core/keys.py (L <= MAX_LAYERS, E <= MAX_EXPERTS, L x E <= MAX_CELLS, step < MAX_STEP,
     tokens < MAX_TOKENS, rank < world <= MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS)."""
     version = _version(fields, STEP_VERSIONS)
     num_layers, num_experts = _int(fields, "L", 1, MAX_LAYERS + 1), _int(fields, "E", 1, MAX_EXPERTS + 1)

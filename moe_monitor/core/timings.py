@@ -75,7 +75,7 @@ def encode_timing(rec: TimingRecord) -> dict[str, bytes | str | int]:
 def decode_timing(fields: dict) -> TimingRecord:
     """Stream entry fields (bytes or str keys) -> TimingRecord. Raises ValueError (never another exception)
     on any malformed entry: wrong schema version, missing field, wrong byte length, a time that is negative,
-    infinite or >= MAX_PHASE_S (NaN is allowed: not measured), or a number outside the bounds of wire/keys.py
+    infinite or >= MAX_PHASE_S (NaN is allowed: not measured), or a number outside the bounds of core/keys.py
     (L <= MAX_LAYERS, step < MAX_STEP, rank < world <= MAX_WORLD, |t| < MAX_TIME_S, instance id <=
     MAX_NAME_CHARS)."""
     _version(fields, SCHEMA_VERSION)

@@ -58,7 +58,7 @@ def parse_trace_line(line: str) -> tuple[str, dict]:
 def decode_trace_line(line: str) -> tuple[str, RunMeta | StepRecord | GpuSample | LayoutRecord | TimingRecord]:
     """One trace line -> ("meta", RunMeta) | ("step", StepRecord) | ("gpu", GpuSample) |
     ("layout", LayoutRecord) | ("timing", TimingRecord): the one decoder of trace lines (replay source and planner alike). ValueError (never another exception) on anything malformed
-    or out of the bounds of wire/keys.py."""
+    or out of the bounds of core/keys.py."""
     kind, fields = parse_trace_line(line)
     if kind == "meta":
         meta = fields.get("meta")

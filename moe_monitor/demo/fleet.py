@@ -1,6 +1,6 @@
 """`python -m moe_monitor.demo.fleet`: a whole data-parallel-attention deployment of the tiny DeepSeek-V3 on the CPU, 32 ranks
 by default, each decoding what a real DP-attention rank decodes (32 sequences at a time), published rank by rank
-through the real collector so that the aggregator (collectors.aggregate) and the dashboard see a deployment.
+through the real collector so that the aggregator (moe-monitor aggregate) and the dashboard see a deployment.
 
 Each process hosts one node's ranks (8 by default) and runs ONE forward per step over all their sequences (a
 forward over 256 sequences costs about what one over 32 does on a CPU: the experts loop dominates); forward

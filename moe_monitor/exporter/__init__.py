@@ -2,5 +2,5 @@
 
 metrics.py turns a watched run's snapshot into metric families (pure: the same analytics the pages use);
 server.py polls the runs on a timer and serves the last families to every scrape; `python -m
-dashboard.exporter` runs it (loopback by default).
+the exporter` runs it (loopback by default).
 """

@@ -146,7 +146,7 @@ def write_json(path, payload: dict) -> None:
 
 
 def load_trace_steps(path) -> np.ndarray:
-    """Per-step counts float64 [T, L, E] from a file: a project trace read through traces.open_trace (a columnar
+    """Per-step counts float64 [T, L, E] from a file: a project trace read through tracefile.open_trace (a columnar
     ``.parquet`` / ``.arrows`` trace, or JSON lines: ``.jsonl`` / ``.trace`` or a ``.json`` whose first line is
     a trace line; ranks summed, steps in order, a repeated record once; a line or row that does not decode is
     refused, naming the file) or a counts file planner.io.load_counts reads with shape [T, L, E]. The one
@@ -171,7 +171,7 @@ def load_trace_steps(path) -> np.ndarray:
 
 
 def _trace_counts(p: Path) -> np.ndarray:
-    """int64 [T, L, E] of a trace through traces.open_trace, ranks summed; ValueError on any bad record."""
+    """int64 [T, L, E] of a trace through tracefile.open_trace, ranks summed; ValueError on any bad record."""
     from moe_monitor.core.tracefile import open_trace  # pyarrow: only for a trace
 
     with open_trace(p) as reader:

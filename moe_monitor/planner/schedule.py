@@ -98,7 +98,7 @@ def check_schedule(schedule: Schedule, num_experts: int | None = None, layers: i
 
 
 def _checked_layout(layout_LP, num_experts: int | None, gpus: int) -> np.ndarray:
-    """planner.loads.validated_layout when E is known; before (E unknown) only the table: whole ids >= 0,
+    """core.loadmodel.validated_layout when E is known; before (E unknown) only the table: whole ids >= 0,
     [L, P] with P a multiple of the GPUs."""
     if num_experts is not None:
         return validated_layout(layout_LP, num_experts, gpus)

@@ -1,5 +1,5 @@
-"""The layout-change record (wire/layouts.py): round trips through stream fields and trace lines, and, for any
-input, a decoded record within the bounds of wire/keys.py or one ValueError, never another exception."""
+"""The layout-change record (core/layouts.py): round trips through stream fields and trace lines, and, for any
+input, a decoded record within the bounds of core/keys.py or one ValueError, never another exception."""
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,5 @@
 """Property tests of every reader-side decoder and validator: for any input, success (within the bounds of
-wire/keys.py) or one ValueError, never another exception; hostile sizes decode in bounded memory (checked
+core/keys.py) or one ValueError, never another exception; hostile sizes decode in bounded memory (checked
 under RLIMIT_AS in a fresh interpreter); and a bad record followed by good ones never hides the good ones."""
 from __future__ import annotations
 

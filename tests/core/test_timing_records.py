@@ -1,4 +1,4 @@
-"""Timing records (wire/timings.py) and the collector's time_layer() / record_times() (collectors/timing.py):
+"""Timing records (core/timings.py) and the collector's time_layer() / record_times() (collectors/timing.py):
 encoding bounds, trace lines, and real publishing through a redis-server and a trace file."""
 from __future__ import annotations
 

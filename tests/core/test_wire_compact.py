@@ -1,4 +1,4 @@
-"""Compact step records (wire/compact.py): the narrowest type that holds the counts, zstd where it pays, and
+"""Compact step records (core/compact.py): the narrowest type that holds the counts, zstd where it pays, and
 a decoder that refuses every payload that is not exactly the declared cells (no decompression bomb)."""
 from __future__ import annotations
 

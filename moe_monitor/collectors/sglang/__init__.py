@@ -5,7 +5,7 @@
 SGLang counts experts when started with `--expert-distribution-recorder-mode stat|per_pass|per_token` and
 writes dumps (torch.save) into SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR when asked (POST
 /dump_expert_distribution_record). The bridge watches that folder, turns each complete dump into
-wire.StepRecords (and wire.LayoutRecords when SGLang's physical_to_logical_map changes) and publishes them
+core.StepRecords (and core.LayoutRecords when SGLang's physical_to_logical_map changes) and publishes them
 through collectors.sinks.RedisSink; with --server it drives the recorder's start / dump / stop endpoints.
 
 Modules, one job each: dumps (the three file formats -> checked arrays; weights_only loading), records

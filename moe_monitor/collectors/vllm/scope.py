@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Publishing:
-    """publishes: whether this rank publishes; rank, world_size: its publisher numbering; scope: wire.SCOPES;
+    """publishes: whether this rank publishes; rank, world_size: its publisher numbering; scope: core.SCOPES;
     gpus: the expert-parallel GPUs the layout spans; reason: one line for the log."""
 
     publishes: bool

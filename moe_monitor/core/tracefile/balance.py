@@ -3,7 +3,7 @@ without reading the counts).
 
 balancedness of a step = mean over layers of eta[l] = mean_g load[l, g] / max_g load[l, g], where a GPU's
 load is its tokens under the layout in force at that step, split evenly across an expert's replicas
-(planner.loads: gpu_weights + weighted_loads, the dashboard's own rule and arithmetic); idle layers are left
+(core.loadmodel: gpu_weights + weighted_loads, the dashboard's own rule and arithmetic); idle layers are left
 out of the mean, NaN when every layer is idle. Layout records for another GPU count than the run metadata's
 layout are left out, as the dashboard does (dashboard.live.layout.resolve_layout).
 

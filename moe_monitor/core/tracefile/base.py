@@ -1,4 +1,4 @@
-"""TraceReader: what every trace container offers (open one with traces.open_trace).
+"""TraceReader: what every trace container offers (open one with tracefile.open_trace).
 
 Shape legend: T steps, L layers, E experts.
 """

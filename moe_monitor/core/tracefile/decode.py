@@ -1,11 +1,11 @@
-"""Record batches of the step table -> core.StepRecord, with the bounds of wire/keys.py on every row.
+"""Record batches of the step table -> core.StepRecord, with the bounds of core/keys.py on every row.
 
 A row that breaks a bound (a step id out of range, rank >= world, a non-finite time, an unknown phase or
 scope, negative counts, a sample of the wrong length or with ids outside [-1, E), a null where none is
 allowed) is skipped and counted as a bad record, never raised; the caller's batch was already checked
-against the schema (traces/schema.py), so counts have exactly L*E int32 per row. The checks of a row's
+against the schema (core/tracefile/schema.py), so counts have exactly L*E int32 per row. The checks of a row's
 place (step, rank, world, time, collector instance) and the zero-copy views of fixed-width binary columns
-serve the timings table too (traces/timings.py).
+serve the timings table too (core/tracefile/timings.py).
 
 Shape legend: R rows of a batch, L layers, E experts, N sampled tokens, K top-k.
 """
@@ -76,7 +76,7 @@ class RowErrors:
 
 def step_rank_errors(batch: pa.RecordBatch, columns: Sequence[str]) -> RowErrors:
     """The checks every table of one row per (step, rank) starts with, in this order: a null in one of columns,
-    then the bounds of wire/keys.py on step, world, rank (below world) and time_s."""
+    then the bounds of core/keys.py on step, world, rank (below world) and time_s."""
     errors = RowErrors(batch.num_rows)
     for name in columns:
         column = batch.column(name)

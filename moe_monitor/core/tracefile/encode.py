@@ -1,5 +1,5 @@
-"""core.StepRecord lists -> record batches of the step table (traces/schema.py), with each step's
-balancedness computed on the way (traces/balance.py).
+"""core.StepRecord lists -> record batches of the step table (core/tracefile/schema.py), with each step's
+balancedness computed on the way (core/tracefile/balance.py).
 
 A step's balancedness is known when the records handed over together hold every rank of it (world ranks);
 otherwise its rows carry NaN (a timeline shows it as unknown). Records must all have counts [L, E] of the

@@ -5,7 +5,7 @@ write's dictionary batches, then its record batch).
 Each chunk is encoded by a fresh in-memory stream writer, so it never depends on dictionaries of an earlier
 chunk that a failed write may have lost: a chunk's dictionaries replace the previous ones (the IPC stream
 format's dictionary replacement), and the file is valid after any whole number of chunks. A crash mid-chunk
-leaves a readable prefix (traces/reader_ipc.py stops at the first message that does not read).
+leaves a readable prefix (core/tracefile/reader_ipc.py stops at the first message that does not read).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """open_trace(path): a TraceReader for any of the three trace containers, told apart by their first bytes
 (not their names, so a rotated <name>.arrows.1 opens too):
 
-    Parquet       "PAR1"                      traces/reader_parquet.py
-    Arrow IPC     0xFFFFFFFF (a continuation)  traces/reader_ipc.py (the .arrows recording)
-    JSON lines    anything else that is text  traces/reader_jsonl.py (indexed once, bounded)
+    Parquet       "PAR1"                      core/tracefile/reader_parquet.py
+    Arrow IPC     0xFFFFFFFF (a continuation)  core/tracefile/reader_ipc.py (the .arrows recording)
+    JSON lines    anything else that is text  core/tracefile/reader_jsonl.py (indexed once, bounded)
 
 Every problem with the file is one ValueError naming it; rows or lines that do not decode are counted in
 reader.bad_records instead.

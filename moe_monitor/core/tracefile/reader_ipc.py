@@ -1,8 +1,8 @@
-"""Reading an .arrows trace (Arrow IPC stream, traces/ipc.py) memory-mapped: the stream's record batches are
+"""Reading an .arrows trace (Arrow IPC stream, core/tracefile/ipc.py) memory-mapped: the stream's record batches are
 indexed once at open (message headers only; their buffers stay in the mapped file until a view reads them),
 with their step ranges; the side file <path>.side.jsonl adds late layout records, the NVML samples and the
 layer timings (its "timing" lines, indexed by step at open and decoded when read_timings asks for their
-steps: traces/timings.py).
+steps: core/tracefile/timings.py).
 
 A stream cut short (a recorder killed mid-write) reads up to its last whole record batch (truncated = True).
 """

@@ -1,4 +1,4 @@
-"""Reading a JSON-lines trace (wire/trace.py, what TraceFileSink and collectors.record_trace write) as a
+"""Reading a JSON-lines trace (core/trace.py, what TraceFileSink and collectors.record_trace write) as a
 TraceReader: the file is indexed once at open, line by line (bounded: lines of at most
 core.MAX_TRACE_LINE_BYTES; per step and rank only its byte offset and the timeline fields are kept; the
 counts of at most PENDING_STEPS steps are held while their ranks are summed for the balancedness), then
@@ -7,7 +7,7 @@ read_steps seeks to the lines of the steps in view.
 A trace without a metadata line (an older or hand-made one) gets a stand-in: layers "layer <i>", the step
 records' E, a contiguous layout over core.default_gpus (meta_synthesized = True). Lines that do not decode,
 counts of another shape than the metadata's and repeated (instance, rank, step) records are skipped; the
-first two are counted as bad records. Timing lines are indexed by step only (traces/timing_lines.py: TimingLines)
+first two are counted as bad records. Timing lines are indexed by step only (core/tracefile/timing_lines.py: TimingLines)
 and decoded when read_timings asks for their steps.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Reading a .parquet trace (traces/writers.py): memory-mapped; the timeline reads only its small columns,
+"""Reading a .parquet trace (core/tracefile/writers.py): memory-mapped; the timeline reads only its small columns,
 read_steps only the row groups whose step statistics overlap the view. The NVML samples come from the
 sidecar <stem>.gpu.parquet when it exists, the layer timings from the sidecar <stem>.timings.parquet
-(traces/timings.py; opened at the first read_timings / timing_rows, its row groups read as the steps' are).
+(core/tracefile/timings.py; opened at the first read_timings / timing_rows, its row groups read as the steps' are).
 A trace whose metadata lacks moe.timing_rows (written before timings were kept) reads the sidecar when there
 is one; a trace that says it wrote N rows and has no such sidecar, or one that does not read, is one bad
 record with one message, and its steps read as before.

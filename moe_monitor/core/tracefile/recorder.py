@@ -1,12 +1,12 @@
 """ArrowRecorder: what collectors.sinks.TraceFileSink does for a path ending in ".arrows" (Arrow IPC stream).
 
 Files of one recording:
-    <path>              Arrow IPC stream of the step table (traces/schema.py): a header, then one chunk (record
+    <path>              Arrow IPC stream of the step table (core/tracefile/schema.py): a header, then one chunk (record
                         batch) per write, flushed after each; the schema metadata holds the run metadata and
                         the layout in force when the file was started
     <path>.side.jsonl   JSON lines (core.trace_line) of the layout records and NVML samples that arrived after
                         the header was written, and of the layer timings (core.TimingRecord, "timing" lines:
-                        read back by traces/timings.py); opened only when there is one
+                        read back by core/tracefile/timings.py); opened only when there is one
 
 Same semantics as the JSON-lines sink: max_bytes caps <path> (None: no cap): before a chunk would take it
 past the cap, <path> becomes <path>.1 (its side file <path>.1.side.jsonl), replacing older ones, and a new

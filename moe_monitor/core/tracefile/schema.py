@@ -2,7 +2,7 @@
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, N sampled tokens, K top-k, T steps.
 
-Columns (STEP_SCHEMA; the same content as core.StepRecord, checked with the same bounds, wire/keys.py):
+Columns (STEP_SCHEMA; the same content as core.StepRecord, checked with the same bounds, core/keys.py):
 
     step         int64      the run's step id (0 <= step < core.MAX_STEP)
     rank         int32      0 <= rank < world
@@ -25,12 +25,12 @@ Columns (STEP_SCHEMA; the same content as core.StepRecord, checked with the same
 Schema metadata (bytes keys, UTF-8 values): META_FORMAT = "moe-trace", META_VERSION = FORMAT_VERSION,
 META_RUN = the core.RunMeta JSON (core.encode_meta), META_LAYOUTS = the layout records known when the schema
 was written, as JSON lines of core.trace_line("layout", ...), META_SHAPE = "L,E". A .parquet trace's
-key-value metadata also holds "moe.timing_rows" (traces/timings.py META_TIMING_ROWS): the rows written to
+key-value metadata also holds "moe.timing_rows" (core/tracefile/timings.py META_TIMING_ROWS): the rows written to
 its timings sidecar, "0" for none; absent in a trace written before timings were kept (it reads as before).
 
 Layer timings (core.TimingRecord) are a table of their own, one row per (step, rank), in the same format
 version 1 (a reader that does not know them reads the steps as before): the sidecar <stem>.timings.parquet of
-a .parquet trace, "timing" lines in an .arrows side file or a JSON-lines trace (traces/timings.py):
+a .parquet trace, "timing" lines in an .arrows side file or a JSON-lines trace (core/tracefile/timings.py):
 
     step          int64      0 <= step < core.MAX_STEP
     rank          int32      0 <= rank < world
@@ -62,7 +62,7 @@ META_SHAPE = b"moe.shape"
 MAX_LAYOUTS_BYTES = 64 << 20  # layout records in the schema metadata (about 100 DeepSeek-V3 maps)
 
 DICTIONARY_TEXT = pa.dictionary(pa.int32(), pa.string())  # the dictionary<string> columns
-# the columns that place a row, first in the step table and in the timings table (traces/timings.py)
+# the columns that place a row, first in the step table and in the timings table (core/tracefile/timings.py)
 ROW_KEY_FIELDS = (pa.field("step", pa.int64(), nullable=False), pa.field("rank", pa.int32(), nullable=False),
                   pa.field("world", pa.int32(), nullable=False), pa.field("time_s", pa.float64(), nullable=False))
 STEP_COLUMNS = ("step", "rank", "world", "time_s", "phase", "tokens", "dropped", "instance", "scope", "counts",
@@ -70,7 +70,7 @@ STEP_COLUMNS = ("step", "rank", "world", "time_s", "phase", "tokens", "dropped",
 
 
 def step_schema(num_layers: int, num_experts: int, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
-    """The step table's schema for counts [L, E] (sizes checked against wire/keys.py)."""
+    """The step table's schema for counts [L, E] (sizes checked against core/keys.py)."""
     num_layers, num_experts, _ = core.check_sizes(num_layers, num_experts)
     return pa.schema([
         *ROW_KEY_FIELDS,

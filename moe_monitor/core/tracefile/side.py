@@ -1,6 +1,6 @@
 """Layout records, NVML samples and layer timings kept beside a trace: an .arrows file's <path>.side.jsonl
-(traces/recorder.py) and the Parquet GPU sidecar <stem>.gpu.parquet (traces/writers.py; the timings sidecar
-<stem>.timings.parquet is traces/timings.py's)."""
+(core/tracefile/recorder.py) and the Parquet GPU sidecar <stem>.gpu.parquet (core/tracefile/writers.py; the timings sidecar
+<stem>.timings.parquet is core/tracefile/timings.py's)."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ from .timing_lines import TimingLines
 
 class SideRecords:
     """Layouts and NVML samples read from a side file, its timing lines indexed (timings: read on demand,
-    traces/timings.py); bad lines counted."""
+    core/tracefile/timings.py); bad lines counted."""
 
     def __init__(self, path: str = "") -> None:
         self.layouts: list[core.LayoutRecord] = []

@@ -46,7 +46,7 @@ def empty_timeline(layouts: Sequence[core.LayoutRecord] = ()) -> Timeline:
 
 
 def good_rows(step_R, rank_R, world_R, time_s_R, phase_R, tokens_R) -> np.ndarray:
-    """bool [R]: the rows whose timeline fields are within the bounds of wire/keys.py (a row failing them is a
+    """bool [R]: the rows whose timeline fields are within the bounds of core/keys.py (a row failing them is a
     bad record: read_steps skips and counts it)."""
     time_s_R = np.asarray(time_s_R, dtype=np.float64)
     with np.errstate(invalid="ignore"):

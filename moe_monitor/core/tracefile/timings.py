@@ -11,7 +11,7 @@ Where they are kept:
     .arrows    "timing" lines (core.trace_line) of the side file <path>.side.jsonl
     .jsonl     "timing" lines of the trace itself
 
-Timings table columns (TIMING_SCHEMA; the same content and bounds as core.TimingRecord, wire/timings.py):
+Timings table columns (TIMING_SCHEMA; the same content and bounds as core.TimingRecord, core/timings.py):
 
     step          int64      the step id of the StepRecord it belongs to (0 <= step < core.MAX_STEP)
     rank          int32      0 <= rank < world

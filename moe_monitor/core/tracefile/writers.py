@@ -3,15 +3,15 @@
 .parquet: one Parquet file, zstd, row groups of ROW_GROUP_ROWS rows in step order (the step column's
 statistics let a reader skip the row groups outside its view); the layout records go into the file's
 key-value metadata at close (so records that arrive while recording are kept), the NVML samples into the
-sidecar <stem>.gpu.parquet (traces/gpu.py; written only when there are samples), the layer timings into the
-sidecar <stem>.timings.parquet (traces/timings.py; only when there are timings), and the number of timing
+sidecar <stem>.gpu.parquet (core/tracefile/gpu.py; written only when there are samples), the layer timings into the
+sidecar <stem>.timings.parquet (core/tracefile/timings.py; only when there are timings), and the number of timing
 rows into the key-value metadata (moe.timing_rows). Each is written to a hidden temporary name and renamed
 at close, the trace itself last: a file that exists is whole.
-.arrows: the recording container (traces/ipc.py): header with every layout known at open, chunks, the end
-marker; later layouts, the NVML samples and the layer timings in <path>.side.jsonl (traces/recorder.py).
+.arrows: the recording container (core/tracefile/ipc.py): header with every layout known at open, chunks, the end
+marker; later layouts, the NVML samples and the layer timings in <path>.side.jsonl (core/tracefile/recorder.py).
 
 Records must come in step order, every rank of a step in the same write (so each step's balancedness is
-known; traces/encode.py).
+known; core/tracefile/encode.py).
 """
 from __future__ import annotations
 

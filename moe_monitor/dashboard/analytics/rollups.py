@@ -1,6 +1,6 @@
 """Per-step statistics of rollup buckets: what a bucket's summed counts hide (pure numpy).
 
-A rollup bucket (wire.RollupRecord) sums its steps' counts, so balancedness computed from the sum reads near 1
+A rollup bucket (core.RollupRecord) sums its steps' counts, so balancedness computed from the sum reads near 1
 while single steps sit well below it. Each bucket therefore also carries a histogram of per-(step, layer)
 balancedness eta and the busiest GPU's load per step (its sum over the bucket's steps, of the layer mean, and
 its peak). These functions turn them into per-bucket series and window totals: per-step eta quantiles (the
@@ -10,7 +10,7 @@ and the mean per-step imbalance.
 The tail of balancedness is its low side: `tail_q` (default 0.01) gives the eta that 1% of (step, layer) pairs
 fall below, the per-step counterpart of a p99 imbalance.
 
-Shape legend: T buckets, B histogram bins (wire.ETA_BINS; bin b holds eta in [b / B, (b + 1) / B)).
+Shape legend: T buckets, B histogram bins (core.ETA_BINS; bin b holds eta in [b / B, (b + 1) / B)).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ TAIL_Q = 0.01
 
 def eta_quantiles(hist_TB: np.ndarray, q: float) -> np.ndarray:
     """float64 [T]: the q-quantile (0..1) of each bucket's balancedness histogram [T, B], at the upper edge of
-    the bin that holds it (wire.eta_quantile for every row at once); NaN for an empty histogram."""
+    the bin that holds it (core.eta_quantile for every row at once); NaN for an empty histogram."""
     hist_TB = np.asarray(hist_TB, dtype=np.int64)
     if hist_TB.ndim != 2 or hist_TB.shape[1] < 1:
         raise ValueError(f"histograms must be [buckets, bins], got shape {hist_TB.shape}")

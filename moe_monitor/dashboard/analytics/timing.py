@@ -1,4 +1,4 @@
-"""Where the time of the MoE layers goes, from measured layer timings (wire.TimingRecord): pure numpy, arrays
+"""Where the time of the MoE layers goes, from measured layer timings (core.TimingRecord): pure numpy, arrays
 in, arrays out. NaN means "not measured" everywhere and is left out of every sum and mean.
 
 Definitions (README, "The Time page"):

@@ -55,7 +55,7 @@ class LayoutChange:
 
 def change_from_record(rec: core.LayoutRecord, num_layers: int, num_experts: int) -> LayoutChange:
     """rec as a LayoutChange once it fits a run of num_layers x num_experts (every expert in every row, P a
-    multiple of gpus, gpus of nodes: LayoutRecord.validate), its step an id within wire/keys.py's bounds,
+    multiple of gpus, gpus of nodes: LayoutRecord.validate), its step an id within core/keys.py's bounds,
     its source known and its time finite; ValueError naming what is wrong. (Records from
     core.decode_layout_record pass all but the fit; this guards against any other source too.)"""
     try:

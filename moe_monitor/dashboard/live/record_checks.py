@@ -1,5 +1,5 @@
 """The checks a step window applies to every record before anything changes: plain numbers within the bounds
-of wire/keys.py, whatever source built the record (wire's decoders always pass them; a hand-built or corrupt
+of core/keys.py, whatever source built the record (wire's decoders always pass them; a hand-built or corrupt
 record gets one ValueError naming what is wrong)."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def bounded_int(value, name: str, lo: int, hi: int) -> int:
 
 def check_record(rec: core.StepRecord) -> tuple[int, int, int, int, int, float, int]:
     """(step, rank, world, tokens, dropped, time_s, phase code) of rec as plain numbers within the bounds of
-    wire/keys.py, and its instance id a short string; ValueError naming what is wrong. (Records from
+    core/keys.py, and its instance id a short string; ValueError naming what is wrong. (Records from
     core.decode_step always pass; this guards the window's int64 arrays against any other source.)"""
     step = bounded_int(rec.step, "step", 0, core.MAX_STEP)
     rank = bounded_int(rec.rank, "rank", 0, core.MAX_WORLD)

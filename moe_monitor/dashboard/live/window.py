@@ -237,7 +237,7 @@ class StepWindow:
 
     def _checked(self, rec: core.StepRecord) -> tuple[np.ndarray, int, int, int, int, int, float, int]:
         """(counts, step, rank, world, tokens, dropped, time_s, phase code) of rec, within the bounds of
-        wire/keys.py; ValueError naming what is wrong."""
+        core/keys.py; ValueError naming what is wrong."""
         step, rank, world, tokens, dropped, time_s, code = check_record(rec)
         counts = self.checked_counts(rec.counts_LE, f"step {rec.step} rank {rec.rank}", _INT32_MAX,
                                      "(int32, as on the wire)")
@@ -246,7 +246,7 @@ class StepWindow:
     def _checked_aggregate(self, rec: core.AggregateRecord) -> tuple[np.ndarray, int, np.ndarray, int, int, np.ndarray,
                                                                     float, int, bool]:
         """(counts, step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step,
-        within the bounds of wire/keys.py (see check_aggregate); ValueError naming what is wrong."""
+        within the bounds of core/keys.py (see check_aggregate); ValueError naming what is wrong."""
         step, ranks, world, tokens, dropped_R, time_s, code, late = check_aggregate(rec)
         counts = self.checked_counts(rec.counts_LE, f"aggregated step {step}", MAX_AGGREGATE_CELL,
                                      "(sums of int32 counts over at most 65,536 ranks)")

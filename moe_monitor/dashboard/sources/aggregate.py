@@ -1,5 +1,5 @@
 """Reading a run's aggregated steps: core.aggregate_key(run), one core.AggregateRecord per step with its ranks
-summed once by the aggregator (collectors.aggregate), plus a "late" entry for a step whose ranks arrived after
+summed once by the aggregator (moe-monitor aggregate), plus a "late" entry for a step whose ranks arrived after
 it was written (the present-rank sets of a step's entries are disjoint: the window sums them).
 
 AggregateReader pages that stream as RedisSource pages the per-rank steps: the first polls page backwards

@@ -15,7 +15,7 @@ from the shard that holds them, and the poll's pipeline (the run's keys and moe:
 redis-py. A poll that meets a failover (the master of the run's slot killed, its replica not promoted yet)
 fails like one against an unreachable Redis: nothing of it is handed over and the next poll reads it again.
 
-Aggregated steps: while an aggregator sums the run's ranks (collectors.aggregate; its lease exists and its
+Aggregated steps: while an aggregator sums the run's ranks (the aggregator; its lease exists and its
 stream moe:<run>:agg has entries, or no per-rank step is left), the steps come from its stream instead, one
 entry per step (dashboard/sources/aggregate.py, Batch.aggregates); the choice is made again every few seconds,
 so readers go back to summing the ranks themselves when the aggregator stops.

@@ -5,7 +5,7 @@ steps forward, a grown .arrows file is reopened and continued) and the JSON line
 by this module as it always was. timeline() and seek() read every container through tracefile.open_trace (a
 JSON-lines file is indexed once, bounded), reopened when the file has changed.
 
-Format (wire/trace.py owns it; one JSON object per line, UTF-8, blank lines ignored):
+Format (core/trace.py owns it; one JSON object per line, UTF-8, blank lines ignored):
 
     {"kind": "meta", "meta": <RunMeta JSON: a string as core.encode_meta writes it, or the object>}
     {"kind": "step", ...}   the fields of core.encode_step(rec); bytes fields base64 in "<name>_b64"
