@@ -10,7 +10,7 @@
 
 plan --load: SGLang logical_count JSON or .pt, shape [L, E] or [W, L, E] (windows oldest..newest), or a trace
 (its steps split into up to 16 windows); the layout JSON it writes ({"physical_to_logical_map": [[...]]}) is
-what SGLang's --init-expert-location takes. Input limits (planner.loads): counts are ints or floats (strings,
+what SGLang's --init-expert-location takes. Input limits (core.counts, planner.loads): counts are ints or floats (strings,
 bools and nulls are refused, not converted), finite and >= 0, at most 1e30 in all, each layer of each window 0
 or >= 1e-30; .pt tensors dense, with data, not quantized, not bool or complex (loaded with weights_only=True);
 P = E + R <= 65536 slots and L x (windows x S x P + G x E) <= 2**25 cells (about 1.5 GiB of working tables),

@@ -8,7 +8,7 @@ Project traces (JSON lines of core.trace_line, ``.jsonl`` / ``.trace``, or a ``.
 a trace line) load as [W, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
 contiguous windows of summed steps (see _load_trace). Other types: ``register_loader(".suffix", fn)``
 where ``fn(path) -> array [L,E] | [T,L,E]``.
-Counts are checked by planner.loads.as_counts (numbers only, finite, >= 0, bounded sums); every malformed
+Counts are checked by core.counts.as_counts (numbers only, finite, >= 0, bounded sums); every malformed
 file gives one ValueError naming the file, never another exception.
 Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads, written
 as strict JSON (no NaN / Infinity).

@@ -5,7 +5,7 @@ Cost model (also README, "Planning layouts" > "Rebalance advisor and simulator")
 - straggler time: in every step t and MoE layer l the layer waits for its busiest GPU beyond the mean,
   ``straggler_s[t] = sum_l (max_g load[t, l, g] - mean_g load[t, l, g]) * seconds_per_token_slot``, where a
   GPU's load is its tokens under the layout in force at step t, split evenly across an expert's replicas
-  (planner.loads, the one GPU-load rule), and ``seconds_per_token_slot`` is the time one GPU spends on one token
+  (core.loadmodel, the one GPU-load rule), and ``seconds_per_token_slot`` is the time one GPU spends on one token
   routed to one expert of one layer. Default: the gated FFN's 2 x 3 x hidden x moe_intermediate FLOPs at
   400 TFLOP/s effective, about 2.2e-7 s for DeepSeek-V3 (planner.sizes.DEEPSEEK_V3).
 - migration time: a change from layout A to layout B copies ``experts_copied(A, B)`` experts (planner.repair:

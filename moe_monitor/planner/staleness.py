@@ -3,7 +3,7 @@
 For each fit step t (t = fit_window, fit_window + fit_every, ... < T) a layout is planned on the sum of steps
 [t - fit_window, t) (planner.api.plan with ``policy``), or one given layout stands for a fit at ``fitted_at``;
 then every later step t + delta (delta = 0, 1, ... while t + delta < T) is scored under it: per layer the
-max/mean GPU load (even split across replicas, planner.loads), then the mean over the layers that saw
+max/mean GPU load (even split across replicas, core.loadmodel), then the mean over the layers that saw
 tokens in that step. A step with no tokens at all scores NaN. Input may be per step or per window (then
 "step" reads "window").
 

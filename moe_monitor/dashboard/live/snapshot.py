@@ -1,6 +1,6 @@
 """Everything the load pages show for one tick, computed from a window view (pure, no Streamlit).
 
-GPU loads use the layout with the even-split rule (planner.loads); each step's under the layout in force
+GPU loads use the layout with the even-split rule (core.loadmodel); each step's under the layout in force
 at that step when the run published layout changes (ResolvedLayout.schedule). A layer finishes when its
 own busiest GPU finishes, so by default a GPU's load in a step is its load in its busiest layer (max over
 layers) and the straggler is judged per (step, layer) pair; "all layers (sum)" (total tokens the GPU served
