@@ -65,7 +65,7 @@ lint: venv
 
 # the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link or image fails the build
 docs: venv
-	$(VENV)/bin/mkdocs build --strict -q -d site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 bench: venv
 	bash scripts/system-deps.sh
