@@ -45,7 +45,7 @@ demo-ep: venv
 	PORT=$(PORT) $(PY) -m moe_monitor demo --engine ep --run demo-ep
 
 # a 32-rank data-parallel-attention deployment of the tiny DeepSeek-V3 (32 sequences per rank), ranks summed by
-# the aggregator (collectors.aggregate), watched in the dashboard
+# the aggregator (moe-monitor aggregate), watched in the dashboard
 demo-fleet: venv
 	bash scripts/system-deps.sh
 	PORT=$(PORT) $(PY) -m moe_monitor demo --engine fleet --run demo-fleet
