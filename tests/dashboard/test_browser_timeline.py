@@ -63,6 +63,23 @@ def _label(page) -> tuple[int, int]:
     return int(first), int(last)
 
 
+def _wait_label(page, ok, what: str, timeout_s: float = 90.0) -> tuple[int, int]:
+    """The replay label once ok(label) holds (read every 0.25 s): a condition, never a fixed wait, so a slow
+    machine only makes it take longer."""
+    import time
+
+    deadline, seen = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            seen = _label(page)
+        except Exception:  # the label is being redrawn (not there, or not yet the text): read it again
+            seen = None
+        if seen is not None and ok(seen):
+            return seen
+        page.wait_for_timeout(250)
+    raise AssertionError(f"{what}: the label read {seen}")
+
+
 @pytest.mark.browser
 def test_a_trace_plays_and_the_step_label_advances(app_url, tmp_path):
     with chromium_page(1400, 1400) as page:
@@ -74,15 +91,20 @@ def test_a_trace_plays_and_the_step_label_advances(app_url, tmp_path):
         width.press("Enter")
         page.get_by_text(re.compile(r"Replay window: steps 350–399")).first.wait_for(timeout=60_000)
         _toggle(page, "▶ play", "⏸ pause")  # at the end: starts again from the beginning, at 1x
-        page.wait_for_timeout(3000)
-        first = _label(page)
-        assert first[1] - first[0] == 49 and first[0] < 300, first
-        page.wait_for_timeout(3000)
-        later = _label(page)
-        assert later[0] > first[0] and later[1] - later[0] == 49, (first, later)  # 1x: about 10 steps a second
+        first = _wait_label(page, lambda s: s[0] < 300, "play did not start again from the beginning")
+        assert first[1] - first[0] == 49, first
+        later = _wait_label(page, lambda s: s[0] > first[0], "the label did not advance while playing")
+        assert later[1] - later[0] == 49, (first, later)
         _toggle(page, "⏸ pause", "▶ play")
-        held = _label(page)
-        page.wait_for_timeout(2500)
+        # paused: a tick already under way may still land once; then the label holds
+        recent: list[tuple[int, int]] = []
+
+        def settled(label: tuple[int, int]) -> bool:  # the same for 8 reads in a row (2 s)
+            recent.append(label)
+            return len(recent) >= 8 and len(set(recent[-8:])) == 1
+
+        held = _wait_label(page, settled, "the label did not settle after pause")
+        page.wait_for_timeout(2500)  # nothing may move it now: a longer wait on a slower machine changes nothing
         assert _label(page) == held
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(tmp_path / "timeline.png"), full_page=True)
