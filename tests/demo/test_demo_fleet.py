@@ -19,8 +19,10 @@ RANKS, PER_PROCESS, SEQS, PROMPT, STEPS = 4, 2, 3, 5, 23
 
 @pytest.mark.slow
 def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_them(redis_url):
+    # a step is written once all its ranks are in: the deadline is far past any stall of a loaded machine (node
+    # processes a few seconds apart would otherwise get a step written short and its late ranks folded in after)
     aggregator = subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", redis_url, "--run",
-                                   "fleet", "--log-every-s", "60"], stderr=subprocess.DEVNULL)
+                                   "fleet", "--log-every-s", "60", "--deadline-s", "120"], stderr=subprocess.DEVNULL)
     try:
         fleet = subprocess.run([sys.executable, "-m", "moe_monitor.demo.fleet", "--redis", redis_url, "--run", "fleet",
                                 "--ranks", str(RANKS), "--ranks-per-process", str(PER_PROCESS), "--seqs-per-rank",
@@ -37,7 +39,7 @@ def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_th
         per_node = [int(line.split(": ")[2].split()[0]) for line in fleet.stdout.splitlines()
                     if line.startswith("demo.fleet: ranks ")]
         steps = STEPS
-        assert per_node == [STEPS] * (RANKS // PER_PROCESS) and wait_until(lambda: written() == steps, timeout_s=60)
+        assert per_node == [STEPS] * (RANKS // PER_PROCESS) and wait_until(lambda: written() == steps, timeout_s=180)
         watched = WatchedRun(RedisSource(client, redis_url, "fleet", 600), 600)  # while the aggregator holds the run
         for _ in range(3):
             watched.tick()
