@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_monitor.core.loadmodel import balancedness, imbalance
-
-__all__ = ["balancedness", "imbalance"]  # the load model's, for the views (one implementation, in core)
+from moe_monitor.core.loadmodel import balancedness, imbalance  # noqa: F401  (the load model's, re-exported for the views)
 
 def nan_percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
     """Percentiles (0-100) of the finite values; NaN for each when there are none."""
