@@ -15,6 +15,7 @@ import numpy as np
 
 from moe_monitor.core.loadmodel import balancedness, imbalance  # noqa: F401  (the load model's, re-exported for the views)
 
+
 def nan_percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
     """Percentiles (0-100) of the finite values; NaN for each when there are none."""
     finite = np.asarray(values, dtype=np.float64)
