@@ -80,10 +80,17 @@ def layouts_key(run: str) -> str:
 
 
 def layout_requests_key(run: str) -> str:
-    """Stream of layouts asked for (core.LayoutRecord, source "apply"; their step: when asked) that a runtime
-    able to move experts picks up; it publishes the change it makes to layouts_key, from the step it takes force.
-    Readers of the run's layout history never read requests."""
+    """Stream of layouts asked for (core/layout_requests.py: a LayoutRecord with source "apply", its step: when
+    asked, plus expiry, nonce and HMAC signature) that a runtime able to move experts picks up; it publishes the
+    change it makes to layouts_key, from the step it takes force, and what it did with each request to
+    layout_request_status_key. Readers of the run's layout history never read requests."""
     return run_key(run, "layout_requests")
+
+
+def layout_request_status_key(run: str) -> str:
+    """Stream of what the runtime did with each layout request (core/request_status.py: applied at step S, or
+    refused and why), one entry per request it read."""
+    return run_key(run, "layout_request_status")
 
 
 def gpu_key(run: str) -> str:

@@ -1,0 +1,60 @@
+"""Signing layout requests: HMAC-SHA256 (stdlib hmac) over a canonical encoding of what a request asks for, with a
+secret the dashboard server (and `moe-monitor apply`) shares with the runtime that moves experts. Pure functions:
+bytes and numbers in, bytes and booleans out; where the secret comes from is core/apply_secret.py's job.
+
+Shape legend: L MoE layers, P physical slots.
+
+The canonical encoding is a domain tag and then, each as its length (4 bytes, big-endian) followed by its
+bytes: the run name (UTF-8), the shape "LxP", gpus, nodes, the step asked at, issued-at and expiry (unix s, as
+Python's repr of the float: it round-trips exactly, and the wire carries the same text), the nonce, and the
+SHA-256 of the map as little-endian int32 [L, P] row-major. A request that differs in any of them (another
+run, one slot, a later expiry) has another message, hence another signature.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+
+import numpy as np
+
+DOMAIN = b"moe-monitor layout request v1"
+SIGNATURE_HEX_CHARS = 64  # HMAC-SHA256, hex
+MIN_SECRET_BYTES = 16
+_HEX_SIGNATURE = re.compile(f"[0-9a-f]{{{SIGNATURE_HEX_CHARS}}}")
+_MAP_DTYPE = np.dtype("<i4")
+
+
+def canonical_request(run: str, layout_LP: np.ndarray, gpus: int, nodes: int, step: int, issued_s: float,
+                      expires_s: float, nonce: str) -> bytes:
+    """The bytes a request's signature covers (module docstring). layout_LP: int [L, P] (expert ids, written as
+    int32). ValueError for a map that is not 2-D integers."""
+    layout = np.asarray(layout_LP)
+    if layout.ndim != 2 or layout.dtype.kind not in "iu":
+        raise ValueError(f"layout must be a 2-D int array [layers, slots], got {layout.dtype} {layout.shape}")
+    map_digest = hashlib.sha256(np.ascontiguousarray(layout, dtype=_MAP_DTYPE).tobytes()).digest()
+    parts = [run.encode(), f"{layout.shape[0]}x{layout.shape[1]}".encode(), str(int(gpus)).encode(),
+             str(int(nodes)).encode(), str(int(step)).encode(), repr(float(issued_s)).encode(),
+             repr(float(expires_s)).encode(), nonce.encode(), map_digest]
+    return DOMAIN + b"".join(len(part).to_bytes(4, "big") + part for part in parts)
+
+
+def check_secret(secret: bytes) -> bytes:
+    """secret unchanged when it is bytes of at least MIN_SECRET_BYTES; ValueError otherwise (the message never
+    contains the secret)."""
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"the apply secret must be at least {MIN_SECRET_BYTES} bytes")
+    return bytes(secret)
+
+
+def sign(secret: bytes, message: bytes) -> str:
+    """HMAC-SHA256 of message under secret, as 64 lowercase hex characters."""
+    return hmac.new(check_secret(secret), message, hashlib.sha256).hexdigest()
+
+
+def signature_ok(secret: bytes, message: bytes, signature: str) -> bool:
+    """Whether signature is sign(secret, message) (lowercase hex), compared in constant time; False for a
+    malformed one."""
+    if not isinstance(signature, str) or not _HEX_SIGNATURE.fullmatch(signature):
+        return False
+    return hmac.compare_digest(sign(secret, message), signature)
