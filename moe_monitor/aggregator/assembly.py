@@ -8,14 +8,17 @@ comes first; the ranks still missing are named by the record (AggregateRecord.mi
 - A rank arriving after its step was written is written on its own: a late AggregateRecord (late=True) holding
   only the late ranks of that step that arrived together, so no rank is in two entries of one step.
 - The same (step, rank) twice (a collector's retried write, a takeover's second look) is skipped and counted.
-- Collector restarts: every record names its collector process (StepRecord.instance); a rank already seen
-  that speaks with a new instance restarted, and its step ids start again. That opens a new epoch (the
-  AggregateRecord.instance of the records written from then on, = the instance that opened it): the pending
-  steps of the old epoch are written first with what they have, the old epoch's collector instances are
-  retired (their records still in flight are skipped and counted as stale), and step ids are forgotten. This
-  fits a serving job that restarts as a whole (its ranks' step ids start again together); a rank whose collector
-  goes on through another rank's restart has its records counted as stale until it restarts too (stale_records
-  rising steadily says so), since its step ids would never meet the restarted ranks' anyway.
+- Collector restarts: the one rule of core.restarts (RankInstances.judge), shared with the dashboard. A rank
+  that speaks with a new collector instance retires its old instance only. While its step ids are behind the
+  others' its records are held (at most MAX_HELD entries, the oldest given up first and counted in
+  held_records); its step ids reaching the others' make it count again (its held records are given up). Most
+  ranks restarting opens a new epoch (the AggregateRecord.instance of the records written from then on, = the
+  instance that opened it): the pending steps of the old epoch are written first with what they have, step ids
+  are forgotten, and the held records of the restarted ranks are placed into the new epoch first, so a serving
+  job that restarts as a whole loses nothing. Records of retired instances are stale (counted).
+- A record claiming a larger world than the run metadata's counts under the metadata's world (world_claims;
+  a rank beyond it is skipped); a step id far beyond its rank's newest is skipped (implausible_steps). Neither
+  pins the ranks missing or the latest step.
 - A record of another shape than its epoch's first is a bad record (counted). A rank of a step older than
   every step still remembered (`remember_steps` written steps) is dropped as too old: whether it was written
   cannot be told any more.
@@ -34,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from moe_monitor import core
-from moe_monitor.core.restarts import RetiredInstances, Verdict, verdict
+from moe_monitor.core.restarts import Judgement, RankInstances, RetiredInstances, capped_world
 
 MAX_RETIRED = 1024  # retired collector instances remembered (the oldest forgotten first)
+MAX_HELD = 4096  # records of restarted ranks held while their step ids are behind the others'
 MAX_NAMED = 16  # missing ranks named in a message
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
@@ -49,7 +53,11 @@ class Counters:
     from the steps written without them; late_records / late_ranks: late entries written and the ranks they
     folded in; duplicates: (step, rank) records seen again; bad_records: entries that do not decode or do not
     fit their epoch; stale_records: records of retired collector instances; too_old: ranks of forgotten steps;
-    epochs: epochs opened (1 for a run whose collectors never restarted)."""
+    epochs: epochs opened (1 for a run whose collectors never restarted); rank_restarts: collector restarts of
+    single ranks; held_records: records of restarted ranks given up (their step ids never met the others');
+    world_claims: records claiming more ranks than the run metadata (counted under its world, or skipped when
+    their rank is beyond it); implausible_steps: step ids far beyond
+    their rank's newest."""
 
     steps_written: int = 0
     rank_steps_missing: int = 0
@@ -60,6 +68,10 @@ class Counters:
     stale_records: int = 0
     too_old: int = 0
     epochs: int = 0
+    rank_restarts: int = 0
+    held_records: int = 0
+    world_claims: int = 0
+    implausible_steps: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -163,8 +175,10 @@ class Assembler:
         self.max_pending_steps = int(max_pending_steps)
         self.remember_steps = int(remember_steps)
         self.epoch: str | None = None
-        self.instance_of_rank: dict[int, str] = {}
-        self.retired = RetiredInstances(MAX_RETIRED)
+        self.instances = RankInstances(MAX_RETIRED)  # the restart rule's state (core.restarts)
+        self.meta_world: int | None = None  # the run metadata's world size (set by the reader), when known
+        self._epoch_world = 1  # the largest world a record of this epoch claimed
+        self._held: dict[bytes, core.StepRecord] = {}  # entries of held ranks, oldest first (at most MAX_HELD)
         self.written: dict[int, int] = {}  # step -> mask of the ranks written, in write order
         self.horizon = 0  # steps below it that are neither pending nor written are too old
         self.last_step = -1
@@ -176,15 +190,29 @@ class Assembler:
         self._pending: dict[int, _Bucket] = {}  # step -> bucket, in arrival order
 
     # --------------------------------------------------------------------------------------------- state
+    @property
+    def instance_of_rank(self) -> dict[int, str]:
+        """rank -> the collector instance that speaks for it in this epoch."""
+        return self.instances.instance_of_rank
+
+    @property
+    def retired(self) -> RetiredInstances:
+        return self.instances.retired
+
+    @property
+    def held_ranks(self) -> list[int]:
+        """Restarted ranks whose step ids are behind the others' (their records held out), ascending."""
+        return sorted(self.instances.held)
+
     def restore(self, epoch: str | None, instance_of_rank: Mapping[int, str], retired: Iterable[str],
-                written: Mapping[int, int], horizon: int, counters: Counters) -> None:
+                written: Mapping[int, int], horizon: int, counters: Counters, held: Iterable[int] = ()) -> None:
         """Take over a predecessor's state (nothing may be pending here yet). written: step -> rank mask of
-        the epoch's steps known to be written; horizon: steps below it are treated as too old."""
-        if self._pending:
+        the epoch's steps known to be written; horizon: steps below it are treated as too old; held: the
+        restarted ranks held out."""
+        if self._pending or self._held:
             raise ValueError("restore() needs an assembler with nothing pending")
         self.epoch = epoch
-        self.instance_of_rank = dict(instance_of_rank)
-        self.retired = RetiredInstances(MAX_RETIRED, retired)
+        self.instances.restore(instance_of_rank, retired, held)
         self.written = {int(s): int(m) for s, m in sorted(written.items())}
         self.horizon = int(horizon)
         self.last_step = max(self.written, default=-1)
@@ -197,8 +225,8 @@ class Assembler:
         return len(self._pending)
 
     def oldest_pending_id(self) -> bytes | None:
-        """The smallest stream entry id held by a pending step (None when nothing is pending)."""
-        firsts = [b.entry_ids[0] for b in self._pending.values()]
+        """The smallest stream entry id held by a pending step or a held rank (None when nothing is)."""
+        firsts = [b.entry_ids[0] for b in self._pending.values()] + list(self._held)[:1]
         return min(firsts, key=entry_id_key) if firsts else None
 
     def oldest_pending_time_s(self) -> float:
@@ -254,10 +282,16 @@ class Assembler:
     # --------------------------------------------------------------------------------------------- rules
     def _place(self, entry_id: bytes, rec: core.StepRecord, now_s: float, out: Output,
                late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
-        if not self._current(rec, out, late, touched):
-            self.counters.stale_records += 1
-            self.last_problem = f"step {rec.step} rank {rec.rank}: collector instance {rec.instance!r} was retired"
-            out.acks.append(entry_id)
+        try:
+            rec, claim = capped_world(rec, self.meta_world)
+        except ValueError as exc:
+            self.counters.world_claims += 1
+            self._skip(entry_id, out, f"step {rec.step}: {exc}")
+            return
+        if claim:
+            self.counters.world_claims += 1
+            self.last_problem = f"step {rec.step}: {claim}"
+        if not self._current(entry_id, rec, now_s, out, late, touched):
             return
         shape = rec.counts_LE.shape
         if self.shape is None:
@@ -298,28 +332,72 @@ class Assembler:
         self.counters.duplicates += 1
         out.acks.append(entry_id)
 
-    def _current(self, rec: core.StepRecord, out: Output, late: dict[int, _Bucket],
-                 touched: dict[int, _Bucket]) -> bool:
-        """True when rec belongs to the current epoch (opening a new one when its rank restarted); False for
-        a record of a retired collector instance."""
-        instance = rec.instance
-        said = verdict(self.instance_of_rank, self.retired, rec.rank, instance)
-        if said is Verdict.CURRENT:
+    def _current(self, entry_id: bytes, rec: core.StepRecord, now_s: float, out: Output,
+                 late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> bool:
+        """True when rec goes on into its step under the current epoch (the restart rule, core.restarts: a
+        new epoch is opened here when most ranks restarted); otherwise rec is consumed here (held, or acked
+        and counted)."""
+        self._epoch_world = max(self._epoch_world, int(rec.world_size))
+        rule = self.instances
+        before = rule.instance_of_rank.get(rec.rank)
+        said = rule.judge(rec.rank, rec.instance, rec.step, rec.time_s, self.meta_world or self._epoch_world)
+        if said is Judgement.CURRENT:
             return True
-        if said is Verdict.RETIRED:
-            return False
-        if said is Verdict.RESTARTED:  # this rank's collector restarted: its step ids start again
-            self._new_epoch(instance, out, late, touched)
-        elif self.epoch is None:
-            self.epoch = instance
-            self.counters.epochs += 1
-        self.instance_of_rank[rec.rank] = instance
         self.version += 1
-        return True
+        if said is Judgement.STALE:
+            self.counters.stale_records += 1
+            self._skip(entry_id, out, f"step {rec.step} {rule.why}")
+        elif said is Judgement.IMPLAUSIBLE:
+            self.counters.implausible_steps += 1
+            self._skip(entry_id, out, f"rank {rec.rank}: {rule.why}")
+        elif said is Judgement.HELD:
+            if before != rec.instance:
+                self.counters.rank_restarts += 1
+                self.last_problem = rule.why
+            self._hold(entry_id, rec, out)
+        elif said is Judgement.REJOINED:
+            if before != rec.instance:
+                self.counters.rank_restarts += 1
+            self.last_problem = rule.why
+            self._give_up_held(rec.rank, out)
+        elif said is Judgement.NEW_EPOCH:
+            self._new_epoch(rec.instance, out, late, touched)
+            self.last_problem = rule.why
+            held, self._held = self._held, {}
+            for held_id, held_rec in held.items():  # the restarted ranks' first records, into the new epoch
+                if rule.instance_of_rank.get(held_rec.rank) == held_rec.instance:
+                    self._place(held_id, held_rec, now_s, out, late, touched)
+                else:
+                    self.counters.held_records += 1
+                    out.acks.append(held_id)
+        elif self.epoch is None:  # FIRST, the run's first epoch
+            self.epoch = rec.instance
+            self.counters.epochs += 1
+        return said.counts
+
+    def _skip(self, entry_id: bytes, out: Output, why: str) -> None:
+        out.acks.append(entry_id)
+        self.last_problem = why
+
+    def _hold(self, entry_id: bytes, rec: core.StepRecord, out: Output) -> None:
+        """Keep a held rank's record (un-acked) for a new epoch; the oldest beyond MAX_HELD is given up."""
+        self._held[entry_id] = rec
+        while len(self._held) > MAX_HELD:
+            oldest = next(iter(self._held))
+            del self._held[oldest]
+            self.counters.held_records += 1
+            out.acks.append(oldest)
+
+    def _give_up_held(self, rank: int, out: Output) -> None:
+        """A rank rejoined: its held records (of steps long gone by) are consumed without a record."""
+        for held_id in [i for i, r in self._held.items() if r.rank == rank]:
+            del self._held[held_id]
+            self.counters.held_records += 1
+            out.acks.append(held_id)
 
     def _new_epoch(self, instance: str, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
-        """Write what the old epoch has pending (steps, then late ranks), retire its collector instances and
-        start afresh under `instance`."""
+        """Write what the old epoch has pending (steps, then late ranks) and start afresh under `instance` (the
+        rule already retired the old epoch's collector instances)."""
         for bucket in sorted(self._pending.values(), key=lambda b: b.step):
             out.emitted.append(self._emit(bucket, late=False))
         for step in sorted(late):
@@ -327,12 +405,10 @@ class Assembler:
         self._pending.clear()
         late.clear()
         touched.clear()
-        for old in dict.fromkeys(self.instance_of_rank.values()):
-            self.retired.add(old)
         if self.epoch is not None:
             self.retired.add(self.epoch)
-        self.instance_of_rank = {}
         self.written, self.horizon, self.last_step, self.shape = {}, 0, -1, None
+        self._epoch_world = 1
         self.epoch = instance
         self.counters.epochs += 1
 

@@ -116,7 +116,8 @@ class Committer:
             pending_steps=assembler.pending_steps, lag_entries=lag_entries, entries_per_s=entries_per_s,
             consumer=self.consumer, time_s=time.time(), commit=tag, last_problem=assembler.last_problem,
             instances=assembler.instance_of_rank if full_state else None,
-            retired=list(assembler.retired) if full_state else None)
+            retired=list(assembler.retired) if full_state else None,
+            held=assembler.held_ranks if full_state else None)
         version = assembler.version
         with self._watchable_transaction() as pipe:
             pipe.watch(self.lease_key)

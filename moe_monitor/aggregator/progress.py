@@ -7,7 +7,7 @@ epoch), pending_steps, lag_entries (XINFO GROUPS lag: entries of the steps strea
 -1 when Redis cannot tell), entries_per_s (consumed over the last log interval), consumer (who wrote it), time_s
 (unix s of that commit), commit (consumer/sequence of that commit: a retry after a timeout tells whether it
 landed), last_problem; and, written when they change (and every STATE_REFRESH_S): instances (JSON {rank: collector
-instance}), retired (JSON [...]).
+instance}), retired (JSON [...]), held (JSON [rank, ...]: restarted ranks held out, core.restarts).
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ class Progress:
     last_step: int = -1
     instances: dict[int, str] | None = None  # None: not in the hash
     retired: list[str] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)
     consumer: str = ""
     commit: str = ""
     problems: list[str] = field(default_factory=list)
@@ -50,8 +51,8 @@ class Progress:
 def encode_progress(counters: Counters, rollups: RollupCounters, *, epoch: str | None, last_step: int,
                     pending_steps: int, lag_entries: int, entries_per_s: float, consumer: str, time_s: float,
                     commit: str, last_problem: str, instances: Mapping[int, str] | None = None,
-                    retired: list[str] | None = None) -> dict[FieldT, EncodableT]:
-    """The hash fields of one commit (instances and retired only when given)."""
+                    retired: list[str] | None = None, held: list[int] | None = None) -> dict[FieldT, EncodableT]:
+    """The hash fields of one commit (instances, retired and held only when given)."""
     fields: dict[FieldT, EncodableT] = {name: str(value) for name, value in counters.as_dict().items()}
     fields.update({name: str(getattr(rollups, attr)) for name, attr in ROLLUP_FIELDS.items()})
     if epoch is not None:
@@ -64,6 +65,8 @@ def encode_progress(counters: Counters, rollups: RollupCounters, *, epoch: str |
                                          separators=(",", ":"))
     if retired is not None:
         fields["retired"] = json.dumps(list(retired), separators=(",", ":"))
+    if held is not None:
+        fields["held"] = json.dumps([int(rank) for rank in held], separators=(",", ":"))
     return fields
 
 
@@ -114,4 +117,10 @@ def decode_progress(raw: Mapping) -> Progress:
             out.retired = [str(n) for n in names if len(str(n)) <= core.MAX_NAME_CHARS]
         except (ValueError, TypeError):
             out.problems.append("retired")
+    if "held" in text:
+        try:
+            ranks = core.parse_json(text["held"], "held", 1 << 22)
+            out.held = [int(r) for r in ranks if 0 <= int(r) < core.MAX_WORLD]
+        except (ValueError, TypeError):
+            out.problems.append("held")
     return out

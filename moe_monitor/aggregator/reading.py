@@ -102,6 +102,7 @@ class RoundReader:
             book.set_base(None, None)
             return
         self.meta_shape = (len(meta.layer_names), meta.num_experts)
+        assembler.meta_world = int(meta.world_size)
         book.set_base(meta.layout.physical_to_logical_map, meta.layout.gpus)
 
     def take_layouts(self, assembler: Assembler, book: LayoutBook, reply=None) -> bool:

@@ -302,8 +302,10 @@ class Aggregator:
         progress = decode_progress(self.client.hgetall(self.state_key))
         tail = read_tail(self.client, self.run, progress.epoch, o.agg_maxlen)
         epoch = progress.epoch if progress.epoch is not None else tail.epoch
-        instances = progress.instances if progress.instances is not None and epoch == progress.epoch else {}
-        self.assembler.restore(epoch, instances, progress.retired, tail.written, tail.horizon, progress.counters)
+        same = progress.instances is not None and epoch == progress.epoch
+        instances = progress.instances if same and progress.instances is not None else {}
+        self.assembler.restore(epoch, instances, progress.retired, tail.written, tail.horizon, progress.counters,
+                               held=progress.held if same else ())
         self._bad_reported = progress.counters.bad_records
         self.rollups.counters = progress.rollups
         top_1s = last_bucket_start(self.client, self.run, 1)

@@ -1,31 +1,65 @@
-"""The collector-restart rule, once: every record names the collector process that wrote it (its instance id,
-one per rank). A rank whose records come from a new instance restarted, and its step ids start again; records of
-an instance already replaced are stale. Readers keep, per run, the instance that speaks for each rank and a
-bounded set of retired instances, and ask verdict() about every record.
+"""The collector-restart rule, once, for every reader of per-rank records (the aggregator and the dashboard).
 
-What a reader does on RESTARTED is its own: the aggregator starts a new epoch for the run, the dashboard's window
-starts afresh and retires that rank's previous instance."""
+Every record names the collector process that wrote it (its instance id, one per rank). A rank whose records
+come from a new instance restarted, and its step ids usually start again. One record must not poison a run,
+so a restart of one rank retires that rank's old instance only:
+
+- While the restarted rank's step ids are behind the others' (below the slowest other rank's newest step), its
+  records are HELD: they cannot be summed with the others' steps of the same id, so they are left out (the
+  aggregator keeps a bounded number of them for the case below, the dashboard counts them).
+- Its step ids reaching the others' (a collector that numbers steps from the engine's own counter) make it
+  REJOINED: its records count again.
+- A run-wide new epoch needs evidence: most ranks (more than half of the world) restarted since the epoch
+  began, or no other rank left that did not. Then the ranks that did not restart have their instances retired too (their job is gone; a rank that
+  comes back later is FIRST in the new epoch) and the reader starts afresh: NEW_EPOCH.
+
+Records of an instance already replaced are STALE, as are the records of an instance older than the rank's
+current one (its first record is older than the current instance's first: late records of a collector that was
+replaced before this reader met it). A step id more than MAX_STEP_JUMP beyond its rank's newest (or, for an
+instance's first record, beyond the run's newest) is IMPLAUSIBLE: one such record would otherwise pin "latest"
+and the missed-steps counts. Readers count each kind and say the latest once; none of them stops the others. So is a record claiming a larger
+world than the run metadata's (capped_world): it counts, under the metadata's world, so that one claim of 65,536
+ranks does not make 65,532 ranks missing; a rank beyond the metadata's world is a bad record.
+
+Pure: no I/O, no clock (record times are the collectors')."""
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
+
+RecordT = TypeVar("RecordT")
+
+MAX_STEP_JUMP = 1_000_000  # steps a rank may move ahead at once (about 14 h at 20 steps/s)
 
 
-class Verdict(enum.Enum):
-    CURRENT = "current"  # the instance that speaks for this rank
-    RETIRED = "retired"  # an instance already replaced: its records are stale
-    FIRST = "first"  # the first instance seen for this rank
-    RESTARTED = "restarted"  # a new instance for a rank that had another: the collector restarted
+class Judgement(enum.Enum):
+    CURRENT = "current"  # the instance that speaks for this rank: the record counts
+    FIRST = "first"  # the first instance seen for this rank (in this epoch): adopted, the record counts
+    STALE = "stale"  # an instance already replaced, or older than the current one: skip
+    HELD = "held"  # a restarted rank whose step ids are behind the others': left out
+    REJOINED = "rejoined"  # a restarted rank whose step ids reached the others': counts from this record on
+    NEW_EPOCH = "new_epoch"  # most ranks restarted: start afresh; this record is the new epoch's first
+    IMPLAUSIBLE = "implausible"  # a step id too far ahead: skip (a bad record)
+
+    @property
+    def counts(self) -> bool:
+        """Whether a record so judged goes into the reader's steps."""
+        return self in (Judgement.CURRENT, Judgement.FIRST, Judgement.REJOINED, Judgement.NEW_EPOCH)
 
 
-def verdict(instance_of_rank: Mapping[int, str], retired: RetiredInstances, rank: int, instance: str) -> Verdict:
-    """The rule for one record of `rank` written by collector `instance`."""
-    known = instance_of_rank.get(rank)
-    if known == instance:
-        return Verdict.CURRENT
-    if instance in retired:
-        return Verdict.RETIRED
-    return Verdict.FIRST if known is None else Verdict.RESTARTED
+def capped_world(rec: RecordT, meta_world: int | None) -> tuple[RecordT, str]:
+    """(rec, "") when its world_size is within the run metadata's (or none is known), else (rec with the
+    metadata's world_size, why). Raises ValueError for a rank beyond the metadata's world."""
+    claimed = int(rec.world_size)  # type: ignore[attr-defined]
+    if meta_world is None or claimed <= meta_world:
+        return rec, ""
+    rank = int(rec.rank)  # type: ignore[attr-defined]
+    if rank >= meta_world:
+        raise ValueError(f"rank {rank} of {claimed} claimed, the run metadata says {meta_world} ranks")
+    why = f"rank {rank} claims {claimed} ranks, the run metadata says {meta_world}: counted as {meta_world}"
+    return dataclasses.replace(rec, world_size=meta_world), why  # type: ignore[type-var]
 
 
 class RetiredInstances:
@@ -52,3 +86,115 @@ class RetiredInstances:
 
     def __len__(self) -> int:
         return len(self._order)
+
+
+class RankInstances:
+    """Per run: the instance that speaks for each rank, the retired ones, the restarted ranks held out, and the
+    newest step and first record time of each rank's current instance. judge() applies the rule (module doc)
+    to one record and updates this state; `why` says, after a judgement other than CURRENT/FIRST, what
+    happened in words."""
+
+    def __init__(self, max_retired: int, max_step_jump: int = MAX_STEP_JUMP):
+        self.instance_of_rank: dict[int, str] = {}
+        self.retired = RetiredInstances(max_retired)
+        self.held: set[int] = set()  # restarted ranks whose step ids are behind the others'
+        self.newest_step: dict[int, int] = {}  # rank -> newest step of its current instance
+        self.started_s: dict[int, float] = {}  # rank -> time of its current instance's first record
+        self.max_step_jump = int(max_step_jump)
+        self.why = ""
+
+    def restore(self, instance_of_rank: Mapping[int, str], retired: Iterable[str], held: Iterable[int] = ()) -> None:
+        """A predecessor's state (newest steps and start times are learnt again from the records)."""
+        self.instance_of_rank = {int(r): str(i) for r, i in instance_of_rank.items()}
+        self.retired = RetiredInstances(self.retired.max_size, retired)
+        self.held = {int(r) for r in held if int(r) in self.instance_of_rank}
+        self.newest_step, self.started_s = {}, {}
+
+    def front(self) -> int | None:
+        """The slowest live rank's newest step (ranks not held out); None before any. A restarted rank rejoins
+        when its step ids reach it."""
+        steps = [s for r, s in self.newest_step.items() if r not in self.held]
+        return min(steps) if steps else None
+
+    def newest(self) -> int | None:
+        """The newest step of any live rank (not held out); None before any."""
+        steps = [s for r, s in self.newest_step.items() if r not in self.held]
+        return max(steps) if steps else None
+
+    def judge(self, rank: int, instance: str, step: int, time_s: float, world: int) -> Judgement:
+        """The rule for one record of `rank`, step `step`, written at `time_s` by collector `instance`, in a run
+        of `world` ranks (the reader's best knowledge: the metadata's, else the largest the records claim)."""
+        known = self.instance_of_rank.get(rank)
+        if known == instance:
+            return self._current(rank, step)
+        if instance in self.retired:
+            self.why = f"rank {rank}: collector instance {instance!r} was replaced"
+            return Judgement.STALE
+        if self._too_far(step, self.newest()):
+            return Judgement.IMPLAUSIBLE
+        if known is None:
+            self._adopt(rank, instance, step, time_s)
+            return Judgement.FIRST
+        if time_s < self.started_s.get(rank, float("-inf")):  # an older collector than the one speaking
+            self.retired.add(instance)
+            self.why = f"rank {rank}: collector instance {instance!r} is older than the current one"
+            return Judgement.STALE
+        self.retired.add(known)  # this rank restarted: its previous instance only
+        self._adopt(rank, instance, step, time_s)
+        front = self.front_without(rank)
+        if front is not None and step >= front:  # its step ids go on where the others are
+            self.held.discard(rank)
+            self.why = f"rank {rank}: collector restarted as {instance!r}, its step ids go on ({step})"
+            return Judgement.REJOINED
+        self.held.add(rank)
+        if front is None or len(self.held) * 2 > max(int(world), len(self.instance_of_rank)):
+            return self._new_epoch(rank, instance)  # no live rank left to wait for, or most restarted
+        self.why = (f"rank {rank}: collector restarted as {instance!r}; its step ids ({step}) are behind the "
+                    f"others' ({front}): its records are left out until they catch up or most ranks restart")
+        return Judgement.HELD
+
+    def front_without(self, rank: int) -> int | None:
+        """front() leaving `rank` out."""
+        steps = [s for r, s in self.newest_step.items() if r not in self.held and r != rank]
+        return min(steps) if steps else None
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def _current(self, rank: int, step: int) -> Judgement:
+        newest = self.newest_step.get(rank)
+        if self._too_far(step, newest):
+            return Judgement.IMPLAUSIBLE
+        if newest is None or step > newest:
+            self.newest_step[rank] = step
+        if rank not in self.held:
+            return Judgement.CURRENT
+        front = self.front()
+        if front is not None and step >= front:
+            self.held.discard(rank)
+            self.why = f"rank {rank}: its step ids reached the others' ({step}): it counts again"
+            return Judgement.REJOINED
+        return Judgement.HELD
+
+    def _too_far(self, step: int, newest: int | None) -> bool:
+        if newest is None or step - newest <= self.max_step_jump:
+            return False
+        self.why = f"step {step} is more than {self.max_step_jump} steps beyond the newest ({newest})"
+        return True
+
+    def _adopt(self, rank: int, instance: str, step: int, time_s: float) -> None:
+        self.instance_of_rank[rank] = instance
+        self.newest_step[rank] = step
+        self.started_s[rank] = time_s
+
+    def _new_epoch(self, rank: int, instance: str) -> Judgement:
+        """Most ranks restarted: the others' instances retire, the restarted ranks make the new epoch."""
+        for other, old in list(self.instance_of_rank.items()):
+            if other not in self.held:
+                self.retired.add(old)
+                del self.instance_of_rank[other]
+                self.newest_step.pop(other, None)
+                self.started_s.pop(other, None)
+        restarted = len(self.held)
+        self.held.clear()
+        self.why = (f"{restarted} ranks restarted (the latest: rank {rank}, as {instance!r}): a new epoch "
+                    f"starts afresh")
+        return Judgement.NEW_EPOCH

@@ -329,20 +329,25 @@ def test_writes_refused_by_a_full_redis_cost_one_message_and_lose_nothing(server
     agg.close()
 
 
-def test_a_collector_restart_starts_a_new_epoch(redis_url):
+def test_a_whole_job_restart_starts_a_new_epoch_once_most_ranks_restarted_and_loses_nothing(redis_url):
     client = core.connect(redis_url)
     old = [step_record("epochs", s, r, inst=f"old{r}") for s in range(5) for r in range(4) if (s, r) != (4, 3)]
     new = [step_record("epochs", s, r, inst=f"new{r}") for s in range(3) for r in range(4)]
     stale = step_record("epochs", 4, 3, inst="old3")
-    publish(client, old + new[:1] + [stale] + new[1:])
+    publish(client, old + new[:4] + [stale] + new[4:])  # old3's step 4 arrives after rank 3 restarted too
     agg = aggregator(redis_url, "epochs", deadline_s=5.0)
     assert drive([agg], lambda: agg.counters.steps_written == 8)
     written = [(e.instance, e.step, e.late) for e in aggregates(client, "epochs")]
-    assert written == [("old0", s, False) for s in range(5)] + [("new0", s, False) for s in range(3)]
-    short = by_step(aggregates(client, "epochs"))[("old0", 4)][0]
-    assert short.missing_ranks.tolist() == [3]  # flushed first, short, long before its deadline
-    assert agg.counters.epochs == 2 and agg.counters.stale_records == 1 and pending(client, "epochs") == 0
-    assert client.hget(state_key("epochs"), "epoch") == b"new0"
+    # ranks 0 and 1 restarting are held (2 of 4 is not most); rank 2 makes it most: the epoch is named after it
+    assert written == [("old0", s, False) for s in range(5)] + [("new2", s, False) for s in range(3)]
+    steps = by_step(aggregates(client, "epochs"))
+    assert steps[("old0", 4)][0].missing_ranks.tolist() == [3]  # flushed first, short, long before its deadline
+    for s in range(3):  # the held first records of ranks 0 and 1 went into the new epoch: nothing lost
+        assert steps[("new2", s)][0].ranks_R.tolist() == [0, 1, 2, 3]
+        assert (steps[("new2", s)][0].counts_LE == sum(r.counts_LE for r in new if r.step == s)).all()
+    assert agg.counters.epochs == 2 and agg.counters.stale_records == 1 and agg.counters.held_records == 0
+    assert pending(client, "epochs") == 0
+    assert client.hget(state_key("epochs"), "epoch") == b"new2"
     agg.close()
 
 

@@ -89,17 +89,77 @@ def test_every_entry_comes_back_exactly_once_whatever_the_order():
     assert sorted(seen) == sorted(sent) and a.pending_steps == 0
 
 
-def test_a_collector_restart_flushes_the_old_epoch_then_starts_a_new_one():
+def test_most_ranks_restarting_flush_the_old_epoch_then_start_a_new_one_with_their_held_records():
     a = Assembler("r", deadline_s=5.0)
     feed(a, [rec(s, r, inst=f"old{r}") for s in range(3) for r in range(4)][:-1])  # step 2 misses rank 3
-    out, _ = feed(a, [rec(0, 0, inst="new0"), rec(2, 3, inst="old3"), rec(0, 1, inst="new1")], first=20)
-    (flushed,) = out.emitted
+    out, _ = feed(a, [rec(0, 0, inst="new0"), rec(0, 1, inst="new1")], first=20)
+    assert not out.emitted and not out.acks and a.held_ranks == [0, 1] and a.epoch == "old0"  # 2 of 4: held
+    assert a.oldest_pending_id() == ids(1, 8)[0]  # step 2's first entry; the held entries are newer
+    out, _ = feed(a, [rec(0, 2, inst="new2"), rec(2, 3, inst="old3")], first=30)
+    flushed = out.emitted[0]
     assert flushed.record.step == 2 and flushed.record.instance == "old0"
     assert flushed.record.missing_ranks.tolist() == [3]
-    assert a.epoch == "new0" and a.counters.epochs == 2 and a.counters.stale_records == 1
-    assert a.instance_of_rank == {0: "new0", 1: "new1"} and "old3" in a.retired
-    out, _ = feed(a, [rec(0, 2, inst="new2"), rec(0, 3, inst="new3")], first=30)
-    assert [e.record.instance for e in out.emitted] == ["new0"] and out.emitted[0].record.step == 0
+    assert a.epoch == "new2" and a.counters.epochs == 2 and a.counters.stale_records == 1
+    assert a.instance_of_rank == {0: "new0", 1: "new1", 2: "new2"} and "old3" in a.retired and a.held_ranks == []
+    out, _ = feed(a, [rec(0, 3, inst="new3")], first=40)
+    (step0,) = out.emitted
+    assert step0.record.instance == "new2" and step0.record.step == 0 and step0.record.ranks_R.tolist() == [0, 1, 2, 3]
+    assert set(step0.entry_ids) == {ids(1, 20)[0], ids(1, 21)[0], ids(1, 30)[0], ids(1, 40)[0]}
+
+
+def test_one_rank_restarting_retires_that_rank_only_and_the_others_go_on():
+    a = Assembler("r", deadline_s=5.0)
+    feed(a, [rec(s, r, inst=f"old{r}") for s in range(10) for r in range(4)])
+    forged = rec(0, 0, inst="forged")  # one record claiming rank 0 restarted (honest or not)
+    out, _ = feed(a, [forged], first=40)
+    assert not out.emitted and a.held_ranks == [0] and a.counters.rank_restarts == 1 and a.counters.epochs == 1
+    later = [rec(s, r, inst=f"old{r}") for s in range(10, 20) for r in range(4)]
+    out, entries = feed(a, later, first=50)
+    assert a.epoch == "old0" and a.counters.epochs == 1  # no new epoch: the run goes on
+    assert a.counters.stale_records == 10  # rank 0's old instance was replaced: its records are stale
+    done = a.due(10.0)
+    steps = {e.record.step: e.record for e in out.emitted + done.emitted}
+    assert sorted(steps) == list(range(10, 20))
+    assert all(r.ranks_R.tolist() == [1, 2, 3] for r in steps.values())  # the other ranks' steps are all written
+
+
+def test_a_restarted_rank_whose_step_ids_go_on_counts_at_once_and_one_behind_rejoins_when_it_catches_up():
+    a = Assembler("r", deadline_s=5.0)
+    feed(a, [rec(s, r, inst=f"a{r}", world=2) for s in range(5) for r in range(2)])
+    out, _ = feed(a, [rec(5, 0, inst="b0", world=2), rec(5, 1, inst="a1", world=2)], first=10)  # ids go on: no hold
+    assert [e.record.step for e in out.emitted] == [5] and out.emitted[0].record.ranks_R.tolist() == [0, 1]
+    out, _ = feed(a, [rec(0, 1, inst="b1", world=2), rec(6, 0, inst="b0", world=2)], first=20)  # rank 1 from 0 again: held
+    assert a.held_ranks == [1] and a.counters.epochs == 1
+    out, _ = feed(a, [rec(6, 1, inst="b1", world=2)], first=30)  # reached rank 0's newest: it counts again
+    assert a.held_ranks == [] and a.counters.held_records == 1 and out.acks == ids(1, 20)
+    assert [e.record.step for e in out.emitted] == [6] and out.emitted[0].record.ranks_R.tolist() == [0, 1]
+
+
+def test_a_world_claim_beyond_the_metadata_and_a_huge_step_id_are_counted_and_stop_nothing():
+    a = Assembler("r", deadline_s=5.0)
+    a.meta_world = 4
+    out, _ = feed(a, [rec(0, r) for r in range(3)] + [rec(0, 3, world=65_536), rec(0, 9, world=65_536)])
+    assert a.counters.world_claims == 2 and out.acks == ids(1, 4) and "4 ranks" in a.last_problem  # rank 9: out
+    assert [(e.record.step, e.record.world_size) for e in out.emitted] == [(0, 4)]  # complete under world 4
+    out, _ = feed(a, [rec(4_600_000_000_000_000_000, 0)] + [rec(1, r) for r in range(3)], first=10)
+    assert a.counters.implausible_steps == 1 and out.acks == ids(1, 10)
+    done = a.due(10.0)
+    assert [e.record.missing_ranks.tolist() for e in done.emitted] == [[3]] and a.last_step == 1
+    assert a.counters.rank_steps_missing == 1  # not 65,532
+
+
+def test_held_records_are_bounded_and_every_entry_comes_back_once():
+    from moe_monitor.aggregator import assembly
+    a = Assembler("r", deadline_s=5.0)
+    feed(a, [rec(s, r, inst=f"a{r}") for s in range(10_000, 10_003) for r in range(4)])
+    held = [rec(s, 0, inst="b0") for s in range(assembly.MAX_HELD + 5)]
+    out, entries = feed(a, held, first=100)
+    assert a.counters.held_records == 5 and out.acks == [e for e, _ in entries[:5]]
+    out2, _ = feed(a, [rec(0, r, inst=f"b{r}") for r in (1, 2)], first=100 + len(held))  # most restarted
+    out2.extend(a.due(100.0))  # the new epoch's steps, written at their deadline
+    emitted_ids = [x for em in out2.emitted for x in em.entry_ids]
+    assert a.counters.epochs == 2 and a.held_ranks == []
+    assert sorted(emitted_ids + out2.acks) == sorted([e for e, _ in entries[5:]] + ids(2, 100 + len(held)))
 
 
 def test_bad_shapes_are_bad_records_and_old_steps_are_too_old():
@@ -263,3 +323,14 @@ def test_options_refuse_what_cannot_work(change, message):
     with pytest.raises(ValueError, match=message):
         AggregateOptions(**change)
     assert AggregateOptions().grace_s == 3.0 and AggregateOptions(rollup_grace_s=0.5).grace_s == 0.5
+
+
+def test_the_held_ranks_survive_a_takeover_through_the_progress_hash():
+    fields = encode_progress(Counters(rank_restarts=2, held_records=7), RollupCounters(), epoch="e", last_step=9,
+                             pending_steps=0, lag_entries=0, entries_per_s=0.0, consumer="c", time_s=1.0,
+                             commit="c/1", last_problem="", instances={0: "a", 1: "b"}, retired=[], held=[1])
+    back = decode_progress({k.encode(): str(v).encode() for k, v in fields.items()})
+    assert back.held == [1] and back.counters.held_records == 7 and not back.problems
+    a = Assembler("r")
+    a.restore(back.epoch, back.instances or {}, back.retired, {}, 0, back.counters, held=back.held)
+    assert a.held_ranks == [1]

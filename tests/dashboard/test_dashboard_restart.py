@@ -82,7 +82,8 @@ def test_steps_trimmed_before_they_were_read_are_reported(redis_url):
 
 
 def test_one_rank_restarting_does_not_hide_the_other_ranks(redis_url):
-    """Each rank has its own collector instance; when rank 1 restarts, rank 0's records still count."""
+    """Each rank has its own collector instance; when rank 1 restarts, rank 0's records still count, the window
+    is not started afresh, and rank 1 counts again once its step ids reach rank 0's."""
     client = core.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[0], instance="A0", time0_s=t0)
@@ -94,9 +95,53 @@ def test_one_rank_restarting_does_not_hide_the_other_ranks(redis_url):
     synthfill.fill(client, "r2", steps=3, world_size=2, ranks=[0], instance="A0", first_step=10,
                    time0_s=t0 + 31, meta=False)
     watched.tick()
-    assert watched.restarts == 1 and watched.skipped_old_records == 0, watched.last_error
+    assert watched.restarts == 0 and watched.skipped_old_records == 0, watched.last_error
+    assert watched.held_records == 3 and "rank 1" in watched.held_note and "behind" in watched.held_note
     assert watched.instance_of_rank == {0: "A0", 1: "B1"}
+    assert list(watched.window.view("both", P2L, 4).step_T) == list(range(13))  # rank 0's steps go on
     late_old = synthfill.fill(client, "r2", steps=1, world_size=2, ranks=[1], instance="A1", first_step=10,
                               time0_s=t0 + 5, meta=False)
     watched.tick()
     assert late_old and watched.skipped_old_records == 1  # only the restarted rank's old instance is retired
+    caught_up = synthfill.fill(client, "r2", steps=1, world_size=2, ranks=[1], instance="B1", first_step=12,
+                               time0_s=t0 + 32, meta=False)
+    watched.tick()
+    assert watched.held_note == "" and watched.held_records == 3
+    view = watched.window.view("both", P2L, 4)
+    assert view.step_T[-1] == 12 and watched.window.ranks_C[watched.window.ordered_slots()[-1]] == 2
+    assert caught_up and watched.bad_records == 0
+
+
+def test_most_ranks_restarting_start_a_fresh_window(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    t0 = time.time() - 60
+    for rank in range(3):
+        synthfill.fill(client, "r3", steps=10, world_size=3, ranks=[rank], instance=f"A{rank}", time0_s=t0,
+                       meta=rank == 0)
+    watched = WatchedRun(RedisSource(client, redis_url, "r3", window_steps=50), window_steps=50)
+    watched.tick()
+    for rank in range(2):  # two of three restart: most
+        synthfill.fill(client, "r3", steps=2, world_size=3, ranks=[rank], instance=f"B{rank}", time0_s=t0 + 30,
+                       meta=False)
+    watched.tick()
+    assert watched.restarts == 1 and "collector restarted at" in watched.restart_note, watched.last_error
+    assert list(watched.window.view("both", P2L, 4).step_T) == [0, 1]  # rank 1's: rank 0's came first, held
+    assert watched.held_records == 2 and watched.instance_of_rank == {0: "B0", 1: "B1"}
+
+
+def test_a_huge_step_id_and_a_world_claim_do_not_pin_the_window(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    t0 = time.time() - 60
+    synthfill.fill(client, "r4", steps=10, world_size=2, ranks=[0, 1], instance="A", time0_s=t0)
+    watched = WatchedRun(RedisSource(client, redis_url, "r4", window_steps=50), window_steps=50)
+    watched.tick()
+    synthfill.fill(client, "r4", steps=1, world_size=2, ranks=[0], instance="A", first_step=4_600_000_000_000_000_000,
+                   time0_s=t0 + 20, meta=False)
+    synthfill.fill(client, "r4", steps=1, world_size=65_536, ranks=[1], instance="A", first_step=10,
+                   time0_s=t0 + 21, meta=False)
+    synthfill.fill(client, "r4", steps=1, world_size=2, ranks=[0], instance="A", first_step=10, time0_s=t0 + 21,
+                   meta=False)
+    watched.tick()
+    assert watched.bad_records == 1 and watched.missed_steps == 0 and watched.world_claims == 1
+    assert watched.window.newest_step == 10 and watched.world_size == 2
+    assert watched.window.ranks_C[watched.window.ordered_slots()[-1]] == 2

@@ -24,7 +24,7 @@ def freeze(watched: WatchedRun) -> WatchedRun:
     frozen.samples = copy.deepcopy(watched.samples)
     frozen.gpus = copy.deepcopy(watched.gpus)
     frozen.timings = copy.deepcopy(watched.timings)
-    frozen.instance_of_rank = dict(watched.instance_of_rank)
+    frozen.instances = copy.deepcopy(watched.instances)
     return frozen
 
 

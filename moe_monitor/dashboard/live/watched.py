@@ -2,10 +2,14 @@
 
 No Streamlit here: the app keeps a WatchedRun in st.session_state, the benchmark and tests use it directly.
 
-Collector restarts: every record names its collector process (core.StepRecord.instance, one per rank).
-When a rank's records come from a new instance, the collector restarted under the same run name (its step
-ids start again at 0): the window and the sample ring start afresh, `restarted_at_s` says when, and records
-of the old instances that still arrive are skipped (counted in `skipped_old_records`, not as bad records).
+Collector restarts: the one rule of core.restarts (RankInstances.judge), shared with the aggregator. A rank
+whose records come from a new instance retires its old instance only; while its step ids are behind the
+others' its records are left out (counted in `held_records`, `held_note` says which rank and why), and they
+count again once its step ids reach the others'. Most ranks restarting (a job restarted as a whole, its step
+ids starting again) starts the window and the sample ring afresh, and `restarted_at_s` says when. Records of
+retired instances that still arrive are skipped (counted in `skipped_old_records`, not as bad records). A
+record claiming more ranks than the run metadata counts under the metadata's world (`world_claims`); one of a
+rank beyond it, or with a step id far beyond its rank's newest, is one bad record.
 
 Layout changes (core.LayoutRecord: an engine's rebalance) are kept in `layouts` (a LayoutHistory, bounded),
 each checked against the run's [L, E] (and its GPU count, from the metadata) and otherwise one bad record.
@@ -43,7 +47,7 @@ import time
 from dataclasses import dataclass
 
 from moe_monitor import core
-from moe_monitor.core.restarts import RetiredInstances, Verdict, verdict
+from moe_monitor.core.restarts import Judgement, RankInstances, RetiredInstances, capped_world
 from moe_monitor.dashboard.live.gpu_history import GpuHistory
 from moe_monitor.dashboard.live.layout_changes import LayoutHistory, change_from_record
 from moe_monitor.dashboard.live.record_checks import check_aggregate, check_record
@@ -97,8 +101,10 @@ class WatchedRun:
         self.steps_read = 0
         self.world_size = 1
         self.last_tick: TickStats | None = None
-        self.instance_of_rank: dict[int, str] = {}
-        self._old_instances = RetiredInstances(MAX_OLD_INSTANCES)
+        self.instances = RankInstances(MAX_OLD_INSTANCES)  # the restart rule's state (core.restarts)
+        self.held_records = 0  # records of restarted ranks left out while their step ids were behind
+        self.held_note = ""
+        self.world_claims = 0  # records that claimed more ranks than the run metadata (counted under its world)
         self._instance_started_s = float("-inf")
         self.restarts = 0
         self.restarted_at_s: float | None = None  # collector time of the new instance's first record
@@ -138,6 +144,7 @@ class WatchedRun:
         for rec in batch.steps:
             try:
                 check_record(rec)  # before anything: a bad record must not restart the window
+                rec = self._capped(rec)
                 if not self._shown(self._current_instance(rec), rec.step, rec.time_s):
                     continue
                 self.samples.check(rec)
@@ -222,12 +229,15 @@ class WatchedRun:
         if feed == AGGREGATE:
             self.epoch, self._epoch_started_s, self._last_aggregate = None, float("-inf"), None
         else:
-            self.instance_of_rank, self._instance_started_s, self._last_step_of = {}, float("-inf"), {}
+            self.instances.restore({}, self.instances.retired)
+            self._instance_started_s, self._last_step_of = float("-inf"), {}
 
-    def _shown(self, current: bool, step: int, time_s: float) -> bool:
+    def _shown(self, current: bool | None, step: int, time_s: float) -> bool:
         """Whether a record goes into the window: not (and counted) when it is not of the collector instance or
-        aggregator epoch shown (current False: skipped_old_records), or of a step the other feed filled
-        (skipped_overlap)."""
+        aggregator epoch shown (current False: skipped_old_records; None: held out, counted already), or of a
+        step the other feed filled (skipped_overlap)."""
+        if current is None:
+            return False
         if not current:
             self.skipped_old_records += 1
             return False
@@ -316,35 +326,63 @@ class WatchedRun:
         meta = self.source.meta()
         return None if meta is None else (len(meta.layer_names), meta.num_experts)
 
-    def _current_instance(self, rec: core.StepRecord) -> bool:
-        """True when rec belongs to the collector instances being shown; a rank's new instance (newer than
-        the current ones) restarts the window. False for records of instances already replaced."""
-        said = verdict(self.instance_of_rank, self._old_instances, rec.rank, rec.instance)
-        if said is Verdict.CURRENT:
+    @property
+    def instance_of_rank(self) -> dict[int, str]:
+        """rank -> the collector instance shown for it."""
+        return self.instances.instance_of_rank
+
+    @property
+    def _old_instances(self) -> RetiredInstances:
+        return self.instances.retired
+
+    def _capped(self, rec: core.StepRecord) -> core.StepRecord:
+        """rec under the run metadata's world size when it claims more (core.restarts.capped_world: counted in
+        world_claims; a rank beyond that world raises, one bad record)."""
+        meta = self.source.meta()
+        rec, claim = capped_world(rec, int(meta.world_size) if meta is not None else None)
+        if claim:
+            self.world_claims += 1
+            self.last_error = f"step {_short(rec.step)}: {claim}"
+        return rec
+
+    def _current_instance(self, rec: core.StepRecord) -> bool | None:
+        """The restart rule (core.restarts) for one per-rank record: True when it goes into the window (most
+        ranks restarting start a fresh window first); False for records of instances already replaced; None
+        for a held-out record of a restarted rank (counted in held_records). A step id far beyond its rank's
+        newest raises (one bad record)."""
+        rule = self.instances
+        before = rule.instance_of_rank.get(rec.rank)
+        meta = self.source.meta()
+        world = max(self.world_size, int(meta.world_size) if meta is not None else 1)
+        said = rule.judge(rec.rank, rec.instance, rec.step, rec.time_s, world)
+        if said is Judgement.CURRENT:
             return True
-        if said is Verdict.RETIRED:
+        if said is Judgement.STALE:
             return False
-        if said is Verdict.FIRST:  # first record of this rank (or of this rank since the restart)
-            self.instance_of_rank[rec.rank] = rec.instance
+        if said is Judgement.IMPLAUSIBLE:
+            raise ValueError(rule.why)
+        if before is not None and before != rec.instance:  # this rank restarted: its old instance is retired
+            self.layouts.forget(before)
+            self._last_step_of = {k: v for k, v in self._last_step_of.items() if k[1] != rec.rank}
+        if said is Judgement.FIRST:  # first record of this rank (or of this rank since a new epoch)
             first = self._instance_started_s == float("-inf")
             self._instance_started_s = rec.time_s if first else min(self._instance_started_s, rec.time_s)
             return True
-        if rec.time_s < self._instance_started_s:  # an even older collector: not the one to show
-            self._retire(rec.instance)
-            return False
-        self._restart(rec)
-        return True
-
-    def _restart(self, rec: core.StepRecord) -> None:
-        """rec's rank restarted: retire that rank's previous instance only (the other ranks' collectors go
-        on), and start a fresh window."""
-        retired = self.instance_of_rank[rec.rank]
-        self._retire(retired)
-        self.layouts.forget(retired)
-        self.instance_of_rank[rec.rank] = rec.instance
+        if said is Judgement.HELD:
+            self.held_records += 1
+            if before != rec.instance:
+                self.held_note = rule.why
+            return None
+        if said is Judgement.REJOINED:
+            self.held_note = "" if not rule.held else self.held_note
+            return True
+        for instance in rule.retired:  # NEW_EPOCH: most ranks restarted
+            self.layouts.forget(instance)
+        self.held_note = ""
         self._instance_started_s = rec.time_s
         self._last_step_of = {}
         self._start_afresh(rec.time_s)
+        return True
 
     def _start_afresh(self, time_s: float) -> None:
         """A restart (collectors, or the aggregator's epoch) at collector time time_s: a fresh window."""
