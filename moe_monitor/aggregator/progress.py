@@ -29,7 +29,7 @@ ROLLUP_FIELDS = {"buckets_1s": "buckets_1s", "buckets_60s": "buckets_60s",
 
 def state_key(run: str) -> str:
     """The progress hash of run's aggregator (same hash slot as every other key of the run)."""
-    return core.aggregator_key(run) + ":state"
+    return core.aggregator_state_key(run)
 
 
 @dataclass

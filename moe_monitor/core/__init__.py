@@ -65,7 +65,7 @@ from .keys import (
                    SCHEMA_VERSION,
                    STEP_FIELDS,
                    aggregate_key,
-                   aggregator_key,
+                   aggregator_key, aggregator_state_key,
                    check_run_name,
                    gpu_key,
                    health_key,
@@ -125,7 +125,7 @@ __all__ = [
 __all__ += ["AGGREGATE_FIELDS", "AGGREGATE_VERSION", "AggregateRecord", "decode_aggregate", "encode_aggregate",
             "ETA_BINS", "ROLLUP_FIELDS", "ROLLUP_RESOLUTIONS_S", "ROLLUP_VERSION", "RollupRecord", "decode_rollup",
             "encode_rollup", "eta_histogram", "eta_quantile", "merge_rollups"]
-__all__ += ["CODECS", "COMPACT_FIELDS", "COUNT_TYPES", "STEP_VERSION", "STEP_VERSIONS", "aggregate_key", "aggregator_key",
+__all__ += ["CODECS", "COMPACT_FIELDS", "COUNT_TYPES", "STEP_VERSION", "STEP_VERSIONS", "aggregate_key", "aggregator_key", "aggregator_state_key",
             "pack_counts", "rollup_key", "run_key", "unpack_counts"]
 __all__ += ["AutoClient", "Client"]
 __all__ += ["MAX_PHASE_S", "TIMING_FIELDS", "TIMING_PHASES", "TimingRecord", "decode_timing", "encode_timing",

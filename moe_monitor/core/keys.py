@@ -65,8 +65,14 @@ def rollup_key(run: str, resolution_s: int) -> str:
 
 def aggregator_key(run: str) -> str:
     """String: the lease of the aggregator that owns the run (its consumer name, with an expiry), plus its
-    progress hash at aggregator_key(run) + ':state'."""
+    progress hash at aggregator_state_key(run)."""
     return run_key(run, "aggregator")
+
+
+def aggregator_state_key(run: str) -> str:
+    """Hash: the progress of the run's aggregator (aggregator/progress.py: counters, epoch, the time and tag of
+    its last commit), read by successors and by readers that check the aggregate still moves."""
+    return aggregator_key(run) + ":state"
 
 
 def timings_key(run: str) -> str:

@@ -355,3 +355,30 @@ def test_sums_beyond_int32_widen_the_ring():
     base = aggregate_of(rank_records(range(1))[:2])
     window.add_aggregate(dataclasses.replace(base, **big))
     assert window.counts_CLE.dtype == np.int64 and int(window.counts_CLE[0, 0, 0]) == 2**31 + 5
+
+
+def test_a_stolen_or_wedged_lease_makes_readers_sum_the_ranks_until_the_aggregate_moves_again(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta(world=2)))
+    recs = rank_records(range(6), world=2)
+    write_steps(client, recs[:6])
+    write_aggregates(client, [aggregate_of(recs[i:i + 2]) for i in (0, 2, 4)])
+    client.set(core.aggregator_key(RUN), "thief", px=3_600_000)  # a stray SET: nobody aggregates behind it
+    client.zadd(core.RUNS_KEY, {RUN: 1.0})
+    source = RedisSource(client, redis_url, RUN, 100)
+    reader = source._aggregate
+    reader.check_every_s, reader.stall_s = 0.0, 0.3
+    watched = WatchedRun(source, 100)
+    watched.tick()
+    assert watched.feed == "aggregate" and watched.window.size == 3 and reader.stall_note == ""
+    time.sleep(0.4)  # longer than stall_s: the holder has committed nothing since it was first seen
+    write_steps(client, recs[6:])
+    client.zadd(core.RUNS_KEY, {RUN: 2.0})  # the collectors keep writing
+    watched.tick()
+    assert "'thief'" in reader.stall_note and "summed here" in reader.stall_note and reader.stalls == 1
+    watched.tick()
+    assert watched.feed == "steps" and watched.window.newest_step == 5 and watched.bad_records == 0
+    assert "'thief'" in source.health().note
+    client.hset(core.aggregator_state_key(RUN), "commit", "agg/7")  # an aggregator commits again
+    watched.tick()
+    assert watched.feed == "aggregate" and reader.stall_note == "" and reader.stalls == 1

@@ -12,9 +12,13 @@ rest of the poll goes on. Redis errors are raised to the caller (RedisSource.pol
 what was handed over before the error is not read again, what was not is read by the next poll.
 
 Whether the aggregate is read at all (`in_use`) is decided again every CHECK_S seconds with one round trip of
-three small commands (EXISTS of the aggregator's lease core.aggregator_key(run), XLEN of the aggregate and of
-the per-rank steps): the aggregate stream has entries and either an aggregator holds the run's lease or no
-per-rank step is left to sum (a finished run whose steps were trimmed away). When the aggregator stops (its
+five small commands (GET of the aggregator's lease core.aggregator_key(run), XLEN of the aggregate and of the
+per-rank steps, the commit tag in the aggregator's progress hash, the run's last-seen score in moe:runs): the
+aggregate stream has entries and either an aggregator holds the run's lease or no per-rank step is left to sum
+(a finished run whose steps were trimmed away). A lease whose holder commits nothing for STALL_S while the
+collectors go on writing (a lease stolen by a stray SET, or an aggregator wedged) is stalled: readers sum the
+per-rank steps themselves, `stall_note` says so, and they go back to the aggregate once its commits move again.
+Both clocks here are this reader's (the commit tag and the last-seen score are only compared to themselves). When the aggregator stops (its
 lease expires) while collectors still write, readers go back to summing the per-rank steps themselves; when
 one starts, they switch to its stream, reading its newest window first. The reader of the window
 (dashboard.live.watched.WatchedRun) takes either kind of record and skips a step the other kind already
@@ -42,6 +46,7 @@ from moe_monitor.dashboard.sources.base import Batch
 from moe_monitor.dashboard.sources.streams import StreamEntry, decode_into, page_backwards, pages_after
 
 CHECK_S = 5.0  # how often whether the aggregate is in use is decided again
+STALL_S = 15.0  # an aggregator that commits nothing this long while the collectors write is stalled
 PAGE_ENTRIES = 100  # entries a read (58 x 256 summed counts are ~20-60 kB an entry, compact)
 TICK_BYTES_BUDGET = 24 << 20  # bytes a poll reads at most (the backlog goes on at the next poll)
 
@@ -52,10 +57,11 @@ class AggregateReader:
     (the newest, oldest first once collected).
 
     in_use: whether the last check found the aggregate to read (see the module docstring); switches: how
-    often that changed; checked_s: time.monotonic() of the last check."""
+    often that changed; checked_s: time.monotonic() of the last check; stalls: how often a held lease was
+    found stalled; stall_note: why the aggregate is not read although a lease is held ("" otherwise)."""
 
     def __init__(self, client: Any, run: str, window_steps: int, check_every_s: float = CHECK_S,
-                 page_entries: int = PAGE_ENTRIES, bytes_budget: int = TICK_BYTES_BUDGET):
+                 page_entries: int = PAGE_ENTRIES, bytes_budget: int = TICK_BYTES_BUDGET, stall_s: float = STALL_S):
         if window_steps < 1:
             raise ValueError(f"window_steps must be at least 1, got {window_steps}")
         if page_entries < 1 or bytes_budget < 1:
@@ -66,6 +72,11 @@ class AggregateReader:
         self.in_use = False
         self.switches = 0
         self.checked_s = float("-inf")
+        self.stall_s = float(stall_s)
+        self.stalls = 0
+        self.stall_note = ""
+        self._commit: tuple[object, float] | None = None  # (the holder's commit tag, when it was first seen)
+        self._run_seen: tuple[object, float] | None = None  # (the run's last-seen score, when it was first seen)
         self._last_id: bytes | None = None  # None until the newest window is read
         self._backlog: list[StreamEntry] = []  # newest first while paging backwards
         self._backlog_bytes = 0
@@ -78,17 +89,40 @@ class AggregateReader:
         """Decide now whether the aggregate is in use (one round trip); returns in_use. A change to in use
         starts the reading again from the newest window."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.exists(core.aggregator_key(self.run))
+        pipe.get(core.aggregator_key(self.run))
         pipe.xlen(self.key)
         pipe.xlen(core.steps_key(self.run))
-        lease, aggregated, per_rank = pipe.execute()
-        use = int(aggregated or 0) > 0 and (int(lease or 0) > 0 or int(per_rank or 0) == 0)
+        pipe.hget(core.aggregator_state_key(self.run), "commit")
+        pipe.zscore(core.RUNS_KEY, self.run)
+        holder, aggregated, per_rank, commit, run_seen = pipe.execute()
+        now = time.monotonic()
+        stalled = holder is not None and self._stalled(holder, commit, run_seen, now)
+        use = int(aggregated or 0) > 0 and ((holder is not None and not stalled) or int(per_rank or 0) == 0)
         if use != self.in_use:
             self.switches += 1
             self._last_id, self._backlog, self._backlog_bytes = None, [], 0
         self.in_use = use
-        self.checked_s = time.monotonic()
+        self.checked_s = now
         return use
+
+    def _stalled(self, holder: object, commit: object, run_seen: object, now: float) -> bool:
+        """Whether the lease's holder committed nothing for stall_s while the run's last-seen score moved
+        (sets stall_note; counts a new stall once)."""
+        if self._commit is None or self._commit[0] != (holder, commit):
+            self._commit = ((holder, commit), now)
+        if self._run_seen is None or self._run_seen[0] != run_seen:
+            self._run_seen = (run_seen, now)
+        quiet_s = now - self._commit[1]
+        writing = self._run_seen[1] > self._commit[1] and now - self._run_seen[1] < self.stall_s
+        if quiet_s < self.stall_s or not writing:
+            self.stall_note = ""
+            return False
+        if not self.stall_note:
+            self.stalls += 1
+        name = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
+        self.stall_note = (f"the aggregator lease is held by {name[:80]!r}, which has committed nothing for "
+                           f"{quiet_s:.0f} s while the collectors keep writing: the ranks are summed here")
+        return True
 
     def read(self, batch: Batch, max_entries: int) -> bool:
         """When the aggregate is in use: read what arrived since the last call into batch.aggregates (oldest

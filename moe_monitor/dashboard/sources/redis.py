@@ -135,6 +135,11 @@ class RedisSource:
         self._health = Health(reachable=False, where=self.where, error="not polled yet")
         self._aggregate = AggregateReader(client, self.run, self.window_steps)  # the aggregator's steps, when in use
 
+    @property
+    def stall_note(self) -> str:
+        """Why the aggregate is not read although an aggregator lease is held ("" when it is, or none is)."""
+        return self._aggregate.stall_note
+
     def poll(self, max_entries: int) -> Batch:
         batch = Batch()
         started = time.perf_counter()
@@ -208,6 +213,7 @@ class RedisSource:
             last_seen_s=_time_or_none(last_seen),
             collectors=reports,
             note="reading the aggregate backlog" if self._aggregate.reading_backlog else
+            self._aggregate.stall_note if self._last_step_id is not None and self._aggregate.stall_note else
             "" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
         )
         return batch
