@@ -20,12 +20,13 @@ import warnings
 from pathlib import Path
 
 from moe_monitor.dashboard.serve import streamlit_command
+from moe_monitor.demo.children import start_child
 
 
 def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
     # one BLAS thread: the window's small matmuls gain nothing from more, and a busy host's pool stalls a tick
     env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "REDIS_URL": redis_url}
-    return subprocess.Popen(streamlit_command(port), env=env)
+    return start_child(streamlit_command(port), env=env)
 
 
 def engine_command(args, redis_url: str) -> list[str] | None:
@@ -52,11 +53,11 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     cmd = engine_command(args, redis_url)
     if cmd is None:
         return 2
-    engine = subprocess.Popen(cmd)
+    engine = start_child(cmd)
     helpers = [engine]
     if args.engine == "fleet":  # ranks summed once, by the aggregator, for every dashboard
-        helpers.append(subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", redis_url,
-                                         "--run", args.run]))
+        helpers.append(start_child([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", redis_url,
+                                    "--run", args.run]))
     dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url)
     if dashboard is not None:
         print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once the engine is up)",

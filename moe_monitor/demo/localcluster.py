@@ -15,6 +15,7 @@ from pathlib import Path
 import redis
 from redis.cluster import key_slot
 
+from moe_monitor.demo.children import start_child
 from moe_monitor.demo.localredis import free_port, wait_for_port
 
 
@@ -65,7 +66,7 @@ class LocalCluster:
 
     def _launch(self, port: int) -> None:
         """Start (again) the node of port with its own arguments (its nodes-<port>.conf keeps its identity)."""
-        self.procs[port] = subprocess.Popen(self._args[port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs[port] = start_child(self._args[port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_for_port(port):
             raise RuntimeError(f"redis-server (cluster node) did not start on port {port}")
 

@@ -6,6 +6,8 @@ import socket
 import subprocess
 import time
 
+from moe_monitor.demo.children import start_child
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -45,8 +47,8 @@ class RedisServer:
                          key, "--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
         if password:
             args += ["--requirepass", password]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=own_session)
+        self.proc = start_child(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=own_session)  # dies with its owner, SIGKILL included
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         if tls_cert_key:
