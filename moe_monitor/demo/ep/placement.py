@@ -1,12 +1,17 @@
 """A layout over the ranks of an EP group: which rank holds which expert, and which replica a token goes to.
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots (slot p on rank
-p // S, S = P / G), G ranks (GPUs), N tokens, K top-k, C the most replicas any expert has in a layer.
+p // S, S = P / G), G ranks (GPUs), N tokens, K top-k.
 
 Replica choice (deterministic, even): the k-th expert of token n (its index in this rank's batch), expert e with
 c_e replicas in slot order r_0 < r_1 < ..., goes to replica r_(n mod c_e). Consecutive tokens of a batch
 alternate between the replicas, so each replica gets N / c_e of the tokens (within one), on every rank, without
 any communication; this is the even split the dashboard and the planner assume.
+
+The routing table is O(L x (P + E)) whatever the replica counts: each layer's slots sorted by expert (stable, so
+an expert's replicas keep slot order), with each expert's first position and replica count. Replica r of
+expert e is the slot at position first[e] + r of that order. (A dense [L, E, most replicas] table costs
+L x E x P entries for a layout that gives one expert nearly every slot: 0.5 GB per copy at P = 65,536.)
 """
 from __future__ import annotations
 
@@ -28,18 +33,17 @@ class Placement:
         self.ranks, self.num_experts = ranks, num_experts
         self.num_layers, self.num_slots = self.layout_LP.shape
         self.slots_per_rank = self.num_slots // ranks
-        count_LE = np.zeros((self.num_layers, num_experts), dtype=np.int64)
-        for layer in range(self.num_layers):
-            np.add.at(count_LE[layer], self.layout_LP[layer], 1)
-        max_c = int(count_LE.max())
-        slots_LEC = np.zeros((self.num_layers, num_experts, max_c), dtype=np.int64)
-        for layer in range(self.num_layers):
-            seen = np.zeros(num_experts, dtype=np.int64)
-            for slot, expert in enumerate(self.layout_LP[layer]):
-                slots_LEC[layer, expert, seen[expert]] = slot
-                seen[expert] += 1
-        self.replica_count_LE = torch.from_numpy(count_LE)
-        self.replica_rank_LEC = torch.from_numpy(slots_LEC // self.slots_per_rank)
+        by_expert_LP = np.argsort(self.layout_LP, axis=1, kind="stable")  # slot ids, expert-major, slot order
+        count_LE = np.stack([np.bincount(row, minlength=num_experts) for row in self.layout_LP])
+        first_LE = np.cumsum(count_LE, axis=1) - count_LE
+        self.replica_count_LE = torch.from_numpy(count_LE.astype(np.int64))
+        self.replica_first_LE = torch.from_numpy(first_LE.astype(np.int64))
+        self.replica_rank_LP = torch.from_numpy(by_expert_LP // self.slots_per_rank)
+
+    def table_bytes(self) -> int:
+        """Bytes of the routing table (the replica counts, first positions and ranks): O(L x (P + E))."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.replica_count_LE, self.replica_first_LE, self.replica_rank_LP))
 
     def experts_on(self, rank: int, layer: int) -> list[int]:
         """Sorted distinct experts rank holds in layer."""
@@ -57,7 +61,7 @@ class Placement:
         ids_M = ids_NK.reshape(-1).to(torch.int64)
         token_M = torch.arange(n, dtype=torch.int64).repeat_interleave(k)
         replica_M = token_M % self.replica_count_LE[layer][ids_M]
-        return self.replica_rank_LEC[layer][ids_M, replica_M]
+        return self.replica_rank_LP[layer][self.replica_first_LE[layer][ids_M] + replica_M]
 
 
 @dataclass(frozen=True)
