@@ -23,8 +23,9 @@ REFUSED_REPLAYED = "refused: replayed"
 REFUSED_FIT = "refused: does not fit"
 REFUSED_MALFORMED = "refused: malformed"
 REFUSED_SUPERSEDED = "refused: superseded"  # a newer request arrived before the engine could switch
+REFUSED_STOPPING = "refused: engine stopping"  # the engine stopped before it could switch
 VERDICTS = (APPLIED, REFUSED_EXPIRED, REFUSED_SIGNATURE, REFUSED_RUN, REFUSED_SIZE, REFUSED_REPLAYED, REFUSED_FIT,
-            REFUSED_MALFORMED, REFUSED_SUPERSEDED)
+            REFUSED_MALFORMED, REFUSED_SUPERSEDED, REFUSED_STOPPING)
 STATUS_FIELDS = ("v", "run", "req", "nonce", "verdict", "detail", "step", "t", "inst")
 STATUS_MAXLEN = 1000  # the status stream is trimmed (approximately) to this many entries
 MAX_DETAIL_CHARS = 500

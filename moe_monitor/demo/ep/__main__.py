@@ -16,6 +16,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0, help="run this long (0: use --steps)")
     parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: use --seconds)")
     parser.add_argument("--layout", default=None, help="initial layout JSON (default: contiguous)")
+    parser.add_argument("--apply-secret-file", default=None, metavar="FILE",
+                        help="file holding the secret layout requests must be signed with (default: "
+                             "$MOE_APPLY_SECRET_FILE, else $MOE_APPLY_SECRET; none: every request is refused)")
+    parser.add_argument("--max-slots-per-rank", type=int, default=512,
+                        help="refuse layout requests that put more slots on one rank (default 512)")
+    parser.add_argument("--max-replicas-per-expert", type=int, default=0,
+                        help="refuse layout requests with more replicas of one expert in a layer (0: the ranks)")
     parser.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per sequence")
     parser.add_argument("--no-timing", action="store_true", help="do not time the MoE layers")
@@ -40,9 +47,16 @@ def main(argv=None) -> int:
         core.check_run_name(args.run)
         cfg = EPConfig(ranks=args.ranks, layout=layout, steps=args.steps, seconds=args.seconds,
                        batch=args.batch, seq_len=args.seq_len, redis_url=args.redis, run=args.run,
-                       timing=not args.no_timing, grouped_experts=not args.eager_experts).check()
+                       timing=not args.no_timing, grouped_experts=not args.eager_experts,
+                       apply_secret_file=args.apply_secret_file, max_slots_per_rank=args.max_slots_per_rank,
+                       max_replicas_per_expert=args.max_replicas_per_expert).check()
         if args.redis:
             core.connect(args.redis)  # a malformed URL fails here, not in N processes
+            from moe_monitor.core.apply_secret import load_secret
+
+            secret = load_secret(cfg.apply_secret_file)  # a bad secret file fails here too
+            print("ep: layout requests " + ("are checked against the apply secret" if secret else
+                                            "are all refused (no apply secret)"), flush=True)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

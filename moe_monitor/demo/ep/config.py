@@ -19,6 +19,11 @@ class EPConfig:
     alternates blocks of that many steps with timing on and off (the bench's overhead measurement).
     auto_plan_at_step / auto_plan_redundant: > 0: at that step the counts so far (all ranks summed) go through
     planner.plan(gpus=ranks, redundant=...) and the result is applied live like an "apply" record.
+    apply_secret_file: the file holding the secret layout requests are signed with (None: $MOE_APPLY_SECRET_FILE,
+    else $MOE_APPLY_SECRET; none of them: every request is refused). Only rank 0 reads it; it never travels in
+    the config. max_slots_per_rank / max_replicas_per_expert: the largest request the ranks take (slots on one
+    rank, replicas of one expert in one layer; 0: as many as there are ranks); larger ones are refused "too
+    large" (the initial layout is the operator's own and is not bounded).
     stop_after_apply_steps: > 0: stop once a layout applied live has been in force this many steps (tests).
     save_outputs: keep every step's tokens and logits in the rank's result file (tests).
     grouped_experts: run each rank's experts as two grouped GEMMs (time follows the tokens, as in a real engine;
@@ -40,6 +45,9 @@ class EPConfig:
     sync_every: int = 4
     redis_url: str | None = None
     run: str = "ep-demo"
+    apply_secret_file: str | None = None
+    max_slots_per_rank: int = 512
+    max_replicas_per_expert: int = 0
     timing: bool = True
     grouped_experts: bool = False
     timing_toggle_every: int = 0
@@ -60,6 +68,13 @@ class EPConfig:
             raise ValueError("give a positive number of steps or seconds")
         if self.batch < 1 or self.seq_len < 1 or self.moe_layers < 1 or self.sync_every < 1:
             raise ValueError("batch, seq_len, moe_layers and sync_every must be >= 1")
+        if self.max_slots_per_rank < 1 or self.max_replicas_per_expert < 0:
+            raise ValueError("max_slots_per_rank must be >= 1 and max_replicas_per_expert >= 0")
         if self.timing_toggle_every < 0 or self.auto_plan_at_step < 0 or self.auto_plan_redundant < 0:
             raise ValueError("timing_toggle_every, auto_plan_at_step and auto_plan_redundant must be >= 0")
         return self
+
+    @property
+    def replicas_bound(self) -> int:
+        """The most replicas of one expert in one layer that a request may ask for."""
+        return self.max_replicas_per_expert or self.ranks

@@ -25,6 +25,7 @@ from moe_monitor.collectors import ExpertLoadMonitor
 from moe_monitor.demo.model import build_model
 from moe_monitor.demo.traffic import DriftingTraffic
 
+from .admission import Admitted, RequestRules
 from .config import EPConfig
 from .control import sync
 from .experts import EPState, install, moe_blocks
@@ -96,7 +97,7 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
         physical_to_logical_map=layout.tolist(), nvml=cfg.nvml)
     state = EPState(placement, store, monitor, ranks, timing=cfg.timing, grouped=cfg.grouped_experts)
     install(model, state)
-    watcher = LayoutWatcher(cfg.redis_url, cfg.run, monitor.instance) if rank == 0 and cfg.redis_url else None
+    watcher = start_watcher(cfg, monitor, num_layers, num_experts) if rank == 0 and cfg.redis_url else None
     step_s: list[float] = []
     timed: list[bool] = []
     applied: list[dict] = []
@@ -116,10 +117,13 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
                 if plan_now:
                     planned = auto_plan(monitor, cfg, plan_info)
                 if step % cfg.sync_every == 0 or plan_now:  # every rank takes part, or none
-                    proposal = planned if planned is not None else take_apply(watcher, num_experts, num_layers, ranks)
+                    admitted: Admitted | None = watcher.take() if watcher is not None and planned is None else None
+                    proposal = planned if planned is not None else admitted.layout_LP if admitted else None
                     over_time = bool(cfg.seconds) and time.monotonic() - started >= cfg.seconds
                     decision = sync(rank == 0 and over_time, proposal if rank == 0 else None, num_layers)
                     if decision.stop:
+                        if watcher is not None and admitted is not None:
+                            watcher.report_stopping(admitted, monitor.step)
                         break
                     if decision.layout_LP is not None:
                         new = Placement(decision.layout_LP, ranks, num_experts)
@@ -128,6 +132,8 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
                         if rank == 0:
                             monitor.publish_layout(decision.layout_LP, from_step=monitor.step, gpus=ranks,
                                                    source="apply")
+                        if watcher is not None and admitted is not None:
+                            watcher.report_applied(admitted, monitor.step)
                         applied.append({"from_step": monitor.step, "moves": moved.moves, "received": moved.received,
                                         "sent": moved.sent, "bytes_moved": moved.bytes_moved,
                                         "seconds": moved.seconds})
@@ -161,20 +167,17 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
     return summary, outputs
 
 
-def take_apply(watcher: LayoutWatcher | None, num_experts: int, num_layers: int, ranks: int) -> np.ndarray | None:
-    """Rank 0: the newest "apply" record that fits this run, as int64 [L, P] (None: none, or one that does not
-    fit: logged and skipped)."""
-    record = watcher.take() if watcher is not None else None
-    if record is None:
-        return None
-    try:
-        record.validate(num_experts, num_layers=num_layers)
-        layout_LP = np.asarray(record.physical_to_logical_LP, dtype=np.int64)
-        Placement(layout_LP, ranks, num_experts)
-        return layout_LP
-    except ValueError as exc:
-        log.warning("ep: layout record from step %d does not fit this run: %s", record.step, exc)
-        return None
+def start_watcher(cfg: EPConfig, monitor: ExpertLoadMonitor, num_layers: int, num_experts: int) -> LayoutWatcher:
+    """Rank 0's watch of the run's layout requests, with the apply secret (cfg.apply_secret_file, else the
+    environment's; none: every request is refused) and the run's bounds on what a request may ask for."""
+    from moe_monitor.core.apply_secret import load_secret
+
+    secret = load_secret(cfg.apply_secret_file)
+    if secret is None:
+        log.warning("ep: no apply secret (MOE_APPLY_SECRET_FILE / MOE_APPLY_SECRET): layout requests are refused")
+    rules = RequestRules(run=cfg.run, num_layers=num_layers, num_experts=num_experts, ranks=cfg.ranks,
+                         max_slots_per_rank=cfg.max_slots_per_rank, max_replicas_per_expert=cfg.replicas_bound)
+    return LayoutWatcher(cfg.redis_url or "", rules, monitor.instance, secret, current_step=lambda: monitor.step)
 
 
 def auto_plan(monitor: ExpertLoadMonitor, cfg: EPConfig, info: dict) -> np.ndarray | None:

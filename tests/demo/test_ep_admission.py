@@ -1,0 +1,140 @@
+"""Which layout requests the EP runtime takes (demo/ep/admission.py) and what its watch reports back
+(demo/ep/watch.py), against the tests' real redis-server: unsigned, expired, another run's, oversized, replayed,
+ill-fitting and malformed requests are refused and each is reported on the run's status stream; a good one is
+handed to the step loop, and "applied" is reported once the loop says so. The whole runtime (ranks, migration)
+is test_ep_runtime.py's."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from moe_monitor import core
+from moe_monitor.core.keys import layout_request_status_key
+from moe_monitor.core.layout_requests import encode_layout_request, sign_request
+from moe_monitor.core.request_status import (
+    APPLIED,
+    REFUSED_EXPIRED,
+    REFUSED_FIT,
+    REFUSED_MALFORMED,
+    REFUSED_REPLAYED,
+    REFUSED_RUN,
+    REFUSED_SIGNATURE,
+    REFUSED_SIZE,
+    REFUSED_SUPERSEDED,
+    decode_request_status,
+)
+from moe_monitor.dashboard.sources.request_status import find_status
+from moe_monitor.demo.ep.admission import NonceBook, RequestRules, judge_entry
+from moe_monitor.demo.ep.watch import LayoutWatcher
+from tests.support.waiting import wait_until
+
+SECRET = b"ep-admission-test-secret-0123456"
+RUN, L, E, RANKS = "ep-admit", 2, 8, 2
+RULES = RequestRules(run=RUN, num_layers=L, num_experts=E, ranks=RANKS, max_slots_per_rank=16,
+                     max_replicas_per_expert=RANKS)
+
+
+def _record(layout_LP=None, run: str = RUN, time_s: float | None = None, gpus: int = RANKS) -> core.LayoutRecord:
+    layout = np.tile(np.arange(E, dtype=np.int32)[::-1], (L, 1)) if layout_LP is None else layout_LP
+    return core.LayoutRecord(run=run, step=3, time_s=time.time() if time_s is None else time_s,
+                             physical_to_logical_LP=np.asarray(layout, dtype=np.int32), gpus=gpus, source="apply",
+                             instance="test-sender")
+
+
+def _signed(record: core.LayoutRecord | None = None, ttl_s: float = 60.0) -> dict:
+    return encode_layout_request(sign_request(record or _record(), SECRET, ttl_s))
+
+
+def _cases() -> dict[str, tuple[dict, str]]:
+    """name -> (stream fields, the verdict the runtime must give)."""
+    wide = np.tile(np.concatenate([np.arange(E), np.zeros(40 - E, dtype=int)]), (L, 1))  # 20 slots a rank
+    hot = np.tile(np.concatenate([np.arange(E), [0, 0]]), (L, 1))  # expert 0 three times: over 2 replicas
+    missing = np.tile(np.array([0, 1, 2, 3, 4, 5, 6, 6]), (L, 1))  # expert 7 has no slot
+    return {
+        "unsigned": (core.encode_layout_record(_record()), REFUSED_SIGNATURE),
+        "expired": (_signed(_record(time_s=time.time() - 100), ttl_s=10), REFUSED_EXPIRED),
+        "another run": (_signed(_record(run="someone-else")), REFUSED_RUN),
+        "too many slots": (_signed(_record(wide)), REFUSED_SIZE),
+        "too many replicas": (_signed(_record(hot)), REFUSED_SIZE),
+        "does not fit": (_signed(_record(missing)), REFUSED_FIT),
+        "other gpus": (_signed(_record(gpus=1)), REFUSED_FIT),
+        "malformed": ({**_signed(), "map": b"\x00"}, REFUSED_MALFORMED),
+        "other secret": (encode_layout_request(sign_request(_record(), b"x" * 32)), REFUSED_SIGNATURE),
+    }
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_judge_entry_refuses(name):
+    fields, verdict = _cases()[name]
+    _, judged = judge_entry(fields, RULES, SECRET, time.time(), NonceBook())
+    assert judged.verdict == verdict, judged
+
+
+def test_judge_entry_admits_a_good_request_once():
+    fields, book = _signed(), NonceBook()
+    request, judged = judge_entry(fields, RULES, SECRET, time.time(), book)
+    assert judged.ok and request is not None and request.run == RUN
+    assert judge_entry(fields, RULES, SECRET, time.time(), book)[1].verdict == REFUSED_REPLAYED
+    assert judge_entry(fields, RULES, None, time.time(), NonceBook())[1].verdict == REFUSED_SIGNATURE
+
+
+def test_nonce_book_forgets_expired_nonces_first():
+    book = NonceBook(capacity=2)
+    assert not book.seen("a", 10.0, 0.0) and not book.seen("b", 100.0, 0.0)
+    assert not book.seen("c", 100.0, 50.0)  # full: "a" (expired at 10) goes
+    assert book.seen("b", 100.0, 50.0) and book.seen("c", 100.0, 50.0) and not book.seen("a", 10.0, 50.0)
+
+
+def _statuses(client) -> list:
+    return [decode_request_status(f) for _, f in client.xrange(layout_request_status_key(RUN))]
+
+
+def test_watcher_reports_every_refusal_and_the_applied_one(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.xadd(core.layout_requests_key(RUN), _signed())  # before the watcher: never applied, never judged
+    step = {"now": 5}
+    watcher = LayoutWatcher(redis_url, RULES, "runtime-instance", SECRET, current_step=lambda: step["now"],
+                            poll_s=0.02)
+    try:
+        assert wait_until(lambda: watcher._last_id is not None, 10)
+        ids = {name: client.xadd(core.layout_requests_key(RUN), fields).decode()
+               for name, (fields, _) in _cases().items()}
+        good = client.xadd(core.layout_requests_key(RUN), _signed()).decode()
+        assert wait_until(lambda: len(_statuses(client)) == len(ids), 10)
+        by_id = {s.request_id: s for s in _statuses(client)}
+        for name, (_, verdict) in _cases().items():
+            status = by_id[ids[name]]
+            assert (status.verdict, status.step, status.run, status.instance) == (verdict, 5, RUN,
+                                                                                  "runtime-instance"), name
+            assert status.detail, name
+        admitted = watcher.take()
+        assert admitted is not None and admitted.request_id == good and watcher.take() is None
+        assert admitted.layout_LP.dtype == np.int64 and admitted.layout_LP.shape == (L, E)
+        assert find_status(client, RUN, admitted.request.nonce) is None  # pending: no status yet
+        watcher.report_applied(admitted, from_step=8)
+        assert wait_until(lambda: find_status(client, RUN, admitted.request.nonce) is not None, 10)
+        status = find_status(client, RUN, admitted.request.nonce)
+        assert status.verdict == APPLIED and status.describe() == "applied at step 8"
+        assert watcher.refused == len(ids) and watcher.bad_records == 1
+    finally:
+        watcher.close()
+        client.close()
+
+
+def test_a_newer_request_supersedes_a_waiting_one(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    watcher = LayoutWatcher(redis_url, RULES, "rt", SECRET, poll_s=0.02)
+    try:
+        assert wait_until(lambda: watcher._last_id is not None, 10)
+        first = client.xadd(core.layout_requests_key(RUN), _signed()).decode()
+        assert wait_until(lambda: watcher._newest is not None, 10)
+        second = client.xadd(core.layout_requests_key(RUN), _signed()).decode()
+        assert wait_until(lambda: len(_statuses(client)) == 1, 10)
+        (status,) = _statuses(client)
+        assert (status.request_id, status.verdict) == (first, REFUSED_SUPERSEDED) and second in status.detail
+        assert watcher.take().request_id == second
+    finally:
+        watcher.close()
+        client.close()
