@@ -1,14 +1,20 @@
-"""moe-monitor apply --redis URL --run NAME --layout FILE: ask a running engine to switch to a layout.
+"""moe-monitor apply --redis URL --run NAME --layout FILE [--secret-file FILE] [--ttl-s S] [--wait-s S]: ask a
+running engine to switch to a layout.
 
 Reads a layout JSON as the planner writes it ({"physical_to_logical_map": [[...]]}), checks it against the run's
-metadata (layers, experts, P a multiple of its GPUs) and XADDs a LayoutRecord with source "apply" at the run's
-next step (the newest step in its steps stream + 1) to the run's layout requests stream (a request, which no
-dashboard takes for a change). An engine that watches requests (the EP runtime of `moe-monitor demo --engine ep`)
-moves the expert weights, switches all ranks at one step and publishes the change to the layouts stream, from
-the step the layout is really in force. The dashboard's What-if page sends the same request."""
+metadata (layers, experts, P a multiple of its GPUs), signs it (HMAC-SHA256 with the apply secret: --secret-file,
+else $MOE_APPLY_SECRET_FILE, else $MOE_APPLY_SECRET; the engine checks it with the same secret) with an expiry
+(--ttl-s, default 120 s) and XADDs it at the run's next step (the newest step in its steps stream + 1) to the run's
+layout requests stream (a request, which no dashboard takes for a change). An engine that watches requests (the
+EP runtime of `moe-monitor demo --engine ep`) checks run, signature, expiry and size, moves the expert weights,
+switches all ranks at one step and publishes the change to the layouts stream, from the step the layout is really
+in force; either way it files its verdict on the run's request status stream. --wait-s waits that long for the
+verdict and prints it (exit 0 applied, 1 refused or no answer). The dashboard's What-if page sends the same
+request."""
 from __future__ import annotations
 
 import argparse
+import time
 
 from moe_monitor import core
 
@@ -23,19 +29,46 @@ def register(sub) -> None:
     add_run(p)
     p.add_argument("--layout", required=True, metavar="FILE",
                    help='layout JSON ({"physical_to_logical_map": [[...]]}, as `moe-monitor plan` writes it)')
+    p.add_argument("--secret-file", metavar="FILE", default=None,
+                   help="file holding the apply secret (default: $MOE_APPLY_SECRET_FILE, else $MOE_APPLY_SECRET)")
+    p.add_argument("--ttl-s", type=float, default=None, metavar="S",
+                   help="seconds the request stays valid (default 120, at most 3600)")
+    p.add_argument("--wait-s", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for the engine's verdict and print it (default: do not wait)")
     p.set_defaults(handler=lambda args: guarded(apply, args))
 
 
 def apply(args: argparse.Namespace) -> int:
+    from moe_monitor.core.apply_secret import SECRET_ENV, SECRET_FILE_ENV, load_secret
+    from moe_monitor.core.layout_requests import DEFAULT_TTL_S
     from moe_monitor.dashboard.sources.layout_request import request_layout
+    from moe_monitor.dashboard.sources.request_status import find_status, outcome
     from moe_monitor.planner import load_layout
     core.check_run_name(args.run)
+    if args.wait_s < 0:
+        raise ValueError("--wait-s must be >= 0")
+    secret = load_secret(args.secret_file)
+    if secret is None:
+        raise ValueError(f"no apply secret: give --secret-file FILE, or set ${SECRET_FILE_ENV} or ${SECRET_ENV} "
+                         "(the engine must have the same)")
     layout_LP = load_layout(args.layout)
     client = core.connect(args.redis, timeout_s=2.0)
     try:
-        record = request_layout(client, args.run, layout_LP, instance=f"apply-cli-{core.new_instance_id()}")
+        sent = request_layout(client, args.run, layout_LP, instance=f"apply-cli-{core.new_instance_id()}",
+                              secret=secret, ttl_s=DEFAULT_TTL_S if args.ttl_s is None else args.ttl_s)
+        record = sent.record
+        print(f"apply: layout [{record.num_layers} x {record.num_slots}] requested for run {args.run!r} "
+              f"at step {record.step} (request {sent.request_id}, expires in "
+              f"{sent.request.expires_s - record.time_s:.0f} s)", flush=True)
+        if not args.wait_s:
+            return 0
+        deadline = time.monotonic() + args.wait_s
+        while True:
+            result = outcome(find_status(client, args.run, sent.request.nonce), record.step, sent.request.expires_s)
+            if result.final or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
     finally:
         client.close()
-    print(f"apply: layout [{record.num_layers} x {record.num_slots}] requested for run {args.run!r} "
-          f"at step {record.step}")
-    return 0
+    print(f"apply: {result.text}")
+    return 0 if result.status is not None and result.status.applied else 1

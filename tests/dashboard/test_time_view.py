@@ -90,22 +90,31 @@ def _whatif(url: str, monkeypatch) -> AppTest:
     return app(url, monkeypatch, "page_files/whatif.py")
 
 
+APPLY_SECRET = "time-view-test-secret-0123456789"
+
+
 def test_apply_button_publishes_a_request_not_a_change(redis_url, monkeypatch):
+    from moe_monitor.core.layout_requests import decode_layout_request, judge_request
+
     client = fill_run(redis_url, "live-apply")
+    monkeypatch.setenv("MOE_APPLY_RUNS", "live-apply")  # what `moe-monitor dashboard --apply-run` passes
+    monkeypatch.setenv("MOE_APPLY_SECRET", APPLY_SECRET)
     at = _whatif(redis_url, monkeypatch)
     at.button(key="whatif_apply").click().run()
     assert not at.exception, at.exception
     assert client.xlen(core.layout_requests_key("live-apply")) == 0  # nothing sent before the confirmation
-    assert any("Switch the running engine" in w.value for w in at.warning)
+    assert any("Switch the engine of run **live-apply**" in w.value for w in at.warning)
     at.button(key="whatif_apply_confirm").click().run()
     assert not at.exception, at.exception
-    assert any(s.value == "requested at step 20; the engine switches within a few steps" for s in at.success)
+    assert any("requested at step 20; waiting for the engine" in i.value for i in at.info)
     entries = client.xrange(core.layout_requests_key("live-apply"))
     assert len(entries) == 1 and client.xlen(core.layouts_key("live-apply")) == 0
-    rec = core.decode_layout_record(entries[0][1])
+    request = decode_layout_request(entries[0][1])
+    rec = request.record
     assert (rec.source, rec.step, rec.num_layers, rec.gpus) == ("apply", 20, L, G)
+    assert judge_request(request, "live-apply", APPLY_SECRET.encode(), time.time()).ok  # signed, not expired
     state = at.session_state["whatif_state"]
-    assert [r.step for r in state.requests] == [20]
+    assert [(r.step, r.nonce, r.request_id) for r in state.requests] == [(20, request.nonce, entries[0][0].decode())]
     np.testing.assert_array_equal(rec.physical_to_logical_LP, state.apply_target.layout_LP)
 
 

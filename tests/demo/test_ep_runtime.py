@@ -27,6 +27,8 @@ from moe_monitor import core, planner
 from moe_monitor.cli import main as cli_main
 from moe_monitor.collectors import attach
 from moe_monitor.core import loadmodel
+from moe_monitor.core.keys import layout_request_status_key
+from moe_monitor.core.request_status import decode_request_status
 from moe_monitor.demo.ep import EPConfig, launch
 from moe_monitor.demo.ep.placement import Placement, plan_moves
 from moe_monitor.demo.ep.worker import make_traffic
@@ -120,11 +122,23 @@ def _replica_layout(seed: int, ranks: int, redundant: int) -> np.ndarray:
     return layout_LP
 
 
+APPLY_SECRET = "ep-runtime-test-secret-0123456789"
+
+
+def _secret_file(tmp_path) -> str:
+    path = tmp_path / "apply.key"
+    path.write_text(APPLY_SECRET + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
 def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     initial = _replica_layout(1, 4, 32)
     target = _replica_layout(2, 4, 32)
+    secret_file = _secret_file(tmp_path)
     cfg = EPConfig(ranks=4, layout=initial.tolist(), steps=80, sync_every=2, stop_after_apply_steps=3,
-                   min_step_interval_s=0.2, redis_url=redis_url, run="ep-four", save_outputs=True, nvml=False)
+                   min_step_interval_s=0.2, redis_url=redis_url, run="ep-four", save_outputs=True, nvml=False,
+                   apply_secret_file=secret_file)
     layout_file = tmp_path / "target.json"
     layout_file.write_text(json.dumps({"physical_to_logical_map": target.tolist()}))
     box: dict = {}
@@ -144,7 +158,8 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
         if last and core.decode_step(last[0][1]).step >= 2:
             break
         time.sleep(0.1)
-    assert cli_main(["apply", "--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file)]) == 0
+    assert cli_main(["apply", "--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file),
+                     "--secret-file", secret_file]) == 0
     thread.join(900)
     client.close()
     assert "error" not in box, box.get("error")
@@ -170,7 +185,9 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     _, _, layouts, _ = _published(redis_url, cfg.run)
     client = redis.Redis.from_url(redis_url)
     requested = [core.decode_layout_record(f) for _, f in client.xrange(core.layout_requests_key(cfg.run))]
+    statuses = [decode_request_status(f) for _, f in client.xrange(layout_request_status_key(cfg.run))]
     client.close()
+    assert [(s.verdict, s.step) for s in statuses] == [("applied", from_step)]
     marked = [rec for rec in layouts if rec.instance == results[0]["instance"]]
     assert len(requested) == 1 and requested[0].source == "apply" and requested[0].step <= from_step
     assert len(layouts) == len(marked), "a request must never show as a layout change"
@@ -179,14 +196,89 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     np.testing.assert_array_equal(marked[0].validate(NUM_EXPERTS).physical_to_logical_LP, target)
 
 
-def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys):
+def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MOE_APPLY_SECRET", raising=False)
+    monkeypatch.delenv("MOE_APPLY_SECRET_FILE", raising=False)
+    secret = ["--secret-file", _secret_file(tmp_path)]
     missing = tmp_path / "none.json"
-    assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(missing)]) == 2
+    assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(missing), *secret]) == 2
     layout_file = tmp_path / "l.json"
     layout_file.write_text('{"physical_to_logical_map": [[0, 1], [1, 0]]}')
+    assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file),
+                     *secret]) == 2
     assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file)]) == 2
+    short = tmp_path / "short.key"
+    short.write_text("hunter2")
+    assert cli_main(["apply", "--redis", redis_url, "--run", "r", "--layout", str(layout_file), "--secret-file",
+                     str(short)]) == 2
     err = capsys.readouterr().err
-    assert "no such file" in err and "no metadata" in err
+    assert "no such file" in err and "no metadata" in err and "no apply secret" in err
+    assert "shorter than 16 bytes" in err and "hunter2" not in err
+
+
+def test_runtime_refuses_and_reports_bad_requests_then_applies_a_good_one(redis_url, tmp_path):
+    """2 ranks, the apply secret from a file and at most 200 slots a rank. Unsigned, expired, another run's and
+    a 65,536-slot request (the one that took each rank from 0.41 to 1.50 GB) are refused, each reported on the
+    status stream with its reason; then a good request (moe-monitor apply --wait-s) is applied and reported."""
+    from moe_monitor.core.layout_requests import encode_layout_request, sign_request
+
+    secret_file = _secret_file(tmp_path)
+    cfg = EPConfig(ranks=2, steps=400, sync_every=2, stop_after_apply_steps=2, min_step_interval_s=0.05,
+                   batch=1, seq_len=8, redis_url=redis_url, run="ep-guard", nvml=False, timing=False,
+                   apply_secret_file=secret_file, max_slots_per_rank=200)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["results"] = launch(cfg, tmp_path, timeout_s=900)
+        except BaseException as exc:  # reported by the main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        deadline = time.monotonic() + 600
+        while thread.is_alive() and time.monotonic() < deadline:  # the watcher starts before step 0
+            last = client.xrevrange(core.steps_key(cfg.run), count=1)
+            if last and core.decode_step(last[0][1]).step >= 2:
+                break
+            time.sleep(0.1)
+        secret, now = APPLY_SECRET.encode(), time.time()
+        reverse = np.tile(np.arange(NUM_EXPERTS, dtype=np.int32)[::-1], (NUM_LAYERS, 1))
+        huge = np.zeros((NUM_LAYERS, 65_536), dtype=np.int32)
+        huge[:, :NUM_EXPERTS] = np.arange(NUM_EXPERTS)
+
+        def record(layout, run=cfg.run, time_s=now):
+            return core.LayoutRecord(run=run, step=2, time_s=time_s, physical_to_logical_LP=layout, gpus=2,
+                                     source="apply", instance="test")
+
+        bad = {
+            "refused: bad signature": core.encode_layout_record(record(reverse)),
+            "refused: expired": encode_layout_request(sign_request(record(reverse, time_s=now - 60), secret, 5)),
+            "refused: another run": encode_layout_request(sign_request(record(reverse, run="ep-other"), secret)),
+            "refused: too large": encode_layout_request(sign_request(record(huge), secret)),
+        }
+        ids = {verdict: client.xadd(core.layout_requests_key(cfg.run), fields).decode()
+               for verdict, fields in bad.items()}
+        layout_file = tmp_path / "reverse.json"
+        layout_file.write_text(json.dumps({"physical_to_logical_map": reverse.tolist()}))
+        assert cli_main(["apply", "--redis", redis_url, "--run", cfg.run, "--layout", str(layout_file),
+                         "--secret-file", secret_file, "--wait-s", "300"]) == 0
+        thread.join(900)
+        assert "error" not in box, box.get("error")
+        statuses = {s.request_id: s for s in (decode_request_status(f) for _, f in
+                                              client.xrange(layout_request_status_key(cfg.run)))}
+    finally:
+        client.close()
+    for verdict, request_id in ids.items():
+        assert statuses[request_id].verdict == verdict, statuses[request_id]
+    (applied,) = [s for s in statuses.values() if s.verdict == "applied"]
+    results = box["results"]
+    assert len(statuses) == len(ids) + 1
+    assert [a["from_step"] for a in results[0]["applied"]] == [applied.step]
+    assert all(np.array_equal(np.asarray(r["layout_LP"]), reverse) for r in results)
+    print({verdict: statuses[i].describe() for verdict, i in ids.items()}, applied.describe())
 
 
 def test_grouped_experts_equal_the_per_group_gemms():

@@ -11,6 +11,7 @@ they call lives in dashboard.whatif.edits.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,26 +46,45 @@ class EditTarget:
 
 @dataclass(frozen=True)
 class ApplyTarget:
-    """What the apply callbacks send, set by the page on every run of a live Redis run: the source's redis
-    client, the run, the What-if layout [L, P] and its key (LayoutChange's: a hash of its int64 bytes), and the
-    What-if's predicted per-step balancedness of it and of the current layout on the score window."""
+    """What the apply callbacks send, set by the page on every run of a live Redis run Apply is on for: the
+    source's redis client, the Redis URL (the server's own: apply_gate) and run, the What-if layout [L, P], its
+    layout key (LayoutChange's: a hash of its int64 bytes, to find the change it becomes), its confirmation key
+    (confirm_key: Redis, run, shape and bytes, so a confirmation never carries over to another run or Redis), the
+    expert copies it costs, and the What-if's predicted per-step balancedness of it and of the current layout on
+    the score window."""
 
     client: Any
+    redis_url: str
     run: str
     layout_LP: np.ndarray
     key: int
+    confirm: tuple
+    moves: int
     predicted_eta: float
     current_eta: float
 
 
+def confirm_key(redis_url: str, run: str, layout_LP: np.ndarray) -> tuple:
+    """(Redis URL, run, shape, SHA-256 of the int64 bytes): what a confirmation of Apply is for."""
+    layout = np.ascontiguousarray(layout_LP, dtype=np.int64)
+    return redis_url, run, layout.shape, hashlib.sha256(layout.tobytes()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Requested:
-    """A layout requested from this page: at which step, its key, and what the What-if predicted for it."""
+    """A layout requested from this page: the Redis and run it went to, the step it was asked at, its layout key,
+    what the What-if predicted for it, and what the runtime's status names it by (request id, nonce) with its
+    expiry (unix s)."""
 
     step: int
     key: int
     predicted_eta: float
     current_eta: float
+    redis_url: str = ""
+    run: str = ""
+    request_id: str = ""
+    nonce: str = ""
+    expires_s: float = 0.0
 
 
 MAX_REQUESTS = 32  # requests remembered per browser session
@@ -90,9 +110,10 @@ class WhatIfState:
     advice: dict[tuple, Any] = field(default_factory=dict)
     show_advice: tuple | None = None  # the frozen windows' key whose advised layout the editor shows
     apply_target: ApplyTarget | None = None  # what "Apply to the running engine" sends (set by the page each run)
-    apply_confirm: int | None = None  # key of the layout awaiting the user's confirmation
+    apply_confirm: tuple | None = None  # confirm_key of the layout awaiting the user's confirmation
     requests: list[Requested] = field(default_factory=list)  # layouts requested from this page, oldest first
     apply_note: tuple[str, str] | None = None  # ("ok" | "error", text) of the last request, kept until replaced
+    outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)  # nonce -> final ("ok" | "error", text)
 
     def session(self, plan_key: tuple, planned_LP: np.ndarray, gpus: int) -> edits.EditSession:
         """The edit session of a plan, started on its planned layout the first time."""
@@ -302,22 +323,24 @@ def on_refresh() -> None:
     page_state().refresh += 1
 
 
-def apply_buttons(container: DeltaGenerator, key: int, confirming: bool, moves: int) -> None:
-    """"Apply to the running engine", then its confirmation (confirm / cancel) for the layout `key`."""
-    if not confirming:
-        container.button("Apply to the running engine", key="whatif_apply", on_click=on_apply_ask, args=(key,),
-                         help="send the What-if layout to the run's engine as a layout request; it moves the "
-                              "experts and switches within a few steps")
+def apply_buttons(container: DeltaGenerator, target: ApplyTarget, where: str) -> None:
+    """"Apply to the running engine", then its confirmation (confirm / cancel), which names the run and the Redis
+    (where: its URL redacted) and holds for this run, Redis and layout only."""
+    if page_state().apply_confirm != target.confirm:
+        container.button("Apply to the running engine", key="whatif_apply", on_click=on_apply_ask,
+                         args=(target.confirm,),
+                         help="send the What-if layout to the run's engine as a signed layout request; it checks "
+                              "it, moves the experts and switches within a few steps, or says why not")
         return
-    container.warning(f"Switch the running engine to the What-if layout? It copies {moves:,} expert(s) onto "
-                      "other GPUs while it serves.")
+    container.warning(f"Switch the engine of run **{target.run}** (Redis `{where}`) to the What-if layout? It "
+                      f"copies {target.moves:,} expert(s) onto other GPUs while it serves.")
     left, right = container.columns(2)
     left.button("Confirm: apply", key="whatif_apply_confirm", on_click=on_apply_confirm, type="primary")
     right.button("Cancel", key="whatif_apply_cancel", on_click=on_apply_cancel)
 
 
-def on_apply_ask(key: int) -> None:
-    page_state().apply_confirm = key
+def on_apply_ask(confirm: tuple) -> None:
+    page_state().apply_confirm = confirm
 
 
 def on_apply_cancel() -> None:
@@ -325,24 +348,32 @@ def on_apply_cancel() -> None:
 
 
 def on_apply_confirm() -> None:
-    """XADD the What-if layout to the run's layout requests stream (dashboard.sources.layout_request)."""
+    """Sign the What-if layout and XADD it to the run's layout requests stream (dashboard.sources.layout_request),
+    if the server's Apply setting still allows this run on this Redis and the confirmation is for this layout."""
+    from moe_monitor.dashboard.sources.apply_gate import gate_from_env
     from moe_monitor.dashboard.sources.layout_request import request_layout
 
     state = page_state()
-    state.apply_confirm = None
+    confirmed, state.apply_confirm = state.apply_confirm, None
     target = state.apply_target
-    if target is None:
-        state.apply_note = ("error", "Nothing to apply: the page has not drawn a layout yet.")
+    if target is None or confirmed != target.confirm:
+        state.apply_note = ("error", "Nothing applied: the layout, run or Redis changed since you asked; ask again.")
+        return
+    gate = gate_from_env()
+    if not gate.allows(target.redis_url, target.run) or gate.secret is None:
+        state.apply_note = ("error", gate.why_off(target.redis_url, target.run))
         return
     try:
-        record = request_layout(target.client, target.run, target.layout_LP,
-                                instance=f"dashboard-whatif-{core.new_instance_id()}")
+        sent = request_layout(target.client, target.run, target.layout_LP,
+                              instance=f"dashboard-whatif-{core.new_instance_id()}", secret=gate.secret,
+                              ttl_s=gate.ttl_s)
     except ValueError as exc:
         state.apply_note = ("error", f"Cannot apply: {exc}")
         return
     except core.REDIS_ERRORS as exc:
         state.apply_note = ("error", f"Cannot apply: Redis: {type(exc).__name__}")
         return
-    state.requests = [*state.requests, Requested(record.step, target.key, target.predicted_eta,
-                                                 target.current_eta)][-MAX_REQUESTS:]
-    state.apply_note = ("ok", f"requested at step {record.step}; the engine switches within a few steps")
+    state.requests = [*state.requests, Requested(sent.record.step, target.key, target.predicted_eta,
+                                                 target.current_eta, target.redis_url, target.run, sent.request_id,
+                                                 sent.request.nonce, sent.request.expires_s)][-MAX_REQUESTS:]
+    state.apply_note = None

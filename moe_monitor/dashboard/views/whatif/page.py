@@ -1,9 +1,10 @@
 """What-if: plan a layout on a fit window (or repair the current one within a move budget), score it against
 the current layout on the score window, edit it by clicking (a GPU bar lists its experts; an expert gets a
-replica or moves), undo, export it as SGLang JSON, and see the replica-budget curve and the traffic model. No
-auto-refresh: the inputs are frozen until "Re-read the window", and plans are cached per input, so clicks never
-re-plan. The page's state (page_state()) and the widgets it reads belong to controls.py; this module lays the
-page out.
+replica or moves), undo, export it as SGLang JSON, apply it to the running engine (views/whatif/apply.py: off
+unless the server enables it), and see the replica-budget curve and the traffic model. No auto-refresh (but for
+the answer to an Apply): the inputs are frozen until "Re-read the window", and plans are cached per input, so
+clicks never re-plan. The page's state (page_state()) and the widgets it reads belong to controls.py; this module
+lays the page out.
 
 Shape legend (README, Conventions): T steps, W windows, L layers, E logical experts, P slots, G GPUs."""
 from __future__ import annotations
@@ -12,15 +13,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from moe_monitor.dashboard.analytics import timing
 from moe_monitor.dashboard.figures import whatif as whatif_figures
 from moe_monitor.dashboard.figures.units import format_bytes, format_number
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.window import StepWindow, WindowView
-from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.views.common import PageData, caption, poll_and_analyse
 from moe_monitor.dashboard.views.staleness import moving_span, staleness_section
 from moe_monitor.dashboard.views.whatif import controls
+from moe_monitor.dashboard.views.whatif.apply import apply_section
 from moe_monitor.dashboard.views.whatif.controls import EditTarget, Inputs, WhatIfState
 from moe_monitor.dashboard.whatif import advice as whatif_advice
 from moe_monitor.dashboard.whatif import edits
@@ -113,7 +113,7 @@ def render(current: PageData) -> None:
     if isinstance(result, whatif_repair.Repaired):
         _moves(layout, data, data_key, result, state)
     _bars_and_edits(session, before, after, data, layer, state)
-    _apply(current, layout, session, before, after, data, state)
+    apply_section(current, layout, session, before, after, data, state)
     _traffic(layout, session, data, data_key, picks, sizes, state)
     _budget(data, data_key, G, picks, plan_nodes, groups, sizes, state)
     st.subheader("Placement staleness")
@@ -219,61 +219,6 @@ def _bars_and_edits(session: edits.EditSession, before: whatif_score.Score, afte
     st.download_button("Download layout (SGLang JSON)", edits.layout_json(session.current),
                        file_name="expert_layout.json", mime="application/json", key="whatif_download",
                        help="{\"physical_to_logical_map\": [[E + R ints] x L]} for sglang --init-expert-location")
-
-
-APPLY_COMPARE_STEPS = 8  # steps before and after an applied change that the comparison averages
-
-
-def _apply(current: PageData, layout: ResolvedLayout, session: edits.EditSession, before: whatif_score.Score,
-           after: whatif_score.Score, data: whatif_score.WhatIfData, state: WhatIfState) -> None:
-    """"Apply to the running engine" (live Redis runs only) and, once the run's layouts stream shows an applied
-    change, the measured layer time and balancedness before vs after it beside the What-if's prediction."""
-    client = getattr(current.watched.source, "client", None)
-    if current.settings.source != "redis" or client is None or is_seekable(current.watched.source):
-        return
-    st.subheader("Apply to the running engine")
-    key = hash(np.asarray(session.current, dtype=np.int64).tobytes())
-    state.apply_target = controls.ApplyTarget(client, current.settings.run, session.current.copy(), key,
-                                              after.step_balancedness, before.step_balancedness)
-    controls.apply_buttons(st.container(), key, state.apply_confirm == key,
-                           experts_copied(layout.p2l_LP, session.current, layout.gpus))
-    if state.apply_note:
-        (st.success if state.apply_note[0] == "ok" else st.error)(state.apply_note[1])
-    applied = [c for c in current.watched.layouts.changes if c.source == "apply"]
-    snap = current.snapshot
-    if not applied or snap is None:
-        return
-    change = applied[-1]
-    request = next((r for r in reversed(state.requests) if r.key == change.key), None)
-    if request is not None:
-        predicted, current_eta, basis = request.predicted_eta, request.current_eta, "the window it was planned on"
-    else:
-        scored = whatif_score.score(change.p2l_LP, data.score_TLE, layout.gpus)
-        predicted, current_eta = scored.step_balancedness, before.step_balancedness
-        basis = "the current score window (not requested from this page)"
-    step_T = snap.view.step_T
-    eta_T = timing.mean_over(snap.eta_TL, 1)
-    moe_s_T = timing.step_moe_time(current.watched.timings.aligned(step_T).layer_TRL)
-    result = timing.before_after(step_T, moe_s_T, eta_T, change.step, APPLY_COMPARE_STEPS)
-    st.markdown(f"**Layout applied at step {change.step}** (the run's layouts stream): mean over the "
-                f"{result.steps_before} steps before and the {result.steps_after} steps after it.")
-    cols = st.columns(3)
-    cols[0].metric("MoE time per step, after", _ms(result.layer_s_after),
-                   delta=None if not np.isfinite(result.layer_change_ratio) else f"{result.layer_change_ratio:+.1%}",
-                   delta_color="inverse", help=f"before: {_ms(result.layer_s_before)}; slowest rank per layer, "
-                                               "summed over layers (measured layer timings)")
-    cols[1].metric("balancedness per step, after", format_number(result.eta_after),
-                   delta=None if not np.isfinite(result.eta_after - result.eta_before)
-                   else f"{result.eta_after - result.eta_before:+.3f}",
-                   help=f"before: {format_number(result.eta_before)}; mean over layers of each step's mean/max GPU load")
-    cols[2].metric("predicted balancedness", format_number(predicted),
-                   delta=f"{predicted - current_eta:+.3f}" if np.isfinite(predicted - current_eta) else None,
-                   help=f"the What-if's per-step balancedness of this layout on {basis} (current layout: "
-                        f"{format_number(current_eta)})")
-
-
-def _ms(seconds: float) -> str:
-    return "n/a" if not np.isfinite(seconds) else f"{seconds * 1e3:.3f} ms"
 
 
 def _traffic(layout: ResolvedLayout, session: edits.EditSession, data: whatif_score.WhatIfData, data_key: tuple,
