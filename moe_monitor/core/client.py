@@ -25,7 +25,6 @@ import functools
 import threading
 from collections.abc import Callable
 from typing import Any, TypeAlias
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -34,32 +33,24 @@ from redis.commands import CoreCommands
 from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
-
-def redact(url: str) -> str:
-    """The URL with any password (user:password@ or ?password=) replaced by '***', for messages and logs."""
-    try:
-        parts = urlsplit(str(url))
-        query = parse_qsl(parts.query, keep_blank_values=True)
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if parts.password is None and "@" in str(url) and "@" not in netloc:  # no scheme: user info not parsed
-        return "***@" + str(url).rsplit("@", 1)[1]
-    if parts.password is not None:
-        netloc = f"{parts.username or ''}:***@{netloc.rsplit('@', 1)[1]}"
-    if any(key == "password" for key, _ in query):
-        query = [(key, "***" if key == "password" else value) for key, value in query]
-    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query, safe="*/"), parts.fragment))
+from .redaction import redact
+from .redisurl import check_url, explain
 
 
 def connect(url: str, *, timeout_s: float = 1.0, retries: int = 1) -> AutoClient:
     """A client for url (a single Redis or any node of a Redis Cluster: AutoClient) that gives up after
     timeout_s per socket operation and retries `retries` times (a single Redis: with a short exponential
     backoff; a cluster: after mapping its slots again). Connecting is lazy: nothing is sent until the first
-    command. ValueError for a URL that is not redis://, rediss:// or unix://."""
-    if not isinstance(url, str) or urlsplit(url).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"Redis URL {redact(url)!r} must start with redis://, rediss:// or unix://")
-    return AutoClient(url, timeout_s=timeout_s, retries=retries)
+    command, but the URL is read now: ValueError, in words that never quote a secret (core.redisurl), for a URL
+    that is not redis://, rediss:// or unix://, a bad port, an option redis-py does not know (which it would
+    only refuse at the first command, with a TypeError) or a value it refuses."""
+    check_url(url)
+    try:
+        client = AutoClient(url, timeout_s=timeout_s, retries=retries)
+        client.check_options()
+    except (ValueError, TypeError, redis.RedisError) as exc:
+        raise explain(exc, url) from None
+    return client
 
 
 def _retry(retries: int) -> Retry:
@@ -261,6 +252,24 @@ class AutoClient:
             attr = getattr(target, name)
             return _plain_errors(attr) if callable(attr) else attr
         return getattr(target, name)
+
+    def check_options(self) -> None:
+        """Make (not open) one connection of the URL's kind with the URL's options, as the first command would:
+        redis-py refuses an option it does not know (TypeError) or a value it cannot use (RedisError, ValueError)
+        only then. Nothing is sent."""
+        pool = self._single.connection_pool
+        pool.connection_class(**pool.connection_kwargs)
+
+    def release_idle(self) -> None:
+        """Close the connections no command is using now. A command in flight (another thread's) keeps its own
+        connection, and the client stays usable: its next command connects again (core.clientcache evicts so)."""
+        target = self._target
+        pools = [self._single.connection_pool]
+        if isinstance(target, RedisCluster):
+            pools += [node.redis_connection.connection_pool for node in target.get_nodes()
+                      if node.redis_connection is not None]
+        for pool in pools:
+            pool.disconnect(inuse_connections=False)
 
     def close(self) -> None:
         """Close the connections (no server is asked; a client never decided closes its single client)."""
