@@ -9,9 +9,10 @@ failure (or hang) never holds up another. A batch carries step records, NVML sam
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TextIO
 
 import redis
@@ -20,6 +21,10 @@ from redis.typing import EncodableT, FieldT
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
 from moe_monitor.core.runwrite import RUNS_INDEX_EVERY_S, fields_of, queue_batch
+
+from .exhausted import ExhaustedStreams
+
+log = logging.getLogger("moe_monitor.collectors")
 
 
 class Sink(Protocol):
@@ -54,6 +59,16 @@ class PartialWrite(Exception):
         self.timings_landed = timings_landed  # indices of the timing records that did land
 
 
+class StreamExhausted(PartialWrite):
+    """A batch refused (in part) because a stream of the run holds the last possible id (core.runwrite): it
+    takes no entry until it is deleted. streams: their keys. The sink has said so once already (its log)."""
+
+    def __init__(self, message: str, streams: Sequence[str], landed: frozenset[int], samples_landed: bool,
+                 layouts_landed: frozenset[int] = frozenset(), timings_landed: frozenset[int] = frozenset()):
+        super().__init__(message, landed, samples_landed, layouts_landed, timings_landed)
+        self.streams = tuple(streams)
+
+
 class RedisSink:
     """Writes StepRecords, GpuSamples, LayoutRecords and health to one run's keys, one pipelined round trip per
     batch (layouts XADDed to core.layouts_key(run), MAXLEN ~ LAYOUTS_MAXLEN, before the batch's steps).
@@ -78,13 +93,19 @@ class RedisSink:
     exception in its reply like a refused one, never retried on its own (so steps land in order and a write
     stays within the timeouts): PartialWrite reports what landed, the rest goes again after the publisher's
     backoff, and the metadata goes with the next batch (the promoted replica may lack what the old master had
-    not replicated yet). A node that cannot be connected to fails the whole write, as a single Redis does."""
+    not replicated yet). A node that cannot be connected to fails the whole write, as a single Redis does.
+
+    A stream holding the last possible id refuses every entry (core.runwrite.exhausted_stream): the sink says
+    so once through log (the collectors' logger by default) and again once it takes entries, raises
+    StreamExhausted meanwhile (the publisher retries after its backoff: it lands once the stream is deleted),
+    and the health it writes names the stream in last_error and counts those steps as queued, not published."""
 
     name = "redis"
     keeps_health = True
 
     def __init__(self, url: str, meta: core.RunMeta, maxlen: int, timeout_s: float,
-                 memory_budget_bytes: int | None = None, compact: bool = True):
+                 memory_budget_bytes: int | None = None, compact: bool = True,
+                 log: Callable[[str], None] | None = None):
         self._run, self._maxlen = meta.run, maxlen
         self._min_maxlen, self._budget = maxlen, memory_budget_bytes
         self._entry_bytes = 0.0  # running mean of the step entries' bytes (0: none written yet)
@@ -95,6 +116,7 @@ class RedisSink:
         self._needs_meta = True
         self._last_layout: dict[FieldT, EncodableT] | None = None  # fields of the latest layout that landed
         self._resend_layout = False  # the layout stream was found missing: send _last_layout again
+        self._exhausted = ExhaustedStreams(log or _log_error, log or _log_warning)  # streams at the last possible id
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
               health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
@@ -104,6 +126,7 @@ class RedisSink:
         resend = self._last_layout if self._resend_layout else None
         layout_fields = [fields_of(core.encode_layout_record(rec)) for rec in layouts]
         check_layouts = self._last_layout is not None or bool(layouts)
+        health = self._exhausted.amend(health, core.steps_key(run), len(records))
         try:
             # pipeline() may be where the first write learns whether the server is a cluster (core.connect)
             pipe = self._client.pipeline(transaction=False)
@@ -112,8 +135,8 @@ class RedisSink:
             step_fields = [fields_of(core.encode_step(rec, compact=self._compact)) for rec in records]
             for fields in step_fields:
                 self._track_entry_bytes(fields)
-            queue_batch(pipe, run, layouts=([resend] if resend is not None else []) + layout_fields, steps=step_fields,
-                        samples=samples, timings=timings, steps_maxlen=self._maxlen)
+            streams = queue_batch(pipe, run, layouts=([resend] if resend is not None else []) + layout_fields,
+                                  steps=step_fields, samples=samples, timings=timings, steps_maxlen=self._maxlen)
             pipe.hset(core.health_key(run), str(health.rank), health.encode())
             # moe:runs (when a collector last wrote) at most every RUNS_INDEX_EVERY_S: in a cluster it is another
             # node's key, and every batch of every rank reaching two nodes doubles the writers' round trips
@@ -127,6 +150,7 @@ class RedisSink:
         except Exception:
             self._needs_meta = True  # the connection may have gone, and with it an emptied Redis
             raise
+        self._exhausted.update(streams, replies[int(with_meta): int(with_meta) + len(streams)])
         first = (1 if with_meta else 0) + (resend is not None)
         layout_replies = replies[first: first + len(layouts)]
         first += len(layouts)
@@ -153,8 +177,12 @@ class RedisSink:
             landed = frozenset(i for i, reply in enumerate(step_replies) if not isinstance(reply, Exception))
             layouts_landed = frozenset(i for i, reply in enumerate(layout_replies) if not isinstance(reply, Exception))
             timings_landed = frozenset(i for i, reply in enumerate(timing_replies) if not isinstance(reply, Exception))
-            raise PartialWrite(message, landed, not any(isinstance(r, Exception) for r in sample_replies),
-                               layouts_landed, timings_landed)
+            samples_landed = not any(isinstance(r, Exception) for r in sample_replies)
+            if self._exhausted.found:
+                raise StreamExhausted(f"{len(errors)} of {len(replies)} commands: {self._exhausted.message}",
+                                      list(self._exhausted.found), landed, samples_landed, layouts_landed,
+                                      timings_landed)
+            raise PartialWrite(message, landed, samples_landed, layouts_landed, timings_landed)
 
     def _track_entry_bytes(self, fields: Mapping[FieldT, EncodableT]) -> None:
         """With a memory budget: MAXLEN follows the entries' real size (compact records take a tenth of the
@@ -170,7 +198,16 @@ class RedisSink:
 
 
 MAX_STEPS_MAXLEN = 10_000_000  # a budget over tiny entries still bounds the stream's length
+
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # a reply from a node lost
+
+
+def _log_error(line: str) -> None:
+    log.error("moe monitor: %s", line)
+
+
+def _log_warning(line: str) -> None:
+    log.warning("moe monitor: %s", line)
 
 
 class TraceFileSink:

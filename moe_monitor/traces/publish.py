@@ -1,14 +1,17 @@
 """Writing a run into Redis the way a collector does (core.runwrite's batch on a core.connect() client; no torch): the
 replay CLI's output. One pipelined round trip per batch: the metadata (first batch), layout records, step
 records, their layer timings (moe:R:timings, same MAXLEN as the steps), NVML samples, the run's entry in
-moe:runs.
+moe:runs. A command Redis refuses fails the batch (the first refusal is raised); a stream holding the last
+possible id is named in the error, with what to do (core.runwrite.exhausted_message).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import redis
+
 from moe_monitor import core
-from moe_monitor.core.runwrite import fields_of, queue_batch
+from moe_monitor.core.runwrite import exhausted_message, exhausted_stream, fields_of, queue_batch
 
 
 class RunPublisher:
@@ -24,10 +27,17 @@ class RunPublisher:
         pipe = self._client.pipeline(transaction=False)
         if not self._meta_sent:
             pipe.set(core.meta_key(self.run), self._meta_json)
-        queue_batch(pipe, self.run, layouts=[fields_of(core.encode_layout_record(rec)) for rec in layouts],
+        streams = queue_batch(pipe, self.run, layouts=[fields_of(core.encode_layout_record(rec)) for rec in layouts],
                     steps=[fields_of(core.encode_step(step)) for step in steps], samples=samples, timings=timings)
         pipe.zadd(core.RUNS_KEY, {self.run: now_s})
-        pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        first = 0 if self._meta_sent else 1
+        for key, reply in zip(streams, replies[first:]):
+            if exhausted_stream(reply):
+                raise redis.ResponseError(exhausted_message(key))
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
         self._meta_sent = True
 
     def close(self) -> None:
