@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_monitor import core
-from moe_monitor.collectors.sinks import PartialWrite, RedisSink
+from moe_monitor.collectors.sinks import PartialWrite, RedisSink, StreamExhausted
 from moe_monitor.core.health import HealthReport
+from moe_monitor.core.redaction import scrub
 from moe_monitor.core.sglang_dumps import PassDump, StatDump, read_dump
 from moe_monitor.core.sglang_records import SAMPLE_TOKENS, Steps, pass_steps, stat_steps, top_k_of
 
@@ -91,7 +92,7 @@ class Bridge:
         self.where = core.redact(opts.redis_url)
         self.client = core.connect(opts.redis_url, timeout_s=opts.redis_timeout_s, retries=0)
         self.folder = Folder(opts.dump_dir)
-        self.server = (ServerDriver(opts.server_url, opts.server_timeout_s, opts.api_key)
+        self.server = (ServerDriver(opts.server_url, opts.server_timeout_s, opts.api_key, warn=self.log)
                        if opts.server_url else None)
         self.loaded = False
         self.seen: dict[str, store.Seen] = {}
@@ -186,8 +187,8 @@ class Bridge:
             self.server.call(action)
         except ServerError as exc:
             if not self._server_error:
-                self.log(f"sglang server {self.server.url} unreachable ({exc}); retrying every "
-                         f"{self.opts.every_s:g} s")
+                said = "refused the call" if exc.answered else "unreachable"
+                self.log(f"sglang server {self.server.url} {said} ({exc}); retrying every {self.opts.every_s:g} s")
             self._server_error = f"sglang server: {exc}"
             return False
         if self._server_error:
@@ -365,7 +366,8 @@ class Bridge:
         sample_bytes = len(meta.layer_names) * meta.sample_tokens_per_layer * max(meta.top_k, 1) * 2
         maxlen = core.maxlen_for_budget(self.opts.memory_budget_bytes, len(meta.layer_names), meta.num_experts,
                                         sample_bytes)
-        self.sink = RedisSink(self.opts.redis_url, meta, maxlen, self.opts.redis_timeout_s, self.opts.memory_budget_bytes)
+        self.sink = RedisSink(self.opts.redis_url, meta, maxlen, self.opts.redis_timeout_s,
+                              self.opts.memory_budget_bytes, log=self.log)
 
     # ------------------------------------------------------------------ publishing
     def _publish(self, job: _Job) -> bool:
@@ -455,11 +457,14 @@ class Bridge:
             self._redis_failed(exc)
 
     def _redis_failed(self, exc: BaseException) -> None:
-        why = f"{type(exc).__name__}: {exc}"
+        """One line per outage (none for an exhausted stream: the sink said it), its reason never holding the
+        URL's secrets."""
+        why = scrub(f"{type(exc).__name__}: {exc}", self.opts.redis_url)
         self._sink_failures += 1
         self._last_failure = why
-        if not self._redis_error:
-            self.log(f"redis {self.where} unreachable ({why}); retrying every {self.opts.poll_s:g} s, "
+        if not self._redis_error and not isinstance(exc, StreamExhausted):
+            said = "refused part of a write" if isinstance(exc, PartialWrite) else "unreachable"
+            self.log(f"redis {self.where} {said} ({why}); retrying every {self.opts.poll_s:g} s, "
                      "nothing is marked read until it landed")
         self._redis_error = why
 

@@ -6,14 +6,22 @@ POST /dump_expert_distribution_record    write the dump files into SGLANG_EXPERT
 POST /stop_expert_distribution_record    stop recording
 
 The endpoints need the server's admin API key when one is set: the bridge sends `Authorization: Bearer` with
-the key read from an environment variable (never from the command line).
+the key read from an environment variable (never from the command line). The key goes to --server only: a
+redirect (any 3xx) is refused, not followed (urllib would send the key on to wherever it points), with one
+error naming the status and the Location; and the first call over plain http to a host that is not this
+machine's loopback says once that the key (and the admin endpoints) cross the network unencrypted.
 """
 from __future__ import annotations
 
 import http.client
+import ipaddress
+import logging
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from urllib.parse import urlsplit
+
+log = logging.getLogger("moe_monitor.collectors")
 
 ENDPOINTS = {
     "start": "/start_expert_distribution_record",
@@ -23,7 +31,55 @@ ENDPOINTS = {
 
 
 class ServerError(Exception):
-    """A call that did not succeed; str() is one line saying why."""
+    """A call that did not succeed; str() is one line saying why. answered: whether the server answered (an
+    HTTP status, a redirect) rather than not being reached at all."""
+
+    def __init__(self, message: str, answered: bool = False):
+        super().__init__(message)
+        self.answered = answered
+
+
+class _Redirected(Exception):
+    """The server answered a redirect, which is never followed: the admin API key would go along."""
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuses every redirect before anything is sent to where it points (raises _Redirected)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        location = str(headers.get("Location") or headers.get("URI") or newurl or "")
+        fp.close()
+        where = f"redirecting to {_shown(location)}" if location else "(a redirect without a Location)"
+        raise _Redirected(f"HTTP {code} {msg} {where}: redirects are not followed (the admin API key goes to "
+                          "--server only); give --server the address that answers")
+
+    def http_error_302(self, req, fp, code, msg, headers):
+        # every 3xx, whatever its Location (urllib's own handler would let some through or say less)
+        return self.redirect_request(req, fp, code, msg, headers, headers.get("Location", ""))
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _shown(location: str) -> str:
+    """A Location as a message may show it: no user info, no query, at most 200 characters."""
+    try:
+        parts = urlsplit(location)
+        host = parts.netloc.rsplit("@", 1)[-1]
+        text = f"{parts.scheme}://{host}{parts.path}" if parts.scheme else parts.path
+    except ValueError:
+        text = "an unreadable Location"
+    return repr(text[:200])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether host (a name or an address, as in a URL) is this machine's loopback: localhost, 127.x, ::1."""
+    name = host.strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def check_server_url(url: str) -> str:
@@ -35,27 +91,40 @@ def check_server_url(url: str) -> str:
 
 
 class ServerDriver:
-    """Calls one SGLang server's recorder endpoints, each call bounded by timeout_s."""
+    """Calls one SGLang server's recorder endpoints, each call bounded by timeout_s. warn: where the one
+    plain-http warning goes (the logger's warning by default)."""
 
-    def __init__(self, url: str, timeout_s: float, api_key: str | None = None):
+    def __init__(self, url: str, timeout_s: float, api_key: str | None = None,
+                 warn: Callable[[str], None] | None = None):
         self.url = check_server_url(url)
         self.timeout_s = timeout_s
         self._api_key = api_key
+        self._warn = warn or log.warning
+        self._opener = urllib.request.build_opener(_NoRedirects)
+        parts = urlsplit(self.url)
+        self._cleartext = parts.scheme == "http" and not is_loopback(parts.hostname or "")
 
     def call(self, action: str) -> None:
         """POST the endpoint of action ("start", "dump" or "stop"). ServerError when the server cannot be
-        reached, does not answer within timeout_s or answers anything but 2xx."""
+        reached, does not answer within timeout_s, answers a redirect or anything but 2xx."""
+        if self._cleartext:
+            self._cleartext = False
+            key = "the admin API key and " if self._api_key else ""
+            self._warn(f"{self.url} is plain http to another host: {key}the recorder calls cross the network "
+                       "unencrypted; use https:// or a tunnel to 127.0.0.1")
         request = urllib.request.Request(self.url + ENDPOINTS[action], data=b"", method="POST")
         if self._api_key:
             request.add_header("Authorization", f"Bearer {self._api_key}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310 (http(s) only)
+            with self._opener.open(request, timeout=self.timeout_s) as reply:
                 reply.read(4096)
+        except _Redirected as exc:
+            raise ServerError(f"{action}: {exc}", answered=True) from None
         except urllib.error.HTTPError as exc:
             hint = " (set the admin API key: --api-key-env)" if exc.code in (401, 403) else ""
             body = exc.read(200).decode(errors="replace").strip().splitlines()
             raise ServerError(f"{action}: HTTP {exc.code} {exc.reason}{hint}"
-                              f"{': ' + body[0][:160] if body else ''}") from None
+                              f"{': ' + body[0][:160] if body else ''}", answered=True) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ServerError(f"{action}: {type(exc).__name__}: {reason}") from None
