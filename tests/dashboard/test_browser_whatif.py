@@ -1,8 +1,11 @@
 """The What-if page in a real browser: a private redis-server filled by the real collector, `streamlit run
 app.py` against it, headless Debian chromium through playwright. Clicking a GPU bar of the plotly chart
-lists that GPU's experts; a screenshot lands in the test's tmp_path."""
+lists that GPU's experts; a screenshot lands in the test's tmp_path. Apply: off, the page says so and offers no
+button; on (the server's MOE_APPLY_RUNS and secret, a 1 ms request lifetime), the EP runtime's own request watch
+refuses the request as expired and the page shows that reason."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -15,21 +18,33 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN = "whatif-browser"
 
 
-@pytest.fixture
-def app_url(tmp_path):
+APPLY_SECRET = "browser-whatif-apply-secret-0123456789"
+APPLY_ENV = ("MOE_APPLY_RUNS", "MOE_APPLY_SECRET", "MOE_APPLY_SECRET_FILE", "MOE_APPLY_TTL_S")
+
+
+@contextlib.contextmanager
+def _app(tmp_path, apply_env: dict[str, str]):
+    """(app URL, Redis URL): a filled private redis-server and `streamlit run app.py` with apply_env."""
     from tests.support.realfill import fill_with_collector
 
     server = RedisServer(tmp_path)
     try:
         fill_with_collector(server.url, RUN, steps=40)
         port = free_port()
-        env = dict(os.environ, REDIS_URL=server.url)
+        env = {k: v for k, v in os.environ.items() if k not in APPLY_ENV}
+        env.update(REDIS_URL=server.url, **apply_env)
         with serving(["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.port", str(port), "--server.headless", "true",
                       "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
                      port, tmp_path / "streamlit.log", env) as url:
-            yield url
+            yield url, server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def app_url(tmp_path):
+    with _app(tmp_path, {}) as (url, _redis_url):
+        yield url
 
 
 @pytest.mark.browser
@@ -55,3 +70,47 @@ def test_click_gpu_bar_lists_its_experts(app_url, tmp_path):
         page.screenshot(path=str(tmp_path / "whatif.png"), full_page=True)
         assert (tmp_path / "whatif.png").stat().st_size > 10_000
 
+
+
+@pytest.mark.browser
+def test_apply_off_says_so(app_url):
+    with chromium_page(1500, 2600) as page:
+        page.goto(f"{app_url}/what-if")
+        page.get_by_text("Apply is off on this dashboard").wait_for(timeout=90_000)
+        assert page.get_by_text("--apply-run RUN --apply-secret-file FILE").count() >= 1
+        assert page.get_by_role("button", name="Apply to the running engine").count() == 0
+        assert page.locator('[data-testid="stException"]').count() == 0
+
+
+@pytest.mark.browser
+def test_apply_on_shows_the_engines_refusal(tmp_path):
+    from moe_monitor import core
+    from moe_monitor.demo.ep.admission import RequestRules
+    from moe_monitor.demo.ep.watch import LayoutWatcher
+
+    env = {"MOE_APPLY_RUNS": RUN, "MOE_APPLY_SECRET": APPLY_SECRET, "MOE_APPLY_TTL_S": "0.001"}
+    with _app(tmp_path, env) as (url, redis_url):
+        client = core.connect(redis_url, timeout_s=2.0)
+        meta = core.decode_meta(client.get(core.meta_key(RUN)))
+        client.close()
+        rules = RequestRules(run=RUN, num_layers=len(meta.layer_names), num_experts=meta.num_experts,
+                             ranks=meta.layout.gpus, max_slots_per_rank=512, max_replicas_per_expert=meta.layout.gpus)
+        watcher = LayoutWatcher(redis_url, rules, "browser-test-runtime", APPLY_SECRET.encode(), poll_s=0.05)
+        try:
+            with chromium_page(1500, 2600) as page:
+                page.goto(f"{url}/what-if")
+                page.get_by_role("button", name="Apply to the running engine").click(timeout=90_000)
+                confirm = page.get_by_text(f"Switch the engine of run {RUN}")
+                confirm.wait_for(timeout=30_000)
+                page.get_by_role("button", name="Confirm: apply").click(timeout=30_000)
+                reason = page.get_by_text("Last request from this page: refused: expired (")
+                reason.wait_for(timeout=30_000)
+                page.get_by_role("button", name="Confirm: apply").wait_for(state="detached", timeout=30_000)
+                page.wait_for_timeout(1500)  # the page redrew once the answer was final, and stays so
+                assert reason.count() == 1 and page.get_by_role("button", name="Confirm: apply").count() == 0
+                assert page.get_by_text("requested at step").count() == 0  # the answer replaced the waiting line
+                assert page.locator('[data-testid="stException"]').count() == 0
+                page.screenshot(path=str(tmp_path / "whatif-refused.png"), full_page=True)
+        finally:
+            watcher.close()
+        assert watcher.refused == 1

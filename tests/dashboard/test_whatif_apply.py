@@ -14,6 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
 from moe_monitor.cli.dashboard import apply_env
+from moe_monitor.dashboard.sources import request_status
 from moe_monitor.dashboard.sources.apply_gate import ApplyGate, gate_from_env
 from moe_monitor.dashboard.sources.request_status import outcome
 from tests.support import synthfill
@@ -155,12 +156,16 @@ def test_page_shows_the_engines_refusal(redis_url, monkeypatch, case):
 def test_page_says_when_no_engine_answered_before_expiry(redis_url, monkeypatch):
     _fill(redis_url, "nobody")
     monkeypatch.setenv("MOE_APPLY_TTL_S", "0.5")
+    monkeypatch.setattr(request_status, "ANSWER_GRACE_S", 0.5)
     at = _apply(_whatif(redis_url, monkeypatch, runs="nobody"))
     assert "requested at step 20; waiting for the engine" in _last_request_line(at)
-    time.sleep(0.6)
+    time.sleep(1.1)
     at.run()
-    assert "no engine answered before it expired" in _last_request_line(at)
-    assert outcome(None, 3, expires_s=10.0, now_s=5.0).final is False
+    assert "no engine answered" in _last_request_line(at)
+    grace = request_status.ANSWER_GRACE_S
+    assert not outcome(None, 3, expires_s=10.0, now_s=5.0).final
+    assert "expired, waiting for its answer" in outcome(None, 3, expires_s=10.0, now_s=10.0 + grace / 2).text
+    assert outcome(None, 3, expires_s=10.0, now_s=10.0 + grace).final
 
 
 def test_page_shows_applied_at_step(redis_url, monkeypatch):

@@ -10,6 +10,7 @@ from moe_monitor.core.keys import layout_request_status_key
 from moe_monitor.core.request_status import LayoutRequestStatus, decode_request_status
 
 SCAN_ENTRIES = 200  # newest status entries looked through for a request's
+ANSWER_GRACE_S = 5.0  # after its expiry, how long a request's answer may still come (the engine refuses it then)
 
 
 def find_status(client, run: str, nonce: str, scan: int = SCAN_ENTRIES) -> LayoutRequestStatus | None:
@@ -36,12 +37,14 @@ class RequestOutcome:
 
 def outcome(status: LayoutRequestStatus | None, asked_step: int, expires_s: float,
             now_s: float | None = None) -> RequestOutcome:
-    """What to say of a request asked at asked_step, expiring at expires_s (unix s), given its status (or None)."""
+    """What to say of a request asked at asked_step, expiring at expires_s (unix s), given its status (or None).
+    Without a status it is final ANSWER_GRACE_S after the expiry: an engine that reads the request late still
+    answers it (refused: expired) in that time."""
     if status is not None:
         return RequestOutcome(True, status.describe(), status)
     now = time.time() if now_s is None else now_s
-    if now >= expires_s:
-        return RequestOutcome(True, f"requested at step {asked_step}; no engine answered before it expired (is a "
-                                    "runtime that moves experts watching this run?)")
-    return RequestOutcome(False, f"requested at step {asked_step}; waiting for the engine (expires in "
-                                 f"{expires_s - now:.0f} s)")
+    if now >= expires_s + ANSWER_GRACE_S:
+        return RequestOutcome(True, f"requested at step {asked_step}; no engine answered (is a runtime that moves "
+                                    "experts watching this run?)")
+    left = f"expires in {expires_s - now:.0f} s" if now < expires_s else "expired, waiting for its answer"
+    return RequestOutcome(False, f"requested at step {asked_step}; waiting for the engine ({left})")
