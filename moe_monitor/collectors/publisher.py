@@ -34,14 +34,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
 
-from .counter import HostSlot, StepFacts
 from .outbox import Outbox, RecordQueue
 from .sinks import PartialWrite, Sink
+
+if TYPE_CHECKING:  # annotations only: the publisher itself needs no torch (counter.py does)
+    from .counter import HostSlot, StepFacts
 
 log = logging.getLogger("moe_monitor.collectors")
 
