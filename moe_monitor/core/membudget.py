@@ -67,25 +67,41 @@ def format_bytes(nbytes: int | float) -> str:
 
 class Reservation:
     """Bytes held from one MemoryBudget by one holder. resize_to() grows (when the budget has room) or shrinks
-    it; release() gives everything back (idempotent; also run by bind()'s finalizer when the holder is
-    garbage-collected)."""
+    it; release() gives everything back (idempotent), and so does the reservation's garbage collection: a
+    holder keeps its reservation and nothing else, and its bytes go back when it is dropped. A deep copy (a
+    holder's copy: a paused page's window) is a new reservation of as many bytes, or ValueError when the budget
+    has fewer left."""
 
     def __init__(self, budget: MemoryBudget, nbytes: int):
         self.budget = budget
-        self.nbytes = int(nbytes)
-        self.released = False
+        self._held = [int(nbytes)]  # shared with the finalizer, which must not hold the reservation itself
+        self._finalizer = weakref.finalize(self, budget._give_back, self._held)
+
+    @property
+    def nbytes(self) -> int:
+        return self._held[0]
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
 
     def resize_to(self, nbytes: int) -> bool:
-        """Hold exactly nbytes from now on; False (nothing changed) when growing needs more than is left."""
-        return self.budget._resize(self, int(nbytes))
+        """Hold exactly nbytes from now on; False (nothing changed) when growing needs more than is left.
+        ValueError once released."""
+        if self.released:
+            raise ValueError("this reservation was released")
+        return self.budget._resize(self._held, int(nbytes))
 
     def release(self) -> None:
-        self.budget._resize(self, 0)
-        self.released = True
+        self._finalizer()
 
-    def bind(self, owner: object) -> weakref.finalize:
-        """Release this reservation when `owner` is garbage-collected (the finalizer holds no reference to it)."""
-        return weakref.finalize(owner, self.release)
+    def __deepcopy__(self, memo) -> Reservation:
+        copy = self.budget.try_reserve(0 if self.released else self.nbytes)
+        if copy is None:
+            raise ValueError(f"a copy needs {format_bytes(self.nbytes)} and {self.budget.describe()} has "
+                             f"{format_bytes(self.budget.available_bytes)} left: it is shared by "
+                             f"{self.budget.shared_by}")
+        return copy
 
 
 class MemoryBudget:
@@ -145,20 +161,27 @@ class MemoryBudget:
                 gc.collect()
         return None
 
-    def _resize(self, reservation: Reservation, nbytes: int) -> bool:
+    def _resize(self, held: list[int], nbytes: int) -> bool:
         if nbytes < 0:
             raise ValueError(f"cannot hold {nbytes} bytes")
         with self._lock:
-            if reservation.released:
-                if nbytes == 0:
-                    return True
-                raise ValueError("this reservation was released")
-            grow = nbytes - reservation.nbytes
+            grow = nbytes - held[0]
             if grow > 0 and self._reserved + grow > self.total_bytes:
                 return False
             self._reserved += grow
-            reservation.nbytes = nbytes
+            held[0] = nbytes
             return True
+
+    def _give_back(self, held: list[int]) -> None:
+        with self._lock:
+            self._reserved -= held[0]
+            held[0] = 0
+
+    def __copy__(self) -> MemoryBudget:
+        return self  # one budget: holders and their copies share it
+
+    def __deepcopy__(self, memo) -> MemoryBudget:
+        return self
 
 
 _process_budget: MemoryBudget | None = None

@@ -5,6 +5,10 @@ The ring holds as many steps as the step window (WatchedRun's window_steps) and,
 row for a new step once full, so the steps whose timings are kept are the window's. Pages align the ring with
 a window view by step id (aligned()): a step without timings reads NaN (not measured).
 
+Memory: the arrays are reserved from the process's memory budget (core.membudget.current() when the ring is
+made) when the first record sizes them; a ring the budget cannot hold refuses its records (ValueError naming the
+budget) like one over MAX_TIMING_BYTES. The bytes go back when the ring is dropped.
+
 Shape legend: C ring capacity (steps), T steps of a view, R ranks (the run's world size), L MoE layers.
 """
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core import membudget
 from moe_monitor.dashboard.live.record_checks import bounded_int
 
 MAX_TIMING_BYTES = 256 << 20  # the four float32 [C, R, L] arrays together; a larger ring is refused
@@ -54,10 +59,12 @@ class TimingRing:
     its layers); add() refuses with ValueError (the caller counts a bad record): a record of another world
     size or layer count, a duplicate (step, rank), a step older than everything in a full ring."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, budget: membudget.MemoryBudget | None = None):
         if capacity < 1:
             raise ValueError(f"timing ring capacity must be at least 1, got {capacity}")
         self.capacity = int(capacity)
+        self.budget = membudget.current() if budget is None else budget
+        self._reservation: membudget.Reservation | None = None
         self.num_ranks = 0
         self.num_layers = 0
         self.dispatch_CRL = self.compute_CRL = self.combine_CRL = self.layer_CRL = np.zeros((0, 0, 0), np.float32)
@@ -72,11 +79,31 @@ class TimingRing:
         if self.capacity * ranks * layers * 4 * 4 > MAX_TIMING_BYTES:
             raise ValueError(f"timings of {self.capacity} steps x {ranks} ranks x {layers} layers would take more "
                              f"than {MAX_TIMING_BYTES >> 20} MiB: lower the window")
+        nbytes = self.capacity * ranks * (layers * 4 * 4 + 1)
+        reservation = self.budget.try_reserve(nbytes)
+        if reservation is None:
+            raise ValueError(f"timings of {self.capacity} steps x {ranks} ranks x {layers} layers need "
+                             f"{membudget.format_bytes(nbytes)} and {self.budget.describe()} has "
+                             f"{membudget.format_bytes(self.budget.available_bytes)} left: it is shared by "
+                             f"{self.budget.shared_by}")
+        self._reservation = reservation  # given back when the ring is dropped (core.membudget.Reservation)
         shape = (self.capacity, ranks, layers)
         self.dispatch_CRL, self.compute_CRL, self.combine_CRL, self.layer_CRL = (
             np.full(shape, np.nan, dtype=np.float32) for _ in range(4))
         self.ranks_seen_CR = np.zeros((self.capacity, ranks), dtype=bool)
         self.num_ranks, self.num_layers = ranks, layers
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes this ring holds of its budget now (0 before its first record and after close())."""
+        held = self._reservation
+        return 0 if held is None or held.released else held.nbytes
+
+    def close(self) -> None:
+        """Give the ring's bytes back to its budget now (also done when it is garbage-collected); the ring must
+        not be used afterwards."""
+        if self._reservation is not None:
+            self._reservation.release()
 
     def add(self, rec: core.TimingRecord) -> None:
         """Put one rank's timings of one step in the ring; a refused record (ValueError) changes nothing."""

@@ -4,6 +4,14 @@ Counts are kept as int32 (what one rank sends) and the ring turns int64 the firs
 ranks of a step would not fit int32, so sums are exact and an ordinary window costs 4 bytes a cell
 (600 x 58 x 256: 35.6 MB; 71.3 MB once promoted).
 
+Memory: a window reserves what it keeps from the process's memory budget (core.membudget.current(): the
+dashboard's, shared by every session, or the exporter's, shared by every run) before allocating it: the counts
+and per-row bookkeeping at construction, the cached GPU loads when their GPU count is first known, the int64
+counts when a sum outgrows int32. When the budget cannot hold the steps asked for, the window holds as many as
+fit (at least one, else ValueError) and `budget_note` says so; it gives everything back when it is dropped
+(or close()). Loads are computed in chunks of at most CHUNK_BYTES of counts, so a tick never copies the whole
+[C, L, E] ring.
+
 GPU loads are cached per row with the row's version and the key of the layout they were computed under:
 a tick recomputes only the rows that changed, or whose layout changed (a layout change that arrived after
 its steps, a new override), never the whole window.
@@ -13,12 +21,13 @@ Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical ex
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core import membudget
 from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
 from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
@@ -30,7 +39,9 @@ PHASE_FILTERS = {"both": tuple(range(len(core.PHASES))), "prefill": (PHASE_CODE[
 _MIXED = PHASE_CODE["mixed"]
 PENDING_GRACE_S = 5.0  # a step still missing ranks is left out of views until it is this old
 MAX_CAPACITY = 65536  # steps a window may hold
-MAX_WINDOW_BYTES = 2 << 30  # int32 counts of the ring (twice that once promoted to int64)
+MAX_WINDOW_BYTES = 2 << 30  # int32 counts of one ring at most (a wider ask is narrowed to this, whatever the budget)
+CHUNK_BYTES = 16 << 20  # counts of the rows one step of a loads computation or a sum over rows copies at most
+ROW_OVERHEAD_BYTES = 8 * 8 + 256  # per row: the C-long bookkeeping arrays and the row's set of ranks
 _INT32_MAX = int(np.iinfo(np.int32).max)
 MAX_MISSING_LISTED = 32  # ranks named by missing_ranks()
 MAX_AGGREGATE_CELL = (1 << 47) - 1  # an aggregated count: int32 counts of at most core.MAX_WORLD ranks summed
@@ -120,16 +131,38 @@ class StepWindow:
 
     resolution_s = 0
 
-    def __init__(self, capacity: int, num_layers: int, num_experts: int):
+    def __init__(self, capacity: int, num_layers: int, num_experts: int,
+                 budget: membudget.MemoryBudget | None = None):
+        """A ring of up to `capacity` steps of [num_layers, num_experts] counts, reserved from `budget` (default
+        core.membudget.current()); fewer steps when the budget cannot hold them (see budget_note), ValueError
+        when it cannot hold one."""
         if capacity < 1 or num_layers < 1 or num_experts < 1:
             raise ValueError(f"window needs capacity, layers and experts >= 1, got {capacity}, {num_layers}, {num_experts}")
         num_layers, num_experts, _ = core.check_sizes(num_layers, num_experts)
-        capacity = bounded_int(capacity, "window capacity", 1, MAX_CAPACITY + 1)
-        if capacity * num_layers * num_experts * 4 > MAX_WINDOW_BYTES:
-            fits = MAX_WINDOW_BYTES // (num_layers * num_experts * 4)
-            raise ValueError(f"a window of {capacity} steps of [{num_layers}, {num_experts}] counts would take "
-                             f"{capacity * num_layers * num_experts * 4 / 2**30:.1f} GiB; at most {fits} steps fit "
-                             f"in {MAX_WINDOW_BYTES / 2**30:.0f} GiB: lower the window")
+        capacity = asked = bounded_int(capacity, "window capacity", 1, MAX_CAPACITY + 1)
+        cells = num_layers * num_experts
+        self.budget_note = ""  # why the window holds fewer steps than asked ("" when it holds them all)
+        if capacity * cells * 4 > MAX_WINDOW_BYTES:
+            capacity = max(1, MAX_WINDOW_BYTES // (cells * 4))
+            self.budget_note = (f"window narrowed to {capacity} of {asked} steps: one window holds at most "
+                                f"{membudget.format_bytes(MAX_WINDOW_BYTES)} of counts")
+        self.budget = membudget.current() if budget is None else budget
+        fixed_bytes = self.fixed_bytes(num_layers, num_experts)
+        step_bytes = self.step_bytes(num_layers, num_experts)
+        granted = self.budget.reserve_rows(step_bytes, capacity, fixed_bytes)
+        if granted is None:
+            raise ValueError(f"a window of [{num_layers}, {num_experts}] counts needs "
+                             f"{membudget.format_bytes(fixed_bytes + step_bytes)} for one step and "
+                             f"{self.budget.describe()} has {membudget.format_bytes(self.budget.available_bytes)} "
+                             f"left: it is shared by {self.budget.shared_by}")
+        self._reservation, fits = granted  # given back when the window is dropped (core.membudget.Reservation)
+        # counts and bookkeeping; the loads' come on top (reserved for G = E until their G is known)
+        self._held_bytes = fixed_bytes + fits * self.row_bytes(num_layers, num_experts)
+        if fits < capacity:
+            capacity = fits
+            self.budget_note = (f"window narrowed to {capacity} of {asked} steps: {self.budget.describe()} is "
+                                f"shared by {self.budget.shared_by}")
+        self.asked_capacity = asked
         self.capacity, self.num_layers, self.num_experts = capacity, num_layers, num_experts
         self.counts_CLE = np.zeros((capacity, num_layers, num_experts), dtype=np.int32)
         self.step_C = np.full(capacity, -1, dtype=np.int64)
@@ -199,6 +232,12 @@ class StepWindow:
         elif self.size == self.capacity and step < self.step_C[self.head]:
             raise ValueError(f"step {step} is older than the window (oldest kept: {self.step_C[self.head]})")
         if self.counts_CLE.dtype == np.int32 and peak > _INT32_MAX:
+            extra = self.counts_CLE.nbytes  # int64 doubles the counts
+            if not self._reservation.resize_to(self._reservation.nbytes + extra):
+                raise ValueError(f"step {step}: its counts summed over ranks outgrow int32 and widening the window "
+                                 f"to int64 needs {membudget.format_bytes(extra)} more than {self.budget.describe()} "
+                                 f"has left")
+            self._held_bytes += extra
             self.counts_CLE = self.counts_CLE.astype(np.int64)  # exact sums from now on (values unchanged)
         return slot
 
@@ -265,6 +304,64 @@ class StepWindow:
             raise ValueError(f"counts must lie in 0..{highest} {why}")
         return counts
 
+    # ------------------------------------------------------------------------------------------ memory
+    @staticmethod
+    def row_bytes(num_layers: int, num_experts: int) -> int:
+        """Bytes one step's int32 counts [L, E] and bookkeeping take in a window."""
+        return num_layers * num_experts * 4 + ROW_OVERHEAD_BYTES
+
+    @staticmethod
+    def loads_row_bytes(num_layers: int, gpus: int) -> int:
+        """Bytes one step's cached GPU loads take: float32 [L, G] and the per-row statistics (_RowCache)."""
+        return num_layers * gpus * 4 + num_layers * 17 + gpus * 12
+
+    @classmethod
+    def step_bytes(cls, num_layers: int, num_experts: int) -> int:
+        """Bytes a window of [L, E] counts reserves per step when it is made: counts, bookkeeping and the loads
+        of at most one GPU per expert (G = E; given back down to the real G when the loads are first asked)."""
+        return cls.row_bytes(num_layers, num_experts) + cls.loads_row_bytes(num_layers, num_experts)
+
+    @staticmethod
+    def fixed_bytes(num_layers: int, num_experts: int) -> int:
+        """Bytes a window of [L, E] counts reserves whatever its steps: the per-phase sums, int64 [phases, L, E]."""
+        return len(core.PHASES) * num_layers * num_experts * 8
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes this window holds of its budget now (0 after close())."""
+        return 0 if self._reservation.released else self._reservation.nbytes
+
+    def close(self) -> None:
+        """Give the window's bytes back to its budget now (also done when the window is garbage-collected);
+        the window must not be used afterwards."""
+        self._reservation.release()
+
+    def _reserve_loads(self, gpus: int) -> None:
+        """Hold the bytes of cached GPU loads on `gpus` GPUs (float32 [C, L, G] and the per-row statistics)
+        instead of those of the previous GPU count; ValueError, nothing changed, when the budget cannot."""
+        L, C = self.num_layers, self.capacity
+        loads_bytes = C * self.loads_row_bytes(L, gpus)
+        if not self._reservation.resize_to(self._held_bytes + loads_bytes):
+            raise ValueError(f"GPU loads of this window ({C} steps x {L} layers x {gpus} GPUs) need "
+                             f"{membudget.format_bytes(loads_bytes)} and {self.budget.describe()} has "
+                             f"{membudget.format_bytes(self.budget.available_bytes)} left: it is shared by "
+                             f"{self.budget.shared_by}")
+
+    def _chunks(self, rows: np.ndarray) -> Iterator[np.ndarray]:
+        """rows in consecutive pieces whose counts, or float64 copies of their loads, take at most CHUNK_BYTES
+        (at least one row each)."""
+        row_bytes = max(self.num_experts * self.counts_CLE.itemsize, self._loads_gpus * 8) * self.num_layers
+        per = max(1, CHUNK_BYTES // row_bytes)
+        for start in range(0, rows.size, per):
+            yield rows[start:start + per]
+
+    def sum_counts(self, slots: np.ndarray) -> np.ndarray:
+        """int64 [L, E]: counts of the given ring rows summed, a chunk of rows at a time (no copy of them all)."""
+        total_LE = np.zeros((self.num_layers, self.num_experts), dtype=np.int64)
+        for chunk in self._chunks(np.asarray(slots, dtype=np.int64)):
+            total_LE += self.counts_CLE[chunk].sum(axis=0, dtype=np.int64)
+        return total_LE
+
     # ------------------------------------------------------------------------------------------ reads
     def ordered_slots(self) -> np.ndarray:
         """Ring rows oldest first: int64 [size]."""
@@ -277,6 +374,7 @@ class StepWindow:
         before the first change, and every row when schedule is empty, use physical_to_logical_map [L, P].
         Recomputed only for rows that changed, or whose layout changed, since the last call."""
         if gpus != self._loads_gpus:
+            self._reserve_loads(gpus)
             self._loads_CLG = np.zeros((self.capacity, self.num_layers, gpus), dtype=np.float32)
             self._rows = _RowCache.empty(self.capacity, self.num_layers, gpus)
             self._loads_version_C[:] = -1
@@ -301,8 +399,10 @@ class StepWindow:
                 weights_LEG = self._weights_by_key.get(key)
                 if weights_LEG is None:
                     weights_LEG = self._weights_by_key[key] = gpu_weights(maps[key], self.num_experts, gpus)
-                self._loads_CLG[these] = weighted_loads(self.counts_CLE[these], weights_LEG)
-            self._rows.update(stale, self._loads_CLG[stale])
+                for chunk in self._chunks(these):  # never a float copy of the whole [C, L, E] ring
+                    self._loads_CLG[chunk] = weighted_loads(self.counts_CLE[chunk], weights_LEG)
+            for chunk in self._chunks(stale):
+                self._rows.update(chunk, self._loads_CLG[chunk])
             self._loads_version_C[stale] = self.row_version_C[stale]
             self._loads_key_C[stale] = stale_key
         for key in self._weights_by_key.keys() - maps.keys():  # layouts no longer in use
@@ -337,10 +437,12 @@ class StepWindow:
         loads_CLG = self.loads_CLG(physical_to_logical_map, gpus, schedule)
         slots = self.ordered_slots()
         slots = slots[np.isin(self.phase_C[slots], codes)]
-        counts_sum_LE = self.sums_by_phase_LE[list(codes)].sum(axis=0)
+        counts_sum_LE = self.sums_by_phase_LE[codes[0]].copy()
+        for code in codes[1:]:
+            counts_sum_LE += self.sums_by_phase_LE[code]
         waiting = self.pending(slots, now_s)
         if waiting.any():
-            counts_sum_LE = counts_sum_LE - self.counts_CLE[slots[waiting]].sum(axis=0, dtype=np.int64)
+            counts_sum_LE = counts_sum_LE - self.sum_counts(slots[waiting])
             slots = slots[~waiting]
         return WindowView(
             slots_T=slots, step_T=self.step_C[slots], time_s_T=self.time_s_C[slots],
