@@ -15,6 +15,8 @@ import numpy as np
 
 from moe_monitor.core.loadmodel import balancedness, imbalance  # noqa: F401  (the load model's, re-exported for the views)
 
+STATS_CHUNK_BYTES = 16 << 20  # float64 copies window_stats makes at a time
+
 
 def nan_percentiles(values: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:
     """Percentiles (0-100) of the finite values; NaN for each when there are none."""
@@ -53,12 +55,20 @@ class GpuWindowStats:
 
 
 def window_stats(loads_TG: np.ndarray) -> GpuWindowStats:
-    """Per-GPU max, mean and p99 of the per-step load [T, G] over the T steps."""
-    loads_TG = np.asarray(loads_TG, dtype=np.float64)
+    """Per-GPU max, mean and p99 (float64 [G] each) of the per-step load [T, G] over the T steps, computed in
+    float64 a block of GPUs at a time (at most STATS_CHUNK_BYTES of float64 copies, whatever T x G)."""
+    loads_TG = np.asarray(loads_TG)
     if loads_TG.ndim != 2 or loads_TG.shape[0] == 0:
         raise ValueError(f"loads must be [steps, GPUs] with at least one step, got shape {loads_TG.shape}")
-    return GpuWindowStats(max_G=loads_TG.max(axis=0), mean_G=loads_TG.mean(axis=0),
-                          p99_G=np.percentile(loads_TG, 99.0, axis=0))
+    steps, gpus = loads_TG.shape
+    max_G, mean_G, p99_G = (np.empty(gpus, dtype=np.float64) for _ in range(3))
+    per = max(1, STATS_CHUNK_BYTES // (8 * steps))
+    for start in range(0, gpus, per):
+        block_TG = np.asarray(loads_TG[:, start:start + per], dtype=np.float64)
+        max_G[start:start + per] = block_TG.max(axis=0)
+        mean_G[start:start + per] = block_TG.mean(axis=0)
+        p99_G[start:start + per] = np.percentile(block_TG, 99.0, axis=0)
+    return GpuWindowStats(max_G=max_G, mean_G=mean_G, p99_G=p99_G)
 
 
 @dataclass(frozen=True)
@@ -77,11 +87,13 @@ class StepVsWindow:
 def step_vs_window(loads_TLG: np.ndarray) -> StepVsWindow:
     """Imbalance of every single step vs imbalance of the window sum. A window sum averages out the
     per-step tail: window_sum_L <= per-step imbalance of the worst step, often far below it."""
-    loads_TLG = np.asarray(loads_TLG, dtype=np.float64)
+    loads_TLG = np.asarray(loads_TLG)
+    if loads_TLG.dtype != np.float32:  # float32 loads (the step window's) are read as they are: no float64 copy
+        loads_TLG = loads_TLG.astype(np.float64)
     if loads_TLG.ndim != 3 or loads_TLG.shape[0] == 0:
         raise ValueError(f"loads must be [steps, layers, GPUs] with at least one step, got {loads_TLG.shape}")
     per_step_TL = imbalance(loads_TLG)
-    window_sum_L = imbalance(loads_TLG.sum(axis=0))
+    window_sum_L = imbalance(loads_TLG.sum(axis=0, dtype=np.float64))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN layers stay NaN
         mean_L = np.nanmean(per_step_TL, axis=0)
