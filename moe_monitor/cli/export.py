@@ -6,19 +6,32 @@ Rebalance advisor gauges (labels run, phase), recomputed at most every --advise-
 decision costs a repair of the layout in force on the window): moe_rebalance_predicted_gain_ratio (straggler
 time a repair would save over the next 1,000 steps if the window repeats, as a share of their expert time),
 moe_rebalance_migration_cost_ratio (time serving waits for its expert copies, same unit: rebalance when the
-gain exceeds it) and moe_rebalance_moves (expert copies it needs)."""
+gain exceeds it) and moe_rebalance_moves (expert copies it needs).
+
+Bounds: every run's window shares one --memory-budget (a run whose window does not fit gets fewer steps:
+moe_exporter_window_steps); at most --max-gpus GPUs per run and phase get series of their own (the busiest and
+the straggler; moe_gpu_load_rest_tokens_per_step sums up the others), at most --max-series series in all;
+moe_exporter_truncated{run} is 1 when a run's series were cut, moe_exporter_series_dropped_total counts them. Runs
+that leave moe:runs are forgotten at the next poll."""
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 
+from moe_monitor.core import membudget
+
 from .common import add_redis, guarded
+
+DEFAULT_BUDGET = membudget.format_bytes(membudget.EXPORTER_DEFAULT_BYTES).replace(" ", "")  # "2.0GiB"
+DEFAULT_MAX_GPUS = 64  # exporter.caps.DEFAULT_MAX_GPUS
+DEFAULT_MAX_SERIES = 20_000  # exporter.caps.DEFAULT_MAX_SERIES
 
 
 def register(sub) -> None:
     p = sub.add_parser("export", help="Prometheus /metrics for the runs in one Redis",
                        description=(__doc__ or "").split("\n\n")[0].split(":", 1)[1].strip(),
-                       epilog=(__doc__ or "").split("\n\n")[1])
+                       epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]))
     add_redis(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--run", action="append", metavar="NAME", help="a run to export (repeat for several)")
@@ -32,6 +45,13 @@ def register(sub) -> None:
     p.add_argument("--advise-every-s", type=float, default=30.0,
                    help="seconds between rebalance-advisor decisions per run (moe_rebalance_* gauges; each costs a "
                         "repair)")
+    p.add_argument("--memory-budget", metavar="SIZE", default=os.environ.get(membudget.ENV_VAR) or DEFAULT_BUDGET,
+                   help=f"memory every run's window shares, e.g. 1GiB, 4GiB (default: ${membudget.ENV_VAR} or {DEFAULT_BUDGET})")
+    p.add_argument("--max-gpus", type=int, default=DEFAULT_MAX_GPUS,
+                   help=f"GPUs with series of their own per run and phase, the busiest (default {DEFAULT_MAX_GPUS}); "
+                        "the others are summed up")
+    p.add_argument("--max-series", type=int, default=DEFAULT_MAX_SERIES,
+                   help=f"series served at most, over every run (default {DEFAULT_MAX_SERIES:,})")
     p.set_defaults(handler=lambda args: guarded(export, args))
 
 
@@ -41,13 +61,15 @@ def export(args: argparse.Namespace) -> int:
     from moe_monitor.exporter.metrics import series_count
     from moe_monitor.exporter.server import RunExporter, connect, poll_forever
     exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps, args.per_layer,
-                           args.top_experts, args.advise_every_s)
+                           args.top_experts, args.advise_every_s, max_gpus=args.max_gpus, max_series=args.max_series,
+                           memory_budget=membudget.parse_bytes(args.memory_budget, "--memory-budget"))
     exporter.poll()
     registry = CollectorRegistry()
     registry.register(exporter)
     start_http_server(args.port, addr=args.address, registry=registry)
     print(f"serving http://{args.address}:{args.port}/metrics: {series_count(exporter.collect())} series, "
-          f"first poll {exporter.poll_ms:.1f} ms", flush=True)
+          f"first poll {exporter.poll_ms:.1f} ms, memory budget {membudget.format_bytes(exporter.budget.total_bytes)}",
+          flush=True)
     stop = threading.Event()
     try:
         poll_forever(exporter, args.interval_s, stop)

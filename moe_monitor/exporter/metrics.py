@@ -2,9 +2,11 @@
 (dashboard.live.snapshot.analyse): one implementation of every number.
 
 Names carry their unit (Prometheus conventions); labels are bounded: run, phase, the window a statistic
-covers, the statistic, and gpu (G values). Per-layer and per-expert series only on request and capped
-(per_layer: L series per run and phase; top_experts: N), so a 58-layer x 256-expert x 32-GPU run costs a
-few hundred series by default, not the L x E x ranks that stalls per-expert metrics elsewhere.
+covers, the statistic, and gpu (at most max_gpus values per run and phase: the busiest by window-mean load and
+the straggler; the others summed up in moe_gpu_load_rest_tokens_per_step and counted in moe_gpu_rest_gpus).
+Per-layer and per-expert series only on request and capped (per_layer: L series per run and phase;
+top_experts: N), so a 58-layer x 256-expert x 32-GPU run costs a few hundred series by default, not the
+L x E x ranks that stalls per-expert metrics elsewhere, and a run declaring 65,536 GPUs no more than 64 of them.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from moe_monitor.dashboard.analytics.timing import TimingSummary
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.sources.base import Health
+from moe_monitor.exporter.caps import DEFAULT_MAX_GPUS, top_gpus
 from moe_monitor.planner.advisor import Advice
 
 PHASES = ("both", "prefill", "decode")
@@ -32,14 +35,16 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
                  dropped_steps: int, bad_records: int, health: Health, now_s: float | None = None,
                  per_layer: bool = False, top_experts: int = 0,
                  advice: dict[str, Advice | None] | None = None,
-                 timings: dict[str, TimingSummary | None] | None = None) -> list[Metric]:
+                 timings: dict[str, TimingSummary | None] | None = None,
+                 max_gpus: int = DEFAULT_MAX_GPUS) -> list[Metric]:
     """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
     step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
     layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
     over layers); advice: phase -> the rebalance advisor's latest decision on that phase's window
     (planner.advisor.advise_now; None or absent: no gauge for that phase); timings: phase -> the layer timings of
     that phase's window (dashboard.analytics.timing.summarise; None or absent: no timing series, as for a run
-    whose engine does not time its layers)."""
+    whose engine does not time its layers); max_gpus: GPUs with series of their own per phase (exporter.caps.
+    top_gpus), the others summed up in the rest series."""
     now_s = time.time() if now_s is None else now_s
     eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
                             "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
@@ -58,6 +63,11 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
                                labels=["run", "phase"])
     layer_eta = GaugeMetricFamily("moe_layer_balancedness_ratio", "Mean over the window's steps of one layer's "
                                   "balancedness (only with --per-layer)", labels=["run", "phase", "layer"])
+    rest = GaugeMetricFamily("moe_gpu_load_rest_tokens_per_step", "The GPUs without series of their own (beyond "
+                             "the busiest --max-gpus): stat mean = the mean of their window-mean loads; latest, p99, "
+                             "max = the highest among them", labels=["run", "phase", "stat"])
+    rest_gpus = GaugeMetricFamily("moe_gpu_rest_gpus", "GPUs summed up in moe_gpu_load_rest_tokens_per_step",
+                                  labels=["run", "phase"])
     hot = GaugeMetricFamily("moe_expert_tokens_per_step", "Tokens per step of the hottest experts, summed over "
                             "layers (only with --top-experts N)", labels=["run", "phase", "expert"])
     for phase, snap in snapshots.items():
@@ -78,10 +88,21 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
             for stat in ("min", "p50", "p90"):
                 eta.add_metric([run, phase, window, stat], _value(getattr(spread, stat)))
         idle.add_metric([run, phase], _value(snap.idle_share))
-        for gpu in range(snap.latest_G.size):
-            for stat, values in (("latest", snap.latest_G), ("mean", snap.stats.mean_G), ("p99", snap.stats.p99_G),
-                                 ("max", snap.stats.max_G)):
+        per_stat = (("latest", snap.latest_G), ("mean", snap.stats.mean_G), ("p99", snap.stats.p99_G),
+                    ("max", snap.stats.max_G))
+        listed = top_gpus(snap.stats.mean_G, max_gpus, snap.straggler.gpu if snap.straggler else None)
+        for gpu in listed.tolist():
+            for stat, values in per_stat:
                 load.add_metric([run, phase, str(gpu), stat], _value(values[gpu]))
+        if listed.size < snap.latest_G.size:
+            others = np.ones(snap.latest_G.size, dtype=bool)
+            others[listed] = False
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # NaN loads stay NaN
+                for stat, values in per_stat:
+                    pick = np.nanmean if stat == "mean" else np.nanmax
+                    rest.add_metric([run, phase, stat], _value(pick(values[others])))
+            rest_gpus.add_metric([run, phase], float(others.sum()))
         straggler.add_metric([run, phase], float(snap.straggler.gpu) if snap.straggler else -1.0)
         straggler_ratio.add_metric([run, phase], _value(snap.straggler.ratio_to_mean) if snap.straggler else 1.0)
         rate.add_metric([run, phase], _value(snap.steps_per_s))
@@ -133,9 +154,15 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     if health.last_seen_s is not None:
         age.add_metric([run], max(0.0, now_s - health.last_seen_s))
     extra = ([layer_eta] if per_layer else []) + ([hot] if top_experts > 0 else [])
+    extra += [rest, rest_gpus] if rest.samples else []
     rebalance = [gain, moves, migration] if advice else []
     return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
             *timed, *extra]
+
+
+def gpu_series_dropped(snapshots: dict[str, Snapshot | None], max_gpus: int = DEFAULT_MAX_GPUS) -> int:
+    """Per-GPU series run_families leaves out under max_gpus (4 statistics for each GPU not listed, per phase)."""
+    return sum(4 * max(0, snap.latest_G.size - max_gpus) for snap in snapshots.values() if snap is not None)
 
 
 def series_count(families: Iterable[Metric]) -> int:
