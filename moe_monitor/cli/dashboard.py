@@ -3,7 +3,9 @@
 the runs in one Redis, and of the trace files in --trace-dir. Binds loopback unless told otherwise; anyone who
 reaches the port sees the runs. Apply (the What-if page asking an engine to move experts) is off unless
 --apply-run names the runs it is for; its requests are signed with the secret in --apply-secret-file (or
-$MOE_APPLY_SECRET_FILE / $MOE_APPLY_SECRET), which the engine must share."""
+$MOE_APPLY_SECRET_FILE / $MOE_APPLY_SECRET), which the engine must share. Every session's window shares one
+memory budget (--memory-budget, passed to the server as $MOE_MONITOR_MEMORY_BUDGET): a window that does not fit
+holds fewer steps and says so."""
 from __future__ import annotations
 
 import argparse

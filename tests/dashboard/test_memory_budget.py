@@ -126,6 +126,20 @@ def test_the_process_budget_comes_from_the_environment_and_using_overrides_it(mo
     monkeypatch.setattr(membudget, "_process_budget", None)  # the next test builds it from a clean environment
 
 
+def test_the_dashboard_command_takes_the_budget_and_refuses_one_that_is_not_a_size():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    help_text = subprocess.run([sys.executable, "-m", "moe_monitor", "dashboard", "--help"], cwd=root,
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "--memory-budget" in help_text and membudget.ENV_VAR in help_text
+    bad = subprocess.run([sys.executable, "-m", "moe_monitor", "dashboard", "--memory-budget", "lots"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --memory-budget 'lots'")
+
+
 # ------------------------------------------------------------------------------------------ the step window
 def test_a_window_the_budget_cannot_hold_is_narrowed_and_says_so():
     L, E = 8, 64
