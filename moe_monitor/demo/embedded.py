@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,17 +24,34 @@ from moe_monitor.dashboard.serve import streamlit_command
 from moe_monitor.demo.children import start_child
 
 
-def start_dashboard(port: int, redis_url: str) -> subprocess.Popen:
+def start_dashboard(port: int, redis_url: str, apply: dict[str, str] | None = None) -> subprocess.Popen:
+    """The dashboard child; apply: the Apply setting's environment (apply_setting), None: Apply off."""
     # one BLAS thread: the window's small matmuls gain nothing from more, and a busy host's pool stalls a tick
-    env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "REDIS_URL": redis_url}
+    env = {"OPENBLAS_NUM_THREADS": "1", **os.environ, "REDIS_URL": redis_url, **(apply or {})}
     return start_child(streamlit_command(port), env=env)
 
 
-def engine_command(args, redis_url: str) -> list[str] | None:
+def apply_setting(run: str) -> tuple[str, dict[str, str]]:
+    """A fresh apply secret for the demo's own EP runtime and dashboard: (its file, the dashboard's environment
+    turning Apply on for `run` only). The file (mode 600, in a private temporary folder) is read by both; the
+    secret is never on a command line."""
+    from moe_monitor.core.apply_secret import SECRET_FILE_ENV
+    from moe_monitor.dashboard.sources.apply_gate import RUNS_ENV
+
+    folder = tempfile.mkdtemp(prefix="moe-demo-apply-")
+    path = os.path.join(folder, "apply.key")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return path, {RUNS_ENV: run, SECRET_FILE_ENV: path}
+
+
+def engine_command(args, redis_url: str, apply_secret_file: str | None = None) -> list[str] | None:
     """The engine process of `--engine vllm|ep`, or None (with the reason printed) when it cannot run here."""
     if args.engine == "ep":   # several CPU ranks with all-to-all, timings and live layout apply (demo/ep)
-        return [sys.executable, "-m", "moe_monitor.demo.ep", "--ranks", str(args.ranks or 4), "--redis", redis_url, "--run",
-                args.run, "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
+        cmd = [sys.executable, "-m", "moe_monitor.demo.ep", "--ranks", str(args.ranks or 4), "--redis", redis_url,
+               "--run", args.run, "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
+        return cmd + (["--apply-secret-file", apply_secret_file] if apply_secret_file else [])
     if args.engine == "fleet":  # a whole DP-attention deployment of the tiny model, ranks summed by the aggregator
         return [sys.executable, "-m", "moe_monitor.demo.fleet", "--ranks", str(args.ranks or 32), "--redis", redis_url, "--run",
                 args.run, "--seconds", str(args.seconds if args.seconds > 0 else 7 * 24 * 3600)]
@@ -50,7 +68,8 @@ def engine_command(args, redis_url: str) -> list[str] | None:
 def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     """The dashboard here, the engine (a real vLLM in .venv-engines, or the EP runtime's ranks) in its own
     processes, publishing to the same Redis."""
-    cmd = engine_command(args, redis_url)
+    secret_file, apply = apply_setting(args.run) if args.engine == "ep" else (None, None)  # Apply: its own run
+    cmd = engine_command(args, redis_url, secret_file)
     if cmd is None:
         return 2
     engine = start_child(cmd)
@@ -58,7 +77,7 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     if args.engine == "fleet":  # ranks summed once, by the aggregator, for every dashboard
         helpers.append(start_child([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", redis_url,
                                     "--run", args.run]))
-    dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url)
+    dashboard = None if args.no_dashboard else start_dashboard(args.port, redis_url, apply)
     if dashboard is not None:
         print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once the engine is up)",
               flush=True)
