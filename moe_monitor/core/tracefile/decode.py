@@ -5,7 +5,9 @@ scope, negative counts, a sample of the wrong length or with ids outside [-1, E)
 allowed) is skipped and counted as a bad record, never raised; the caller's batch was already checked
 against the schema (core/tracefile/schema.py), so counts have exactly L*E int32 per row. The checks of a row's
 place (step, rank, world, time, collector instance) and the zero-copy views of fixed-width binary columns
-serve the timings table too (core/tracefile/timings.py).
+serve the timings table too (core/tracefile/timings.py). Nothing is expanded beyond what the rows kept need:
+dictionary columns (phase, instance, scope; a .parquet trace's sample) are read through their dictionaries,
+a sample is copied out of its column only for a row that is kept (core/tracefile/sample_column.py).
 
 Shape legend: R rows of a batch, L layers, E experts, N sampled tokens, K top-k.
 """
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from moe_monitor import core
+
+from .sample_column import SampleColumn
 
 
 @dataclass
@@ -37,10 +40,25 @@ def as_ints(column: pa.Array, fill: int = -1) -> np.ndarray:
 
 
 def as_texts(column: pa.Array) -> list[str | None]:
-    """A string or dictionary<string> column as a list (None for a null)."""
-    if pa.types.is_dictionary(column.type):
-        column = column.cast(pa.string())
-    return column.to_pylist()
+    """A string or dictionary<string> column as a list (None for a null). A dictionary column is never
+    expanded into strings: each row refers to its dictionary entry's one str (a long value repeated on many
+    rows costs its length once)."""
+    return list(text_objects(column))
+
+
+def text_objects(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """object [R] of str (None for a null) of a string or dictionary<string> column, chunked or not; a
+    dictionary's entries are decoded once per chunk and shared by the rows that use them."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    parts = [np.zeros(0, dtype=object)]
+    for chunk in chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            parts.append(np.asarray(chunk.to_pylist() + [None], dtype=object)[:-1])
+            continue
+        entries = np.asarray(chunk.dictionary.to_pylist() + [None], dtype=object)  # index -1: the None
+        index = chunk.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        parts.append(entries[np.where((index >= 0) & (index < len(entries) - 1), index, -1)])
+    return np.concatenate(parts)
 
 
 def fixed_width_view(column: pa.Array, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
@@ -113,11 +131,11 @@ def row_errors(batch: pa.RecordBatch, num_layers: int, num_experts: int) -> list
     flag(long_instances(batch.column("instance")), "collector instance id too long")
     counts_RLE = counts_view(batch.column("counts"), num_layers, num_experts)
     flag((counts_RLE < 0).reshape(rows, -1).any(axis=1), "counts contain negative values")
-    sample_col = batch.column("sample")
-    has_sample = sample_col.is_valid().to_numpy(zero_copy_only=False)
+    samples = SampleColumn(batch.column("sample"))
+    has_sample = samples.present_R
     if has_sample.any():
         n, k = as_ints(batch.column("sample_n")), as_ints(batch.column("sample_k"))
-        lengths = pc.binary_length(sample_col).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        lengths = samples.length_R
         bad_nk = has_sample & ((n < 0) | (n > core.MAX_CELLS) | (k < 1) | (k > core.MAX_EXPERTS))
         flag(bad_nk, "sample_n / sample_k out of range")
         expected = num_layers * np.clip(n, 0, core.MAX_CELLS) * np.clip(k, 0, core.MAX_EXPERTS) * core.SAMPLE_DTYPE.itemsize
@@ -136,7 +154,7 @@ def decode_rows(batch: pa.RecordBatch, meta: core.RunMeta, keep=None) -> Decoded
     tokens, dropped = as_ints(cols["tokens"]), as_ints(cols["dropped"])
     time_s = cols["time_s"].fill_null(0.0).to_numpy(zero_copy_only=False)
     phase, scope, instance = as_texts(cols["phase"]), as_texts(cols["scope"]), as_texts(cols["instance"])
-    samples = cols["sample"].to_pylist() if cols["sample"].null_count < len(cols["sample"]) else None
+    samples = SampleColumn(cols["sample"])
     n, k = as_ints(cols["sample_n"]), as_ints(cols["sample_k"])
     out = Decoded(records=[])
     for r in range(batch.num_rows):
@@ -147,8 +165,8 @@ def decode_rows(batch: pa.RecordBatch, meta: core.RunMeta, keep=None) -> Decoded
             out.last_error = f"step row {r}: {why[r]}"
             continue
         sample = None
-        if samples is not None and samples[r] is not None:
-            sample = np.frombuffer(samples[r], dtype=core.SAMPLE_DTYPE).reshape(num_layers, int(n[r]), int(k[r]))
+        if samples.present_R[r]:
+            sample = samples.ids(r, num_layers, int(n[r]), int(k[r]))
             if sample.size and ((sample < -1) | (sample >= num_experts)).any():
                 out.bad_records += 1
                 out.last_error = f"step row {r}: sample holds expert ids outside [-1, E)"

@@ -6,7 +6,10 @@
     JSON lines    anything else that is text  core/tracefile/reader_jsonl.py (indexed once, bounded)
 
 Every problem with the file is one ValueError naming it; rows or lines that do not decode are counted in
-reader.bad_records instead.
+reader.bad_records instead. A columnar file is refused before anything of it is decoded when its metadata
+says it decodes to more than the decoded-bytes budget (core/budget.py: max_decoded_bytes, else
+$MOE_TRACE_MAX_DECODED_MIB, else 1 GiB). A JSON-lines trace decodes to less than its size (no compression);
+its index holds a few numbers per line.
 """
 from __future__ import annotations
 
@@ -40,17 +43,18 @@ def container_of(path: str | os.PathLike[str]) -> str:
     return "jsonl"
 
 
-def open_trace(path: str | os.PathLike[str]) -> TraceReader:
-    """The trace at path opened for reading; ValueError (one line naming the file) when it is not one."""
+def open_trace(path: str | os.PathLike[str], max_decoded_bytes: int | None = None) -> TraceReader:
+    """The trace at path opened for reading; ValueError (one line naming the file) when it is not one, or
+    decodes to more than max_decoded_bytes (None: the budget of core/budget.py)."""
     p = os.fspath(path)
     kind = container_of(p)
     try:
         if kind == "parquet":
             from .reader_parquet import ParquetTraceReader
-            return ParquetTraceReader(p)
+            return ParquetTraceReader(p, max_decoded_bytes)
         if kind == "arrows":
             from .reader_ipc import IpcTraceReader
-            return IpcTraceReader(p)
+            return IpcTraceReader(p, max_decoded_bytes)
         from .reader_jsonl import JsonlTraceReader
         return JsonlTraceReader(p)
     except ValueError as exc:

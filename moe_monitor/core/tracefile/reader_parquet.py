@@ -6,8 +6,12 @@ A trace whose metadata lacks moe.timing_rows (written before timings were kept) 
 is one; a trace that says it wrote N rows and has no such sidecar, or one that does not read, is one bad
 record with one message, and its steps read as before.
 
-A hostile file cannot make a read allocate more than MAX_GROUP_BYTES per row group: its declared rows x the
-counts width (and its uncompressed size) are checked before a row group is read.
+What the file decodes to is counted from its metadata at open, before any page is read
+(core/tracefile/parquet_budget.py: every row group's step columns, the sample column at the size its rows
+declare), and checked against the budget (core/budget.py), as is each row group against MAX_GROUP_BYTES.
+Only the step columns are read (a column the schema does not name is never decoded), the sample column as a
+dictionary (a value repeated on many rows decoded once), and the small per-row columns (columnar.ROW_COLUMNS,
+with sample_n / sample_k) once at open.
 """
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_monitor import core
+from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
 
-from .columnar import TIMELINE_COLUMNS, ColumnarReader, Piece, step_range
-from .schema import parse_metadata
+from .columnar import ROW_COLUMNS, ColumnarReader, Piece, step_range
+from .parquet_budget import group_bytes_G, per_group, sample_bytes_R
+from .schema import STEP_COLUMNS, parse_metadata
 from .side import SideRecords, read_gpu_parquet
 from .timings import META_TIMING_ROWS, TimingTable, timings_sidecar
 from .writers import gpu_sidecar
@@ -32,45 +38,54 @@ MAX_GROUP_BYTES = 1 << 30
 class ParquetTraceReader(ColumnarReader):
     container = "parquet (zstd)"
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, max_decoded_bytes: int | None = None):
         super().__init__(path)
         try:
-            self._file = pq.ParquetFile(path, memory_map=True)
+            with pq.ParquetFile(path, memory_map=True) as plain:
+                self.meta, self.layouts, bad = parse_metadata(plain.schema_arrow, plain.metadata.metadata)
+            self._file = pq.ParquetFile(path, memory_map=True, read_dictionary=["sample"])  # has one: checked
             schema = self._file.schema_arrow
         except (OSError, pa.ArrowInvalid) as exc:
             raise ValueError(f"{path}: not a Parquet trace ({str(exc)[:160]})") from None
-        self.meta, self.layouts, bad = parse_metadata(schema, self._file.metadata.metadata)
         self.bad_records += bad
-        width = schema.field("counts").type.byte_width
+        meta = self._file.metadata
+        rows_G = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64)
+        bytes_G = group_bytes_G(meta, schema)
+        budget = decoded_budget_bytes() if max_decoded_bytes is None else max_decoded_bytes
+        what = f"{path}: its row groups ({meta.num_row_groups}, {int(rows_G.sum())} rows)"
+        check_decoded(what, int(bytes_G.sum()), budget)
+        for group in np.flatnonzero(bytes_G > MAX_GROUP_BYTES)[:1]:
+            raise ValueError(f"{path}: row group {group} declares {rows_G[group]} rows ({bytes_G[group]} bytes "
+                             "decoded), more than a reader takes at once")
+        rows = self._read_columns([*ROW_COLUMNS, "sample_n", "sample_k"])
+        bytes_G += per_group(sample_bytes_R(len(self.meta.layer_names), rows["sample_n"], rows["sample_k"]), rows_G)
+        check_decoded(f"{what} with their samples", int(bytes_G.sum()), budget)
+        self._set_rows(rows.select(list(ROW_COLUMNS)))
         step_index = schema.get_field_index("step")
         self.pieces = []
-        meta = self._file.metadata
         for group in range(meta.num_row_groups):
-            info = meta.row_group(group)
-            if info.num_rows * (width + 64) > MAX_GROUP_BYTES or info.total_byte_size > 2 * MAX_GROUP_BYTES:
-                raise ValueError(f"{path}: row group {group} declares {info.num_rows} rows "
-                                 f"({info.total_byte_size} bytes), more than a reader takes at once")
-            stats = info.column(step_index).statistics
+            stats = meta.row_group(group).column(step_index).statistics
             if stats is not None and stats.has_min_max:
                 first, last = int(stats.min), int(stats.max)
             else:
                 first, last = step_range(self._file.read_row_group(group, columns=["step"])["step"])
-            self.pieces.append(Piece(info.num_rows, first, last, functools.partial(self._read_group, group)))
+            self.pieces.append(Piece(int(rows_G[group]), first, last, functools.partial(self._read_group, group),
+                                     decoded_bytes=int(bytes_G[group])))
         self._gpu: SideRecords | None = None
         self._timings: TimingTable | None = None
         self._timing_rows_written = _count(self._file.metadata.metadata or {})
 
-    def _read_group(self, group: int) -> pa.Table:
+    def _read_columns(self, columns: list[str]) -> pa.Table:
         try:
-            return self._file.read_row_group(group)
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise ValueError(f"{self.path}: row group {group} does not read ({str(exc)[:160]})") from None
-
-    def _timeline_table(self) -> pa.Table:
-        try:
-            return self._file.read(columns=list(TIMELINE_COLUMNS))
+            return self._file.read(columns=columns)
         except (OSError, pa.ArrowInvalid) as exc:
             raise ValueError(f"{self.path}: its step columns do not read ({str(exc)[:160]})") from None
+
+    def _read_group(self, group: int) -> pa.Table:
+        try:
+            return self._file.read_row_group(group, columns=list(STEP_COLUMNS))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise ValueError(f"{self.path}: row group {group} does not read ({str(exc)[:160]})") from None
 
     def gpu_samples(self, t0_s: float = -np.inf, t1_s: float = np.inf) -> list[core.GpuSample]:
         if self._gpu is None:
