@@ -1,6 +1,11 @@
 """The one place that reads PyTorch .pt files (SGLang dumps and logical_count files): weights_only=True,
 always, on the CPU. torch is imported only when a .pt file is read, so nothing that imports this needs torch
-until then, and a machine without torch gets a clear message instead."""
+until then, and a machine without torch gets a clear message instead.
+
+Bounded by the decoded-bytes budget (core/budget.py), with core/ptbounds.py: before torch reads anything, the
+zip archive's declared entry sizes (the storages torch will read; the pickle at PICKLE_OBJECT_BYTES bytes of
+Python objects per byte); after the weights-only load and before anything is copied out of it, the elements of
+every tensor it holds, each time it is held, as int64 (what a parser's copies take)."""
 from __future__ import annotations
 
 import os
@@ -9,17 +14,45 @@ import re
 import warnings
 from typing import Any
 
+from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
+from moe_monitor.core.ptbounds import tensor_elements, zip_declared
 
-def load_weights_only(path: str) -> Any:
+PICKLE_OBJECT_BYTES = 64  # Python objects one byte of pickle may build, at most (an empty dict appended: 2 bytes)
+ELEMENT_BYTES = 16         # a tensor element as stored (at most 8 bytes) and once copied out (int64 or float64)
+
+
+def load_weights_only(path: str, max_decoded_bytes: int | None = None) -> Any:
     """torch.load(path, map_location="cpu", weights_only=True): tensors and plain containers only, never an
     arbitrary pickled object. ValueError (one line, naming the file) when torch is missing, refuses the file
-    or cannot read it."""
+    or cannot read it, or the file decodes to more than max_decoded_bytes (None: the budget of core/budget.py):
+    checked before the load from the archive's metadata, and after it on the tensors' elements."""
     try:
         import torch
     except ImportError:
         raise ValueError(f"{path}: reading a .pt file needs torch installed (or save the counts as JSON)") from None
 
     name = os.path.basename(path)
+    budget = decoded_budget_bytes() if max_decoded_bytes is None else max_decoded_bytes
+    try:
+        declared = zip_declared(path)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    except OSError:
+        declared = None  # torch.load says why the file does not read
+    if declared is not None:
+        check_decoded(f"{name}: its zip entries ({declared.entries})", declared.total_bytes, budget)
+        check_decoded(f"{name}: the Python objects of its {declared.pickle_bytes}-byte pickle",
+                      declared.pickle_bytes * PICKLE_OBJECT_BYTES, budget)
+    obj = _load(torch, path, name)
+    try:
+        elements = tensor_elements(obj)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    check_decoded(f"{name}: the {elements} elements of its tensors", elements * ELEMENT_BYTES, budget)
+    return obj
+
+
+def _load(torch, path: str, name: str) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about pickle protocols on some files

@@ -15,6 +15,9 @@ written with torch.save) has three modes; the facts used here:
 
 Files load with torch.load(weights_only=True) only (core.ptfile.load_weights_only): a
 file that holds anything but tensors and plain containers is refused, never unpickled. Every problem is one ValueError naming the file.
+Besides its size on disk (max_bytes), a dump is bounded by what it decodes to (core/budget.py, through
+core.ptfile): its zip archive's declared sizes before the load, and the elements of every tensor it holds, each
+time it is held (records sharing one storage count once per record), before anything is copied out of it.
 
 Shape legend (README, Conventions): T forward passes (or buffered stat rows), L layers, E logical experts,
 P physical slots, N tokens of a pass, K top-k.
@@ -111,15 +114,16 @@ class PassDump:
 Dump = StatDump | PassDump
 
 
-def read_dump(path: str | os.PathLike[str], max_bytes: int) -> Dump:
+def read_dump(path: str | os.PathLike[str], max_bytes: int, max_decoded_bytes: int | None = None) -> Dump:
     """Load and check one dump file. ValueError (one line, naming the file) when it is larger than
-    max_bytes, cannot be read as a weights-only torch file, or is not a well-formed dump."""
+    max_bytes, decodes to more than max_decoded_bytes (None: the budget of core/budget.py), cannot be read
+    as a weights-only torch file, or is not a well-formed dump."""
     path = os.fspath(path)
     name = os.path.basename(path)
     size = os.stat(path).st_size
     if size > max_bytes:
         raise ValueError(f"{name}: {size} bytes is over the {max_bytes}-byte limit (--max-file-mib)")
-    obj = load_weights_only(path)
+    obj = load_weights_only(path, max_decoded_bytes)
     try:
         return parse_dump(obj, name)
     except ValueError as exc:
@@ -266,12 +270,14 @@ def int_array(value: Any, what: str, lo: int, hi: int) -> np.ndarray:
         if data.size and (data != np.floor(data)).any():
             raise ValueError(f"{what} holds fractional values")
     else:
-        data = value.detach().to("cpu", torch.int64).numpy()
+        data = value.detach().to("cpu", torch.int64).numpy()  # an int64 tensor's own storage: copied below
     if data.size and (data.min() < lo or data.max() > hi):
         if lo == 0 and data.min() < 0:
             raise ValueError(f"{what} holds negative values")
         raise ValueError(f"{what} holds values outside {lo}..{hi}")
-    return data.astype(np.int64)
+    if value.dtype.is_floating_point or value.dtype == torch.int64:
+        return data.astype(np.int64)  # the one copy: never a view of the loaded storage
+    return data  # already a new int64 array (converted from a narrower type)
 
 
 def _plain_int(value: Any, what: str, lo: int, hi: int) -> int:
