@@ -1,9 +1,12 @@
 """moe-monitor info FILE and moe-monitor convert IN OUT: describe a trace; convert JSON-lines traces, SGLang
-dumps (.pt) and logical_count JSON into columnar traces (.parquet archive, .arrows recording)."""
+dumps (.pt) and logical_count JSON into columnar traces (.parquet archive, .arrows recording). Both refuse an
+input that decodes to more than the decoded-bytes budget (--max-decoded-mib, core/budget.py) before decoding it."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+
+from moe_monitor.core.budget import DEFAULT_DECODED_MIB, ENV_VAR, decoded_budget_bytes
 
 from .common import add_json, guarded, print_json
 
@@ -12,6 +15,7 @@ def register(sub) -> None:
     inf = sub.add_parser("info", help="a trace's run, steps, ranks, time span, layouts and size",
                          description="Describe a trace (.parquet, .arrows or JSON lines).")
     inf.add_argument("path", metavar="FILE")
+    add_max_decoded(inf)
     add_json(inf)
     inf.set_defaults(handler=lambda args: guarded(info, args))
     con = sub.add_parser("convert", help="JSON lines, SGLang dumps (.pt) or logical_count JSON -> .parquet/.arrows",
@@ -22,13 +26,21 @@ def register(sub) -> None:
     con.add_argument("--gpus", type=int, default=None, help="GPUs of the layout (SGLang inputs)")
     con.add_argument("--phase", default="unknown", help="phase of logical_count JSON steps")
     con.add_argument("--top-k", type=int, default=8, help="k of the model (SGLang inputs without ids)")
+    add_max_decoded(con)
     add_json(con)
     con.set_defaults(handler=lambda args: guarded(convert, args))
 
 
+def add_max_decoded(p: argparse.ArgumentParser) -> None:
+    """--max-decoded-mib: the decoded-bytes budget of one input file (core/budget.py)."""
+    p.add_argument("--max-decoded-mib", type=float, default=None, metavar="MIB",
+                   help=f"refuse an input that decodes to more than MIB mebibytes, all of it together (default: "
+                        f"${ENV_VAR} or {DEFAULT_DECODED_MIB})")
+
+
 def info(args: argparse.Namespace) -> int:
     from moe_monitor.core.tracefile.reader import open_trace
-    with open_trace(args.path) as reader:
+    with open_trace(args.path, decoded_budget_bytes(args.max_decoded_mib)) as reader:
         found = reader.info()
         meta = reader.meta
     if args.json:
@@ -50,7 +62,8 @@ def info(args: argparse.Namespace) -> int:
 
 def convert(args: argparse.Namespace) -> int:
     from moe_monitor.traces.convert import convert as convert_file
-    steps = convert_file(args.src, args.dst, run=args.run, gpus=args.gpus, phase=args.phase, top_k=args.top_k)
+    steps = convert_file(args.src, args.dst, run=args.run, gpus=args.gpus, phase=args.phase, top_k=args.top_k,
+                         max_decoded_bytes=decoded_budget_bytes(args.max_decoded_mib))
     if args.json:
         print_json({"out": args.dst, "steps": steps})
     else:

@@ -7,6 +7,8 @@ over replicas through the dump's own physical_to_logical_map, which is the run's
 stat row, or one per [L, E] table of a logical_count JSON (phase from `phase`, tokens = busiest layer / k).
 A trace's layer timings (core.TimingRecord) go along, chunk by chunk with their steps (every timing of the
 input, steps without a step record included): into the .parquet timings sidecar, or the .arrows side file.
+Every input is refused before it is decoded when it decodes to more than the decoded-bytes budget
+(core/budget.py; a logical_count JSON counted at JSON_OBJECT_BYTES a byte).
 """
 from __future__ import annotations
 
@@ -18,27 +20,31 @@ from collections.abc import Iterator
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
 from moe_monitor.core.tracefile.reader import open_trace
 from moe_monitor.core.tracefile.writers import open_writer
 
 CHUNK_STEPS = 512
 MAX_JSON_BYTES = 1 << 30
+JSON_OBJECT_BYTES = 8  # a byte of logical_count JSON ("0,") decoded: a list slot, then a numpy element
 
 
 def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None, phase: str = "unknown",
-            top_k: int = 8) -> int:
-    """Write src as the trace dst; returns the steps written. ValueError (one line) on bad input."""
+            top_k: int = 8, max_decoded_bytes: int | None = None) -> int:
+    """Write src as the trace dst; returns the steps written. ValueError (one line) on bad input, or an input
+    that decodes to more than max_decoded_bytes (None: the budget of core/budget.py)."""
     if os.path.abspath(src) == os.path.abspath(dst):
         raise ValueError("IN and OUT are the same file")
     open_writer_check(dst)
+    budget = decoded_budget_bytes() if max_decoded_bytes is None else max_decoded_bytes
     name = os.path.basename(src)
     if name.lower().endswith((".pt", ".pth")):
-        meta, steps = _sglang_dump(src, run, gpus, top_k)
+        meta, steps = _sglang_dump(src, run, gpus, top_k, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])
     if name.lower().endswith(".json") and _looks_like_logical_count(src):
-        meta, steps = _logical_count_json(src, run, gpus, phase, top_k)
+        meta, steps = _logical_count_json(src, run, gpus, phase, top_k, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])
-    reader = open_trace(src)
+    reader = open_trace(src, budget)
     try:
         tl = reader.timeline()
         meta = reader.meta if run is None else _renamed(reader.meta, run)
@@ -134,9 +140,11 @@ def _steps_of(run: str, counts_TLE: np.ndarray, phases, tokens_T, rank: int = 0,
                for t in range(a, min(counts_TLE.shape[0], a + CHUNK_STEPS))]
 
 
-def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str, top_k: int):
-    if os.path.getsize(path) > MAX_JSON_BYTES:
+def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str, top_k: int, budget: int):
+    size = os.path.getsize(path)
+    if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
+    check_decoded(f"{path}: its numbers", size * JSON_OBJECT_BYTES, budget)
     with open(path, "rb") as handle:
         obj = core.parse_json(handle.read(), "logical_count JSON")
     from moe_monitor.core.counts import as_counts
@@ -156,11 +164,11 @@ def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str
                            time0_s=float(int(os.path.getmtime(path))))
 
 
-def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int):
+def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int, budget: int):
     from moe_monitor.core.sglang_dumps import PassDump, parse_name, read_dump
     from moe_monitor.core.sglang_records import pass_steps, stat_steps, top_k_of
 
-    dump = read_dump(path, max_bytes=4 << 30)
+    dump = read_dump(path, max_bytes=4 << 30, max_decoded_bytes=budget)
     named = parse_name(os.path.basename(path))
     time0_s = named.time_s if named is not None else float(int(os.path.getmtime(path)))
     stem = _run_name(os.path.basename(path).rsplit(".", 1)[0])

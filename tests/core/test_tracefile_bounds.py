@@ -1,0 +1,250 @@
+"""Every trace and dump reader bounds what it decodes before it decodes it (core/budget.py): hostile files
+that are small on disk and decode to far more (zstd-compressed IPC bodies, Parquet dictionary / RLE columns
+of one repeated value, a repeated sample value, deflated or shared-storage .pt dumps, a step with more rows
+than its world) are refused with one message naming the bound, and the process that opens them stays small:
+each is opened in a child process whose peak resident memory is asserted (its VmHWM where /proc has it: the
+resource.getrusage peak of a child also holds its parent's, which built the file). Legitimate
+traces keep opening; a budget raised above a file opens it and decodes its batches lazily.
+
+The hostile files (tests/core/hostile_traces.py) are sized against a budget lowered for the child through
+MOE_TRACE_MAX_DECODED_MIB, so they build in a second; the same files at the default budget are the ones
+the issue measured, only larger.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_monitor import core
+from moe_monitor.core import tracefile
+from moe_monitor.core.budget import ENV_VAR, decoded_budget_bytes
+from tests.core import hostile_traces as hostile
+from tests.support.synthfill import make_meta
+
+REPO = Path(__file__).resolve().parents[2]
+PEAK_LIMIT_MIB = 400
+CHILD = r"""
+import json, resource, sys
+action, path = sys.argv[1], sys.argv[2]
+out = {"error": "", "status": 0}
+try:
+    if action == "open":
+        from moe_monitor.core.tracefile import open_trace
+        reader = open_trace(path)
+        out["steps"] = reader.timeline().num_steps
+        reader.close()
+    elif action == "page":
+        from moe_monitor.core.tracefile import open_trace
+        reader = open_trace(path)
+        tl = reader.timeline()
+        out["records"] = len(reader.read_steps(int(tl.step_T[0]), int(tl.step_T[min(599, tl.num_steps - 1)])))
+    elif action == "info":
+        from moe_monitor.cli import main
+        out["status"] = main(["info", path])
+    elif action == "dump":
+        from moe_monitor.core.sglang_dumps import read_dump
+        out["kind"] = type(read_dump(path, 1 << 30)).__name__
+except ValueError as exc:
+    out["error"] = str(exc)
+out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+try:  # this process's own peak: on Linux ru_maxrss also carries the parent's peak across fork and exec
+    with open("/proc/self/status") as status:
+        out["peak_rss_mib"] = next(int(line.split()[1]) for line in status if line.startswith("VmHWM")) / 1024
+except (OSError, StopIteration):
+    pass
+print(json.dumps(out))
+"""
+
+
+def in_child(action: str, path: Path, budget_mib: float | None) -> dict:
+    """What `action` on path gave in a fresh interpreter (error message, peak RSS in MiB, status; stderr)."""
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    if budget_mib is not None:
+        env[ENV_VAR] = str(budget_mib)
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", CHILD, action, str(path)], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["stderr"] = done.stderr
+    return out
+
+
+def refused(out: dict, *words: str) -> None:
+    """The child's action was refused with one message naming the bound and how to raise it."""
+    text = out["error"] or out["stderr"]
+    assert text and "\n" not in text.strip(), out
+    for word in words:
+        assert word in text, (word, text)
+    assert out["peak_rss_mib"] < PEAK_LIMIT_MIB, out
+
+
+BOUND = ("more than the", ENV_VAR, "--max-decoded-mib")
+
+
+def test_zstd_arrows_is_refused_before_any_batch_is_decoded(tmp_path):
+    path = tmp_path / "bomb.arrows"
+    counts_bytes = hostile.zstd_arrows(path, batches=4, rows_per_batch=1024)
+    assert counts_bytes == 512 << 20 and path.stat().st_size < 1 << 20
+    for action in ("open", "info"):
+        refused(in_child(action, path, budget_mib=256), "record batches (4) decode to", *BOUND)
+
+
+def test_zstd_arrows_under_a_raised_budget_decodes_lazily(tmp_path):
+    """Above the bound the same file opens; the upload check (open + timeline) decodes only the small
+    columns, info decodes the one batch holding its first step."""
+    path = tmp_path / "bomb.arrows"
+    hostile.zstd_arrows(path, batches=4, rows_per_batch=1024)
+    opened = in_child("open", path, budget_mib=1024)
+    assert opened["error"] == "" and opened["steps"] == 4096
+    assert opened["peak_rss_mib"] < 250, opened
+    described = in_child("info", path, budget_mib=1024)
+    assert described["status"] == 0 and described["peak_rss_mib"] < PEAK_LIMIT_MIB, described
+
+
+def test_parquet_of_many_row_groups_of_one_repeated_step_is_refused(tmp_path):
+    path = tmp_path / "repeated.parquet"
+    rows = hostile.repeated_step_parquet(path, row_groups=4, rows_per_group=600_000)
+    assert rows == 2_400_000 and path.stat().st_size < 1 << 20
+    refused(in_child("open", path, budget_mib=256), "row groups (4, 2400000 rows) decode to", *BOUND)
+
+
+def test_a_step_with_more_rows_than_its_world_is_refused(tmp_path):
+    path = tmp_path / "one-step.parquet"
+    hostile.repeated_step_parquet(path, row_groups=2, rows_per_group=250_000)
+    for action in ("open", "info"):
+        refused(in_child(action, path, budget_mib=None), "step 0 holds 500000 rows", "world of 1")
+
+
+def test_a_repeated_parquet_sample_is_counted_at_the_size_its_rows_declare(tmp_path):
+    path = tmp_path / "sample.parquet"
+    sample_bytes = hostile.big_sample_parquet(path, steps=600, tokens=16384)
+    assert sample_bytes == 600 * (512 << 10) and path.stat().st_size < 1 << 20
+    for action in ("open", "page"):
+        refused(in_child(action, path, budget_mib=256), "with their samples decode to", *BOUND)
+
+
+def test_a_repeated_parquet_sample_under_a_raised_budget_decodes_once_per_row_group(tmp_path):
+    path = tmp_path / "sample.parquet"
+    hostile.big_sample_parquet(path, steps=128, tokens=16384)
+    out = in_child("page", path, budget_mib=1024)
+    assert out["error"] == "" and out["records"] == 128 and out["peak_rss_mib"] < PEAK_LIMIT_MIB, out
+
+
+def test_a_deflated_dump_is_refused_from_its_zip_directory(tmp_path):
+    path = tmp_path / "expert_distribution_recorder_1700000000.pt"
+    elements = hostile.deflated_stat_dump(path, buffered=100)
+    assert elements * 4 > 64 << 20 and path.stat().st_size < 1 << 20
+    refused(in_child("dump", path, budget_mib=64), "zip entries (7) decode to", *BOUND)
+
+
+def test_a_dump_whose_records_share_one_storage_is_refused_before_any_copy(tmp_path):
+    path = tmp_path / "expert_distribution_recorder_1700000000_0.pt"
+    elements = hostile.shared_storage_dump(path, records=200, num_slots=4096)
+    assert path.stat().st_size < 4 << 20
+    refused(in_child("dump", path, budget_mib=64), f"the {elements} elements of its tensors decode to", *BOUND)
+
+
+def test_a_dump_holding_itself_or_nested_too_deep_is_refused(tmp_path):
+    import torch
+
+    from moe_monitor.core.sglang_dumps import read_dump
+
+    deep: list = []
+    for _ in range(100):
+        deep = [deep]
+    path = tmp_path / "deep.pt"
+    torch.save({"logical_count": torch.zeros(2, 3, dtype=torch.int32), "x": deep}, path)
+    with pytest.raises(ValueError, match="nested more than 64 deep"):
+        read_dump(path, 1 << 30)
+
+
+def test_legitimate_dumps_still_read(tmp_path):
+    import torch
+
+    from moe_monitor.core.sglang_dumps import PassDump, StatDump, read_dump
+
+    stat = tmp_path / "expert_distribution_recorder_1700000000.pt"
+    torch.save({"rank": 0, "logical_count": torch.ones((4, 3, 8), dtype=torch.int64)}, stat)
+    assert isinstance(read_dump(stat, 1 << 30), StatDump)
+    per_pass = tmp_path / "expert_distribution_recorder_1700000000_0.pt"
+    layout = torch.arange(8).repeat(3, 1)
+    torch.save({"records": [{"forward_pass_id": i, "rank": 0, "global_physical_count": torch.ones(3, 8)}
+                            for i in range(5)], "last_physical_to_logical_map": layout}, per_pass)
+    dump = read_dump(per_pass, 1 << 30)
+    assert isinstance(dump, PassDump) and dump.physical_count_TLP.shape == (5, 3, 8)
+    dump.physical_count_TLP[0, 0, 0] = 99  # the parse owns its arrays: the loaded storage is not changed
+    assert read_dump(per_pass, 1 << 30).physical_count_TLP[0, 0, 0] == 1
+
+
+@pytest.mark.parametrize("name", ["demo.parquet", "deepseek_v3_decode_in1000out1000.parquet"])
+def test_the_shipped_samples_open_under_the_default_budget(name):
+    path = REPO / "moe_monitor" / "traces" / "samples" / name
+    with tracefile.open_trace(path) as reader:
+        tl = reader.timeline()
+        first = reader.read_steps(int(tl.step_T[0]), int(tl.step_T[0]))
+    assert tl.num_steps > 0 and first
+
+
+L, E = 2, 8
+
+
+def _records(steps: int, instance: str, world: int = 2) -> list[core.StepRecord]:
+    return [core.StepRecord(run="b", rank=rank, world_size=world, step=step, time_s=1000.0 + step, phase="decode",
+                            tokens=3, counts_LE=np.full((L, E), step, np.int32), instance=instance)
+            for step in range(steps) for rank in range(world)]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrows"])
+def test_a_restarted_collector_repeating_step_ids_is_a_trace(tmp_path, suffix):
+    """Two collector instances numbering the same steps (a restart): world rows per instance, accepted."""
+    path = tmp_path / f"restart{suffix}"
+    writer = tracefile.open_writer(path, make_meta("b", L, E, 2, world_size=2))
+    writer.write(_records(5, "first"))
+    writer.write(_records(5, "second"))
+    writer.close()
+    with tracefile.open_trace(path) as reader:
+        assert reader.timeline().num_steps == 5 and len(reader.read_steps(0, 4)) == 20
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrows"])
+def test_one_row_more_than_the_world_is_refused(tmp_path, suffix):
+    path = tmp_path / f"extra{suffix}"
+    writer = tracefile.open_writer(path, make_meta("b", L, E, 2, world_size=2))
+    records = _records(3, "only")
+    writer.write(records)
+    writer.write(records[:1])  # step 0 rank 0 once more: three rows of one instance in a world of 2
+    writer.close()
+    with pytest.raises(ValueError, match=r"step 0 holds 3 rows from 1 collector instance\(s\) in a world of 2"):
+        tracefile.open_trace(path)
+
+
+def test_the_budget_is_read_from_the_environment(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert decoded_budget_bytes() == 1 << 30
+    monkeypatch.setenv(ENV_VAR, "64")
+    assert decoded_budget_bytes() == 64 << 20
+    assert decoded_budget_bytes(2.5) == int(2.5 * (1 << 20))
+    for bad in ("lots", "0", "-3", "nan"):
+        monkeypatch.setenv(ENV_VAR, bad)
+        with pytest.raises(ValueError, match="MiB"):
+            decoded_budget_bytes()
+
+
+def test_info_and_convert_take_max_decoded_mib(tmp_path, capsys):
+    from moe_monitor.cli import main
+
+    path = tmp_path / "bomb.arrows"
+    hostile.zstd_arrows(path, batches=1, rows_per_batch=256)  # 32 MiB of counts
+    assert main(["info", str(path), "--max-decoded-mib", "16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "more than the 16 MiB" in err and len(err.splitlines()) == 1
+    assert main(["info", str(path), "--max-decoded-mib", "64"]) == 0
+    assert main(["convert", str(path), str(tmp_path / "out.parquet"), "--max-decoded-mib", "16"]) == 2
+    assert "more than the 16 MiB" in capsys.readouterr().err
