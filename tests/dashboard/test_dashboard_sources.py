@@ -40,6 +40,25 @@ def test_first_poll_reads_only_the_window_backlog(redis_url):
     assert list(watched.window.view("both", [list(range(16))] * 4, 4).step_T) == list(range(30, 40))
 
 
+def test_a_backlog_of_large_records_is_handed_over_in_decoded_pieces(redis_url, monkeypatch):
+    from moe_monitor.dashboard.sources import streams
+
+    client = core.connect(redis_url, timeout_s=2.0)
+    sums = synthfill.fill(client, "pieces", steps=12, num_layers=8, num_experts=64)
+    monkeypatch.setattr(streams, "DECODED_BUDGET_BYTES", 5 * 8 * 64 * 4)  # five records' counts a poll
+    watched = WatchedRun(RedisSource(client, redis_url, "pieces", window_steps=10), window_steps=10)
+    taken = []
+    while True:
+        tick = watched.tick()
+        taken.append(tick.steps_in)
+        if not tick.more:
+            break
+    assert taken == [4, 4, 2] and watched.bad_records == 0  # each piece within the budget: wire bytes count too
+    view = watched.window.view("both", [list(range(64))] * 8, 4)
+    assert list(view.step_T) == list(range(2, 12))
+    np.testing.assert_array_equal(view.counts_sum_LE, sum(sums[2:]))
+
+
 def test_count_cap_per_tick(redis_url):
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "cap", steps=1)

@@ -43,7 +43,7 @@ from typing import Any
 
 from moe_monitor import core
 from moe_monitor.dashboard.sources.base import Batch
-from moe_monitor.dashboard.sources.streams import StreamEntry, decode_into, page_backwards, pages_after
+from moe_monitor.dashboard.sources.streams import StreamEntry, decode_into, next_piece, page_backwards, pages_after
 
 CHECK_S = 5.0  # how often whether the aggregate is in use is decided again
 STALL_S = 15.0  # an aggregator that commits nothing this long while the collectors write is stalled
@@ -79,6 +79,7 @@ class AggregateReader:
         self._run_seen: tuple[object, float] | None = None  # (the run's last-seen score, when it was first seen)
         self._last_id: bytes | None = None  # None until the newest window is read
         self._backlog: list[StreamEntry] = []  # newest first while paging backwards
+        self._handover: list[StreamEntry] = []  # the collected backlog still to hand over, oldest first
         self._backlog_bytes = 0
 
     @property
@@ -100,7 +101,7 @@ class AggregateReader:
         use = int(aggregated or 0) > 0 and ((holder is not None and not stalled) or int(per_rank or 0) == 0)
         if use != self.in_use:
             self.switches += 1
-            self._last_id, self._backlog, self._backlog_bytes = None, [], 0
+            self._last_id, self._backlog, self._backlog_bytes, self._handover = None, [], 0, []
         self.in_use = use
         self.checked_s = now
         return use
@@ -149,15 +150,24 @@ class AggregateReader:
 
     def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the newest window_steps entries; [] (batch.more) until all are read (or the
-        start of the stream), then all of them oldest first."""
-        done, self._backlog_bytes = page_backwards(self.client, self.key, self._backlog, self._backlog_bytes,
-                                                   self.window_steps, self.page_entries, self.bytes_budget)
-        if not done:
+        start of the stream), then them oldest first, a piece of at most streams.DECODED_BUDGET_BYTES decoded
+        a poll (batch.more until the last)."""
+        if not self._handover:
+            done, self._backlog_bytes = page_backwards(self.client, self.key, self._backlog, self._backlog_bytes,
+                                                       self.window_steps, self.page_entries, self.bytes_budget)
+            if not done:
+                batch.more = True
+                return []
+            self._handover, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
+            if not self._handover:
+                self._last_id = b"0-0"
+                return []
+        piece, self._handover = next_piece(self._handover, cell_bytes=8)  # int64 sums
+        if self._handover:
             batch.more = True
-            return []
-        found, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
-        self._last_id = found[-1][0] if found else b"0-0"
-        return found
+        else:
+            self._last_id = piece[-1][0]
+        return piece
 
     def _read_forward(self, max_entries: int, batch: Batch) -> None:
         """Entries after the last id seen, in pages, up to max_entries and the byte budget, each page decoded

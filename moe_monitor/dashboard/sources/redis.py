@@ -3,8 +3,9 @@
 Reads go in pages of PAGE_ENTRIES entries, several per poll up to a byte budget (TICK_BYTES_BUDGET) and the
 caller's max_entries, so one poll never pulls a whole stream (58 x 256 int32 counts are ~60 kB an entry).
 The first polls page backwards through the last window_steps x world_size entries (world_size from the
-run's metadata, 1 without it) and hand them over oldest first once collected; later polls continue
-forwards from the last id seen. When the stream's first entry is newer than the last id seen, entries were
+run's metadata, 1 without it) and, once collected, hand them over oldest first in pieces of at most
+streams.DECODED_BUDGET_BYTES decoded (Batch.more until the last piece), so a new session's first polls never
+decode a whole window of large records at once; later polls continue forwards from the last id seen. When the stream's first entry is newer than the last id seen, entries were
 trimmed before they were read: the batch says so (Batch.trimmed). Every command goes through a client made
 by core.connect() with explicit timeouts, so an unreachable Redis costs one timeout, not a hang; any
 Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raised.
@@ -53,6 +54,7 @@ from moe_monitor.dashboard.sources.streams import (
     decode_into,
     entries,
     exclusive,
+    next_piece,
     page_backwards,
     pages_after,
 )
@@ -133,6 +135,7 @@ class RedisSource:
         self._bad_health: set[bytes] = set()  # digests of the bad health fields of the last poll
         self._health_fields = 0  # HLEN of the health hash at the last poll
         self._health = Health(reachable=False, where=self.where, error="not polled yet")
+        self._handover: list[StreamEntry] = []  # the collected backlog still to hand over, oldest first
         self._aggregate = AggregateReader(client, self.run, self.window_steps)  # the aggregator's steps, when in use
 
     @property
@@ -143,12 +146,13 @@ class RedisSource:
     def poll(self, max_entries: int) -> Batch:
         batch = Batch()
         started = time.perf_counter()
-        cursor = (self._last_step_id, list(self._backlog), self._backlog_bytes)
+        cursor = (self._last_step_id, list(self._backlog), self._backlog_bytes, list(self._handover))
         try:
             if self._last_step_id is None and self._meta is None and not self._backlog:
                 self._read_meta(self.client.getrange(core.meta_key(self.run), 0, core.MAX_META_BYTES), batch)
             if self._aggregate.read(batch, max_entries):  # the aggregator sums the ranks: no per-rank steps
                 step_entries, self._last_step_id, self._backlog, self._backlog_bytes = [], b"", [], 0
+                self._handover = []
             elif not self._last_step_id:  # None, or b"" back from the aggregate: the newest window first
                 step_entries = self._read_backlog(batch)
             else:
@@ -181,13 +185,13 @@ class RedisSource:
             collectors = replies[5] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
         except core.REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
-            self._last_step_id, self._backlog, self._backlog_bytes = cursor
+            self._last_step_id, self._backlog, self._backlog_bytes, self._handover = cursor
             answered = not isinstance(exc, UNREACHABLE_ERRORS)
             self._health = Health(reachable=False, where=self.where, answered=answered,
                                   error=f"{type(exc).__name__}: {exc}")
             return batch
         except Exception:  # not a Redis failure (a bug): still nothing of this poll is lost to the next one
-            self._last_step_id, self._backlog, self._backlog_bytes = cursor
+            self._last_step_id, self._backlog, self._backlog_bytes, self._handover = cursor
             raise
         gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
         if self._last_gpu_id is None:
@@ -214,7 +218,7 @@ class RedisSource:
             collectors=reports,
             note="reading the aggregate backlog" if self._aggregate.reading_backlog else
             self._aggregate.stall_note if self._last_step_id is not None and self._aggregate.stall_note else
-            "" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog)} entries)",
+            "" if self._last_step_id is not None else f"reading the backlog ({len(self._backlog) + len(self._handover)} entries)",
         )
         return batch
 
@@ -230,17 +234,25 @@ class RedisSource:
 
     def _read_backlog(self, batch: Batch) -> list[StreamEntry]:
         """Page backwards through the last window x world entries; [] (batch.more) until all are read,
-        then all of them oldest first."""
-        world = self._meta.world_size if self._meta else 1
-        done, self._backlog_bytes = page_backwards(self.client, core.steps_key(self.run), self._backlog,
-                                                   self._backlog_bytes, self.window_steps * max(1, world),
-                                                   PAGE_ENTRIES, TICK_BYTES_BUDGET)
-        if not done:
+        then them oldest first, a piece a poll (batch.more until the last)."""
+        if not self._handover:
+            world = self._meta.world_size if self._meta else 1
+            done, self._backlog_bytes = page_backwards(self.client, core.steps_key(self.run), self._backlog,
+                                                       self._backlog_bytes, self.window_steps * max(1, world),
+                                                       PAGE_ENTRIES, TICK_BYTES_BUDGET)
+            if not done:
+                batch.more = True
+                return []
+            self._handover, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
+            if not self._handover:
+                self._last_step_id = b"0-0"
+                return []
+        piece, self._handover = next_piece(self._handover)
+        if self._handover:
             batch.more = True
-            return []
-        found, self._backlog, self._backlog_bytes = self._backlog[::-1], [], 0
-        self._last_step_id = found[-1][0] if found else b"0-0"
-        return found
+        else:
+            self._last_step_id = piece[-1][0]
+        return piece
 
     def _read_forward(self, last_id: bytes, max_entries: int, batch: Batch) -> list[StreamEntry]:
         """Entries after last_id, in pages, up to max_entries and the byte budget."""

@@ -67,6 +67,33 @@ def entry_bytes(fields: dict) -> int:
     return ENTRY_OVERHEAD_BYTES + sum(len(v) for v in fields.values() if isinstance(v, (bytes, bytearray)))
 
 
+DECODED_BUDGET_BYTES = 32 << 20  # decoded bytes of a backlog handed over in one poll (the rest at the next ones)
+
+
+def decoded_bytes(fields: dict, cell_bytes: int = 4) -> int:
+    """Bytes an entry takes once decoded, roughly: its L x E counts of cell_bytes each (from its own L and E
+    fields, before any decoding; 0 when they do not read as numbers) plus what it took on the wire."""
+    try:
+        cells = int(fields.get(b"L", fields.get("L", 0))) * int(fields.get(b"E", fields.get("E", 0)))
+    except (TypeError, ValueError):
+        cells = 0
+    return entry_bytes(fields) + max(0, cells) * cell_bytes
+
+
+def next_piece(found: list[StreamEntry], budget_bytes: int | None = None,
+               cell_bytes: int = 4) -> tuple[list[StreamEntry], list[StreamEntry]]:
+    """(the oldest entries of found whose decoded size stays within budget_bytes (None: DECODED_BUDGET_BYTES),
+    at least one; the rest): a backlog goes to the window in pieces, so a poll never decodes a whole window of
+    large records at once."""
+    budget_bytes = DECODED_BUDGET_BYTES if budget_bytes is None else budget_bytes
+    total = 0
+    for i, (_, fields) in enumerate(found):
+        total += decoded_bytes(fields, cell_bytes)
+        if total > budget_bytes and i:
+            return found[:i], found[i:]
+    return found, []
+
+
 def decode_into(found: list[StreamEntry], decode: Callable[[dict], T], out: list[T], kind: str,
                 tally: Tally, last_id: bytes | None = None) -> bytes | None:
     """Decode each entry (oldest first) into out; an entry that does not decode is one bad record of tally,
