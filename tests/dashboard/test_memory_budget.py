@@ -311,3 +311,16 @@ def test_a_session_that_does_not_size_its_source_stays_within_the_budget_too(red
     out = memprobe.run_child("dashboard-unsized", redis_url, "zeros", 600, budget)
     assert "narrowed" in out["note"]
     assert out["peak_rss_bytes"] < budget + 256 * MIB, out
+
+
+def test_the_page_says_when_the_budget_narrowed_the_window(redis_url, monkeypatch):
+    from tests.support import synthfill
+    from tests.support.apptest import run_app
+
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "narrow", steps=30, num_layers=4, num_experts=16)  # the only run: the page picks it
+    # a budget that holds a few steps of [4, 16] only, for the app's process
+    monkeypatch.setattr(membudget, "_process_budget", membudget.MemoryBudget(64 * 1024))
+    at = run_app(redis_url, monkeypatch)
+    notes = [i.value for i in at.info if "Memory budget" in i.value]
+    assert notes and "window narrowed to" in notes[0] and "of 600 steps" in notes[0], [i.value for i in at.info]

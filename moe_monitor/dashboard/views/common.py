@@ -149,6 +149,9 @@ def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
         st.info(f"**{watched.restart_note[0].upper()}{watched.restart_note[1:]}** under the same run name: "
                 f"its step ids start again, so the window starts afresh"
                 f"{f'; {watched.skipped_old_records} late record(s) of the old collector skipped' if watched.skipped_old_records else ''}.")
+    budget_note = getattr(watched.window, "budget_note", "")
+    if budget_note:
+        st.info(f"**Memory budget**: {budget_note}.")
     stall_note = getattr(watched.source, "stall_note", "")
     if stall_note:
         st.warning(f"**The aggregate stalled**: {stall_note}.")

@@ -55,7 +55,7 @@ def render(current: PageData, layer: int, top_n: int) -> None:
             st.dataframe(pd.DataFrame(dead_rows), hide_index=True)
     if snap.view.num_steps >= 4:
         half = snap.view.num_steps // 2
-        older = window.counts_CLE[snap.view.slots_T[:half]].sum(axis=0, dtype=np.int64)
+        older = window.sum_counts(snap.view.slots_T[:half])
         newer = counts_LE - older
         st.plotly_chart(expert_figures.drift_bars(js_divergence(older, newer)), key="experts_drift")
     # a placement-staleness curve plans layouts (about a second at DeepSeek-V3 size): asked for, not on every tick

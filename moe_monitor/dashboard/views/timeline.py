@@ -29,6 +29,7 @@ from moe_monitor.dashboard.live.window import MAX_CAPACITY, MAX_WINDOW_BYTES
 from moe_monitor.dashboard.views.session import Settings, settings
 
 _STATE, _PAUSE, _NOTE, _FAILED = "timeline", "live_pause", "timeline_note", "timeline_failed"
+_PAUSE_ERROR = "live_pause_error"  # why the last pause was refused (shown once)
 RETRY_S = 10.0  # a recording whose timeline could not be read is asked again after this long
 _RANGE, _SPEED = "timeline_range", "timeline_speed"
 DEFAULT_MAX_STEPS = 5000  # widest range before the run's sizes are known
@@ -202,6 +203,9 @@ def live_controls(cfg: Settings, watched: WatchedRun) -> WatchedRun:
         held = None
     if held is None:
         if watched.window is not None:
+            refused = st.session_state.pop(_PAUSE_ERROR, "")
+            if refused:
+                st.warning(refused)
             st.button("⏸ pause the view", key="live_pause_button", on_click=_on_pause, args=(key,),
                       help="Freeze what the pages show; new steps keep arriving and are shown on resume")
         return watched
@@ -217,7 +221,10 @@ def live_controls(cfg: Settings, watched: WatchedRun) -> WatchedRun:
 def _on_pause(key: tuple) -> None:
     held = st.session_state.get("watched_run")
     if held is not None and held[0] == key:
-        st.session_state[_PAUSE] = (key, Paused.of(held[1]))
+        try:
+            st.session_state[_PAUSE] = (key, Paused.of(held[1]))
+        except ValueError as exc:  # the memory budget cannot hold the frozen copy of the window
+            st.session_state[_PAUSE_ERROR] = f"Cannot pause: {exc}"
 
 
 def _on_resume() -> None:
