@@ -3,8 +3,10 @@
 The Redis client is made once per URL (st.cache_resource) with explicit timeouts; the WatchedRun (source +
 window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
 At a rollup resolution (hours of history) a RollupRun rides on that WatchedRun, also kept in the session.
-This module owns the session-state entries the live pages share ("settings", "watched_run", "rollup_run");
-widgets keep their own keys, and the What-if page keeps its edit state in dashboard.views.whatif.controls.
+This module owns the session-state entries the live pages share ("settings", "watched_run", "rollup_run") and
+the session's own trace uploads ("own_uploads": the only uploads its trace picker offers, so that a session's
+default trace is its own upload or the newest recording, never another session's upload); widgets keep their
+own keys, and the What-if page keeps its edit state in dashboard.views.whatif.controls.
 """
 from __future__ import annotations
 
@@ -133,6 +135,24 @@ def trace_root() -> Path:
     trace field and uploads only ever name files inside it: watched_run_for() takes a relative name inside it
     and refuses anything outside (dashboard.sources.trace.trace_file_in)."""
     return Path(os.environ.get("MOE_TRACE_DIR") or "recordings").resolve()
+
+
+_OWN_UPLOADS = "own_uploads"  # session entry: upload file id -> the name it was saved under in the trace folder
+
+
+def remember_upload(file_id: str, name: str) -> None:
+    """This session uploaded the trace now named `name` (the uploader's file_id: saved once per file)."""
+    st.session_state.setdefault(_OWN_UPLOADS, {})[file_id] = name
+
+
+def upload_saved_as(file_id: str) -> str:
+    """The name this session's upload file_id was saved under ('' when it was not)."""
+    return st.session_state.get(_OWN_UPLOADS, {}).get(file_id, "")
+
+
+def own_uploads() -> set[str]:
+    """Names of the trace files this session uploaded (in the trace folder, unless expired since)."""
+    return set(st.session_state.get(_OWN_UPLOADS, {}).values())
 
 
 def keep_settings(cfg: Settings) -> None:

@@ -5,15 +5,15 @@ session state); pages read it with session.settings().
 
 Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (core.redact) and the
 environment's URL is used for as long as the field holds that redacted text. Trace files are picked from the
-trace folder (session.trace_root(): MOE_TRACE_DIR, else ./recordings), never typed as a path; an upload is saved
-into that folder under a generated name and selected."""
+trace folder (session.trace_root(): MOE_TRACE_DIR, else ./recordings), never typed as a path; an upload is
+checked in a child process under an address-space limit, saved into that folder under a generated name and
+selected (dashboard.views.uploads: its quota and expiry). The picker offers the folder's recordings and this
+session's own uploads, never another session's: the default is the newest of those."""
 from __future__ import annotations
 
 import json
 import os
 import re
-import secrets
-import time
 from pathlib import Path
 
 import streamlit as st
@@ -24,13 +24,18 @@ from moe_monitor.dashboard.views.session import (
     Settings,
     env_redis_url,
     keep_settings,
+    own_uploads,
+    remember_upload,
     rollup_resolutions,
     runs_at,
     samples_root,
     shown_url,
     trace_root,
+    upload_saved_as,
     watched_layers,
 )
+from moe_monitor.dashboard.views.uploads import is_upload, save_upload, upload_container
+from moe_monitor.dashboard.views.uploads import upload_name as upload_name
 
 PER_LAYER = "per layer (busiest layer of each GPU)"
 ALL_LAYERS = "all layers (sum)"
@@ -40,7 +45,6 @@ MAX_LISTED = 500              # newest trace files offered in the picker
 _TRACE_KINDS = ("meta", "step", "gpu")
 SIDECAR_SUFFIXES = (".side.jsonl", ".gpu.parquet", ".timings.parquet")  # parts of an .arrows / .parquet trace, not traces
 NO_SAMPLE = "(none)"
-_SAVED = "sidebar_saved_uploads"  # session entry: upload file id -> the name it was saved under
 
 
 def sidebar() -> Settings:
@@ -144,49 +148,6 @@ def trace_files(root: Path) -> list[str]:
     return [name for _, name in found[:MAX_LISTED]]
 
 
-def upload_container(data: bytes) -> str:
-    """'parquet', 'arrows' or 'jsonl': the trace container an upload's first bytes announce (as open_trace
-    tells files apart)."""
-    from moe_monitor.core.tracefile.reader import IPC_MAGIC, PARQUET_MAGIC
-    head = data[:4]
-    return "parquet" if head == PARQUET_MAGIC else "arrows" if head == IPC_MAGIC else "jsonl"
-
-
-def upload_name(client_name: str, now_s: float | None = None, suffix: str = ".jsonl") -> str:
-    """A fresh file name for an upload: upload-<UTC time>-<random>[-<the client's stem, letters, digits, _ and -
-    only>]<suffix> (.jsonl, .parquet or .arrows: the container its bytes are, never the client's extension).
-    Never the client's name as such: no path separators, no dots, nothing hidden."""
-    base = re.split(r"[\\/]", str(client_name))[-1]
-    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", base.rsplit(".", 1)[0] if "." in base else base).strip("-_")[:40]
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now_s is None else now_s))
-    return f"upload-{stamp}-{secrets.token_hex(4)}" + (f"-{stem}" if stem else "") + suffix
-
-
-def save_upload(root: Path, client_name: str, data: bytes) -> str:
-    """Write data into root under upload_name(client_name) (written to a hidden temporary file, then renamed, so
-    the picker never lists half a file) and return that name. A columnar trace (.parquet / .arrows) is opened
-    from the temporary file first, timeline included: ValueError (why it is not a trace) and nothing is kept
-    when it does not open. OSError when the folder cannot take it."""
-    root.mkdir(parents=True, exist_ok=True)
-    container = upload_container(data)
-    name = upload_name(client_name, suffix=".jsonl" if container == "jsonl" else f".{container}")
-    tmp = root / f".{name}.part"
-    try:
-        with open(tmp, "xb") as handle:
-            handle.write(data)
-        if container != "jsonl":
-            from moe_monitor.core.tracefile import open_trace
-            reader = open_trace(tmp)
-            try:
-                reader.timeline()
-            finally:
-                reader.close()
-        os.replace(tmp, root / name)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return name
-
-
 def first_line_error(data: bytes) -> str:
     """'' when data starts like a trace (its first non-blank line a JSON object with a trace kind), else why not."""
     first = re.search(rb"\S", data)  # in C: a file of blank lines costs no Python loop
@@ -208,14 +169,15 @@ def _trace_controls(sb) -> str:
     root = trace_root()
     picker = sb.container()
     _trace_upload(sb, root)  # before the picker is built: a fresh upload becomes its value
-    names = trace_files(root)
+    mine = own_uploads()
+    names = [name for name in trace_files(root) if not is_upload(name) or name in mine]
     if st.session_state.get("trace_path") not in (None, *names):
         del st.session_state["trace_path"]  # its file is gone: fall back to the newest
     with picker:
         name = None
         if names:
             name = st.selectbox("Trace file", names, key="trace_path",
-                                help="Trace files (JSON lines) in the trace folder, newest first.")
+                                help="Recordings in the trace folder and your own uploads, newest first.")
         st.caption(("" if names else "No trace file here yet. ")
                    + f"Trace folder: `{root}` (set MOE_TRACE_DIR before starting the dashboard to use another; "
                      "record with `collectors.record_trace(...)`, `trace_path=` at attach or `moe-monitor record`, "
@@ -235,9 +197,9 @@ def _trace_upload(sb, root: Path) -> None:
                               help="Saved into the trace folder under a new name, then selected.")
     if upload is None:
         return
-    saved: dict[str, str] = st.session_state.setdefault(_SAVED, {})
-    if upload.file_id in saved:
-        sb.caption(f"Uploaded as `{saved[upload.file_id]}`.")
+    kept_as = upload_saved_as(upload.file_id)
+    if kept_as:
+        sb.caption(f"Uploaded as `{kept_as}`.")
         return
     if upload.size > UPLOAD_CAP_MIB * 2 ** 20:
         sb.error(f"The upload is {upload.size / 2 ** 20:.1f} MiB, above the {UPLOAD_CAP_MIB} MiB cap; copy large "
@@ -251,13 +213,14 @@ def _trace_upload(sb, root: Path) -> None:
         return
     try:
         name = save_upload(root, upload.name, data)
-    except ValueError as exc:   # a columnar file that does not open as a trace
-        sb.error(f"Not saved: the upload is not a trace ({str(exc).rsplit(': ', 1)[-1][:200]}).")
+    except ValueError as exc:   # it does not open as a trace, or opening it takes more than the check allows
+        why = str(exc).removeprefix("the upload: ")
+        sb.error(f"Not saved: the upload was refused ({why[:400]}).")
         return
     except OSError as exc:
         sb.error(f"Could not save the upload into the trace folder: {exc.strerror or type(exc).__name__}.")
         return
-    saved[upload.file_id] = name
+    remember_upload(upload.file_id, name)
     st.session_state["trace_path"] = name
     sb.caption(f"Uploaded as `{name}` and selected.")
 

@@ -1,0 +1,148 @@
+"""The dashboard's trace upload: every upload is opened in a child process under an address-space limit
+before it is kept (core/tracefile/sandbox.py), so a file that decodes to gigabytes costs the server nothing
+and is refused with one message; uploads are bounded in number and bytes and expire; a session's picker offers
+the recordings and its own uploads only, so its default trace is never another session's upload. Real files
+(pyarrow, the real readers), the real app in Streamlit's AppTest, real child processes."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from moe_monitor.core.budget import ENV_VAR
+from moe_monitor.core.tracefile.sandbox import check_in_child
+from moe_monitor.dashboard.views import uploads
+from tests.core import hostile_traces as hostile
+from tests.dashboard.test_sidebar_traces import steps_caption, trace_app, trace_text
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    """A trace folder with two recordings (old.jsonl, then new.jsonl, the newest)."""
+    root = tmp_path / "traces"
+    root.mkdir()
+    for age, (name, steps) in enumerate([("new.jsonl", 5), ("old.jsonl", 9)]):
+        (root / name).write_text(trace_text(steps))
+        os.utime(root / name, (time.time() - 1000 - 100 * age,) * 2)
+    monkeypatch.setenv("MOE_TRACE_DIR", str(root))
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    return root
+
+
+def upload(at, name: str, data: bytes):
+    at.sidebar.file_uploader(key="trace_upload").upload(name, data, "application/octet-stream").run()
+    assert not at.exception, at.exception
+    return at
+
+
+def refusals(at) -> list[str]:
+    return [e.value for e in at.sidebar.error if e.value.startswith("Not saved")]
+
+
+def test_a_decompression_bomb_upload_is_refused_with_one_message(folder, tmp_path, monkeypatch):
+    bomb = tmp_path / "bomb.arrows"
+    hostile.zstd_arrows(bomb, batches=4, rows_per_batch=1024)  # 512 MiB of counts in under 1 MB
+    monkeypatch.setenv(ENV_VAR, "256")
+    at = trace_app(monkeypatch)
+    before = set(os.listdir(folder))
+    upload(at, "bomb.arrows", bomb.read_bytes())
+    (message,) = refusals(at)
+    assert "decode to 512" in message and "more than the 256" in message and ENV_VAR in message, message
+    assert str(folder) not in message and ".part" not in message
+    assert set(os.listdir(folder)) == before  # not even the hidden temporary file
+    assert at.sidebar.selectbox(key="trace_path").value == "new.jsonl"
+
+
+def test_an_upload_that_blows_the_address_space_limit_is_refused(folder, tmp_path, monkeypatch):
+    """Under a budget raised above it, the file opens, but reading its first step decodes a 256 MiB batch:
+    more than the child may map, so the child (not the server) runs out of memory and the upload is refused."""
+    bomb = tmp_path / "bomb.arrows"
+    hostile.zstd_arrows(bomb, batches=2, rows_per_batch=2048)
+    monkeypatch.setenv(ENV_VAR, "4096")
+    monkeypatch.setattr(uploads, "UPLOAD_ADDRESS_MIB", 128)
+    at = trace_app(monkeypatch)
+    before = set(os.listdir(folder))
+    upload(at, "bomb.arrows", bomb.read_bytes())
+    (message,) = refusals(at)
+    assert "needs more than 128 MiB of memory" in message, message
+    assert set(os.listdir(folder)) == before
+
+
+@pytest.mark.parametrize("builder", ["repeated", "sample"])
+def test_hostile_parquet_uploads_are_refused(folder, tmp_path, monkeypatch, builder):
+    path = tmp_path / "hostile.parquet"
+    if builder == "repeated":
+        hostile.repeated_step_parquet(path, row_groups=1, rows_per_group=100_000)
+        expected = "step 0 holds 100000 rows"
+    else:
+        hostile.big_sample_parquet(path, steps=600, tokens=16384)
+        expected = "with their samples decode to"
+        monkeypatch.setenv(ENV_VAR, "256")
+    at = trace_app(monkeypatch)
+    upload(at, "t.parquet", path.read_bytes())
+    (message,) = refusals(at)
+    assert expected in message, message
+
+
+def test_the_check_takes_good_traces_and_says_why_for_others(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text(trace_text(4))
+    assert check_in_child(good) == ""
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1" + b"\0" * 64)
+    assert "not a Parquet trace" in check_in_child(bad)
+
+
+def _save(root, text_steps: int = 3, name: str = "t.jsonl") -> str:
+    return uploads.save_upload(root, name, trace_text(text_steps).encode())
+
+
+def test_uploads_beyond_the_file_quota_replace_the_oldest(folder, monkeypatch):
+    monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
+    first = _save(folder)
+    os.utime(folder / first, (time.time() - 30,) * 2)
+    second = _save(folder)
+    os.utime(folder / second, (time.time() - 20,) * 2)
+    third = _save(folder)
+    assert sorted(n for n in os.listdir(folder) if uploads.is_upload(n)) == sorted([second, third])
+    assert {"new.jsonl", "old.jsonl"} <= set(os.listdir(folder))  # recordings are never deleted
+
+
+def test_uploads_beyond_the_byte_quota_replace_the_oldest(folder, monkeypatch):
+    size = len(trace_text(3).encode())
+    monkeypatch.setattr(uploads, "UPLOAD_QUOTA_BYTES", int(size * 2.5))
+    first = _save(folder)
+    os.utime(folder / first, (time.time() - 30,) * 2)
+    second = _save(folder)
+    os.utime(folder / second, (time.time() - 20,) * 2)
+    third = _save(folder)
+    assert sorted(n for n in os.listdir(folder) if uploads.is_upload(n)) == sorted([second, third])
+    with pytest.raises(ValueError, match="larger than the"):
+        uploads.save_upload(folder, "big.jsonl", trace_text(200).encode())
+
+
+def test_old_uploads_and_half_written_ones_expire(folder):
+    old = _save(folder)
+    day_ago = time.time() - uploads.UPLOAD_MAX_AGE_S - 60
+    os.utime(folder / old, (day_ago,) * 2)
+    os.utime(folder / "old.jsonl", (day_ago,) * 2)  # a recording as old: kept
+    part = folder / ".upload-20240101-000000-abcdef01-x.jsonl.part"
+    part.write_text("half")
+    os.utime(part, (time.time() - uploads.PART_MAX_AGE_S - 60,) * 2)
+    fresh = _save(folder)
+    names = set(os.listdir(folder))
+    assert old not in names and part.name not in names and fresh in names and "old.jsonl" in names
+
+
+def test_a_sessions_default_is_its_own_upload_or_the_newest_recording(folder, monkeypatch):
+    mine = trace_app(monkeypatch)
+    upload(mine, "mine.jsonl", trace_text(11).encode())
+    (saved,) = [n for n in os.listdir(folder) if uploads.is_upload(n)]
+    assert mine.sidebar.selectbox(key="trace_path").value == saved and "11 steps in window" in steps_caption(mine)
+    other = trace_app(monkeypatch)  # another browser session, same folder: the upload is the newest file there
+    picker = other.sidebar.selectbox(key="trace_path")
+    assert saved not in picker.options and picker.value == "new.jsonl"
+    assert other.session_state["settings"].trace_path == "new.jsonl"
+    mine.run()
+    assert mine.sidebar.selectbox(key="trace_path").options[0] == saved
