@@ -16,6 +16,7 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
+from moe_monitor.core.runwrite import exhausted_message, exhausted_stream
 
 from .assembly import Assembler, Output
 from .options import GROUP, AggregateOptions
@@ -31,6 +32,9 @@ class CommitResult(enum.Enum):
     LEASE_FREE = "lease free"  # nobody holds the lease (it expired): nothing written
     LEASE_HELD = "lease held"  # another aggregator holds the lease: nothing written
     LEASE_TAKEN = "lease taken"  # the lease changed hands between WATCH and EXEC: nothing written
+
+
+MAX_KEPT_RECORDS = 4096  # aggregates kept for the next commit while the stream refuses them (the oldest go)
 
 
 @dataclass
@@ -64,6 +68,7 @@ class Committer:
         self.agg_key, self.steps_key, self.state_key = core.aggregate_key(run), core.steps_key(run), state_key(run)
         self.lease_key = core.aggregator_key(run)
         self.commits = 0
+        self.records_given_up = 0  # aggregates dropped because more than MAX_KEPT_RECORDS waited to be written
         self._seq = 0
         self.reset()
 
@@ -146,11 +151,18 @@ class Committer:
                 return CommitResult.LEASE_TAKEN
         self._inflight = None
         failed = [box.records[i] for i, reply in enumerate(replies[:sizes[0]]) if isinstance(reply, Exception)]
-        for reply in replies[:sizes[0]]:
-            if isinstance(reply, Exception):
-                self.report(f"aggregate not written ({core.why(reply)}): kept for the next commit")
+        errors = [reply for reply in replies[:sizes[0]] if isinstance(reply, Exception)]
         box.drop(sizes)
         box.records[:0] = failed
+        if len(box.records) > MAX_KEPT_RECORDS:  # a stream refusing every entry must not fill this process
+            gone = len(box.records) - MAX_KEPT_RECORDS
+            del box.records[:gone]
+            self.records_given_up += gone
+        if errors:
+            why = (exhausted_message(self.agg_key) if exhausted_stream(errors[0]) else
+                   f"aggregate not written ({core.why(errors[0])})")
+            given_up = f"; {self.records_given_up} given up" if self.records_given_up else ""
+            self.report(f"{why}: {len(box.records)} kept for the next commit{given_up}")
         self.commits += 1
         if full_state:
             self._state_version, self._state_at = version, now

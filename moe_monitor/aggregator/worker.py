@@ -252,6 +252,10 @@ class Aggregator:
             self._lose("taken by another aggregator while committing")
 
     def _report_error(self, message: str) -> None:
+        """A problem of the whole run: kept in last_error; logged once per kind (its text before the first ':'),
+        not at every commit while it lasts."""
+        if message.partition(":")[0] != self.last_error.partition(":")[0]:
+            self._log(f"aggregate {self.run}: {message}")
         self.last_error = message
 
     def _note_standby(self) -> None:

@@ -395,3 +395,22 @@ def test_the_cli_aggregates_every_run_and_picks_up_new_ones(redis_url, capsys):
     assert "must start with redis://" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["aggregate", "--redis", redis_url])  # --run or --all is required
+
+
+def test_an_aggregate_stream_at_the_last_possible_id_is_said_once_and_what_waits_is_bounded(redis_url, monkeypatch):
+    from moe_monitor.aggregator import commit
+
+    monkeypatch.setattr(commit, "MAX_KEPT_RECORDS", 3)
+    client = core.connect(redis_url)
+    client.xadd(core.aggregate_key("exhausted"), {"x": "y"}, id="18446744073709551615-18446744073709551615")
+    publish(client, [step_record("exhausted", s, r) for s in range(6) for r in range(4)])
+    lines: list[str] = []
+    agg = aggregator(redis_url, "exhausted", lines)
+    assert drive([agg], lambda: agg.counters.steps_written == 6 and agg.committer.records_given_up == 3)
+    assert "holds the last possible id" in agg.last_error and "DEL moe:{exhausted}:agg" in agg.last_error
+    assert "3 kept for the next commit; 3 given up" in agg.last_error
+    assert sum("holds the last possible id" in line for line in lines) == 1  # said once, not every commit
+    client.delete(core.aggregate_key("exhausted"))  # what the message says to do: the kept ones land
+    assert drive([agg], lambda: len(aggregates(client, "exhausted")) == 3)
+    assert [a.step for a in aggregates(client, "exhausted")] == [3, 4, 5]
+    agg.close()

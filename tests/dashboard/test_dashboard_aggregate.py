@@ -379,6 +379,6 @@ def test_a_stolen_or_wedged_lease_makes_readers_sum_the_ranks_until_the_aggregat
     watched.tick()
     assert watched.feed == "steps" and watched.window.newest_step == 5 and watched.bad_records == 0
     assert "'thief'" in source.health().note
-    client.hset(core.aggregator_state_key(RUN), "commit", "agg/7")  # an aggregator commits again
+    write_aggregates(client, [aggregate_of(recs[i:i + 2]) for i in (6, 8, 10)])  # an aggregator writes again
     watched.tick()
     assert watched.feed == "aggregate" and reader.stall_note == "" and reader.stalls == 1

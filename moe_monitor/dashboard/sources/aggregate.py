@@ -13,14 +13,15 @@ what was handed over before the error is not read again, what was not is read by
 
 Whether the aggregate is read at all (`in_use`) is decided again every CHECK_S seconds with one round trip of
 five small commands (GET of the aggregator's lease core.aggregator_key(run), XLEN of the aggregate and of the
-per-rank steps, the commit tag in the aggregator's progress hash, the run's last-seen score in moe:runs): the
-aggregate stream has entries and either an aggregator holds the run's lease or no per-rank step is left to sum
-(a finished run whose steps were trimmed away). A lease whose holder commits nothing for STALL_S while the
-collectors go on writing (a lease stolen by a stray SET, or an aggregator wedged) is stalled: readers sum the
-per-rank steps themselves, `stall_note` says so, and they go back to the aggregate once its commits move again.
-Both clocks here are this reader's (the commit tag and the last-seen score are only compared to themselves). When the aggregator stops (its
-lease expires) while collectors still write, readers go back to summing the per-rank steps themselves; when
-one starts, they switch to its stream, reading its newest window first. The reader of the window
+per-rank steps, the id of the aggregate's newest entry, the run's last-seen score in moe:runs): the aggregate
+stream has entries and either an aggregator holds the run's lease or no per-rank step is left to sum (a finished
+run whose steps were trimmed away). A lease held while the aggregate gains no entry for STALL_S and the
+collectors go on writing (a lease stolen by a stray SET, an aggregator wedged, an aggregate stream that refuses
+new entries) is stalled: readers sum the per-rank steps themselves, `stall_note` says so, and they go back to
+the aggregate once it moves again (only this reader's clock measures the quiet: the newest id and the last-seen
+score are only compared to themselves). When the aggregator stops (its lease expires) while collectors still
+write, readers go back to summing the per-rank steps themselves; when one starts, they switch to its stream,
+reading its newest window first. The reader of the window
 (dashboard.live.watched.WatchedRun) takes either kind of record and skips a step the other kind already
 filled, so a switch neither doubles nor drops a step.
 
@@ -75,7 +76,7 @@ class AggregateReader:
         self.stall_s = float(stall_s)
         self.stalls = 0
         self.stall_note = ""
-        self._commit: tuple[object, float] | None = None  # (the holder's commit tag, when it was first seen)
+        self._commit: tuple[object, float] | None = None  # ((holder, newest aggregate id), when first seen)
         self._run_seen: tuple[object, float] | None = None  # (the run's last-seen score, when it was first seen)
         self._last_id: bytes | None = None  # None until the newest window is read
         self._backlog: list[StreamEntry] = []  # newest first while paging backwards
@@ -93,11 +94,12 @@ class AggregateReader:
         pipe.get(core.aggregator_key(self.run))
         pipe.xlen(self.key)
         pipe.xlen(core.steps_key(self.run))
-        pipe.hget(core.aggregator_state_key(self.run), "commit")
+        pipe.xrevrange(self.key, count=1)
         pipe.zscore(core.RUNS_KEY, self.run)
-        holder, aggregated, per_rank, commit, run_seen = pipe.execute()
+        holder, aggregated, per_rank, newest, run_seen = pipe.execute()
         now = time.monotonic()
-        stalled = holder is not None and self._stalled(holder, commit, run_seen, now)
+        newest_id = newest[0][0] if newest else None
+        stalled = holder is not None and self._stalled(holder, newest_id, run_seen, now)
         use = int(aggregated or 0) > 0 and ((holder is not None and not stalled) or int(per_rank or 0) == 0)
         if use != self.in_use:
             self.switches += 1
@@ -106,11 +108,11 @@ class AggregateReader:
         self.checked_s = now
         return use
 
-    def _stalled(self, holder: object, commit: object, run_seen: object, now: float) -> bool:
-        """Whether the lease's holder committed nothing for stall_s while the run's last-seen score moved
-        (sets stall_note; counts a new stall once)."""
-        if self._commit is None or self._commit[0] != (holder, commit):
-            self._commit = ((holder, commit), now)
+    def _stalled(self, holder: object, newest_id: object, run_seen: object, now: float) -> bool:
+        """Whether the aggregate gained no entry for stall_s under this holder while the run's last-seen score
+        moved (sets stall_note; counts a new stall once)."""
+        if self._commit is None or self._commit[0] != (holder, newest_id):
+            self._commit = ((holder, newest_id), now)
         if self._run_seen is None or self._run_seen[0] != run_seen:
             self._run_seen = (run_seen, now)
         quiet_s = now - self._commit[1]
@@ -121,7 +123,7 @@ class AggregateReader:
         if not self.stall_note:
             self.stalls += 1
         name = holder.decode("utf-8", "replace") if isinstance(holder, bytes) else str(holder)
-        self.stall_note = (f"the aggregator lease is held by {name[:80]!r}, which has committed nothing for "
+        self.stall_note = (f"the aggregator lease is held by {name[:80]!r} and the aggregate has gained nothing for "
                            f"{quiet_s:.0f} s while the collectors keep writing: the ranks are summed here")
         return True
 
