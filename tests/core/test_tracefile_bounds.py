@@ -248,3 +248,15 @@ def test_info_and_convert_take_max_decoded_mib(tmp_path, capsys):
     assert main(["info", str(path), "--max-decoded-mib", "64"]) == 0
     assert main(["convert", str(path), str(tmp_path / "out.parquet"), "--max-decoded-mib", "16"]) == 2
     assert "more than the 16 MiB" in capsys.readouterr().err
+
+
+def test_a_json_lines_step_from_more_instances_than_a_trace_holds_is_refused(tmp_path):
+    path = tmp_path / "many.jsonl"
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(make_meta("b", L, E, 2, world_size=1))})]
+    lines += [core.trace_line("step", core.encode_step(rec)) for i in range(65) for rec in _records(1, f"i{i}", 1)]
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"step 0 holds 65 rows from 65 collector instance\(s\)"):
+        tracefile.open_trace(path)
+    path.write_text("\n".join(lines[:65]) + "\n")  # 64 instances, one row each: a collector restarted often
+    with tracefile.open_trace(path) as reader:
+        assert len(reader.read_steps(0, 0)) == 64

@@ -15,7 +15,7 @@ from moe_monitor import core
 from .timeline import Timeline
 from .timings import TimingRead
 
-MAX_READ_BYTES = 4 << 30  # counts one read_steps call may return (a 4 GiB view is a mistake, not a page)
+MAX_READ_BYTES = 4 << 30  # bytes one read_steps call may decode, records included (a 4 GiB view is a mistake, not a page)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ A trace without a metadata line (an older or hand-made one) gets a stand-in: lay
 records' E, a contiguous layout over core.default_gpus (meta_synthesized = True). Lines that do not decode,
 counts of another shape than the metadata's and repeated (instance, rank, step) records are skipped; the
 first two are counted as bad records. Timing lines are indexed by step only (core/tracefile/timing_lines.py: TimingLines)
-and decoded when read_timings asks for their steps.
+and decoded when read_timings asks for their steps. A step with more records than a trace holds (at most its
+world size per collector instance, core/tracefile/rows.py) refuses the file, as in the columnar containers;
+without compression, what the file decodes to is bounded by its size.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 from collections import OrderedDict
 
 import numpy as np
+import pyarrow as pa
 
 from moe_monitor import core
 
@@ -23,6 +26,7 @@ from .balance import LayoutSchedule, step_balancedness
 from .base import MAX_READ_BYTES, TraceReader, dedupe
 from .gpu import MAX_GPU_ROWS
 from .lines import decode_line, iter_lines
+from .rows import check_rows_per_step
 from .timeline import Timeline, timeline_of_rows
 from .timing_lines import TimingLines
 
@@ -52,6 +56,8 @@ class JsonlTraceReader(TraceReader):
         self._samples: list[core.GpuSample] = []
         self._timings = TimingLines(path)
         rows: dict[str, list] = {name: [] for name in ("step", "rank", "time_s", "phase", "tokens", "offset")}
+        worlds: list[int] = []
+        instances: list[str] = []
         self._eta: dict[int, float] = {}
         self._pending: OrderedDict[int, tuple[np.ndarray, set[int], int]] = OrderedDict()
         seen: set[tuple[str, int, int]] = set()
@@ -78,6 +84,8 @@ class JsonlTraceReader(TraceReader):
                         for name, value in (("step", item.step), ("rank", item.rank), ("time_s", item.time_s),
                                             ("phase", item.phase), ("tokens", item.tokens), ("offset", offset)):
                             rows[name].append(value)
+                        worlds.append(item.world_size)
+                        instances.append(item.instance)
                         self._add_counts(item)
                     elif isinstance(item, core.LayoutRecord):
                         self._add_layout(item)
@@ -90,6 +98,10 @@ class JsonlTraceReader(TraceReader):
         if self._meta is None:
             raise ValueError(f"{path}: holds no metadata and no step line: not a trace")
         self.meta = self._meta
+        check_rows_per_step(pa.table({"step": pa.array(rows["step"], pa.int64()),
+                                      "world": pa.array(worlds, pa.int64()),
+                                      "instance": pa.array(instances, pa.string()).dictionary_encode()}))
+        del worlds, instances
         while self._pending:
             self._finish(next(iter(self._pending)))
         self._rows: dict[str, np.ndarray] = {name: np.asarray(values, dtype=object if name == "phase" else None)
