@@ -69,3 +69,25 @@ def test_a_typed_url_replaces_the_environments(locked_redis, monkeypatch):
     at.sidebar.text_input(key="redis_url").input(core.redact(locked_redis.url)).run()
     assert at.sidebar.selectbox(key="run").value == RUN
     assert_no_password(at)
+
+
+TYPED_SECRET = "typed-Kx7-secret"  # typed into the (password-type) URL field: it may sit there, nowhere else
+
+
+@pytest.mark.parametrize("typed, says", [
+    ("redis://:{pw}@127.0.0.1:{port}/0?bogus=1", "bogus"),  # an unknown option: one message, not a TypeError
+    ("redis://{pw}@127.0.0.1:{port}/0", None),  # the password written as the user name
+    ("redis://127.0.0.1:{port}/0?PASSWORD={pw}", None),  # ... or as a query argument
+    ("redis://:{pw}/x@127.0.0.1:{port}/0", "percent-encode"),  # an unencoded '/': redis-py's error held its start
+])
+def test_a_bad_or_secret_bearing_typed_url_is_one_message_without_the_secret(locked_redis, monkeypatch, typed,
+                                                                               says):
+    at = run_app(locked_redis.url, monkeypatch)
+    at.sidebar.text_input(key="redis_url").input(typed.format(pw=TYPED_SECRET, port=locked_redis.port)).run()
+    assert not at.exception, at.exception
+    shown = " ".join(e.value for e in [*at.sidebar.caption, *at.sidebar.warning, *at.sidebar.error,
+                                       *at.sidebar.markdown, *at.error, *at.warning, *at.caption, *at.markdown,
+                                       *at.info])
+    assert TYPED_SECRET[:6] not in shown, shown
+    if says:
+        assert says in shown, shown

@@ -1,6 +1,7 @@
 """Streamlit glue: the cached Redis client, the sidebar's settings and the WatchedRun kept per session.
 
-The Redis client is made once per URL (st.cache_resource) with explicit timeouts; the WatchedRun (source +
+The Redis client is made once per URL (core.clientcache.shared_client: at most 16 kept for the whole server, the
+least recently used closed first, so typed URLs cannot pile up sockets) with explicit timeouts; the WatchedRun (source +
 window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
 At a rollup resolution (hours of history) a RollupRun rides on that WatchedRun, also kept in the session.
 This module owns the session-state entries the live pages share ("settings", "watched_run", "rollup_run") and
@@ -13,11 +14,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import streamlit as st
 
 from moe_monitor import core
+from moe_monitor.core.clientcache import shared_client
+from moe_monitor.core.redaction import scrub
 from moe_monitor.dashboard.live.rollups import RollupRun
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource, RunListing, read_runs
@@ -67,10 +69,10 @@ def env_redis_url() -> str:
     return os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
 
 
-@st.cache_resource(show_spinner=False)
 def redis_client(url: str):
-    """One client per URL for the whole server, failing fast: REDIS_TIMEOUT_S per operation, one retry."""
-    return core.connect(url, timeout_s=REDIS_TIMEOUT_S, retries=REDIS_RETRIES)
+    """One client per URL for the whole server (a bounded cache), failing fast: REDIS_TIMEOUT_S per operation,
+    one retry. ValueError (redacted) for a URL that is not one."""
+    return shared_client(url, timeout_s=REDIS_TIMEOUT_S, retries=REDIS_RETRIES)
 
 
 def shown_url(url: str) -> str:
@@ -80,13 +82,9 @@ def shown_url(url: str) -> str:
 
 
 def safe_text(text: str, url: str) -> str:
-    """text with url (and its password, wherever it appears) replaced by the redacted URL."""
-    text = str(text).replace(url, shown_url(url)) if url else str(text)
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        password = None
-    return text.replace(password, "***") if password else text
+    """text with url shown redacted and its secrets (password, a lone user info, ?password=) replaced by '***',
+    wherever they appear (core.redaction.scrub)."""
+    return scrub(text, url)
 
 
 def _run_listing(url: str) -> tuple[RunListing, str]:
@@ -95,8 +93,8 @@ def _run_listing(url: str) -> tuple[RunListing, str]:
     listing, error = RunListing([], 0), ""
     try:
         client = redis_client(url)
-    except ValueError:
-        error = f"the Redis URL {shown_url(url)} must start with redis://, rediss:// or unix://"
+    except ValueError as exc:  # core.redisurl's words, already redacted: scheme, port, options, database
+        error = safe_text(str(exc), url)
     else:
         try:
             listing = read_runs(client)
