@@ -3,6 +3,7 @@ both the EP runtime and the dashboard, never on a command line."""
 import argparse
 import os
 import stat
+from pathlib import Path
 
 from moe_monitor.core.apply_secret import SECRET_FILE_ENV, load_secret
 from moe_monitor.dashboard.sources.apply_gate import RUNS_ENV
@@ -16,6 +17,7 @@ def test_the_ep_demo_shares_a_private_secret_file_with_its_dashboard():
     args = argparse.Namespace(engine="ep", ranks=4, run="demo-ep", seconds=0)
     cmd = engine_command(args, "redis://127.0.0.1:1/0", path)
     assert cmd[cmd.index("--apply-secret-file") + 1] == path
-    assert not any(open(path).read().strip() in part for part in cmd)  # the secret itself is not in argv
+    secret = Path(path).read_text().strip()
+    assert not any(secret in part for part in cmd)  # the secret itself is not in argv
     other, _ = apply_setting("demo-ep")
     assert load_secret(other) != load_secret(path)  # a fresh secret each demo
