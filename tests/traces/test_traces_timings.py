@@ -239,6 +239,18 @@ def test_a_damaged_timings_table_is_one_message_and_the_steps_read(recorded, tmp
     assert len(batch.steps) == 6 * R and batch.timings == [] and batch.bad_records == 1 and why in batch.last_error
 
 
+def test_a_timings_sidecar_over_the_decoded_bound_is_one_message_and_the_steps_read(recorded, tmp_path,
+                                                                                      monkeypatch):
+    from moe_monitor.core.tracefile import timings as timings_module
+
+    path = copy_parquet(recorded, tmp_path)
+    monkeypatch.setattr(timings_module, "decoded_budget_bytes", lambda: 1024)  # the sidecar's rows decode to more
+    reader = tracefile.open_trace(path)
+    assert reader.read_timings(0, 99) == [] and reader.bad_records == 1
+    assert "timing rows decode to" in reader.last_error and "MOE_TRACE_MAX_DECODED_MIB" in reader.last_error
+    assert len(reader.read_steps(0, 99)) == STEPS * R
+
+
 def test_a_bad_timing_row_is_one_bad_record(recorded, tmp_path):
     path = copy_parquet(recorded, tmp_path)
     side = timings_sidecar(path)

@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_monitor import core
+from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
 
 from .decode import as_ints, as_texts, fixed_width_view, long_instances, step_rank_errors
 from .schema import DICTIONARY_TEXT, META_FORMAT, META_VERSION, ROW_KEY_FIELDS
@@ -294,6 +295,8 @@ class TimingTable:
             raise ValueError(f"holds {meta.num_rows} rows, the trace wrote {expected_rows} (cut short or another "
                              "trace's)")
         width = len(TIMING_ARRAYS) * num_layers * TIMING_DTYPE.itemsize + 64
+        check_decoded(f"{self.path.name}: its {meta.num_rows} timing rows", meta.num_rows * width,
+                      decoded_budget_bytes())  # the whole sidecar, before any row group is read
         step_index = pf.schema_arrow.get_field_index("step")
         groups = []
         for group in range(meta.num_row_groups):
