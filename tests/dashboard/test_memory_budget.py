@@ -1,7 +1,7 @@
 """One memory budget per process (core.membudget): step windows, sample rings and timing rings reserve what they
 keep before allocating it, get less (and say so) when the budget is short, and give it back when dropped; the
 dashboard's data layer reading 600 tiny all-zero records of L=800 x E=1000 stays within its budget (measured in a
-child process: ru_maxrss)."""
+child process: its VmHWM, tests.support.memprobe.peak_rss_bytes)."""
 from __future__ import annotations
 
 import gc

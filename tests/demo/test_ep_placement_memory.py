@@ -42,12 +42,13 @@ def test_table_of_a_65536_slot_layout_is_o_of_p():
 
 def test_peak_memory_of_building_it_in_a_process():
     script = (
-        "import json, resource, sys; sys.path.insert(0, sys.argv[1])\n"
+        "import json, sys; sys.path.insert(0, sys.argv[1])\n"
         "from tests.demo.test_ep_placement_memory import hot_layout, RANKS, E\n"
+        "from tests.support.memprobe import peak_rss_bytes\n"
         "from moe_monitor.demo.ep.placement import Placement\n"
-        "layout = hot_layout(); before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "layout = hot_layout(); before = peak_rss_bytes() // 1024\n"
         "placement = Placement(layout, RANKS, E)\n"
-        "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "after = peak_rss_bytes() // 1024\n"
         "print(json.dumps({'before_kib': before, 'after_kib': after}))\n")
     out = subprocess.run([sys.executable, "-c", script, str(ROOT)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, check=True).stdout
