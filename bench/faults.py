@@ -23,8 +23,9 @@ these faults happen one after another (bench.faults_deploy brings the pieces up)
    nothing, its health says the trace failed, and the trace catches up once there is room again.
 
 Faults 1, 2, 3, 5 and 6 happen in one run against one private redis-server, one after another, each once the
-previous one has recovered; fault 4 in a run of its own against the cluster. A row covers the step ids from the
-previous row's end to its own (the first from step 0, the last to the run's end): written = rank-steps the writers'
+previous one has recovered; fault 4 in a run of its own against the cluster. A row covers the step ids from
+IN_FLIGHT_S (3 s) of steps before its fault began (steps still in flight or assembling then) to the next row's
+start (the first from step 0, the last to the run's end): written = rank-steps the writers'
 Redis sinks report landed (a SIGKILLed rank's: its last health report, written in the same round trip as the steps
 it counts); read = rank-steps in the aggregate stream (tailed from its first entry as it is written, so nothing
 depends on the stream still holding them; entries a failover took back do not count); lost = written, never read.
@@ -37,7 +38,7 @@ stall_note, held_note, restart_note, gap_note, missing ranks, the collectors' he
     python -m bench.faults [--faults 1,2,3,4,5,6] [--ranks 32] [--steps-per-s 20] [--processes 2] [--stall-s 10]
                            [--disk-full-s 5] [--lease-s 5] [--no-exporter]
 
-About 2 minutes on 2 cores. The load average before the start is printed: anything else running shares the CPUs.
+About 2-2.5 minutes on 2 cores. The load average before the start is printed: anything else running shares the CPUs.
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ NAMES = {1: "SIGKILL a rank, restart it", 2: "SIGKILL the aggregator mid-commit,
 SINGLE = (1, 2, 3, 5, 6)  # the faults of the single-Redis run, in this order
 RECOVER_S = 120.0  # far past what a loaded 2-core machine needs: it bounds a failure, it is not a goal
 SETTLE_S = 2.0
+IN_FLIGHT_S = 3.0  # the aggregator's 2 s deadline and a flush: steps due this long before a fault are its too
 RESTART_DOWN_S = 2.0  # how long the killed rank stays down
 
 
@@ -88,6 +90,7 @@ class Outcome:
     also: dict[str, Callable[[], bool]] = field(default_factory=dict)
     deliberate: str = ""
     problems: list[str] = field(default_factory=list)
+    begin_step: int = 0  # the step due when it began
 
 
 @dataclass
@@ -270,31 +273,54 @@ def run_faults(d: Deployment, faults: list[int], echo, run_fault: Callable[[int]
     echo(f"  current {took:.1f} s after the start: aggregate at step {d.tail.newest_step if d.tail else '?'}, page "
          f"on the aggregate feed")
     rows: list[Row] = []
-    lo = 0
     for fault in faults:
-        echo(f"  fault {fault}: {NAMES[fault]} (at step {d.due()})")
+        begin_step = d.due()
+        echo(f"  fault {fault}: {NAMES[fault]} (at step {begin_step})")
         failures, state = d.writer_failures(), d.progress()
         out = run_fault(fault)
+        out.begin_step = begin_step
         recovery = recover(d, out)
         time.sleep(SETTLE_S)
-        hi = d.due()
         until = time.monotonic()
         failed, dropped = (now - before for now, before in zip(d.writer_failures(), failures))
         out.facts.append(f"the writers: {failed:,} failed writes (each kept its batch and retried it), {dropped:,} "
                          "steps dropped (by their health reports)")
         out.facts.append("the aggregator: " + progress_delta(state, d.progress()))
         page = said(d.page.looks if d.page else [], out.began - 1.0, until, out.ended, out.began)
-        rows.append(Row(out, lo, hi, recovery, page,
+        rows.append(Row(out, 0, 0, recovery, page,
                         d.exporter.said(out.began - 1.0, until, out.ended) if d.exporter else "exporter: off"))
         echo("    " + "; ".join(out.facts + out.problems))
         echo("    recovered: " + recovery_text(recovery))
-        lo = hi
     d.stop()
     vanished = d.tail.vanished(d.url) if d.tail else []
+    # a fault's row starts IN_FLIGHT_S of steps before it began: steps still in flight or assembling then are its
+    in_flight = round(IN_FLIGHT_S * d.steps_per_s)
+    for i, row in enumerate(rows):
+        row.lo = 0 if i == 0 else max(rows[i - 1].lo + 1, row.outcome.begin_step - in_flight)
+        if i:
+            rows[i - 1].hi = row.lo
     if rows:
-        rows[-1].hi = d.stop_step or rows[-1].hi
+        rows[-1].hi = d.stop_step or rows[-1].lo + 1
+    d.stranded = d.stranded_entries()
+    if d.stranded and rows:
+        rows[-1].outcome.facts.append(
+            f"{d.stranded} entries of the steps stream were delivered to an aggregator and are still not "
+            "acknowledged at the end (idle > 5 s while it is caught up): delivered by an XREADGROUP whose reply "
+            "never reached it (a read that timed out while Redis was stopped or failing over), they are never "
+            "read again by that aggregator")
+    tail = d.tail
+    if tail is not None and (tail.bad or tail.errors):
+        rows[-1].outcome.facts.append(f"the tail of the aggregate: {tail.bad} entries that did not decode, "
+                                      f"{tail.errors} failed reads (last: {tail.last_error[:120]!r})")
     for row in rows:
         row.tally = d.tally(row.lo, row.hi, vanished)
+        for step in sorted({step for step, _ in row.tally.lost_sample})[:3]:
+            held = [e for e in tail.snapshot() if e.step == step] if tail is not None else []
+            row.outcome.facts.append(
+                f"step {step} lost rank(s) {[r for s, r in row.tally.lost_sample if s == step]}; its aggregate "
+                "entries: " + ("none" if not held else ", ".join(
+                    f"{bin(e.ranks).count('1')} ranks{' late' if e.late else ''} (epoch {e.epoch[:14]}, read "
+                    f"{e.seen_s - row.outcome.ended:+.1f} s after the fault's end)" for e in held)))
         if row.outcome.deliberate:
             row.outcome.facts.append(f"rank-steps the writers saw acknowledged and the stream lost with the old "
                                      f"master: {row.tally.lost:,}")
@@ -350,6 +376,7 @@ class Suite:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    stranded: int = 0  # steps-stream entries delivered to an aggregator and never acknowledged, at the end
 
     @property
     def ok(self) -> bool:
@@ -388,6 +415,7 @@ def run_suite(faults: list[int], ranks: int = 32, steps_per_s: float = 20.0, pro
 
         try:
             suite.rows += run_faults(d, single, echo, one)
+            suite.stranded += d.stranded
             state = d.progress()
             suite.notes.append("single Redis: aggregator progress " + ", ".join(
                 f"{k} {state[k]}" for k in ("steps_written", "rank_steps_missing", "late_ranks", "duplicates",
@@ -420,6 +448,7 @@ def run_suite(faults: list[int], ranks: int = 32, steps_per_s: float = 20.0, pro
             echo(f"== private Redis Cluster, 3 masters x 1 replica: {ranks} ranks x {steps_per_s:g} steps/s, fault 4")
             try:
                 suite.rows += run_faults(d, [4], echo, lambda fault: fault_failover(d, echo, cluster))
+                suite.stranded += d.stranded
                 state = d.progress()
                 suite.notes.append("cluster: aggregator progress " + ", ".join(
                     f"{k} {state[k]}" for k in ("steps_written", "rank_steps_missing", "late_ranks", "duplicates",
@@ -457,6 +486,8 @@ def print_table(suite: Suite, echo=print) -> None:
         if t is not None:
             echo(f"  written {t.written:,}, read {t.read:,}, lost {t.lost:,}, read but not counted written "
                  f"{t.extra:,}, rank-steps in two entries {t.twice:,}")
+            if t.lost_sample:
+                echo("  written, never read (step, rank): " + ", ".join(f"({s}, {r})" for s, r in t.lost_sample))
         echo(f"  recovered: {recovery_text(row.recovery)}")
         for line in row.page.lines():
             echo(f"  page: {line}")

@@ -15,7 +15,8 @@ from pathlib import Path
 from bench.faults_ranks import Clock, GroupConfig, GroupReport, RankGroup, context
 from bench.faults_watch import AggEntry, AggregateTail, ExporterProbe, PageProbe, wait_for
 from bench.loadgen import split_ranks
-from bench.scale_aggregator import caught_up, progress, start_aggregator, stop_aggregator
+from bench.scale_aggregator import progress, start_aggregator, stop_aggregator
+from bench.scale_probe import groups
 from moe_monitor import core
 from moe_monitor.core.health import decode_health_report
 
@@ -48,6 +49,7 @@ class Tally:
     lost: int
     extra: int
     twice: int
+    lost_sample: tuple[tuple[int, int], ...] = ()  # the first (step, rank) written and never read
 
 
 class Deployment:
@@ -75,6 +77,7 @@ class Deployment:
         self.exporter: ExporterProbe | None = None
         self.client = core.connect(url, timeout_s=5.0)
         self.stop_step: int | None = None
+        self.stranded = 0
 
     # ------------------------------------------------------------------ bringing up
     def _config(self, ranks: tuple[int, ...], label: str, first_step: int | None = 0,
@@ -166,6 +169,16 @@ class Deployment:
                 dropped += int(report.get("dropped_steps") or 0)
         return failed, dropped
 
+    def stranded_entries(self, idle_ms: int = 5000) -> int:
+        """Entries of the steps stream delivered to a consumer of the aggregators' group and not acknowledged for
+        idle_ms (at the end of a run, once the aggregator has caught up, nothing should be)."""
+        from moe_monitor.aggregator.options import GROUP
+
+        with contextlib.suppress(Exception):
+            return len(self.client.xpending_range(core.steps_key(self.run), GROUP, min="-", max="+", count=10_000,
+                                                  idle=idle_ms))
+        return 0
+
     def pending_entries(self) -> int:
         """Entries delivered to the aggregators' consumer group and not acknowledged (XPENDING)."""
         from moe_monitor.aggregator.options import GROUP
@@ -194,7 +207,7 @@ class Deployment:
 
     def drain(self, timeout_s: float, settled_s: float = 10.0) -> None:
         """Until the tail holds every rank-step written, or the aggregator has caught up with the steps stream
-        and what is missing has not changed for settled_s (a deliberate loss: nothing more will come)."""
+        and what is missing has not changed for settled_s (a loss: nothing more will come)."""
         assert self.stop_step is not None
         deadline = time.monotonic() + timeout_s
         last, since = -1, time.monotonic()
@@ -204,9 +217,19 @@ class Deployment:
                 return
             if lost != last:
                 last, since = lost, time.monotonic()
-            elif time.monotonic() - since > settled_s and caught_up(self.client, self.run):
+            elif time.monotonic() - since > settled_s and self.delivered_all():
                 return
             time.sleep(0.5)
+
+    def delivered_all(self) -> bool:
+        """Whether the aggregators' group has been delivered the steps stream's newest entry (acknowledged or not:
+        an entry stranded unacknowledged must not hold a drain up)."""
+        found = groups(self.client, self.run)
+        try:
+            newest = self.client.xinfo_stream(core.steps_key(self.run))["last-generated-id"]
+        except Exception:
+            return False
+        return bool(found) and all(g.get("last-delivered-id") == newest for g in found)
 
     def close(self) -> None:
         for group in self.groups:
@@ -243,4 +266,10 @@ class Deployment:
         written = sum(bin(mask).count("1") for mask in written_by_step.values())
         read = sum(bin(mask).count("1") for mask in read_by_step.values())
         both = sum(bin(mask & read_by_step.get(step, 0)).count("1") for step, mask in written_by_step.items())
-        return Tally(lo, hi, written, read, written - both, read - both, twice)
+        sample = []
+        for step in sorted(written_by_step):
+            unread = written_by_step[step] & ~read_by_step.get(step, 0)
+            sample += [(step, rank) for rank in range(self.ranks) if unread >> rank & 1]
+            if len(sample) >= 20:
+                break
+        return Tally(lo, hi, written, read, written - both, read - both, twice, tuple(sample[:20]))
