@@ -224,6 +224,13 @@ class Assembler:
     def pending_steps(self) -> int:
         return len(self._pending)
 
+    def held_entry_ids(self) -> set[bytes]:
+        """The stream entry ids this assembler holds (in pending steps and held ranks), not yet handed back."""
+        held = set(self._held)
+        for bucket in self._pending.values():
+            held.update(bucket.entry_ids)
+        return held
+
     def oldest_pending_id(self) -> bytes | None:
         """The smallest stream entry id held by a pending step or a held rank (None when nothing is)."""
         firsts = [b.entry_ids[0] for b in self._pending.values()] + list(self._held)[:1]

@@ -135,10 +135,15 @@ def claim(client: core.Client, run: str, group: str, consumer: str,
             return
 
 
+def entry_id_bytes(entry_id: object) -> bytes:
+    """A stream entry id as redis-py hands it (bytes, or str with decode_responses) as bytes."""
+    return entry_id if isinstance(entry_id, bytes) else str(entry_id).encode()
+
+
 def stream_entries(reply) -> list[tuple[bytes, dict | None]]:
     """A stream reply as [(id bytes, fields or None)]."""
     out: list[tuple[bytes, dict | None]] = []
     for item in reply or ():
         entry_id, fields = item[0], item[1] if len(item) > 1 else None
-        out.append((entry_id if isinstance(entry_id, bytes) else str(entry_id).encode(), fields))
+        out.append((entry_id_bytes(entry_id), fields))
     return out

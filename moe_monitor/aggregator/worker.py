@@ -31,7 +31,7 @@ from .options import GROUP, AggregateOptions
 from .progress import decode_progress, state_key
 from .reading import RoundReader, text_of
 from .rollup import RollupBuilder
-from .takeover import claim, last_bucket_start, read_tail, replay, stream_entries
+from .takeover import claim, entry_id_bytes, last_bucket_start, read_tail, replay, stream_entries
 
 TRIM_EVERY_S = 1.0  # the steps stream is trimmed this often
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
@@ -74,6 +74,8 @@ class Aggregator:
         self.holder = False  # the lease is ours
         self.synced = False  # ... and the takeover read what it needed
         self.redis_errors = 0
+        self.recovered_entries = 0  # entries of reads whose reply was lost, read again (_own_lost_replies)
+        self._recheck_own = False
         self.lag_entries = -1
         self.last_error = ""
         self.reader = RoundReader(self.client, self.run, self.consumer, self.options.read_count)
@@ -218,6 +220,9 @@ class Aggregator:
         self.reader.place_layouts(self.assembler, self.book)  # changes waiting for an instance that showed up now
         if now >= self._reclaim_at:
             out.extend(self._reclaim(now))
+        if self._recheck_own:
+            out.extend(self._own_lost_replies(now))
+            self._recheck_own = False
         out.extend(self.assembler.due(now))
         self.committer.queue(out, now, self.assembler, self.rollups)
         wrote = bool(self.committer.outbox)
@@ -357,6 +362,36 @@ class Aggregator:
             if name != self.consumer and not info.get("pending"):
                 self.client.xgroup_delconsumer(self.steps_key, GROUP, name)
 
+    def _own_lost_replies(self, now: float) -> Output:
+        """Entries delivered to this consumer whose reply never came back: a read that timed out while Redis
+        was stopped still runs when Redis resumes, and hands its entries to this consumer (XREADGROUP '>' never
+        gives them again). After a failed round, this consumer's pending entries that nothing here holds (not
+        assembling, not waiting to be acknowledged) are claimed back and read (counted in recovered_entries)."""
+        known = self.assembler.held_entry_ids() | set(self.committer.outbox.acks)
+        lost: list[bytes] = []
+        start = "-"
+        while True:
+            page = self.client.xpending_range(self.steps_key, GROUP, min=start, max="+",
+                                              count=self.options.read_count, consumername=self.consumer)
+            ids = [entry_id_bytes(p["message_id"]) for p in page]
+            lost += [i for i in ids if i not in known]
+            if len(page) < self.options.read_count:
+                break
+            start = "(" + ids[-1].decode()
+        if not lost:
+            return Output()
+        self.recovered_entries += len(lost)
+        self._log(f"aggregate {self.run}: {len(lost)} entries delivered while Redis did not answer read again")
+        out = Output()
+        for first in range(0, len(lost), self.options.read_count):
+            ids = lost[first:first + self.options.read_count]
+            entries = stream_entries(self.client.xclaim(self.steps_key, GROUP, self.consumer, 0, list(ids)))
+            out.extend(self.reader.ingest(self.assembler, [(i, f) for i, f in entries if f is not None], now))
+            out.acks.extend(i for i, f in entries if f is None)
+            claimed = {i for i, _ in entries}
+            out.acks.extend(i for i in ids if i not in claimed)  # trimmed away meanwhile: nothing to read
+        return out
+
     def _reclaim(self, now: float) -> Output:
         """Entries another consumer took and left (a holder that lost the lease between its last renewal and
         a read): claimed once they are idle for two leases."""
@@ -392,6 +427,7 @@ class Aggregator:
     # ------------------------------------------------------------------------------------------ health
     def _failed(self, exc: BaseException, now: float, what: str) -> None:
         self.redis_errors += 1
+        self._recheck_own = True  # a read may have run without its reply reaching here
         self._backoff_s = min(BACKOFF_MAX_S, max(BACKOFF_MIN_S, self._backoff_s * 2))
         self._retry_at = now + self._backoff_s
         self.last_error = f"{what}: {core.why(exc)}"

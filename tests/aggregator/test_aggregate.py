@@ -414,3 +414,25 @@ def test_an_aggregate_stream_at_the_last_possible_id_is_said_once_and_what_waits
     assert drive([agg], lambda: len(aggregates(client, "exhausted")) == 3)
     assert [a.step for a in aggregates(client, "exhausted")] == [3, 4, 5]
     agg.close()
+
+
+def test_entries_delivered_while_redis_was_stopped_are_read_again(server):
+    """A read that timed out while Redis was stopped still runs when Redis resumes: its entries are delivered to
+    the aggregator's consumer, whose reply never arrives. They are claimed back after the failed round."""
+    client = server.client()
+    agg = Aggregator(server.url, "stall", options(timeout_s=0.5, lease_s=5.0), log=lambda _: None)
+    publish(client, [step_record("stall", 0, r, world=2) for r in range(2)])
+    assert drive([agg], lambda: agg.counters.steps_written == 1)
+    publish(client, [step_record("stall", 1, r, world=2) for r in range(2)])  # not read yet
+    server.stall()
+    try:
+        assert not agg.step() and agg.redis_errors == 1  # its XREADGROUP is queued inside the stopped Redis
+    finally:
+        server.resume()
+    delivered = lambda: client.xpending(core.steps_key("stall"), GROUP)["pending"] == 2  # noqa: E731
+    assert wait_until(delivered), "the stopped read did not run on resume"
+    assert drive([agg], lambda: agg.counters.steps_written == 2, timeout_s=20)
+    assert agg.recovered_entries == 2 and pending(client, "stall") == 0
+    (last,) = [a for a in aggregates(client, "stall") if a.step == 1]
+    assert last.ranks_R.tolist() == [0, 1]
+    agg.close()
