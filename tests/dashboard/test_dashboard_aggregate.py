@@ -364,16 +364,14 @@ def test_a_stolen_or_wedged_lease_makes_readers_sum_the_ranks_until_the_aggregat
     write_steps(client, recs[:6])
     write_aggregates(client, [aggregate_of(recs[i:i + 2]) for i in (0, 2, 4)])
     client.set(core.aggregator_key(RUN), "thief", px=3_600_000)  # a stray SET: nobody aggregates behind it
-    client.zadd(core.RUNS_KEY, {RUN: 1.0})
     source = RedisSource(client, redis_url, RUN, 100)
     reader = source._aggregate
     reader.check_every_s, reader.stall_s = 0.0, 0.3
     watched = WatchedRun(source, 100)
     watched.tick()
     assert watched.feed == "aggregate" and watched.window.size == 3 and reader.stall_note == ""
-    time.sleep(0.4)  # longer than stall_s: the holder has committed nothing since it was first seen
-    write_steps(client, recs[6:])
-    client.zadd(core.RUNS_KEY, {RUN: 2.0})  # the collectors keep writing
+    time.sleep(0.4)  # longer than stall_s: the collectors' next entries are that much newer than the aggregate's
+    write_steps(client, recs[6:])  # the collectors keep writing
     watched.tick()
     assert "'thief'" in reader.stall_note and "summed here" in reader.stall_note and reader.stalls == 1
     watched.tick()

@@ -13,13 +13,14 @@ what was handed over before the error is not read again, what was not is read by
 
 Whether the aggregate is read at all (`in_use`) is decided again every CHECK_S seconds with one round trip of
 five small commands (GET of the aggregator's lease core.aggregator_key(run), XLEN of the aggregate and of the
-per-rank steps, the id of the aggregate's newest entry, the run's last-seen score in moe:runs): the aggregate
-stream has entries and either an aggregator holds the run's lease or no per-rank step is left to sum (a finished
-run whose steps were trimmed away). A lease held while the aggregate gains no entry for STALL_S and the
-collectors go on writing (a lease stolen by a stray SET, an aggregator wedged, an aggregate stream that refuses
-new entries) is stalled: readers sum the per-rank steps themselves, `stall_note` says so, and they go back to
-the aggregate once it moves again (only this reader's clock measures the quiet: the newest id and the last-seen
-score are only compared to themselves). When the aggregator stops (its lease expires) while collectors still
+per-rank steps, the newest entry of each): the aggregate stream has entries and either an aggregator holds the
+run's lease or no per-rank step is left to sum (a finished run whose steps were trimmed away). A lease held while
+the per-rank steps' newest entry is STALL_S newer than the aggregate's (a lease stolen by a stray SET, an
+aggregator wedged, an aggregate stream that refuses new entries) is stalled: readers sum the per-rank steps
+themselves, `stall_note` says so, and they go back to the aggregate once it moves again. Both ids carry the
+clock of the one Redis that holds the run's keys (one hash slot), so no writer's or reader's clock is compared
+with another's; a stall is seen STALL_S to STALL_S + CHECK_S after the aggregate's last entry, and an
+aggregator catching up a backlog is not one (its entries are new, whatever steps they hold). When the aggregator stops (its lease expires) while collectors still
 write, readers go back to summing the per-rank steps themselves; when one starts, they switch to its stream,
 reading its newest window first. The reader of the window
 (dashboard.live.watched.WatchedRun) takes either kind of record and skips a step the other kind already
@@ -52,6 +53,18 @@ PAGE_ENTRIES = 100  # entries a read (58 x 256 summed counts are ~20-60 kB an en
 TICK_BYTES_BUDGET = 24 << 20  # bytes a poll reads at most (the backlog goes on at the next poll)
 
 
+def _ms_of(newest) -> int | None:
+    """The unix ms (Redis's clock) in the id of XREVRANGE ... COUNT 1's entry; None for an empty stream."""
+    if not newest:
+        return None
+    entry_id = newest[0][0]
+    text = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else str(entry_id)
+    try:
+        return int(text.partition("-")[0])
+    except ValueError:
+        return None
+
+
 class AggregateReader:
     """The aggregate stream of one run, read incrementally. client: a Redis client made by core.connect()
     (single Redis or Cluster: the run's keys share one slot); window_steps: entries the first polls read
@@ -76,8 +89,6 @@ class AggregateReader:
         self.stall_s = float(stall_s)
         self.stalls = 0
         self.stall_note = ""
-        self._commit: tuple[object, float] | None = None  # ((holder, newest aggregate id), when first seen)
-        self._run_seen: tuple[object, float] | None = None  # (the run's last-seen score, when it was first seen)
         self._last_id: bytes | None = None  # None until the newest window is read
         self._backlog: list[StreamEntry] = []  # newest first while paging backwards
         self._handover: list[StreamEntry] = []  # the collected backlog still to hand over, oldest first
@@ -95,11 +106,10 @@ class AggregateReader:
         pipe.xlen(self.key)
         pipe.xlen(core.steps_key(self.run))
         pipe.xrevrange(self.key, count=1)
-        pipe.zscore(core.RUNS_KEY, self.run)
-        holder, aggregated, per_rank, newest, run_seen = pipe.execute()
+        pipe.xrevrange(core.steps_key(self.run), count=1)
+        holder, aggregated, per_rank, newest_agg, newest_step = pipe.execute()
         now = time.monotonic()
-        newest_id = newest[0][0] if newest else None
-        stalled = holder is not None and self._stalled(holder, newest_id, run_seen, now)
+        stalled = holder is not None and self._stalled(holder, _ms_of(newest_agg), _ms_of(newest_step))
         use = int(aggregated or 0) > 0 and ((holder is not None and not stalled) or int(per_rank or 0) == 0)
         if use != self.in_use:
             self.switches += 1
@@ -108,16 +118,14 @@ class AggregateReader:
         self.checked_s = now
         return use
 
-    def _stalled(self, holder: object, newest_id: object, run_seen: object, now: float) -> bool:
-        """Whether the aggregate gained no entry for stall_s under this holder while the run's last-seen score
-        moved (sets stall_note; counts a new stall once)."""
-        if self._commit is None or self._commit[0] != (holder, newest_id):
-            self._commit = ((holder, newest_id), now)
-        if self._run_seen is None or self._run_seen[0] != run_seen:
-            self._run_seen = (run_seen, now)
-        quiet_s = now - self._commit[1]
-        writing = self._run_seen[1] > self._commit[1] and now - self._run_seen[1] < self.stall_s
-        if quiet_s < self.stall_s or not writing:
+    def _stalled(self, holder: object, aggregate_ms: int | None, steps_ms: int | None) -> bool:
+        """Whether the per-rank steps' newest entry is stall_s newer than the aggregate's (sets stall_note;
+        counts a new stall once). Times: the unix ms of the entry ids (Redis's clock)."""
+        if aggregate_ms is None or steps_ms is None:
+            self.stall_note = ""
+            return False
+        quiet_s = (steps_ms - aggregate_ms) / 1000
+        if quiet_s < self.stall_s:
             self.stall_note = ""
             return False
         if not self.stall_note:
