@@ -380,3 +380,33 @@ def test_a_stolen_or_wedged_lease_makes_readers_sum_the_ranks_until_the_aggregat
     write_aggregates(client, [aggregate_of(recs[i:i + 2]) for i in (6, 8, 10)])  # an aggregator writes again
     watched.tick()
     assert watched.feed == "aggregate" and reader.stall_note == "" and reader.stalls == 1
+
+
+def test_a_row_the_per_rank_feed_left_short_is_completed_by_the_aggregate_after_a_switch(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta()))
+    records = rank_records(range(10))
+    write_steps(client, [r for r in records if r.step < 8 or (r.step < 10 and r.rank < 2)])  # 8, 9 half there
+    source = RedisSource(client, redis_url, RUN, 100)
+    source._aggregate.check_every_s = 0.0
+    watched = WatchedRun(source, 100)
+    watched.tick()
+    assert watched.feed == "steps" and list(watched.window.ranks_C[watched.window.ordered_slots()][-2:]) == [2, 2]
+    write_aggregates(client, [aggregate_of([r for r in records if r.step == s]) for s in range(10)])
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)  # the aggregator had every rank of 8 and 9
+    watched.tick()
+    assert watched.feed == "aggregate" and watched.completed_rows == 2 and watched.skipped_overlap == 8
+    from tests.support.listsource import ListSource
+
+    reference = WatchedRun(ListSource([Batch(steps=records)], meta()), 100)
+    reference.tick()
+    assert_same_window(watched, reference)
+
+
+def test_a_record_that_arrived_twice_is_a_duplicate_not_a_bad_record(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    records = rank_records(range(3), world=2)
+    write_steps(client, records + records[2:3])  # a retried write of step 1 rank 0 that had landed
+    watched = WatchedRun(RedisSource(client, redis_url, RUN, 100), 100)
+    watched.tick()
+    assert watched.duplicate_records == 1 and watched.bad_records == 0 and watched.window.size == 3

@@ -32,7 +32,10 @@ are taken from any collector instance not retired (an aggregate does not name th
 else it is counted in `late_outside`. When the source switches between the two kinds (an aggregator started
 or stopped), records of steps the window already holds from the other kind (at most the newest step at
 the switch, and not newer than that step by more than FLOOR_SLACK_S) are skipped and counted in
-`skipped_overlap`: a switch neither doubles nor drops a step.
+`skipped_overlap`, except that an aggregated step holding every rank of a row the per-rank records left short,
+and more, replaces that row (`completed_rows`): a switch neither doubles nor drops a step, nor leaves one short.
+A (step, rank) that arrives twice (a collector's write retried after a timeout that had landed) is skipped and
+counted in `duplicate_records`, not as a bad record.
 
 Never down: a record that fails anywhere (decode, bounds, the window, the sample ring, whatever the
 exception) is one bad record and the rest of the poll goes on; a Source that raises costs one tick, not the
@@ -53,7 +56,7 @@ from moe_monitor.dashboard.live.layout_changes import LayoutHistory, change_from
 from moe_monitor.dashboard.live.record_checks import check_aggregate, check_record
 from moe_monitor.dashboard.live.samples import SampleRing
 from moe_monitor.dashboard.live.timings import TimingRing
-from moe_monitor.dashboard.live.window import StepWindow
+from moe_monitor.dashboard.live.window import DuplicateRecord, StepWindow
 from moe_monitor.dashboard.sources.base import Batch, Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
@@ -121,6 +124,8 @@ class WatchedRun:
         self.aggregates_read = 0
         self.late_outside = 0  # late aggregate entries whose step was not in the window (left it, or never read)
         self.skipped_overlap = 0  # records of steps the other feed had filled, skipped after a switch
+        self.completed_rows = 0  # rows the per-rank feed left short that the aggregate's record replaced
+        self.duplicate_records = 0  # (step, rank) records that arrived twice (a retried write), skipped
         self._floor: tuple[int, float] | None = None  # (newest step, its time) at the last switch of feed
         self.epoch: str | None = None  # the aggregator epoch being shown
         self._epoch_started_s = float("-inf")
@@ -148,7 +153,11 @@ class WatchedRun:
                 if not self._shown(self._current_instance(rec), rec.step, rec.time_s):
                     continue
                 self.samples.check(rec)
-                self._window_for(rec).add(rec)  # changes nothing when it raises
+                try:
+                    self._window_for(rec).add(rec)  # changes nothing when it raises
+                except DuplicateRecord:  # a collector's retried write that landed twice: skipped, not bad
+                    self.duplicate_records += 1
+                    continue
                 self.samples.add(rec)
                 self.world_size = max(self.world_size, int(rec.world_size))
                 self._check_gap(rec, trimmed)
@@ -197,7 +206,13 @@ class WatchedRun:
         for rec in aggregates:
             try:
                 check_aggregate(rec)  # before anything: a bad record must not restart the window
-                if not self._shown(self._current_epoch(rec), rec.step, rec.time_s):
+                current = self._current_epoch(rec)
+                if current and self.window is not None and self._overlaps(rec.step, rec.time_s) and \
+                        self.window.complete_from_aggregate(rec):  # a row the per-rank feed left short
+                    self.completed_rows += 1
+                    self.aggregates_read += 1
+                    continue
+                if not self._shown(current, rec.step, rec.time_s):
                     continue
                 if not self._window_for(rec).add_aggregate(rec):  # changes nothing when it raises
                     self.late_outside += 1

@@ -122,6 +122,11 @@ class MissingRanks:
     by_rank: tuple[tuple[int, int], ...] = ()
 
 
+class DuplicateRecord(ValueError):
+    """A (step, rank) the row already holds: a collector's retried write that landed twice, skipped and
+    counted apart from bad records."""
+
+
 class StepWindow:
     """The last `capacity` steps of a run. add() sums the ranks of a step into one row, add_aggregate() adds a
     step the aggregator summed (the same row, as if its ranks had come one by one); a step older than
@@ -218,6 +223,28 @@ class StepWindow:
         self._write(slot, step, counts, seen, world, tokens, time_s, code)
         return True
 
+    def complete_from_aggregate(self, rec: core.AggregateRecord) -> bool:
+        """When the ring holds rec's step with a strict subset of rec's ranks (a row the per-rank records filled
+        before the feed switched to the aggregate, still short of ranks the aggregate has): the row becomes
+        rec's. Returns True when it did, False (nothing changed) when the step is not in the ring, rec is a late
+        entry, or the row holds a rank rec lacks or all of rec's. ValueError, nothing changed, as add_aggregate."""
+        counts, step, ranks, world, tokens, dropped_R, time_s, code, late = self._checked_aggregate(rec)
+        slot = self._slot_of_step.get(step)
+        seen = set(ranks.tolist())
+        if late or slot is None or not self._ranks_seen[slot] < seen:
+            return False
+        self._fit(step, int(counts.max()) if counts.size else 0)
+        self._version += 1  # nothing below raises
+        self.sums_by_phase_LE[self.phase_C[slot]] -= self.counts_CLE[slot]
+        self.counts_CLE[slot] = counts
+        self.sums_by_phase_LE[code] += self.counts_CLE[slot]
+        self.time_s_C[slot], self.tokens_C[slot], self.phase_C[slot] = time_s, tokens, code
+        self.ranks_C[slot], self.world_C[slot], self._ranks_seen[slot] = len(seen), world, seen
+        self.row_version_C[slot] = self._version
+        for rank, dropped in zip(ranks[dropped_R > 0].tolist(), dropped_R[dropped_R > 0].tolist()):
+            self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
+        return True
+
     def _slot_for(self, step: int, counts: np.ndarray, ranks: set[int]) -> int | None:
         """The row of `step` (None: a new row) once the ranks can go into it: ValueError when one of them is
         already there or the step is older than a full ring. Widens the ring to int64 when the sum (or a new
@@ -227,10 +254,16 @@ class StepWindow:
         if slot is not None:
             twice = ranks & self._ranks_seen[slot]
             if twice:
-                raise ValueError(f"step {step} rank {min(twice)} arrived twice")
+                raise DuplicateRecord(f"step {step} rank {min(twice)} arrived twice")
             peak += int(self.counts_CLE[slot].max())
         elif self.size == self.capacity and step < self.step_C[self.head]:
             raise ValueError(f"step {step} is older than the window (oldest kept: {self.step_C[self.head]})")
+        self._fit(step, peak)
+        return slot
+
+    def _fit(self, step: int, peak: int) -> None:
+        """Widen the ring to int64 when a row's counts would reach peak beyond int32 (ValueError when the budget
+        cannot hold the wider ring; nothing changed then)."""
         if self.counts_CLE.dtype == np.int32 and peak > _INT32_MAX:
             extra = self.counts_CLE.nbytes  # int64 doubles the counts
             if not self._reservation.resize_to(self._reservation.nbytes + extra):
@@ -239,7 +272,6 @@ class StepWindow:
                                  f"has left")
             self._held_bytes += extra
             self.counts_CLE = self.counts_CLE.astype(np.int64)  # exact sums from now on (values unchanged)
-        return slot
 
     def _write(self, slot: int | None, step: int, counts: np.ndarray, ranks: set[int], world: int, tokens: int,
                time_s: float, code: int) -> int:

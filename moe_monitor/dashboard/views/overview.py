@@ -138,6 +138,10 @@ def _feed(watched) -> str:
     if live.skipped_overlap:
         parts.append(f"{live.skipped_overlap:,} records skipped when the source switched between per-rank records "
                      "and the aggregate")
+    if live.completed_rows:
+        parts.append(f"{live.completed_rows:,} rows left short by the per-rank records completed from the aggregate")
+    if live.duplicate_records:
+        parts.append(f"{live.duplicate_records:,} records that arrived twice (a retried write) skipped")
     rolled = getattr(watched, "rollups_read", None)
     if rolled is not None:
         parts.append(f"rollup buckets read: {rolled:,}")
