@@ -410,3 +410,24 @@ def test_a_record_that_arrived_twice_is_a_duplicate_not_a_bad_record(redis_url):
     watched = WatchedRun(RedisSource(client, redis_url, RUN, 100), 100)
     watched.tick()
     assert watched.duplicate_records == 1 and watched.bad_records == 0 and watched.window.size == 3
+
+
+def test_steps_written_at_their_deadline_after_later_ones_are_late_not_missed(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(meta(world=2)))
+    records = rank_records(range(12), world=2)
+    by = {s: [r for r in records if r.step == s] for s in range(12)}
+    # a rank restarted: steps 4..7 wait for their deadline, 8..11 are complete at once and written first
+    order = [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7]
+    write_aggregates(client, [aggregate_of(by[s]) for s in order[:8]])
+    client.set(core.aggregator_key(RUN), "owner", px=60_000)
+    watched = WatchedRun(AggregateSource(client, RUN, 100), 100)
+    watched.tick()
+    # 4 absent, less the one step rank 1 says it dropped meanwhile (rank_records: dropped = step // 7)
+    assert watched.missed_steps == 3 and "missed 3 steps" in watched.gap_note
+    write_aggregates(client, [aggregate_of(by[s]) for s in order[8:10]])
+    watched.tick()
+    assert watched.missed_steps == 1 and "missed 1 steps" in watched.gap_note
+    write_aggregates(client, [aggregate_of(by[s]) for s in order[10:]])
+    watched.tick()
+    assert watched.missed_steps == 0 and watched.gap_note == "" and watched.window.size == 12

@@ -62,6 +62,7 @@ from moe_monitor.dashboard.sources.base import Batch, Source
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
 MAX_OLD_INSTANCES = 4096  # retired collector instances remembered (their late records are skipped)
 MAX_PENDING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step (the oldest go)
+MAX_GAP_HOLES = 256  # ranges of aggregated steps counted as missed that a late step may still fill
 FLOOR_SLACK_S = 30.0  # after a switch of feed, a record newer than the window's newest step by more is not skipped
 STEPS, AGGREGATE = "steps", "aggregate"  # feeds: per-rank records summed here, or steps summed by the aggregator
 
@@ -131,6 +132,7 @@ class WatchedRun:
         self._epoch_started_s = float("-inf")
         self._epoch_newest_s = float("-inf")
         self._last_aggregate: tuple[int, int] | None = None  # (step, highest dropped count) of the last on-time entry
+        self._holes: collections.deque[list[int]] = collections.deque(maxlen=MAX_GAP_HOLES)  # [first, last, count]
 
     def tick(self) -> TickStats:
         """One non-blocking poll, folded into the window."""
@@ -292,10 +294,13 @@ class WatchedRun:
 
     def _check_aggregate_gap(self, rec: core.AggregateRecord, trimmed: bool) -> None:
         """Steps absent between two on-time aggregated steps of one epoch, beyond what the collectors say they
-        dropped (the highest dropped count among the step's ranks)."""
+        dropped (the highest dropped count among the step's ranks). The aggregator writes a step short of ranks
+        at its deadline, after later complete ones: such a step arriving into a hole counted before takes its
+        count back (at most MAX_GAP_HOLES holes are remembered)."""
         dropped = int(rec.dropped_R.max()) if rec.dropped_R.size else 0
         last = self._last_aggregate
         if last is not None and rec.step <= last[0]:
+            self._fill_hole(int(rec.step))
             return
         self._last_aggregate = (int(rec.step), dropped)
         if last is None:
@@ -303,8 +308,23 @@ class WatchedRun:
         missed = rec.step - last[0] - 1 - max(0, dropped - last[1])
         if missed > 0:
             self.missed_steps += missed
+            self._holes.append([last[0] + 1, int(rec.step) - 1, missed])
             why = "stream trimmed before the dashboard read them" if trimmed else "absent from the stream"
             self.gap_note = f"missed {self.missed_steps} steps ({why})"
+
+    def _fill_hole(self, step: int) -> None:
+        """An aggregated step older than the newest arrived (each step comes once on time): if it is in a hole
+        counted as missed, it was late, not missed."""
+        for hole in self._holes:
+            first, last, count = hole
+            if first <= step <= last and count > 0:
+                hole[2] -= 1
+                self.missed_steps -= 1
+                if self.missed_steps <= 0:
+                    self.missed_steps, self.gap_note = 0, ""
+                elif self.gap_note:
+                    self.gap_note = f"missed {self.missed_steps} steps{self.gap_note[self.gap_note.index(' ('):]}"
+                return
 
     def _take_layouts(self, fresh: list[core.LayoutRecord]) -> int:
         """Fold the waiting and the newly polled layout changes into the history (after the poll's steps, so
