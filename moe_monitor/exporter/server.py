@@ -29,6 +29,7 @@ from moe_monitor.exporter.caps import DEFAULT_MAX_GPUS, DEFAULT_MAX_SERIES, MIN_
 from moe_monitor.exporter.metrics import PHASES, gpu_series_dropped, run_families
 from moe_monitor.planner.advisor import DEFAULT_SUB_WINDOWS, DEFAULT_WINDOW, Advice
 
+CATCH_UP_S = 1.0  # seconds a poll spends reading one run's backlog before it publishes
 log = logging.getLogger("moe-exporter")
 ADVISE_EVERY_S = 30.0  # seconds between rebalance-advisor decisions per run (each costs a repair)
 MAX_TOP_EXPERTS = 64  # per run and phase: the cap that keeps --top-experts from becoming L x E series
@@ -174,7 +175,10 @@ class RunExporter:
             self._watched[name] = watched
         # a new run's first polls hand its backlog over at once: its decoded records are held from the budget
         with sizing.first_poll(*first, budget=self.budget) if first else contextlib.nullcontext():
-            while watched.tick().more:  # catch up with everything that arrived since the last poll
+            # catch up with what arrived since the last poll, CATCH_UP_S at most: after an outage the metrics
+            # move again at once and the rest of the backlog is read by the next polls
+            deadline = time.perf_counter() + CATCH_UP_S
+            while watched.tick().more and time.perf_counter() < deadline:
                 pass
         snapshots: dict[str, Snapshot | None] = dict.fromkeys(PHASES)
         window = watched.window

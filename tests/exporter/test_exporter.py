@@ -224,3 +224,22 @@ def test_the_help_text_documents_the_rebalance_gauges():
                          text=True, timeout=60).stdout
     for name in ("moe_rebalance_predicted_gain_ratio", "moe_rebalance_moves", "--advise-every-s"):
         assert name in out
+
+
+def test_a_poll_publishes_after_its_catch_up_time_and_the_next_polls_read_the_rest(redis_url, monkeypatch):
+    from moe_monitor.exporter import server
+
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "late", steps=10, num_layers=4, num_experts=16, gpus=4, world_size=1)
+    exporter = RunExporter(client, redis_url, ["late"], window_steps=100)
+    exporter.poll()
+    synthfill.fill(client, "late", steps=50, first_step=10, num_layers=4, num_experts=16, gpus=4, meta=False)
+    monkeypatch.setattr(server, "CATCH_UP_S", 0.0)  # one tick a poll: after an outage, publish at once
+    exporter._watched["late"].max_entries_per_tick = 20
+    seen = []
+    for _ in range(4):
+        exporter.poll()
+        registry = CollectorRegistry()
+        registry.register(exporter)
+        seen.append(_value(_samples(generate_latest(registry).decode()), "moe_steps_total", run="late"))
+    assert seen[0] == 30 and seen[-1] == 60 and seen == sorted(seen)  # one tick published, the rest later
