@@ -305,9 +305,8 @@ def run_faults(d: Deployment, faults: list[int], echo, run_fault: Callable[[int]
     if d.stranded and rows:
         rows[-1].outcome.facts.append(
             f"{d.stranded} entries of the steps stream were delivered to an aggregator and are still not "
-            "acknowledged at the end (idle > 5 s while it is caught up): delivered by an XREADGROUP whose reply "
-            "never reached it (a read that timed out while Redis was stopped or failing over), they are never "
-            "read again by that aggregator")
+            "acknowledged at the end (idle > 5 s while it is caught up): the aggregator claims back entries "
+            "delivered by a read whose reply never reached it after a failed round, so these are a bug")
     tail = d.tail
     if tail is not None and (tail.bad or tail.errors):
         rows[-1].outcome.facts.append(f"the tail of the aggregate: {tail.bad} entries that did not decode, "
