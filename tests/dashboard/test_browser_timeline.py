@@ -41,18 +41,21 @@ def test_overview_answers_at_its_own_path(app_url):
 
 
 def _toggle(page, name: str, then: str, tries: int = 3) -> None:
-    """Click button `name` until button `then` shows (a click that lands while the page reruns can be lost
-    on a loaded machine; a click is only repeated once `then` has not shown for 20 s)."""
+    """Click button `name` until button `then` shows. A click that lands while the page reruns can be lost on a
+    loaded machine, but a click repeated while the first one's rerun is still going toggles twice: a click is
+    only repeated once the app is idle (no running indicator) and `then` has still not shown."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    running = page.locator('[data-testid="stStatusWidget"]')
     for _ in range(tries):
         if page.get_by_role("button", name=then).count():
             return
         page.get_by_role("button", name=name).click()
         try:
-            page.get_by_role("button", name=then).wait_for(timeout=20_000)
+            page.get_by_role("button", name=then).wait_for(timeout=60_000)
             return
         except PlaywrightTimeout:
+            running.first.wait_for(state="hidden", timeout=120_000)  # the rerun ended; was the click lost?
             continue
     raise AssertionError(f"{then!r} never showed after {tries} clicks on {name!r}")
 
