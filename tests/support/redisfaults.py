@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from moe_monitor import core
@@ -53,9 +54,13 @@ class FaultyRedis:
         self.start()
 
     def stall(self) -> None:
-        """SIGSTOP: the port still accepts connections (the kernel's backlog), nothing is answered."""
+        """SIGSTOP: the port still accepts connections (the kernel's backlog), nothing is answered. Returns once
+        the process is stopped (a signal lands when the process is next scheduled: on a loaded machine, later)."""
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30.0
+        while not self.stalled() and time.monotonic() < deadline:
+            time.sleep(0.005)
 
     def resume(self) -> None:
         assert self.proc is not None
