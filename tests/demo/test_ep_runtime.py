@@ -132,15 +132,8 @@ def _secret_file(tmp_path) -> str:
     return str(path)
 
 
-def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
-    initial = _replica_layout(1, 4, 32)
-    target = _replica_layout(2, 4, 32)
-    secret_file = _secret_file(tmp_path)
-    cfg = EPConfig(ranks=4, layout=initial.tolist(), steps=80, sync_every=2, stop_after_apply_steps=3,
-                   min_step_interval_s=0.2, redis_url=redis_url, run="ep-four", save_outputs=True, nvml=False,
-                   apply_secret_file=secret_file)
-    layout_file = tmp_path / "target.json"
-    layout_file.write_text(json.dumps({"physical_to_logical_map": target.tolist()}))
+def _launch_in_thread(cfg: EPConfig, tmp_path) -> tuple[threading.Thread, dict]:
+    """launch(cfg) on a thread (started): box["results"] once it returns, box["error"] if it raised."""
     box: dict = {}
 
     def run() -> None:
@@ -151,6 +144,19 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
 
     thread = threading.Thread(target=run)
     thread.start()
+    return thread, box
+
+
+def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
+    initial = _replica_layout(1, 4, 32)
+    target = _replica_layout(2, 4, 32)
+    secret_file = _secret_file(tmp_path)
+    cfg = EPConfig(ranks=4, layout=initial.tolist(), steps=80, sync_every=2, stop_after_apply_steps=3,
+                   min_step_interval_s=0.2, redis_url=redis_url, run="ep-four", save_outputs=True, nvml=False,
+                   apply_secret_file=secret_file)
+    layout_file = tmp_path / "target.json"
+    layout_file.write_text(json.dumps({"physical_to_logical_map": target.tolist()}))
+    thread, box = _launch_in_thread(cfg, tmp_path)
     client = redis.Redis.from_url(redis_url)
     deadline = time.monotonic() + 600
     while thread.is_alive() and time.monotonic() < deadline:  # wait for step 2 of the run, then apply
@@ -226,16 +232,7 @@ def test_runtime_refuses_and_reports_bad_requests_then_applies_a_good_one(redis_
     cfg = EPConfig(ranks=2, steps=400, sync_every=2, stop_after_apply_steps=2, min_step_interval_s=0.05,
                    batch=1, seq_len=8, redis_url=redis_url, run="ep-guard", nvml=False, timing=False,
                    apply_secret_file=secret_file, max_slots_per_rank=200)
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["results"] = launch(cfg, tmp_path, timeout_s=900)
-        except BaseException as exc:  # reported by the main thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=run)
-    thread.start()
+    thread, box = _launch_in_thread(cfg, tmp_path)
     client = redis.Redis.from_url(redis_url)
     try:
         deadline = time.monotonic() + 600
