@@ -60,6 +60,25 @@ def _toggle(page, name: str, then: str, tries: int = 3) -> None:
     raise AssertionError(f"{then!r} never showed after {tries} clicks on {name!r}")
 
 
+def _set_width(page, steps: int, shows, tries: int = 3) -> None:
+    """Type the replay window's width until the label `shows` it: an entry made while the page reruns can be
+    lost on a loaded machine, so it is made again only once the app is idle and the label still does not show."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    running = page.locator('[data-testid="stStatusWidget"]')
+    for _ in range(tries):
+        running.first.wait_for(state="hidden", timeout=120_000)
+        width = page.get_by_label("Window (steps)")
+        width.fill(str(steps))
+        width.press("Enter")
+        try:
+            page.get_by_text(shows).first.wait_for(timeout=60_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    raise AssertionError(f"the window width {steps} never showed after {tries} entries")
+
+
 def _label(page) -> tuple[int, int]:
     text = page.get_by_text(re.compile(r"Replay window: steps \d+–\d+")).first.inner_text()
     first, last = re.search(r"steps (\d+)–(\d+)", text).groups()
@@ -89,10 +108,7 @@ def test_a_trace_plays_and_the_step_label_advances(app_url, tmp_path):
         page.goto(f"{app_url}/overview")
         page.get_by_text("Trace file").first.click()
         page.get_by_text(re.compile(r"Replay window: steps")).first.wait_for(timeout=60_000)
-        width = page.get_by_label("Window (steps)")
-        width.fill("50")
-        width.press("Enter")
-        page.get_by_text(re.compile(r"Replay window: steps 350–399")).first.wait_for(timeout=60_000)
+        _set_width(page, 50, re.compile(r"Replay window: steps 350–399"))
         _toggle(page, "▶ play", "⏸ pause")  # at the end: starts again from the beginning, at 1x
         first = _wait_label(page, lambda s: s[0] < 300, "play did not start again from the beginning")
         assert first[1] - first[0] == 49, first
