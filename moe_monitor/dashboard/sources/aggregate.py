@@ -45,7 +45,7 @@ from typing import Any
 
 from moe_monitor import core
 from moe_monitor.dashboard.sources.base import Batch
-from moe_monitor.dashboard.sources.streams import StreamEntry, decode_into, next_piece, page_backwards, pages_after
+from moe_monitor.dashboard.sources.streams import StreamEntry, decode_into, hand_over, page_backwards, pages_after
 
 CHECK_S = 5.0  # how often whether the aggregate is in use is decided again
 STALL_S = 15.0  # an aggregator that commits nothing this long while the collectors write is stalled
@@ -172,11 +172,9 @@ class AggregateReader:
             if not self._handover:
                 self._last_id = b"0-0"
                 return []
-        piece, self._handover = next_piece(self._handover, cell_bytes=8)  # int64 sums
-        if self._handover:
-            batch.more = True
-        else:
-            self._last_id = piece[-1][0]
+        piece, self._handover, last_id = hand_over(self._handover, batch, cell_bytes=8)  # int64 sums
+        if last_id is not None:
+            self._last_id = last_id
         return piece
 
     def _read_forward(self, max_entries: int, batch: Batch) -> None:

@@ -54,7 +54,7 @@ from moe_monitor.dashboard.sources.streams import (
     decode_into,
     entries,
     exclusive,
-    next_piece,
+    hand_over,
     page_backwards,
     pages_after,
 )
@@ -247,11 +247,9 @@ class RedisSource:
             if not self._handover:
                 self._last_step_id = b"0-0"
                 return []
-        piece, self._handover = next_piece(self._handover)
-        if self._handover:
-            batch.more = True
-        else:
-            self._last_step_id = piece[-1][0]
+        piece, self._handover, last_id = hand_over(self._handover, batch)
+        if last_id is not None:
+            self._last_step_id = last_id
         return piece
 
     def _read_forward(self, last_id: bytes, max_entries: int, batch: Batch) -> list[StreamEntry]:

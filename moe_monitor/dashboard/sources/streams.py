@@ -94,6 +94,16 @@ def next_piece(found: list[StreamEntry], budget_bytes: int | None = None,
     return found, []
 
 
+def hand_over(handover: list[StreamEntry], batch: Paged, cell_bytes: int = 4
+              ) -> tuple[list[StreamEntry], list[StreamEntry], bytes | None]:
+    """The next piece of a collected backlog (next_piece): (piece, what is left, the id to read forwards from
+    once nothing is left, else None); batch.more while something is left."""
+    piece, rest = next_piece(handover, cell_bytes=cell_bytes)
+    if rest:
+        batch.more = True
+    return piece, rest, None if rest else piece[-1][0]
+
+
 def decode_into(found: list[StreamEntry], decode: Callable[[dict], T], out: list[T], kind: str,
                 tally: Tally, last_id: bytes | None = None) -> bytes | None:
     """Decode each entry (oldest first) into out; an entry that does not decode is one bad record of tally,
