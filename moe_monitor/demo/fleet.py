@@ -137,11 +137,28 @@ def main(argv=None) -> int:
         pass
     stop.set()
     barrier.abort()
+    return _wait_for(nodes, timeout_s=NODE_EXIT_S)
+
+
+NODE_EXIT_S = 120.0  # a node publishes what it holds (up to 5 s per rank) then exits; a loaded machine is slow
+
+
+def _wait_for(nodes: list, timeout_s: float) -> int:
+    """Join every node process within one shared deadline, terminate those still running; 0 when every node
+    exited on its own with code 0, else 1 (each other outcome named once on stderr)."""
+    deadline = time.monotonic() + timeout_s
+    failed = 0
     for node in nodes:
-        node.join(30)
+        node.join(max(0.0, deadline - time.monotonic()))
         if node.is_alive():
             node.terminate()
-    return 0
+            node.join(5)
+            print(f"demo.fleet: {node.name} did not exit within {timeout_s:.0f} s: terminated", file=sys.stderr)
+            failed += 1
+        elif node.exitcode != 0:
+            print(f"demo.fleet: {node.name} exited with code {node.exitcode}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
