@@ -82,7 +82,8 @@ class ExpertLoadMonitor:
             run=self.run, model_name=model_name, layer_names=self.layer_names, num_experts=self.num_experts,
             top_k=self.top_k, hidden_size=hidden_size, moe_intermediate_size=moe_intermediate_size,
             dtype_bytes=dtype_bytes, layout=layout, world_size=self.world_size, started_s=time.time(),
-            host=socket.gethostname(), sample_tokens_per_layer=opts.sample_tokens, instance=self.instance)
+            host=socket.gethostname(), sample_tokens_per_layer=opts.sample_tokens, instance=self.instance,
+            dispatch=opts.dispatch)
         core.encode_meta(self.meta)  # validates the layout now, not in the thread
         self.step = 0
         self.last_layout: core.LayoutRecord | None = None  # the latest publish_layout() (None: the meta's layout)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from moe_monitor import core
+from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 
 def _is_int(value: object) -> bool:
@@ -56,6 +57,8 @@ class MonitorOptions:
         data-parallel attention); "dp-group", the tokens of this rank's data-parallel group, published by one
         of its tensor-parallel ranks on behalf of all. Either way the reader's sum over ranks counts each
         token once.
+    dispatch: how the engine shares an expert's tokens among its replicas (core.dispatch.DISPATCH_POLICIES),
+        written to the run's metadata: the vLLM plugin sets "round_robin" (vLLM's EPLB), the default "even".
     """
 
     sample_tokens: int = 16
@@ -74,6 +77,7 @@ class MonitorOptions:
     rank: int | None = None
     world_size: int | None = None
     scope: str = "rank"
+    dispatch: str = "even"
 
     def __post_init__(self) -> None:
         for name, least in (("sample_tokens", 0), ("sample_every", 1), ("nodes", 1), ("queue_steps", 1),
@@ -93,6 +97,8 @@ class MonitorOptions:
                 _is_int(rank) and _is_int(world) and 0 <= rank < world)):
             raise ValueError(f"rank and world_size go together, 0 <= rank < world_size, got rank={self.rank!r} "
                              f"world_size={self.world_size!r}")
+        if self.dispatch not in DISPATCH_POLICIES:
+            raise ValueError(f"dispatch must be one of {DISPATCH_POLICIES}, got {self.dispatch!r}")
         if self.scope not in core.SCOPES:
             raise ValueError(f"scope must be one of {core.SCOPES}, got {self.scope!r}")
         if not isinstance(self.nvml, bool):

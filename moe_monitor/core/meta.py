@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .dispatch import DISPATCH_POLICIES
 from .fields import _in_range, _is_int, _json
 from .keys import (
     MAX_CELLS,
@@ -141,7 +142,9 @@ def default_gpus(num_experts: int, world_size: int = 1) -> int:
 @dataclass
 class RunMeta:
     """Written once per run. Sizes feed the traffic model (2*k*d*b bytes per token per layer) and the
-    memory cost of a replica (3 * hidden * moe_intermediate * dtype_bytes for a gated FFN)."""
+    memory cost of a replica (3 * hidden * moe_intermediate * dtype_bytes for a gated FFN). dispatch: how the
+    engine shares an expert's tokens among its replicas, one of core.dispatch.DISPATCH_POLICIES (docs/definitions.md,
+    "Dispatch policy"); metadata written before the field existed reads as "even"."""
 
     run: str
     model_name: str
@@ -159,18 +162,20 @@ class RunMeta:
     extra: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     instance: str = ""
+    dispatch: str = "even"
 
 
 def encode_meta(meta: RunMeta) -> str:
     meta.layout.validate(len(meta.layer_names), meta.num_experts)
     check_run_name(meta.run)
+    _check_dispatch(meta.dispatch)
     return json.dumps(asdict(meta), separators=(",", ":"))
 
 
 _META_TYPES: dict[str, type | tuple[type, ...]] = {"run": str, "model_name": str, "layer_names": list, "num_experts": int, "top_k": int,
                "hidden_size": int, "moe_intermediate_size": int, "dtype_bytes": int, "world_size": int,
                "started_s": (int, float), "host": str, "sample_tokens_per_layer": int, "extra": dict,
-               "schema_version": int, "instance": str}
+               "schema_version": int, "instance": str, "dispatch": str}
 
 
 # int fields of the metadata and their bounds (inclusive)
@@ -205,6 +210,7 @@ def decode_meta(text: str | bytes) -> RunMeta:
     for name in ("instance", "host"):
         if len(raw.get(name, "")) > MAX_NAME_CHARS:
             raise ValueError(f"run metadata field {name!r} is longer than {MAX_NAME_CHARS} characters")
+    _check_dispatch(raw.get("dispatch", "even"))
     names = raw.get("layer_names", [])
     if len(names) > MAX_LAYERS:
         raise ValueError(f"run metadata has {len(names)} layer names, at most {MAX_LAYERS} are supported")
@@ -225,6 +231,13 @@ def decode_meta(text: str | bytes) -> RunMeta:
         raise ValueError(f"run metadata schema {meta.schema_version} is not supported")
     meta.layout.validate(len(meta.layer_names), meta.num_experts)
     return meta
+
+
+def _check_dispatch(policy) -> None:
+    """ValueError unless policy is one of core.dispatch.DISPATCH_POLICIES."""
+    if policy not in DISPATCH_POLICIES:
+        raise ValueError(f"run metadata field 'dispatch' = {_short(policy)[:80]!r} is not a dispatch policy "
+                         f"(one of {', '.join(DISPATCH_POLICIES)})")
 
 
 def _check_rows(rows, shape_message: str, ints_message: str = "") -> None:

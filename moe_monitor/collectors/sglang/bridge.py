@@ -62,6 +62,7 @@ class BridgeOptions:
     memory_budget_bytes: int = 256 << 20
     sample_tokens: int = SAMPLE_TOKENS
     api_key: str | None = None
+    dispatch_algorithm: str | None = None  # SGLang's --ep-dispatch-algorithm (runmeta.sglang_dispatch maps it)
 
 
 @dataclass
@@ -355,7 +356,8 @@ class Bridge:
         """The run's metadata from its first dump (runmeta.py), and the sink that writes it."""
         opts = self.opts
         settings = MetaSettings(gpus=opts.gpus, nodes=opts.nodes, model_name=opts.model_name,
-                                sample_tokens=opts.sample_tokens, dump_dir=opts.dump_dir)
+                                sample_tokens=opts.sample_tokens, dump_dir=opts.dump_dir,
+                                dispatch_algorithm=opts.dispatch_algorithm)
         meta, said = run_meta_for(self.run_name, dump, top_k, ranks_hint, settings, self.instance)
         self.log(said)
         self.meta, self.top_k = meta, top_k

@@ -31,6 +31,25 @@ class MetaSettings:
     model_name: str = ""
     sample_tokens: int = 16
     dump_dir: str = ""
+    dispatch_algorithm: str | None = None  # SGLang's --ep-dispatch-algorithm (None: not set)
+
+
+# SGLang's --ep-dispatch-algorithm -> core.dispatch policy (docs/definitions.md, "Dispatch policy"): static sends
+# every token of an expert from one source rank to that rank's fixed replica (from counts summed over the ranks:
+# a fixed, even split over the replicas, rounded: round_robin); dynamic and fake pick a replica at random per token
+# (even in expectation); lp splits by the probabilities its LP solved (lp). Unset: no replica choice to make, or
+# static once EPLB or --init-expert-location is on (SGLang's own default then).
+SGLANG_DISPATCH = {"static": "round_robin", "dynamic": "even", "fake": "even", "lp": "lp"}
+
+
+def sglang_dispatch(algorithm: str | None) -> str:
+    """The dispatch policy of SGLang's --ep-dispatch-algorithm (None: unset -> round_robin, SGLang's static
+    default whenever there are replicas); ConfigError for a value SGLang does not have."""
+    if algorithm is None:
+        return SGLANG_DISPATCH["static"]
+    if algorithm not in SGLANG_DISPATCH:
+        raise ConfigError(f"--ep-dispatch-algorithm {algorithm!r} is not one of {', '.join(SGLANG_DISPATCH)}")
+    return SGLANG_DISPATCH[algorithm]
 
 
 def layout_gpus(dump: StatDump | PassDump, gpus: int | None, ranks_seen: int) -> tuple[int, str]:
@@ -66,7 +85,8 @@ def run_meta_for(run: str, dump: StatDump | PassDump, top_k: int, ranks_seen: in
         num_experts=dump.num_experts, top_k=top_k, hidden_size=0, moe_intermediate_size=0, dtype_bytes=2,
         layout=core.Layout(gpus, settings.nodes, rows), world_size=world, started_s=time.time(),
         host=socket.gethostname()[:core.MAX_NAME_CHARS], sample_tokens_per_layer=settings.sample_tokens if sampled else 0,
-        extra={"source": "sglang-bridge", "dump_dir": os.path.abspath(settings.dump_dir)[:1000]}, instance=instance)
+        extra={"source": "sglang-bridge", "dump_dir": os.path.abspath(settings.dump_dir)[:1000]}, instance=instance,
+        dispatch=sglang_dispatch(settings.dispatch_algorithm))
     try:
         core.encode_meta(meta)
     except ValueError as exc:

@@ -26,6 +26,7 @@ from .scope import Publishing, publishing_rule
 from .settings import PluginSettings, run_name_for
 
 log = logging.getLogger("vllm.moe_monitor")
+VLLM_DISPATCH = "round_robin"  # vLLM's EPLB sends token i of an expert with r replicas to replica i mod r
 BINDINGS: list[RunnerBinding] = []   # every live binding of this process (EPLB commits mark them)
 
 
@@ -80,6 +81,7 @@ class RunnerBinding:
         text_config = getattr(model, "hf_text_config", None)
         options: dict[str, Any] = dict(settings.options, rank=publishing.rank, world_size=publishing.world_size,
                                        scope=publishing.scope, gpus=publishing.gpus)
+        options.setdefault("dispatch", VLLM_DISPATCH)  # a setting the user passed wins
         initial = eplb_map(runner)
         if initial is not None and initial.shape[0] == len(layers):
             options.update(physical_to_logical_map=initial.tolist(), gpus=publishing.gpus)
