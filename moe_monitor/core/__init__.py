@@ -16,6 +16,10 @@ Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
     moe:R:timings      stream: one entry per (step, rank) of an engine that times its MoE layers (TimingRecord:
                        dispatch, expert compute, combine and whole-layer seconds, float32 [L] each, NaN =
                        not measured), fields in TIMING_FIELDS
+    moe:R:physical     stream: one entry per (step, rank) of an engine that reports the tokens its balancer sent
+                       to each physical slot (PhysicalRecord: int32 [L, P], SGLang's global_physical_count,
+                       vLLM's expert_load_pass), fields in PHYSICAL_FIELDS; a step's ranks summed are its
+                       measured GPU loads
     moe:R:agg          stream: one entry per step with its ranks summed (AggregateRecord, the aggregator),
                        plus one per late rank folded in afterwards; readers use it when it exists
     moe:R:rollup:1s    streams: rollups of the aggregated steps per second / per minute (RollupRecord), entry
@@ -33,7 +37,7 @@ overflow a reader's arrays.
 Shape legend: L MoE layers (rows in model order), E logical experts, N sampled tokens, K top-k.
 Counts travel as raw little-endian int32 bytes, row-major [L, E]; sampled routing rows as little-endian
 int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot); a layout record's map as
-little-endian int32 [L, P] (P physical slots; slot p on GPU p // (P / gpus)).
+little-endian int32 [L, P] (P physical slots; slot p on GPU p // (P / gpus)), a physical record's counts too.
 """
 from __future__ import annotations
 
@@ -74,6 +78,7 @@ from .keys import (
                    layouts_key,
                    maxlen_for_budget,
                    meta_key,
+                   physical_key,
                    rollup_key,
                    run_key,
                    steps_key,
@@ -90,6 +95,15 @@ from .meta import (
                    default_gpus,
                    encode_meta,
                    parse_layout_json,
+)
+from .physical import (
+                   PHYSICAL_FIELDS,
+                   PHYSICAL_SOURCES,
+                   PhysicalRecord,
+                   check_physical_counts,
+                   decode_physical,
+                   encode_physical,
+                   measured_gpu_loads,
 )
 from .rollups import (
                    ETA_BINS,
@@ -132,3 +146,5 @@ __all__ += ["AutoClient", "Client"]
 __all__ += ["MAX_PHASE_S", "TIMING_FIELDS", "TIMING_PHASES", "TimingRecord", "decode_timing", "encode_timing",
             "timings_key"]
 __all__ += ["MAX_ERROR_CHARS", "REDIS_ERRORS", "REDIS_ONLY_ERRORS", "why"]
+__all__ += ["PHYSICAL_FIELDS", "PHYSICAL_SOURCES", "PhysicalRecord", "check_physical_counts", "decode_physical",
+            "encode_physical", "measured_gpu_loads", "physical_key"]

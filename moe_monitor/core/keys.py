@@ -80,6 +80,12 @@ def timings_key(run: str) -> str:
     return run_key(run, "timings")
 
 
+def physical_key(run: str) -> str:
+    """Stream of the run's measured physical-slot counts (core/physical.py), one entry per (step, rank) of an
+    engine that reports what its balancer dispatched."""
+    return run_key(run, "physical")
+
+
 def layouts_key(run: str) -> str:
     """Stream of the run's layout changes (core/layouts.py), one entry per change."""
     return run_key(run, "layouts")

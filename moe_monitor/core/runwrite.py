@@ -16,10 +16,13 @@ from redis.typing import EncodableT, FieldT
 
 from . import keys
 from .gpu import GpuSample, encode_gpu_sample
+from .physical import PhysicalRecord, encode_physical
 from .timings import TimingRecord, encode_timing
 
 GPU_MAXLEN = 10_000  # NVML samples kept per run (MAXLEN ~)
 LAYOUTS_MAXLEN = 1000  # layout changes kept per run (EPLB rebalances every few minutes: days of history)
+PHYSICAL_BUDGET_BYTES = 64 << 20  # what a run's physical-count stream may take when the writer names no budget
+PHYSICAL_MAXLEN_MIN = 100  # physical records kept at least (MAXLEN ~): a few steps of every rank
 STEPS_MAXLEN = 100_000  # step records kept per run when the writer has no memory budget (MAXLEN ~)
 RUNS_INDEX_EVERY_S = 1.0  # how often a writer refreshes its run's time in moe:runs
 LAST_POSSIBLE_ID = "18446744073709551615-18446744073709551615"  # a stream's largest id: no entry can follow it
@@ -45,10 +48,13 @@ def fields_of(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, Encodabl
 
 def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, EncodableT]] = (),
                 steps: Iterable[dict[FieldT, EncodableT]] = (), samples: Sequence[GpuSample] = (),
-                timings: Sequence[TimingRecord] = (), steps_maxlen: int = STEPS_MAXLEN) -> list[str]:
+                timings: Sequence[TimingRecord] = (), steps_maxlen: int = STEPS_MAXLEN,
+                physical: Sequence[PhysicalRecord] = (), physical_budget_bytes: int = PHYSICAL_BUDGET_BYTES) -> list[str]:
     """Queue one batch's XADDs on pipe, in this order: layout changes (before the steps they precede: a reader
-    never sees a step before its layout), step records, NVML samples, layer timings (same MAXLEN as the steps).
-    layouts and steps are encoded fields (the writer may have measured them); samples and timings records.
+    never sees a step before its layout), step records, NVML samples, layer timings (same MAXLEN as the steps),
+    physical counts (MAXLEN ~ physical_maxlen: their [L, P] int32 within physical_budget_bytes).
+    layouts and steps are encoded fields (the writer may have measured them); samples, timings and physical
+    records.
     Returns the stream key of each XADD queued, in order (the writer tells its replies apart by them)."""
     queued: list[str] = []
     for fields in layouts:
@@ -63,4 +69,15 @@ def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, Encodable
     for timing in timings:
         pipe.xadd(keys.timings_key(run), fields_of(encode_timing(timing)), maxlen=steps_maxlen, approximate=True)
         queued.append(keys.timings_key(run))
+    for record in physical:
+        maxlen = physical_maxlen(physical_budget_bytes, record.num_layers, record.num_slots)
+        pipe.xadd(keys.physical_key(run), fields_of(encode_physical(record)), maxlen=maxlen, approximate=True)
+        queued.append(keys.physical_key(run))
     return queued
+
+
+def physical_maxlen(budget_bytes: int, num_layers: int, num_slots: int) -> int:
+    """MAXLEN of a run's physical-count stream: entries of int32 [L, P] (plus ~200 B each) within budget_bytes,
+    at least PHYSICAL_MAXLEN_MIN. DeepSeek-V3 (58 x 288 slots, 67 kB an entry) in 64 MiB: about 1,000 entries,
+    a few seconds of 32 ranks at 20 steps/s; the dashboard reads the newest."""
+    return max(PHYSICAL_MAXLEN_MIN, int(budget_bytes // (num_layers * num_slots * 4 + 200)))
