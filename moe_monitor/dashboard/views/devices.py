@@ -7,7 +7,7 @@ import streamlit as st
 from moe_monitor.dashboard.analytics.balance import step_vs_window
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures.units import format_number
-from moe_monitor.dashboard.views import timeline
+from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
 
@@ -43,6 +43,7 @@ def render(current: PageData) -> None:
                 + ("" if not snap.resolution_s else " A bucket is a sum itself: the per-step tail is on the "
                    "Overview (from the buckets' per-step histograms)."))
     st.plotly_chart(load_figures.step_vs_window_figure(svw), key="devices_step_vs_window")
+    steptails.devices_section(current)
 
 
 def _nanmedian(values: np.ndarray) -> float:

@@ -13,7 +13,7 @@ from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.layout import in_force_note
 from moe_monitor.dashboard.live.snapshot import Snapshot
-from moe_monitor.dashboard.views import timeline
+from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
 
@@ -52,6 +52,7 @@ def render(current: PageData) -> None:
                f"p50 {format_number(snap.eta_step_mean.p50)} · p90 {format_number(snap.eta_step_mean.p90)}; window sum: "
                f"min {format_number(snap.eta_window_sum.min)} · p50 {format_number(snap.eta_window_sum.p50)} · "
                f"p90 {format_number(snap.eta_window_sum.p90)}")
+    steptails.overview_section(current)
     cols = st.columns(4)
     cols[0].metric("steps/s", format_number(snap.steps_per_s, ".2f"))
     cols[1].metric("tokens/s", format_number(snap.tokens_per_s, ",.0f"))
