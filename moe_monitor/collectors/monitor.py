@@ -5,6 +5,7 @@
     mon.record(layer, topk_ids)          # int [tokens, k], every MoE layer, every step
     mon.end_step(phase="decode")         # once per step
     mon.publish_layout(physical_to_logical_LP)   # when the engine moves experts (EPLB): in force from the next step
+    mon.record_physical(counts_LP)       # optional, after end_step: tokens per physical slot its balancer sent
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens of a step, P physical
 slots of a layout.
@@ -35,6 +36,7 @@ from .counter import DeviceCounter, HostSlot
 from .dist import rank_and_world
 from .nvml import NvmlSampler
 from .options import MonitorOptions, resolve_options
+from .physical import physical_job
 from .publisher import Publisher, StepJob
 from .sinks import RedisSink, Sink, TraceFileSink
 from .timing import LayerTimer, StepTimer
@@ -219,6 +221,34 @@ class ExpertLoadMonitor:
         self.last_layout = record
         if self.publisher is not None:
             self.publisher.submit_layout(record)
+
+    def record_physical(self, counts_LP: Any, *, step: int | None = None, gpus: int | None = None,
+                        source: str = "engine") -> None:
+        """Publish what the engine's balancer dispatched in a step: counts_LP, int [L, P] tokens this rank sent to
+        each physical slot of the layout in force (SGLang's global_physical_count, vLLM's EPLB expert_load_pass;
+        a numpy array, nested lists or a tensor on any device), as a core.PhysicalRecord on stream
+        core.physical_key(run). step: the step id they belong to (default: the step end_step closed last);
+        gpus: default the layout in force's. source: one of core.PHYSICAL_SOURCES. Shape, type and (for host
+        data) values are checked here (ValueError naming what is wrong); a tensor on a GPU is copied to pinned
+        host memory without a host sync and its values checked on the publisher thread (a refused one is
+        counted in dropped_physical and named in last_error). Never blocks, never does I/O: a full queue drops
+        the record and counts it (stats() sinks' dropped_physical)."""
+        if self._closed:
+            raise RuntimeError("record_physical() after close(): the monitor publishes nothing any more")
+        if source not in core.PHYSICAL_SOURCES:
+            raise ValueError(f"source must be one of {core.PHYSICAL_SOURCES}, got {source!r}")
+        step = self.step - 1 if step is None else step
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < core.MAX_STEP:
+            raise ValueError(f"step must be a step id 0..{core.MAX_STEP - 1} (default: the step closed last; "
+                             f"none closed yet), got {step!r}")
+        layout = self.last_layout
+        num_slots = layout.num_slots if layout is not None else len(self.meta.layout.physical_to_logical_map[0])
+        in_force_gpus = layout.gpus if layout is not None else self.meta.layout.gpus
+        job = physical_job(counts_LP, num_layers=self.num_layers, num_slots=num_slots,
+                           gpus=in_force_gpus if gpus is None else gpus, run=self.run, step=int(step),
+                           rank=self.rank, time_s=time.time(), instance=self.instance, source=source)
+        if self.publisher is not None:
+            self.publisher.submit_physical(job)
 
     def set_phase(self, phase: str | None) -> None:
         """Force the phase of the following steps ("prefill", "decode", "mixed"), or None for automatic."""

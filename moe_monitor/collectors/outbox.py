@@ -1,6 +1,6 @@
 """What waits for one sink: its bounded record queues, its NVML samples and its writer's state.
 
-A RecordQueue is one kind of record (steps, layout changes, timing records) on its way to one sink: `waiting`
+A RecordQueue is one kind of record (steps, layout changes, timing records, physical counts) on its way to one sink: `waiting`
 (bounded: past `bound` the oldest are dropped and counted), `sending` (the batch being written now, held on
 top of the bound), and the counts published and dropped. The publisher thread extends it, the sink's writer
 takes a batch and settles it with the indices that landed: those count as published, the others go back at
@@ -9,9 +9,12 @@ the head (then the bound applies again). Every method is called under the owning
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from moe_monitor import core
 
 from .sinks import Sink
 
@@ -75,6 +78,7 @@ class Outbox:
     steps: RecordQueue
     layouts: RecordQueue
     timings: RecordQueue
+    physical: RecordQueue = field(default_factory=lambda: RecordQueue(1024))  # physical-slot counts
     samples: list = field(default_factory=list)
     error: str = ""           # the last failed write's reason; cleared when a write lands
     failures: int = 0         # failed writes so far
@@ -91,4 +95,11 @@ class Outbox:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.steps or self.layouts or self.timings or self.samples)
+        return bool(self.steps or self.layouts or self.timings or self.physical or self.samples)
+
+
+def with_dropped(record: core.StepRecord, dropped: int) -> core.StepRecord:
+    """record stamped with the steps dropped before it reached its sink (itself when already so)."""
+    if record.dropped_steps == dropped:
+        return record
+    return dataclasses.replace(record, dropped_steps=dropped)

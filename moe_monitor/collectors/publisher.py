@@ -20,15 +20,15 @@ touched by the step queue's bound: every batch carries all that wait (before its
 keeps those that did not land, and they wait as long as the sink is down. Only past MAX_LAYOUTS waiting
 layouts (hundreds of rebalances during one outage) is the oldest dropped, counted in dropped_layouts.
 
-Timing records (core.TimingRecord, a step's per-layer phase times, only from engines that time their layers)
-come with their step (StepJob.timings, read by `decode_timing` on this thread) and wait in a queue of their
-own per sink, bounded like the steps' (queue_steps, the oldest dropped and counted in dropped_timings); a
-batch carries at most `batch` of them, after its steps. A sink is handed timings= only when there are some.
+Timing records (core.TimingRecord, a step's per-layer phase times, read by `decode_timing` on this thread
+from StepJob.timings) and physical-slot counts (core.PhysicalRecord from collectors.physical's jobs,
+submit_physical, an inbox bounded by queue_steps) wait in queues of their own per sink, bounded like the steps'
+(the oldest dropped and counted in dropped_timings, dropped_physical); a batch carries at most `batch` of each,
+after its steps. A sink is handed timings= or physical= only when there are some.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
 
-from .outbox import Outbox, RecordQueue
+from .outbox import Outbox, RecordQueue, with_dropped
+from .physical import PhysicalInbox, PhysicalJob
 from .sinks import PartialWrite, Sink
 
 if TYPE_CHECKING:  # annotations only: the publisher itself needs no torch (counter.py does)
@@ -79,8 +80,9 @@ class Publisher:
         self._wake_at = wake_at or 0
         self._collector_health = collector_health
         self._decode_timing = decode_timing
-        self._outboxes = [Outbox(sink, RecordQueue(queue_steps), RecordQueue(MAX_LAYOUTS), RecordQueue(queue_steps))
-                          for sink in sinks]
+        self._outboxes = [Outbox(sink, RecordQueue(queue_steps), RecordQueue(MAX_LAYOUTS), RecordQueue(queue_steps),
+                                 physical=RecordQueue(queue_steps)) for sink in sinks]
+        self._physical = PhysicalInbox(queue_steps)
         self._inbox: collections.deque[StepJob] = collections.deque()
         self._layout_inbox: collections.deque[core.LayoutRecord] = collections.deque()
         self._samples: collections.deque[core.GpuSample] = collections.deque(maxlen=MAX_SAMPLES)
@@ -119,6 +121,11 @@ class Publisher:
         self._layout_inbox.append(record)
         self._wake.set()
 
+    def submit_physical(self, job: PhysicalJob) -> None:
+        """Hand over one step's physical counts; read at the next drain. Never blocks, never does I/O: with
+        queue_steps of them waiting (a publisher that stopped draining), this one is dropped and counted."""
+        self._physical.submit(job)
+
     def count_dropped(self, n: int = 1) -> None:
         with self._lock:
             self._dropped += n
@@ -153,9 +160,11 @@ class Publisher:
             one: dict[str, int | float | str] = {
                 "last_error": box.error, "failures": box.failures, "last_failure": box.last_failure,
                 "max_write_s": round(box.max_write_s, 3)}
-            for kind, queue in (("steps", box.steps), ("layouts", box.layouts), ("timings", box.timings)):
+            for kind, queue in (("steps", box.steps), ("layouts", box.layouts), ("timings", box.timings),
+                                ("physical", box.physical)):
                 one.update({f"published_{kind}": queue.published, f"queued_{kind}": len(queue),
                             f"dropped_{kind}": queue.dropped})
+            one["dropped_physical"] = int(one["dropped_physical"]) + self._physical.dropped
             one["dropped_steps"] = self._dropped + box.steps.dropped
             stats[box.sink.name] = one
         return stats
@@ -171,7 +180,8 @@ class Publisher:
         deadline = time.monotonic() + timeout_s
         self._closing_at = time.monotonic()
         self._closing = True
-        while time.monotonic() < deadline and (self._inbox or self._samples or self._layout_inbox or any(
+        while time.monotonic() < deadline and (self._inbox or self._samples or self._layout_inbox or
+                                               self._physical or any(
                 box.has_work or (not box.error and box.health_sent < self._closing_at) for box in self._outboxes)):
             self._wake.set()
             for box in self._outboxes:
@@ -196,6 +206,7 @@ class Publisher:
                 box.layouts.dropped += len(self._layout_inbox)
                 layouts_left += box.layouts.drop_all() + len(self._layout_inbox)
                 box.timings.drop_all()
+                box.physical.drop_all()
         if left:
             log.warning("moe monitor: %d steps were not published before close (%s)", left, self.last_error)
         if layouts_left:
@@ -267,7 +278,9 @@ class Publisher:
                     self._error = f"timing decode failed: {type(exc).__name__}: {exc}"
         fresh = [self._samples.popleft() for _ in range(len(self._samples))]
         layouts = [self._layout_inbox.popleft() for _ in range(len(self._layout_inbox))]
-        if not records and not fresh and not layouts and not timings:
+        physical, refused = self._physical.drain()
+        self._error = refused or self._error
+        if not records and not fresh and not layouts and not timings and not physical:
             return
         for box in self._outboxes:
             with box.lock:
@@ -276,6 +289,7 @@ class Publisher:
                 box.steps.extend(records)
                 box.layouts.extend(layouts)
                 box.timings.extend(timings)
+                box.physical.extend(physical)
                 if fresh:
                     box.samples.extend(fresh)
                     del box.samples[:-MAX_SAMPLES]
@@ -320,11 +334,12 @@ class Publisher:
             sending = box.steps.take(self._batch)
             sending_layouts = box.layouts.take()   # every waiting layout, before the batch's steps
             sending_timings = box.timings.take(self._batch)
+            sending_physical = box.physical.take(self._batch)
             samples, box.samples = box.samples, []
             queued = len(box.steps.waiting)
             published_steps, published_layouts = box.steps.published, box.layouts.published
             dropped_layouts = box.layouts.dropped
-        records = [_with_dropped(rec, dropped) for rec in sending]
+        records = [with_dropped(rec, dropped) for rec in sending]
         error_reported = self._error
         health = HealthReport(
             rank=self._rank, dropped_steps=dropped, published_steps=published_steps + len(records), queued=queued,
@@ -335,19 +350,21 @@ class Publisher:
         landed: frozenset[int] | range = range(len(records))
         layouts_landed: frozenset[int] | range = range(len(sending_layouts))
         timings_landed: frozenset[int] | range = range(len(sending_timings))
+        physical_landed: frozenset[int] | range = range(len(sending_physical))
         samples_landed = True
         started = time.monotonic()
         try:
-            if sending_timings:  # only then: a sink of a run that times nothing never sees the argument
-                box.sink.write(records, samples, health, layouts=sending_layouts, timings=sending_timings)
-            else:
-                box.sink.write(records, samples, health, layouts=sending_layouts)
+            # timings= and physical= only when there are some: a sink of a run without them never sees the argument
+            extra = {name: sent for name, sent in (("timings", sending_timings), ("physical", sending_physical))
+                     if sent}
+            box.sink.write(records, samples, health, layouts=sending_layouts, **extra)
         except PartialWrite as exc:
             failure, landed, samples_landed = exc, exc.landed, exc.samples_landed
             layouts_landed, timings_landed = exc.layouts_landed, exc.timings_landed
+            physical_landed = exc.physical_landed
         except Exception as exc:  # this sink's failure; the others go on
             failure, landed, samples_landed, layouts_landed = exc, frozenset(), False, frozenset()
-            timings_landed = frozenset()
+            timings_landed = physical_landed = frozenset()
         finished = time.monotonic()
         with box.lock:
             box.max_write_s = max(box.max_write_s, finished - started)
@@ -357,9 +374,10 @@ class Publisher:
             box.steps.settle(sending, landed)
             box.layouts.settle(sending_layouts, layouts_landed)
             box.timings.settle(sending_timings, timings_landed)
+            box.physical.settle(sending_physical, physical_landed)
             if not samples_landed:
                 box.samples = (list(samples) + box.samples)[-MAX_SAMPLES:]
-            backlog = len(box.steps.waiting) >= self._batch or len(box.timings.waiting) >= self._batch
+            backlog = max(len(box.steps.waiting), len(box.timings.waiting), len(box.physical.waiting)) >= self._batch
         if failure is not None:
             box.error = f"{box.sink.name} sink failed: {type(failure).__name__}: {failure}"
             if isinstance(failure, PartialWrite):
@@ -376,9 +394,3 @@ class Publisher:
         if backlog:
             box.wake.set()  # a backlog (after an outage): keep going without waiting
         return True
-
-
-def _with_dropped(record: core.StepRecord, dropped: int) -> core.StepRecord:
-    if record.dropped_steps == dropped:
-        return record
-    return dataclasses.replace(record, dropped_steps=dropped)

@@ -4,7 +4,8 @@ The publisher thread (publisher.py) is the only caller. It hands every sink the 
 order, and keeps a queue and a writer thread per sink: a write that raises has not landed (PartialWrite:
 only in part) and is offered again after a backoff, so a sink never retries on its own and one sink's
 failure (or hang) never holds up another. A batch carries step records, NVML samples, layout changes
-(core.LayoutRecord, written before the batch's steps) and the publisher's health report.
+(core.LayoutRecord, written before the batch's steps), layer timings and physical-slot counts
+(core.PhysicalRecord, after the steps; only the Redis sink stores them) and the publisher's health report.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
-from moe_monitor.core.runwrite import RUNS_INDEX_EVERY_S, fields_of, queue_batch
+from moe_monitor.core.runwrite import PHYSICAL_BUDGET_BYTES, RUNS_INDEX_EVERY_S, fields_of, queue_batch
 
 from .exhausted import ExhaustedStreams
 
@@ -35,10 +36,11 @@ class Sink(Protocol):
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
               health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
-              timings: Sequence[core.TimingRecord] = ()) -> None:
+              timings: Sequence[core.TimingRecord] = (), physical: Sequence[core.PhysicalRecord] = ()) -> None:
         """Write one batch (any list may be empty; layouts go before the steps). Raising means the batch did
-        not land (PartialWrite: only in part). The publisher passes timings=[core.TimingRecord, ...] (after
-        the steps) only when it has some: a sink that writes them takes `timings` as a keyword."""
+        not land (PartialWrite: only in part). The publisher passes timings=[core.TimingRecord, ...] and
+        physical=[core.PhysicalRecord, ...] (after the steps) only when it has some: a sink that writes them
+        takes them as keywords."""
         ...
 
     def close(self) -> None:
@@ -53,10 +55,12 @@ class PartialWrite(Exception):
     what landed off its queues and offers the rest again after its backoff."""
 
     def __init__(self, message: str, landed: frozenset[int], samples_landed: bool,
-                 layouts_landed: frozenset[int] = frozenset(), timings_landed: frozenset[int] = frozenset()):
+                 layouts_landed: frozenset[int] = frozenset(), timings_landed: frozenset[int] = frozenset(),
+                 physical_landed: frozenset[int] = frozenset()):
         super().__init__(message)
         self.landed, self.samples_landed, self.layouts_landed = landed, samples_landed, layouts_landed
         self.timings_landed = timings_landed  # indices of the timing records that did land
+        self.physical_landed = physical_landed  # indices of the physical records that did land
 
 
 class StreamExhausted(PartialWrite):
@@ -64,8 +68,9 @@ class StreamExhausted(PartialWrite):
     takes no entry until it is deleted. streams: their keys. The sink has said so once already (its log)."""
 
     def __init__(self, message: str, streams: Sequence[str], landed: frozenset[int], samples_landed: bool,
-                 layouts_landed: frozenset[int] = frozenset(), timings_landed: frozenset[int] = frozenset()):
-        super().__init__(message, landed, samples_landed, layouts_landed, timings_landed)
+                 layouts_landed: frozenset[int] = frozenset(), timings_landed: frozenset[int] = frozenset(),
+                 physical_landed: frozenset[int] = frozenset()):
+        super().__init__(message, landed, samples_landed, layouts_landed, timings_landed, physical_landed)
         self.streams = tuple(streams)
 
 
@@ -117,10 +122,12 @@ class RedisSink:
         self._last_layout: dict[FieldT, EncodableT] | None = None  # fields of the latest layout that landed
         self._resend_layout = False  # the layout stream was found missing: send _last_layout again
         self._exhausted = ExhaustedStreams(log or _log_error, log or _log_warning)  # streams at the last possible id
+        # the physical-count stream's share: a quarter of the budget (its entries are [L, P] int32, 67 kB each)
+        self._physical_budget = PHYSICAL_BUDGET_BYTES if memory_budget_bytes is None else max(1, memory_budget_bytes // 4)
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
               health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
-              timings: Sequence[core.TimingRecord] = ()) -> None:
+              timings: Sequence[core.TimingRecord] = (), physical: Sequence[core.PhysicalRecord] = ()) -> None:
         run = self._run
         with_meta = self._needs_meta
         resend = self._last_layout if self._resend_layout else None
@@ -136,7 +143,8 @@ class RedisSink:
             for fields in step_fields:
                 self._track_entry_bytes(fields)
             streams = queue_batch(pipe, run, layouts=([resend] if resend is not None else []) + layout_fields,
-                                  steps=step_fields, samples=samples, timings=timings, steps_maxlen=self._maxlen)
+                                  steps=step_fields, samples=samples, timings=timings, steps_maxlen=self._maxlen,
+                                  physical=physical, physical_budget_bytes=self._physical_budget)
             pipe.hset(core.health_key(run), str(health.rank), health.encode())
             # moe:runs (when a collector last wrote) at most every RUNS_INDEX_EVERY_S: in a cluster it is another
             # node's key, and every batch of every rank reaching two nodes doubles the writers' round trips
@@ -158,6 +166,7 @@ class RedisSink:
         sample_replies = replies[first + len(records): first + len(records) + len(samples)]
         first += len(records) + len(samples)
         timing_replies = replies[first: first + len(timings)]
+        physical_replies = replies[first + len(timings): first + len(timings) + len(physical)]
         asked = -2 if check_layouts else -1  # the EXISTS at the end prove nothing when refused (a write-only ACL)
         if index_runs and not isinstance(replies[asked - 1], Exception):
             self._indexed_at = time.monotonic()
@@ -177,12 +186,13 @@ class RedisSink:
             landed = frozenset(i for i, reply in enumerate(step_replies) if not isinstance(reply, Exception))
             layouts_landed = frozenset(i for i, reply in enumerate(layout_replies) if not isinstance(reply, Exception))
             timings_landed = frozenset(i for i, reply in enumerate(timing_replies) if not isinstance(reply, Exception))
+            physical_landed = frozenset(i for i, r in enumerate(physical_replies) if not isinstance(r, Exception))
             samples_landed = not any(isinstance(r, Exception) for r in sample_replies)
             if self._exhausted.found:
                 raise StreamExhausted(f"{len(errors)} of {len(replies)} commands: {self._exhausted.message}",
                                       list(self._exhausted.found), landed, samples_landed, layouts_landed,
-                                      timings_landed)
-            raise PartialWrite(message, landed, samples_landed, layouts_landed, timings_landed)
+                                      timings_landed, physical_landed)
+            raise PartialWrite(message, landed, samples_landed, layouts_landed, timings_landed, physical_landed)
 
     def _track_entry_bytes(self, fields: Mapping[FieldT, EncodableT]) -> None:
         """With a memory budget: MAXLEN follows the entries' real size (compact records take a tenth of the
@@ -268,7 +278,8 @@ class TraceFileSink:
 
     def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
               health: HealthReport, layouts: Sequence[core.LayoutRecord] = (),
-              timings: Sequence[core.TimingRecord] = ()) -> None:
+              timings: Sequence[core.TimingRecord] = (), physical: Sequence[core.PhysicalRecord] = ()) -> None:
+        """physical: not recorded (trace files hold no physical counts; only Redis does)."""
         if self._columnar is not None:
             self._columnar.write(records, samples, layouts, timings)
             return
