@@ -67,3 +67,35 @@ def test_devices_shows_the_per_layer_table(filled, monkeypatch):
     table = next(df.value for df in at.dataframe if "per-step imbalance p50" in df.value.columns)
     assert len(table) == L
     np.testing.assert_allclose(table["p99"].to_numpy(dtype=float), np.asarray(want["p99"], dtype=float), rtol=1e-9)
+
+
+def test_whatif_shows_the_policies_table(filled, monkeypatch):
+    url, counts_TLE = filled
+    at = _app(url, monkeypatch)
+    at.switch_page("page_files/whatif.py").run()
+    assert not at.exception, at.exception
+    table = next(df.value for df in at.dataframe if "per-step imbalance p99" in df.value.columns)
+    assert list(table["layout"]) == ["current"] * 4 + ["what-if"] * 4
+    assert list(table["dispatch"])[:4] == ["even", "round_robin (this run's)", "lp", "ideal"]
+    score = counts_TLE[-max(1, min(64, len(counts_TLE) // 4)):]  # the page's default score window
+    for row, policy in zip(table.head(4).itertuples(index=False), ("even", "round_robin", "lp", "ideal")):
+        want = step_tails(score, np.asarray(LAYOUT), G, policy)
+        assert row.steps == want.steps
+        assert row[3] == pytest.approx(want.imbalance_summary()["p99"])  # per-step imbalance p99
+        assert row[7] == pytest.approx(want.window_imbalance)
+    assert table["per-step imbalance p99"].iloc[3] == pytest.approx(1.0)  # ideal: every GPU at the mean
+
+
+def test_lp_scores_the_newest_steps_only():
+    from moe_monitor.dashboard.whatif import policies
+
+    rng = np.random.default_rng(3)
+    counts = rng.poisson(5.0, size=(10, L, E))
+    tails = policies.policy_tails(np.asarray(LAYOUT), counts, G, "lp", lp_steps=4)
+    want = step_tails(counts[-4:], np.asarray(LAYOUT), G, "lp")
+    assert tails.steps == 4 and tails.imbalance_summary() == pytest.approx(want.imbalance_summary())
+    assert policies.policy_tails(np.asarray(LAYOUT), counts, G, "even", lp_steps=4).steps == 10
+    ideal, even = (step_tails(counts, np.asarray(LAYOUT), G, p) for p in ("ideal", "even"))
+    rows = policies.policy_table({("what-if", "lp"): tails, ("current", "ideal"): ideal, ("current", "even"): even})
+    assert [(r["layout"], r["dispatch"]) for r in rows] == [("current", "even"), ("current", "ideal"),
+                                                            ("what-if", "lp")]

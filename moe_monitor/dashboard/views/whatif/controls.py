@@ -114,6 +114,7 @@ class WhatIfState:
     requests: list[Requested] = field(default_factory=list)  # layouts requested from this page, oldest first
     apply_note: tuple[str, str] | None = None  # ("ok" | "error", text) of the last request, kept until replaced
     outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)  # nonce -> final ("ok" | "error", text)
+    tails: dict[tuple, Any] = field(default_factory=dict)  # (window, layout, policy) -> core.steptails.StepTails
 
     def session(self, plan_key: tuple, planned_LP: np.ndarray, gpus: int) -> edits.EditSession:
         """The edit session of a plan, started on its planned layout the first time."""

@@ -22,6 +22,7 @@ from moe_monitor.dashboard.views.staleness import moving_span, staleness_section
 from moe_monitor.dashboard.views.whatif import controls
 from moe_monitor.dashboard.views.whatif.apply import apply_section
 from moe_monitor.dashboard.views.whatif.controls import EditTarget, Inputs, WhatIfState
+from moe_monitor.dashboard.views.whatif.policies import policies_section
 from moe_monitor.dashboard.whatif import advice as whatif_advice
 from moe_monitor.dashboard.whatif import edits
 from moe_monitor.dashboard.whatif import repair as whatif_repair
@@ -113,6 +114,8 @@ def render(current: PageData) -> None:
     if isinstance(result, whatif_repair.Repaired):
         _moves(layout, data, data_key, result, state)
     _bars_and_edits(session, before, after, data, layer, state)
+    policies_section(layout.p2l_LP, session.current, data.score_TLE, G, data_key, state.tails,
+                     getattr(meta, "dispatch", "even") if meta is not None else "even")
     apply_section(current, layout, session, before, after, data, state)
     _traffic(layout, session, data, data_key, picks, sizes, state)
     _budget(data, data_key, G, picks, plan_nodes, groups, sizes, state)
