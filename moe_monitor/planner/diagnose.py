@@ -1,0 +1,287 @@
+"""Should EPLB be on, and is LP dispatch worth it? Analytics of per-step counts for `moe-monitor diagnose`.
+
+From per-step counts [T, L, E] and the layout in force [L, P] (docs/diagnose.md):
+
+- rank persistence: how much of the per-step excess (imbalance - 1, max / mean GPU load per (step, layer)) is
+  still there once the loads are summed over windows of ``every`` steps (persistent imbalance: a layout can fix
+  it; transient imbalance averages out and no layout can), and how often the same GPU is the busiest;
+- hot-set persistence: on windows of ``every`` steps, the top hot experts of each layer (HOT_SHARE of E): the
+  overlap of consecutive windows' hot sets and the mean run length (steps) of an expert's stay in the hot set;
+- expert skew inside GPUs (core.steptails);
+- candidates, scored held-out on the steps after the first window: the layout in force (held static, under the
+  dispatch policy given), an EPLB re-plan every ``every`` steps fitted on the previous ``every`` steps, our plan
+  (planner.api.plan's default policy) fitted the same way, our plan under LP dispatch, and the force-balanced
+  ideal. Each gets its per-step p99 imbalance and the time it loses per 1,000 steps, priced as the advisor
+  prices it (planner.simulate.CostModel): straggler seconds = sum over layers of (max - mean GPU load) x seconds
+  per token-slot, per step; migration seconds for the experts each re-plan copies (planner.repair.experts_copied).
+
+Verdict: re-planning pays when the better re-plan (EPLB or ours) loses less time, migration included, than the
+layout in force; LP dispatch is worth it when it cuts our plan's lost time by at least LP_WORTH_SHARE.
+
+Shape legend: T steps, L layers, E experts, P slots, G GPUs, W windows of ``every`` steps. Pure numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from moe_monitor.core.counts import as_counts
+from moe_monitor.core.dispatch import DispatchModel, check_policy
+from moe_monitor.core.loadmodel import validated_layout
+from moe_monitor.core.steptails import pair_imbalance, tails_of
+
+from .api import plan
+from .loads import check_shape, whole_number
+from .repair import experts_copied
+from .simulate import CostModel
+
+DEFAULT_EVERY = 100          # steps per window: the re-plan interval and the unit of the persistence figures
+HOT_SHARE = 1 / 16           # the hot set of a layer: the top E / 16 experts (16 of DeepSeek-V3's 256)
+LP_WORTH_SHARE = 0.10        # LP dispatch is worth it when it cuts our plan's lost time by at least 10 %
+CHUNK_STEPS = 256            # steps turned into GPU loads at once
+CANDIDATES = ("in_force", "eplb_replan", "ours_replan", "ours_replan_lp", "ideal")
+
+
+def _none(value) -> float | None:
+    return float(value) if value is not None and np.isfinite(value) else None
+
+
+def gpu_loads_chunked(model: DispatchModel, counts_TLE: np.ndarray) -> np.ndarray:
+    """GPU loads float64 [T, L, G] of counts [T, L, E] under a DispatchModel, CHUNK_STEPS steps at a time."""
+    T, L = counts_TLE.shape[:2]
+    out = np.empty((T, L, model.gpus))
+    for a in range(0, T, CHUNK_STEPS):
+        out[a:a + CHUNK_STEPS] = model.gpu_loads(counts_TLE[a:a + CHUNK_STEPS])
+    return out
+
+
+def window_sums(values_TX: np.ndarray, every: int) -> np.ndarray:
+    """Sums over the W = T // every full windows of ``every`` steps: [T, ...] -> [W, ...] (a partial tail
+    window is left out)."""
+    W = values_TX.shape[0] // every
+    return values_TX[:W * every].reshape((W, every) + values_TX.shape[1:]).sum(1)
+
+
+def rank_persistence(loads_TLG: np.ndarray, every: int) -> dict:
+    """Persistent vs transient rank imbalance of GPU loads [T, L, G] (T >= every):
+
+    - persistent_share: mean over (window, layer) of the window-sum excess (max / mean - 1 of the loads summed
+      over each window of ``every`` steps) over the mean per-step excess of the same steps and layers; 1 = the
+      same GPUs stay hot (a layout can fix it), 0 = the excess averages out (no layout can);
+    - same_busiest_share: share of (step, layer) pairs whose busiest GPU was the busiest at the step before;
+    - modal_busiest_share: per layer, share of its steps in which its most often busiest GPU is the busiest,
+      averaged over layers; chance is 1 / G for both.
+    None where no pair has tokens."""
+    T, L, G = loads_TLG.shape
+    used = (T // every) * every
+    step_excess = pair_imbalance(loads_TLG[:used]) - 1.0                      # [T', L]
+    window_excess = pair_imbalance(window_sums(loads_TLG, every)) - 1.0       # [W, L]
+    mean_step = np.nanmean(step_excess) if np.isfinite(step_excess).any() else np.nan
+    mean_window = np.nanmean(window_excess) if np.isfinite(window_excess).any() else np.nan
+    share = mean_window / mean_step if np.isfinite(mean_step) and mean_step > 0 else np.nan
+    active_TL = loads_TLG.sum(-1) > 0
+    busiest_TL = loads_TLG.argmax(-1)
+    both = active_TL[1:] & active_TL[:-1]
+    same = (busiest_TL[1:] == busiest_TL[:-1])[both].mean() if both.any() else np.nan
+    modal = []
+    for layer in range(L):
+        picks = busiest_TL[active_TL[:, layer], layer]
+        if picks.size:
+            modal.append(np.bincount(picks, minlength=G).max() / picks.size)
+    return {"persistent_share": _none(share), "mean_step_excess": _none(mean_step),
+            "mean_window_excess": _none(mean_window), "same_busiest_share": _none(same),
+            "modal_busiest_share": _none(np.mean(modal)) if modal else None, "chance_share": 1.0 / G}
+
+
+def hot_persistence(counts_TLE: np.ndarray, every: int, hot_experts: int | None = None) -> dict:
+    """How long hot experts stay hot, from counts [T, L, E] on windows of ``every`` steps (W = T // every):
+    the hot set of a (window, layer) with tokens is its ``hot_experts`` most-routed experts (default
+    max(1, E x HOT_SHARE)).
+
+    - hot_overlap: mean over consecutive windows (both with tokens) and layers of |H_w & H_w-1| / hot_experts;
+    - hot_run_steps: mean length in steps of an expert's runs of consecutive windows in its layer's hot set
+      (runs cut by the trace's ends count as they are: a lower bound for long runs);
+    None when fewer than two windows hold tokens."""
+    T, L, E = counts_TLE.shape
+    k = max(1, int(round(E * HOT_SHARE))) if hot_experts is None else whole_number(hot_experts, "hot experts", 1)
+    k = min(k, E)
+    win_WLE = window_sums(counts_TLE, every)
+    W = win_WLE.shape[0]
+    active_WL = win_WLE.sum(-1) > 0
+    top_WLk = np.argsort(-win_WLE, axis=-1, kind="stable")[..., :k]
+    hot_WLE = np.zeros((W, L, E), dtype=bool)
+    np.put_along_axis(hot_WLE, top_WLk, True, axis=-1)
+    hot_WLE &= active_WL[..., None]
+    both = active_WL[1:] & active_WL[:-1]
+    overlap = (hot_WLE[1:] & hot_WLE[:-1]).sum(-1)[both] / k if W > 1 else np.zeros(0)
+    runs = []
+    for layer in range(L):
+        member_WE = hot_WLE[:, layer].astype(np.int8)
+        edges = np.diff(np.pad(member_WE, ((1, 1), (0, 0))), axis=0)          # +1 starts, -1 ends
+        starts = np.argwhere(edges.T == 1)
+        ends = np.argwhere(edges.T == -1)
+        runs.extend((ends[:, 1] - starts[:, 1]).tolist())
+    return {"hot_experts": k, "windows": int(W), "window_steps": int(every),
+            "hot_overlap": _none(overlap.mean()) if overlap.size else None,
+            "hot_run_steps": float(np.mean(runs) * every) if runs and overlap.size else None}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run the scored steps: its per-step imbalance values (pairs with tokens), straggler and
+    migration seconds, expert copies and layout changes."""
+    name: str
+    dispatch: str
+    steps: int
+    imbalance_p99: float | None
+    straggler_s: float
+    migration_s: float
+    moves: int = 0
+    changes: int = 0
+
+    @property
+    def lost_s(self) -> float:
+        return self.straggler_s + self.migration_s
+
+    def per_1000(self, seconds: float) -> float:
+        return seconds / self.steps * 1000.0 if self.steps else 0.0
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dispatch": self.dispatch, "steps": self.steps,
+                "per_step_imbalance_p99": self.imbalance_p99, "moves": self.moves, "changes": self.changes,
+                "straggler_s_per_1000_steps": self.per_1000(self.straggler_s),
+                "migration_s_per_1000_steps": self.per_1000(self.migration_s),
+                "lost_s_per_1000_steps": self.per_1000(self.lost_s)}
+
+
+class _Scored:
+    """Accumulates per-step imbalance values and straggler tokens over the scored windows of one candidate."""
+
+    def __init__(self) -> None:
+        self.imbalance: list[np.ndarray] = []
+        self.straggler_tokens = 0.0
+        self.steps = 0
+
+    def add(self, loads_TLG: np.ndarray) -> None:
+        imb = pair_imbalance(loads_TLG)
+        self.imbalance.append(imb[np.isfinite(imb)])
+        self.straggler_tokens += float(np.maximum(loads_TLG.max(-1) - loads_TLG.mean(-1), 0.0).sum())
+        self.steps += loads_TLG.shape[0]
+
+    def candidate(self, name: str, dispatch: str, cost: CostModel, moves: int = 0, changes: int = 0) -> Candidate:
+        values = np.concatenate(self.imbalance) if self.imbalance else np.zeros(0)
+        return Candidate(name=name, dispatch=dispatch, steps=self.steps,
+                         imbalance_p99=_none(np.percentile(values, 99)) if values.size else None,
+                         straggler_s=self.straggler_tokens * cost.seconds_per_token_slot,
+                         migration_s=cost.migration_seconds(moves), moves=moves, changes=changes)
+
+
+def window_bounds(steps: int, every: int) -> list[tuple[int, int]]:
+    """The scored windows [a, b): every ``every`` steps from step ``every`` on (the last may be shorter)."""
+    return [(a, min(a + every, steps)) for a in range(every, steps, every)]
+
+
+def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEFAULT_EVERY,
+                     dispatch: str = "even", cost: CostModel | None = None) -> list[Candidate]:
+    """The CANDIDATES scored held-out on steps every..T-1 of counts [T, L, E] (T > every), in that order: the
+    layout in force current_LP [L, P] under ``dispatch``; the EPLB and our re-plans ("eplb" and planner.api.plan's
+    default policy, ``redundant`` slots per layer), each window's layout fitted on the previous window's summed
+    counts, even dispatch (and LP for ours), paying experts_copied from the layout before; the ideal."""
+    c = as_counts(counts_TLE, "counts", ndim=(3,))
+    T, L, E = c.shape
+    every = whole_number(every, "every", 1)
+    check_policy(dispatch)
+    check_shape(E, gpus, redundant)
+    cost = CostModel() if cost is None else cost
+    cur = validated_layout(current_LP, E, gpus)
+    if cur.shape[0] != L:
+        raise ValueError(f"the layout in force has {cur.shape[0]} layers, the counts have {L}")
+    if every >= T:
+        raise ValueError(f"diagnose needs more than --every = {every} steps (one window to fit, one to score), "
+                         f"got {T}")
+    bounds = window_bounds(T, every)
+    held = c[every:]
+    in_force, ideal = _Scored(), _Scored()
+    in_force.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, dispatch), held))
+    ideal.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "ideal"), held))
+    out = [in_force.candidate("in_force", dispatch, cost)]
+    for name, policy, lp in (("eplb_replan", "eplb", False), ("ours_replan", "auto", True)):
+        even, with_lp = _Scored(), _Scored()
+        prev, moves, changes = cur, 0, 0
+        for a, b in bounds:
+            fit_LE = c[a - every:a].sum(0)
+            if fit_LE.any():
+                lay = plan(fit_LE, gpus, redundant, policy=policy).layout_LP
+                copied = experts_copied(prev, lay, gpus)
+                moves, changes, prev = moves + copied, changes + (copied > 0), lay
+            even.add(gpu_loads_chunked(DispatchModel(prev, E, gpus, "even"), c[a:b]))
+            if lp:
+                with_lp.add(gpu_loads_chunked(DispatchModel(prev, E, gpus, "lp"), c[a:b]))
+        out.append(even.candidate(name, "even", cost, moves, changes))
+        if lp:
+            out.append(with_lp.candidate(name + "_lp", "lp", cost, moves, changes))
+    out.append(ideal.candidate("ideal", "ideal", cost))
+    return out
+
+
+def verdict(candidates: list[Candidate]) -> dict:
+    """Whether re-planning pays (the better of eplb_replan / ours_replan loses less time per 1,000 steps,
+    migration included, than in_force) and whether LP dispatch is worth it (ours_replan_lp cuts ours_replan's
+    lost time by at least LP_WORTH_SHARE), with the figures behind each and one sentence."""
+    by = {cand.name: cand for cand in candidates}
+    base = by["in_force"]
+    best = min((by["eplb_replan"], by["ours_replan"]), key=lambda cand: cand.lost_s)
+    gain = best.per_1000(base.straggler_s) - best.per_1000(best.straggler_s)
+    migration = best.per_1000(best.migration_s)
+    pays = bool(best.per_1000(best.lost_s) < base.per_1000(base.lost_s))
+    ours, lp = by["ours_replan"], by["ours_replan_lp"]
+    lp_cut = (ours.lost_s - lp.lost_s) / ours.lost_s if ours.lost_s > 0 else 0.0
+    lp_worth = bool(lp_cut >= LP_WORTH_SHARE)
+    text = (f"re-planning {'pays' if pays else 'does not pay'}: {best.name} saves {gain:.3f} s of straggler time "
+            f"per 1,000 steps against {migration:.3f} s of migration; LP dispatch "
+            f"{'is' if lp_worth else 'is not'} worth it: it cuts our plan's lost time by {100 * lp_cut:.1f}% "
+            f"(worth it from {100 * LP_WORTH_SHARE:.0f}%)")
+    return {"replan_pays": pays, "best_replan": best.name, "replan_gain_s_per_1000_steps": gain,
+            "replan_migration_s_per_1000_steps": migration, "lp_worth_it": lp_worth, "lp_lost_time_cut": lp_cut,
+            "text": text}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What `moe-monitor diagnose` prints: steps, window steps, GPUs, the figures of each part."""
+    steps: int
+    every: int
+    gpus: int
+    redundant: int
+    dispatch: str
+    ranks: dict
+    hot: dict
+    skew: dict
+    candidates: list[Candidate]
+    verdict: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """Strict-JSON-ready dict (None where a figure has no value)."""
+        return {"steps": self.steps, "every": self.every, "gpus": self.gpus, "redundant": self.redundant,
+                "dispatch": self.dispatch, "rank_persistence": self.ranks, "hot_persistence": self.hot,
+                "expert_skew": self.skew, "candidates": [cand.to_json() for cand in self.candidates],
+                "verdict": self.verdict, "notes": list(self.notes)}
+
+
+def diagnose(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEFAULT_EVERY,
+             dispatch: str = "even", cost: CostModel | None = None, hot_experts: int | None = None,
+             notes: list[str] | None = None) -> Diagnosis:
+    """The whole diagnosis (module docstring) of counts [T, L, E] (T > every) under the layout in force
+    current_LP [L, P] on ``gpus`` GPUs; re-plans get ``redundant`` slots per layer. ValueError on bad input."""
+    c = as_counts(counts_TLE, "counts", ndim=(3,))
+    every = whole_number(every, "every", 1)
+    candidates = score_candidates(c, current_LP, gpus, redundant, every, dispatch, cost)
+    model = DispatchModel(current_LP, c.shape[2], gpus, dispatch)
+    tails = tails_of(model, c)
+    ranks = rank_persistence(gpu_loads_chunked(model, c), every)
+    return Diagnosis(steps=int(c.shape[0]), every=every, gpus=int(gpus), redundant=int(redundant),
+                     dispatch=dispatch, ranks=ranks, hot=hot_persistence(c, every, hot_experts),
+                     skew=tails.skew_summary(), candidates=candidates, verdict=verdict(candidates),
+                     notes=list(notes or []))
