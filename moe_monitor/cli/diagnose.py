@@ -12,6 +12,7 @@ flags are `moe-monitor advise`'s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,10 +184,8 @@ def read_live(url: str, run: str, steps: int) -> Source:
     counts = np.stack([per_step[s] for s in kept]).astype(np.float64)
     valid: list[core.LayoutRecord] = []
     for change in layouts:
-        try:
+        with contextlib.suppress(ValueError):       # a change that does not fit the run: left out
             valid.append(change.validate(meta.num_experts, num_layers=len(meta.layer_names)))
-        except ValueError:
-            pass
     before = [change for change in valid if change.step <= kept[0]][-1:]
     src = Source(counts, np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus,
                  [f"live run {run}: steps {kept[0]}..{kept[-1]}"])

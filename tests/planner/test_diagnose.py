@@ -1,0 +1,149 @@
+"""planner.diagnose: the pure analytics of `moe-monitor diagnose`, on generated counts and hand-made loads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.diagnose import (
+    CANDIDATES,
+    Candidate,
+    diagnose,
+    hot_persistence,
+    rank_persistence,
+    score_candidates,
+    verdict,
+    window_bounds,
+    window_sums,
+)
+from moe_monitor.planner.repair import experts_copied
+from moe_monitor.planner.simulate import CostModel, straggler_tokens
+
+E, G, L = 32, 8, 2
+CHEAP = CostModel(link_gbps=1e6)        # migration nearly free
+
+
+def traffic(steps: int, period: int, seed: int = 0, tokens: int = 4096) -> np.ndarray:
+    """counts [steps, L, E]: a skewed popularity, its experts permuted afresh every `period` steps."""
+    rng = np.random.default_rng(seed)
+    base = np.sort(rng.dirichlet(np.full(E, 0.3)))[::-1]
+    out = np.empty((steps, L, E))
+    for t in range(steps):
+        if t % period == 0:
+            pop = np.stack([base[rng.permutation(E)] for _ in range(L)])
+        for layer in range(L):
+            out[t, layer] = rng.multinomial(tokens, pop[layer])
+    return out
+
+
+def contiguous() -> np.ndarray:
+    return np.tile(np.arange(E), (L, 1))
+
+
+def test_window_sums_and_bounds():
+    values = np.arange(7)[:, None] * np.ones((1, 2))
+    assert window_sums(values, 3)[:, 0].tolist() == [3, 12]           # the partial tail window left out
+    assert window_bounds(7, 3) == [(3, 6), (6, 7)]
+
+
+def test_rank_persistence_persistent_vs_transient():
+    """Two GPUs: loads [3, 1] every step stay in the window sum (share 1); the hot GPU alternating each step
+    sums to [4, 4] over two steps (share 0). Per-step excess 3 / 2 - 1 = 0.5 either way."""
+    fixed = np.tile([[3.0, 1.0]], (8, 1, 1))                          # [T=8, L=1, G=2]
+    out = rank_persistence(fixed, every=2)
+    assert out["mean_step_excess"] == pytest.approx(0.5) and out["persistent_share"] == pytest.approx(1.0)
+    assert out["same_busiest_share"] == 1.0 and out["modal_busiest_share"] == 1.0 and out["chance_share"] == 0.5
+    alternating = np.array([[[3.0, 1.0]], [[1.0, 3.0]]] * 4)
+    out = rank_persistence(alternating, every=2)
+    assert out["mean_step_excess"] == pytest.approx(0.5) and out["persistent_share"] == pytest.approx(0.0)
+    assert out["same_busiest_share"] == 0.0 and out["modal_busiest_share"] == 0.5
+
+
+def test_rank_persistence_idle():
+    out = rank_persistence(np.zeros((4, 1, 2)), every=2)
+    assert out["persistent_share"] is None and out["same_busiest_share"] is None
+
+
+def test_hot_persistence_fixed_and_moving():
+    steps, every = 40, 10
+    fixed = hot_persistence(traffic(steps, period=steps), every, hot_experts=2)
+    assert fixed["windows"] == 4 and fixed["hot_overlap"] == pytest.approx(1.0)
+    assert fixed["hot_run_steps"] == pytest.approx(40.0)              # hot for the whole trace
+    counts = np.zeros((steps, 1, E))
+    for w in range(4):                                               # disjoint hot pairs, one per window
+        counts[w * every:(w + 1) * every, 0, [2 * w, 2 * w + 1]] = 100
+        counts[w * every:(w + 1) * every, 0, 20:] = 1
+    moving = hot_persistence(counts, every, hot_experts=2)
+    assert moving["hot_overlap"] == 0.0 and moving["hot_run_steps"] == pytest.approx(10.0)
+    assert hot_persistence(counts, every)["hot_experts"] == 2        # default E / 16
+
+
+def test_candidates_in_force_priced_like_the_advisor():
+    counts = traffic(60, period=60)
+    cands = score_candidates(counts, contiguous(), G, 8, every=20)
+    assert [c.name for c in cands] == list(CANDIDATES)
+    in_force = cands[0]
+    cost = CostModel()
+    want = straggler_tokens(counts[20:], contiguous(), G).sum() * cost.seconds_per_token_slot
+    assert in_force.steps == 40 and in_force.straggler_s == pytest.approx(want) and in_force.migration_s == 0
+    ideal = cands[-1]
+    assert ideal.straggler_s == pytest.approx(0.0, abs=1e-12) and ideal.imbalance_p99 == pytest.approx(1.0)
+
+
+def test_eplb_replan_migration_is_experts_copied():
+    counts = traffic(60, period=60)
+    cost = CostModel()
+    eplb = score_candidates(counts, contiguous(), G, 8, every=20, cost=cost)[1]
+    first = plan(counts[0:20].sum(0), G, 8, policy="eplb").layout_LP
+    second = plan(counts[20:40].sum(0), G, 8, policy="eplb").layout_LP
+    moves = experts_copied(contiguous(), first, G) + experts_copied(first, second, G)
+    assert eplb.moves == moves and eplb.migration_s == pytest.approx(cost.migration_seconds(moves))
+    assert eplb.changes == 2
+
+
+def test_persistent_popularity_replanning_pays():
+    d = diagnose(traffic(80, period=80), contiguous(), G, 8, every=20, cost=CHEAP)
+    assert d.verdict["replan_pays"] is True
+    assert d.ranks["persistent_share"] > 0.8 and d.hot["hot_overlap"] > 0.8
+    by = {c.name: c for c in d.candidates}
+    assert by["ours_replan"].imbalance_p99 < by["in_force"].imbalance_p99
+    assert by["ours_replan_lp"].straggler_s <= by["ours_replan"].straggler_s * (1 + 1e-6)
+
+
+def test_fast_moving_popularity_replanning_does_not_pay():
+    """The popularity moves every 2 steps, the re-plan every 20: a layout fitted on the last window is no
+    better than the one in force, and its migration (default prices) is lost."""
+    d = diagnose(traffic(80, period=2), contiguous(), G, 8, every=20)
+    assert d.verdict["replan_pays"] is False
+    assert d.ranks["persistent_share"] < 0.5 and d.hot["hot_overlap"] < 0.5
+    payload = d.to_json()
+    assert [c["name"] for c in payload["candidates"]] == list(CANDIDATES)
+    assert payload["verdict"]["text"].startswith("re-planning does not pay")
+
+
+def test_verdict_by_hand():
+    def cand(name, straggler, migration=0.0):
+        return Candidate(name, "even", 1000, 1.0, straggler, migration)
+    v = verdict([cand("in_force", 10.0), cand("eplb_replan", 2.0, 5.0), cand("ours_replan", 1.0, 5.0),
+                 cand("ours_replan_lp", 0.5, 5.0), cand("ideal", 0.0)])
+    assert v["replan_pays"] is True and v["best_replan"] == "ours_replan"
+    assert v["replan_gain_s_per_1000_steps"] == pytest.approx(9.0) and v["replan_migration_s_per_1000_steps"] == 5.0
+    assert v["lp_lost_time_cut"] == pytest.approx(0.5 / 6.0) and v["lp_worth_it"] is False
+    v = verdict([cand("in_force", 10.0), cand("eplb_replan", 2.0, 9.0), cand("ours_replan", 4.0, 7.0),
+                 cand("ours_replan_lp", 1.0, 7.0), cand("ideal", 0.0)])
+    assert v["replan_pays"] is False and v["lp_worth_it"] is True
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"every": 60}, "more than --every"),
+    ({"layout": np.tile(np.arange(E), (3, 1))}, "layers"),
+    ({"counts": -np.ones((30, L, E))}, "negative"),
+    ({"dispatch": "fastest"}, "unknown dispatch policy"),
+    ({"redundant": -1}, "--redundant"),
+])
+def test_bad_input(kwargs, words):
+    args = {"counts": traffic(30, period=30), "layout": contiguous(), "redundant": 8, "every": 10,
+            "dispatch": "even", **kwargs}
+    with pytest.raises(ValueError, match=words):
+        diagnose(args["counts"], args["layout"], G, args["redundant"], every=args["every"],
+                 dispatch=args["dispatch"])
