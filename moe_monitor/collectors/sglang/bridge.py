@@ -1,5 +1,6 @@
 """The bridge loop: watch SGLang's dump folder, turn each complete dump into step records (and layout
-records), publish them through collectors.sinks.RedisSink, remember what was read (state.py); optionally
+records; for per_pass / per_token dumps also physical records: each pass's global_physical_count, the tokens
+its rank sent to every physical slot as SGLang's dispatch placed them), publish them through collectors.sinks.RedisSink, remember what was read (state.py); optionally
 drive the server's recorder endpoints on a period (server.py).
 
 One thread. Every failure is one line on the log, said once per outage or per file, and never a crash:
@@ -67,7 +68,8 @@ class BridgeOptions:
 
 @dataclass
 class _Job:
-    """A dump being published: records not landed yet, the layout record (until sent), what to save after."""
+    """A dump being published: records not landed yet (steps, physical counts), the layout record (until sent),
+    what to save after."""
 
     file: DumpFile
     records: list[core.StepRecord]
@@ -77,6 +79,7 @@ class _Job:
     seen: store.Seen
     summary: str
     landed_by_rank: dict[int, int] = field(default_factory=dict)
+    physical: list[core.PhysicalRecord] = field(default_factory=list)
 
 
 def _say(line: str) -> None:
@@ -305,6 +308,7 @@ class Bridge:
             else dump_file.mtime_ns / 1e9
         layout_sha = self.layout_sha
         layout = None
+        physical: list[core.PhysicalRecord] = []
         if isinstance(dump, PassDump):
             world = meta.world_size
             if dump.rank >= world:
@@ -325,6 +329,7 @@ class Bridge:
                     instance=self.instance).validate(num_experts, num_layers=num_layers)
                 layout_sha = digest
             mode = f"{dump.mode}, rank {dump.rank}"
+            physical = self._physical(dump, step_T, time_s_T, meta.layout.gpus)
         else:
             world = 1
             steps = stat_steps(dump, top_k)
@@ -339,7 +344,8 @@ class Bridge:
         summary = (f"{dump_file.name} ({mode}): {len(records)} steps {int(step_T[0])}..{int(step_T[-1])}, "
                    f"{total} tokens{'; layout change' if layout is not None and layout.source == 'engine' else ''}")
         return _Job(dump_file, records, layout, ids, layout_sha,
-                    store.Seen(dump_file.size_bytes, dump_file.mtime_ns, "published", steps=len(records)), summary)
+                    store.Seen(dump_file.size_bytes, dump_file.mtime_ns, "published", steps=len(records)), summary,
+                    physical=physical)
 
     def _empty(self, dump_file: DumpFile, why: str) -> None:
         self.seen[dump_file.name] = self._unsaved[dump_file.name] = store.Seen(
@@ -351,6 +357,13 @@ class Bridge:
             run=self.run_name, rank=steps.rank, world_size=world, step=int(step_T[t]), time_s=float(time_s_T[t]),
             phase=steps.phase_T[t], tokens=int(steps.tokens_T[t]), counts_LE=steps.counts_TLE[t],
             sample_ids_LNK=steps.sample_T[t], instance=self.instance) for t in range(len(steps.phase_T))]
+
+    def _physical(self, dump: PassDump, step_T: np.ndarray, time_s_T: np.ndarray, gpus: int) -> list[core.PhysicalRecord]:
+        """One PhysicalRecord per pass: its global_physical_count int32 [L, P] (this rank's tokens per slot)."""
+        return [core.PhysicalRecord(
+            run=self.run_name, step=int(step_T[t]), rank=dump.rank, time_s=float(time_s_T[t]),
+            counts_LP=dump.physical_count_TLP[t], gpus=gpus, instance=self.instance, source="sglang")
+            for t in range(len(dump.pass_id_T))]
 
     def _new_meta(self, dump: StatDump | PassDump, top_k: int, ranks_hint: int) -> core.RunMeta:
         """The run's metadata from its first dump (runmeta.py), and the sink that writes it."""
@@ -373,27 +386,32 @@ class Bridge:
 
     # ------------------------------------------------------------------ publishing
     def _publish(self, job: _Job) -> bool:
-        """Send the job's layout record and step records, then mark the file read with the new state, all or
-        retried at the next poll from where it stopped. True when it all landed."""
+        """Send the job's layout record, step records and physical records, then mark the file read with the new
+        state, all or retried at the next poll from where it stopped. True when it all landed."""
         self._job = job
         assert self.sink is not None
         try:
             # the sink writes the layout before the steps, and sends the layout in force again to a Redis
             # restarted empty (sinks.RedisSink)
-            while job.records or job.layout is not None:
+            while job.records or job.layout is not None or job.physical:
                 chunk = job.records[:BATCH_RECORDS]  # one file: one rank
+                counted = job.physical[:BATCH_RECORDS]
                 layouts = [job.layout] if job.layout is not None else []
-                rank = chunk[0].rank if chunk else layouts[0].rank
+                rank = (chunk or counted or layouts)[0].rank
+                extra = {"physical": counted} if counted else {}
                 try:
-                    self.sink.write(chunk, [], self._health(rank, job, len(chunk)), layouts=layouts)
+                    self.sink.write(chunk, [], self._health(rank, job, len(chunk)), layouts=layouts, **extra)
                 except PartialWrite as exc:  # what landed is not sent again
                     if layouts and 0 in exc.layouts_landed:
                         job.layout = None
                     job.records = [rec for i, rec in enumerate(job.records) if i >= len(chunk) or i not in exc.landed]
+                    job.physical = [rec for i, rec in enumerate(job.physical)
+                                    if i >= len(counted) or i not in exc.physical_landed]
                     job.landed_by_rank[rank] = job.landed_by_rank.get(rank, 0) + len(exc.landed)
                     raise
                 job.layout = None
                 job.records = job.records[len(chunk):]
+                job.physical = job.physical[len(counted):]
                 job.landed_by_rank[rank] = job.landed_by_rank.get(rank, 0) + len(chunk)
             published = dict(self.published_by_rank)
             for rank, count in job.landed_by_rank.items():
