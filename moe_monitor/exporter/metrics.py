@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from moe_monitor.core.steptails import StepTails
 from moe_monitor.dashboard.analytics.timing import TimingSummary
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.sources.base import Health
@@ -36,7 +37,8 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
                  per_layer: bool = False, top_experts: int = 0,
                  advice: dict[str, Advice | None] | None = None,
                  timings: dict[str, TimingSummary | None] | None = None,
-                 max_gpus: int = DEFAULT_MAX_GPUS) -> list[Metric]:
+                 max_gpus: int = DEFAULT_MAX_GPUS,
+                 tails: dict[str, StepTails | None] | None = None) -> list[Metric]:
     """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
     step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
     layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
@@ -44,7 +46,8 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     (planner.advisor.advise_now; None or absent: no gauge for that phase); timings: phase -> the layer timings of
     that phase's window (dashboard.analytics.timing.summarise; None or absent: no timing series, as for a run
     whose engine does not time its layers); max_gpus: GPUs with series of their own per phase (exporter.caps.
-    top_gpus), the others summed up in the rest series."""
+    top_gpus), the others summed up in the rest series; tails: phase -> the per-step figures of that phase's window
+    under the run's dispatch policy (dashboard.live.steptails; None or absent: no per-step series for it)."""
     now_s = time.time() if now_s is None else now_s
     eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
                             "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
@@ -139,6 +142,19 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
         layer_s.add_metric([run, phase, "mean"], _value(summary.layer_mean_s))
         layer_s.add_metric([run, phase, "p99"], _value(summary.layer_p99_s))
     timed = [share, overlap, layer_s] if any(v is not None for v in (timings or {}).values()) else []
+    step_imbalance = GaugeMetricFamily("moe_step_imbalance_ratio", "Per-step imbalance: max/mean GPU load of "
+                                       "each (step, layer) pair with tokens under the run's dispatch policy "
+                                       "(stat: p99 over the window's pairs)", labels=["run", "phase", "dispatch", "stat"])
+    skew = GaugeMetricFamily("moe_expert_skew_ratio", "Expert skew inside a GPU: per (step, layer), the worst GPU's "
+                             "busiest expert slot over its mean slot, under the run's dispatch policy (stat: p99 over "
+                             "the window's pairs)", labels=["run", "phase", "dispatch", "stat"])
+    for phase, figures in (tails or {}).items():
+        if figures is None or figures.steps == 0:
+            continue
+        step_imbalance.add_metric([run, phase, figures.policy, "p99"],
+                                  _value(figures.imbalance_summary()["p99"]))
+        skew.add_metric([run, phase, figures.policy, "p99"], _value(figures.skew_summary()["p99"]))
+    per_step = [step_imbalance, skew] if step_imbalance.samples else []
     steps = CounterMetricFamily("moe_steps", "Step records read (one per step and rank)", labels=["run"])
     steps.add_metric([run], float(steps_read))
     dropped = GaugeMetricFamily("moe_dropped_steps", "Steps the collectors dropped (their own count)",
@@ -157,7 +173,7 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     extra += [rest, rest_gpus] if rest.samples else []
     rebalance = [gain, moves, migration] if advice else []
     return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
-            *timed, *extra]
+            *per_step, *timed, *extra]
 
 
 def gpu_series_dropped(snapshots: dict[str, Snapshot | None], max_gpus: int = DEFAULT_MAX_GPUS) -> int:

@@ -18,10 +18,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from moe_monitor import core
 from moe_monitor.core import membudget
+from moe_monitor.core.steptails import StepTails
 from moe_monitor.dashboard.analytics.timing import TimingSummary, summarise
 from moe_monitor.dashboard.live import sizing
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
+from moe_monitor.dashboard.live.steptails import live_tails
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource, read_runs
 from moe_monitor.dashboard.whatif.advice import advice_on_window
@@ -181,6 +183,7 @@ class RunExporter:
             while watched.tick().more and time.perf_counter() < deadline:
                 pass
         snapshots: dict[str, Snapshot | None] = dict.fromkeys(PHASES)
+        tails: dict[str, StepTails | None] = {}
         window = watched.window
         if window is not None:
             if window.budget_note and self.notes.get(name) != window.budget_note:
@@ -191,11 +194,12 @@ class RunExporter:
                                     watched.world_size, changes=watched.layouts.changes, at_step=window.newest_step)
             snapshots = {phase: analyse(window, layout, phase) for phase in PHASES}
             self._advise(name, watched, layout, snapshots)
+            tails = _tails(name, watched, layout, snapshots)
         held = self._advice.get(name)
         families = run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
                                 watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts,
                                 advice=None if held is None else held[1], timings=_timings(watched, snapshots),
-                                max_gpus=self.max_gpus)
+                                max_gpus=self.max_gpus, tails=tails)
         return families, gpu_series_dropped(snapshots, self.max_gpus)
 
     def _advise(self, name: str, watched: WatchedRun, layout: ResolvedLayout,
@@ -288,6 +292,25 @@ def poll_forever(exporter: RunExporter, interval_s: float, stop: threading.Event
 def connect(url: str) -> core.AutoClient:
     """The exporter's Redis client: explicit timeouts (core.connect)."""
     return core.connect(url, timeout_s=2.0)
+
+
+def _tails(name: str, watched: WatchedRun, layout: ResolvedLayout,
+           snapshots: dict[str, Snapshot | None]) -> dict[str, StepTails | None]:
+    """Per phase, the per-step figures of that phase's window under the run's dispatch policy (dashboard.live.
+    steptails: each step solved once, shared by the phases; lp catches up on a backlog LP_ROWS_PER_CALL steps a
+    poll, the newest first); None for a phase without steps or when the memory budget cannot hold them."""
+    meta = watched.source.meta()
+    policy = meta.dispatch if meta is not None else "even"
+    out: dict[str, StepTails | None] = {}
+    for phase, snap in snapshots.items():
+        out[phase] = None
+        if snap is None or watched.window is None:
+            continue
+        try:
+            out[phase] = live_tails(watched.window, snap.view.slots_T, layout, policy).tails
+        except ValueError as exc:
+            log.warning("run %s phase %s: no per-step figures: %s", name, phase, exc)
+    return out
 
 
 def _timings(watched: WatchedRun, snapshots: dict[str, Snapshot | None]) -> dict[str, TimingSummary | None]:

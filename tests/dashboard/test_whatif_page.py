@@ -100,7 +100,8 @@ def test_page_plans_scores_and_offers_the_layout(filled, monkeypatch):
     assert any(f"Policy {want['planned'].policy} · 0 manual edit(s)" in c.value for c in at.caption)
     assert downloaded(at) == served(layout_text(want["planned"].layout_LP))
     assert len(at.get("plotly_chart")) == 3        # before/after bars, budget curve, placement staleness
-    assert len(at.dataframe) == 1 and list(at.dataframe[0].value["metric"])[0] == "GPUs touched per token"
+    traffic = [df.value for df in at.dataframe if "metric" in df.value.columns]  # beside the policies table
+    assert len(traffic) == 1 and list(traffic[0]["metric"])[0] == "GPUs touched per token"
     assert any("Knee at R =" in c.value for c in at.caption)
     assert not at.error
 

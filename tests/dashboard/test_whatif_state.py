@@ -192,8 +192,8 @@ def test_trace_loader_sums_ranks_and_splits_windows(tmp_path):
 
 
 @pytest.mark.parametrize("bad, msg", [
-    ("not json", "do not decode (line at byte 613: trace line is not JSON"),
-    (json.dumps({"kind": "step", "v": 1}), "do not decode (line at byte 613: missing field 'L')"),
+    ("not json", "do not decode (line at byte {offset}: trace line is not JSON"),
+    (json.dumps({"kind": "step", "v": 1}), "do not decode (line at byte {offset}: missing field 'L')"),
     (core.trace_line("step", core.encode_step(_rec(7, 0, np.ones((3, 8))))), "counts are [3, 8], the run has [2, 8]"),
 ])
 def test_trace_loader_bad_lines(tmp_path, bad, msg):
@@ -202,6 +202,7 @@ def test_trace_loader_bad_lines(tmp_path, bad, msg):
     path.write_text("\n".join(lines + [bad]) + "\n")
     with pytest.raises(ValueError) as err:
         load_counts(path)
+    msg = msg.format(offset=len(("\n".join(lines) + "\n").encode()))  # the bad line starts after the good ones
     assert msg in str(err.value) and "bad.jsonl" in str(err.value)
     (tmp_path / "empty.jsonl").write_text("\n".join(_trace_lines([])) + "\n")
     with pytest.raises(ValueError, match="no step lines"):
