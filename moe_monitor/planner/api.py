@@ -7,7 +7,13 @@ Policies
   GPU until it is within 0.01% of the lower bound or no move helps (global).
 - "hierarchical": groups -> nodes with primaries pinned to their group's node, spares anywhere.
 - "robust": one layout for the next window, balanced on all given windows at once (see robust.py).
-- "auto": hierarchical if nodes/groups are given, else robust for [W, L, E] input, else refined.
+- "auto": hierarchical if nodes/groups are given, else for [W, L, E] input the robust fit whose blend of windows
+  predicted the newest window best when fitted on the others (planner.heldin: under drift the newest windows,
+  under steady traffic all of them), else refined.
+Objectives (planner.tail): "window" (default) balances the counts as above; "tail", with per-step counts
+``steps`` [T, L, E], keeps per layer the layout (the window one or fits on single steps and short bursts) with
+the lowest p99 over held-out steps of the per-step imbalance under the ``dispatch`` policy (core.dispatch:
+even, round_robin, lp). The dispatch policy only enters the tail objective: window sums are dispatched evenly.
 Predictions are made on the target traffic: the counts for [L, E] input, the decay-weighted blend of
 normalised windows for [W, L, E] input. Layers without traffic (dense layers) get a plain layout and
 imbalance 1.0; they are planned as if every expert had equal load.
@@ -19,16 +25,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor.core.counts import as_counts
+from moe_monitor.core.dispatch import check_policy
 from moe_monitor.core.loadmodel import replica_counts, slot_weights
 
 from .bounds import best_bound, group_partition_bound
 from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
+from .heldin import fit_heldin
 from .hierarchical import off_node_share, plan_hierarchical
 from .loads import check_shape, check_size, layer_imbalance
 from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
 from .pairs import MAX_SPLITS, num_splits, refine_pairs
 from .replicas import refine_all
 from .robust import check_recent, fit_robust, scenarios, window_weights
+from .tail import FIT_STEPS as TAIL_FIT_STEPS
+from .tail import check_objective, fit_tail
 
 POLICIES = ("auto", "eplb", "refined", "hierarchical", "robust")
 PAIR_STOP_GAP = 1e-4        # pair re-splits stop once a layer is within this of its lower bound
@@ -52,6 +62,10 @@ class PlanResult:
     group_floor_L: np.ndarray | None = None
     off_node_L: np.ndarray | None = None
     worst_window_L: np.ndarray | None = None
+    dispatch: str = "even"
+    objective: str = "window"
+    tail_p99_L: np.ndarray | None = None
+    tail_wins: dict | None = None
 
     @property
     def gap_L(self) -> np.ndarray:
@@ -70,6 +84,8 @@ class PlanResult:
             out["mean_off_node_share"] = float(self.off_node_L[a].mean())
         if self.worst_window_L is not None:
             out["mean_worst_window_imbalance"] = float(self.worst_window_L[a].mean())
+        if self.tail_p99_L is not None:
+            out["mean_step_p99_imbalance"] = float(self.tail_p99_L[a].mean())
         return out
 
     def to_json(self) -> dict:
@@ -92,6 +108,10 @@ class PlanResult:
             d["off_node_token_share"] = self.off_node_L.round(6).tolist()
         if self.worst_window_L is not None:
             d["worst_window_imbalance"] = self.worst_window_L.round(6).tolist()
+        d.update(dispatch=self.dispatch, objective=self.objective)
+        if self.tail_p99_L is not None:
+            d["step_p99_imbalance"] = self.tail_p99_L.round(6).tolist()
+            d["tail_layers_won"] = self.tail_wins
         return d
 
 
@@ -112,9 +132,26 @@ def plan_refined(counts_LE, gpus: int, redundant: int, windows_WLE=None) -> np.n
 
 
 def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: int | None = None,
-         policy: str = "auto", decay: float = 1.0, recent: int = 16) -> PlanResult:
-    """Plan a layout for counts [L, E] or [W, L, E] (windows oldest..newest)."""
+         policy: str = "auto", decay: float = 1.0, recent: int = 16, dispatch: str = "even",
+         objective: str = "window", steps=None) -> PlanResult:
+    """Plan a layout for counts [L, E] or [W, L, E] (windows oldest..newest); with objective "tail", per-step
+    counts ``steps`` [T, L, E] (T >= 2) choose, per layer, the layout with the lowest per-step p99 under
+    ``dispatch`` (module docstring)."""
     c = as_counts(counts, "counts", ndim=(2, 3))
+    check_policy(dispatch)
+    check_objective(objective)
+    if objective == "window" and dispatch != "even":
+        raise ValueError(f"dispatch {dispatch!r} plans on per-step counts: use the tail objective "
+                         "(--objective tail with a trace or [T, L, E] counts)")
+    steps_TLE = None
+    if objective == "tail":
+        if steps is None:
+            raise ValueError("the tail objective needs per-step counts (a trace or [T, L, E] counts)")
+        if nodes is not None or groups is not None:
+            raise ValueError("the tail objective plans global layouts: give it without --nodes and --groups")
+        steps_TLE = as_counts(steps, "steps", ndim=(3,))
+        if steps_TLE.shape[1:] != c.shape[-2:]:
+            raise ValueError(f"per-step counts {steps_TLE.shape} do not match the counts {c.shape}")
     if policy not in POLICIES:
         raise ValueError(f"unknown policy '{policy}' (choose from {', '.join(POLICIES)})")
     if (nodes is None) != (groups is None):
@@ -133,6 +170,7 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
         check_hierarchy(E, gpus, redundant, nodes, groups)
     active = target.sum(1) > 0
     plan_in = np.where(active[:, None], target, 1.0)          # dense layers: plan as uniform
+    auto_robust = policy == "auto" and windowed and not hier
     if policy == "auto":
         policy = "hierarchical" if hier else ("robust" if windowed else "refined")
     if policy == "hierarchical" and not hier:
@@ -147,11 +185,17 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
     elif policy == "hierarchical" and nodes is not None and groups is not None:
         scen_in = None if scen is None else np.where(active[None, :, None], scen, 1.0)
         lay, home = plan_hierarchical(plan_in, gpus, redundant, nodes, groups, weights_WLE=scen_in)
+    elif policy == "robust" and auto_robust:
+        lay, _ = fit_heldin(np.where(active[None, :, None], c, 1.0), gpus, redundant, decay=decay, recent=recent)
     elif policy == "robust":
         lay = fit_robust(np.where(active[None, :, None], c if windowed else c[None], 1.0), gpus, redundant,
                          decay=decay, recent=recent)
     else:
         lay = plan_refined(plan_in, gpus, redundant)
+    p99 = wins = None
+    if steps_TLE is not None:
+        check_size(L, E, gpus, E + redundant, scenarios=TAIL_FIT_STEPS + 1)
+        lay, p99, wins = fit_tail(steps_TLE, gpus, redundant, lay, dispatch)
     imb = layer_imbalance(target, lay, gpus)
     bound = best_bound(target, gpus, redundant)
     floor = off = None
@@ -164,4 +208,5 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
     return PlanResult(policy=policy, layout_LP=lay, replicas_LE=replica_counts(lay, E), imbalance_L=imb,
                       bound_L=bound, active_L=active, gpus=gpus, redundant=redundant,
                       nodes=nodes, groups=groups, group_floor_L=floor, off_node_L=off,
-                      worst_window_L=worst)
+                      worst_window_L=worst, dispatch=dispatch, objective=objective, tail_p99_L=p99,
+                      tail_wins=wins)
