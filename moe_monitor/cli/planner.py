@@ -1,10 +1,12 @@
 """moe-monitor plan | advise | simulate | staleness: the planner's commands.
 
     moe-monitor plan --load FILE --gpus G --redundant R [--nodes M --groups Q] [--policy NAME]
-                     [--decay D] [--recent N] [--current LAYOUT.json --moves K] --out OUT.json
+                     [--decay D] [--recent N] [--objective window|tail] [--dispatch even|round_robin|lp]
+                     [--current LAYOUT.json --moves K] --out OUT.json
     moe-monitor advise --trace FILE --gpus G --redundant R [--nodes M --groups Q] [--link-gbps B]
                      [--every N --window W --horizon H --max-moves K] [--initial LAYOUT.json] --out SCHEDULE.json
-    moe-monitor simulate --trace FILE --schedule SCHEDULE.json [--gpus G] [--link-gbps B] [--out RESULT.json]
+    moe-monitor simulate --trace FILE --schedule SCHEDULE.json [--gpus G] [--link-gbps B] [--dispatch NAME]
+                     [--out RESULT.json]
     moe-monitor staleness --trace FILE --gpus G (--redundant R [--policy NAME] | --layout LAYOUT.json)
                      [--window W --every N] --out CURVE.json
 
@@ -15,6 +17,10 @@ bools and nulls are refused, not converted), finite and >= 0, at most 1e30 in al
 or >= 1e-30; .pt tensors dense, with data, not quantized, not bool or complex (loaded with weights_only=True);
 P = E + R <= 65536 slots and L x (windows x S x P + G x E) <= 2**25 cells (about 1.5 GiB of working tables),
 where the windows are min(W, --recent) + 1 for [W, L, E] input, 1 for [L, E] (2 with --policy robust).
+
+plan --objective tail: --load holds per-step counts (a trace or [T, L, E] counts, planner.io.load_trace_steps); the
+windows are those steps split into up to 16 windows, and per layer the layout with the lowest per-step p99 under
+--dispatch is kept (planner.tail). --dispatch other than even needs --objective tail.
 
 --trace: per-step counts, a trace or a counts file [T, L, E] (planner.io.load_trace_steps). --schedule: a
 schedule JSON (advise writes one) or a bare layout JSON held static. The cost model is planner/simulate.py's.
@@ -33,6 +39,7 @@ from .common import add_json, guarded, print_json
 def register(sub) -> None:
     from moe_monitor.planner.advisor import DEFAULT_EVERY, DEFAULT_HORIZON, DEFAULT_MAX_MOVES, DEFAULT_WINDOW
     from moe_monitor.planner.api import POLICIES
+    from moe_monitor.planner.tail import OBJECTIVES
 
     p = sub.add_parser("plan", help="plan a replica layout and export it for SGLang / vLLM",
                        description="Plan an expert layout (physical_to_logical_map) on recorded counts.")
@@ -43,6 +50,11 @@ def register(sub) -> None:
     p.add_argument("--decay", type=float, default=1.0,
                    help="weight of each older window relative to the next newer one (1 = equal)")
     p.add_argument("--recent", type=int, default=16, help="newest windows balanced at once")
+    p.add_argument("--objective", default="window", choices=OBJECTIVES,
+                   help="window: balance the summed counts (default); tail: the per-step p99 of a trace or "
+                        "[T, L, E] counts under --dispatch")
+    _dispatch_flag(p, "dispatch the tail objective scores under (default even; other policies need "
+                      "--objective tail)")
     p.add_argument("--current", metavar="LAYOUT.json", help="current layout JSON: repair it within --moves moves")
     p.add_argument("--moves", type=int, help="move budget for --current, total over layers: one move = one "
                    "expert's weights (of one layer) copied onto a GPU that did not hold that expert")
@@ -60,6 +72,7 @@ def register(sub) -> None:
     p.add_argument("--horizon", type=int, default=DEFAULT_HORIZON, help="steps a change must pay off over")
     p.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES, help="expert copies per change at most")
     p.add_argument("--out", required=True, help="output schedule JSON")
+    _dispatch_flag(p, "how each expert's tokens split over its replicas when straggler time is predicted")
     _cost_flags(p)
     _command(p, _advise, _report_advise)
 
@@ -70,6 +83,7 @@ def register(sub) -> None:
     p.add_argument("--schedule", required=True, help="schedule JSON, or a layout JSON held static")
     p.add_argument("--gpus", type=int, help="GPUs (needed when the schedule JSON does not say)")
     p.add_argument("--out", help="write the per-step result JSON here")
+    _dispatch_flag(p, "how each expert's tokens split over its replicas when straggler time is charged")
     _cost_flags(p)
     _command(p, _simulate, _report_simulate)
 
@@ -94,6 +108,12 @@ def _shape_flags(p: argparse.ArgumentParser, nodes_help: str = "nodes (M blocks 
     p.add_argument("--groups", type=int, help="expert groups (Q blocks of consecutive ids); needs --nodes")
 
 
+def _dispatch_flag(p: argparse.ArgumentParser, text: str) -> None:
+    from moe_monitor.core.dispatch import DISPATCH_POLICIES
+    p.add_argument("--dispatch", default="even", choices=[d for d in DISPATCH_POLICIES if d != "ideal"],
+                   help=text)
+
+
 def _trace_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, metavar="FILE",
                    help="per-step counts: a trace (.parquet, .arrows, .jsonl) or a counts file [T, L, E]")
@@ -116,7 +136,14 @@ def _command(p: argparse.ArgumentParser, run, report) -> None:
 
 
 def _run(args) -> dict:
-    counts = load_counts(args.load)
+    steps = None
+    if args.objective == "tail":
+        from moe_monitor.planner.io import load_trace_steps
+        from moe_monitor.planner.windows import split_windows
+        steps = load_trace_steps(args.load)
+        counts = split_windows(steps)
+    else:
+        counts = load_counts(args.load)
     if args.current is not None:
         from moe_monitor.planner.repair import repair_plan
         if args.moves is None:
@@ -124,7 +151,8 @@ def _run(args) -> dict:
         payload = repair_plan(counts, load_layout(args.current), args.gpus, args.moves)
     else:
         res = plan(counts, args.gpus, args.redundant, nodes=args.nodes, groups=args.groups,
-                   policy=args.policy, decay=args.decay, recent=args.recent)
+                   policy=args.policy, decay=args.decay, recent=args.recent, dispatch=args.dispatch,
+                   objective=args.objective, steps=steps)
         payload = res.to_json()
     write_json(args.out, payload)
     return payload
@@ -166,7 +194,7 @@ def _advise(args) -> dict:
         raise ValueError("--nodes and --groups go together: give both or neither")
     sched = advise(counts, args.gpus, args.redundant, initial_LP=initial, every=args.every, window=args.window,
                    horizon_steps=args.horizon, max_moves=args.max_moves, cost=_cost(args), nodes=args.nodes,
-                   groups=args.groups)
+                   groups=args.groups, dispatch=args.dispatch)
     payload = sched.to_json()
     write_json(args.out, payload)
     return payload
@@ -184,7 +212,7 @@ def _simulate(args) -> dict:
     from moe_monitor.planner.schedule import load_schedule
     from moe_monitor.planner.simulate import simulate
     counts = load_trace_steps(args.trace)
-    res = simulate(counts, load_schedule(args.schedule, args.gpus), _cost(args))
+    res = simulate(counts, load_schedule(args.schedule, args.gpus), _cost(args), dispatch=args.dispatch)
     payload = res.to_json()
     if args.out is not None:
         write_json(args.out, payload)

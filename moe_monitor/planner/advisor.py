@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor.core.counts import as_counts
+from moe_monitor.core.dispatch import check_policy
 from moe_monitor.core.loadmodel import validated_layout
 
 from .api import plan
@@ -98,11 +99,12 @@ def periodic_schedule(counts_TLE, gpus: int, redundant: int, every: int, window:
 
 
 def predicted_gain_seconds(recent_TLE: np.ndarray, current_LP: np.ndarray, candidate_LP: np.ndarray, gpus: int,
-                           horizon_steps: int, cost: CostModel) -> float:
+                           horizon_steps: int, cost: CostModel, dispatch: str = "even") -> float:
     """Straggler seconds the candidate saves over ``horizon_steps`` steps if the recent steps [T, L, E] repeat:
-    (mean straggler seconds per step under current - under candidate) x horizon_steps. Negative when worse."""
-    cur = straggler_tokens(recent_TLE, current_LP, gpus).mean()
-    cand = straggler_tokens(recent_TLE, candidate_LP, gpus).mean()
+    (mean straggler seconds per step under current - under candidate) x horizon_steps, GPU loads under the
+    ``dispatch`` policy (core.dispatch). Negative when worse."""
+    cur = straggler_tokens(recent_TLE, current_LP, gpus, dispatch).mean()
+    cand = straggler_tokens(recent_TLE, candidate_LP, gpus, dispatch).mean()
     return float((cur - cand) * cost.seconds_per_token_slot * horizon_steps)
 
 
@@ -131,10 +133,13 @@ def _candidate(recent: np.ndarray, cur: np.ndarray, gpus: int, redundant: int, s
 def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = DEFAULT_EVERY,
            window: int = DEFAULT_WINDOW, horizon_steps: int = DEFAULT_HORIZON, max_moves: int = DEFAULT_MAX_MOVES,
            sub_windows: int = DEFAULT_SUB_WINDOWS, cost: CostModel | None = None, nodes: int | None = None,
-           groups: int | None = None) -> Schedule:
+           groups: int | None = None, dispatch: str = "even") -> Schedule:
     """The advisor's schedule for counts [T, L, E] (module docstring): decision points at every, 2 x every, ...;
     a change only where its predicted gain over ``horizon_steps`` beats its migration time, within
-    ``max_moves`` expert copies. Every change carries its moves, predicted gain and migration seconds."""
+    ``max_moves`` expert copies. Every change carries its moves, predicted gain and migration seconds. The gain
+    is replayed under the ``dispatch`` policy (core.dispatch; lp costs ~100 us per step and layer per layout:
+    two layouts x ``window`` steps at each decision point)."""
+    check_policy(dispatch)
     c = _counts(counts_TLE)
     every, window = whole_number(every, "every", 1), whole_number(window, "window", 1)
     horizon_steps, sub_windows = whole_number(horizon_steps, "horizon steps", 1), whole_number(sub_windows, "sub-windows", 1)
@@ -151,7 +156,7 @@ def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = 
         m = experts_copied(cur, lay, gpus)
         if m == 0:
             continue
-        gain = predicted_gain_seconds(recent, cur, lay, gpus, horizon_steps, cost)
+        gain = predicted_gain_seconds(recent, cur, lay, gpus, horizon_steps, cost, dispatch)
         mig = cost.migration_seconds(m)
         if not gain > mig:
             skipped += 1
@@ -163,7 +168,8 @@ def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = 
                     params={"every": every, "window": window, "horizon_steps": horizon_steps,
                             "max_moves": max_moves, "sub_windows": sub_windows,
                             "seconds_per_token_slot": cost.seconds_per_token_slot, "link_gbps": cost.link_gbps,
-                            "bytes_per_expert": cost.bytes_per_expert, "rejected_candidates": skipped})
+                            "bytes_per_expert": cost.bytes_per_expert, "rejected_candidates": skipped,
+                            "dispatch": dispatch})
 
 
 @dataclass(frozen=True)

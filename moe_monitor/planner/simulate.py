@@ -5,7 +5,8 @@ Cost model (also README, "Planning layouts" > "Rebalance advisor and simulator")
 - straggler time: in every step t and MoE layer l the layer waits for its busiest GPU beyond the mean,
   ``straggler_s[t] = sum_l (max_g load[t, l, g] - mean_g load[t, l, g]) * seconds_per_token_slot``, where a
   GPU's load is its tokens under the layout in force at step t, split evenly across an expert's replicas
-  (core.loadmodel, the one GPU-load rule), and ``seconds_per_token_slot`` is the time one GPU spends on one token
+  (core.loadmodel, the one GPU-load rule) or, with ``dispatch``, as that dispatch policy shares an expert's
+  tokens among its replicas step by step (core.dispatch: round_robin, lp, ideal), and ``seconds_per_token_slot`` is the time one GPU spends on one token
   routed to one expert of one layer. Default: the gated FFN's 2 x 3 x hidden x moe_intermediate FLOPs at
   400 TFLOP/s effective, about 2.2e-7 s for DeepSeek-V3 (planner.sizes.DEEPSEEK_V3).
 - migration time: a change from layout A to layout B copies ``experts_copied(A, B)`` experts (planner.repair:
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor.core.counts import as_counts
+from moe_monitor.core.dispatch import DispatchModel, check_policy
 from moe_monitor.core.loadmodel import gpu_loads
 
 from .budget import bytes_per_expert
@@ -90,11 +92,15 @@ class CostModel:
         return copies * self.bytes_per_expert * 8 / (self.link_gbps * 1e9)
 
 
-def straggler_tokens(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
-    """Per step, sum over layers of (max_g - mean_g) GPU load in tokens, float64 [T] (counts [T, L, E])."""
+def straggler_tokens(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str = "even") -> np.ndarray:
+    """Per step, sum over layers of (max_g - mean_g) GPU load in tokens, float64 [T] (counts [T, L, E]), the GPU
+    loads under the ``dispatch`` policy (core.dispatch; even: core.loadmodel's split)."""
+    check_policy(dispatch)
+    model = None if dispatch == "even" else DispatchModel(layout_LP, counts_TLE.shape[2], gpus, dispatch)
     out = np.empty(counts_TLE.shape[0])
     for a in range(0, counts_TLE.shape[0], CHUNK_STEPS):
-        loads = gpu_loads(counts_TLE[a:a + CHUNK_STEPS], layout_LP, gpus)        # [t, L, G]
+        chunk = counts_TLE[a:a + CHUNK_STEPS]
+        loads = gpu_loads(chunk, layout_LP, gpus) if model is None else model.gpu_loads(chunk)   # [t, L, G]
         # max >= mean up to rounding: a mean one ulp above the max must not make a cost negative
         out[a:a + CHUNK_STEPS] = np.maximum(loads.max(-1) - loads.mean(-1), 0.0).sum(-1)
     return out
@@ -142,10 +148,12 @@ class SimResult:
                 "straggler_s_per_step": self.straggler_s_T.tolist()}
 
 
-def simulate(counts_TLE, schedule, cost: CostModel | None = None, gpus: int | None = None) -> SimResult:
+def simulate(counts_TLE, schedule, cost: CostModel | None = None, gpus: int | None = None,
+             dispatch: str = "even") -> SimResult:
     """Replay per-step counts [T, L, E] (T >= 1) under ``schedule`` (a Schedule, or (step, layout_LP) pairs
-    with ``gpus``) and price every step (module docstring). ValueError for counts or layouts that do not
-    fit together."""
+    with ``gpus``) and price every step (module docstring), GPU loads under the ``dispatch`` policy. ValueError
+    for counts or layouts that do not fit together."""
+    check_policy(dispatch)
     cost = CostModel() if cost is None else cost
     c = as_counts(counts_TLE, "counts", ndim=(3,))
     T, L, E = c.shape
@@ -158,7 +166,7 @@ def simulate(counts_TLE, schedule, cost: CostModel | None = None, gpus: int | No
     bounds = [ch.step for ch in applied] + [T]
     for k, ch in enumerate(applied):
         lay = np.asarray(ch.layout_LP, dtype=np.int64)
-        straggler[bounds[k]:bounds[k + 1]] = straggler_tokens(c[bounds[k]:bounds[k + 1]], lay, g)
+        straggler[bounds[k]:bounds[k + 1]] = straggler_tokens(c[bounds[k]:bounds[k + 1]], lay, g, dispatch)
         if k:
             m = experts_copied(np.asarray(applied[k - 1].layout_LP, dtype=np.int64), lay, g)
             moves.append(m)

@@ -29,3 +29,19 @@ def drifting_windows(windows: int = 12, layers: int = 16, experts: int = 256, si
         p = np.exp(logp)
         out[t] = rng.poisson(p / p.sum(1, keepdims=True) * tokens)
     return out
+
+
+def sampled_steps(popularity_LE, steps: int, tokens_per_step, top_k: int = 8, seed: int = 0) -> np.ndarray:
+    """Per-step counts [T, L, E] (float64): each step routes tokens x top_k assignments per layer, drawn
+    multinomially from the layer's popularity [L, E] (normalised; layers without traffic stay zero).
+    ``tokens_per_step``: one number, or [T] tokens of each step (a decode batch that varies)."""
+    rng = np.random.default_rng(seed)
+    pop = np.asarray(popularity_LE, dtype=np.float64)
+    total = pop.sum(1, keepdims=True)
+    busy = total[:, 0] > 0
+    share = np.where(busy[:, None], pop / np.where(total > 0, total, 1.0), 0.0)
+    tokens_T = np.broadcast_to(np.asarray(tokens_per_step, dtype=np.int64), (steps,))
+    out = np.zeros((steps,) + pop.shape)
+    for t in range(steps):
+        out[t, busy] = rng.multinomial(int(tokens_T[t]) * top_k, share[busy])
+    return out

@@ -1,0 +1,102 @@
+"""The tail objective: a layout for the per-step busiest GPU under a dispatch policy, not for the window's sum.
+
+A layout balanced on a window's summed counts can still leave single steps badly balanced: a decode step of a
+few hundred tokens routes them to a few dozen experts, and which GPUs they land on moves from step to step. Here
+the objective is, per layer, the p99 over steps of the per-step imbalance (max / mean GPU load of one step under
+the dispatch policy, core.dispatch and core.steptails).
+
+``fit_tail`` fits candidate layouts and keeps, per layer, the one with the lowest p99 on held-out steps:
+
+- the window layout the caller planned on the summed counts (so the tail fit is never worse than it there);
+- ``steps``: the robust fit (planner.robust) with single steps as its scenarios: replicas go to experts that are
+  hot in any step and packing balances every sampled step at once, which also leaves the lp dispatch room (an
+  expert hot in some steps gets replicas on GPUs that are not hot in the same steps);
+- ``bursts``: the robust fit on short windows of steps (a few steps summed), between the two;
+- under lp only, ``window+linked`` and ``steps+linked``: those layouts with their GPUs linked into one component
+  through replicated experts (planner.lproom: the lp levels load only between GPUs that share a replicated
+  expert; on DeepSeek-V3 decode steps this takes the lp's per-step p99 from ~1.08 to ~1.01).
+
+Steps are split into a fit sample (every other sampled step) and a scoring sample (the others), both evenly
+spaced over the trace; layers (dense ones) without tokens keep the window layout.
+
+Shapes: steps_TLE [T, L, E]; layout_LP [L, E + R]; per-layer figures [L].
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from moe_monitor.core.dispatch import check_policy
+from moe_monitor.core.steptails import step_tails
+
+from .lproom import connect_replicas
+from .robust import fit_robust, normalise
+
+FIT_STEPS = 24        # single steps the robust fit balances at once (its scenarios)
+SCORE_STEPS = 96      # held-out steps each candidate is scored on (lp: ~100 us per step and layer)
+BURST_STEPS = 8       # steps summed into one scenario of the ``bursts`` candidate
+OBJECTIVES = ("window", "tail")
+
+
+def check_objective(objective: str) -> str:
+    """The objective when it is one of OBJECTIVES; ValueError naming them otherwise."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r} (one of {', '.join(OBJECTIVES)})")
+    return objective
+
+
+def sample_steps(steps: int, fit: int = FIT_STEPS, score: int = SCORE_STEPS) -> tuple[np.ndarray, np.ndarray]:
+    """(fit indices, score indices), disjoint int64 arrays, evenly spaced over ``steps`` steps (T >= 2)."""
+    total = min(steps, fit + score)
+    picked = np.unique(np.linspace(0, steps - 1, total).round().astype(np.int64))
+    n_fit = max(1, min(fit, picked.size // 2))
+    stride = max(1, picked.size // n_fit)
+    fit_mask = np.zeros(picked.size, dtype=bool)
+    fit_mask[::stride] = True
+    fit_mask[np.flatnonzero(fit_mask)[n_fit:]] = False
+    return picked[fit_mask], picked[~fit_mask]
+
+
+def tail_p99(steps_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str) -> np.ndarray:
+    """Per layer, p99 over the steps of the per-step imbalance under ``dispatch``, float64 [L] (1.0 for layers
+    without tokens)."""
+    p99 = step_tails(steps_TLE, layout_LP, gpus, dispatch).layer_summary()["p99"]
+    return np.array([1.0 if v is None else v for v in p99])
+
+
+def _bursts(steps_TLE: np.ndarray, size: int) -> np.ndarray:
+    chunks = np.array_split(steps_TLE, max(1, steps_TLE.shape[0] // size))
+    return np.stack([chunk.sum(0) for chunk in chunks])
+
+
+def _dense_uniform(scen_WLE: np.ndarray) -> np.ndarray:
+    """Scenarios with every layer-without-tokens set to equal load (planned as uniform, like plan() does)."""
+    busy = scen_WLE.sum(-1, keepdims=True) > 0
+    return np.where(busy, scen_WLE, 1.0)
+
+
+def fit_tail(steps_TLE, gpus: int, redundant: int, window_LP: np.ndarray, dispatch: str = "even"
+             ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """(layout [L, E + R], its held-out p99 per layer [L], how many layers each candidate won) for per-step
+    counts [T, L, E] (T >= 2) under ``dispatch``; ``window_LP`` is the caller's window layout (module
+    docstring)."""
+    check_policy(dispatch)
+    c = np.asarray(steps_TLE, dtype=np.float64)
+    if c.ndim != 3 or c.shape[0] < 2:
+        raise ValueError(f"the tail objective needs per-step counts [steps >= 2, layers, experts], got {c.shape}")
+    fit_idx, score_idx = sample_steps(c.shape[0])
+    fit_steps, score_steps = c[fit_idx], c[score_idx]
+    layouts = {"window": np.asarray(window_LP, dtype=np.int64)}
+    scen = _dense_uniform(normalise(fit_steps))
+    layouts["steps"] = fit_robust(scen, gpus, redundant, recent=scen.shape[0])
+    bursts = _dense_uniform(normalise(_bursts(c, BURST_STEPS)))
+    layouts["bursts"] = fit_robust(bursts, gpus, redundant, recent=min(bursts.shape[0], FIT_STEPS))
+    if dispatch == "lp":
+        weight_LE = _dense_uniform(c.sum(0)[None])[0]
+        for name in ("window", "steps"):
+            layouts[f"{name}+linked"] = connect_replicas(layouts[name], weight_LE, gpus)
+    names = list(layouts)
+    p99_NL = np.stack([tail_p99(score_steps, layouts[n], gpus, dispatch) for n in names])
+    pick_L = np.argmin(p99_NL, axis=0)                                 # ties: the window layout (first)
+    layout = np.stack([layouts[names[k]][layer] for layer, k in enumerate(pick_L)])
+    wins = {n: int((pick_L == i).sum()) for i, n in enumerate(names)}
+    return layout, p99_NL[pick_L, np.arange(pick_L.size)], wins
