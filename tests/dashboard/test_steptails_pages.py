@@ -43,16 +43,16 @@ def test_overview_shows_the_per_step_tails_under_the_runs_policy(filled, monkeyp
     url, counts_TLE = filled
     at = _app(url, monkeypatch)
     want = step_tails(counts_TLE, np.asarray(LAYOUT), G, "round_robin")
-    assert _metric(at, "per-step imbalance p99") == f"{want.imbalance_summary()['p99']:.3f}"
-    assert _metric(at, "per-step imbalance p50") == f"{want.imbalance_summary()['p50']:.3f}"
+    assert _metric(at, "step imbalance p99") == f"{want.imbalance_summary()['p99']:.3f}"
+    assert _metric(at, "step imbalance p50") == f"{want.imbalance_summary()['p50']:.3f}"
     assert _metric(at, "expert skew p99") == f"{want.skew_summary()['p99']:.3f}"
     assert _metric(at, "share of the ideal") == f"{want.ideal_fraction:.1%}"
-    assert _metric(at, "window-sum imbalance") == f"{want.window_imbalance:.3f}"
+    assert _metric(at, "window imbalance") == f"{want.window_imbalance:.3f}"
     assert any("dispatch policy **round_robin** (the run's)" in c.value and "over 30 of 30 steps" in c.value
                for c in at.caption)
     at.selectbox(key="overview_dispatch_policy").set_value("ideal").run()
     assert not at.exception, at.exception
-    assert _metric(at, "per-step imbalance max") == "1.000"
+    assert _metric(at, "step imbalance max") == "1.000"
     assert any("**ideal** (compared; the run's is round_robin)" in c.value for c in at.caption)
 
 

@@ -28,7 +28,9 @@ def policies_section(current_LP: np.ndarray, whatif_LP: np.ndarray, score_TLE: n
                     max_entries=MAX_ENTRIES)
     table = pd.DataFrame(policies.policy_table(tails_by))
     table["dispatch"] = [p + (" (this run's)" if p == run_policy else "") for p in table["dispatch"]]
-    st.dataframe(table, hide_index=True)
+    figures = {name: st.column_config.NumberColumn(format="%.3f") for name in table.columns[3:]}
+    st.dataframe(table, hide_index=True, column_config={"dispatch": st.column_config.TextColumn(width="medium"),
+                                                        **figures})
     steps = score_TLE.shape[0]
     st.caption(f"On the score window ({steps:,} steps; lp on the newest {policies.scored_steps('lp', steps):,}, "
                "since it solves each step). Per-step imbalance = max/mean GPU load per (step, layer) with tokens; "

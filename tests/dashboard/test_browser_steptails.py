@@ -1,0 +1,59 @@
+"""The per-step tails in a real browser (the pattern of test_browser_whatif.py: a private redis-server, `streamlit
+run app.py` against it, headless Debian chromium through playwright): the Overview shows the per-step imbalance and
+expert skew under the run's dispatch policy, the What-if page the table of layouts x dispatch policies. Every wait
+is on a condition."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from moe_monitor import core
+from moe_monitor.demo.localredis import RedisServer, free_port
+from tests.support import synthfill
+from tests.support.browserkit import chromium_page, serving
+
+RUN = "tails-browser"
+L, E, G = 4, 16, 4
+LAYOUT = [[*range(E), 0, 1, 2, 3] for _ in range(L)]  # experts 0-3 twice
+
+
+@pytest.fixture
+def app_url(tmp_path: Path):
+    server = RedisServer(tmp_path)
+    try:
+        client = server.client()
+        synthfill.fill(client, RUN, steps=40, num_layers=L, num_experts=E, gpus=G, meta=False)
+        meta = synthfill.make_meta(RUN, L, E, G, layout=LAYOUT)
+        meta.dispatch = "round_robin"
+        client.set(core.meta_key(RUN), core.encode_meta(meta))
+        port = free_port()
+        env = dict(os.environ, REDIS_URL=server.url)
+        with serving(["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.port", str(port),
+                      "--server.headless", "true", "--browser.gatherUsageStats", "false",
+                      "--server.fileWatcherType", "none"], port, tmp_path / "streamlit.log", env) as url:
+            yield url
+    finally:
+        server.stop()
+
+
+@pytest.mark.browser
+def test_overview_shows_the_per_step_tails_and_whatif_the_policies(app_url, tmp_path):
+    with chromium_page(1500, 2600) as page:
+        page.goto(f"{app_url}/overview")
+        page.get_by_text("step imbalance p99").wait_for(timeout=90_000)
+        page.get_by_text("expert skew p99").first.wait_for(timeout=30_000)
+        page.get_by_text("Per-step figures under dispatch policy").wait_for(timeout=30_000)
+        assert page.get_by_text("(the run's), over 40 of 40 steps").count() == 1
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(tmp_path / "overview-tails.png"), full_page=True)
+
+        page.goto(f"{app_url}/what-if")
+        page.get_by_text("Dispatch policies: per-step tails").wait_for(timeout=90_000)
+        caption = page.get_by_text("lp on the newest")
+        caption.wait_for(timeout=30_000)
+        table = page.locator('[data-testid="stDataFrame"]').filter(has=page.get_by_text("per-step imbalance p99"))
+        table.first.wait_for(timeout=30_000)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(tmp_path / "whatif-policies.png"), full_page=True)
