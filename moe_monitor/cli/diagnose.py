@@ -152,6 +152,7 @@ def read_live(url: str, run: str, steps: int) -> Source:
         client.ping()
         source = RedisSource(client, url, run, steps)
         per_step: dict[int, np.ndarray] = {}
+        ranks: dict[int, int] = {}                      # per-rank records of each step (aggregates: the world)
         layouts: list[core.LayoutRecord] = []
         deadline = time.monotonic() + LIVE_READ_S
         quiet = 0
@@ -162,12 +163,14 @@ def read_live(url: str, run: str, steps: int) -> Source:
                 raise ValueError(f"Redis: {health.error}")
             for rec in batch.steps:
                 _add(per_step, rec.step, rec.counts_LE)
+                ranks[rec.step] = ranks.get(rec.step, 0) + 1
             for agg in batch.aggregates:
                 _add(per_step, agg.step, agg.counts_LE)
+                ranks[agg.step] = 1 << 30
             layouts.extend(batch.layouts)
             got = bool(batch.steps or batch.aggregates)
             quiet = 0 if batch.more or got else quiet + 1
-            if quiet >= 2 and source.meta() is not None:
+            if quiet >= 2:                              # the window is read (or the run has none)
                 break
             if not batch.more and not got:
                 time.sleep(0.05)
@@ -178,7 +181,10 @@ def read_live(url: str, run: str, steps: int) -> Source:
         raise ValueError(f"run {run!r} has no metadata in Redis" + (f" ({source.meta_error})" if source.meta_error
                                                                      else ""))
     shape = (len(meta.layer_names), meta.num_experts)
-    kept = sorted(s for s, c in per_step.items() if c.shape == shape)[-steps:]
+    kept = sorted(s for s, c in per_step.items() if c.shape == shape)
+    if len(kept) > 1 and ranks[kept[-1]] < meta.world_size:  # the newest step: not every rank has written it yet
+        kept = kept[:-1]
+    kept = kept[-steps:]
     if not kept:
         raise ValueError(f"run {run!r} has no step records in Redis")
     counts = np.stack([per_step[s] for s in kept]).astype(np.float64)

@@ -1,0 +1,134 @@
+"""moe-monitor diagnose: the real command on the shipped sample, on a counts file, and on a live run published
+into the session's own redis-server with the real writer (traces.publish.RunPublisher, the replay command's)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moe_monitor import core
+from moe_monitor.cli import main
+from moe_monitor.planner.diagnose import CANDIDATES, diagnose
+from moe_monitor.planner.io import load_trace_steps
+from moe_monitor.traces.publish import RunPublisher
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = ROOT / "moe_monitor" / "traces" / "samples" / "demo.parquet"
+L, E, G, RANKS = 2, 16, 4, 2
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    rc = main(["diagnose", *map(str, args)])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_sample_trace_json_matches_planner():
+    r = subprocess.run([sys.executable, "-m", "moe_monitor", "diagnose", "--trace", str(SAMPLE), "--every", "60",
+                        "--redundant", "32", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["steps"] == 180 and got["gpus"] == 32 and got["redundant"] == 32
+    assert [c["name"] for c in got["candidates"]] == list(CANDIDATES)
+    assert "layout in force: contiguous (P = E)" not in got["notes"]          # the trace's own layout
+    want = diagnose(load_trace_steps(SAMPLE), np.tile(np.arange(256), (4, 1)), 32, 32, every=60).to_json()
+    for a, b in zip(got["candidates"], want["candidates"]):
+        assert a == pytest.approx(b)
+    assert got["verdict"]["replan_pays"] == want["verdict"]["replan_pays"]
+    assert got["rank_persistence"] == pytest.approx(want["rank_persistence"])
+
+
+def test_sample_trace_text(capsys):
+    rc, out, err = run(capsys, "--trace", SAMPLE, "--every", 60)
+    assert rc == 0, err
+    assert out.startswith("180 steps, windows of 60 steps, 32 GPUs")
+    assert "note: the re-plans get no redundant slots" in out and "\nverdict: re-planning " in out
+    for name in CANDIDATES:
+        assert f"\n{name} " in out
+
+
+def counts_steps(steps: int, seed: int = 1) -> np.ndarray:
+    """int [steps, RANKS, L, E]: every rank's counts of each step."""
+    rng = np.random.default_rng(seed)
+    pop = rng.dirichlet(np.full(E, 0.4), size=L)
+    return np.stack([[[rng.multinomial(64, pop[layer]) for layer in range(L)] for _ in range(RANKS)]
+                     for _ in range(steps)])
+
+
+def publish(url: str, run_name: str, counts_TRLE: np.ndarray) -> None:
+    meta = core.RunMeta(run=run_name, model_name="m", layer_names=[f"l{i}" for i in range(L)], num_experts=E,
+                        top_k=2, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2, world_size=RANKS,
+                        layout=core.Layout(G, 1, core.contiguous_layout(L, E)))
+    writer = RunPublisher(url, meta)
+    try:
+        for step, per_rank in enumerate(counts_TRLE):
+            writer.publish([core.StepRecord(run=run_name, rank=r, world_size=RANKS, step=step, time_s=1.0 + step,
+                                            phase="decode", tokens=64, counts_LE=per_rank[r].astype(np.int32))
+                            for r in range(RANKS)], now_s=1.0 + step)
+    finally:
+        writer.close()
+
+
+def test_live_run_equals_its_counts_file(redis_url, tmp_path, capsys):
+    counts = counts_steps(40)
+    publish(redis_url, "diag", counts)
+    rc, out, err = run(capsys, "--redis", redis_url, "--run", "diag", "--every", 10, "--redundant", 4, "--json")
+    assert rc == 0, err
+    live = json.loads(out)
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps({"logical_count": counts.sum(1).tolist()}))          # ranks summed per step
+    rc, out, err = run(capsys, "--trace", src, "--gpus", G, "--every", 10, "--redundant", 4, "--json")
+    assert rc == 0, err
+    offline = json.loads(out)
+    assert live["steps"] == 40 and live["notes"][0] == "live run diag: steps 0..39"
+    for a, b in zip(live["candidates"], offline["candidates"]):
+        assert a == pytest.approx(b)
+    assert live["rank_persistence"] == pytest.approx(offline["rank_persistence"])
+    assert live["hot_persistence"] == offline["hot_persistence"]
+    rc, out, err = run(capsys, "--redis", redis_url, "--run", "diag", "--steps", 25, "--every", 10, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["steps"] == 25                                           # the newest 25 steps
+
+
+def test_live_run_missing_and_redis_down(redis_url, capsys):
+    rc, _, err = run(capsys, "--redis", redis_url, "--run", "nobody")
+    assert rc == 2 and err.startswith("error: ") and "no metadata" in err and err.count("\n") == 1
+    rc, _, err = run(capsys, "--redis", "redis://127.0.0.1:1/0", "--run", "diag")
+    assert rc == 2 and err.startswith("error: Redis") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--every", 500], "more than --every"),
+    (["--gpus", 3], "do not split evenly"),
+    (["--run", "x"], "--run goes with --redis"),
+])
+def test_bad_flags(capsys, args, words):
+    rc, _, err = run(capsys, "--trace", SAMPLE, *args)
+    assert rc == 2 and words in err and err.count("\n") == 1, err
+
+
+def test_counts_file_needs_gpus(tmp_path, capsys):
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps({"logical_count": counts_steps(20).sum(1).tolist()}))
+    rc, _, err = run(capsys, "--trace", src)
+    assert rc == 2 and "--gpus" in err
+    src.write_text('{"logical_count": [[[1, NaN]]]}')
+    rc, _, err = run(capsys, "--trace", src, "--gpus", 2)
+    assert rc == 2 and "finite" in err
+
+
+def test_live_run_leaves_out_a_step_not_every_rank_wrote(redis_url, capsys):
+    counts = counts_steps(21)
+    publish(redis_url, "part", counts[:20])
+    meta_less = counts[20:, :1]                                                     # rank 0 of step 20 only
+    writer = RunPublisher(redis_url, core.decode_meta(core.connect(redis_url).get(core.meta_key("part"))))
+    writer.publish([core.StepRecord(run="part", rank=0, world_size=RANKS, step=20, time_s=30.0, phase="decode",
+                                    tokens=64, counts_LE=meta_less[0, 0].astype(np.int32))])
+    writer.close()
+    rc, out, err = run(capsys, "--redis", redis_url, "--run", "part", "--every", 10, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["steps"] == 20
