@@ -4,6 +4,9 @@
 Matching: by the rank that sent the readings (EP GPU g = rank g when there is one GPU per rank, i.e.
 world_size == gpus and each rank reports one device). Otherwise NVML devices are shown by host and index,
 and the page says that no pairing is claimed.
+
+Measured vs estimated (views/measured.py), when the run has physical records: what the engine's balancer won
+over the even-split estimate, per step.
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import streamlit as st
 
 from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures.units import GIB
-from moe_monitor.dashboard.views import timeline
+from moe_monitor.dashboard.views import measured, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
 
@@ -74,6 +77,7 @@ def render(current: PageData, gpu: int) -> None:
     if rows and not paired:
         st.plotly_chart(gpu_figures.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
                         key="gpu_panel_nvml")
+    measured.section(current)  # only when the run has physical records (an engine's measured slot loads)
 
 
 def reading(row: dict, name: str, spec: str, scale: float = 1.0) -> str:
