@@ -398,9 +398,9 @@ class Bridge:
                 counted = job.physical[:BATCH_RECORDS]
                 layouts = [job.layout] if job.layout is not None else []
                 rank = (chunk or counted or layouts)[0].rank
-                extra = {"physical": counted} if counted else {}
                 try:
-                    self.sink.write(chunk, [], self._health(rank, job, len(chunk)), layouts=layouts, **extra)
+                    self.sink.write(chunk, [], self._health(rank, job, len(chunk)), layouts=layouts,
+                                    physical=counted)
                 except PartialWrite as exc:  # what landed is not sent again
                     if layouts and 0 in exc.layouts_landed:
                         job.layout = None
