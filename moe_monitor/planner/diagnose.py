@@ -9,14 +9,15 @@ From per-step counts [T, L, E] and the layout in force [L, P] (docs/diagnose.md)
   overlap of consecutive windows' hot sets and the mean run length (steps) of an expert's stay in the hot set;
 - expert skew inside GPUs (core.steptails);
 - candidates, scored held-out on the steps after the first window: the layout in force (held static, under the
-  dispatch policy given), an EPLB re-plan every ``every`` steps fitted on the previous ``every`` steps, our plan
+  dispatch policy given, and under LP dispatch), an EPLB re-plan every ``every`` steps fitted on the previous ``every`` steps, our plan
   (planner.api.plan's default policy) fitted the same way, our plan under LP dispatch, and the force-balanced
   ideal. Each gets its per-step p99 imbalance and the time it loses per 1,000 steps, priced as the advisor
   prices it (planner.simulate.CostModel): straggler seconds = sum over layers of (max - mean GPU load) x seconds
   per token-slot, per step; migration seconds for the experts each re-plan copies (planner.repair.experts_copied).
 
 Verdict: re-planning pays when the better re-plan (EPLB or ours) loses less time, migration included, than the
-layout in force; LP dispatch is worth it when it cuts our plan's lost time by at least LP_WORTH_SHARE.
+layout in force; LP dispatch is worth it when it cuts the lost time of the layouts one would run (our re-plans
+when re-planning pays, else the layout in force) by at least LP_WORTH_SHARE.
 
 Shape legend: T steps, L layers, E experts, P slots, G GPUs, W windows of ``every`` steps. Pure numpy.
 """
@@ -38,9 +39,9 @@ from .simulate import CostModel
 
 DEFAULT_EVERY = 100          # steps per window: the re-plan interval and the unit of the persistence figures
 HOT_SHARE = 1 / 16           # the hot set of a layer: the top E / 16 experts (16 of DeepSeek-V3's 256)
-LP_WORTH_SHARE = 0.10        # LP dispatch is worth it when it cuts our plan's lost time by at least 10 %
+LP_WORTH_SHARE = 0.10        # LP dispatch is worth it when it cuts the lost time by at least 10 %
 CHUNK_STEPS = 256            # steps turned into GPU loads at once
-CANDIDATES = ("in_force", "eplb_replan", "ours_replan", "ours_replan_lp", "ideal")
+CANDIDATES = ("in_force", "in_force_lp", "eplb_replan", "ours_replan", "ours_replan_lp", "ideal")
 
 
 def _none(value) -> float | None:
@@ -185,7 +186,7 @@ def window_bounds(steps: int, every: int) -> list[tuple[int, int]]:
 def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEFAULT_EVERY,
                      dispatch: str = "even", cost: CostModel | None = None) -> list[Candidate]:
     """The CANDIDATES scored held-out on steps every..T-1 of counts [T, L, E] (T > every), in that order: the
-    layout in force current_LP [L, P] under ``dispatch``; the EPLB and our re-plans ("eplb" and planner.api.plan's
+    layout in force current_LP [L, P] under ``dispatch``, then under LP dispatch; the EPLB and our re-plans ("eplb" and planner.api.plan's
     default policy, ``redundant`` slots per layer), each window's layout fitted on the previous window's summed
     counts, even dispatch (and LP for ours), paying experts_copied from the layout before; the ideal."""
     c = as_counts(counts_TLE, "counts", ndim=(3,))
@@ -202,10 +203,11 @@ def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: i
                          f"got {T}")
     bounds = window_bounds(T, every)
     held = c[every:]
-    in_force, ideal = _Scored(), _Scored()
+    in_force, in_force_lp, ideal = _Scored(), _Scored(), _Scored()
     in_force.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, dispatch), held))
+    in_force_lp.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "lp"), held))
     ideal.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "ideal"), held))
-    out = [in_force.candidate("in_force", dispatch, cost)]
+    out = [in_force.candidate("in_force", dispatch, cost), in_force_lp.candidate("in_force_lp", "lp", cost)]
     for name, policy, lp in (("eplb_replan", "eplb", False), ("ours_replan", "auto", True)):
         even, with_lp = _Scored(), _Scored()
         prev, moves, changes = cur, 0, 0
@@ -227,24 +229,27 @@ def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: i
 
 def verdict(candidates: list[Candidate]) -> dict:
     """Whether re-planning pays (the better of eplb_replan / ours_replan loses less time per 1,000 steps,
-    migration included, than in_force) and whether LP dispatch is worth it (ours_replan_lp cuts ours_replan's
-    lost time by at least LP_WORTH_SHARE), with the figures behind each and one sentence."""
+    migration included, than in_force) and whether LP dispatch is worth it on the layouts one would run (our
+    re-plans when re-planning pays, else the layout in force): LP cuts their lost time by at least
+    LP_WORTH_SHARE. With the figures behind each and one sentence."""
     by = {cand.name: cand for cand in candidates}
     base = by["in_force"]
     best = min((by["eplb_replan"], by["ours_replan"]), key=lambda cand: cand.lost_s)
     gain = best.per_1000(base.straggler_s) - best.per_1000(best.straggler_s)
     migration = best.per_1000(best.migration_s)
     pays = bool(best.per_1000(best.lost_s) < base.per_1000(base.lost_s))
-    ours, lp = by["ours_replan"], by["ours_replan_lp"]
-    lp_cut = (ours.lost_s - lp.lost_s) / ours.lost_s if ours.lost_s > 0 else 0.0
+    lp_on = "ours_replan" if pays else "in_force"
+    plain, lp = by[lp_on], by[lp_on + "_lp"]
+    lp_cut = (plain.lost_s - lp.lost_s) / plain.lost_s if plain.lost_s > 0 else 0.0
     lp_worth = bool(lp_cut >= LP_WORTH_SHARE)
+    what = "our re-plans'" if pays else "the layout in force's"
     text = (f"re-planning {'pays' if pays else 'does not pay'}: {best.name} saves {gain:.3f} s of straggler time "
             f"per 1,000 steps against {migration:.3f} s of migration; LP dispatch "
-            f"{'is' if lp_worth else 'is not'} worth it: it cuts our plan's lost time by {100 * lp_cut:.1f}% "
+            f"{'is' if lp_worth else 'is not'} worth it: it cuts {what} lost time by {100 * lp_cut:.1f}% "
             f"(worth it from {100 * LP_WORTH_SHARE:.0f}%)")
     return {"replan_pays": pays, "best_replan": best.name, "replan_gain_s_per_1000_steps": gain,
-            "replan_migration_s_per_1000_steps": migration, "lp_worth_it": lp_worth, "lp_lost_time_cut": lp_cut,
-            "text": text}
+            "replan_migration_s_per_1000_steps": migration, "lp_worth_it": lp_worth, "lp_on": lp_on,
+            "lp_lost_time_cut": lp_cut, "text": text}
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,7 @@ def test_candidates_in_force_priced_like_the_advisor():
     cost = CostModel()
     want = straggler_tokens(counts[20:], contiguous(), G).sum() * cost.seconds_per_token_slot
     assert in_force.steps == 40 and in_force.straggler_s == pytest.approx(want) and in_force.migration_s == 0
+    assert cands[1].dispatch == "lp" and cands[1].straggler_s == pytest.approx(want)   # P = E: lp = even
     ideal = cands[-1]
     assert ideal.straggler_s == pytest.approx(0.0, abs=1e-12) and ideal.imbalance_p99 == pytest.approx(1.0)
 
@@ -93,7 +94,7 @@ def test_candidates_in_force_priced_like_the_advisor():
 def test_eplb_replan_migration_is_experts_copied():
     counts = traffic(60, period=60)
     cost = CostModel()
-    eplb = score_candidates(counts, contiguous(), G, 8, every=20, cost=cost)[1]
+    eplb = score_candidates(counts, contiguous(), G, 8, every=20, cost=cost)[2]
     first = plan(counts[0:20].sum(0), G, 8, policy="eplb").layout_LP
     second = plan(counts[20:40].sum(0), G, 8, policy="eplb").layout_LP
     moves = experts_copied(contiguous(), first, G) + experts_copied(first, second, G)
@@ -124,14 +125,18 @@ def test_fast_moving_popularity_replanning_does_not_pay():
 def test_verdict_by_hand():
     def cand(name, straggler, migration=0.0):
         return Candidate(name, "even", 1000, 1.0, straggler, migration)
-    v = verdict([cand("in_force", 10.0), cand("eplb_replan", 2.0, 5.0), cand("ours_replan", 1.0, 5.0),
-                 cand("ours_replan_lp", 0.5, 5.0), cand("ideal", 0.0)])
-    assert v["replan_pays"] is True and v["best_replan"] == "ours_replan"
+    v = verdict([cand("in_force", 10.0), cand("in_force_lp", 1.0), cand("eplb_replan", 2.0, 5.0),
+                 cand("ours_replan", 1.0, 5.0), cand("ours_replan_lp", 0.5, 5.0), cand("ideal", 0.0)])
+    assert v["replan_pays"] is True and v["best_replan"] == "ours_replan" and v["lp_on"] == "ours_replan"
     assert v["replan_gain_s_per_1000_steps"] == pytest.approx(9.0) and v["replan_migration_s_per_1000_steps"] == 5.0
     assert v["lp_lost_time_cut"] == pytest.approx(0.5 / 6.0) and v["lp_worth_it"] is False
-    v = verdict([cand("in_force", 10.0), cand("eplb_replan", 2.0, 9.0), cand("ours_replan", 4.0, 7.0),
-                 cand("ours_replan_lp", 1.0, 7.0), cand("ideal", 0.0)])
-    assert v["replan_pays"] is False and v["lp_worth_it"] is True
+    v = verdict([cand("in_force", 10.0), cand("in_force_lp", 9.5), cand("eplb_replan", 2.0, 9.0),
+                 cand("ours_replan", 4.0, 7.0), cand("ours_replan_lp", 1.0, 1.0), cand("ideal", 0.0)])
+    assert v["replan_pays"] is False and v["lp_on"] == "in_force"        # LP judged on the layout in force
+    assert v["lp_lost_time_cut"] == pytest.approx(0.05) and v["lp_worth_it"] is False
+    v = verdict([cand("in_force", 10.0), cand("in_force_lp", 8.0), cand("eplb_replan", 2.0, 9.0),
+                 cand("ours_replan", 4.0, 7.0), cand("ours_replan_lp", 1.0, 7.0), cand("ideal", 0.0)])
+    assert v["lp_worth_it"] is True and v["lp_lost_time_cut"] == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("kwargs, words", [
