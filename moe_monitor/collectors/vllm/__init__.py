@@ -4,7 +4,8 @@ vLLM loads the `vllm.general_plugins` entry point `moe_monitor = collectors.vllm
 (VLLM_PLUGINS selects plugins by name when set). Without MOE_MONITOR_REDIS_URL register() logs one line and
 does nothing else. With it, every model runner that loads a model with fused-MoE layers gets a RunnerBinding
 (binding.py): logical expert ids counted on the device, one step record per execute_model call, published by
-the ranks that scope.py names, and EPLB's layout changes. Settings: settings.py.
+the ranks that scope.py names, EPLB's layout changes and, with EPLB, each pass's physical load (the tokens sent
+to every physical expert: physical records, vllm/physical.py). Settings: settings.py.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def register() -> None:
         log.info("moe monitor: off (set MOE_MONITOR_REDIS_URL to publish expert load)")
         return
     from .patch import install
-    install(lambda runner: _bind(runner, settings), _layout_committed)
+    install(lambda runner: _bind(runner, settings), _layout_committed, _eplb_pass)
 
 
 def _bind(runner, settings: PluginSettings):
@@ -49,6 +50,13 @@ def _layout_committed() -> None:
     from .binding import BINDINGS
     for binding in BINDINGS:
         binding.layout_committed()
+
+
+def _eplb_pass(state) -> None:
+    from .binding import BINDINGS
+    for binding in BINDINGS:
+        if getattr(binding.runner, "eplb_state", None) is state:
+            binding.physical_pass(state)
 
 
 __all__ = ["register", "settings_from_env", "PluginSettings"]

@@ -9,7 +9,9 @@ nothing). The step boundary lives outside the graph, around the runner's execute
 the scheduled tokens, and the step closed and handed to the publisher afterwards.
 
 EPLB: when the engine rebalances (--enable-eplb), its new physical_to_logical_map [L, P] is published as a
-layout record in force from the next step (read from the device once per rearrangement, never per step).
+layout record in force from the next step (read from the device once per rearrangement, never per step), and
+each forward pass's expert_load_pass [L, P] as the step's physical record (physical.py: copied to pinned host
+memory behind an event, no host sync), on ranks that publish their own tokens (scope "rank").
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .batch import step_facts
+from .physical import pass_load
 from .scope import Publishing, publishing_rule
 from .settings import PluginSettings, run_name_for
 
@@ -99,6 +102,8 @@ class RunnerBinding:
         self.tokens, self.phase, self.in_step = 0, "unknown", False
         self.runner = runner
         self.layout_from: int | None = None   # step from which a committed EPLB layout is in force
+        # physical records only where each publisher's ranks are its own tokens (their sum is the GPU loads)
+        self.physical_off = "" if publishing.scope == "rank" else f"scope {publishing.scope}"
         for index, (_, layer) in enumerate(layers):
             shared = int(getattr(layer.moe_config, "num_fused_shared_experts", 0) or 0)
             layer.router.set_capture_fn(self._capture_fn(index, num_experts, shared > 0))
@@ -149,6 +154,20 @@ class RunnerBinding:
             self.tokens = 0
         if self.layout_from is not None:
             self._publish_layout()
+
+    def physical_pass(self, state) -> None:
+        """EPLB is about to close a forward pass: publish its expert_load_pass [L, P] as the open step's physical
+        record. A shape that does not fit the layout (older vLLM counts local experts only) turns it off, said once."""
+        if self.physical_off or not self.in_step or self.tokens <= 0:
+            return
+        load = pass_load(state, self.monitor.num_layers)
+        if load is None:
+            return
+        try:
+            self.monitor.record_physical(load, step=self.monitor.step, source="vllm")
+        except ValueError as exc:
+            self.physical_off = str(exc)
+            log.warning("moe monitor: EPLB's per-pass load is not published: %s", exc)
 
     def layout_committed(self) -> None:
         """EPLB committed new maps: they route the steps after the current one (or from the next step)."""

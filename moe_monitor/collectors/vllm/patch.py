@@ -2,8 +2,8 @@
 the plugin is loaded in every vLLM process, most of which never build a model runner).
 
 vLLM has no "model loaded" callback: load_model is wrapped to bind a RunnerBinding right after the model is
-built (before vLLM compiles it or captures CUDA graphs), execute_model to mark the step boundary, and EPLB's
-map commits to publish the new layout. A failure in any of this is logged once and leaves vLLM untouched.
+built (before vLLM compiles it or captures CUDA graphs), execute_model to mark the step boundary, EPLB's
+map commits to publish the new layout, and EplbState.step to read each pass's physical load (physical.py). A failure in any of this is logged once and leaves vLLM untouched.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import logging
 import sys
 from collections.abc import Callable
 from types import ModuleType
+
+from .physical import patch_eplb_class
 
 log = logging.getLogger("vllm.moe_monitor")
 
@@ -76,8 +78,10 @@ def wrap_commit(original: Callable, on_commit: Callable[[], None]) -> Callable:
     return commit
 
 
-def patch_module(module: ModuleType, bind: Callable, on_commit: Callable[[], None]) -> None:
-    """Wrap what `module` defines (a runner module or EPLB's state module); twice is harmless."""
+def patch_module(module: ModuleType, bind: Callable, on_commit: Callable[[], None],
+                 on_pass: Callable[[object], None] | None = None) -> None:
+    """Wrap what `module` defines (a runner module or EPLB's state module); twice is harmless. on_pass(state):
+    called by EplbState.step before each real step (physical.py); None leaves step unwrapped."""
     for class_name in RUNNER_MODULES.get(module.__name__, ()):
         cls = getattr(module, class_name, None)
         if cls is None:
@@ -91,6 +95,8 @@ def patch_module(module: ModuleType, bind: Callable, on_commit: Callable[[], Non
             function = getattr(module, name, None)
             if function is not None and not getattr(function, _MARK, False):
                 setattr(module, name, wrap_commit(function, on_commit))
+        if on_pass is not None:
+            patch_eplb_class(module, on_pass)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -124,9 +130,9 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(bind: Callable, on_commit: Callable[[], None]) -> None:
+def install(bind: Callable, on_commit: Callable[[], None], on_pass: Callable[[object], None] | None = None) -> None:
     """Patch the runner and EPLB modules now if imported, else when they are."""
-    patch = functools.partial(patch_module, bind=bind, on_commit=on_commit)
+    patch = functools.partial(patch_module, bind=bind, on_commit=on_commit, on_pass=on_pass)
     for name in (*RUNNER_MODULES, EPLB_MODULE):
         if name in sys.modules:
             patch(sys.modules[name])
