@@ -16,8 +16,8 @@ the dispatch policy, core.dispatch and core.steptails).
   through replicated experts (planner.lproom: the lp levels load only between GPUs that share a replicated
   expert; on DeepSeek-V3 decode steps this takes the lp's per-step p99 from ~1.08 to ~1.01).
 
-Steps are split into a fit sample (every other sampled step) and a scoring sample (the others), both evenly
-spaced over the trace; layers (dense ones) without tokens keep the window layout.
+Steps are split into a fit sample (a seeded random choice among evenly spaced steps) and a scoring sample (the
+others); layers (dense ones) without tokens keep the window layout.
 
 Shapes: steps_TLE [T, L, E]; layout_LP [L, E + R]; per-layer figures [L].
 """
@@ -32,7 +32,8 @@ from .lproom import connect_replicas
 from .robust import fit_robust, normalise
 
 FIT_STEPS = 24        # single steps the robust fit balances at once (its scenarios)
-SCORE_STEPS = 96      # held-out steps each candidate is scored on (lp: ~100 us per step and layer)
+SCORE_STEPS = {"lp": 96}   # held-out steps each candidate is scored on under lp (~100 us per step and layer)
+SCORE_STEPS_CHEAP = 480    # under the other policies (a p99 of 96 steps is nearly their max: noisy)
 BURST_STEPS = 8       # steps summed into one scenario of the ``bursts`` candidate
 OBJECTIVES = ("window", "tail")
 
@@ -44,15 +45,16 @@ def check_objective(objective: str) -> str:
     return objective
 
 
-def sample_steps(steps: int, fit: int = FIT_STEPS, score: int = SCORE_STEPS) -> tuple[np.ndarray, np.ndarray]:
-    """(fit indices, score indices), disjoint int64 arrays, evenly spaced over ``steps`` steps (T >= 2)."""
+def sample_steps(steps: int, fit: int = FIT_STEPS, score: int = SCORE_STEPS_CHEAP, seed: int = 0
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(fit indices, score indices), disjoint sorted int64 arrays (T >= 2): up to fit + score steps evenly
+    spaced over ``steps`` steps, of which a seeded random choice of up to ``fit`` (at most half) fit and the
+    rest score (random, not strided: a stride could alias with a periodic pattern of the traffic)."""
     total = min(steps, fit + score)
     picked = np.unique(np.linspace(0, steps - 1, total).round().astype(np.int64))
     n_fit = max(1, min(fit, picked.size // 2))
-    stride = max(1, picked.size // n_fit)
     fit_mask = np.zeros(picked.size, dtype=bool)
-    fit_mask[::stride] = True
-    fit_mask[np.flatnonzero(fit_mask)[n_fit:]] = False
+    fit_mask[np.random.default_rng(seed).permutation(picked.size)[:n_fit]] = True
     return picked[fit_mask], picked[~fit_mask]
 
 
@@ -83,7 +85,7 @@ def fit_tail(steps_TLE, gpus: int, redundant: int, window_LP: np.ndarray, dispat
     c = np.asarray(steps_TLE, dtype=np.float64)
     if c.ndim != 3 or c.shape[0] < 2:
         raise ValueError(f"the tail objective needs per-step counts [steps >= 2, layers, experts], got {c.shape}")
-    fit_idx, score_idx = sample_steps(c.shape[0])
+    fit_idx, score_idx = sample_steps(c.shape[0], score=SCORE_STEPS.get(dispatch, SCORE_STEPS_CHEAP))
     fit_steps, score_steps = c[fit_idx], c[score_idx]
     layouts = {"window": np.asarray(window_LP, dtype=np.int64)}
     scen = _dense_uniform(normalise(fit_steps))
