@@ -72,7 +72,8 @@ def rank_persistence(loads_TLG: np.ndarray, every: int) -> dict:
       same GPUs stay hot (a layout can fix it), 0 = the excess averages out (no layout can);
     - same_busiest_share: share of (step, layer) pairs whose busiest GPU was the busiest at the step before;
     - modal_busiest_share: per layer, share of its steps in which its most often busiest GPU is the busiest,
-      averaged over layers; chance is 1 / G for both.
+      averaged over layers; chance is 1 / G for both. Both over the pairs (and pairs of steps) that have a
+      busiest GPU: loads not all equal (a tie for the top goes to the lowest GPU id).
     None where no pair has tokens."""
     T, L, G = loads_TLG.shape
     used = (T // every) * every
@@ -81,7 +82,7 @@ def rank_persistence(loads_TLG: np.ndarray, every: int) -> dict:
     mean_step = np.nanmean(step_excess) if np.isfinite(step_excess).any() else np.nan
     mean_window = np.nanmean(window_excess) if np.isfinite(window_excess).any() else np.nan
     share = mean_window / mean_step if np.isfinite(mean_step) and mean_step > 0 else np.nan
-    active_TL = loads_TLG.sum(-1) > 0
+    active_TL = loads_TLG.max(-1) > loads_TLG.mean(-1) * (1 + 1e-12)         # a busiest GPU to name
     busiest_TL = loads_TLG.argmax(-1)
     both = active_TL[1:] & active_TL[:-1]
     same = (busiest_TL[1:] == busiest_TL[:-1])[both].mean() if both.any() else np.nan

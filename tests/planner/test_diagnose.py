@@ -59,9 +59,12 @@ def test_rank_persistence_persistent_vs_transient():
     assert out["same_busiest_share"] == 0.0 and out["modal_busiest_share"] == 0.5
 
 
-def test_rank_persistence_idle():
+def test_rank_persistence_idle_and_balanced():
     out = rank_persistence(np.zeros((4, 1, 2)), every=2)
     assert out["persistent_share"] is None and out["same_busiest_share"] is None
+    out = rank_persistence(np.ones((4, 1, 2)), every=2)                 # balanced: no busiest GPU to name
+    assert out["mean_step_excess"] == 0.0 and out["persistent_share"] is None
+    assert out["same_busiest_share"] is None and out["modal_busiest_share"] is None
 
 
 def test_hot_persistence_fixed_and_moving():
