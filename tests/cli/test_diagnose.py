@@ -59,16 +59,21 @@ def counts_steps(steps: int, seed: int = 1) -> np.ndarray:
                      for _ in range(steps)])
 
 
-def publish(url: str, run_name: str, counts_TRLE: np.ndarray) -> None:
+def publish(url: str, run_name: str, counts_TRLE: np.ndarray, changes: dict | None = None) -> None:
+    """Publish the steps with RunPublisher; changes {step: layout_LP} go out as layout records before their
+    step."""
     meta = core.RunMeta(run=run_name, model_name="m", layer_names=[f"l{i}" for i in range(L)], num_experts=E,
                         top_k=2, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2, world_size=RANKS,
                         layout=core.Layout(G, 1, core.contiguous_layout(L, E)))
     writer = RunPublisher(url, meta)
     try:
         for step, per_rank in enumerate(counts_TRLE):
+            layouts = [core.LayoutRecord(run=run_name, step=step, time_s=1.0 + step, gpus=G,
+                                         physical_to_logical_LP=np.asarray(changes[step], dtype=np.int32))
+                       ] if changes and step in changes else []
             writer.publish([core.StepRecord(run=run_name, rank=r, world_size=RANKS, step=step, time_s=1.0 + step,
                                             phase="decode", tokens=64, counts_LE=per_rank[r].astype(np.int32))
-                            for r in range(RANKS)], now_s=1.0 + step)
+                            for r in range(RANKS)], layouts, now_s=1.0 + step)
     finally:
         writer.close()
 
@@ -132,3 +137,25 @@ def test_live_run_leaves_out_a_step_not_every_rank_wrote(redis_url, capsys):
     rc, out, err = run(capsys, "--redis", redis_url, "--run", "part", "--every", 10, "--json")
     assert rc == 0, err
     assert json.loads(out)["steps"] == 20
+
+
+def test_live_run_takes_the_layout_in_force_at_its_first_step(redis_url, tmp_path, capsys):
+    """A layout change at step 0 (expert 0 replicated on every GPU) is the layout in force; one at step 30 is
+    inside the window: noted, not followed. The figures equal diagnose --layout on the counts file."""
+    rng = np.random.default_rng(5)
+    first = np.stack([np.concatenate([rng.permutation(E), np.zeros(G, dtype=int)]) for _ in range(L)])
+    later = np.tile(np.concatenate([np.arange(E), np.ones(G, dtype=int)]), (L, 1))
+    counts = counts_steps(40, seed=2)
+    publish(redis_url, "moved", counts, changes={0: first, 30: later})
+    rc, out, err = run(capsys, "--redis", redis_url, "--run", "moved", "--every", 10, "--json")
+    assert rc == 0, err
+    live = json.loads(out)
+    assert live["redundant"] == G and any("1 layout change(s) inside the window" in n for n in live["notes"])
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps({"logical_count": counts.sum(1).tolist()}))
+    lay = tmp_path / "l.json"
+    lay.write_text(json.dumps({"physical_to_logical_map": first.tolist()}))
+    rc, out, err = run(capsys, "--trace", src, "--gpus", G, "--layout", lay, "--every", 10, "--json")
+    assert rc == 0, err
+    for a, b in zip(live["candidates"], json.loads(out)["candidates"]):
+        assert a == pytest.approx(b)
