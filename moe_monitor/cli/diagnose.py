@@ -24,8 +24,8 @@ from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
 from .planner import _cost, _cost_flags
+from .score import is_trace, load_steps
 
-TRACE_SUFFIXES = (".parquet", ".arrows", ".jsonl", ".trace")
 LIVE_WINDOW_STEPS = 2000      # --steps default: the newest steps read from Redis
 LIVE_READ_S = 60.0            # a live read gives up after this long
 
@@ -106,26 +106,16 @@ def run(args: argparse.Namespace) -> int:
 
 def read_trace(path: str) -> Source:
     """A trace's per-step counts and the layout in force at its first step; a counts file's counts alone."""
-    from moe_monitor.planner.io import load_trace_steps
-    counts = load_trace_steps(path)
-    p = Path(path)
-    if p.suffix.lower() not in TRACE_SUFFIXES and not _json_trace(p):
+    counts = load_steps(path)
+    if not is_trace(path):
         return Source(counts, None, None, [])
     from moe_monitor.core.tracefile import open_trace
-    with open_trace(p) as reader:
+    with open_trace(Path(path)) as reader:
         steps_T = reader.timeline().step_T
         meta = reader.meta
         layout, gpus = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus
         records = reader.layouts_in_force(int(steps_T[0]), int(steps_T[-1]))
     return _with_changes(Source(counts, layout, gpus, []), records, int(steps_T[0]))
-
-
-def _json_trace(p: Path) -> bool:
-    if p.suffix.lower() != ".json":
-        return False
-    from moe_monitor.planner.io import _is_trace_line
-    with p.open("r", encoding="utf-8") as handle:
-        return _is_trace_line(handle.readline())
 
 
 def _with_changes(src: Source, records: list[core.LayoutRecord], first_step: int) -> Source:

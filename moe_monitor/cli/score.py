@@ -11,6 +11,7 @@ fraction and the expert skew.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -32,6 +33,37 @@ def register(sub) -> None:
                    help="how an expert's tokens split over its replicas (default even)")
     add_json(p)
     p.set_defaults(handler=lambda args: guarded(score, args))
+
+
+TRACE_SUFFIXES = (".parquet", ".arrows", ".jsonl", ".trace")
+
+
+def is_trace(path) -> bool:
+    """Whether the file is a project trace (a trace container, or a .json whose first line is a trace line)."""
+    from moe_monitor.planner.io import _is_trace_line
+    p = Path(path)
+    if p.suffix.lower() in TRACE_SUFFIXES:
+        return True
+    if p.suffix.lower() != ".json" or not p.is_file():
+        return False
+    try:
+        with p.open("r", encoding="utf-8") as handle:
+            return _is_trace_line(handle.readline())
+    except UnicodeDecodeError:
+        return False
+
+
+def load_steps(path) -> np.ndarray:
+    """Per-step counts float64 [T, L, E] of a trace or a counts file (planner.io.load_trace_steps); a counts file
+    holding one [L, E] table is refused with words for score and diagnose."""
+    from moe_monitor.planner.io import load_counts, load_trace_steps
+    if is_trace(path) or not Path(path).is_file():
+        return load_trace_steps(path)
+    counts = load_counts(path)
+    if counts.ndim != 3:
+        raise ValueError(f"{path}: one [layers, experts] table has no steps; give per-step counts "
+                         "[steps, layers, experts] (one entry per step) or a trace")
+    return counts
 
 
 def contiguous_layout_LP(layers: int, num_experts: int) -> np.ndarray:
@@ -59,8 +91,8 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
 
 
 def score(args: argparse.Namespace) -> int:
-    from moe_monitor.planner.io import load_layout, load_trace_steps
-    counts = load_trace_steps(args.load)
+    from moe_monitor.planner.io import load_layout
+    counts = load_steps(args.load)
     layout = None if args.layout is None else load_layout(args.layout)
     payload = score_payload(counts, layout, args.gpus, args.dispatch)
     if args.json:

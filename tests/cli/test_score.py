@@ -108,7 +108,7 @@ def test_generated_counts_match_steptails(tmp_path, capsys):
     ([[[1, 2, 3, 4]]], None, 3, "do not split evenly"),
     ([[[1, 2, 3, 4]]], [[0, 1, 2, 3], [0, 1, 2, 3]], 2, "layers"),
     ([[[1, 2, 3, 4]]], [[0, 1, 2, 2]], 2, "no slot"),
-    ([[1, 2, 3, 4]], None, 2, "per-step counts"),
+    ([[1, 2, 3, 4]], None, 2, "one [layers, experts] table has no steps"),
 ])
 def test_bad_input_is_one_error_line(tmp_path, capsys, counts, layout, gpus, words):
     src = tmp_path / "c.json"
