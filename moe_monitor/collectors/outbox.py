@@ -70,7 +70,7 @@ class RecordQueue(Generic[T]):
 
 @dataclass
 class Outbox:
-    """One sink, what waits for it (steps, layouts, timings, NVML samples) and its writer thread. The queues,
+    """One sink, what waits for it (steps, layouts, timings, physical counts, NVML samples) and its writer thread. The queues,
     samples and counters are changed under `lock` (the publisher thread appends, the writer takes and gives
     back)."""
 

@@ -75,8 +75,10 @@ class StreamExhausted(PartialWrite):
 
 
 class RedisSink:
-    """Writes StepRecords, GpuSamples, LayoutRecords and health to one run's keys, one pipelined round trip per
-    batch (layouts XADDed to core.layouts_key(run), MAXLEN ~ LAYOUTS_MAXLEN, before the batch's steps).
+    """Writes StepRecords, GpuSamples, LayoutRecords, TimingRecords, PhysicalRecords and health to one run's keys,
+    one pipelined round trip per batch (layouts XADDed to core.layouts_key(run), MAXLEN ~ LAYOUTS_MAXLEN, before
+    the batch's steps; physical records to core.physical_key(run) after them, MAXLEN ~ a quarter of
+    memory_budget_bytes of their entries: core.runwrite.physical_maxlen).
     The metadata goes with the first batch, again with the first after a failure, and again whenever the
     previous batch found it missing (every batch asks EXISTS: a Redis restarted empty, flushed or failed
     over between two batches gets it back within one flush interval); likewise, once a layout has landed,
