@@ -206,7 +206,10 @@ def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: i
     held = c[every:]
     in_force, in_force_lp, ideal = _Scored(), _Scored(), _Scored()
     in_force.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, dispatch), held))
-    in_force_lp.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "lp"), held))
+    if dispatch == "lp":                                               # the same figures: solved once
+        in_force_lp = in_force
+    else:
+        in_force_lp.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "lp"), held))
     ideal.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "ideal"), held))
     out = [in_force.candidate("in_force", dispatch, cost), in_force_lp.candidate("in_force_lp", "lp", cost)]
     for name, policy, lp in (("eplb_replan", "eplb", False), ("ours_replan", "auto", True)):

@@ -155,3 +155,14 @@ def test_bad_input(kwargs, words):
     with pytest.raises(ValueError, match=words):
         diagnose(args["counts"], args["layout"], G, args["redundant"], every=args["every"],
                  dispatch=args["dispatch"])
+
+
+def test_in_force_under_lp_is_its_lp_candidate():
+    counts = traffic(40, period=40)
+    rng = np.random.default_rng(4)
+    layout = np.stack([np.concatenate([rng.permutation(E), rng.choice(E, 8, replace=False)]) for _ in range(L)])
+    cands = score_candidates(counts, layout, G, 8, every=20, dispatch="lp")
+    assert cands[0].dispatch == cands[1].dispatch == "lp" and cands[0].straggler_s == cands[1].straggler_s
+    even = score_candidates(counts, layout, G, 8, every=20)
+    assert even[1].straggler_s == pytest.approx(cands[1].straggler_s)
+    assert even[1].straggler_s <= even[0].straggler_s                 # lp never worse than even
