@@ -94,7 +94,8 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
         num_layers, num_experts, top_k, redis_url=cfg.redis_url, run=cfg.run, model_name=config.name_or_path,
         layer_names=[f"model.layers.{i + 1}.mlp" for i in range(num_layers)], hidden_size=int(config.hidden_size),
         moe_intermediate_size=int(config.moe_intermediate_size), dtype_bytes=4, gpus=ranks,
-        physical_to_logical_map=layout.tolist(), nvml=cfg.nvml)
+        physical_to_logical_map=layout.tolist(), nvml=cfg.nvml,
+        dispatch="round_robin")  # the runtime sends a token to replica (token index mod replicas)
     state = EPState(placement, store, monitor, ranks, timing=cfg.timing, grouped=cfg.grouped_experts)
     install(model, state)
     watcher = start_watcher(cfg, monitor, num_layers, num_experts) if rank == 0 and cfg.redis_url else None
