@@ -28,7 +28,7 @@ from moe_monitor.planner.advisor import Advice
 PHASES = ("both", "prefill", "decode")
 
 
-def _value(x: float) -> float:
+def _value(x: float | None) -> float:
     return float(x) if x is not None and math.isfinite(float(x)) else math.nan
 
 
