@@ -25,5 +25,5 @@ def measured_figure(result: MeasuredVsEstimated, marks: Sequence[tuple[float, st
         dict(type="bar", x=x, y=f32(result.won_T), name="won (estimate - measured)", yaxis="y2", opacity=0.35),
     ]
     return figure(traces, "Busiest GPU / mean: estimated vs measured", "step", "busiest GPU / mean",
-                  yaxis2=dict(title=dict(text="won"), overlaying="y", side="right", showgrid=False),
+                  yaxis2=dict(title=dict(text="won"), overlaying="y", side="right", showgrid=False, rangemode="tozero"),
                   **change_markers(list(marks)))
