@@ -9,15 +9,18 @@ From per-step counts [T, L, E] and the layout in force [L, P] (docs/diagnose.md)
   overlap of consecutive windows' hot sets and the mean run length (steps) of an expert's stay in the hot set;
 - expert skew inside GPUs (core.steptails);
 - candidates, scored held-out on the steps after the first window: the layout in force (held static, under the
-  dispatch policy given, and under LP dispatch), an EPLB re-plan every ``every`` steps fitted on the previous ``every`` steps, our plan
-  (planner.api.plan's default policy) fitted the same way, our plan under LP dispatch, and the force-balanced
-  ideal. Each gets its per-step p99 imbalance and the time it loses per 1,000 steps, priced as the advisor
-  prices it (planner.simulate.CostModel): straggler seconds = sum over layers of (max - mean GPU load) x seconds
-  per token-slot, per step; migration seconds for the experts each re-plan copies (planner.repair.experts_copied).
+  dispatch policy given, and under LP dispatch); every ``every`` steps, fitted on the previous ``every`` steps
+  (planner.diagnose_budget): an EPLB re-plan, our full re-plan (planner.api.plan's default policy), our repair
+  of the layout before within ``max_moves`` expert copies per change (the advisor's repair, applied every
+  window), and the advisor's decision (that repair, applied only when it pays back over the advisor's
+  horizon); ours under LP dispatch too; and the force-balanced ideal. Each gets its per-step p99 imbalance and
+  the time it loses per 1,000 steps, priced as the advisor prices it (planner.simulate.CostModel): straggler
+  seconds = sum over layers of (max - mean GPU load) x seconds per token-slot, per step; migration seconds for
+  the experts each change copies (planner.repair.experts_copied).
 
-Verdict: re-planning pays when the better re-plan (EPLB or ours) loses less time, migration included, than the
-layout in force; LP dispatch is worth it when it cuts the lost time of the layouts one would run (our re-plans
-when re-planning pays, else the layout in force) by at least LP_WORTH_SHARE.
+Verdict: re-planning pays when the best of the REPLANS loses less time, migration included, than the layout in
+force; LP dispatch is worth it when it cuts the lost time of the layouts one would run (the best re-plan with
+an LP twin when re-planning pays, else the layout in force) by at least LP_WORTH_SHARE.
 
 Shape legend: T steps, L layers, E experts, P slots, G GPUs, W windows of ``every`` steps. Pure numpy.
 """
@@ -32,7 +35,13 @@ from moe_monitor.core.dispatch import DispatchModel, check_policy
 from moe_monitor.core.loadmodel import validated_layout
 from moe_monitor.core.steptails import pair_imbalance, tails_of
 
-from .api import plan
+from .diagnose_budget import (
+    DEFAULT_MAX_MOVES,
+    advisor_layouts,
+    full_replan,
+    repair_layouts,
+    replan_layouts,
+)
 from .loads import check_shape, whole_number
 from .repair import experts_copied
 from .simulate import CostModel
@@ -40,8 +49,11 @@ from .simulate import CostModel
 DEFAULT_EVERY = 100          # steps per window: the re-plan interval and the unit of the persistence figures
 HOT_SHARE = 1 / 16           # the hot set of a layer: the top E / 16 experts (16 of DeepSeek-V3's 256)
 LP_WORTH_SHARE = 0.10        # LP dispatch is worth it when it cuts the lost time by at least 10 %
+LP_BORDERLINE = 0.02         # a cut within 2 points of LP_WORTH_SHARE is called borderline in the verdict
 CHUNK_STEPS = 256            # steps turned into GPU loads at once
-CANDIDATES = ("in_force", "in_force_lp", "eplb_replan", "ours_replan", "ours_replan_lp", "ideal")
+CANDIDATES = ("in_force", "in_force_lp", "eplb_replan", "ours_replan", "ours_replan_lp", "ours_repair",
+              "ours_repair_lp", "advisor", "advisor_lp", "ideal")
+REPLANS = ("eplb_replan", "ours_replan", "ours_repair", "advisor")     # the verdict's re-plan candidates
 
 
 def _none(value) -> float | None:
@@ -184,17 +196,41 @@ def window_bounds(steps: int, every: int) -> list[tuple[int, int]]:
     return [(a, min(a + every, steps)) for a in range(every, steps, every)]
 
 
+def _score_layouts(c: np.ndarray, current_LP: np.ndarray, gpus: int, bounds: list[tuple[int, int]],
+                   layouts: list[np.ndarray], name: str, lp: bool, cost: CostModel) -> list[Candidate]:
+    """One re-plan's candidates from the layout [L, P] in force on each scored window of ``bounds``: under even
+    dispatch (and under LP dispatch as ``name``_lp when ``lp``), paying experts_copied from the layout before
+    at each change."""
+    E = c.shape[2]
+    even, with_lp = _Scored(), _Scored()
+    prev, moves, changes = current_LP, 0, 0
+    for (a, b), lay in zip(bounds, layouts):
+        copied = experts_copied(prev, lay, gpus)
+        moves, changes, prev = moves + copied, changes + (copied > 0), lay
+        even.add(gpu_loads_chunked(DispatchModel(lay, E, gpus, "even"), c[a:b]))
+        if lp:
+            with_lp.add(gpu_loads_chunked(DispatchModel(lay, E, gpus, "lp"), c[a:b]))
+    out = [even.candidate(name, "even", cost, moves, changes)]
+    if lp:
+        out.append(with_lp.candidate(name + "_lp", "lp", cost, moves, changes))
+    return out
+
+
 def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEFAULT_EVERY,
-                     dispatch: str = "even", cost: CostModel | None = None) -> list[Candidate]:
+                     dispatch: str = "even", cost: CostModel | None = None,
+                     max_moves: int = DEFAULT_MAX_MOVES) -> list[Candidate]:
     """The CANDIDATES scored held-out on steps every..T-1 of counts [T, L, E] (T > every), in that order: the
-    layout in force current_LP [L, P] under ``dispatch``, then under LP dispatch; the EPLB and our re-plans ("eplb" and planner.api.plan's
-    default policy, ``redundant`` slots per layer), each window's layout fitted on the previous window's summed
-    counts, even dispatch (and LP for ours), paying experts_copied from the layout before; the ideal."""
+    layout in force current_LP [L, P] under ``dispatch``, then under LP dispatch; the re-plans of
+    planner.diagnose_budget, each window's layout fitted on the window before: EPLB's and ours (planner.api.plan
+    "eplb" and the default policy, ``redundant`` slots per layer), our repair within ``max_moves`` copies per
+    change and the advisor's decisions (same budget), under even dispatch (and LP for ours), paying
+    experts_copied from the layout before; the ideal."""
     c = as_counts(counts_TLE, "counts", ndim=(3,))
     T, L, E = c.shape
     every = whole_number(every, "every", 1)
     check_policy(dispatch)
     check_shape(E, gpus, redundant)
+    max_moves = whole_number(max_moves, "--max-moves", 0)
     cost = CostModel() if cost is None else cost
     cur = validated_layout(current_LP, E, gpus)
     if cur.shape[0] != L:
@@ -212,48 +248,48 @@ def score_candidates(counts_TLE, current_LP, gpus: int, redundant: int, every: i
         in_force_lp.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "lp"), held))
     ideal.add(gpu_loads_chunked(DispatchModel(cur, E, gpus, "ideal"), held))
     out = [in_force.candidate("in_force", dispatch, cost), in_force_lp.candidate("in_force_lp", "lp", cost)]
-    for name, policy, lp in (("eplb_replan", "eplb", False), ("ours_replan", "auto", True)):
-        even, with_lp = _Scored(), _Scored()
-        prev, moves, changes = cur, 0, 0
-        for a, b in bounds:
-            fit_LE = c[a - every:a].sum(0)
-            if fit_LE.any():
-                lay = plan(fit_LE, gpus, redundant, policy=policy).layout_LP
-                copied = experts_copied(prev, lay, gpus)
-                moves, changes, prev = moves + copied, changes + (copied > 0), lay
-            even.add(gpu_loads_chunked(DispatchModel(prev, E, gpus, "even"), c[a:b]))
-            if lp:
-                with_lp.add(gpu_loads_chunked(DispatchModel(prev, E, gpus, "lp"), c[a:b]))
-        out.append(even.candidate(name, "even", cost, moves, changes))
-        if lp:
-            out.append(with_lp.candidate(name + "_lp", "lp", cost, moves, changes))
+    replans = (("eplb_replan", False, replan_layouts(c, cur, bounds, every, full_replan(gpus, redundant, "eplb"))),
+               ("ours_replan", True, replan_layouts(c, cur, bounds, every, full_replan(gpus, redundant, "auto"))),
+               ("ours_repair", True, repair_layouts(c, cur, bounds, every, gpus, max_moves)),
+               ("advisor", True, advisor_layouts(c, cur, bounds, every, gpus, redundant, max_moves, cost)))
+    for name, lp, layouts in replans:
+        out.extend(_score_layouts(c, cur, gpus, bounds, layouts, name, lp, cost))
     out.append(ideal.candidate("ideal", "ideal", cost))
     return out
 
 
 def verdict(candidates: list[Candidate]) -> dict:
-    """Whether re-planning pays (the better of eplb_replan / ours_replan loses less time per 1,000 steps,
-    migration included, than in_force) and whether LP dispatch is worth it on the layouts one would run (our
-    re-plans when re-planning pays, else the layout in force): LP cuts their lost time by at least
-    LP_WORTH_SHARE. With the figures behind each and one sentence."""
+    """Whether re-planning pays (the best of the REPLANS present that changes the layout at least once loses
+    less time per 1,000 steps, migration included, than in_force) and whether LP dispatch is worth it on the
+    layouts one would run: when re-planning pays, the best such re-plan that has an LP twin (``name``_lp, same
+    layouts), else the layout in force; LP is worth it when it cuts their lost time (straggler + migration) by
+    at least LP_WORTH_SHARE (borderline: within LP_BORDERLINE of it). With the figures behind each and one
+    sentence."""
     by = {cand.name: cand for cand in candidates}
     base = by["in_force"]
-    best = min((by["eplb_replan"], by["ours_replan"]), key=lambda cand: cand.lost_s)
+    replans = [by[name] for name in REPLANS if name in by]
+    moving = [cand for cand in replans if cand.changes > 0]       # a re-plan that never changes is no re-plan
+    best = min(moving or replans, key=lambda cand: cand.lost_s)
     gain = best.per_1000(base.straggler_s) - best.per_1000(best.straggler_s)
     migration = best.per_1000(best.migration_s)
-    pays = bool(best.per_1000(best.lost_s) < base.per_1000(base.lost_s))
-    lp_on = "ours_replan" if pays else "in_force"
+    pays = bool(moving) and bool(best.per_1000(best.lost_s) < base.per_1000(base.lost_s))
+    twinned = [cand for cand in moving if cand.name + "_lp" in by]
+    lp_on = min(twinned, key=lambda cand: cand.lost_s).name if pays and twinned else "in_force"
     plain, lp = by[lp_on], by[lp_on + "_lp"]
     lp_cut = (plain.lost_s - lp.lost_s) / plain.lost_s if plain.lost_s > 0 else 0.0
     lp_worth = bool(lp_cut >= LP_WORTH_SHARE)
-    what = "our re-plans'" if pays else "the layout in force's"
+    borderline = bool(abs(lp_cut - LP_WORTH_SHARE) < LP_BORDERLINE)
+    what = f"{lp_on}'s" if pays else "the layout in force's"
+    still = [cand.name for cand in replans if cand.changes == 0]
     text = (f"re-planning {'pays' if pays else 'does not pay'}: {best.name} saves {gain:.3f} s of straggler time "
-            f"per 1,000 steps against {migration:.3f} s of migration; LP dispatch "
-            f"{'is' if lp_worth else 'is not'} worth it: it cuts {what} lost time by {100 * lp_cut:.1f}% "
-            f"(worth it from {100 * LP_WORTH_SHARE:.0f}%)")
+            f"per 1,000 steps against {migration:.3f} s of migration ({best.moves} copies in {best.changes} "
+            f"changes); LP dispatch {'is' if lp_worth else 'is not'} worth it: it cuts {what} lost time by "
+            f"{100 * lp_cut:.1f}% (worth it from {100 * LP_WORTH_SHARE:.0f}%"
+            f"{', borderline' if borderline else ''})" + (f"; {', '.join(still)} never changed the layout"
+                                                           if still else ""))
     return {"replan_pays": pays, "best_replan": best.name, "replan_gain_s_per_1000_steps": gain,
             "replan_migration_s_per_1000_steps": migration, "lp_worth_it": lp_worth, "lp_on": lp_on,
-            "lp_lost_time_cut": lp_cut, "text": text}
+            "lp_lost_time_cut": lp_cut, "lp_borderline": borderline, "text": text}
 
 
 @dataclass(frozen=True)
@@ -270,27 +306,30 @@ class Diagnosis:
     candidates: list[Candidate]
     verdict: dict
     notes: list[str] = field(default_factory=list)
+    max_moves: int = DEFAULT_MAX_MOVES
 
     def to_json(self) -> dict:
         """Strict-JSON-ready dict (None where a figure has no value)."""
         return {"steps": self.steps, "every": self.every, "gpus": self.gpus, "redundant": self.redundant,
-                "dispatch": self.dispatch, "rank_persistence": self.ranks, "hot_persistence": self.hot,
+                "dispatch": self.dispatch, "max_moves": self.max_moves, "rank_persistence": self.ranks,
+                "hot_persistence": self.hot,
                 "expert_skew": self.skew, "candidates": [cand.to_json() for cand in self.candidates],
                 "verdict": self.verdict, "notes": list(self.notes)}
 
 
 def diagnose(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEFAULT_EVERY,
              dispatch: str = "even", cost: CostModel | None = None, hot_experts: int | None = None,
-             notes: list[str] | None = None) -> Diagnosis:
+             notes: list[str] | None = None, max_moves: int = DEFAULT_MAX_MOVES) -> Diagnosis:
     """The whole diagnosis (module docstring) of counts [T, L, E] (T > every) under the layout in force
     current_LP [L, P] on ``gpus`` GPUs; re-plans get ``redundant`` slots per layer. ValueError on bad input."""
     c = as_counts(counts_TLE, "counts", ndim=(3,))
     every = whole_number(every, "every", 1)
-    candidates = score_candidates(c, current_LP, gpus, redundant, every, dispatch, cost)
+    candidates = score_candidates(c, current_LP, gpus, redundant, every, dispatch, cost, max_moves)
     model = DispatchModel(current_LP, c.shape[2], gpus, dispatch)
     tails = tails_of(model, c)
     ranks = rank_persistence(gpu_loads_chunked(model, c), every)
     return Diagnosis(steps=int(c.shape[0]), every=every, gpus=int(gpus), redundant=int(redundant),
-                     dispatch=dispatch, ranks=ranks, hot=hot_persistence(c, every, hot_experts),
+                     dispatch=dispatch, max_moves=int(max_moves), ranks=ranks,
+                     hot=hot_persistence(c, every, hot_experts),
                      skew=tails.skew_summary(), candidates=candidates, verdict=verdict(candidates),
                      notes=list(notes or []))

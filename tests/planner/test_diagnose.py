@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moe_monitor.planner.advisor import advise
 from moe_monitor.planner.api import plan
 from moe_monitor.planner.diagnose import (
     CANDIDATES,
@@ -16,6 +17,8 @@ from moe_monitor.planner.diagnose import (
     window_bounds,
     window_sums,
 )
+from moe_monitor.planner.diagnose_budget import advisor_layouts, repair_layouts, repaired_layout
+from moe_monitor.planner.loads import duplicates_on_gpu
 from moe_monitor.planner.repair import experts_copied
 from moe_monitor.planner.simulate import CostModel, straggler_tokens
 
@@ -125,9 +128,63 @@ def test_fast_moving_popularity_replanning_does_not_pay():
     assert payload["verdict"]["text"].startswith("re-planning does not pay")
 
 
+def test_repair_never_copies_more_than_its_budget_per_change():
+    """Drifting popularity, a budget of 3 copies: every window's change copies at most 3 experts from the layout
+    before, and the candidate's moves are those copies summed."""
+    counts = traffic(100, period=30, seed=3)
+    budget = 3
+    bounds = window_bounds(100, 20)
+    layouts = repair_layouts(counts, contiguous(), bounds, 20, G, budget)
+    prev, total = contiguous(), 0
+    for lay in layouts:
+        copied = experts_copied(prev, lay, G)
+        assert copied <= budget
+        prev, total = lay, total + copied
+    assert total > 0
+    by = {c.name: c for c in score_candidates(counts, contiguous(), G, 8, every=20, max_moves=budget)}
+    assert by["ours_repair"].moves == total and by["ours_repair"].moves <= budget * by["ours_repair"].changes
+    assert by["ours_repair_lp"].moves == total
+    assert by["advisor"].moves <= budget * by["advisor"].changes
+    none = {c.name: c for c in score_candidates(counts, contiguous(), G, 8, every=20, max_moves=0)}
+    assert none["ours_repair"].moves == 0 and none["ours_repair"].changes == 0
+
+
+def test_repair_holds_layers_it_cannot_repair():
+    """Layer 0 holds expert 0 twice on GPU 0 (repair cannot start there): held as it is; layer 1 is repaired."""
+    counts = traffic(40, period=40)
+    lay = np.tile(np.concatenate([np.arange(E), np.arange(8)]), (L, 1))      # P = 40, 5 slots per GPU
+    lay[0, 1] = 0
+    assert duplicates_on_gpu(lay, G).tolist() == [True, False]
+    out = repaired_layout(counts[:20], lay, G, max_moves=8)
+    assert (out[0] == lay[0]).all() and not (out[1] == lay[1]).all()
+    assert experts_copied(lay, out, G) <= 8
+
+
+def test_advisor_candidate_follows_advise():
+    counts = traffic(80, period=80)
+    cost = CostModel(link_gbps=50.0)
+    bounds = window_bounds(80, 20)
+    layouts = advisor_layouts(counts, contiguous(), bounds, 20, G, 8, max_moves=16, cost=cost)
+    sched = advise(counts, G, 8, initial_LP=contiguous(), every=20, window=20, max_moves=16, cost=cost)
+    for (a, _), lay in zip(bounds, layouts):
+        want = [ch for ch in sched.changes if ch.step <= a][-1].layout_LP
+        assert (lay == want).all()
+
+
+def test_persistent_popularity_repair_loses_less_than_the_layout_in_force():
+    """Default prices, enough tokens that straggler time outweighs a few copies: repairing within the
+    advisor's budget every window loses less time than holding the layout in force, and so does the advisor."""
+    counts = traffic(80, period=80, tokens=1 << 20)
+    by = {c.name: c for c in score_candidates(counts, contiguous(), G, 8, every=20)}
+    assert by["ours_repair"].moves > 0
+    assert by["ours_repair"].lost_s < by["in_force"].lost_s
+    assert by["advisor"].lost_s < by["in_force"].lost_s
+    assert verdict(list(by.values()))["replan_pays"] is True
+
+
 def test_verdict_by_hand():
-    def cand(name, straggler, migration=0.0):
-        return Candidate(name, "even", 1000, 1.0, straggler, migration)
+    def cand(name, straggler, migration=0.0, changes=1):
+        return Candidate(name, "even", 1000, 1.0, straggler, migration, changes=changes)
     v = verdict([cand("in_force", 10.0), cand("in_force_lp", 1.0), cand("eplb_replan", 2.0, 5.0),
                  cand("ours_replan", 1.0, 5.0), cand("ours_replan_lp", 0.5, 5.0), cand("ideal", 0.0)])
     assert v["replan_pays"] is True and v["best_replan"] == "ours_replan" and v["lp_on"] == "ours_replan"
@@ -140,6 +197,33 @@ def test_verdict_by_hand():
     v = verdict([cand("in_force", 10.0), cand("in_force_lp", 8.0), cand("eplb_replan", 2.0, 9.0),
                  cand("ours_replan", 4.0, 7.0), cand("ours_replan_lp", 1.0, 7.0), cand("ideal", 0.0)])
     assert v["lp_worth_it"] is True and v["lp_lost_time_cut"] == pytest.approx(0.2)
+
+
+def test_verdict_counts_the_budgeted_replans():
+    """Full re-plans lose to the layout in force on migration, the repair within budget wins: re-planning pays,
+    and LP is judged on the repair's layouts (the best re-plan with an LP twin)."""
+    def cand(name, straggler, migration=0.0, changes=1):
+        return Candidate(name, "even", 1000, 1.0, straggler, migration, changes=changes)
+    v = verdict([cand("in_force", 10.0), cand("in_force_lp", 9.0), cand("eplb_replan", 2.0, 30.0),
+                 cand("ours_replan", 1.0, 30.0), cand("ours_replan_lp", 0.5, 30.0), cand("ours_repair", 6.0, 1.0),
+                 cand("ours_repair_lp", 5.0, 1.0), cand("advisor", 8.0, 0.5), cand("advisor_lp", 7.0, 0.5),
+                 cand("ideal", 0.0)])
+    assert v["replan_pays"] is True and v["best_replan"] == "ours_repair" and v["lp_on"] == "ours_repair"
+    assert v["lp_lost_time_cut"] == pytest.approx(1.0 / 7.0) and v["lp_worth_it"] is True
+    assert v["text"].startswith("re-planning pays: ours_repair saves 4.000 s") and "ours_repair's lost time" in v["text"]
+    assert v["lp_borderline"] is False
+
+
+def test_verdict_leaves_out_replans_that_never_change():
+    """An advisor that declines every change is the layout in force under even dispatch: not a re-plan that
+    pays, even when --dispatch makes the layout in force look worse; a 9 % LP cut is borderline."""
+    def cand(name, straggler, migration=0.0, changes=1):
+        return Candidate(name, "even", 1000, 1.0, straggler, migration, changes=changes)
+    v = verdict([cand("in_force", 10.0), cand("in_force_lp", 9.1), cand("eplb_replan", 2.0, 30.0),
+                 cand("advisor", 9.0, 0.0, changes=0), cand("ideal", 0.0)])
+    assert v["replan_pays"] is False and v["best_replan"] == "eplb_replan" and v["lp_on"] == "in_force"
+    assert v["lp_borderline"] is True and v["lp_worth_it"] is False
+    assert "borderline" in v["text"] and v["text"].endswith("advisor never changed the layout")
 
 
 @pytest.mark.parametrize("kwargs, words", [
