@@ -1,7 +1,8 @@
 """moe-monitor diagnose: should I turn EPLB on, and is LP dispatch worth it?
 
     moe-monitor diagnose (--trace FILE | --redis URL --run NAME [--steps N]) [--gpus G] [--redundant R]
-                         [--layout LAYOUT.json] [--dispatch P] [--every N] [--hot-experts K] [cost flags] [--json]
+                         [--layout LAYOUT.json] [--dispatch P] [--every N] [--max-moves K] [--hot-experts K]
+                         [cost flags] [--json]
 
 Per-step counts [T, L, E] come from a trace or counts file (planner.io.load_trace_steps) or from a live run's newest
 --steps steps in Redis (ranks summed per step; the aggregator's summed steps when it runs). The layout in force is
@@ -31,11 +32,13 @@ LIVE_READ_S = 60.0            # a live read gives up after this long
 
 
 def register(sub) -> None:
+    from moe_monitor.planner.advisor import DEFAULT_MAX_MOVES
     from moe_monitor.planner.diagnose import DEFAULT_EVERY
     p = sub.add_parser("diagnose", help="should EPLB re-plan, and is LP dispatch worth it (held-out)",
                        description="Persistent vs transient imbalance, how long hot experts stay hot, expert "
                                    "skew, and held-out lost time of the layout in force, EPLB and our re-plans, "
-                                   "LP dispatch and the ideal; a verdict.")
+                                   "our repairs within --max-moves copies and the advisor's decisions, LP "
+                                   "dispatch and the ideal; a verdict.")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", metavar="FILE",
                      help="per-step counts: a trace (.parquet, .arrows, .jsonl) or a counts file [T, L, E]")
@@ -51,6 +54,9 @@ def register(sub) -> None:
                    help="dispatch policy of the layout in force (default even)")
     p.add_argument("--every", type=int, default=DEFAULT_EVERY,
                    help=f"steps per window: the re-plan interval (default {DEFAULT_EVERY})")
+    p.add_argument("--max-moves", type=int, default=DEFAULT_MAX_MOVES,
+                   help=f"expert copies per change of the repair and advisor candidates (default "
+                        f"{DEFAULT_MAX_MOVES}, the advisor's)")
     p.add_argument("--hot-experts", type=int, help="size of a layer's hot set (default E / 16)")
     _cost_flags(p)
     add_json(p)
@@ -95,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if redundant == 0:
         notes.append("the re-plans get no redundant slots (pass --redundant R)")
     result = diagnose(counts, layout, gpus, redundant, every=args.every, dispatch=args.dispatch, cost=_cost(args),
-                      hot_experts=args.hot_experts, notes=notes)
+                      hot_experts=args.hot_experts, notes=notes, max_moves=args.max_moves)
     payload = result.to_json()
     if args.json:
         print_json(payload)
@@ -203,7 +209,8 @@ def report(payload: dict) -> str:
     ranks, hot, skew, v = (payload["rank_persistence"], payload["hot_persistence"], payload["expert_skew"],
                            payload["verdict"])
     lines = [f"{payload['steps']} steps, windows of {payload['every']} steps, {payload['gpus']} GPUs, re-plans with "
-             f"{payload['redundant']} redundant slots, dispatch {payload['dispatch']}"]
+             f"{payload['redundant']} redundant slots, repairs within {payload['max_moves']} copies per change, "
+             f"dispatch {payload['dispatch']}"]
     lines += [f"note: {n}" for n in payload["notes"]]
     lines += [
         f"rank imbalance: {_f(ranks['persistent_share'])} of the per-step excess survives the window sum "
@@ -213,9 +220,11 @@ def report(payload: dict) -> str:
         f"hot experts (top {hot['hot_experts']}): consecutive windows share {_f(hot['hot_overlap'])} of them, "
         f"an expert stays hot {_f(hot['hot_run_steps'], 0)} steps on average",
         f"expert skew inside GPUs: p50 {_f(skew['p50'])}, p99 {_f(skew['p99'])}",
-        f"{'candidate':<16}{'p99 imbalance':>14}{'straggler s':>13}{'migration s':>13}{'lost s':>10}  (per 1,000 steps)"]
+        f"{'candidate':<16}{'p99 imbalance':>14}{'straggler s':>13}{'migration s':>13}{'lost s':>10}"
+        f"{'copies':>9}{'changes':>9}  (seconds per 1,000 steps)"]
     for c in payload["candidates"]:
         lines.append(f"{c['name']:<16}{_f(c['per_step_imbalance_p99']):>14}{_f(c['straggler_s_per_1000_steps']):>13}"
-                     f"{_f(c['migration_s_per_1000_steps']):>13}{_f(c['lost_s_per_1000_steps']):>10}")
+                     f"{_f(c['migration_s_per_1000_steps']):>13}{_f(c['lost_s_per_1000_steps']):>10}"
+                     f"{c['moves']:>9}{c['changes']:>9}")
     lines.append("verdict: " + v["text"])
     return "\n".join(lines)

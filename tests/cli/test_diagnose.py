@@ -51,6 +51,25 @@ def test_sample_trace_text(capsys):
         assert f"\n{name} " in out
 
 
+def test_max_moves_flag(tmp_path, capsys):
+    """--max-moves K reaches the repair and advisor candidates: no change copies more than K experts."""
+    src = tmp_path / "c.json"
+    src.write_text(json.dumps({"logical_count": counts_steps(40).sum(1).tolist()}))
+    rc, out, err = run(capsys, "--trace", src, "--gpus", G, "--every", 10, "--redundant", 4, "--max-moves", 2,
+                       "--json")
+    assert rc == 0, err
+    got = json.loads(out)
+    by = {c["name"]: c for c in got["candidates"]}
+    assert got["max_moves"] == 2 and "lp_borderline" in got["verdict"]
+    for name in ("ours_repair", "ours_repair_lp", "advisor", "advisor_lp"):
+        assert by[name]["moves"] <= 2 * by[name]["changes"]
+    rc, out, err = run(capsys, "--trace", src, "--gpus", G, "--every", 10, "--max-moves", 2)
+    assert rc == 0, err
+    assert "repairs within 2 copies per change" in out
+    rc, _, err = run(capsys, "--trace", src, "--gpus", G, "--every", 10, "--max-moves", -1)
+    assert rc == 2 and "--max-moves" in err
+
+
 def counts_steps(steps: int, seed: int = 1) -> np.ndarray:
     """int [steps, RANKS, L, E]: every rank's counts of each step."""
     rng = np.random.default_rng(seed)
