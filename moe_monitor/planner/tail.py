@@ -5,13 +5,15 @@ few hundred tokens routes them to a few dozen experts, and which GPUs they land 
 the objective is, per layer, the p99 over steps of the per-step imbalance (max / mean GPU load of one step under
 the dispatch policy, core.dispatch and core.steptails).
 
-``fit_tail`` fits candidate layouts and keeps, per layer, the one with the lowest p99 on held-out steps:
+``fit_tail`` fits candidate layouts and keeps, per layer, the one with the lowest p99 on held-out steps (another
+than the window layout only when lower by SWITCH_MARGIN):
 
 - the window layout the caller planned on the summed counts (so the tail fit is never worse than it there);
 - ``steps``: the robust fit (planner.robust) with single steps as its scenarios: replicas go to experts that are
   hot in any step and packing balances every sampled step at once, which also leaves the lp dispatch room (an
   expert hot in some steps gets replicas on GPUs that are not hot in the same steps);
-- ``bursts``: the robust fit on short windows of steps (a few steps summed), between the two;
+- ``bursts``: the robust fit on short windows of the steps that are not scored (a few steps summed), between
+  the two;
 - under lp only, ``window+linked`` and ``steps+linked``: those layouts with their GPUs linked into one component
   through replicated experts (planner.lproom: the lp levels load only between GPUs that share a replicated
   expert; on DeepSeek-V3 decode steps this takes the lp's per-step p99 from ~1.08 to ~1.01).
@@ -34,6 +36,8 @@ from .robust import fit_robust, normalise
 FIT_STEPS = 24        # single steps the robust fit balances at once (its scenarios)
 SCORE_STEPS = {"lp": 96}   # held-out steps each candidate is scored on under lp (~100 us per step and layer)
 SCORE_STEPS_CHEAP = 480    # under the other policies (a p99 of 96 steps is nearly their max: noisy)
+SWITCH_MARGIN = 0.005  # a candidate replaces the window layout of a layer only when its p99 is this much lower
+                       # (the p99 of a few hundred steps is noisy: on the bench, 0.002 edges were lost on new steps)
 BURST_STEPS = 8       # steps summed into one scenario of the ``bursts`` candidate
 OBJECTIVES = ("window", "tail")
 
@@ -90,7 +94,8 @@ def fit_tail(steps_TLE, gpus: int, redundant: int, window_LP: np.ndarray, dispat
     layouts = {"window": np.asarray(window_LP, dtype=np.int64)}
     scen = _dense_uniform(normalise(fit_steps))
     layouts["steps"] = fit_robust(scen, gpus, redundant, recent=scen.shape[0])
-    bursts = _dense_uniform(normalise(_bursts(c, BURST_STEPS)))
+    unscored = np.setdiff1d(np.arange(c.shape[0]), score_idx)        # the bursts never see a scored step
+    bursts = _dense_uniform(normalise(_bursts(c[unscored], BURST_STEPS)))
     layouts["bursts"] = fit_robust(bursts, gpus, redundant, recent=min(bursts.shape[0], FIT_STEPS))
     if dispatch == "lp":
         weight_LE = _dense_uniform(c.sum(0)[None])[0]
@@ -98,7 +103,8 @@ def fit_tail(steps_TLE, gpus: int, redundant: int, window_LP: np.ndarray, dispat
             layouts[f"{name}+linked"] = connect_replicas(layouts[name], weight_LE, gpus)
     names = list(layouts)
     p99_NL = np.stack([tail_p99(score_steps, layouts[n], gpus, dispatch) for n in names])
-    pick_L = np.argmin(p99_NL, axis=0)                                 # ties: the window layout (first)
+    handicap_N = np.where(np.arange(len(names)) == 0, 0.0, SWITCH_MARGIN)
+    pick_L = np.argmin(p99_NL + handicap_N[:, None], axis=0)          # ties: the window layout (first)
     layout = np.stack([layouts[names[k]][layer] for layer, k in enumerate(pick_L)])
     wins = {n: int((pick_L == i).sum()) for i, n in enumerate(names)}
     return layout, p99_NL[pick_L, np.arange(pick_L.size)], wins
