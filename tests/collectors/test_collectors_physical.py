@@ -77,3 +77,49 @@ def test_a_full_inbox_drops_and_counts(redis_url):
     mon.record_physical(np.ones((2, 4), dtype=np.int64))
     mon.close()
     assert mon.stats()["sinks"]["redis"]["dropped_physical"] == 1 and _entries(redis_url, "physfull") == []
+
+
+class _PartialSink:
+    """Takes physical records; its first write lands only the first of them (PartialWrite), later ones all."""
+
+    name, keeps_health = "partial", False  # the publisher's own errors stay in last_error
+
+    def __init__(self):
+        self.steps: list[int] = []
+        self.calls = 0
+
+    def write(self, records, samples, health, layouts=(), physical=()):
+        from moe_monitor.collectors.sinks import PartialWrite
+        self.calls += 1
+        if self.calls == 1 and len(physical) > 1:
+            self.steps.append(physical[0].step)
+            raise PartialWrite("1 of 2 commands: OOM", frozenset(), True, physical_landed=frozenset({0}))
+        self.steps += [rec.step for rec in physical]
+
+    def close(self):
+        pass
+
+
+def test_what_landed_of_a_partial_write_is_not_sent_again():
+    import threading
+    import time
+
+    from moe_monitor.collectors.physical import PhysicalJob
+    from moe_monitor.collectors.publisher import Publisher
+
+    sink = _PartialSink()
+    pub = Publisher([sink], decode=lambda job: None, release=lambda slot: None, rank=0, flush_interval_s=0.02)
+    for step in range(3):
+        pub.submit_physical(PhysicalJob(run="pw", step=step, rank=0, time_s=1.0, gpus=2, instance="i",
+                                        source="engine", counts=np.ones((2, 4), dtype=np.int32)))
+    pub.submit_physical(PhysicalJob(run="pw", step=9, rank=0, time_s=1.0, gpus=2, instance="i", source="engine",
+                                    counts=-np.ones((2, 4), dtype=np.int32)))  # refused on the publisher thread
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(sink.steps) < 3:
+        threading.Event().wait(0.02)
+    pub.close(2.0)
+    assert sink.steps == [0, 1, 2] and sink.calls >= 2
+    stats = pub.sink_stats()["partial"]
+    assert (stats["published_physical"], stats["dropped_physical"]) == (3, 1)
+    assert "physical counts refused: ValueError: physical counts must not be negative" in pub.last_error
+    assert "partial sink refused 1 of 2 commands" in stats["last_failure"]
