@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from moe_monitor import core
 from moe_monitor.core.runwrite import PHYSICAL_MAXLEN_MIN, physical_maxlen
+from tests.core.test_properties_wire import field_values
+from tests.support.properties import property_settings
+
+SETTINGS = property_settings()
 
 COUNTS_LP = np.array([[5, 0, 3, 2, 1, 7], [0, 0, 4, 4, 9, 1]], dtype=np.int32)  # 2 layers, 6 slots
 
@@ -125,3 +131,28 @@ def test_the_stream_is_bounded_by_its_budget():
     assert physical_maxlen(64 << 20, 58, 288) == (64 << 20) // (58 * 288 * 4 + 200)
     assert 900 < physical_maxlen(64 << 20, 58, 288) < 1100
     assert physical_maxlen(1, 58, 288) == PHYSICAL_MAXLEN_MIN
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(core.PHYSICAL_FIELDS), st.one_of(field_values, st.binary(min_size=44, max_size=52)),
+                       min_size=1, max_size=4), st.booleans())
+@example({"L": "1024", "P": "1024"}, False)
+@example({"counts": b"\xff" * 48}, False)
+@example({"gpus": "6", "P": "6"}, True)
+@example({"step": str(2**62 - 1)}, True)
+def test_any_entry_decodes_within_bounds_or_is_one_value_error(changes, text_keys):
+    fields = _as_redis(core.encode_physical(_record()))
+    if text_keys:  # text keys, as a client that decodes responses hands them over
+        fields = {k.decode(): v for k, v in fields.items()}
+    for name, value in changes.items():
+        fields[name if text_keys else name.encode()] = value
+    try:
+        rec = core.decode_physical(fields)
+    except ValueError:
+        return
+    num_layers, num_slots = rec.counts_LP.shape
+    assert 1 <= num_layers <= core.MAX_LAYERS and 1 <= num_slots <= core.MAX_SLOTS
+    assert num_layers * num_slots <= core.MAX_CELLS and rec.counts_LP.dtype == np.int32 and rec.counts_LP.min() >= 0
+    assert num_slots % rec.gpus == 0 and rec.source in core.PHYSICAL_SOURCES and len(rec.instance) <= core.MAX_NAME_CHARS
+    assert 0 <= rec.step < core.MAX_STEP and 0 <= rec.rank < core.MAX_WORLD and abs(rec.time_s) < core.MAX_TIME_S
+    assert rec.gpu_loads().sum() == rec.counts_LP.astype(np.int64).sum()
