@@ -130,10 +130,10 @@ class _LpTables:
         self.gpu_LFR = np.full((L, F, R), gpus, dtype=np.int64)
         self.mult_LFR = np.ones((L, F, R), dtype=np.float64)
         for layer, found in enumerate(spans):
-            for f, (expert, g, mult) in enumerate(found):
+            for f, (expert, span_gpus, span_mult) in enumerate(found):
                 self.expert_LF[layer, f], self.real_LF[layer, f] = expert, True
-                self.gpu_LFR[layer, f, :len(g)] = g
-                self.mult_LFR[layer, f, :len(g)] = mult
+                self.gpu_LFR[layer, f, :len(span_gpus)] = span_gpus
+                self.mult_LFR[layer, f, :len(span_gpus)] = span_mult
         self.flexible_LE = flexible_LE
         self.span_F = (self.gpu_LFR < gpus).sum(-1).max(0) if F else np.zeros(0, dtype=np.int64)  # column widths
         self.layout_LP, self.gpu_P = layout_LP, gpu_P
@@ -141,9 +141,9 @@ class _LpTables:
         self.share_index_LP = np.zeros((L, P), dtype=np.int64)
         self.flexible_LP = np.take_along_axis(flexible_LE, layout_LP, axis=1)
         for layer, found in enumerate(spans):
-            for f, (expert, g, _) in enumerate(found):
+            for f, (expert, span_gpus, _) in enumerate(found):
                 for slot in np.flatnonzero(layout_LP[layer] == expert):
-                    self.share_index_LP[layer, slot] = f * R + g.index(int(gpu_P[slot]))
+                    self.share_index_LP[layer, slot] = f * R + span_gpus.index(int(gpu_P[slot]))
 
     def slot_loads(self, counts_TLE: np.ndarray) -> np.ndarray:
         """float64 [T, L, P]: fixed experts' tokens split evenly over their slots (all on one GPU), replicated

@@ -51,7 +51,7 @@ class StepTails:
         out: dict[str, list[float | None]] = {}
         for name, values, q in (("p50", self.imbalance_TL, 50), ("p99", self.imbalance_TL, 99),
                                 ("max", self.imbalance_TL, 100), ("skew_p99", self.skew_TL, 99)):
-            out[name] = [_none(v) for v in _nan_percentile(values, q, axis=0)]
+            out[name] = [_none(v) for v in _nan_percentile_columns(values, q)]
         return out
 
     @property
@@ -121,10 +121,15 @@ def pair_skew(slot_XGS: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(worst), worst, np.nan)
 
 
-def _nan_percentile(values: np.ndarray, q: float, axis=None) -> np.ndarray:
+def _nan_percentile(values: np.ndarray, q: float) -> float:
+    """The q-th percentile of the finite values, NaN without any."""
     finite = np.isfinite(values)
-    if axis is None:
-        return np.percentile(values[finite], q) if finite.any() else np.nan
+    return float(np.percentile(values[finite], q)) if finite.any() else float("nan")
+
+
+def _nan_percentile_columns(values: np.ndarray, q: float) -> np.ndarray:
+    """float64 [C]: the q-th percentile of each column's finite values of [N, C], NaN for a column without any."""
+    finite = np.isfinite(values)
     out = np.full(values.shape[1], np.nan)
     for col in range(values.shape[1]):
         if finite[:, col].any():
