@@ -2,14 +2,16 @@
 int [L, P] with slot p on GPU p // S (shape legend: README, Conventions).
 
 - plan(counts, gpus, redundant, ...) -> PlanResult: a layout with its predicted balancedness and bounds
-  (policies in POLICIES: EPLB parity, refined, robust over windows, hierarchical over nodes);
+  (policies in POLICIES: EPLB parity, refined, robust over windows, hierarchical over nodes; objective "tail":
+  the per-step p99 under a dispatch policy, planner.tail; the default's held-in pick of its blend, planner.heldin);
 - best_bound / group_partition_bound: how good any layout could be;
 - repair_plan / repair_curve / experts_copied: fix the current layout within a move budget;
 - add_replica / move_replica: one hand edit; replica_budget_curve: imbalance against redundant slots;
 - traffic: all-to-all traffic of sampled top-k rows under a layout;
 - (GPU loads under a layout and balancedness are the load model's: moe_monitor.core.loadmodel);
 - load_counts / load_layout / split_windows: inputs (SGLang logical_count JSON or .pt, traces, layouts);
-- simulate / Schedule / CostModel: replay per-step counts under a layout schedule, straggler + migration time;
+- simulate / Schedule / CostModel: replay per-step counts under a layout schedule, straggler + migration time
+  (GPU loads under a dispatch policy, core.dispatch);
 - advise / periodic_schedule / static_schedule: rebalance policies that write schedules;
 - staleness: imbalance at t + delta of layouts fitted at t.
 
