@@ -8,6 +8,10 @@ time a repair would save over the next 1,000 steps if the window repeats, as a s
 moe_rebalance_migration_cost_ratio (time serving waits for its expert copies, same unit: rebalance when the
 gain exceeds it) and moe_rebalance_moves (expert copies it needs).
 
+Per-step tail gauges (labels run, phase, dispatch = the run's dispatch policy, stat = p99), over the window:
+moe_step_imbalance_ratio (per-step busiest GPU over the mean, over every (step, layer) with tokens) and
+moe_expert_skew_ratio (the busiest expert slot of a GPU over that GPU's mean per slot, on the worst GPU).
+
 Bounds: every run's window shares one --memory-budget (a run whose window does not fit gets fewer steps:
 moe_exporter_window_steps); at most --max-gpus GPUs per run and phase get series of their own (the busiest and
 the straggler; moe_gpu_load_rest_tokens_per_step sums up the others), at most --max-series series in all;

@@ -46,6 +46,9 @@ def register(sub) -> None:
                         help="environment variable holding the server's admin API key (sent as a Bearer token)")
     parser.add_argument("--sample-tokens", type=int, default=16, choices=range(0, 257), metavar="N",
                         help="routing rows sampled per pass from per_token dumps (0: none; default 16)")
+    parser.add_argument("--ep-dispatch-algorithm", choices=("static", "dynamic", "fake", "lp"),
+                        help="the server's --ep-dispatch-algorithm, for the run's dispatch policy (static: round_robin, "
+                             "dynamic and fake: even, lp: lp; default: SGLang's static)")
     parser.set_defaults(handler=lambda args: guarded(bridge, args))
 
 
@@ -63,7 +66,7 @@ def bridge(args: argparse.Namespace) -> int:
             every_s=args.every, poll_s=args.poll, top_k=args.top_k, gpus=args.gpus, nodes=args.nodes,
             model_name=args.model, max_file_bytes=int(args.max_file_mib * (1 << 20)),
             redis_timeout_s=args.redis_timeout_s, server_timeout_s=args.server_timeout_s,
-            sample_tokens=args.sample_tokens, api_key=api_key)
+            sample_tokens=args.sample_tokens, api_key=api_key, dispatch_algorithm=args.ep_dispatch_algorithm)
         running = Bridge(opts)
     except ValueError as exc:
         return fail(str(exc))

@@ -505,7 +505,8 @@ def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "moe_monitor", "sglang", "--dump-dir", str(folder), "--redis", redis_url, "--run", "srv",
-         "--server", server.url, "--every", "0.3", "--poll", "0.1", "--top-k", str(K), "--gpus", str(GPUS)],
+         "--server", server.url, "--every", "0.3", "--poll", "0.1", "--top-k", str(K), "--gpus", str(GPUS),
+         "--ep-dispatch-algorithm", "lp"],
         cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_until(lambda: len(steps_of(redis_url, "srv")) >= len(expected), 30), "not published in time"
@@ -526,6 +527,7 @@ def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
     seen = core.connect(redis_url).hgetall(bridge_state.seen_key("srv"))
     statuses = {json.loads(v)["status"] for v in seen.values()}
     assert statuses == {"published", "empty"}  # the dumps after the queue ran dry held no passes
+    assert core.decode_meta(core.connect(redis_url).get(core.meta_key("srv"))).dispatch == "lp"  # the server's flag
 
 
 def test_server_down_is_one_line_then_retried(tmp_path, redis_url, real):
