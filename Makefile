@@ -69,7 +69,7 @@ docs: venv
 
 bench: venv
 	bash scripts/system-deps.sh
-	@for b in collector dashboard planner traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	@for b in collector dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache site
