@@ -224,12 +224,14 @@ def _best_nonzero_repair(recent: np.ndarray, cur: np.ndarray, gpus: int, sub_win
 
 def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None = None,
                horizon_steps: int = DEFAULT_HORIZON, max_moves: int = DEFAULT_MAX_MOVES,
-               sub_windows: int = DEFAULT_SUB_WINDOWS) -> Advice:
+               sub_windows: int = DEFAULT_SUB_WINDOWS, dispatch: str = "even") -> Advice:
     """The advisor's decision now (one decision point of ``advise``, module docstring): from the window's
     per-step counts [T, L, E] (oldest first) and the layout in force [L, P], the candidate the advisor would
     move to within ``max_moves`` copies, its predicted gain over ``horizon_steps`` steps if the window repeats,
     and its migration time; ``rebalance`` when the gain beats the migration time, the rule ``advise`` applies.
-    R = P - E redundant slots (used only when the current layout cannot be repaired and is re-planned)."""
+    R = P - E redundant slots (used only when the current layout cannot be repaired and is re-planned). Step
+    and straggler times are replayed under the ``dispatch`` policy (core.dispatch)."""
+    check_policy(dispatch)
     c = _counts(window_counts_TLE)
     horizon_steps, sub_windows = whole_number(horizon_steps, "horizon steps", 1), whole_number(sub_windows, "sub-windows", 1)
     max_moves = whole_number(max_moves, "max moves", 0)
@@ -240,7 +242,7 @@ def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None 
     cur = validated_layout(current_LP, E, gpus)
     if cur.shape[0] != L:
         raise ValueError(f"current layout has {cur.shape[0]} layers, the counts have {L}")
-    step_s = float((gpu_loads_max(c, cur, gpus)).mean() * cost.seconds_per_token_slot)
+    step_s = float((gpu_loads_max(c, cur, gpus, dispatch)).mean() * cost.seconds_per_token_slot)
     if not c.any() or max_moves == 0:
         return Advice(False, cur, 0, 0.0, 0.0, step_s, horizon_steps,
                       "no tokens in the window" if not c.any() else "no moves allowed")
@@ -248,14 +250,14 @@ def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None 
     if experts_copied(cur, lay, gpus) == 0:
         lay, why = _best_nonzero_repair(c, cur, gpus, sub_windows, max_moves, horizon_steps, cost)
     moves = experts_copied(cur, lay, gpus)
-    gain = predicted_gain_seconds(c, cur, lay, gpus, horizon_steps, cost) if moves else 0.0
+    gain = predicted_gain_seconds(c, cur, lay, gpus, horizon_steps, cost, dispatch) if moves else 0.0
     migration = cost.migration_seconds(moves)
     return Advice(rebalance=bool(moves > 0 and gain > migration), layout_LP=np.asarray(lay, dtype=np.int64),
                   moves=int(moves), gain_s=float(gain), migration_s=float(migration), step_s=step_s,
                   horizon_steps=horizon_steps, reason=why)
 
 
-def gpu_loads_max(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
+def gpu_loads_max(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str = "even") -> np.ndarray:
     """Per step, the sum over layers of the busiest GPU's load in tokens, float64 [T] (counts [T, L, E]): the
-    expert time of a step in token-slots (balanced part + straggler part)."""
-    return straggler_tokens(counts_TLE, layout_LP, gpus) + counts_TLE.sum((1, 2)) / gpus
+    expert time of a step in token-slots (balanced part + straggler part), under the ``dispatch`` policy."""
+    return straggler_tokens(counts_TLE, layout_LP, gpus, dispatch) + counts_TLE.sum((1, 2)) / gpus

@@ -125,3 +125,13 @@ def test_plan_checks_its_new_arguments(steps_TLE):
         plan(steps_TLE.sum(0), G, R, objective="tail")
     with pytest.raises(ValueError, match="do not match"):
         plan(steps_TLE.sum(0), G, R, objective="tail", steps=steps_TLE[:, :2])
+
+
+def test_advise_now_prices_steps_under_the_dispatch(steps_TLE):
+    from moe_monitor.planner.advisor import advise_now
+    lay = plan(steps_TLE.sum(0), G, R).layout_LP
+    even = advise_now(steps_TLE[:60], lay, G, dispatch="even")
+    lp = advise_now(steps_TLE[:60], lay, G, dispatch="lp")
+    assert lp.step_s < even.step_s
+    with pytest.raises(ValueError, match="dispatch"):
+        advise_now(steps_TLE[:60], lay, G, dispatch="fastest")
