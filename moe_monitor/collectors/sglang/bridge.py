@@ -1,6 +1,6 @@
 """The bridge loop: watch SGLang's dump folder, turn each complete dump into step records (and layout
-records; for per_pass / per_token dumps also physical records: each pass's global_physical_count, the tokens
-its rank sent to every physical slot as SGLang's dispatch placed them), publish them through collectors.sinks.RedisSink, remember what was read (state.py); optionally
+records; for per_pass / per_token dumps also physical records: jobs.py), publish them through
+collectors.sinks.RedisSink, remember what was read (state.py); optionally
 drive the server's recorder endpoints on a period (server.py).
 
 One thread. Every failure is one line on the log, said once per outage or per file, and never a crash:
@@ -15,24 +15,22 @@ GPUs of the layout and the run's metadata: runmeta.py.
 from __future__ import annotations
 
 import copy
-import hashlib
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import numpy as np
+from dataclasses import dataclass
 
 from moe_monitor import core
 from moe_monitor.collectors.sinks import PartialWrite, RedisSink, StreamExhausted
 from moe_monitor.core.health import HealthReport
 from moe_monitor.core.redaction import scrub
 from moe_monitor.core.sglang_dumps import PassDump, StatDump, read_dump
-from moe_monitor.core.sglang_records import SAMPLE_TOKENS, Steps, pass_steps, stat_steps, top_k_of
+from moe_monitor.core.sglang_records import SAMPLE_TOKENS, top_k_of
 
 from . import state as store
 from .folder import DumpFile, Folder
+from .jobs import Job, convert
 from .runmeta import ConfigError, MetaSettings, run_meta_for
 from .server import ServerDriver, ServerError
 from .stepids import StepIds
@@ -66,22 +64,6 @@ class BridgeOptions:
     dispatch_algorithm: str | None = None  # SGLang's --ep-dispatch-algorithm (runmeta.sglang_dispatch maps it)
 
 
-@dataclass
-class _Job:
-    """A dump being published: records not landed yet (steps, physical counts), the layout record (until sent),
-    what to save after."""
-
-    file: DumpFile
-    records: list[core.StepRecord]
-    layout: core.LayoutRecord | None
-    ids: StepIds
-    layout_sha: str
-    seen: store.Seen
-    summary: str
-    landed_by_rank: dict[int, int] = field(default_factory=dict)
-    physical: list[core.PhysicalRecord] = field(default_factory=list)
-
-
 def _say(line: str) -> None:
     print(f"sglang-bridge: {line}", file=sys.stderr, flush=True)
 
@@ -108,7 +90,7 @@ class Bridge:
         self.top_k: int | None = opts.top_k
         self.published_by_rank: dict[int, int] = {}
         self.files_published = self.files_refused = 0
-        self._job: _Job | None = None
+        self._job: Job | None = None
         self._unsaved: dict[str, store.Seen] = {}  # refusals not yet written to Redis
         self._redis_error = ""      # standing Redis failure ("" when fine), said once
         self._folder_error = ""
@@ -270,7 +252,7 @@ class Bridge:
         self.published_by_rank = {int(k): int(v) for k, v in dict(saved.get("published_by_rank", {})).items()}
 
     # ------------------------------------------------------------------ one file
-    def _read(self, dump_file: DumpFile, ranks_hint: int) -> _Job | None:
+    def _read(self, dump_file: DumpFile, ranks_hint: int) -> Job | None:
         """Load and convert one file into a job; None (after one line) when it is refused or empty."""
         try:
             dump = read_dump(dump_file.path, self.opts.max_file_bytes)
@@ -291,7 +273,7 @@ class Bridge:
         self.seen[dump_file.name] = self._unsaved[dump_file.name] = entry
         self.files_refused += 1
 
-    def _job_for(self, dump_file: DumpFile, dump: StatDump | PassDump, ranks_hint: int) -> _Job | None:
+    def _job_for(self, dump_file: DumpFile, dump: StatDump | PassDump, ranks_hint: int) -> Job | None:
         """The records of one checked dump. ValueError: the file does not fit this run (refused);
         ConfigError: the settings cannot handle it."""
         top_k = self.top_k or (top_k_of(dump) if isinstance(dump, PassDump) else None)
@@ -303,67 +285,17 @@ class Bridge:
         if (dump.num_layers, dump.num_experts) != (num_layers, num_experts):
             raise ValueError(f"the dump is [{dump.num_layers} layers, {dump.num_experts} experts], run "
                              f"{self.run_name} is [{num_layers}, {num_experts}] (its metadata): use another --run")
-        ids = copy.deepcopy(self.ids)
-        dump_time_s = dump_file.named.time_s if 0 < dump_file.named.time_s < core.MAX_TIME_S \
-            else dump_file.mtime_ns / 1e9
-        layout_sha = self.layout_sha
-        layout = None
-        physical: list[core.PhysicalRecord] = []
-        if isinstance(dump, PassDump):
-            world = meta.world_size
-            if dump.rank >= world:
-                raise ValueError(f"rank {dump.rank} is not below the run's {world} ranks (its metadata): pass "
-                                 "--gpus with the number of expert-parallel ranks, under a new --run")
-            steps = pass_steps(dump, top_k, self.opts.sample_tokens)
-            if not steps.phase_T:
-                self._empty(dump_file, "no forward passes recorded")
-                return None
-            step_T = ids.for_passes(dump.rank, dump.pass_id_T)
-            time_s_T = ids.times(str(dump.rank), dump_time_s, dump.pass_id_T, self.opts.every_s)
-            digest = _layout_sha(dump.physical_to_logical_LP)
-            if digest != self.layout_sha:
-                layout = core.LayoutRecord(
-                    run=self.run_name, step=int(step_T[0]), time_s=float(time_s_T[0]),
-                    physical_to_logical_LP=dump.physical_to_logical_LP.astype(np.int32), gpus=meta.layout.gpus,
-                    nodes=meta.layout.nodes, source="engine" if self.layout_sha else "initial", rank=dump.rank,
-                    instance=self.instance).validate(num_experts, num_layers=num_layers)
-                layout_sha = digest
-            mode = f"{dump.mode}, rank {dump.rank}"
-            physical = self._physical(dump, step_T, time_s_T, meta.layout.gpus)
-        else:
-            world = 1
-            steps = stat_steps(dump, top_k)
-            if not steps.phase_T:
-                self._empty(dump_file, "every buffered row is zero")
-                return None
-            step_T = ids.for_rows(len(steps.phase_T))
-            time_s_T = ids.times("stat", dump_time_s, np.arange(len(steps.phase_T)), self.opts.every_s)
-            mode = f"stat, {dump.logical_count_TLE.shape[0]} buffered rows"
-        records = self._records(steps, step_T, time_s_T, world)
-        total = sum(rec.tokens for rec in records)
-        summary = (f"{dump_file.name} ({mode}): {len(records)} steps {int(step_T[0])}..{int(step_T[-1])}, "
-                   f"{total} tokens{'; layout change' if layout is not None and layout.source == 'engine' else ''}")
-        return _Job(dump_file, records, layout, ids, layout_sha,
-                    store.Seen(dump_file.size_bytes, dump_file.mtime_ns, "published", steps=len(records)), summary,
-                    physical=physical)
+        job = convert(dump_file, dump, self.run_name, meta, top_k, copy.deepcopy(self.ids), self.layout_sha,
+                      self.instance, self.opts.sample_tokens, self.opts.every_s)
+        if isinstance(job, str):
+            self._empty(dump_file, job)
+            return None
+        return job
 
     def _empty(self, dump_file: DumpFile, why: str) -> None:
         self.seen[dump_file.name] = self._unsaved[dump_file.name] = store.Seen(
             dump_file.size_bytes, dump_file.mtime_ns, "empty", why=why)
         return None
-
-    def _records(self, steps: Steps, step_T: np.ndarray, time_s_T: np.ndarray, world: int) -> list[core.StepRecord]:
-        return [core.StepRecord(
-            run=self.run_name, rank=steps.rank, world_size=world, step=int(step_T[t]), time_s=float(time_s_T[t]),
-            phase=steps.phase_T[t], tokens=int(steps.tokens_T[t]), counts_LE=steps.counts_TLE[t],
-            sample_ids_LNK=steps.sample_T[t], instance=self.instance) for t in range(len(steps.phase_T))]
-
-    def _physical(self, dump: PassDump, step_T: np.ndarray, time_s_T: np.ndarray, gpus: int) -> list[core.PhysicalRecord]:
-        """One PhysicalRecord per pass: its global_physical_count int32 [L, P] (this rank's tokens per slot)."""
-        return [core.PhysicalRecord(
-            run=self.run_name, step=int(step_T[t]), rank=dump.rank, time_s=float(time_s_T[t]),
-            counts_LP=dump.physical_count_TLP[t], gpus=gpus, instance=self.instance, source="sglang")
-            for t in range(len(dump.pass_id_T))]
 
     def _new_meta(self, dump: StatDump | PassDump, top_k: int, ranks_hint: int) -> core.RunMeta:
         """The run's metadata from its first dump (runmeta.py), and the sink that writes it."""
@@ -385,7 +317,7 @@ class Bridge:
                               self.opts.memory_budget_bytes, log=self.log)
 
     # ------------------------------------------------------------------ publishing
-    def _publish(self, job: _Job) -> bool:
+    def _publish(self, job: Job) -> bool:
         """Send the job's layout record, step records and physical records, then mark the file read with the new
         state, all or retried at the next poll from where it stopped. True when it all landed."""
         self._job = job
@@ -448,7 +380,7 @@ class Bridge:
         self._unsaved.clear()
         return self._job is None
 
-    def _health(self, rank: int, job: _Job | None = None, sending: int = 0) -> HealthReport:
+    def _health(self, rank: int, job: Job | None = None, sending: int = 0) -> HealthReport:
         landed = job.landed_by_rank.get(rank, 0) if job else 0
         return HealthReport(
             rank=rank, published_steps=self.published_by_rank.get(rank, 0) + landed + sending,
@@ -492,11 +424,6 @@ class Bridge:
         if self._redis_error:
             self.log(f"redis {self.where} reachable again")
             self._redis_error = ""
-
-
-def _layout_sha(layout_LP: np.ndarray) -> str:
-    data = np.ascontiguousarray(layout_LP, dtype="<i4")
-    return hashlib.sha256(repr(data.shape).encode() + data.tobytes()).hexdigest()
 
 
 def _positive(value: object) -> int | None:
