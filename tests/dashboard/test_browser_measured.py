@@ -11,7 +11,7 @@ import pytest
 
 from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.dashboard.test_dashboard_measured import _fill
-from tests.support.browserkit import chromium_page, serving
+from tests.support.browserkit import chromium_page, serving_app
 
 
 @pytest.fixture
@@ -21,9 +21,7 @@ def app_url(tmp_path: Path):
         _fill(server.url, "measured-browser", steps=8, physical=True)
         port = free_port()
         env = dict(os.environ, REDIS_URL=server.url)
-        with serving(["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.port", str(port),
-                      "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                      "--server.fileWatcherType", "none"], port, tmp_path / "streamlit.log", env) as url:
+        with serving_app(port, tmp_path / "streamlit.log", env) as url:
             yield url
     finally:
         server.stop()

@@ -12,7 +12,7 @@ import pytest
 from moe_monitor import core
 from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.support import synthfill
-from tests.support.browserkit import chromium_page, serving
+from tests.support.browserkit import chromium_page, serving_app
 
 RUN = "tails-browser"
 L, E, G = 4, 16, 4
@@ -30,9 +30,7 @@ def app_url(tmp_path: Path):
         client.set(core.meta_key(RUN), core.encode_meta(meta))
         port = free_port()
         env = dict(os.environ, REDIS_URL=server.url)
-        with serving(["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.port", str(port),
-                      "--server.headless", "true", "--browser.gatherUsageStats", "false",
-                      "--server.fileWatcherType", "none"], port, tmp_path / "streamlit.log", env) as url:
+        with serving_app(port, tmp_path / "streamlit.log", env) as url:
             yield url
     finally:
         server.stop()

@@ -13,6 +13,7 @@ from moe_monitor.dashboard.live import steptails as live
 from moe_monitor.dashboard.live.layout import resolve_layout
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.window import StepWindow
+from tests.support.solvecount import count_solved_steps
 
 L, E, G = 3, 8, 4
 REPLICATED = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 0, 2]] * L)  # experts 0, 1, 2 on two or three GPUs (S = 3)
@@ -68,14 +69,7 @@ def test_equal_to_core_steptails_on_the_same_window(policy):
 
 
 def test_each_step_is_solved_once_and_only_new_steps_cost_a_tick(monkeypatch):
-    solved: list[int] = []
-    real = DispatchModel.slot_loads
-
-    def counting(self, counts_TLE):
-        solved.append(len(counts_TLE))
-        return real(self, counts_TLE)
-
-    monkeypatch.setattr(DispatchModel, "slot_loads", counting)
+    solved = count_solved_steps(monkeypatch)
     window, layout = _window(30, capacity=32), _layout()
     first = live.live_tails(window, window.ordered_slots(), layout, "lp", max_rows=None)
     again = live.live_tails(window, window.ordered_slots(), layout, "lp", max_rows=None)

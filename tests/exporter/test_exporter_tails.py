@@ -9,10 +9,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from moe_monitor import core
-from moe_monitor.core.dispatch import DispatchModel
 from moe_monitor.core.steptails import step_tails
 from moe_monitor.exporter.server import RunExporter
 from tests.support import synthfill
+from tests.support.solvecount import count_solved_steps
 
 L, E, G = 4, 16, 4
 LAYOUT = [[*range(E), 0, 1, 2, 3] for _ in range(L)]  # experts 0-3 twice: P = 20, 5 slots per GPU
@@ -62,14 +62,7 @@ def test_a_poll_solves_only_the_new_steps(redis_url, monkeypatch):
     client = core.connect(redis_url, timeout_s=2.0)
     first = _fill(client, "tails-new", 10, "lp")
     exporter = RunExporter(client, redis_url, ["tails-new"], window_steps=100)
-    solved: list[int] = []
-    real = DispatchModel.slot_loads
-
-    def counting(self, counts_TLE):
-        solved.append(len(counts_TLE))
-        return real(self, counts_TLE)
-
-    monkeypatch.setattr(DispatchModel, "slot_loads", counting)
+    solved = count_solved_steps(monkeypatch)
     exporter.poll()
     assert sum(solved) == 10  # three phases, each step solved once
     later = _fill(client, "tails-new", 4, None, first_step=10, seed=1)

@@ -54,6 +54,17 @@ def serving(python_args: list[str], port: int, log_path: Path, env: dict[str, st
                     os.killpg(proc.pid, signal.SIGKILL)
 
 
+STREAMLIT_APP = ["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.headless", "true",
+                 "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"]
+
+
+@contextlib.contextmanager
+def serving_app(port: int, log_path: Path, env: dict[str, str]):
+    """serving() of the dashboard app (`streamlit run app.py`, headless, no file watcher) on `port`."""
+    with serving([*STREAMLIT_APP, "--server.port", str(port)], port, log_path, env) as url:
+        yield url
+
+
 @contextlib.contextmanager
 def chromium_page(width: int, height: int):
     """A page in headless Debian chromium (playwright's Python package, never its own browser download)."""
