@@ -28,6 +28,8 @@ DISPATCH_POLICIES = ("even", "round_robin", "lp", "ideal")
 LP_TOLERANCE = 1e-4     # relative gap (busiest GPU over the proven lower bound, minus 1) at which lp stops:
                         # 0.1 token at 1,000 tokens per GPU
 LP_TOKEN_FLOOR = 0.01   # ... or within this many tokens of it (small counts)
+CHUNK_BYTES = 64 << 20  # a reader solves at most this many bytes of [steps, L, P] float64 at once (steps_per_chunk)
+TEMPORARIES = 6         # [steps, L, P] float64 arrays a slot_loads call holds at its peak (counts, shares, slots)
 LP_MAX_SWEEPS = 400     # water-filling sweeps at most (sampled DeepSeek-V3 steps need up to ~120)
 
 
@@ -57,8 +59,16 @@ class DispatchModel:
         if policy == "lp":
             self._lp = _LpTables(self.layout_LP, self.gpu_P, num_experts, gpus)
 
+    @property
+    def steps_per_chunk(self) -> int:
+        """Steps a reader hands slot_loads / gpu_loads at once so that the call's temporaries stay within
+        CHUNK_BYTES (at least 1: 83 steps at 58 x 288, 1 step at 800 x 1000; lp costs the same in chunks)."""
+        L, P = self.layout_LP.shape
+        return max(1, CHUNK_BYTES // (L * max(P, self.num_experts) * 8 * TEMPORARIES))
+
     def slot_loads(self, counts_TLE) -> np.ndarray:
-        """Tokens each slot serves, float64 [T, L, P], from counts [T, L, E] (numbers >= 0)."""
+        """Tokens each slot serves, float64 [T, L, P], from counts [T, L, E] (numbers >= 0). Memory: about
+        TEMPORARIES x T x L x P x 8 bytes at the peak (give at most steps_per_chunk steps at once)."""
         counts = _counts3(counts_TLE, self.layout_LP.shape[0], self.num_experts)
         if self.policy == "even":
             return slot_weights(counts, self.layout_LP)

@@ -22,8 +22,6 @@ import numpy as np
 
 from .dispatch import DispatchModel
 
-CHUNK_STEPS = 256  # steps solved at once (bounds the [steps, L, P] float64 temporaries: 256 x 61 x 288 x 8 B = 36 MB)
-
 
 @dataclass(frozen=True)
 class StepTails:
@@ -93,13 +91,14 @@ def tails_of(model: DispatchModel, counts_TLE: np.ndarray) -> StepTails:
     imbalance_TL = np.full((T, L), np.nan)
     skew_TL = np.full((T, L), np.nan)
     window_LG = np.zeros((L, model.gpus))
-    for a in range(0, T, CHUNK_STEPS):
-        slot_TLP = model.slot_loads(counts_TLE[a:a + CHUNK_STEPS])
+    chunk = model.steps_per_chunk  # bounds the [steps, L, P] float64 temporaries
+    for a in range(0, T, chunk):
+        slot_TLP = model.slot_loads(counts_TLE[a:a + chunk])
         slot_TLGS = slot_TLP.reshape(slot_TLP.shape[:2] + (model.gpus, model.slots_per_gpu))
         gpu_TLG = slot_TLGS.sum(-1)
         window_LG += gpu_TLG.sum(0)
-        imbalance_TL[a:a + CHUNK_STEPS] = pair_imbalance(gpu_TLG)
-        skew_TL[a:a + CHUNK_STEPS] = pair_skew(slot_TLGS)
+        imbalance_TL[a:a + chunk] = pair_imbalance(gpu_TLG)
+        skew_TL[a:a + chunk] = pair_skew(slot_TLGS)
     return StepTails(model.policy, imbalance_TL, skew_TL, window_LG)
 
 

@@ -50,7 +50,6 @@ DEFAULT_EVERY = 100          # steps per window: the re-plan interval and the un
 HOT_SHARE = 1 / 16           # the hot set of a layer: the top E / 16 experts (16 of DeepSeek-V3's 256)
 LP_WORTH_SHARE = 0.10        # LP dispatch is worth it when it cuts the lost time by at least 10 %
 LP_BORDERLINE = 0.02         # a cut within 2 points of LP_WORTH_SHARE is called borderline in the verdict
-CHUNK_STEPS = 256            # steps turned into GPU loads at once
 CANDIDATES = ("in_force", "in_force_lp", "eplb_replan", "ours_replan", "ours_replan_lp", "ours_repair",
               "ours_repair_lp", "advisor", "advisor_lp", "ideal")
 REPLANS = ("eplb_replan", "ours_replan", "ours_repair", "advisor")     # the verdict's re-plan candidates
@@ -61,11 +60,13 @@ def _none(value) -> float | None:
 
 
 def gpu_loads_chunked(model: DispatchModel, counts_TLE: np.ndarray) -> np.ndarray:
-    """GPU loads float64 [T, L, G] of counts [T, L, E] under a DispatchModel, CHUNK_STEPS steps at a time."""
+    """GPU loads float64 [T, L, G] of counts [T, L, E] under a DispatchModel, model.steps_per_chunk steps at a
+    time (bounded temporaries)."""
     T, L = counts_TLE.shape[:2]
     out = np.empty((T, L, model.gpus))
-    for a in range(0, T, CHUNK_STEPS):
-        out[a:a + CHUNK_STEPS] = model.gpu_loads(counts_TLE[a:a + CHUNK_STEPS])
+    chunk = model.steps_per_chunk
+    for a in range(0, T, chunk):
+        out[a:a + chunk] = model.gpu_loads(counts_TLE[a:a + chunk])
     return out
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from moe_monitor.core import membudget
 from moe_monitor.core.dispatch import DispatchModel, check_policy
-from moe_monitor.core.steptails import CHUNK_STEPS, StepTails, pair_imbalance, pair_skew
+from moe_monitor.core.steptails import StepTails, pair_imbalance, pair_skew
 from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.window import StepWindow
@@ -84,8 +84,8 @@ class RowTails:
         for key in np.unique(keys_T[todo]).tolist():
             rows = slots_T[todo[keys_T[todo] == key]]
             model = self._model(key, maps[key], window.num_experts)
-            for a in range(0, rows.size, CHUNK_STEPS):
-                self._solve(window, rows[a:a + CHUNK_STEPS], model)
+            for a in range(0, rows.size, model.steps_per_chunk):
+                self._solve(window, rows[a:a + model.steps_per_chunk], model)
             self.key_C[rows] = key
         self._models = {k: m for k, m in self._models.items() if k in maps}
         fresh_T = ~stale
