@@ -13,22 +13,12 @@ flags are `moe-monitor advise`'s.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
-import numpy as np
-
-from moe_monitor import core
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
 from .planner import _cost, _cost_flags
-from .score import is_trace, load_steps
-
-LIVE_WINDOW_STEPS = 2000      # --steps default: the newest steps read from Redis
-LIVE_READ_S = 60.0            # a live read gives up after this long
+from .stepsource import LIVE_WINDOW_STEPS, contiguous_layout_LP, read_live, read_trace
 
 
 def register(sub) -> None:
@@ -63,15 +53,6 @@ def register(sub) -> None:
     p.set_defaults(handler=lambda args: guarded(run, args))
 
 
-@dataclass
-class Source:
-    """Per-step counts float64 [T, L, E], the layout in force at the first step (None: unknown) and its GPUs."""
-    counts_TLE: np.ndarray
-    layout_LP: np.ndarray | None
-    gpus: int | None
-    notes: list[str]
-
-
 def run(args: argparse.Namespace) -> int:
     from moe_monitor.planner.diagnose import diagnose
     from moe_monitor.planner.io import load_layout
@@ -93,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if layout is None:
         if E % gpus:
             raise ValueError(f"{E} experts do not split evenly over {gpus} GPUs: give --layout")
-        layout = np.tile(np.arange(E, dtype=np.int64), (L, 1))
+        layout = contiguous_layout_LP(L, E)
         notes.append("layout in force: contiguous (P = E)")
     if layout.shape[0] != L:
         raise ValueError(f"the layout has {layout.shape[0]} layers, the counts have {L}")
@@ -108,96 +89,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report(payload))
     return 0
-
-
-def read_trace(path: str) -> Source:
-    """A trace's per-step counts and the layout in force at its first step; a counts file's counts alone."""
-    counts = load_steps(path)
-    if not is_trace(path):
-        return Source(counts, None, None, [])
-    from moe_monitor.core.tracefile import open_trace
-    with open_trace(Path(path)) as reader:
-        steps_T = reader.timeline().step_T
-        meta = reader.meta
-        layout, gpus = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus
-        records = reader.layouts_in_force(int(steps_T[0]), int(steps_T[-1]))
-    return _with_changes(Source(counts, layout, gpus, []), records, int(steps_T[0]))
-
-
-def _with_changes(src: Source, records: list[core.LayoutRecord], first_step: int) -> Source:
-    """The layout record in force at first_step (when any) replaces the metadata's; later changes are noted."""
-    fitting = [rec for rec in records if rec.gpus == src.gpus and rec.num_layers == src.counts_TLE.shape[1]]
-    if fitting and fitting[0].step <= first_step:
-        src.layout_LP = np.asarray(fitting[0].physical_to_logical_LP, dtype=np.int64)
-        fitting = fitting[1:]
-    if fitting:
-        src.notes.append(f"{len(fitting)} layout change(s) inside the window are not followed: the layout in force "
-                         "at the first step is held")
-    return src
-
-
-def read_live(url: str, run: str, steps: int) -> Source:
-    """The newest ``steps`` steps of a live run (ranks summed per step, or the aggregator's sums) and the layout in
-    force at the first of them. ValueError when the run has no metadata or no steps; Redis errors propagate."""
-    from moe_monitor.dashboard.sources.redis import RedisSource  # the dashboard's own reader of a live run
-    if steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {steps}")
-    core.check_run_name(run)
-    client = core.connect(url, timeout_s=5.0)
-    try:
-        client.ping()
-        source = RedisSource(client, url, run, steps)
-        per_step: dict[int, np.ndarray] = {}
-        ranks: dict[int, int] = {}                      # per-rank records of each step (aggregates: the world)
-        layouts: list[core.LayoutRecord] = []
-        deadline = time.monotonic() + LIVE_READ_S
-        quiet = 0
-        while time.monotonic() < deadline:
-            batch = source.poll(4000)
-            health = source.health()
-            if not health.reachable:
-                raise ValueError(f"Redis: {health.error}")
-            for rec in batch.steps:
-                _add(per_step, rec.step, rec.counts_LE)
-                ranks[rec.step] = ranks.get(rec.step, 0) + 1
-            for agg in batch.aggregates:
-                _add(per_step, agg.step, agg.counts_LE)
-                ranks[agg.step] = 1 << 30
-            layouts.extend(batch.layouts)
-            got = bool(batch.steps or batch.aggregates)
-            quiet = 0 if batch.more or got else quiet + 1
-            if quiet >= 2:                              # the window is read (or the run has none)
-                break
-            if not batch.more and not got:
-                time.sleep(0.05)
-    finally:
-        client.close()
-    meta = source.meta()
-    if meta is None:
-        raise ValueError(f"run {run!r} has no metadata in Redis" + (f" ({source.meta_error})" if source.meta_error
-                                                                     else ""))
-    shape = (len(meta.layer_names), meta.num_experts)
-    kept = sorted(s for s, c in per_step.items() if c.shape == shape)
-    if len(kept) > 1 and ranks[kept[-1]] < meta.world_size:  # the newest step: not every rank has written it yet
-        kept = kept[:-1]
-    kept = kept[-steps:]
-    if not kept:
-        raise ValueError(f"run {run!r} has no step records in Redis")
-    counts = np.stack([per_step[s] for s in kept]).astype(np.float64)
-    valid: list[core.LayoutRecord] = []
-    for change in layouts:
-        with contextlib.suppress(ValueError):       # a change that does not fit the run: left out
-            valid.append(change.validate(meta.num_experts, num_layers=len(meta.layer_names)))
-    before = [change for change in valid if change.step <= kept[0]][-1:]
-    src = Source(counts, np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus,
-                 [f"live run {run}: steps {kept[0]}..{kept[-1]}"])
-    return _with_changes(src, before + [c for c in valid if kept[0] < c.step <= kept[-1]], kept[0])
-
-
-def _add(per_step: dict[int, np.ndarray], step: int, counts_LE: np.ndarray) -> None:
-    counts = np.asarray(counts_LE, dtype=np.int64)
-    held = per_step.get(step)
-    per_step[step] = counts if held is None or held.shape != counts.shape else held + counts
 
 
 def _f(value, digits: int = 3) -> str:

@@ -1,74 +1,45 @@
 """moe-monitor score: per-step tails of recorded counts under a layout and a dispatch policy.
 
-    moe-monitor score --load COUNTS [--layout LAYOUT.json] --gpus G [--dispatch even|round_robin|lp|ideal] [--json]
+    moe-monitor score (--load COUNTS | --redis URL --run NAME [--steps N]) [--layout LAYOUT.json] [--gpus G]
+                      [--dispatch even|round_robin|lp|ideal] [--json]
 
 COUNTS: per-step counts [T, L, E]: SGLang logical_count JSON (one [L, E] entry per step) or a project trace
 (ranks summed per step; planner.io.load_trace_steps). LAYOUT.json: {"physical_to_logical_map": [[...]]}; without
-it the contiguous layout (P = E, expert e on GPU e // (E / G)). The figures are core.steptails' (docs/diagnose.md):
+it the contiguous layout (P = E, expert e on GPU e // (E / G)) for --load, the run's layout in force at the first
+step read for a live run (--gpus then defaults to the run's). The figures are core.steptails' (docs/diagnose.md):
 per-step imbalance p50 / p99 / max over the (step, layer) pairs with tokens, the window imbalance, the ideal
 fraction and the expert skew.
 """
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
+from .stepsource import LIVE_WINDOW_STEPS, contiguous_layout_LP, load_steps, read_live
 
 
 def register(sub) -> None:
     p = sub.add_parser("score", help="per-step imbalance of recorded counts under a layout and dispatch policy",
                        description="Per-step imbalance, ideal fraction and expert skew of per-step counts under "
                                    "a layout and a dispatch policy.")
-    p.add_argument("--load", required=True, metavar="COUNTS",
-                   help="per-step counts: logical_count JSON [T, L, E] or a trace (.parquet, .arrows, .jsonl)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--load", metavar="COUNTS",
+                     help="per-step counts: logical_count JSON [T, L, E] or a trace (.parquet, .arrows, .jsonl)")
+    src.add_argument("--redis", metavar="URL", help="score a live run's newest --steps steps in this Redis (with --run)")
+    p.add_argument("--run", metavar="NAME", help="the live run's name (with --redis)")
+    p.add_argument("--steps", type=int, default=LIVE_WINDOW_STEPS,
+                   help=f"newest steps of the live run read (default {LIVE_WINDOW_STEPS})")
     p.add_argument("--layout", metavar="LAYOUT.json",
-                   help="physical_to_logical_map JSON (default: the contiguous layout, P = E)")
-    p.add_argument("--gpus", type=int, required=True, help="GPUs in the EP group (G)")
+                   help="physical_to_logical_map JSON (default: the contiguous layout, P = E; a live run: its own)")
+    p.add_argument("--gpus", type=int, help="GPUs in the EP group (G; needed with --load, a live run's by default)")
     p.add_argument("--dispatch", default="even", choices=DISPATCH_POLICIES,
                    help="how an expert's tokens split over its replicas (default even)")
     add_json(p)
     p.set_defaults(handler=lambda args: guarded(score, args))
-
-
-TRACE_SUFFIXES = (".parquet", ".arrows", ".jsonl", ".trace")
-
-
-def is_trace(path) -> bool:
-    """Whether the file is a project trace (a trace container, or a .json whose first line is a trace line)."""
-    from moe_monitor.planner.io import _is_trace_line
-    p = Path(path)
-    if p.suffix.lower() in TRACE_SUFFIXES:
-        return True
-    if p.suffix.lower() != ".json" or not p.is_file():
-        return False
-    try:
-        with p.open("r", encoding="utf-8") as handle:
-            return _is_trace_line(handle.readline())
-    except UnicodeDecodeError:
-        return False
-
-
-def load_steps(path) -> np.ndarray:
-    """Per-step counts float64 [T, L, E] of a trace or a counts file (planner.io.load_trace_steps); a counts file
-    holding one [L, E] table is refused with words for score and diagnose."""
-    from moe_monitor.planner.io import load_counts, load_trace_steps
-    if is_trace(path) or not Path(path).is_file():
-        return load_trace_steps(path)
-    counts = load_counts(path)
-    if counts.ndim != 3:
-        raise ValueError(f"{path}: one [layers, experts] table has no steps; give per-step counts "
-                         "[steps, layers, experts] (one entry per step) or a trace")
-    return counts
-
-
-def contiguous_layout_LP(layers: int, num_experts: int) -> np.ndarray:
-    """The default layout int64 [L, E]: slot p holds expert p in every layer."""
-    return np.tile(np.arange(num_experts, dtype=np.int64), (layers, 1))
 
 
 def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: int, dispatch: str) -> dict:
@@ -92,9 +63,22 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
 
 def score(args: argparse.Namespace) -> int:
     from moe_monitor.planner.io import load_layout
-    counts = load_steps(args.load)
-    layout = None if args.layout is None else load_layout(args.layout)
-    payload = score_payload(counts, layout, args.gpus, args.dispatch)
+    if (args.redis is None) != (args.run is None):
+        raise ValueError("--redis URL and --run NAME go together")
+    if args.redis is not None:
+        src = read_live(args.redis, args.run, args.steps)
+        counts, layout, gpus = src.counts_TLE, src.layout_LP, args.gpus if args.gpus is not None else src.gpus
+        if args.gpus is not None and args.gpus != src.gpus and args.layout is None:
+            layout = None  # the run's layout is for its own GPUs: contiguous over --gpus
+    else:
+        counts, layout, gpus = load_steps(args.load), None, args.gpus
+        if gpus is None:
+            raise ValueError("--load needs --gpus G")
+    if gpus is None:
+        raise ValueError(f"run {args.run!r} does not say its GPUs: give --gpus G")
+    if args.layout is not None:
+        layout = load_layout(args.layout)
+    payload = score_payload(counts, layout, gpus, args.dispatch)
     if args.json:
         print_json(payload)
     else:

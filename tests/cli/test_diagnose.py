@@ -15,10 +15,10 @@ from moe_monitor.cli import main
 from moe_monitor.planner.diagnose import CANDIDATES, diagnose
 from moe_monitor.planner.io import load_trace_steps
 from moe_monitor.traces.publish import RunPublisher
+from tests.support.livesteps import RANKS, E, G, L, counts_steps, publish
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "moe_monitor" / "traces" / "samples" / "demo.parquet"
-L, E, G, RANKS = 2, 16, 4, 2
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
@@ -68,33 +68,6 @@ def test_max_moves_flag(tmp_path, capsys):
     assert "repairs within 2 copies per change" in out
     rc, _, err = run(capsys, "--trace", src, "--gpus", G, "--every", 10, "--max-moves", -1)
     assert rc == 2 and "--max-moves" in err
-
-
-def counts_steps(steps: int, seed: int = 1) -> np.ndarray:
-    """int [steps, RANKS, L, E]: every rank's counts of each step."""
-    rng = np.random.default_rng(seed)
-    pop = rng.dirichlet(np.full(E, 0.4), size=L)
-    return np.stack([[[rng.multinomial(64, pop[layer]) for layer in range(L)] for _ in range(RANKS)]
-                     for _ in range(steps)])
-
-
-def publish(url: str, run_name: str, counts_TRLE: np.ndarray, changes: dict | None = None) -> None:
-    """Publish the steps with RunPublisher; changes {step: layout_LP} go out as layout records before their
-    step."""
-    meta = core.RunMeta(run=run_name, model_name="m", layer_names=[f"l{i}" for i in range(L)], num_experts=E,
-                        top_k=2, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2, world_size=RANKS,
-                        layout=core.Layout(G, 1, core.contiguous_layout(L, E)))
-    writer = RunPublisher(url, meta)
-    try:
-        for step, per_rank in enumerate(counts_TRLE):
-            layouts = [core.LayoutRecord(run=run_name, step=step, time_s=1.0 + step, gpus=G,
-                                         physical_to_logical_LP=np.asarray(changes[step], dtype=np.int32))
-                       ] if changes and step in changes else []
-            writer.publish([core.StepRecord(run=run_name, rank=r, world_size=RANKS, step=step, time_s=1.0 + step,
-                                            phase="decode", tokens=64, counts_LE=per_rank[r].astype(np.int32))
-                            for r in range(RANKS)], layouts, now_s=1.0 + step)
-    finally:
-        writer.close()
 
 
 def test_live_run_equals_its_counts_file(redis_url, tmp_path, capsys):

@@ -13,6 +13,7 @@ import pytest
 from moe_monitor.cli import main
 from moe_monitor.core.steptails import step_tails
 from moe_monitor.planner.io import load_trace_steps
+from tests.support.livesteps import G, counts_steps, publish
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "moe_monitor" / "traces" / "samples" / "demo.parquet"
@@ -127,3 +128,21 @@ def test_bad_input_is_one_error_line(tmp_path, capsys, counts, layout, gpus, wor
 def test_missing_file(tmp_path, capsys):
     rc, _, err = score(capsys, "--load", tmp_path / "none.json", "--gpus", 2)
     assert rc == 2 and "no such file" in err
+
+
+def test_a_live_run_scores_as_its_counts_file(redis_url, tmp_path, capsys):
+    counts = counts_steps(30, seed=4)
+    publish(redis_url, "scored", counts)
+    rc, out, err = score(capsys, "--redis", redis_url, "--run", "scored", "--dispatch", "lp", "--json")
+    assert rc == 0, err
+    live = json.loads(out)
+    src = write_counts(tmp_path / "c.json", counts.sum(1))                     # ranks summed per step
+    rc, out, err = score(capsys, "--load", src, "--gpus", G, "--dispatch", "lp", "--json")
+    assert rc == 0, err
+    assert live == json.loads(out) and live["steps"] == 30 and live["gpus"] == G
+    rc, out, err = score(capsys, "--redis", redis_url, "--run", "scored", "--steps", 12, "--json")
+    assert rc == 0 and json.loads(out)["steps"] == 12, err
+    rc, _, err = score(capsys, "--redis", redis_url, "--json")
+    assert rc == 2 and "--redis URL and --run NAME go together" in err
+    rc, _, err = score(capsys, "--redis", redis_url, "--run", "absent", "--json")
+    assert rc == 2 and "absent" in err
