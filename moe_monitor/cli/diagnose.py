@@ -18,7 +18,7 @@ from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
 from .planner import _cost, _cost_flags
-from .stepsource import LIVE_WINDOW_STEPS, contiguous_layout_LP, read_live, read_trace
+from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, read_live, read_trace
 
 
 def register(sub) -> None:
@@ -29,13 +29,7 @@ def register(sub) -> None:
                                    "skew, and held-out lost time of the layout in force, EPLB and our re-plans, "
                                    "our repairs within --max-moves copies and the advisor's decisions, LP "
                                    "dispatch and the ideal; a verdict.")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--trace", metavar="FILE",
-                     help="per-step counts: a trace (.parquet, .arrows, .jsonl) or a counts file [T, L, E]")
-    src.add_argument("--redis", metavar="URL", help="read a live run from this Redis (with --run)")
-    p.add_argument("--run", metavar="NAME", help="the live run's name (with --redis)")
-    p.add_argument("--steps", type=int, default=LIVE_WINDOW_STEPS,
-                   help=f"newest steps of the live run read (default {LIVE_WINDOW_STEPS})")
+    add_source_flags(p, "--trace", "per-step counts: a trace (.parquet, .arrows, .jsonl) or a counts file [T, L, E]")
     p.add_argument("--gpus", type=int, help="GPUs in the EP group (default: the trace's or run's layout)")
     p.add_argument("--redundant", type=int,
                    help="redundant slots per layer of the re-plans (default: the layout in force's P - E)")
@@ -56,10 +50,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from moe_monitor.planner.diagnose import diagnose
     from moe_monitor.planner.io import load_layout
-    if args.redis is not None and args.run is None:
-        raise ValueError("--redis needs --run NAME")
-    if args.redis is None and args.run is not None:
-        raise ValueError("--run goes with --redis URL")
+    check_source_flags(args)
     src = read_live(args.redis, args.run, args.steps) if args.redis else read_trace(args.trace)
     counts = src.counts_TLE
     T, L, E = counts.shape

@@ -19,20 +19,14 @@ import numpy as np
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
-from .stepsource import LIVE_WINDOW_STEPS, contiguous_layout_LP, load_steps, read_live
+from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, load_steps, read_live
 
 
 def register(sub) -> None:
     p = sub.add_parser("score", help="per-step imbalance of recorded counts under a layout and dispatch policy",
                        description="Per-step imbalance, ideal fraction and expert skew of per-step counts under "
                                    "a layout and a dispatch policy.")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--load", metavar="COUNTS",
-                     help="per-step counts: logical_count JSON [T, L, E] or a trace (.parquet, .arrows, .jsonl)")
-    src.add_argument("--redis", metavar="URL", help="score a live run's newest --steps steps in this Redis (with --run)")
-    p.add_argument("--run", metavar="NAME", help="the live run's name (with --redis)")
-    p.add_argument("--steps", type=int, default=LIVE_WINDOW_STEPS,
-                   help=f"newest steps of the live run read (default {LIVE_WINDOW_STEPS})")
+    add_source_flags(p, "--load", "per-step counts: logical_count JSON [T, L, E] or a trace (.parquet, .arrows, .jsonl)")
     p.add_argument("--layout", metavar="LAYOUT.json",
                    help="physical_to_logical_map JSON (default: the contiguous layout, P = E; a live run: its own)")
     p.add_argument("--gpus", type=int, help="GPUs in the EP group (G; needed with --load, a live run's by default)")
@@ -63,8 +57,7 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
 
 def score(args: argparse.Namespace) -> int:
     from moe_monitor.planner.io import load_layout
-    if (args.redis is None) != (args.run is None):
-        raise ValueError("--redis URL and --run NAME go together")
+    check_source_flags(args)
     if args.redis is not None:
         src = read_live(args.redis, args.run, args.steps)
         counts, layout, gpus = src.counts_TLE, src.layout_LP, args.gpus if args.gpus is not None else src.gpus

@@ -20,6 +20,22 @@ LIVE_WINDOW_STEPS = 2000      # --steps default: the newest steps read from Redi
 LIVE_READ_S = 60.0            # a live read gives up after this long
 
 
+def add_source_flags(parser, file_flag: str, file_help: str) -> None:
+    """The source flags of score and diagnose: `file_flag` FILE or --redis URL (one of them), --run, --steps."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument(file_flag, metavar="FILE", help=file_help)
+    src.add_argument("--redis", metavar="URL", help="read a live run from this Redis (with --run)")
+    parser.add_argument("--run", metavar="NAME", help="the live run's name (with --redis)")
+    parser.add_argument("--steps", type=int, default=LIVE_WINDOW_STEPS,
+                        help=f"newest steps of the live run read (default {LIVE_WINDOW_STEPS})")
+
+
+def check_source_flags(args) -> None:
+    """ValueError unless --redis and --run come together (or neither)."""
+    if (args.redis is None) != (args.run is None):
+        raise ValueError("--redis URL and --run NAME go together")
+
+
 @dataclass
 class Source:
     """Per-step counts float64 [T, L, E], the layout in force at the first step (None: unknown) and its GPUs."""

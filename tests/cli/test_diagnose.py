@@ -101,7 +101,7 @@ def test_live_run_missing_and_redis_down(redis_url, capsys):
 @pytest.mark.parametrize("args, words", [
     (["--every", 500], "more than --every"),
     (["--gpus", 3], "do not split evenly"),
-    (["--run", "x"], "--run goes with --redis"),
+    (["--run", "x"], "--redis URL and --run NAME go together"),
 ])
 def test_bad_flags(capsys, args, words):
     rc, _, err = run(capsys, "--trace", SAMPLE, *args)

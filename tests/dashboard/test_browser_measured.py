@@ -4,27 +4,19 @@ playwright). The hand-worked case of test_dashboard_measured.py: even-split esti
 +0.333. Every wait is on a condition."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.dashboard.test_dashboard_measured import _fill
-from tests.support.browserkit import chromium_page, serving_app
+from tests.support.browserkit import app_on_private_redis, chromium_page
 
 
 @pytest.fixture
 def app_url(tmp_path: Path):
-    server = RedisServer(tmp_path)
-    try:
-        _fill(server.url, "measured-browser", steps=8, physical=True)
-        port = free_port()
-        env = dict(os.environ, REDIS_URL=server.url)
-        with serving_app(port, tmp_path / "streamlit.log", env) as url:
-            yield url
-    finally:
-        server.stop()
+    with app_on_private_redis(tmp_path, lambda server: _fill(server.url, "measured-browser", steps=8,
+                                                             physical=True)) as url:
+        yield url
 
 
 @pytest.mark.browser

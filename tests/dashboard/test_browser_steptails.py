@@ -4,15 +4,13 @@ expert skew under the run's dispatch policy, the What-if page the table of layou
 is on a condition."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from moe_monitor import core
-from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.support import synthfill
-from tests.support.browserkit import chromium_page, serving_app
+from tests.support.browserkit import app_on_private_redis, chromium_page
 
 RUN = "tails-browser"
 L, E, G = 4, 16, 4
@@ -21,19 +19,15 @@ LAYOUT = [[*range(E), 0, 1, 2, 3] for _ in range(L)]  # experts 0-3 twice
 
 @pytest.fixture
 def app_url(tmp_path: Path):
-    server = RedisServer(tmp_path)
-    try:
+    def fill(server) -> None:
         client = server.client()
         synthfill.fill(client, RUN, steps=40, num_layers=L, num_experts=E, gpus=G, meta=False)
         meta = synthfill.make_meta(RUN, L, E, G, layout=LAYOUT)
         meta.dispatch = "round_robin"
         client.set(core.meta_key(RUN), core.encode_meta(meta))
-        port = free_port()
-        env = dict(os.environ, REDIS_URL=server.url)
-        with serving_app(port, tmp_path / "streamlit.log", env) as url:
-            yield url
-    finally:
-        server.stop()
+
+    with app_on_private_redis(tmp_path, fill) as url:
+        yield url
 
 
 @pytest.mark.browser

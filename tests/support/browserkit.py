@@ -66,6 +66,22 @@ def serving_app(port: int, log_path: Path, env: dict[str, str]):
 
 
 @contextlib.contextmanager
+def app_on_private_redis(tmp_path: Path, fill):
+    """The dashboard app serving a private redis-server (demo.localredis.RedisServer) that fill(server) filled
+    first; yields the app's URL."""
+    from moe_monitor.demo.localredis import RedisServer, free_port
+
+    server = RedisServer(tmp_path)
+    try:
+        fill(server)
+        port = free_port()
+        with serving_app(port, tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
+            yield url
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
 def chromium_page(width: int, height: int):
     """A page in headless Debian chromium (playwright's Python package, never its own browser download)."""
     from playwright.sync_api import sync_playwright
