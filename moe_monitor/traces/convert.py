@@ -37,7 +37,11 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
         raise ValueError("IN and OUT are the same file")
     open_writer_check(dst)
     budget = decoded_budget_bytes() if max_decoded_bytes is None else max_decoded_bytes
-    name = os.path.basename(src)
+    name = os.path.basename(os.path.normpath(src))
+    from .trtllm import is_statistic_folder
+    if is_statistic_folder(src):
+        meta, steps = _trtllm_statistic(src, run, gpus, budget)
+        return _write(dst, meta, [], ((records, []) for records in steps), [])
     if name.lower().endswith((".pt", ".pth")):
         meta, steps = _sglang_dump(src, run, gpus, top_k, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])
@@ -117,14 +121,16 @@ def _looks_like_logical_count(path: str) -> bool:
 
 
 def _meta_for(run: str, model: str, num_layers: int, num_experts: int, gpus: int | None, top_k: int,
-              layout_rows=None, world: int = 1, extra: dict | None = None) -> core.RunMeta:
+              layout_rows=None, world: int = 1, extra: dict | None = None,
+              layer_names: list[str] | None = None) -> core.RunMeta:
     num_slots = len(layout_rows[0]) if layout_rows is not None else num_experts
     gpus = gpus or next(g for g in (32, 16, 8, 4, 2, 1) if num_slots % g == 0)
     if num_slots % gpus:
         raise ValueError(f"{num_slots} slots do not split over --gpus {gpus}")
     rows = layout_rows if layout_rows is not None else core.contiguous_layout(num_layers, num_experts)
     meta = core.RunMeta(run=core.check_run_name(run), model_name=model,
-                        layer_names=[f"layer{i}" for i in range(num_layers)], num_experts=num_experts, top_k=top_k,
+                        layer_names=layer_names or [f"layer{i}" for i in range(num_layers)], num_experts=num_experts,
+                        top_k=top_k,
                         hidden_size=0, moe_intermediate_size=0, dtype_bytes=2, layout=core.Layout(gpus, 1, rows),
                         world_size=world, started_s=time.time(), extra=extra or {})
     core.encode_meta(meta)
@@ -132,9 +138,13 @@ def _meta_for(run: str, model: str, num_layers: int, num_experts: int, gpus: int
 
 
 def _steps_of(run: str, counts_TLE: np.ndarray, phases, tokens_T, rank: int = 0, world: int = 1,
-              time0_s: float = 0.0, samples=None) -> Iterator[list[core.StepRecord]]:
+              time0_s: float = 0.0, samples=None, step_T=None) -> Iterator[list[core.StepRecord]]:
+    """Step records of counts_TLE [T, L, E], CHUNK_STEPS at a time: step ids step_T [T] (default 0..T-1), one
+    second apart from time0_s (the first step's)."""
+    step_T = np.arange(counts_TLE.shape[0]) if step_T is None else np.asarray(step_T, dtype=np.int64)
     for a in range(0, counts_TLE.shape[0], CHUNK_STEPS):
-        yield [core.StepRecord(run=run, rank=rank, world_size=world, step=t, time_s=time0_s + t, phase=phases[t],
+        yield [core.StepRecord(run=run, rank=rank, world_size=world, step=int(step_T[t]),
+                               time_s=time0_s + int(step_T[t] - step_T[0]), phase=phases[t],
                                tokens=int(tokens_T[t]), counts_LE=counts_TLE[t].astype(np.int32),
                                sample_ids_LNK=None if samples is None else samples[t], instance="converted")
                for t in range(a, min(counts_TLE.shape[0], a + CHUNK_STEPS))]
@@ -187,6 +197,29 @@ def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int, budge
     meta = _meta_for(run or stem, "sglang stat dump", dump.num_layers, dump.num_experts, gpus, top_k,
                      extra={"source": "sglang stat dump", "file": os.path.basename(path)[:200]})
     return meta, _steps_of(meta.run, steps.counts_TLE, steps.phase_T, steps.tokens_T, time0_s=time0_s)
+
+
+def _trtllm_statistic(folder: str, run: str | None, gpus: int | None, budget: int):
+    """A TensorRT-LLM EXPERT_STATISTIC_PATH folder -> (meta, step chunks): one step per iteration (step id = the
+    iteration), the rank files summed (rank 0 of world 1), layers named by the model's indices, the layout
+    contiguous over --gpus (default: meta_info's ep_size, else the rank files, when they divide E)."""
+    from moe_monitor.core.sglang_records import tokens_from_counts
+
+    from .trtllm import META_NAME, read_statistic
+    stat = read_statistic(folder, budget)
+    num_slots = stat.num_slots
+    for guess in (stat.meta_info.get("ep_size"), len(stat.ranks)):
+        if gpus is None and type(guess) is int and 1 <= guess <= num_slots and num_slots % guess == 0:
+            gpus = guess
+    name = os.path.basename(os.path.normpath(folder))
+    meta = _meta_for(run or _run_name(name), "tensorrt-llm expert statistic", len(stat.layer_L), num_slots, gpus,
+                     stat.top_k, layer_names=[f"layer{int(i)}" for i in stat.layer_L],
+                     extra={"source": "tensorrt-llm EXPERT_STATISTIC_PATH", "folder": name[:200],
+                            "rank_files": len(stat.ranks), "iterations": [int(stat.iter_T[0]), int(stat.iter_T[-1])]})
+    tokens_T = stat.tokens_T if stat.tokens_T is not None else tokens_from_counts(stat.counts_TLE, stat.top_k)
+    time0_s = float(int(os.path.getmtime(os.path.join(folder, META_NAME))))
+    return meta, _steps_of(meta.run, stat.counts_TLE, ["unknown"] * len(stat.iter_T), tokens_T, time0_s=time0_s,
+                           step_T=stat.iter_T)
 
 
 def _step(run, steps, t: int, step_id: int, rank: int, world: int, time0_s: float) -> core.StepRecord:

@@ -1,0 +1,250 @@
+"""TensorRT-LLM expert statistics (an EXPERT_STATISTIC_PATH folder) -> per-iteration counts, checked and bounded.
+
+What TensorRT-LLM writes (tensorrt_llm/_torch/expert_statistic.py, read by its examples/wide_ep/ep_load_balancer
+/utils.py) while EXPERT_STATISTIC_ITER_RANGE="start-stop" holds the iteration (start <= iter < stop):
+
+    meta_info.json         rank 0: {"num_experts": E, "num_experts_per_token": k} (some versions add "ep_size")
+    rank{r}.safetensors    every rank: one tensor per "{iter}_{layer}", [E] tokens routed to each id on that
+                           rank (torch.bincount of the layer's top-k ids: int64, int32 in an older version)
+    rank{r}_numtokens.json some versions: {"{iter}_{layer}": tokens of that rank}
+
+E is the MoE module's slot count: expert ids when TensorRT-LLM's load balancer is off, slot ids when it is on
+(then E counts slots). Ranks are partial counts: TensorRT-LLM's own reader sums the rank files key by key, and so
+does this one (rank{r}_raw.safetensors and other files are left out, as there). Layers keep the model's layer
+indices (DeepSeek-V3's first MoE layer is 3).
+
+Bounds, all before any tensor byte is read: each safetensors header (at most MAX_HEADER_BYTES, its tensors'
+declared shapes and dtypes: [E] of an integer or float dtype, offsets inside the file), the JSON files
+(MAX_JSON_BYTES), and the decoded-bytes budget (core/budget.py) over every declared tensor plus the [T, L, E]
+int64 sum. Every problem is one ValueError naming the file.
+
+Shape legend: R rank files, T iterations, L MoE layers, E slots (experts when the load balancer is off).
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_monitor import core
+from moe_monitor.core.budget import check_decoded
+
+META_NAME = "meta_info.json"
+RANK_FILE = re.compile(r"rank(\d{1,6})\.safetensors")
+KEY = re.compile(r"(\d{1,18})_(\d{1,6})")
+MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
+MAX_JSON_BYTES = 16 << 20
+MAX_RANK_FILES = 4096
+# safetensors dtype names -> little-endian numpy dtypes of whole-number counts (no BF16: numpy has none)
+DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2",
+          "U8": "u1", "F64": "<f8", "F32": "<f4", "F16": "<f2"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One declared tensor of a rank file: key "{iter}_{layer}", dtype, absolute byte range [start, stop)."""
+
+    iteration: int
+    layer: int
+    dtype: np.dtype
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A folder read: counts_TLE int64 [T, L, E] (rank files summed), iter_T int64 [T] iterations, layer_L int64
+    [L] the model's layer indices, tokens_T int64 [T] (from rank{r}_numtokens.json, ranks summed) or None,
+    ranks: the rank of each file read, meta_info: meta_info.json as written."""
+
+    folder: str
+    num_slots: int
+    top_k: int
+    ranks: tuple[int, ...]
+    iter_T: np.ndarray
+    layer_L: np.ndarray
+    counts_TLE: np.ndarray
+    tokens_T: np.ndarray | None
+    meta_info: dict
+
+
+def is_statistic_folder(path: str) -> bool:
+    """True for a folder holding meta_info.json or a rank{r}.safetensors (what convert then reads as one)."""
+    if not os.path.isdir(path):
+        return False
+    names = os.listdir(path)
+    return META_NAME in names or any(RANK_FILE.fullmatch(n) for n in names)
+
+
+def read_statistic(folder: str, budget_bytes: int) -> Statistic:
+    """The folder's counts, summed over its rank files. ValueError (one line naming the file) for a missing
+    meta_info.json or rank file, a malformed header, a tensor that is not [E] whole numbers >= 0, an iteration
+    missing a layer, a truncated file, or declared tensors that decode to more than budget_bytes."""
+    names = sorted(os.listdir(folder))
+    meta_info = _meta_info(os.path.join(folder, META_NAME))
+    num_slots, top_k = meta_info["num_experts"], meta_info["num_experts_per_token"]
+    ranks = sorted(int(m.group(1)) for m in map(RANK_FILE.fullmatch, names) if m)
+    if not ranks:
+        raise ValueError(f"{folder}: holds no rank<r>.safetensors (TensorRT-LLM writes one per rank)")
+    if len(ranks) > MAX_RANK_FILES:
+        raise ValueError(f"{folder}: {len(ranks)} rank files, at most {MAX_RANK_FILES} are read")
+    files = {r: os.path.join(folder, f"rank{r}.safetensors") for r in ranks}
+    index = {r: tensor_index(files[r], num_slots) for r in ranks}
+    iters = sorted({t.iteration for ts in index.values() for t in ts})
+    layers = sorted({t.layer for ts in index.values() for t in ts})
+    if not iters:
+        raise ValueError(f"{folder}: its rank files hold no tensor (no iteration was recorded)")
+    core.check_sizes(len(layers), num_slots)
+    declared = sum(t.stop - t.start for ts in index.values() for t in ts)
+    check_decoded(f"{folder}: its tensors and their [iterations x layers x experts] sum",
+                  declared + len(iters) * len(layers) * num_slots * 8, budget_bytes)
+    _check_grid(folder, index, iters, layers)
+    t_of = {it: i for i, it in enumerate(iters)}
+    l_of = {layer: i for i, layer in enumerate(layers)}
+    counts_TLE = np.zeros((len(iters), len(layers), num_slots), dtype=np.int64)
+    for r in ranks:
+        for t, counts_E in _tensors(files[r], index[r]):
+            counts_TLE[t_of[t.iteration], l_of[t.layer]] += counts_E
+    if counts_TLE.max(initial=0) > np.iinfo(np.int32).max:
+        raise ValueError(f"{folder}: a count summed over the ranks exceeds 2**31 tokens")
+    tokens_T = _tokens(folder, names, ranks, iters, t_of)
+    return Statistic(folder=folder, num_slots=num_slots, top_k=top_k, ranks=tuple(ranks),
+                     iter_T=np.asarray(iters, dtype=np.int64), layer_L=np.asarray(layers, dtype=np.int64),
+                     counts_TLE=counts_TLE, tokens_T=tokens_T, meta_info=meta_info)
+
+
+def tensor_index(path: str, num_slots: int) -> list[Tensor]:
+    """The tensors a safetensors file declares (its header only), each checked: key "{iter}_{layer}", shape
+    [num_slots], a count dtype, offsets inside the file. ValueError naming the file otherwise."""
+    name = os.path.basename(path)
+    size = _size(path)
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{name}: shorter than a safetensors header (truncated)")
+        (header_bytes,) = struct.unpack("<Q", head)
+        if header_bytes > MAX_HEADER_BYTES or 8 + header_bytes > size:
+            raise ValueError(f"{name}: declares a {header_bytes}-byte header in a {size}-byte file (truncated, or "
+                             f"not safetensors)")
+        header = core.parse_json(handle.read(header_bytes), f"{name}: its safetensors header")
+    if not isinstance(header, dict):
+        raise ValueError(f"{name}: its safetensors header is not a JSON object")
+    data0, out = 8 + header_bytes, []
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        out.append(_tensor(name, key, entry, num_slots, data0, size))
+    return sorted(out, key=lambda t: t.start)
+
+
+def _tensor(name: str, key: str, entry, num_slots: int, data0: int, size: int) -> Tensor:
+    where = f"{name}: tensor {key[:40]!r}"
+    m = KEY.fullmatch(key)
+    if m is None:
+        raise ValueError(f"{where}: not an \"{{iter}}_{{layer}}\" key (TensorRT-LLM's expert statistic)")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: its header entry is not an object")
+    dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype_name not in DTYPES:
+        raise ValueError(f"{where}: dtype {str(dtype_name)[:10]!r} is not a count dtype ({', '.join(DTYPES)})")
+    if shape != [num_slots]:
+        raise ValueError(f"{where}: shape {str(shape)[:40]}, meta_info.json says [{num_slots}] (num_experts)")
+    dtype = np.dtype(DTYPES[dtype_name])
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        raise ValueError(f"{where}: data_offsets {str(offsets)[:40]} are not two increasing byte offsets")
+    start, stop = data0 + offsets[0], data0 + offsets[1]
+    if stop - start != num_slots * dtype.itemsize:
+        raise ValueError(f"{where}: {stop - start} bytes for [{num_slots}] {dtype_name}")
+    if stop > size:
+        raise ValueError(f"{where}: ends at byte {stop} of a {size}-byte file (truncated)")
+    return Tensor(iteration=int(m.group(1)), layer=int(m.group(2)), dtype=dtype, start=start, stop=stop)
+
+
+def _tensors(path: str, tensors: list[Tensor]):
+    """(tensor, int64 [E] counts) for each declared tensor, read by its offsets; ValueError for a count that
+    is negative, NaN or fractional, or bytes missing (a file cut short after it was indexed)."""
+    name = os.path.basename(path)
+    with open(path, "rb") as handle:
+        for t in tensors:
+            handle.seek(t.start)
+            raw = handle.read(t.stop - t.start)
+            if len(raw) != t.stop - t.start:
+                raise ValueError(f"{name}: tensor {t.iteration}_{t.layer} is cut short (truncated)")
+            values = np.frombuffer(raw, dtype=t.dtype)
+            where = f"{name}: tensor {t.iteration}_{t.layer}"
+            if values.dtype.kind == "f":
+                if not np.isfinite(values).all() or (values != np.floor(values)).any():
+                    raise ValueError(f"{where}: counts must be whole numbers (NaN, infinity or a fraction found)")
+                if values.max(initial=0) > np.iinfo(np.int32).max:
+                    raise ValueError(f"{where}: a count exceeds 2**31 tokens")
+            elif values.dtype.kind == "u" and values.max(initial=0) > np.iinfo(np.int32).max:
+                raise ValueError(f"{where}: a count exceeds 2**31 tokens")
+            counts = values.astype(np.int64)
+            if counts.min(initial=0) < 0:
+                raise ValueError(f"{where}: counts must not be negative")
+            yield t, counts
+
+
+def _check_grid(folder: str, index: dict[int, list[Tensor]], iters: list[int], layers: list[int]) -> None:
+    """Every iteration holds every layer in some rank file (TensorRT-LLM's reader asserts the same)."""
+    have = {(t.iteration, t.layer) for ts in index.values() for t in ts}
+    if len(have) < len(iters) * len(layers):
+        missing = next((i, lay) for i in iters for lay in layers if (i, lay) not in have)
+        raise ValueError(f"{folder}: iteration {missing[0]} lacks layer {missing[1]} in every rank file "
+                         f"({len(iters)} iterations x {len(layers)} layers expected, {len(have)} found)")
+
+
+def _meta_info(path: str) -> dict:
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"{os.path.dirname(path)}: lacks {name} (TensorRT-LLM's rank 0 writes it)")
+    if _size(path) > MAX_JSON_BYTES:
+        raise ValueError(f"{name}: larger than {MAX_JSON_BYTES} bytes")
+    with open(path, "rb") as handle:
+        info = core.parse_json(handle.read(), name)
+    if not isinstance(info, dict):
+        raise ValueError(f"{name}: holds {type(info).__name__}, not an object (did rank 0 record no iteration?)")
+    num_slots, top_k = info.get("num_experts"), info.get("num_experts_per_token")
+    if type(num_slots) is not int or not 1 <= num_slots <= core.MAX_EXPERTS:
+        raise ValueError(f"{name}: num_experts {str(num_slots)[:20]} is not 1..{core.MAX_EXPERTS}")
+    if type(top_k) is not int or not 1 <= top_k <= num_slots:
+        raise ValueError(f"{name}: num_experts_per_token {str(top_k)[:20]} is not 1..{num_slots}")
+    return info
+
+
+def _tokens(folder: str, names: list[str], ranks: list[int], iters: list[int], t_of: dict[int, int]):
+    """int64 [T] tokens per iteration from every rank's rank{r}_numtokens.json (each rank's busiest layer,
+    ranks summed); None unless every rank file has one."""
+    paths = [os.path.join(folder, f"rank{r}_numtokens.json") for r in ranks]
+    if not all(os.path.basename(p) in names for p in paths):
+        return None
+    tokens_T = np.zeros(len(iters), dtype=np.int64)
+    for path in paths:
+        name = os.path.basename(path)
+        if _size(path) > MAX_JSON_BYTES:
+            raise ValueError(f"{name}: larger than {MAX_JSON_BYTES} bytes")
+        with open(path, "rb") as handle:
+            found = core.parse_json(handle.read(), name)
+        if not isinstance(found, dict):
+            raise ValueError(f"{name}: not an object of \"{{iter}}_{{layer}}\": tokens")
+        rank_T = np.zeros(len(iters), dtype=np.int64)
+        for key, tokens in found.items():
+            m = KEY.fullmatch(key)
+            if m is None or type(tokens) is not int or not 0 <= tokens < core.MAX_TOKENS:
+                raise ValueError(f"{name}: entry {key[:40]!r}: {str(tokens)[:20]} is not a token count")
+            t = t_of.get(int(m.group(1)))
+            if t is not None:
+                rank_T[t] = max(rank_T[t], tokens)
+        tokens_T += rank_T
+    return tokens_T
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror or 'cannot be read'}") from None
