@@ -21,6 +21,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
+from moe_monitor.core.tracefile.physical import read_physical, write_physical
 from moe_monitor.core.tracefile.reader import open_trace
 from moe_monitor.core.tracefile.writers import open_writer
 
@@ -39,9 +40,17 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
     budget = decoded_budget_bytes() if max_decoded_bytes is None else max_decoded_bytes
     name = os.path.basename(os.path.normpath(src))
     from .trtllm import is_statistic_folder
+    from .ultraep import find_manifest
+    manifest = find_manifest(src)
+    if manifest is not None:
+        meta, steps, physical = _ultraep_trace(manifest, run, gpus, top_k, budget)
+        return _write(dst, meta, [], ((records, []) for records in steps), [], physical)
     if is_statistic_folder(src):
         meta, steps = _trtllm_statistic(src, run, gpus, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])
+    if os.path.isdir(src):
+        raise ValueError(f"{src}: a folder is read as a TensorRT-LLM EXPERT_STATISTIC_PATH (meta_info.json, "
+                         f"rank<r>.safetensors) or an UltraEP trace (*.manifest.json); it holds neither")
     if name.lower().endswith((".pt", ".pth")):
         meta, steps = _sglang_dump(src, run, gpus, top_k, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])
@@ -68,7 +77,8 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
                 yield records, timings
 
         layouts = [_layout_run(rec, meta.run) for rec in reader.layouts]
-        return _write(dst, meta, layouts, chunks(), reader.gpu_samples())
+        physical = read_physical(src, meta.run, budget).records  # its sidecar, when the trace has one
+        return _write(dst, meta, layouts, chunks(), reader.gpu_samples(), physical)
     finally:
         reader.close()
 
@@ -78,8 +88,9 @@ def open_writer_check(dst: str) -> None:
         raise ValueError(f"{dst}: OUT must end in .parquet (archive) or .arrows (recording)")
 
 
-def _write(dst: str, meta: core.RunMeta, layouts, chunks, samples) -> int:
-    """chunks: (step records, layer timings) pairs in step order."""
+def _write(dst: str, meta: core.RunMeta, layouts, chunks, samples, physical=()) -> int:
+    """chunks: (step records, layer timings) pairs in step order; physical: core.PhysicalRecords, written to the
+    trace's physical sidecar (core/tracefile/physical.py; none: a stale one is removed)."""
     writer = open_writer(dst, meta, layouts)
     steps = 0
     try:
@@ -91,6 +102,7 @@ def _write(dst: str, meta: core.RunMeta, layouts, chunks, samples) -> int:
         writer.abort()
         raise
     writer.close()
+    write_physical(dst, list(physical))
     return steps
 
 
@@ -220,6 +232,43 @@ def _trtllm_statistic(folder: str, run: str | None, gpus: int | None, budget: in
     time0_s = float(int(os.path.getmtime(os.path.join(folder, META_NAME))))
     return meta, _steps_of(meta.run, stat.counts_TLE, ["unknown"] * len(stat.iter_T), tokens_T, time0_s=time0_s,
                            step_T=stat.iter_T)
+
+
+def _ultraep_trace(manifest: str, run: str | None, gpus: int | None, top_k: int, budget: int):
+    """An UltraEP trace -> (meta, step chunks, physical records): one step per microbatch holding every layer
+    (step id = the microbatch), pre_logical_loads as its counts [L, E], post_physical_loads as its
+    core.PhysicalRecord [L, P] (source "runtime", gpus = ep_size), rank 0 of world 1 (the EP group's totals).
+    The layout is the masters' (contiguous over ep_size GPUs): the replicas move every microbatch, unrecorded."""
+    from moe_monitor.core.sglang_records import tokens_from_counts
+
+    from .ultraep import read_trace
+    trace = read_trace(manifest, budget)
+    man = trace.manifest
+    if not len(trace.step_T):
+        raise ValueError(f"{os.path.basename(manifest)}: no microbatch holds every layer ({trace.incomplete} "
+                         f"incomplete)")
+    if gpus is not None and gpus != man.ep_size:
+        raise ValueError(f"--gpus {gpus}: an UltraEP trace's GPUs are its ep_size, {man.ep_size}")
+    meta = _meta_for(run or _run_name(man.trace_id), "ultraep load trace", len(trace.layer_L), man.num_experts,
+                     man.ep_size, top_k, layer_names=[f"layer{int(i)}" for i in trace.layer_L],
+                     extra={"source": "ultraep ultra_ep_trace_v1", "trace_id": man.trace_id,
+                            "slots_per_gpu": man.slots_per_gpu, "redundant_per_gpu": man.slots_per_gpu - man.masters,
+                            "placement_mode": str(man.raw.get("placement_mode", ""))[:40],
+                            "record_interval": man.raw.get("record_interval"), "chunks": trace.chunk_files,
+                            "dropped_records": man.dropped_records, "incomplete_microbatches": trace.incomplete,
+                            "repeated_records": trace.repeated,
+                            "layout": "masters only (UltraEP re-places its replicas every microbatch, unrecorded)"})
+    created = man.raw.get("created_unix")
+    time0_s = float(created) if isinstance(created, (int, float)) and 0 <= created < core.MAX_TIME_S / 2 \
+        else float(int(os.path.getmtime(manifest)))
+    tokens_T = tokens_from_counts(trace.pre_TLE, top_k)
+    steps = _steps_of(meta.run, trace.pre_TLE, ["unknown"] * len(trace.step_T), tokens_T, time0_s=time0_s,
+                      step_T=trace.step_T)
+    physical = [core.PhysicalRecord(run=meta.run, step=int(step), rank=0,
+                                    time_s=time0_s + int(step - trace.step_T[0]), counts_LP=trace.post_TLP[t],
+                                    gpus=man.ep_size, instance="converted", source="runtime")
+                for t, step in enumerate(trace.step_T)]
+    return meta, steps, physical
 
 
 def _step(run, steps, t: int, step_id: int, rank: int, world: int, time0_s: float) -> core.StepRecord:
