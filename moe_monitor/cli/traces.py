@@ -1,5 +1,6 @@
 """moe-monitor info FILE and moe-monitor convert IN OUT: describe a trace; convert JSON-lines traces, SGLang
-dumps (.pt) and logical_count JSON into columnar traces (.parquet archive, .arrows recording). Both refuse an
+dumps (.pt), logical_count JSON, TensorRT-LLM expert statistics and UltraEP load traces into columnar traces
+(.parquet archive, .arrows recording). Both refuse an
 input that decodes to more than the decoded-bytes budget (--max-decoded-mib, core/budget.py) before decoding it."""
 from __future__ import annotations
 
@@ -18,14 +19,20 @@ def register(sub) -> None:
     add_max_decoded(inf)
     add_json(inf)
     inf.set_defaults(handler=lambda args: guarded(info, args))
-    con = sub.add_parser("convert", help="JSON lines, SGLang dumps (.pt) or logical_count JSON -> .parquet/.arrows",
-                         description="Convert a trace or an SGLang dump into a columnar trace.")
-    con.add_argument("src", metavar="IN")
+    con = sub.add_parser("convert", help="JSON lines, SGLang dumps (.pt), logical_count JSON, a TensorRT-LLM "
+                                         "EXPERT_STATISTIC_PATH folder or an UltraEP trace -> .parquet/.arrows",
+                         description="Convert a trace, an SGLang dump, a TensorRT-LLM expert-statistic folder "
+                                     "(meta_info.json + rank<r>.safetensors) or an UltraEP ultra_ep_trace_v1 trace "
+                                     "(its folder or *.manifest.json; post_physical_loads go into the "
+                                     "<stem>.physical.parquet sidecar) into a columnar trace.")
+    con.add_argument("src", metavar="IN", help="a trace, an SGLang .pt or logical_count JSON, a TensorRT-LLM "
+                                               "EXPERT_STATISTIC_PATH folder, an UltraEP trace folder or manifest")
     con.add_argument("dst", metavar="OUT", help="output trace: .parquet (archive) or .arrows (recording)")
     con.add_argument("--run", default=None, metavar="NAME", help="run name of the output (default: the input's)")
-    con.add_argument("--gpus", type=int, default=None, help="GPUs of the layout (SGLang inputs)")
+    con.add_argument("--gpus", type=int, default=None,
+                     help="GPUs of the layout (SGLang and TensorRT-LLM inputs; an UltraEP trace's is its ep_size)")
     con.add_argument("--phase", default="unknown", help="phase of logical_count JSON steps")
-    con.add_argument("--top-k", type=int, default=8, help="k of the model (SGLang inputs without ids)")
+    con.add_argument("--top-k", type=int, default=8, help="k of the model (SGLang inputs without ids, UltraEP traces)")
     add_max_decoded(con)
     add_json(con)
     con.set_defaults(handler=lambda args: guarded(convert, args))

@@ -1,6 +1,11 @@
 """convert(IN, OUT): a trace (JSON lines, .arrows, .parquet), an SGLang expert-distribution dump (.pt: stat,
-per_pass or per_token; parsed by collectors/sglang, which needs torch and is imported only for them) or an
-SGLang logical_count JSON ([L, E] or [T, L, E]) -> a .parquet or .arrows trace.
+per_pass or per_token; parsed by collectors/sglang, which needs torch and is imported only for them), an
+SGLang logical_count JSON ([L, E] or [T, L, E]), a TensorRT-LLM EXPERT_STATISTIC_PATH folder (traces/trtllm.py)
+or an UltraEP ultra_ep_trace_v1 trace (traces/ultraep.py) -> a .parquet or .arrows trace.
+
+TensorRT-LLM: one step per iteration (step id = the iteration), the rank files summed. UltraEP: one step per
+microbatch holding every layer (pre_logical_loads), and its post_physical_loads as core.PhysicalRecords in the
+trace's physical sidecar (core/tracefile/physical.py), which converting a trace also carries along.
 
 SGLang inputs become one step per forward pass (per_pass / per_token, the file's rank; logical counts summed
 over replicas through the dump's own physical_to_logical_map, which is the run's layout), one per non-zero
