@@ -224,3 +224,34 @@ def test_gpus_other_than_the_ep_size_is_refused(tmp_path, capsys):
     folder, _, _, _ = trace(tmp_path)
     status, err = cli_here(capsys, "convert", folder, tmp_path / "x.parquet", "--gpus", 2)
     assert status == 2 and f"ep_size, {EP}" in err, err
+
+
+def test_the_physical_sidecar_is_bounded_and_checks_every_row(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from moe_monitor.core.tracefile.physical import physical_schema, write_physical
+    folder, _, _, post_TLP = trace(tmp_path)
+    out = tmp_path / "uep.parquet"
+    convert(str(folder), str(out))
+    rows = MICROBATCHES * post_TLP[0].size * 4  # the counts alone
+    with pytest.raises(ValueError, match="uep.physical.parquet: its rows decode to"):
+        read_physical(out, "uep", rows)
+    assert len(read_physical(out, "uep", 2 * rows).records) == MICROBATCHES
+    # a row core.decode_physical would refuse (a negative count) is skipped and counted, the others read
+    good = core.PhysicalRecord(run="uep", step=0, rank=0, time_s=1.0, counts_LP=post_TLP[0], gpus=EP)
+    write_physical(out, [good])
+    table = pq.read_table(physical_sidecar(out))
+    bad = post_TLP[1].copy()
+    bad[0, 0] = -1
+    extra = pa.table({**{name: table.column(name) for name in ("rank", "time_s", "instance", "source")},
+                      "step": pa.array([1], pa.int64()),
+                      "counts": pa.array([bad.tobytes()], table.schema.field("counts").type)}).select(table.schema.names)
+    pq.write_table(pa.concat_tables([table, extra.cast(table.schema)]), physical_sidecar(out))
+    found = read_physical(out, "uep", BUDGET)
+    assert [r.step for r in found.records] == [0] and found.bad_records == 1 and "negative" in found.last_error
+    # another table at the sidecar's name is one error naming it
+    pq.write_table(pa.table({"x": [1]}), physical_sidecar(out))
+    with pytest.raises(ValueError, match="uep.physical.parquet: not a physical-counts table"):
+        read_physical(out, "uep", BUDGET)
+    assert physical_schema(2, 8, 4).field("counts").type.byte_width == 2 * 8 * 4
