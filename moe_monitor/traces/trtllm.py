@@ -15,8 +15,9 @@ indices (DeepSeek-V3's first MoE layer is 3).
 
 Bounds, all before any tensor byte is read: each safetensors header (at most MAX_HEADER_BYTES, its tensors'
 declared shapes and dtypes: [E] of an integer or float dtype, offsets inside the file), the JSON files
-(MAX_JSON_BYTES), and the decoded-bytes budget (core/budget.py) over every declared tensor plus the [T, L, E]
-int64 sum. Every problem is one ValueError naming the file.
+(MAX_JSON_BYTES), and the decoded-bytes budget (core/budget.py), first over the headers (HEADER_BYTE_COST bytes a
+byte, before they are parsed), then over every declared tensor plus the [T, L, E] int64 sum. Every problem is one
+ValueError naming the file.
 
 Shape legend: R rank files, T iterations, L MoE layers, E slots (experts when the load balancer is off).
 """
@@ -36,6 +37,7 @@ META_NAME = "meta_info.json"
 RANK_FILE = re.compile(r"rank(\d{1,6})\.safetensors")
 KEY = re.compile(r"(\d{1,18})_(\d{1,6})")
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
+HEADER_BYTE_COST = 16  # a byte of header JSON parsed: dicts, lists and strings of its entries
 MAX_JSON_BYTES = 16 << 20
 MAX_RANK_FILES = 4096
 # safetensors dtype names -> little-endian numpy dtypes of whole-number counts (no BF16: numpy has none)
@@ -92,6 +94,8 @@ def read_statistic(folder: str, budget_bytes: int) -> Statistic:
     if len(ranks) > MAX_RANK_FILES:
         raise ValueError(f"{folder}: {len(ranks)} rank files, at most {MAX_RANK_FILES} are read")
     files = {r: os.path.join(folder, f"rank{r}.safetensors") for r in ranks}
+    check_decoded(f"{folder}: its safetensors headers (parsed at {HEADER_BYTE_COST} bytes a byte)",
+                  HEADER_BYTE_COST * sum(_header_bytes(p) for p in files.values()), budget_bytes)
     index = {r: tensor_index(files[r], num_slots) for r in ranks}
     iters = sorted({t.iteration for ts in index.values() for t in ts})
     layers = sorted({t.layer for ts in index.values() for t in ts})
@@ -114,6 +118,15 @@ def read_statistic(folder: str, budget_bytes: int) -> Statistic:
     return Statistic(folder=folder, num_slots=num_slots, top_k=top_k, ranks=tuple(ranks),
                      iter_T=np.asarray(iters, dtype=np.int64), layer_L=np.asarray(layers, dtype=np.int64),
                      counts_TLE=counts_TLE, tokens_T=tokens_T, meta_info=meta_info)
+
+
+def _header_bytes(path: str) -> int:
+    """The header bytes a safetensors file can hold: the length its first 8 bytes declare, at most what the file
+    and MAX_HEADER_BYTES allow (a larger claim is tensor_index's error to name)."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    declared = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
+    return min(declared, _size(path) - 8, MAX_HEADER_BYTES) if declared else 0
 
 
 def tensor_index(path: str, num_slots: int) -> list[Tensor]:

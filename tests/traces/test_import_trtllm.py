@@ -20,6 +20,7 @@ from moe_monitor import core
 from moe_monitor.core import tracefile
 from moe_monitor.core.sglang_records import tokens_from_counts
 from moe_monitor.traces.convert import convert
+from moe_monitor.traces.trtllm import HEADER_BYTE_COST
 from tests.support.trtllm_writer import random_ids, write_statistic
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,12 +146,22 @@ def test_a_bad_folder_is_one_error_line(tmp_path, capsys, case):
 
 
 def test_the_budget_refuses_the_folder_before_reading_a_tensor(tmp_path, capsys):
-    path, _, _ = folder(tmp_path)
-    declared = RANKS * ITERS * len(LAYERS) * SLOTS * 8 + ITERS * len(LAYERS) * SLOTS * 8  # int64 tensors + the sum
-    status, err = cli_here(capsys, "convert", path, tmp_path / "x.parquet", "--max-decoded-mib",
-                           (declared - 1) / (1 << 20))
-    assert status == 2 and "more than the" in err and "MOE_TRACE_MAX_DECODED_MIB" in err, err
-    status, err = cli_here(capsys, "convert", path, tmp_path / "x.parquet", "--max-decoded-mib", declared / (1 << 20))
+    slots = 512  # tensors well above their headers' parsing cost
+    ids = random_ids(np.random.default_rng(2), RANKS, ITERS, len(LAYERS), slots, TOP_K)
+    path = tmp_path / "big"
+    write_statistic(path, ids, LAYERS, slots, START)
+    headers = sum(struct.unpack("<Q", p.read_bytes()[:8])[0] for p in path.glob("rank*.safetensors"))
+    declared = RANKS * ITERS * len(LAYERS) * slots * 8 + ITERS * len(LAYERS) * slots * 8  # int64 tensors + the sum
+    assert HEADER_BYTE_COST * headers < declared
+
+    def run(budget_bytes: int) -> tuple[int, str]:
+        return cli_here(capsys, "convert", path, tmp_path / "x.parquet", "--max-decoded-mib", budget_bytes / (1 << 20))
+
+    status, err = run(HEADER_BYTE_COST * headers - 1)
+    assert status == 2 and "its safetensors headers" in err and "MOE_TRACE_MAX_DECODED_MIB" in err, err
+    status, err = run(declared - 1)
+    assert status == 2 and "its tensors and their" in err and "more than the" in err, err
+    status, err = run(declared)
     assert status == 0, err
 
 
