@@ -8,11 +8,25 @@ from __future__ import annotations
 
 import sys
 
-from . import aggregate, apply, dashboard, demo, diagnose, export, planner, record, replay, score, sglang, traces
+from . import (
+    aggregate,
+    apply,
+    dashboard,
+    demo,
+    diagnose,
+    export,
+    planner,
+    record,
+    replay,
+    routed,
+    score,
+    sglang,
+    traces,
+)
 from .common import Parser
 
 # (module, its subcommands) in --help order: watch, record and replay, plan, score and diagnose, run the services
-COMMANDS = (dashboard, demo, record, replay, traces, planner, score, diagnose, apply, aggregate, export, sglang)
+COMMANDS = (dashboard, demo, record, replay, traces, planner, score, diagnose, apply, aggregate, export, sglang, routed)
 
 DESCRIPTION = """Live per-GPU load, drift and replica-layout planning for mixture-of-experts models served with
 expert parallelism. Collectors inside the model (transformers, vLLM plugin, SGLang bridge) write per-step expert

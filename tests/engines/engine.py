@@ -18,18 +18,27 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Engine:
-    """One vLLM engine process (eager or compiled) with the plugin configured by `env` (MOE_MONITOR_*)."""
+    """One vLLM engine process (eager or compiled) with the plugin configured by `env` (MOE_MONITOR_*) and more
+    vllm.LLM keyword arguments in `engine_args` (tensor_parallel_size, ...). wait=False returns at once: call
+    wait_ready() (data-parallel ranks start together, each waiting for the others)."""
 
-    def __init__(self, checkpoint: Path, mode: str, env: dict[str, str], log_path: Path, timeout_s: float = 300):
+    def __init__(self, checkpoint: Path, mode: str, env: dict[str, str], log_path: Path, timeout_s: float = 300,
+                 engine_args: dict | None = None, wait: bool = True):
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("MOE_MONITOR_")}
-        full_env.update(VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="2", **env)
+        full_env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", **env})
         self.log_path = log_path
         self._log = open(log_path, "w")  # noqa: SIM115 (closed by close(), written by the pump thread)
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.engines.vllm_run", str(checkpoint), mode],
-                                     cwd=REPO, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        argv = [sys.executable, "-m", "tests.engines.vllm_run", str(checkpoint), mode]
+        if engine_args:
+            argv.append(json.dumps(engine_args))
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self._lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
+        if wait:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
         self._expect("ready", timeout_s)
 
     def _pump(self) -> None:
@@ -54,9 +63,17 @@ class Engine:
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def generate(self, prompts: list[list[int]], max_tokens: int, timeout_s: float = 120) -> list[list[int]]:
+        self.send(prompts, max_tokens)
+        return self.receive(timeout_s)
+
+    def send(self, prompts: list[list[int]], max_tokens: int) -> None:
+        """Ask for a greedy generation without waiting for it (data-parallel ranks generate together)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"prompts": prompts, "max_tokens": max_tokens}) + "\n")
         self.proc.stdin.flush()
+
+    def receive(self, timeout_s: float = 120) -> list[list[int]]:
+        """The generated ids of the last send(), one list per prompt."""
         return json.loads(self._expect(None, timeout_s))
 
     def close(self) -> None:

@@ -5,7 +5,8 @@ capture function given to every fused-MoE router (BaseRouter.set_capture_fn, cal
 topk_ids [N, K] before EPLB maps them to physical slots) only runs device ops into fixed buffers: it puts the
 ids into the monitor's counter under a fixed gate [T] (1 for the step's real tokens, 0 for the padding that
 CUDA graphs and data-parallel batches add, and 0 between steps, so warm-up, profiling and dummy runs count
-nothing). The step boundary lives outside the graph, around the runner's execute_model: the gate is opened for
+nothing). Under data parallelism the rows of this rank's own tokens are picked first (rows.py: all ranks'
+tokens gathered before routing, or a sequence-parallel shard, read from vLLM's dp_metadata on the host). The step boundary lives outside the graph, around the runner's execute_model: the gate is opened for
 the scheduled tokens, and the step closed and handed to the publisher afterwards.
 
 EPLB: when the engine rebalances (--enable-eplb), its new physical_to_logical_map [L, P] is published as a
@@ -25,6 +26,7 @@ from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .batch import step_facts
 from .physical import pass_load
+from .rows import local_span
 from .scope import Publishing, publishing_rule
 from .settings import PluginSettings, run_name_for
 
@@ -46,15 +48,36 @@ def moe_layers(vllm_config) -> list[tuple[str, Any]]:
     return found
 
 
+def tensor_parallel_rank(parallel_config) -> int:
+    """This worker's tensor-parallel rank (0 without tensor parallelism)."""
+    if parallel_config.tensor_parallel_size <= 1:
+        return 0
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+    return int(get_tensor_model_parallel_rank())
+
+
 def worker_publishing(vllm_config) -> Publishing:
     """The publishing rule for this worker (scope.py), from vLLM's parallel config and groups."""
     pc = vllm_config.parallel_config
-    tp_rank = 0
-    if pc.tensor_parallel_size > 1:
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
-        tp_rank = get_tensor_model_parallel_rank()
-    return publishing_rule(tp_rank, pc.tensor_parallel_size, pc.data_parallel_rank, pc.data_parallel_size,
-                           pc.pipeline_parallel_size, bool(pc.enable_expert_parallel))
+    return publishing_rule(tensor_parallel_rank(pc), pc.tensor_parallel_size, pc.data_parallel_rank,
+                           pc.data_parallel_size, pc.pipeline_parallel_size, bool(pc.enable_expert_parallel),
+                           bool(getattr(pc, "use_sequence_parallel_moe", False)))
+
+
+def dp_tokens(dp_size: int):
+    """A function () -> tokens [D] of every data-parallel rank in the current forward (vLLM's dp_metadata), or
+    None; None without data parallelism (rows.py)."""
+    if dp_size <= 1:
+        return None
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    def read():
+        if not is_forward_context_available():
+            return None
+        meta = getattr(get_forward_context(), "dp_metadata", None)
+        sizes = getattr(meta, "num_tokens_across_dp_cpu", None)
+        return None if sizes is None else sizes.tolist()
+    return read
 
 
 def eplb_map(runner) -> torch.Tensor | None:
@@ -100,6 +123,11 @@ class RunnerBinding:
         self.gate_T = torch.zeros(2 * max(int(scheduler.max_num_batched_tokens), int(capture_max), 1),
                                   dtype=torch.int64, device=self.device)
         self.tokens, self.phase, self.in_step = 0, "unknown", False
+        pc = config.parallel_config
+        self.dp_rank, self.tp_rank, self.tp_size = int(pc.data_parallel_rank), tensor_parallel_rank(pc), int(pc.tensor_parallel_size)
+        self.dp_tokens = dp_tokens(int(pc.data_parallel_size))
+        # sequence-parallel MoE: this rank routes a shard; its tokens are read from the counts (none sampled)
+        self.sharded = bool(getattr(pc, "use_sequence_parallel_moe", False)) and self.tp_size > 1
         self.runner = runner
         self.layout_from: int | None = None   # step from which a committed EPLB layout is in force
         # physical records only where each publisher's ranks are its own tokens (their sum is the GPU loads)
@@ -124,11 +152,17 @@ class RunnerBinding:
                 num = topk_ids.shape[0]
                 if num == 0 or topk_ids.dim() != 2:
                     return
-                if num > gate_len:
-                    monitor._hook_failed(layer, f"{num} tokens exceed the gate of {gate_len}: not counted")
+                span = local_span(num, self.dp_rank, self.dp_tokens() if self.dp_tokens else None,
+                                  self.tp_rank, self.tp_size)
+                if span is None:
+                    monitor._hook_failed(layer, f"{num} routed rows fit no data-parallel layout: not counted")
                     return
-                ids = topk_ids.to(torch.int64)
-                valid = gate_T[:num].unsqueeze(1).expand(num, ids.shape[1])
+                first, rows, token = span
+                if token + rows > gate_len:
+                    monitor._hook_failed(layer, f"{token + rows} tokens exceed the gate of {gate_len}: not counted")
+                    return
+                ids = topk_ids[first:first + rows].to(torch.int64)
+                valid = gate_T[token:token + rows].unsqueeze(1).expand(rows, ids.shape[1])
                 if fused_shared:
                     valid = valid * (ids < num_experts)
                 counter.record(layer, ids, valid)
@@ -143,14 +177,15 @@ class RunnerBinding:
         self.tokens, self.phase, self.in_step = tokens, phase, True
         if tokens > 0:
             self.gate_T[: min(tokens, self.gate_T.shape[0])].fill_(1)
-            self.monitor.begin_step(tokens=tokens)
+            if not self.sharded:  # a shard's tokens are read from its counts (each routed k times a layer)
+                self.monitor.begin_step(tokens=tokens)
 
     def end(self) -> None:
         """Close the gate and the step (its copy leaves the device asynchronously); publish a committed layout."""
         self.in_step = False
         if self.tokens > 0:
             self.gate_T[: min(self.tokens, self.gate_T.shape[0])].zero_()
-            self.monitor.end_step(phase=self.phase, tokens=self.tokens)
+            self.monitor.end_step(phase=self.phase, tokens=None if self.sharded else self.tokens)
             self.tokens = 0
         if self.layout_from is not None:
             self._publish_layout()
