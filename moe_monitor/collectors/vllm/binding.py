@@ -25,6 +25,7 @@ import torch
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .batch import step_facts
+from .capture import attach
 from .physical import pass_load
 from .rows import local_span
 from .scope import Publishing, publishing_rule
@@ -134,7 +135,7 @@ class RunnerBinding:
         self.physical_off = "" if publishing.scope == "rank" else f"scope {publishing.scope}"
         for index, (_, layer) in enumerate(layers):
             shared = int(getattr(layer.moe_config, "num_fused_shared_experts", 0) or 0)
-            layer.router.set_capture_fn(self._capture_fn(index, num_experts, shared > 0))
+            attach(layer.router, self._capture_fn(index, num_experts, shared > 0))  # beside vLLM's own
         BINDINGS.append(self)
         atexit.register(self.monitor.close, 2.0)
         log.info("moe monitor: %d MoE layers x %d experts (top-%d) -> run %s; %s", len(layers), num_experts,
