@@ -1,0 +1,274 @@
+"""attach_megatron(model): count a Megatron-Core MoE model's routing, one step per training iteration.
+
+    monitor = attach_megatron(model, redis_url="redis://...", run="moe-pretrain")   # after initialize_model_parallel
+    for iteration in range(train_iters):
+        with monitor.iteration():                    # or: train_step(...); monitor.end_step()
+            train_step(...)                          # forward + backward of every micro-batch, optimizer step
+    monitor.close()
+
+What is counted: the routing map each Megatron router (megatron.core.transformer.moe.router.Router: TopKRouter
+and its subclasses) returns from forward(), the bool [N, E] map the token dispatcher sends tokens by, after
+the score function, group-limited top-k, the expert bias and capacity dropping (a dropped token is not
+counted, a padded one is: the experts compute both). A forward hook on each router turns the map into the
+counter's [N, K] ids with a validity mask (top-k of the map: ids of its True entries, 0 where a token has
+fewer than K) and adds them into the monitor's fixed device buffers: device ops only, no .item(), no
+nonzero(), no host sync, the same under CUDA graph capture as the transformers path. Under
+moe_pad_expert_input_to_capacity a token may be sent to more than K experts: then the map is counted in
+full ([N, E] ids 0..E-1, the map as the mask).
+
+Recomputation: a router forward that runs inside autograd's backward pass (Megatron's activation
+recomputation, recompute_granularity full or selective "moe"; torch.utils.checkpoint, reentrant or not)
+is the same tokens a second time and is not counted (torch._C._current_graph_task_id() != -1 there).
+
+Steps: one step per training iteration, closed by end_step() (phase "train" unless given) or by leaving
+iteration(); every micro-batch's forward in between is in it. tokens: the tokens of the rank's first MoE
+layer over the step's micro-batches (N = S * B of each forward; under a CUDA graph replay no Python hook
+runs, and the step's tokens are then taken from its counts).
+
+Layers and ranks: rows are the model's MoE layers numbered globally, as Megatron numbers them
+(router.layer_number: 1-based, pipeline offset included), over every MoE layer of the model
+(config.num_layers and moe_layer_freq), so a pipeline stage's rows for other stages' layers stay 0 and the
+stages' records add up; named decoder.layers.<n> (0-based). Each process publishes as its
+torch.distributed global rank of the world: every rank routes its own tokens (data, expert, context and,
+with sequence parallelism, tensor parallel ranks alike), so the ranks' records sum to the model's load.
+gpus (the layout's group) defaults to the expert-parallel size; Megatron places experts contiguously
+(rank r of the expert-parallel group holds experts r * E / EP ...), which is the default layout.
+monitor.parallel holds the run's parallel sizes and this rank's indices (parallel_state's).
+Tensor parallelism without sequence parallelism (inference only: Megatron refuses it in training) routes
+the same tokens on every tensor-parallel rank: there each rank's records count them again.
+
+megatron is imported only here, and only when attach_megatron() runs. Shape legend (README, Conventions):
+L MoE layers, E experts, K top-k, N tokens of one forward.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from .monitor import ExpertLoadMonitor
+from .options import MonitorOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSite:
+    """One router found in the model: its module path, its Megatron layer number (1-based, global) and module."""
+
+    name: str
+    layer_number: int
+    module: torch.nn.Module
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelSizes:
+    """parallel_state's sizes (tp, pp, ep, dp, cp, etp: expert tensor parallel, edp: expert data parallel) and this
+    rank's indices; all 1 and 0 when parallel_state is not initialised."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    cp: int = 1
+    etp: int = 1
+    edp: int = 1
+    tp_rank: int = 0
+    pp_rank: int = 0
+    ep_rank: int = 0
+    dp_rank: int = 0
+
+    def describe(self) -> str:
+        return f"tp{self.tp} pp{self.pp} ep{self.ep} dp{self.dp} cp{self.cp}"
+
+
+def parallel_sizes() -> ParallelSizes:
+    """The run's parallel sizes from megatron.core.parallel_state (defaults when it is not initialised)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return ParallelSizes()
+
+    def get(name: str, default: int) -> int:
+        fn = getattr(ps, name, None)
+        try:
+            return int(fn()) if fn is not None else default
+        except (AssertionError, RuntimeError, TypeError, AttributeError):
+            return default
+
+    return ParallelSizes(
+        tp=get("get_tensor_model_parallel_world_size", 1), pp=get("get_pipeline_model_parallel_world_size", 1),
+        ep=get("get_expert_model_parallel_world_size", 1), dp=get("get_data_parallel_world_size", 1),
+        cp=get("get_context_parallel_world_size", 1), etp=get("get_expert_tensor_parallel_world_size", 1),
+        edp=get("get_expert_data_parallel_world_size", 1), tp_rank=get("get_tensor_model_parallel_rank", 0),
+        pp_rank=get("get_pipeline_model_parallel_rank", 0), ep_rank=get("get_expert_model_parallel_rank", 0),
+        dp_rank=get("get_data_parallel_rank", 0))
+
+
+def find_routers(chunks: Sequence[torch.nn.Module]) -> list[RouterSite]:
+    """Every Megatron router (megatron.core.transformer.moe.router.Router) in the model chunks, in layer order.
+    A router without a layer number (a bare MoELayer) is numbered by its order. ValueError when there is none."""
+    from megatron.core.transformer.moe.router import Router
+
+    sites: list[tuple[str, int | None, torch.nn.Module]] = []
+    for c, chunk in enumerate(chunks):
+        for name, module in chunk.named_modules():
+            if isinstance(module, Router):
+                number = getattr(module, "layer_number", None)
+                sites.append((name if len(chunks) == 1 else f"chunk{c}.{name}",
+                              int(number) if isinstance(number, int) else None, module))
+    if not sites:
+        raise ValueError("found no Megatron-Core MoE router (megatron.core.transformer.moe.router.Router) in the "
+                         "model: is it built with num_moe_experts set?")
+    if any(number is None for _, number, _ in sites):
+        return [RouterSite(name, i + 1, module) for i, (name, _, module) in enumerate(sites)]
+    return sorted((RouterSite(name, number, module) for name, number, module in sites if number is not None),
+                  key=lambda site: site.layer_number)
+
+
+def moe_layer_numbers(config: Any, sites: Sequence[RouterSite]) -> list[int]:
+    """The global 1-based numbers of every MoE layer of the model: from config.num_layers and moe_layer_freq
+    (an int f: layers 0, f, 2f, ...; a list: 1 marks a MoE layer), as Megatron's layer specs read them, when
+    they cover every router found; else the routers' own numbers."""
+    found = sorted({site.layer_number for site in sites})
+    num_layers = getattr(config, "num_layers", None)
+    freq = getattr(config, "moe_layer_freq", 1)
+    pattern: list[int] | None = None
+    if isinstance(num_layers, int) and num_layers > 0:
+        if isinstance(freq, int) and freq > 0:
+            pattern = [i + 1 for i in range(num_layers) if i % freq == 0]
+        elif isinstance(freq, (list, tuple)) and len(freq) == num_layers:
+            pattern = [i + 1 for i, is_moe in enumerate(freq) if is_moe]
+    if pattern is not None and set(found) <= set(pattern):
+        return pattern
+    return found
+
+
+def _device_of(chunks: Sequence[torch.nn.Module], routers: set[int]) -> torch.device:
+    """The model's device: of its first parameter that is not a router's (Megatron creates router weights on the
+    CPU and moves them at the first forward), else the CPU."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            if id(module) in routers:
+                continue
+            for param in module.parameters(recurse=False):
+                return param.device
+    return torch.device("cpu")
+
+
+def _shared_run_name() -> str:
+    """The default run name, the same on every rank: "megatron-<pid of global rank 0>" (one broadcast at attach
+    time when torch.distributed is initialised with more than one rank)."""
+    name = [f"megatron-{os.getpid()}"]
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(name, src=0)
+    return str(name[0])
+
+
+def _dtype_bytes(config: Any) -> int:
+    dtype = getattr(config, "params_dtype", None)
+    return int(torch.empty((), dtype=dtype).element_size()) if isinstance(dtype, torch.dtype) else 2
+
+
+class MegatronMonitor(ExpertLoadMonitor):
+    """An ExpertLoadMonitor hooked to a Megatron-Core model's routers (module docstring). close() removes the hooks.
+
+    sites: the routers, in row order of their layers (rows: self.layer_numbers, 1-based global); parallel:
+    the run's ParallelSizes."""
+
+    def __init__(self, model: torch.nn.Module | Sequence[torch.nn.Module], *, redis_url: str | None = None,
+                 run: str | None = None, device: str | torch.device | None = None, model_name: str | None = None,
+                 options: MonitorOptions | None = None, **overrides: Any):
+        chunks: list[torch.nn.Module] = list(model) if isinstance(model, (list, tuple)) else [model]  # type: ignore[list-item]
+        self.sites = find_routers(chunks)
+        config: Any = getattr(self.sites[0].module, "config", None)
+        self.parallel = parallel_sizes()
+        self.layer_numbers = moe_layer_numbers(config, self.sites)
+        row_of = {number: row for row, number in enumerate(self.layer_numbers)}
+        num_experts, top_k = int(config.num_moe_experts), int(config.moe_router_topk)
+        if (options is None or options.gpus is None) and "gpus" not in overrides and num_experts % self.parallel.ep == 0:
+            overrides["gpus"] = self.parallel.ep
+        super().__init__(
+            len(self.layer_numbers), num_experts, top_k,
+            device=device if device is not None else _device_of(chunks, {id(s.module) for s in self.sites}),
+            redis_url=redis_url, run=run or _shared_run_name(), layer_names=[f"decoder.layers.{n - 1}" for n in self.layer_numbers],
+            model_name=model_name or f"megatron-core ({self.parallel.describe()})",
+            hidden_size=int(getattr(config, "hidden_size", 0) or 0),
+            moe_intermediate_size=int(getattr(config, "moe_ffn_hidden_size", 0) or 0),
+            dtype_bytes=_dtype_bytes(config), options=options, **overrides)
+        self._full_width = bool(getattr(config, "moe_pad_expert_input_to_capacity", False))
+        self._expert_ids_1E = torch.arange(num_experts, device=self.device).unsqueeze(0)
+        self._step_tokens = 0
+        self._handles: list[RemovableHandle] = []
+        first = min(row_of[site.layer_number] for site in self.sites)
+        try:
+            for site in self.sites:
+                row = row_of[site.layer_number]
+                self._handles.append(site.module.register_forward_hook(self._router_hook(row, row == first)))
+        except Exception:
+            self.close(timeout_s=0.0)
+            raise
+
+    def _router_hook(self, row: int, first_layer: bool) -> Callable[..., None]:
+        """The forward hook of the router of row `row`: output (probs [N, E], routing_map bool [N, E])."""
+        monitor, counter, top_k = self, self.counter, self.top_k
+
+        def hook(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if torch._C._current_graph_task_id() != -1:  # recomputed inside backward: tokens already counted
+                return None
+            try:
+                routing_map_NE = output[1]
+                num_tokens = int(routing_map_NE.shape[0])
+                if not monitor._step_open:
+                    monitor.begin_step(tokens=num_tokens)
+                if first_layer:
+                    monitor._step_tokens += num_tokens
+                if monitor._full_width:
+                    ids = monitor._expert_ids_1E.expand(num_tokens, -1)
+                    counter.record(row, ids, routing_map_NE)
+                    return None
+                valid_NK, ids_NK = routing_map_NE.to(torch.int8).topk(top_k, dim=1)
+                counter.record(row, ids_NK, valid_NK)
+            except Exception as exc:  # never break the training step
+                monitor._hook_failed(row, exc)
+            return None
+        return hook
+
+    def end_step(self, phase: str | None = "train", tokens: int | None = None) -> int:
+        """Close the training iteration's step (phase "train" unless given; set_phase() overrides both). tokens:
+        default the tokens the rank's first MoE layer routed in it (none seen: taken from the counts)."""
+        if tokens is None and self._step_tokens > 0:
+            tokens = self._step_tokens
+        self._step_tokens = 0
+        return super().end_step(phase, tokens)
+
+    @contextlib.contextmanager
+    def iteration(self, phase: str = "train") -> Iterator[MegatronMonitor]:
+        """One training iteration (forward + backward of all its micro-batches, the optimizer step) as one step:
+        end_step(phase) when the block is left, even by an exception."""
+        try:
+            yield self
+        finally:
+            self.end_step(phase)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        super().close(timeout_s)
+
+
+def attach_megatron(model: torch.nn.Module | Sequence[torch.nn.Module], redis_url: str | None = None,
+                    run: str | None = None, options: MonitorOptions | None = None,
+                    **overrides: Any) -> MegatronMonitor:
+    """Hook every router of a Megatron-Core model (one module, or the list of model chunks of a virtual pipeline)
+    and start counting; call after parallel_state.initialize_model_parallel (for the sizes) and after the
+    model is built. E and K from the routers' TransformerConfig (num_moe_experts, moe_router_topk).
+    run: the stream's name (default "megatron-<pid of rank 0>", the same on every rank). device: the counters'
+    (default the model's), model_name: for the run's metadata (default
+    "megatron-core (tp.. pp.. ep.. dp.. cp..)"); options / overrides: MonitorOptions fields, as for attach()."""
+    return MegatronMonitor(model, redis_url=redis_url, run=run, options=options, **overrides)
