@@ -213,6 +213,7 @@ class RoutedSampler:
         self.meta: core.RunMeta | None = None
         self.sink: RedisSink | None = None
         self.layers_M: list[int] = []
+        self.shape_LK: tuple[int, int] = (0, 0)   # layers and top-k of the responses (from the first)
         self.queue: collections.deque[core.StepRecord] = collections.deque()
         self.step = 0
         self.requests = self.published = self.dropped = 0
@@ -224,10 +225,10 @@ class RoutedSampler:
         made = 0
         for request in requests:
             self._ensure_meta(request.ids_TLK.shape)
+            if request.ids_TLK.shape[1:] != self.shape_LK:
+                raise ValueError(f"routed_experts of shape {request.ids_TLK.shape} do not match the first "
+                                 f"response's [tokens, {self.shape_LK[0]}, {self.shape_LK[1]}]")
             ids_TMK = request.ids_TLK[:, self.layers_M, :]
-            if ids_TMK.shape[1:] != (len(self.layers_M), self.meta.top_k if self.meta else 0):
-                raise ValueError(f"routed_experts of shape {request.ids_TLK.shape} do not match the run's "
-                                 f"first ({len(self.layers_M)} MoE layers, top-{self.meta.top_k if self.meta else 0})")
             parts = ([("mixed", ids_TMK)] if request.prompt_rows < 0 else
                      [("prefill", ids_TMK[:request.prompt_rows]), ("decode", ids_TMK[request.prompt_rows:])])
             for phase, rows in parts:
@@ -254,6 +255,7 @@ class RoutedSampler:
             return
         _, num_layers, top_k = shape_TLK
         self.layers_M = parse_layers(self.layers_spec, int(num_layers))
+        self.shape_LK = (int(num_layers), int(top_k))
         layout = core.Layout(self.gpus or core.default_gpus(self.num_experts), self.nodes,
                              core.contiguous_layout(len(self.layers_M), self.num_experts))
         self.meta = core.RunMeta(

@@ -245,10 +245,18 @@ def test_bad_fields_are_refused_in_words():
     with pytest.raises(ValueError, match="not valid base64"):
         routed_requests({"choices": [{"routed_experts": "%%%"}]}, "vllm")
     buffer = io.BytesIO()
-    np.save(buffer, np.full((2, 1, 2), 9, dtype=np.uint8))
+    np.save(buffer, np.full((2, 1, 2), 7, dtype=np.uint8))
+    bad = io.BytesIO()
+    np.save(bad, np.full((2, 1, 2), 9, dtype=np.uint8))
     sampler = RoutedSampler("redis://127.0.0.1:1/0", "bad-ids", 8)
     with pytest.raises(ValueError, match="outside 0..7: is --num-experts right"):
-        sampler.add({"choices": [{"routed_experts": base64.b64encode(buffer.getvalue()).decode()}]})
+        sampler.add({"choices": [{"routed_experts": base64.b64encode(bad.getvalue()).decode()}]})
+    other = io.BytesIO()
+    np.save(other, np.zeros((2, 3, 2), dtype=np.uint8))
+    sampler = RoutedSampler("redis://127.0.0.1:1/0", "two-shapes", 8)
+    sampler.add({"choices": [{"routed_experts": base64.b64encode(buffer.getvalue()).decode()}]})
+    with pytest.raises(ValueError, match=r"do not match the first response's \[tokens, 1, 2\]"):
+        sampler.add({"choices": [{"routed_experts": base64.b64encode(other.getvalue()).decode()}]})
     with pytest.raises(ValueError, match="outside the response's layers 0..3"):
         parse_layers("2-4", 4)
     assert parse_layers("0,2-3", 4) == [0, 2, 3] and parse_layers("all", 2) == [0, 1]
