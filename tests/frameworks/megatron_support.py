@@ -255,3 +255,51 @@ def dp_worker(rank: int, world_size: int, port: int, redis_url: str, run: str, i
             json.dump(facts, handle)
     finally:
         shutdown_parallel()
+
+
+def ep_router_worker(rank: int, world_size: int, port: int, redis_url: str, run: str, iterations: int,
+                     out_dir: str) -> None:
+    """One rank of an expert-parallel run (EP = world_size, gloo) in which only the routers run: the model is built
+    with EP = world_size (E / EP local experts per rank), but Megatron's dispatcher cannot gather tokens on the CPU
+    (docs/megatron.md), so each iteration feeds every MoE layer's TopKRouter this rank's hidden states [S, B, H]
+    directly, backpropagates a loss on its probs and steps an optimizer over the routers' weights. Saves what each
+    router saw (Captured: its input and the MoE layer's weights) to out_dir/rank<r>.pt, {layer number: [..]} per
+    iteration, for a ground truth computed later in a one-rank world."""
+    from moe_monitor.collectors.megatron import attach_megatron
+
+    init_parallel(rank, world_size, expert_parallel=world_size, port=port)
+    try:
+        config = tiny_config()
+        model = build_model(config)
+        layers = moe_layers(model)
+        optimizer = torch.optim.AdamW([p for layer in layers for p in layer.router.parameters()], lr=1e-2)
+        monitor = attach_megatron(model, redis_url=redis_url, run=run, sample_tokens=4, nvml=False)
+        seen_T: list[dict[str, list[dict[str, torch.Tensor]]]] = []
+        for step in range(iterations):
+            seen: dict[str, list[dict[str, torch.Tensor]]] = {}
+            with monitor.iteration():
+                optimizer.zero_grad(set_to_none=True)
+                for micro in range(2):
+                    gen = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+                    for layer in layers:
+                        hidden = torch.randn(SEQ, 2, config.hidden_size, generator=gen, requires_grad=True)
+                        state = {k: v.detach().clone() for k, v in layer.state_dict().items()
+                                 if k.startswith("router.")}
+                        seen.setdefault(str(layer.layer_number), []).append({"hidden": hidden.detach().clone(),
+                                                                             **state})
+                        probs, _ = layer.router(hidden)
+                        (probs.square().sum() * 1e-3).backward()
+                optimizer.step()
+            seen_T.append(seen)
+        facts = {"run": monitor.run, "ep": monitor.parallel.ep, "ep_rank": monitor.parallel.ep_rank,
+                 "gpus": monitor.meta.layout.gpus, "last_error": monitor.stats()["last_error"],
+                 "local_experts": len(layers[0].experts.local_experts)}
+        monitor.close()
+        torch.save({"facts": facts, "seen_T": seen_T}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        shutdown_parallel()
+
+
+def captured_of(saved: list[dict[str, torch.Tensor]]) -> list[Captured]:
+    """ep_router_worker's saved router inputs and weights as Captured forwards of a full MoE layer."""
+    return [Captured(s["hidden"], {k: v for k, v in s.items() if k != "hidden"}) for s in saved]

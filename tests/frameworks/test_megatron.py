@@ -151,3 +151,37 @@ def test_two_data_parallel_ranks_publish_as_the_run_s_ranks(redis_url, tmp_path)
     for s in steps:
         assert s.counts_LE.tolist() == facts[s.rank]["truth_TLE"][s.step]
     assert facts[0]["truth_TLE"] != facts[1]["truth_TLE"]  # the ranks routed different tokens
+
+
+def test_two_expert_parallel_ranks_route_exactly(redis_url, tmp_path):
+    """World size 2 with expert parallelism 2 (gloo): the model is built with 4 local experts per rank and each
+    rank's routers run on its own tokens (forward, backward, an optimizer step on the routers; the MoE layers'
+    dispatch cannot run on the CPU, docs/megatron.md). Each rank publishes as rank r of 2 under one run name with
+    the expert-parallel layout (gpus 2), and each rank's counts are the ground truth of what its routers saw,
+    computed afterwards in a one-rank world by full MoE layers loaded with those routers' weights."""
+    args = (2, _free_port(), redis_url, "mcore-ep2", 2, str(tmp_path))
+    other = mp.get_context("spawn").Process(target=ms.ep_router_worker, args=(1, *args))
+    other.start()
+    try:
+        ms.ep_router_worker(0, *args)
+    finally:
+        other.join(timeout=240)
+        if other.exitcode is None:
+            other.kill()
+    assert other.exitcode == 0
+    saved = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert [s["facts"]["ep_rank"] for s in saved] == [0, 1]
+    assert all((f["ep"], f["gpus"], f["local_experts"], f["last_error"], f["run"]) == (2, 2, 4, "", "mcore-ep2")
+               for f in (s["facts"] for s in saved))
+    steps = _published(redis_url, "mcore-ep2")
+    assert sorted((s.rank, s.step) for s in steps) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {(s.world_size, s.phase, s.tokens) for s in steps} == {(2, "train", MICRO_BATCHES * MICRO_TOKENS)}
+    ms.init_parallel(port=_free_port())  # the ground truth: one rank, every expert local
+    try:
+        config = ms.tiny_config()
+        for s in steps:
+            seen = saved[s.rank]["seen_T"][s.step]
+            truth = [ms.truth_counts(config, ms.captured_of(seen[str(n)])).tolist() for n in (1, 2)]
+            assert s.counts_LE.tolist() == truth
+    finally:
+        ms.shutdown_parallel()
