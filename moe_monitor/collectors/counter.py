@@ -13,7 +13,8 @@ The step buffer (int64, allocated once on the model's device) holds, back to bac
 At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
 event the publisher thread waits on), folded into the running total and zeroed on the device. Device ops:
 per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's row, where -1 wraps to
-column E, and, when sampling, one copy of the sampled rows; per step the copy, the add and the zeroing
+column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the
+step's layers at once when the step closes: DeviceCounter.flush); per step the copy, the add and the zeroing
 (plus a fill of the sampled rows with -1 before a step whose rows are published, and a few more under a
 padding mask). The invalid-id rule is the same on every device, with no host sync: an id outside [0, E)
 lands in column E, never on an expert.
@@ -132,6 +133,11 @@ class DeviceCounter:
             cuda_device = self.device
             self.streams = StreamOrder(lambda: torch.cuda.current_stream(cuda_device))
         self.sample_LNK.fill_(-1)
+        self._pending: list[tuple[int, torch.Tensor]] = []  # the eager CPU path's ids of the open step
+        self._pending_batched = True
+        self._pending_cap = 4 * L
+        self._layer_index_L11 = torch.arange(L, device=self.device).view(L, 1, 1)
+        self._direct = [self._direct_recorder(layer) for layer in range(L)]
         self._recorders = [self.recorder(layer) for layer in range(L)]
         for tensor in (self.buf, self.src_buf, self.total_LE1):
             _mark_static(tensor)
@@ -147,6 +153,7 @@ class DeviceCounter:
         previous step's snapshot (module docstring)."""
         if num_tokens <= 0:
             return
+        self.flush()  # a step that was never closed: its ids are counted under its own weights
         if self.streams is not None:
             self.streams.join()
         self.step_tokens = num_tokens
@@ -181,7 +188,25 @@ class DeviceCounter:
 
     def recorder(self, layer: int) -> Callable[[torch.Tensor], None]:
         """The hot path as a closure bound to one layer: record_ids(ids_NK) counts int64 [N, K] expert ids
-        under the step's padding mask. Two device ops (a clamp of the ids into [-1, E] and a put_ with
+        under the step's padding mask. In eager mode on the CPU it only keeps a reference to the ids: the
+        step's layers are counted together when the step closes (flush(): one stack, one clamp and one
+        index_put_ for all layers instead of three ops per layer; 91 -> 21 us per step for 8 layers of
+        16 x 8 ids here). Anywhere else (CUDA, or inside torch.compile's tracing) it counts at once
+        (direct(), below), so a compiled or captured graph holds the counting ops themselves."""
+        direct = self._direct_recorder(layer)
+        counter, device, cpu = self, self.device, self.device.type == "cpu"
+
+        def record_ids(ids_NK: torch.Tensor) -> None:
+            if ids_NK.shape[0] == 0:
+                return
+            if cpu and ids_NK.device == device and not torch.compiler.is_compiling():
+                counter._defer(layer, ids_NK)
+                return
+            direct(ids_NK)
+        return record_ids
+
+    def _direct_recorder(self, layer: int) -> Callable[[torch.Tensor], None]:
+        """record_ids counting at once. Two device ops (a clamp of the ids into [-1, E] and a put_ with
         accumulate into the layer's row of E + 1 counters: -1 wraps to column E, so an id outside [0, E) is
         counted as invalid, never as an expert, on every device and without a host sync), plus one copy of
         the sampled rows (a strided view of the clamped ids; the host publishes the rows of one step in
@@ -209,6 +234,42 @@ class DeviceCounter:
                 (sample_NK if rows.shape[0] == N else sample_NK[: rows.shape[0]]).copy_(rows)
         return record_ids
 
+    def _defer(self, layer: int, ids_NK: torch.Tensor) -> None:
+        """Keep one layer's ids [N, K] (a reference, no op) until flush()."""
+        pending = self._pending
+        if pending:
+            self._pending_batched = (self._pending_batched and layer == len(pending)
+                                     and ids_NK.shape == pending[0][1].shape)
+        else:
+            self._pending_batched = layer == 0
+        pending.append((layer, ids_NK))
+        if len(pending) >= self._pending_cap:  # a caller that never closes a step: count what is kept
+            self.flush()
+
+    def flush(self) -> None:
+        """Count the ids the eager CPU path kept (recorder()). Layers 0..M-1 recorded once each, in order, with
+        one shape [N, K] (every forward of a standard model): stacked [M, N, K], clamped into [-1, E] and
+        added into counts_LE1 with one index_put_ (accumulate; -1 wraps to column E, the invalid ids), the
+        step's per-(token, slot) weights src_buf broadcast over the layers; the sampled rows, on a step whose
+        rows are published, in one copy. Anything else: each layer as direct() counts it."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        if not self._pending_batched:
+            for layer, ids_NK in pending:
+                self._direct[layer](ids_NK)
+            return
+        ids_MNK = torch.stack([ids_NK for _, ids_NK in pending]).clamp_(-1, self.num_experts)
+        M, num, width = ids_MNK.shape
+        n = num * width
+        src = self.src_buf if self.src_buf.shape[0] >= n else torch.ones(n, dtype=torch.int64, device=self.device)
+        self.counts_LE1.index_put_((self._layer_index_L11[:M], ids_MNK), src[:n].view(num, width),
+                                   accumulate=True)
+        if self.step_sample_n and width == self.top_k:
+            rows_MnK = self._sampled(ids_MNK.transpose(0, 1)).transpose(0, 1)
+            self.sample_LNK[:M, : rows_MnK.shape[1]].copy_(rows_MnK)
+
     def record(self, layer: int, ids_NK: torch.Tensor, valid_NK: torch.Tensor | None = None) -> None:
         """Add one layer's routing: ids_NK int64 [N, K] expert ids; valid_NK [N, K] (bool or 0/1), when given,
         marks the (token, slot) pairs that count (their sampled rows read -1 otherwise). Ids outside [0, E)
@@ -231,6 +292,7 @@ class DeviceCounter:
         """Copy the step buffer into `slot` (asynchronously on CUDA, on the current stream once it has waited
         for the step's stream), fold it into the running total and reset it; returns what the host knows of
         the step. slot None: the step is not published but still counted in the total."""
+        self.flush()
         if self.streams is not None:
             self.streams.join()
         if slot is not None:
@@ -252,6 +314,7 @@ class DeviceCounter:
     def running_total(self) -> torch.Tensor:
         """int64 [L, E + 1] on the device: every closed step and the open one (column E: invalid ids). On CUDA
         the current stream first waits for the counting stream."""
+        self.flush()
         if self.streams is not None:
             self.streams.join()
         return self.total_LE1 + self.counts_LE1
