@@ -27,6 +27,7 @@ from torchtitan.models.common.attention import ScaledDotProductAttention
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.deepseek_v3 import build_mla_moe_layers
 from torchtitan.models.deepseek_v3.model import DeepSeekV3Model
+from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
 
 NUM_EXPERTS, TOP_K, MOE_LAYERS, VOCAB, DIM = 8, 2, 3, 256, 64
 
@@ -60,12 +61,16 @@ def tiny_config() -> DeepSeekV3Model.Config:
         lm_head=Linear.Config(in_features=DIM, out_features=VOCAB, param_init=_INIT))
 
 
-def build_model(seed: int = 0, ac: str = "none") -> nn.Module:
+def build_model(seed: int = 0, ac: str = "none", expert_parallel: bool = False) -> nn.Module:
     """The tiny model on the CPU, initialised as torchtitan's trainer does (meta device, to_empty,
-    init_weights); ac: "none", "full" (torchtitan's FullAC) or "selective" (SelectiveAC)."""
+    init_weights); ac: "none", "full" (torchtitan's FullAC) or "selective" (SelectiveAC); expert_parallel:
+    the sharding config torchtitan's trainer sets for expert_parallel_degree > 1 (parallelize it after)."""
     torch.manual_seed(seed)
+    config = tiny_config()
+    if expert_parallel:
+        set_deepseek_v3_sharding_config(config, enable_sp=False, enable_ep=True)
     with torch.device("meta"):
-        model = tiny_config().build()
+        model = config.build()
     model.to_empty(device="cpu")
     model.init_weights(buffer_device=torch.device("cpu"))
     if ac == "full":
@@ -82,10 +87,11 @@ def moe_modules(model: nn.Module) -> list[MoE]:
     return [module for module in model.modules() if isinstance(module, MoE)]
 
 
-def build_optimizers(model: nn.Module):
-    """torchtitan's OptimizersContainer (AdamW) with its MoE load-balancing pre-hook (expert_bias updates)."""
+def build_optimizers(model: nn.Module, parallel_dims=None):
+    """torchtitan's OptimizersContainer (AdamW) with its MoE load-balancing pre-hook (expert_bias updates; with
+    parallel_dims, its token counts are summed over the ranks as torchtitan's trainer sums them)."""
     optimizers = default_adamw(lr=1e-2).build(model_parts=[model])
-    register_moe_load_balancing_hook(optimizers, [model], _NoParallel())
+    register_moe_load_balancing_hook(optimizers, [model], parallel_dims or _NoParallel())
     return optimizers
 
 
@@ -124,10 +130,12 @@ class RoutingTruth:
             self._inputs[index].append(args[0].detach().clone())
 
     def close_iteration(self) -> torch.Tensor:
-        """int64 [L, E] of the iteration's forwards; call after backward, before the optimizer step."""
+        """int64 [L, E] of the iteration's forwards; call after backward, before the optimizer step (on every
+        rank at once when the layers are sharded: their full weights are gathered)."""
         step = torch.zeros_like(self.counts_LE)
         for index, moe in enumerate(self.moes):
-            self._twin.load_state_dict(moe.state_dict())
+            self._twin.load_state_dict({name: value.full_tensor() if hasattr(value, "full_tensor") else value
+                                        for name, value in moe.state_dict().items()})
             for x_BSD in self._inputs[index]:
                 step[index] += expert_truth(self._twin, x_BSD)
             self._inputs[index].clear()
@@ -188,3 +196,62 @@ def train(model: nn.Module, optimizers, iterations: int, micro_batches: int, bat
         if after_iteration is not None:
             after_iteration(iteration)
     return tokens_total
+
+
+def rank_worker(rank: int, world: int, expert_parallel: int, port: int, redis_url: str, run: str,
+                out_dir: str) -> None:
+    """One rank of a gloo job (torch.multiprocessing.spawn): torchtitan's ParallelDims (FSDP over every rank,
+    expert parallel of degree expert_parallel), parallelize_deepseekv3, two training iterations of two
+    micro-batches with the collector attached; writes its truth to out_dir/truth{rank}.pt.
+
+    Two CPU adaptations, both outside the MoE: torchtitan 0.3.0 takes device_type "cuda" when no accelerator
+    is present (tools/utils.get_device_info), so its meshes are built for "cpu" here; and gloo has no
+    ReduceOp.PREMUL_SUM (FSDP's reduce-scatter with the gradient divide factor 1 torchtitan sets), so the FSDP
+    modules reduce with a plain sum (set_force_sum_reduction_for_comms, the same gradients)."""
+    import os
+
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as parallel_dims_module
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.models.deepseek_v3.parallelize import parallelize_deepseekv3
+
+    from moe_monitor.collectors.torchtitan import attach
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        parallel_dims_module.device_type = "cpu"
+        dist_utils.set_spmd_backend("partial_dtensor")
+        parallel_dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=expert_parallel,
+                                     world_size=world, spmd_backend="partial_dtensor")
+        parallel_dims.build_mesh()
+        model = build_model(seed=0, expert_parallel=expert_parallel > 1)
+        model = parallelize_deepseekv3(
+            model, parallel_dims=parallel_dims,
+            training=TrainingConfig(mixed_precision_param="float32", mixed_precision_reduce="float32"),
+            parallelism=ParallelismConfig(spmd_backend="partial_dtensor", expert_parallel_degree=expert_parallel,
+                                          data_parallel_shard_degree=world),
+            compile_config=CompileConfig(), ac_config=None, dump_folder="")
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+        optimizers = build_optimizers(model, parallel_dims)
+        truth = RoutingTruth(model)
+        monitor = attach(model, redis_url, run=run, optimizers=optimizers, parallel_dims=parallel_dims)
+        try:
+            train(model, optimizers, iterations=2, micro_batches=2, seed=10 + rank, truth=truth)
+        finally:
+            monitor.close()
+            truth.remove()
+        dispatchers = {f"{type(moe.routed_experts.token_dispatcher).__name__} ep_mesh="
+                       f"{getattr(moe.routed_experts.token_dispatcher, 'ep_mesh', None) is not None}"
+                       for moe in truth.moes}
+        torch.save({"counts": truth.step_counts, "parallel": monitor.parallel, "rank": monitor.rank,
+                    "dispatchers": sorted(dispatchers),
+                    "world": monitor.world_size, "hook_errors": monitor.stats()["hook_errors"]},
+                   os.path.join(out_dir, f"truth{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
