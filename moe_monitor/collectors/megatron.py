@@ -28,7 +28,8 @@ runs, and the step's tokens are then taken from its counts).
 Layers and ranks: rows are the model's MoE layers numbered globally, as Megatron numbers them
 (router.layer_number: 1-based, pipeline offset included), over every MoE layer of the model
 (config.num_layers and moe_layer_freq), so a pipeline stage's rows for other stages' layers stay 0 and the
-stages' records add up; named decoder.layers.<n> (0-based). Each process publishes as its
+stages' records add up; named decoder.layers.<n> (0-based), then MTP layers (config.mtp_num_layers; Megatron
+numbers them num_layers + 1 ...) as mtp.layers.<i>. Each process publishes as its
 torch.distributed global rank of the world: every rank routes its own tokens (data, expert, context and,
 with sequence parallelism, tensor parallel ranks alike), so the ranks' records sum to the model's load.
 gpus (the layout's group) defaults to the expert-parallel size; Megatron places experts contiguously
@@ -130,9 +131,10 @@ def find_routers(chunks: Sequence[torch.nn.Module]) -> list[RouterSite]:
 
 
 def moe_layer_numbers(config: Any, sites: Sequence[RouterSite]) -> list[int]:
-    """The global 1-based numbers of every MoE layer of the model: from config.num_layers and moe_layer_freq
-    (an int f: layers 0, f, 2f, ...; a list: 1 marks a MoE layer), as Megatron's layer specs read them, when
-    they cover every router found; else the routers' own numbers."""
+    """The global 1-based numbers of every MoE layer of the model, the same on every rank: from config.num_layers
+    and moe_layer_freq (an int f: layers 0, f, 2f, ...; a list: 1 marks a MoE layer), as Megatron's layer specs
+    read them, then the config.mtp_num_layers MTP layers (Megatron numbers them num_layers + 1 ...), when they
+    cover every router found; else the routers' own numbers."""
     found = sorted({site.layer_number for site in sites})
     num_layers = getattr(config, "num_layers", None)
     freq = getattr(config, "moe_layer_freq", 1)
@@ -142,9 +144,20 @@ def moe_layer_numbers(config: Any, sites: Sequence[RouterSite]) -> list[int]:
             pattern = [i + 1 for i in range(num_layers) if i % freq == 0]
         elif isinstance(freq, (list, tuple)) and len(freq) == num_layers:
             pattern = [i + 1 for i, is_moe in enumerate(freq) if is_moe]
-    if pattern is not None and set(found) <= set(pattern):
-        return pattern
+    if pattern is not None and isinstance(num_layers, int):
+        mtp = getattr(config, "mtp_num_layers", None)
+        pattern += [num_layers + i + 1 for i in range(mtp if isinstance(mtp, int) and mtp > 0 else 0)]
+        if set(found) <= set(pattern):
+            return pattern
     return found
+
+
+def layer_name(config: Any, number: int) -> str:
+    """decoder.layers.<n> (0-based) for a decoder layer, mtp.layers.<i> for an MTP layer."""
+    num_layers = getattr(config, "num_layers", None)
+    if isinstance(num_layers, int) and number > num_layers:
+        return f"mtp.layers.{number - num_layers - 1}"
+    return f"decoder.layers.{number - 1}"
 
 
 def _device_of(chunks: Sequence[torch.nn.Module], routers: set[int]) -> torch.device:
@@ -195,7 +208,7 @@ class MegatronMonitor(ExpertLoadMonitor):
         super().__init__(
             len(self.layer_numbers), num_experts, top_k,
             device=device if device is not None else _device_of(chunks, {id(s.module) for s in self.sites}),
-            redis_url=redis_url, run=run or _shared_run_name(), layer_names=[f"decoder.layers.{n - 1}" for n in self.layer_numbers],
+            redis_url=redis_url, run=run or _shared_run_name(), layer_names=[layer_name(config, n) for n in self.layer_numbers],
             model_name=model_name or f"megatron-core ({self.parallel.describe()})",
             hidden_size=int(getattr(config, "hidden_size", 0) or 0),
             moe_intermediate_size=int(getattr(config, "moe_ffn_hidden_size", 0) or 0),
