@@ -185,3 +185,21 @@ def test_two_expert_parallel_ranks_route_exactly(redis_url, tmp_path):
             assert s.counts_LE.tolist() == truth
     finally:
         ms.shutdown_parallel()
+
+
+def test_a_model_without_routers_is_refused_and_a_failing_hook_never_raises(megatron_world):
+    with pytest.raises(ValueError, match="found no Megatron-Core MoE router"):
+        attach_megatron(torch.nn.Linear(4, 4))
+    config = ms.tiny_config()
+    model = ms.build_model(config)
+    monitor = attach_megatron(model, sample_tokens=0, nvml=False)
+    hook = monitor.sites[1].module._forward_hooks  # the router's hooks: ours, called as torch calls it
+    ours = next(iter(hook.values()))
+    assert ours(monitor.sites[1].module, (), (torch.zeros(3, 8), "not a routing map")) is None
+    captured: dict[int, list[ms.Captured]] = {}
+    with ms.capture_moe_inputs(model, captured), monitor.iteration():
+        model(*ms.batch(0, 0), attention_mask=None)
+    monitor.close()
+    stats = monitor.stats()
+    assert stats["hook_errors"] == 1 and "decoder.layers.1" in stats["last_error"]
+    assert monitor.counts().tolist() == [ms.truth_counts(config, captured[n]).tolist() for n in (1, 2)]
