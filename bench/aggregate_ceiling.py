@@ -183,7 +183,7 @@ def memory(args, client, run: str, p_LE: np.ndarray, rng: np.random.Generator) -
             rec = bucket_rollup(run, resolution, start, entries, book)
             rec = core.RollupRecord(**{**rec.__dict__, "counts_LE": total.astype(np.int64),
                                        "steps": steps_per_bucket,
-                                       "steps_by_phase": np.array([0, steps_per_bucket, 0, 0], dtype=np.int64)})
+                                       "steps_by_phase": np.array([0, steps_per_bucket, 0, 0, 0], dtype=np.int64)})
             fields.append(core.encode_rollup(rec))
         key = run_key_tmp(run, resolution)
         pipe = client.pipeline(transaction=False)

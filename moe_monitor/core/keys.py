@@ -8,7 +8,10 @@ import numpy as np
 SCHEMA_VERSION = 1
 KEY_PREFIX = "moe"
 RUNS_KEY = f"{KEY_PREFIX}:runs"
-PHASES = ("prefill", "decode", "mixed", "unknown")
+# A step's phase; codes are positions (rollups count steps per phase in this order): new phases go at the end.
+# "train": one training iteration (forward and backward of every micro-batch), from the training collectors.
+PHASES = ("prefill", "decode", "mixed", "unknown", "train")
+LEGACY_PHASE_COUNT = 4  # rollups written before "train" count 4 phases
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 COUNTS_DTYPE = np.dtype("<i4")
 SAMPLE_DTYPE = np.dtype("<i2")

@@ -19,7 +19,17 @@ import numpy as np
 
 from .compact import pack_counts, unpack_counts
 from .fields import _float_field, _int, _raw, _text, _version
-from .keys import MAX_CELLS, MAX_EXPERTS, MAX_LAYERS, MAX_SLOTS, MAX_STEP, MAX_TIME_S, PHASES, check_run_name
+from .keys import (
+    LEGACY_PHASE_COUNT,
+    MAX_CELLS,
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_SLOTS,
+    MAX_STEP,
+    MAX_TIME_S,
+    PHASES,
+    check_run_name,
+)
 
 ROLLUP_VERSION = 1
 ROLLUP_RESOLUTIONS_S = (1, 60)
@@ -117,6 +127,22 @@ def encode_rollup(rec: RollupRecord) -> dict[str, bytes | str | int]:
     return fields
 
 
+def _steps_by_phase(fields: dict) -> np.ndarray:
+    """int64 [len(PHASES)]: the bucket's steps per phase; a rollup written before "train" counts 4 phases
+    (the same codes), read with a zero for the phases it did not know."""
+    type_name, codec, payload = _text(fields, "pt", 8), _text(fields, "pz", 8), _raw(fields, "phases")
+    try:
+        return unpack_counts(type_name, codec, payload, (len(PHASES),), "<i8")
+    except ValueError:
+        try:
+            legacy = unpack_counts(type_name, codec, payload, (LEGACY_PHASE_COUNT,), "<i8")
+        except ValueError:
+            legacy = None
+        if legacy is None:
+            raise
+    return np.concatenate([legacy, np.zeros(len(PHASES) - LEGACY_PHASE_COUNT, dtype=np.int64)])
+
+
 def decode_rollup(fields: dict) -> RollupRecord:
     """Stream entry fields (bytes or str keys) -> RollupRecord. ValueError (never another exception) on any
     malformed entry: unknown version or resolution, a start that is not a multiple of the resolution, payloads
@@ -133,8 +159,7 @@ def decode_rollup(fields: dict) -> RollupRecord:
         raise ValueError(f"counts of {num_layers}x{num_experts} exceed {MAX_CELLS} cells")
     counts = unpack_counts(_text(fields, "ct", 8), _text(fields, "cz", 8), _raw(fields, "counts"),
                            (num_layers, num_experts), "<i8")
-    phases = unpack_counts(_text(fields, "pt", 8), _text(fields, "pz", 8), _raw(fields, "phases"), (len(PHASES),),
-                           "<i8")
+    phases = _steps_by_phase(fields)
     hist = unpack_counts(_text(fields, "et", 8), _text(fields, "ez", 8), _raw(fields, "eta"), (ETA_BINS,), "<i8")
     if (counts < 0).any() or (phases < 0).any() or (hist < 0).any():
         raise ValueError("rollup counts, phases or histogram are negative")

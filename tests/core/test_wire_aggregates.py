@@ -54,7 +54,7 @@ def test_encode_aggregate_refuses_what_the_reader_would():
 def _rollup(start_s=1_700_000_040, resolution_s=60, **change) -> core.RollupRecord:
     eta = np.array([[0.5, 0.9], [1.0, 0.95]])
     base = dict(run="agg", resolution_s=resolution_s, start_s=start_s, steps=2, tokens=1024,
-                steps_by_phase=np.array([0, 2, 0, 0]), counts_LE=np.arange(6, dtype=np.int64).reshape(2, 3),
+                steps_by_phase=np.array([0, 2, 0, 0, 0]), counts_LE=np.arange(6, dtype=np.int64).reshape(2, 3),
                 gpus=8, eta_hist_B=core.eta_histogram(eta), max_load_sum=300.0, mean_load_sum=200.0,
                 max_load_peak=220.0, missing_rank_steps=1)
     base.update(change)
@@ -69,6 +69,16 @@ def test_rollup_round_trip_and_quantiles_of_the_histogram():
     merged = core.merge_rollups([back, _rollup(start_s=1_700_000_100)], 3600, 1_699_999_200)
     assert merged.steps == 4 and merged.eta_hist_B.sum() == 8 and merged.counts_LE[1, 2] == 10
     assert merged.max_load_sum == 600.0 and merged.max_load_peak == 220.0 and merged.missing_rank_steps == 2
+
+
+def test_a_rollup_written_before_the_train_phase_reads_with_no_train_steps():
+    old = core.encode_rollup(_rollup(steps_by_phase=np.array([0, 2, 0, 0])))  # 4 phases, as written before "train"
+    back = core.decode_rollup(old)
+    assert back.steps_by_phase.tolist() == [0, 2, 0, 0, 0] and core.PHASES[-1] == "train"
+    train = core.decode_rollup(core.encode_rollup(_rollup(steps_by_phase=np.array([0, 0, 0, 0, 2]))))
+    assert train.steps_by_phase[core.PHASES.index("train")] == 2
+    with pytest.raises(ValueError, match="steps per phase|expected|cells"):
+        core.decode_rollup(core.encode_rollup(_rollup(steps_by_phase=np.array([0, 2, 0]))))
 
 
 @pytest.mark.parametrize("mutate, message", [

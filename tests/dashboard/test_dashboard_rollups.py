@@ -35,7 +35,7 @@ def bucket(start_s: int, resolution_s: int = 60, steps: int = 20, seed: int = 0,
     counts_SLE = rng.gamma(0.4, 30.0, size=(steps, L, E)).astype(np.int64)
     loads_SLG = counts_SLE.reshape(steps, L, GPUS, E // GPUS).sum(axis=3).astype(np.float64)
     eta_SL = loads_SLG.mean(axis=2) / np.maximum(loads_SLG.max(axis=2), 1e-9)
-    phases = np.array([steps // 4, steps - steps // 4, 0, 0])
+    phases = np.array([steps // 4, steps - steps // 4, 0, 0, 0])
     return core.RollupRecord(
         run=run, resolution_s=resolution_s, start_s=start_s, steps=steps, tokens=int(counts_SLE.sum()) // 2,
         steps_by_phase=phases, counts_LE=counts_SLE.sum(axis=0), gpus=GPUS, eta_hist_B=core.eta_histogram(eta_SL),

@@ -101,7 +101,7 @@ def centre_on(pb: Playback, index: int, timeline: TimelineLike) -> Playback:
 
 
 def phase_mask(timeline: TimelineLike, phase: str) -> np.ndarray:
-    """bool [T]: entries of the phase filter ('both' keeps every step; 'prefill' / 'decode' their own)."""
+    """bool [T]: entries of the phase filter ('both' keeps every step; 'prefill' / 'decode' / 'train' their own)."""
     phase_T = np.asarray(timeline.phase_T, dtype=object)
     if phase == "both":
         return np.ones(phase_T.size, dtype=bool)

@@ -35,7 +35,7 @@ from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_record
 
 PHASE_FILTERS = {"both": tuple(range(len(core.PHASES))), "prefill": (PHASE_CODE["prefill"],),
-                 "decode": (PHASE_CODE["decode"],)}
+                 "decode": (PHASE_CODE["decode"],), "train": (PHASE_CODE["train"],)}
 _MIXED = PHASE_CODE["mixed"]
 PENDING_GRACE_S = 5.0  # a step still missing ranks is left out of views until it is this old
 MAX_CAPACITY = 65536  # steps a window may hold
