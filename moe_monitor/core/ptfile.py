@@ -3,7 +3,8 @@ always, on the CPU. torch is imported only when a .pt file is read, so nothing t
 until then, and a machine without torch gets a clear message instead.
 
 Bounded by the decoded-bytes budget (core/budget.py), with core/ptbounds.py: before torch reads anything, the
-zip archive's declared entry sizes (the storages torch will read; the pickle at PICKLE_OBJECT_BYTES bytes of
+zip archive's declared entry sizes (the storages torch will read, as 4-byte elements at ELEMENT_BYTES each: what
+the check after the load counts them at; the pickle at PICKLE_OBJECT_BYTES bytes of
 Python objects per byte); after the weights-only load and before anything is copied out of it, the elements of
 every tensor it holds, each time it is held, as int64 (what a parser's copies take)."""
 from __future__ import annotations
@@ -19,6 +20,10 @@ from moe_monitor.core.ptbounds import tensor_elements, zip_declared
 
 PICKLE_OBJECT_BYTES = 64  # Python objects one byte of pickle may build, at most (an empty dict appended: 2 bytes)
 ELEMENT_BYTES = 16         # a tensor element as stored (at most 8 bytes) and once copied out (int64 or float64)
+# Before the load the archive's storages are counted as elements of this size, each at ELEMENT_BYTES: so a file
+# whose tensors the check after the load would refuse (int32 counts, as SGLang writes them) is refused before
+# torch inflates it (a 973 KB deflated dump declaring 953 MiB of int32 peaked at 1,189 MiB before this).
+SMALLEST_ELEMENT_BYTES = 4
 
 
 def load_weights_only(path: str, max_decoded_bytes: int | None = None) -> Any:
@@ -40,7 +45,8 @@ def load_weights_only(path: str, max_decoded_bytes: int | None = None) -> Any:
     except OSError:
         declared = None  # torch.load says why the file does not read
     if declared is not None:
-        check_decoded(f"{name}: its zip entries ({declared.entries})", declared.total_bytes, budget)
+        check_decoded(f"{name}: its zip entries ({declared.entries}, {declared.total_bytes} bytes)",
+                      declared.total_bytes * ELEMENT_BYTES // SMALLEST_ELEMENT_BYTES, budget)
         check_decoded(f"{name}: the Python objects of its {declared.pickle_bytes}-byte pickle",
                       declared.pickle_bytes * PICKLE_OBJECT_BYTES, budget)
     obj = _load(torch, path, name)
