@@ -46,6 +46,7 @@ from .monitor import ExpertLoadMonitor
 from .options import MonitorOptions
 
 TRAIN_PHASE = "train"
+_ROW, _SAMPLE = "_moe_monitor_counts_E1", "_moe_monitor_sample_NK"  # the counter's views a RoutedExperts carries
 _PARALLEL_SIZES = ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
 
 
@@ -141,10 +142,13 @@ class TorchtitanMonitor(ExpertLoadMonitor):
         self.parallel = parallel_sizes(parallel_dims)
         self._step_tokens = 0
         self._handles: list[RemovableHandle] = []
+        self._layer_index = {id(layer.experts): index for index, layer in enumerate(layers)}
         try:
+            hook = self._shared_hook()
             for index, layer in enumerate(layers):
-                self._handles.append(layer.experts.register_forward_pre_hook(
-                    self._layer_hook(index, layer), with_kwargs=True))
+                setattr(layer.experts, _ROW, self.counter.counts_LE1[index])
+                setattr(layer.experts, _SAMPLE, self.counter.sample_LNK[index])
+                self._handles.append(layer.experts.register_forward_pre_hook(hook, with_kwargs=True))
             for part in model_parts:
                 self._handles.append(part.register_forward_pre_hook(self._on_forward, with_kwargs=True))
             if optimizers is not None:
@@ -153,30 +157,45 @@ class TorchtitanMonitor(ExpertLoadMonitor):
             self.close(timeout_s=0.0)
             raise
 
-    def _layer_hook(self, index: int, layer: TitanMoELayer) -> Any:
-        """RoutedExperts' forward pre-hook for monitor layer `index`: counts topk_expert_ids_BLK (int64 [B, S, K])
-        in training mode, outside recomputation. Device ops only; never raises into the forward."""
-        record_ids, moe, top_k, monitor = self.counter.recorder(index), layer.moe, self.top_k, self
+    def _shared_hook(self) -> Any:
+        """The forward pre-hook of every RoutedExperts (one function for all layers: a compiled block's guards
+        then do not differ from layer to layer, so torchtitan's per-block torch.compile(fullgraph=True) compiles
+        once, not once per layer). It counts topk_expert_ids_BLK (int [B, S, K]) into the layer's row of the
+        counter, which the module carries as tensor attributes (_ROW: int64 [E + 1], _SAMPLE: int64 [N, K]), in
+        training mode and outside recomputation: a clamp and a put_ (accumulate), plus the copy of the sampled
+        rows; no host sync. Never raises into the forward."""
+        counter, top_k, num_experts, monitor = self.counter, self.top_k, self.num_experts, self
+        sample, device = counter.sample_tokens, counter.device
 
         def pre_hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            if not moe.training or _in_recompute():
+            if not module.training or _in_recompute():
                 return None
             try:
                 ids = args[2] if len(args) > 2 else kwargs.get("topk_expert_ids_BLK")
                 if not isinstance(ids, torch.Tensor) or ids.dim() < 1 or ids.is_floating_point():
                     raise ValueError(f"RoutedExperts got no integer topk_expert_ids_BLK: {type(ids).__name__}")
                 local = _local_ids(ids)
-                if local is None:
+                if local is None or local.numel() == 0:
                     return None
                 ids_TK = local.reshape(-1, local.shape[-1] if local.dim() > 1 else 1)
-                if ids_TK.dtype != torch.int64:
-                    ids_TK = ids_TK.to(torch.int64)
-                if ids_TK.shape[1] == top_k:
-                    record_ids(ids_TK)
-                else:  # a width the monitor was not made for: counted exactly, its rows not sampled
+                if ids_TK.device != device:
+                    ids_TK = ids_TK.to(device, non_blocking=True)
+                if ids_TK.shape[1] != top_k:  # a width the monitor was not made for: exact, rows not sampled
+                    index = monitor._layer_index[id(module)]
                     monitor._count(index, ids_TK, torch.ones_like(ids_TK, dtype=torch.bool), False, True)
+                    return None
+                clamped_TK = ids_TK.to(torch.int64).clamp(-1, num_experts)  # -1 wraps to column E: invalid
+                n = clamped_TK.numel()
+                src = counter.src_buf
+                if src.shape[0] < n:
+                    src = torch.ones(n, dtype=torch.int64, device=device)
+                getattr(module, _ROW).put_(clamped_TK, src[:n], accumulate=True)
+                if sample:
+                    rows = counter._sampled(clamped_TK)
+                    sample_NK = getattr(module, _SAMPLE)
+                    (sample_NK if rows.shape[0] == sample_NK.shape[0] else sample_NK[: rows.shape[0]]).copy_(rows)
             except Exception as exc:  # never break the training step
-                monitor._hook_failed(index, exc)
+                monitor._hook_failed(monitor._layer_index.get(id(module), -1), exc)
             return None
         return pre_hook
 
@@ -216,6 +235,10 @@ class TorchtitanMonitor(ExpertLoadMonitor):
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        for layer in getattr(self, "layers", []):
+            for name in (_ROW, _SAMPLE):
+                if hasattr(layer.experts, name):
+                    delattr(layer.experts, name)
         super().close(timeout_s)
 
 

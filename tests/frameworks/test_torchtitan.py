@@ -65,10 +65,10 @@ def test_activation_checkpointing_recompute_is_not_counted_again(ac):
     truth = tt.RoutingTruth(model)
     monitor = attach(model, optimizers=optimizers)
     try:
-        tt.train(model, optimizers, iterations=2, micro_batches=2, truth=truth)
-        forwards = 2 * 2
+        tt.train(model, optimizers, iterations=1, micro_batches=2, truth=truth)
+        forwards = 2
         assert truth.calls_L == [2 * forwards] * tt.MOE_LAYERS, "torchtitan's AC re-runs every MoE in backward"
-        assert monitor.step == 2
+        assert monitor.step == 1
         np.testing.assert_array_equal(monitor.counts(), truth.counts_LE.numpy())
         assert int(monitor.counts().sum()) == forwards * 2 * 15 * tt.TOP_K * tt.MOE_LAYERS
     finally:
@@ -98,3 +98,36 @@ def test_find_moe_layers_names_them_through_the_activation_checkpoint_wrapper():
     assert {(layer.num_experts, layer.top_k) for layer in layers} == {(tt.NUM_EXPERTS, tt.TOP_K)}
     with pytest.raises(ValueError, match="no torchtitan MoE"):
         find_moe_layers([torch.nn.Linear(2, 2)])
+
+
+def test_torchtitans_per_block_compile_counts_exactly_and_compiles_once_per_block_kind():
+    """torchtitan's apply_compile (each block torch.compile(fullgraph=True); aot_eager: no C++ toolchain needed)
+    with the hooks inside the compiled blocks: no graph break, no recompilation per layer, and the counts equal
+    torchtitan's own tokens_per_expert_E (exact without activation checkpointing), read before each step."""
+    import torch._dynamo.utils as dynamo_utils
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed.compile import apply_compile
+
+    class NoTensorParallel:
+        tp_enabled = False
+
+    torch._dynamo.reset()
+    model = tt.build_model(seed=7)
+    optimizers = tt.build_optimizers(model)
+    monitor = attach(model, optimizers=optimizers)
+    try:
+        apply_compile(model, compile_config=CompileConfig(enable=True, backend="aot_eager"),
+                      parallel_dims=NoTensorParallel())
+        moes, titan_counts = tt.moe_modules(model), []
+        dynamo_utils.counters.clear()
+        tt.train(model, optimizers, iterations=2, micro_batches=2, before_step=lambda: titan_counts.append(
+            torch.stack([moe.tokens_per_expert_E.clone() for moe in moes])))
+        assert monitor.step == 2 and monitor.stats()["hook_errors"] == 0
+        np.testing.assert_array_equal(monitor.counts(), torch.stack(titan_counts).sum(0).to(torch.int64).numpy())
+        assert int(monitor.counts().sum()) == 2 * 2 * 2 * 15 * tt.TOP_K * tt.MOE_LAYERS
+        assert not dynamo_utils.counters["graph_break"]
+        graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+        assert graphs == 2, f"one graph for the dense block and one for all MoE blocks, not {graphs}"
+    finally:
+        monitor.close()
+        torch._dynamo.reset()

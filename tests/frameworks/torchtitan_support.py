@@ -172,10 +172,10 @@ def expert_truth(moe: MoE, x_BSD: torch.Tensor) -> torch.Tensor:
 
 def train(model: nn.Module, optimizers, iterations: int, micro_batches: int, batch: int = 2, seq: int = 16,
           seed: int = 1, truth: RoutingTruth | None = None,
-          after_iteration: Callable[[int], None] | None = None) -> int:
+          before_step: Callable[[], None] | None = None) -> int:
     """Real training iterations: micro_batches forward+backward passes (cross-entropy on random tokens, gradient
     accumulation), then the optimizer step (torchtitan's expert-bias pre-hook, then AdamW). Returns the tokens
-    trained on. truth: closed after each backward, before the step; after_iteration(i) after the step."""
+    trained on. truth: closed after each iteration's backward passes, before the step; before_step() then too."""
     generator = torch.Generator().manual_seed(seed)
     tokens_total = 0
     for iteration in range(iterations):
@@ -191,10 +191,10 @@ def train(model: nn.Module, optimizers, iterations: int, micro_batches: int, bat
             tokens_total += tokens_BS[:, :-1].numel()
         if truth is not None:
             truth.close_iteration()
+        if before_step is not None:
+            before_step()
         optimizers.step()
         optimizers.zero_grad()
-        if after_iteration is not None:
-            after_iteration(iteration)
     return tokens_total
 
 
