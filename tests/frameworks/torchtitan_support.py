@@ -178,7 +178,7 @@ def train(model: nn.Module, optimizers, iterations: int, micro_batches: int, bat
     trained on. truth: closed after each iteration's backward passes, before the step; before_step() then too."""
     generator = torch.Generator().manual_seed(seed)
     tokens_total = 0
-    for iteration in range(iterations):
+    for _ in range(iterations):
         for _ in range(micro_batches):
             tokens_BS = torch.randint(0, VOCAB, (batch, seq), generator=generator)
             if truth is not None:
