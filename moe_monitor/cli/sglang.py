@@ -18,8 +18,10 @@ from .common import add_redis, add_run, fail, guarded
 def register(sub) -> None:
     parser = sub.add_parser(
         "sglang", help="publish SGLang's expert-distribution dumps to the monitor's Redis",
-        description="Publish SGLang's expert-distribution dumps (--expert-distribution-recorder-mode stat, per_pass "
-                    "or per_token; files in SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR) to the monitor's Redis streams.")
+        description="Publish SGLang's expert-distribution dumps (--expert-distribution-recorder-mode stat, stat_approx, "
+                    "per_pass or per_token; files in SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR) to the monitor's Redis "
+                    "streams. SGLang's --expert-balancedness-report-mode (which replaced "
+                    "--enable-expert-distribution-metrics) is not needed.")
     parser.add_argument("--dump-dir", required=True, help="the folder SGLang writes its dumps into "
                         "(SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR)")
     add_redis(parser, required=True)

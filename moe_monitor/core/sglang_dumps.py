@@ -1,9 +1,10 @@
 """SGLang expert-distribution dump files -> checked numpy arrays (pure: no Redis, no clock).
 
 SGLang's recorder (`--expert-distribution-recorder-mode`, files in SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR,
-written with torch.save) has three modes; the facts used here:
+written with torch.save) writes three kinds of file; the facts used here, checked against the files sglang
+0.5.23's own recorder writes (tests/frameworks/test_sglang_writer.py):
 
-- stat: rank 0 writes `expert_distribution_recorder_<unix time>.pt` = {"rank": int, "logical_count":
+- stat (and stat_approx, the same file): rank 0 writes `expert_distribution_recorder_<unix time>.pt` = {"rank": int, "logical_count":
   int [buffered steps, L, E] summed over ranks, "average_utilization_rate_over_window": float | None}.
   The buffer is a ring: rows are not in time order and rows never filled are zero.
 - per_pass, per_token: every rank writes `expert_distribution_recorder_<unix time>_<rank>.pt` =
@@ -11,7 +12,9 @@ written with torch.save) has three modes; the facts used here:
   "forward_pass_id", "rank", "gatherer_key" and "global_physical_count" int [L, P] (that rank's tokens per
   physical slot). per_token records add "topk_ids_of_layer" int [L, tokens, K'] (physical slot ids, -1 where
   nothing was routed, K' a fixed width >= k), "input_ids", "positions", "extend_seq_lens" and
-  "forward_mode" (the int value of SGLang's ForwardMode: EXTEND 1, DECODE 2, MIXED 3, IDLE 4, ...).
+  "forward_mode" (the int value of SGLang's ForwardMode: EXTEND 1, DECODE 2, MIXED 3, IDLE 4, ...) and
+  "misc_objects" (DeepEP dispatch counts, unused). SGLang writes its counts and ids int32 and K' = 8; an idle
+  rank's pass has no tokens.
 
 Files load with torch.load(weights_only=True) only (core.ptfile.load_weights_only): a
 file that holds anything but tensors and plain containers is refused, never unpickled. Every problem is one ValueError naming the file.
