@@ -74,6 +74,7 @@ class RunExporter:
         self._lock = threading.Lock()
         self.poll_ms = 0.0
         self.error = ""
+        self.runs_beyond = 0  # runs of moe:runs beyond the newest MAX_RUNS at the last poll (not exported)
 
     def poll(self) -> None:
         """Read every run once and rebuild the metric families (never raises: a Redis error is exported)."""
@@ -102,7 +103,15 @@ class RunExporter:
     def _poll_runs(self) -> tuple[list[tuple[str, list[Metric]]], dict[str, int]]:
         """(run, its families) for every run read, newest first, and the per-GPU series each left out."""
         try:
-            names = self.runs if self.runs is not None else [name for name, _ in read_runs(self.client).runs]
+            if self.runs is not None:
+                names = self.runs
+            else:
+                listing = read_runs(self.client)
+                names = [name for name, _ in listing.runs]
+                if listing.beyond and listing.beyond != self.runs_beyond:
+                    log.warning("moe:runs lists %d runs beyond the newest %d: they are not exported",
+                                listing.beyond, len(names))
+                self.runs_beyond = listing.beyond
             self.error = ""
         except core.REDIS_ERRORS as exc:
             names, self.error = list(self._watched), f"{type(exc).__name__}: {exc}"
@@ -122,6 +131,9 @@ class RunExporter:
         """The exporter's health and memory gauges (never capped)."""
         up = GaugeMetricFamily("moe_exporter_redis_up", "1 when the exporter could read the run list from Redis")
         up.add_metric([], 0.0 if self.error else 1.0)
+        beyond = GaugeMetricFamily("moe_exporter_runs_left_out", "Runs of moe:runs beyond the newest ones the "
+                                   "exporter watches (at most 100): not exported")
+        beyond.add_metric([], float(self.runs_beyond))
         budget = GaugeMetricFamily("moe_exporter_memory_budget_bytes", "The exporter's memory budget (--memory-budget)")
         budget.add_metric([], float(self.budget.total_bytes))
         reserved = GaugeMetricFamily("moe_exporter_memory_reserved_bytes", "Bytes of the budget the runs' windows "
@@ -133,7 +145,7 @@ class RunExporter:
             window = self._watched[name].window if name in self._watched else None
             if window is not None:
                 steps.add_metric([name], float(window.capacity))
-        return [up, budget, reserved, steps]
+        return [up, beyond, budget, reserved, steps]
 
     def forget(self, names: set[str]) -> None:
         """Drop the runs' WatchedRuns (their windows' and rings' bytes go back to the budget), advice and counts."""

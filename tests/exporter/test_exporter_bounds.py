@@ -224,3 +224,22 @@ def test_the_cli_takes_the_bounds_and_refuses_a_budget_that_is_not_a_size():
     assert bad.returncode == 2 and bad.stderr.startswith("error: --memory-budget 'lots'")
     from moe_monitor.cli import export as export_cli
     assert (export_cli.DEFAULT_MAX_GPUS, export_cli.DEFAULT_MAX_SERIES) == (DEFAULT_MAX_GPUS, DEFAULT_MAX_SERIES)
+
+
+def test_runs_beyond_the_listing_cap_are_counted_not_silently_dropped(redis_url, monkeypatch):
+    from moe_monitor.dashboard.sources import redis as redis_source
+
+    monkeypatch.setattr(redis_source, "MAX_RUNS", 2)
+    client = core.connect(redis_url, timeout_s=5.0)
+    for index in range(3):
+        synthfill.fill(client, f"r{index}", steps=4, num_layers=2, num_experts=8, gpus=2, seed=index)
+    client.zadd(core.RUNS_KEY, {"r0": 1.0e9, "r1": 1.1e9, "r2": 1.2e9})  # r0 oldest
+    exporter = RunExporter(client, redis_url, None, window_steps=20)
+    exporter.poll()
+    assert sorted(exporter.watched_runs) == ["r1", "r2"]
+    samples, _ = _scrape(exporter)
+    assert samples[("moe_exporter_runs_left_out", ())] == 1.0
+    client.zrem(core.RUNS_KEY, "r2")
+    exporter.poll()
+    samples, _ = _scrape(exporter)
+    assert samples[("moe_exporter_runs_left_out", ())] == 0.0 and sorted(exporter.watched_runs) == ["r0", "r1"]

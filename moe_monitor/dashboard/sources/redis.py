@@ -76,10 +76,12 @@ MAX_HEALTH_RANKS = 1024  # health reports read per poll at most (a larger hash i
 @dataclass(frozen=True)
 class RunListing:
     """runs: (run, last time a collector wrote, unix s), newest first; skipped: entries of moe:runs left out
-    (a name that is not UTF-8 or not a valid run name, a time that is not finite)."""
+    (a name that is not UTF-8 or not a valid run name, a time that is not finite); beyond: valid runs older than
+    the MAX_RUNS newest, not listed."""
 
     runs: list[tuple[str, float]]
     skipped: int
+    beyond: int = 0
 
 
 def read_runs(client: core.Client) -> RunListing:
@@ -89,7 +91,7 @@ def read_runs(client: core.Client) -> RunListing:
     client's ConnectionError/TimeoutError when Redis is unreachable."""
     reply = cast("list[tuple[bytes, float]]", client.zrevrange(core.RUNS_KEY, 0, RUNS_READ - 1, withscores=True))
     runs: list[tuple[str, float]] = []
-    skipped = 0
+    skipped = beyond = 0
     for member, score in reply:
         try:
             name = core.check_run_name(member.decode() if isinstance(member, (bytes, bytearray)) else str(member))
@@ -101,7 +103,9 @@ def read_runs(client: core.Client) -> RunListing:
             skipped += 1
         elif len(runs) < MAX_RUNS:
             runs.append((name, when))
-    return RunListing(runs, skipped)
+        else:
+            beyond += 1
+    return RunListing(runs, skipped, beyond)
 
 
 def _time_or_none(value) -> float | None:
