@@ -27,6 +27,8 @@ def test_each_rank_publishes_its_own_exact_counts(redis_url, tmp_path, expert_pa
         assert (truth["rank"], truth["world"], truth["hook_errors"]) == (rank, 2, 0)
         assert truth["parallel"]["ep"] == expert_parallel and truth["parallel"]["dp_shard"] == 2
         assert truth["dispatchers"] == ["AllToAllTokenDispatcher ep_mesh=True"]
+        # router ids as DTensors: a shard is counted where it lives, a replica once (by coordinate 0)
+        assert truth["replica_rule"] == {"shard": [4, tt.TOP_K], "replicate": [8, tt.TOP_K] if rank == 0 else None}
         mine = sorted((s for s in steps if s.rank == rank), key=lambda s: s.step)
         for step, want_LE in zip(mine, truth["counts"]):
             np.testing.assert_array_equal(step.counts_LE, want_LE.numpy())

@@ -246,12 +246,30 @@ def rank_worker(rank: int, world: int, expert_parallel: int, port: int, redis_ur
         finally:
             monitor.close()
             truth.remove()
+        replica_rule = _replica_rule(world)
         dispatchers = {f"{type(moe.routed_experts.token_dispatcher).__name__} ep_mesh="
                        f"{getattr(moe.routed_experts.token_dispatcher, 'ep_mesh', None) is not None}"
                        for moe in truth.moes}
         torch.save({"counts": truth.step_counts, "parallel": monitor.parallel, "rank": monitor.rank,
-                    "dispatchers": sorted(dispatchers),
+                    "dispatchers": sorted(dispatchers), "replica_rule": replica_rule,
                     "world": monitor.world_size, "hook_errors": monitor.stats()["hook_errors"]},
                    os.path.join(out_dir, f"truth{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _replica_rule(world: int) -> dict[str, list[int] | None]:
+    """What the collector counts of router ids that are DTensors on a 1-D mesh of every rank: the local shard's
+    shape of Shard(0) ids, and of Replicate() ids (None: left to the rank at coordinate 0)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from moe_monitor.collectors.torchtitan import _local_ids
+
+    mesh = init_device_mesh("cpu", (world,))
+    ids_TK = torch.arange(4 * world * TOP_K).view(4 * world, TOP_K) % NUM_EXPERTS
+    shown = {}
+    for name, placement in (("shard", Shard(0)), ("replicate", Replicate())):
+        local = _local_ids(distribute_tensor(ids_TK, mesh, [placement]))
+        shown[name] = None if local is None else list(local.shape)
+    return shown
