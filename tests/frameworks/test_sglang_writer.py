@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from moe_monitor import core
+from moe_monitor.cli import main
 from moe_monitor.collectors.sglang import Bridge, BridgeOptions
 from moe_monitor.core import tracefile
 from moe_monitor.core.loadmodel import balancedness
@@ -213,9 +214,7 @@ def test_moe_monitor_convert_reads_each_sglang_dump(tmp_path, written, mode):
     out, truth = written
     path = dumps_of(out / mode, None if mode == "stat" else 1)[0]
     trace = tmp_path / f"{mode}.parquet"
-    done = subprocess.run([sys.executable, "-m", "moe_monitor", "convert", str(path), str(trace), "--top-k", str(K)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert main(["convert", str(path), str(trace), "--top-k", str(K)]) == 0  # moe-monitor's main, in this process
     with tracefile.open_trace(trace) as reader:
         recs = reader.read_steps(0, core.MAX_STEP - 1)
         meta = reader.meta
