@@ -1,8 +1,9 @@
 """The What-if page in a real browser: a private redis-server filled by the real collector, `streamlit run
 app.py` against it, headless Debian chromium through playwright. Clicking a GPU bar of the plotly chart
 lists that GPU's experts; a screenshot lands in the test's tmp_path. Apply: off, the page says so and offers no
-button; on (the server's MOE_APPLY_RUNS and secret, a 1 ms request lifetime), the EP runtime's own request watch
-refuses the request as expired and the page shows that reason."""
+button; on (the server's MOE_APPLY_RUNS and secret), the EP runtime's own request watch refuses the page's request
+as expired (a 1 ms request lifetime) or too large (a runtime that holds one slot per rank), and an unsigned and an
+other-run request written into the run's request stream by someone else, and the page shows each reason."""
 from __future__ import annotations
 
 import contextlib
@@ -82,35 +83,85 @@ def test_apply_off_says_so(app_url):
         assert page.locator('[data-testid="stException"]').count() == 0
 
 
-@pytest.mark.browser
-def test_apply_on_shows_the_engines_refusal(tmp_path):
+def _watcher(redis_url: str, max_slots_per_rank: int = 512):
+    """The EP runtime's own request watch (demo.ep.watch.LayoutWatcher) for RUN, sized from the run's metadata."""
     from moe_monitor import core
     from moe_monitor.demo.ep.admission import RequestRules
     from moe_monitor.demo.ep.watch import LayoutWatcher
 
+    client = core.connect(redis_url, timeout_s=2.0)
+    meta = core.decode_meta(client.get(core.meta_key(RUN)))
+    client.close()
+    rules = RequestRules(run=RUN, num_layers=len(meta.layer_names), num_experts=meta.num_experts,
+                         ranks=meta.layout.gpus, max_slots_per_rank=max_slots_per_rank,
+                         max_replicas_per_expert=meta.layout.gpus)
+    return meta, LayoutWatcher(redis_url, rules, "browser-test-runtime", APPLY_SECRET.encode(), poll_s=0.05)
+
+
+def _foreign_requests(redis_url: str, meta) -> None:
+    """Two requests into RUN's request stream from a writer without the page: one unsigned (a bare layout
+    record), one signed with the secret but naming another run."""
+    import time
+
+    import numpy as np
+
+    from moe_monitor import core
+    from moe_monitor.core.layout_requests import encode_layout_request, sign_request
+
+    layout_LP = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int32)
+    record = core.LayoutRecord(run=RUN, step=1, time_s=time.time(), physical_to_logical_LP=layout_LP,
+                               gpus=meta.layout.gpus, source="apply", instance="somebody")
+    other = core.LayoutRecord(run="another-run", step=1, time_s=time.time(),
+                              physical_to_logical_LP=layout_LP, gpus=meta.layout.gpus, source="apply",
+                              instance="somebody")
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.xadd(core.layout_requests_key(RUN), core.encode_layout_record(record))
+    client.xadd(core.layout_requests_key(RUN), encode_layout_request(sign_request(other, APPLY_SECRET.encode())))
+    client.close()
+
+
+def _apply_from_the_page(page, url: str) -> None:
+    page.goto(f"{url}/what-if")
+    page.get_by_role("button", name="Apply to the running engine").click(timeout=90_000)
+    page.get_by_text(f"Switch the engine of run {RUN}").wait_for(timeout=30_000)
+    page.get_by_role("button", name="Confirm: apply").click(timeout=30_000)
+
+
+@pytest.mark.browser
+def test_apply_on_shows_the_engines_refusals_of_expired_unsigned_and_other_run_requests(tmp_path):
     env = {"MOE_APPLY_RUNS": RUN, "MOE_APPLY_SECRET": APPLY_SECRET, "MOE_APPLY_TTL_S": "0.001"}
     with _app(tmp_path, env) as (url, redis_url):
-        client = core.connect(redis_url, timeout_s=2.0)
-        meta = core.decode_meta(client.get(core.meta_key(RUN)))
-        client.close()
-        rules = RequestRules(run=RUN, num_layers=len(meta.layer_names), num_experts=meta.num_experts,
-                             ranks=meta.layout.gpus, max_slots_per_rank=512, max_replicas_per_expert=meta.layout.gpus)
-        watcher = LayoutWatcher(redis_url, rules, "browser-test-runtime", APPLY_SECRET.encode(), poll_s=0.05)
+        meta, watcher = _watcher(redis_url)
         try:
             with chromium_page(1500, 2600) as page:
-                page.goto(f"{url}/what-if")
-                page.get_by_role("button", name="Apply to the running engine").click(timeout=90_000)
-                confirm = page.get_by_text(f"Switch the engine of run {RUN}")
-                confirm.wait_for(timeout=30_000)
-                page.get_by_role("button", name="Confirm: apply").click(timeout=30_000)
+                _apply_from_the_page(page, url)
                 reason = page.get_by_text("Last request from this page: refused: expired (")
                 reason.wait_for(timeout=30_000)
                 page.get_by_role("button", name="Confirm: apply").wait_for(state="detached", timeout=30_000)
                 page.wait_for_timeout(1500)  # the page redrew once the answer was final, and stays so
                 assert reason.count() == 1 and page.get_by_role("button", name="Confirm: apply").count() == 0
                 assert page.get_by_text("requested at step").count() == 0  # the answer replaced the waiting line
+                _foreign_requests(redis_url, meta)
+                page.get_by_text("refused: bad signature (the request is unsigned").wait_for(timeout=30_000)
+                page.get_by_text("refused: another run (the request is for run 'another-run'").wait_for(
+                    timeout=30_000)
                 assert page.locator('[data-testid="stException"]').count() == 0
                 page.screenshot(path=str(tmp_path / "whatif-refused.png"), full_page=True)
+        finally:
+            watcher.close()
+        assert watcher.refused == 3
+
+
+@pytest.mark.browser
+def test_apply_on_shows_the_engines_refusal_of_a_layout_too_large_for_its_ranks(tmp_path):
+    env = {"MOE_APPLY_RUNS": RUN, "MOE_APPLY_SECRET": APPLY_SECRET}
+    with _app(tmp_path, env) as (url, redis_url):
+        _meta, watcher = _watcher(redis_url, max_slots_per_rank=1)  # the run's layout puts more slots on a rank
+        try:
+            with chromium_page(1500, 2600) as page:
+                _apply_from_the_page(page, url)
+                page.get_by_text("Last request from this page: refused: too large (").wait_for(timeout=30_000)
+                assert page.locator('[data-testid="stException"]').count() == 0
         finally:
             watcher.close()
         assert watcher.refused == 1

@@ -10,6 +10,7 @@ from moe_monitor.core.keys import layout_request_status_key
 from moe_monitor.core.request_status import LayoutRequestStatus, decode_request_status
 
 SCAN_ENTRIES = 200  # newest status entries looked through for a request's
+RECENT_ANSWERS = 8  # the engine's newest answers the page lists (any sender's requests)
 ANSWER_GRACE_S = 5.0  # after its expiry, how long a request's answer may still come (the engine refuses it then)
 
 
@@ -24,6 +25,23 @@ def find_status(client, run: str, nonce: str, scan: int = SCAN_ENTRIES) -> Layou
         if status.nonce == nonce and status.run == run:
             return status
     return None
+
+
+def recent_statuses(client, run: str, count: int = RECENT_ANSWERS) -> list[LayoutRequestStatus]:
+    """The run's runtime's newest `count` answers, newest first, whoever sent the requests (this page, another
+    page, `moe-monitor apply`, or a writer without the secret): malformed entries and other runs' are skipped.
+    Redis errors are raised as they are."""
+    found: list[LayoutRequestStatus] = []
+    for _entry_id, fields in client.xrevrange(layout_request_status_key(run), count=4 * count):
+        try:
+            status = decode_request_status(fields)
+        except ValueError:
+            continue
+        if status.run == run:
+            found.append(status)
+            if len(found) == count:
+                break
+    return found
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 it for this run (dashboard.sources.apply_gate; the page then says how to turn it on); the button and its
 confirmation, which names the run and the Redis (controls.apply_buttons); what became of the request this page
 sent last ("applied at step S", "refused: expired (...)", or waiting: polled every second until the engine answers
-or the request expires); and, once the run's layouts stream shows an applied change, the measured layer time and
+or the request expires); the engine's latest answers to anyone's requests (a refused unsigned or other-run request
+written by someone else shows there); and, once the run's layouts stream shows an applied change, the measured layer time and
 balancedness before vs after it beside the What-if's prediction.
 
 Shape legend (README, Conventions): T steps, L layers, P slots."""
@@ -17,7 +18,7 @@ from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.sources.apply_gate import gate_from_env
 from moe_monitor.dashboard.sources.base import is_seekable
-from moe_monitor.dashboard.sources.request_status import find_status, outcome
+from moe_monitor.dashboard.sources.request_status import find_status, outcome, recent_statuses
 from moe_monitor.dashboard.views.common import PageData
 from moe_monitor.dashboard.views.session import shown_url
 from moe_monitor.dashboard.views.whatif import controls
@@ -28,6 +29,7 @@ from moe_monitor.planner.repair import experts_copied
 
 APPLY_COMPARE_STEPS = 8  # steps before and after an applied change that the comparison averages
 STATUS_POLL_S = 1.0      # how often the page looks for the engine's answer while a request waits
+ANSWERS_POLL_S = 2.0     # how often the list of the engine's latest answers is read again
 
 
 def apply_section(current: PageData, layout: ResolvedLayout, session: edits.EditSession, before: whatif_score.Score,
@@ -50,6 +52,7 @@ def apply_section(current: PageData, layout: ResolvedLayout, session: edits.Edit
             experts_copied(layout.p2l_LP, layout_LP, layout.gpus), after.step_balancedness,
             before.step_balancedness)
         controls.apply_buttons(st.container(), state.apply_target, shown_url(cfg.redis_url))
+        _recent_answers(client, str(cfg.run))
     if state.apply_note:
         (st.success if state.apply_note[0] == "ok" else st.error)(state.apply_note[1])
     sent = next((r for r in reversed(state.requests) if (r.redis_url, r.run) == (cfg.redis_url, cfg.run)), None)
@@ -59,6 +62,22 @@ def apply_section(current: PageData, layout: ResolvedLayout, session: edits.Edit
         else:
             _poll_status(client, sent)
     _applied_panel(current, layout, before, data, state)
+
+
+@st.fragment(run_every=ANSWERS_POLL_S)
+def _recent_answers(client, run: str) -> None:
+    """The engine's latest answers for the run, whoever asked: a refused request from elsewhere (unsigned, for
+    another run, too large, expired) shows here too."""
+    try:
+        answers = recent_statuses(client, run)
+    except core.REDIS_ERRORS as exc:
+        st.caption(f"The engine's latest answers: cannot be read (Redis: {type(exc).__name__})")
+        return
+    if not answers:
+        st.caption("The engine's latest answers for this run: none yet (no layout request was judged).")
+        return
+    lines = [f"- step {a.step}: {a.describe()} (request {a.request_id})" for a in answers]
+    st.markdown("**The engine's latest answers for this run** (any sender, newest first):\n" + "\n".join(lines))
 
 
 def _show_outcome(kind: str, text: str) -> None:
