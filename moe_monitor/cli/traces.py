@@ -20,13 +20,16 @@ def register(sub) -> None:
     add_json(inf)
     inf.set_defaults(handler=lambda args: guarded(info, args))
     con = sub.add_parser("convert", help="JSON lines, SGLang dumps (.pt), logical_count JSON, a TensorRT-LLM "
-                                         "EXPERT_STATISTIC_PATH folder or an UltraEP trace -> .parquet/.arrows",
+                                         "EXPERT_STATISTIC_PATH folder, an UltraEP trace or Megatron's "
+                                         "tokens_per_expert logging -> .parquet/.arrows",
                          description="Convert a trace, an SGLang dump, a TensorRT-LLM expert-statistic folder "
-                                     "(meta_info.json + rank<r>.safetensors) or an UltraEP ultra_ep_trace_v1 trace "
+                                     "(meta_info.json + rank<r>.safetensors), an UltraEP ultra_ep_trace_v1 trace "
                                      "(its folder or *.manifest.json; post_physical_loads go into the "
-                                     "<stem>.physical.parquet sidecar) into a columnar trace.")
+                                     "<stem>.physical.parquet sidecar) or Megatron-LM's tokens_per_expert logging "
+                                     "(its folder or one rank<r>.jsonl; train steps) into a columnar trace.")
     con.add_argument("src", metavar="IN", help="a trace, an SGLang .pt or logical_count JSON, a TensorRT-LLM "
-                                               "EXPERT_STATISTIC_PATH folder, an UltraEP trace folder or manifest")
+                                               "EXPERT_STATISTIC_PATH folder, an UltraEP trace folder or manifest, "
+                                               "a Megatron tokens_per_expert folder or rank<r>.jsonl")
     con.add_argument("dst", metavar="OUT", help="output trace: .parquet (archive) or .arrows (recording)")
     con.add_argument("--run", default=None, metavar="NAME", help="run name of the output (default: the input's)")
     con.add_argument("--gpus", type=int, default=None,

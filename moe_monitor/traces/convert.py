@@ -1,7 +1,8 @@
 """convert(IN, OUT): a trace (JSON lines, .arrows, .parquet), an SGLang expert-distribution dump (.pt: stat,
 per_pass or per_token; parsed by collectors/sglang, which needs torch and is imported only for them), an
-SGLang logical_count JSON ([L, E] or [T, L, E]), a TensorRT-LLM EXPERT_STATISTIC_PATH folder (traces/trtllm.py)
-or an UltraEP ultra_ep_trace_v1 trace (traces/ultraep.py) -> a .parquet or .arrows trace.
+SGLang logical_count JSON ([L, E] or [T, L, E]), a TensorRT-LLM EXPERT_STATISTIC_PATH folder (traces/trtllm.py),
+an UltraEP ultra_ep_trace_v1 trace (traces/ultraep.py) or Megatron-LM's tokens_per_expert logging
+(traces/megatron_tokens.py: one train step per saved iteration and rank) -> a .parquet or .arrows trace.
 
 TensorRT-LLM: one step per iteration (step id = the iteration), the rank files summed. UltraEP: one step per
 microbatch holding every layer (pre_logical_loads), and its post_physical_loads as core.PhysicalRecords in the
@@ -53,9 +54,14 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
     if is_statistic_folder(src):
         meta, steps = _trtllm_statistic(src, run, gpus, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])
+    from .megatron_tokens import looks_like_megatron_tokens, read_megatron_tokens
+    if looks_like_megatron_tokens(src):  # before the JSON-lines traces: both are .jsonl
+        meta, steps = read_megatron_tokens(src, run, gpus, budget, top_k=top_k)
+        return _write(dst, meta, [], ((records, []) for records in steps), [])
     if os.path.isdir(src):
         raise ValueError(f"{src}: a folder is read as a TensorRT-LLM EXPERT_STATISTIC_PATH (meta_info.json, "
-                         f"rank<r>.safetensors) or an UltraEP trace (*.manifest.json); it holds neither")
+                         f"rank<r>.safetensors), an UltraEP trace (*.manifest.json) or Megatron's tokens_per_expert "
+                         f"logging (rank<r>.jsonl); it holds none of them")
     if name.lower().endswith((".pt", ".pth")):
         meta, steps = _sglang_dump(src, run, gpus, top_k, budget)
         return _write(dst, meta, [], ((records, []) for records in steps), [])

@@ -146,3 +146,17 @@ def test_a_file_over_the_decoded_bytes_budget_is_refused_before_it_is_read(tmp_p
         read_megatron_tokens(str(path), None, None, path.stat().st_size)
     meta, chunks = read_megatron_tokens(str(path), "mine", None, 16 * path.stat().st_size)
     assert meta.run == "mine" and np.asarray([r.counts_LE for c in chunks for r in c]).sum() == 16 * 64 * 8
+
+
+def test_convert_turns_the_folder_into_a_trace_of_train_steps(tmp_path):
+    from moe_monitor.core.tracefile.reader import open_trace
+    from moe_monitor.traces.convert import convert
+
+    folder = _ep2_run(tmp_path)
+    out = tmp_path / "megatron.parquet"
+    assert convert(str(folder), str(out), top_k=2) == 2  # steps (iterations 10 and 20), each of 2 ranks
+    reader = open_trace(str(out), BUDGET)
+    timeline = reader.timeline()
+    assert timeline.step_T.tolist() == [10, 20] and set(timeline.phase_T) == {"train"}
+    records = reader.read_steps(10, 20)
+    assert sum(int(rec.counts_LE.sum()) for rec in records) == sum(int(s.counts_LE.sum()) for s in _steps(folder)[1])
