@@ -25,11 +25,11 @@ full AC only), is float32 and is zeroed by the expert-bias optimizer pre-hook: i
 Steps: every forward between two end_step() calls belongs to one step; with optimizers given, a step
 post-hook on them calls end_step("train") after every optimizer step (torchtitan's OptimizersContainer or
 any torch.optim.Optimizer). tokens: the tokens of this rank's forwards of the step, read from the shapes of
-what the model parts were called with (host only). Ranks: torch.distributed's global rank and world size
-(collectors/dist.py); with parallel_dims (torchtitan's ParallelDims) the data-, expert-, tensor-, context-
-and pipeline-parallel sizes are kept in monitor.parallel. Router outputs that are DTensors are counted from
-their local shard; a rank whose shard is a replica (Replicate on a mesh dimension of size > 1, coordinate
-> 0) does not count it, so no token is counted twice.
+what the first model part was called with (host only; a micro-batch passes every part of a pipeline rank).
+Ranks: torch.distributed's global rank and world size (collectors/dist.py); with parallel_dims (torchtitan's
+ParallelDims) the data-, expert-, tensor-, context- and pipeline-parallel sizes are kept in monitor.parallel.
+Router outputs that are DTensors are counted from their local shard; a rank whose shard is a replica
+(Replicate on a mesh dimension of size > 1, coordinate > 0) does not count it, so no token is counted twice.
 
 torchtitan is imported inside the functions here only: moe_monitor.collectors imports without it.
 """
@@ -149,8 +149,8 @@ class TorchtitanMonitor(ExpertLoadMonitor):
                 setattr(layer.experts, _ROW, self.counter.counts_LE1[index])
                 setattr(layer.experts, _SAMPLE, self.counter.sample_LNK[index])
                 self._handles.append(layer.experts.register_forward_pre_hook(hook, with_kwargs=True))
-            for part in model_parts:
-                self._handles.append(part.register_forward_pre_hook(self._on_forward, with_kwargs=True))
+            # the step's tokens from the first part only: a micro-batch passes every part of a pipeline rank
+            self._handles.append(model_parts[0].register_forward_pre_hook(self._on_forward, with_kwargs=True))
             if optimizers is not None:
                 self._handles.append(optimizers.register_step_post_hook(self._on_optimizer_step))
         except Exception:
