@@ -1,11 +1,13 @@
 """moe-monitor replay --trace FILE --redis URL --run NAME: publish a trace into Redis as a live run, at the
 recorded pace times --speed, once or --loop (step ids continue), so the dashboard, the exporter and the
-aggregator watch it as they would a model."""
+aggregator watch it as they would a model. The physical counts of its sidecar (an UltraEP import's post loads)
+go with their steps, on moe:{R}:physical."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
+import sys
 import time
 
 from moe_monitor import core
@@ -34,6 +36,7 @@ def replay(args: argparse.Namespace) -> int:
     core.check_run_name(args.run)
     core.connect(args.redis).close()  # the URL's form, before anything is read (connecting is lazy)
     reader = open_trace(args.trace)
+    physical_by_step = _physical_by_step(args.trace, reader.meta.run)
     meta = dataclasses.replace(reader.meta, run=args.run, instance=core.new_instance_id(), started_s=time.time())
     timeline = reader.timeline()
     if timeline.num_steps == 0:
@@ -74,7 +77,9 @@ def replay(args: argparse.Namespace) -> int:
                                                time_s=max(when, 0.0)) for r in records]
                     times = [dataclasses.replace(t, run=args.run, instance=instance, step=step + step_shift,
                                                  time_s=max(when, 0.0)) for t in timed.get(step, [])]
-                    publisher.publish(out, layouts, samples, now_s=time.time(), timings=times)
+                    phys = [dataclasses.replace(p, run=args.run, instance=instance, step=step + step_shift,
+                                                time_s=max(when, 0.0)) for p in physical_by_step.get(step, [])]
+                    publisher.publish(out, layouts, samples, now_s=time.time(), timings=times, physical=phys)
                     layouts, samples = [], []
                     published += 1
                 if layouts or samples:
@@ -88,3 +93,17 @@ def replay(args: argparse.Namespace) -> int:
         reader.close()
     print(f"replayed {published} steps of {args.trace} into run {args.run} ({loop} pass{'es' if loop != 1 else ''})")
     return 0
+
+
+def _physical_by_step(trace: str, run: str) -> dict[int, list[core.PhysicalRecord]]:
+    """The trace's physical records (its .physical.parquet sidecar, core/tracefile/physical.py; none: {}) by
+    step; bad rows are said once on stderr and left out."""
+    from moe_monitor.core.budget import decoded_budget_bytes
+    from moe_monitor.core.tracefile.physical import read_physical
+    found = read_physical(trace, run, decoded_budget_bytes())
+    if found.bad_records:
+        print(f"{trace}: {found.bad_records} physical record(s) left out: {found.last_error}", file=sys.stderr)
+    by_step: dict[int, list[core.PhysicalRecord]] = {}
+    for rec in found.records:
+        by_step.setdefault(rec.step, []).append(rec)
+    return by_step

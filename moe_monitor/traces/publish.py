@@ -23,12 +23,13 @@ class RunPublisher:
 
     def publish(self, steps: Sequence[core.StepRecord], layouts: Sequence[core.LayoutRecord] = (),
                 samples: Sequence[core.GpuSample] = (), now_s: float = 0.0,
-                timings: Sequence[core.TimingRecord] = ()) -> None:
+                timings: Sequence[core.TimingRecord] = (), physical: Sequence[core.PhysicalRecord] = ()) -> None:
         pipe = self._client.pipeline(transaction=False)
         if not self._meta_sent:
             pipe.set(core.meta_key(self.run), self._meta_json)
         streams = queue_batch(pipe, self.run, layouts=[fields_of(core.encode_layout_record(rec)) for rec in layouts],
-                    steps=[fields_of(core.encode_step(step)) for step in steps], samples=samples, timings=timings)
+                    steps=[fields_of(core.encode_step(step)) for step in steps], samples=samples, timings=timings,
+                    physical=physical)
         pipe.zadd(core.RUNS_KEY, {self.run: now_s})
         replies = pipe.execute(raise_on_error=False)
         first = 0 if self._meta_sent else 1

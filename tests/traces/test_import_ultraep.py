@@ -129,6 +129,12 @@ def test_the_converted_trace_replays_and_converts_on_with_its_physical_counts(re
     for t, rec in enumerate(recs):
         np.testing.assert_array_equal(rec.counts_LE, pre_TLE[t])
         assert rec.tokens == (int(pre_TLE[t].sum(axis=1).max()) + 1) // 2  # busiest layer / k
+    replayed = sorted((core.decode_physical(f) for _, f in client.xrange(core.physical_key("uep-again"))),
+                      key=lambda r: r.step)
+    assert [r.step for r in replayed] == [r.step for r in recs]  # each with its step, as the engine wrote them
+    for t, rec in enumerate(replayed):
+        np.testing.assert_array_equal(rec.counts_LP, post_TLP[t])
+        assert rec.run == "uep-again" and rec.instance == recs[t].instance
     again = tmp_path / "again.arrows"
     done = cli("convert", out, again)
     assert done.returncode == 0, done.stderr
