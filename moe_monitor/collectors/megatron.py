@@ -212,7 +212,8 @@ class MegatronMonitor(ExpertLoadMonitor):
             model_name=model_name or f"megatron-core ({self.parallel.describe()})",
             hidden_size=int(getattr(config, "hidden_size", 0) or 0),
             moe_intermediate_size=int(getattr(config, "moe_ffn_hidden_size", 0) or 0),
-            dtype_bytes=_dtype_bytes(config), options=options, **overrides)
+            dtype_bytes=_dtype_bytes(config), options=options,
+            extra={"framework": "megatron-core", "parallel": dataclasses.asdict(self.parallel)}, **overrides)
         self._full_width = bool(getattr(config, "moe_pad_expert_input_to_capacity", False))
         self._expert_ids_1E = torch.arange(num_experts, device=self.device).unsqueeze(0)
         self._step_tokens = 0

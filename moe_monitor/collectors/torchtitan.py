@@ -135,11 +135,12 @@ class TorchtitanMonitor(ExpertLoadMonitor):
         w1 = getattr(inner, "w1_EFD", None)
         device = _param_device(model_parts)
         hidden, intermediate = (int(w1.shape[2]), int(w1.shape[1])) if isinstance(w1, torch.Tensor) else (0, 0)
+        self.parallel = parallel_sizes(parallel_dims)
         super().__init__(len(layers), first.num_experts, first.top_k, device=device, redis_url=redis_url, run=run,
                          layer_names=[layer.name for layer in layers], model_name=model_name, hidden_size=hidden,
-                         moe_intermediate_size=intermediate, dtype_bytes=2, options=options, **overrides)
+                         moe_intermediate_size=intermediate, dtype_bytes=2, options=options,
+                         extra={"framework": "torchtitan", "parallel": dict(self.parallel)}, **overrides)
         self.layers = layers
-        self.parallel = parallel_sizes(parallel_dims)
         self._step_tokens = 0
         self._handles: list[RemovableHandle] = []
         self._layer_index = {id(layer.experts): index for index, layer in enumerate(layers)}

@@ -151,6 +151,9 @@ def test_two_data_parallel_ranks_publish_as_the_run_s_ranks(redis_url, tmp_path)
     for s in steps:
         assert s.counts_LE.tolist() == facts[s.rank]["truth_TLE"][s.step]
     assert facts[0]["truth_TLE"] != facts[1]["truth_TLE"]  # the ranks routed different tokens
+    from moe_monitor import core
+    meta = core.decode_meta(core.connect(redis_url).get(core.meta_key("mcore-dp2")))
+    assert meta.extra["framework"] == "megatron-core" and meta.extra["parallel"]["dp"] == 2  # the run's metadata
 
 
 def test_two_expert_parallel_ranks_route_exactly(redis_url, tmp_path):

@@ -52,6 +52,7 @@ def test_every_training_iteration_is_one_exact_train_step_in_redis(redis_url):
         meta = core.decode_meta(core.connect(redis_url).get(core.meta_key("titan-train")))
         assert (meta.num_experts, meta.top_k, meta.hidden_size, meta.moe_intermediate_size) == (8, 2, 64, 32)
         assert meta.layer_names == ["layers.1.moe", "layers.2.moe", "layers.3.moe"]
+        assert meta.extra["framework"] == "torchtitan" and isinstance(meta.extra["parallel"], dict)
         assert monitor.stats()["hook_errors"] == 0
     finally:
         monitor.close()
