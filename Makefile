@@ -85,9 +85,12 @@ lint: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
+# the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
+BENCH_BASELINE ?= c4a0ee5
 bench: venv
 	bash scripts/system-deps.sh
-	@for b in collector dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
+	for b in collector dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) $(ENGINES) $(FRAMEWORKS) .pytest_cache .mypy_cache .ruff_cache site

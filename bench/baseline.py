@@ -1,0 +1,37 @@
+"""The previous main beside this tree in one benchmark run: `moe_monitor` as it was at a git revision, exported
+(git archive) into a temporary folder that a child process puts first on its PYTHONPATH, so the same benchmark
+code measures the old package and the new one in turns (bench.collector --baseline REV)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def export_package(rev: str) -> tuple[Path | None, str]:
+    """(folder holding moe_monitor/ as of rev, '') or (None, why not: no git, an unknown revision)."""
+    folder = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    archive = folder / "tree.tar"
+    try:
+        with open(archive, "wb") as out:
+            done = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, "moe_monitor"],
+                                  stdout=out, stderr=subprocess.PIPE, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"git archive failed: {exc}"
+    if done.returncode != 0:
+        return None, f"revision {rev!r}: {done.stderr.decode(errors='replace').strip()[:200]}"
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")
+    archive.unlink()
+    return folder, ""
+
+
+def child_env(package_root: Path | None) -> dict[str, str]:
+    """The environment of a child that imports moe_monitor from package_root (None: this tree) and the
+    benchmarks and test helpers from this tree."""
+    paths = ([str(package_root)] if package_root is not None else []) + [str(REPO)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
