@@ -143,11 +143,13 @@ def test_the_dashboard_command_takes_the_budget_and_refuses_one_that_is_not_a_si
 # ------------------------------------------------------------------------------------------ the step window
 def test_a_window_the_budget_cannot_hold_is_narrowed_and_says_so():
     L, E = 8, 64
-    budget = _budget(StepWindow.fixed_bytes(L, E) + 37 * StepWindow.step_bytes(L, E) + 100)
+    limit_bytes = StepWindow.fixed_bytes(L, E) + 37 * StepWindow.step_bytes(L, E) + 100
+    budget = _budget(limit_bytes)
     window = StepWindow(600, L, E, budget=budget)
     assert window.capacity == 37 and window.asked_capacity == 600
-    assert window.budget_note == ("window narrowed to 37 of 600 steps: the dashboard's memory budget (208.3 KiB, set "
-                                  "MOE_MONITOR_MEMORY_BUDGET / --memory-budget to raise it) is shared by every session")
+    assert window.budget_note == (f"window narrowed to 37 of 600 steps: the dashboard's memory budget "
+                                  f"({limit_bytes / 1024:.1f} KiB, set MOE_MONITOR_MEMORY_BUDGET / --memory-budget to "
+                                  "raise it) is shared by every session")
     assert budget.reserved_bytes <= budget.total_bytes
     full = StepWindow(10, L, E, budget=_budget(64 * MIB))
     assert full.capacity == 10 and full.budget_note == ""
