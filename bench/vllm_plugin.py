@@ -1,7 +1,7 @@
 """The vLLM plugin's cost on a real vLLM (its CPU build, in .venv-engines): tokens/s with the plugin over the same
 engine without it, on the tiny Qwen3-MoE of the engine tests (issue 20: >= 0.97).
 
-    python -m bench.vllm_plugin [--baseline REV] [--rounds 16] [--mode compiled|eager] [--profile]
+    python -m bench.vllm_plugin [--baseline REV] [--rounds 30] [--mode compiled|eager] [--profile]
 
 All engines are up at once, each a vLLM process of its own driven by tests/engines (Engine, vllm_run):
     A   no plugin (no MOE_MONITOR_REDIS_URL)          A2  a second plugin-less engine: the A/A control
@@ -13,6 +13,9 @@ engine generating at a time, after the plugin engines' published steps have land
 never runs in another's round). The figure: the median over rounds of each engine's tokens/s over A's in the same
 round. --profile: each plugin engine also times the plugin's per-step work (the execute_model wrapper's begin and
 end, the capture function of every layer, the publisher and writer threads' CPU time) and prints it.
+Diagnosis: --variants nocapture,nostep,nopublish,nosample and --patch FILE add engines of this tree's plugin with
+a part of it switched off, or with a prototype fix run in the engine process. vLLM's compile cache is off in every
+engine (they share one checkpoint, and its AOT cache key does not see the plugin's capture ops).
 Run with any python: it re-executes itself with .venv-engines/bin/python (and bench/malloc_env.py's settings);
 without .venv-engines it says so in one line and exits 0.
 """
@@ -55,11 +58,12 @@ if _DIR or _VARIANT or _PATCH:
         def inner(*a, **k):
             if torch.compiler.is_compiling():  # traced into the graph: timed as a part of it, not here
                 return fn(*a, **k)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **k)
             finally:
                 _T[key] += time.perf_counter() - t
+                _T[key + "_cpu"] = _T.get(key + "_cpu", 0.0) + time.thread_time() - c
                 if count:
                     _T[count] += 1
         return inner
@@ -94,14 +98,15 @@ if _DIR or _VARIANT or _PATCH:
         if _VARIANT == "nopublish":    # steps closed and their slots handed back, never decoded nor written
             from moe_monitor.collectors.publisher import Publisher
             Publisher.submit = lambda self, job: self._release(job.slot)
+        if not _DIR:
+            return
         cls.begin = _timed(cls.begin, "begin_s")
         cls.end = _timed(cls.end, "end_s", "steps")
         make = cls._capture_fn
         cls._capture_fn = lambda self, *a, **k: _timed(make(self, *a, **k), "capture_s", "capture_calls")
         from moe_monitor.collectors.monitor import ExpertLoadMonitor
         ExpertLoadMonitor.end_step = _timed(ExpertLoadMonitor.end_step, "end_step_s")
-        if _DIR:
-            threading.Thread(target=_dump, daemon=True).start()
+        threading.Thread(target=_dump, daemon=True).start()
 
     class _Finder(importlib.abc.MetaPathFinder):
         busy = False
@@ -164,12 +169,14 @@ def profile_summary(folder: Path) -> list[str]:
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
         steps = max(1, data["steps"])
-        per = {key: 1e6 * data[key] / steps for key in ("begin_s", "end_s", "end_step_s", "capture_s")}
+        per = {key: 1e6 * data.get(key, 0.0) / steps for key in ("begin_s", "end_s", "end_step_s", "capture_s",
+                                                                  "begin_s_cpu", "end_s_cpu", "end_step_s_cpu")}
         capture = (f"capture {per['capture_s']:.0f} us ({data['capture_calls'] / steps:.1f} calls)"
                    if data["capture_calls"] else "capture: traced into the compiled graph")
         threads = ", ".join(f"{name} {cpu:.2f}" for name, cpu in sorted(data["threads"].items()))
-        lines.append(f"    {data['steps']} steps; us per step: begin {per['begin_s']:.0f}, end {per['end_s']:.0f} "
-                     f"(end_step {per['end_step_s']:.0f}), {capture}")
+        lines.append(f"    {data['steps']} steps; us per step (wall/thread CPU): begin {per['begin_s']:.0f}/"
+                     f"{per['begin_s_cpu']:.0f}, end {per['end_s']:.0f}/{per['end_s_cpu']:.0f} (end_step "
+                     f"{per['end_step_s']:.0f}/{per['end_step_s_cpu']:.0f}), {capture}")
         lines.append(f"    thread CPU s: {threads}")
     return lines or ["    no profile written"]
 
@@ -185,7 +192,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="time the plugin's per-step work in B and C")
     parser.add_argument("--variants", default="", help="diagnosis: comma-separated plugin variants of this tree, "
                         "each one more engine: nocapture (no per-layer counting), nostep (no step boundary), "
-                        "nopublish (steps closed, never published)")
+                        "nopublish (steps closed, never published), nosample (MOE_MONITOR_SAMPLE_TOKENS=0)")
     parser.add_argument("--patch", type=Path, help="diagnosis: one more engine, 'patched': this tree's plugin "
                         "with this Python file run in the engine process once the plugin's binding module is loaded "
                         "(a prototype fix)")
@@ -226,9 +233,12 @@ def main() -> int:
     what = {"A": "no plugin", "A2": "no plugin (A/A control)", "B": "plugin, this tree",
             "C": f"plugin as of {args.baseline}"}
     for variant in filter(None, args.variants.split(",")):
-        if variant not in ("nocapture", "nostep", "nopublish"):
+        if variant not in ("nocapture", "nostep", "nopublish", "nosample"):
             parser.error(f"unknown variant {variant!r}")
-        specs[variant] = ({**plugin_env(variant), "MOE_BENCH_VARIANT": variant}, str(REPO / "moe_monitor"))
+        env = {**plugin_env(variant), "MOE_BENCH_VARIANT": variant}
+        if variant == "nosample":
+            env["MOE_MONITOR_SAMPLE_TOKENS"] = "0"
+        specs[variant] = (env, str(REPO / "moe_monitor"))
         what[variant] = f"plugin, {variant}"
     if args.patch:
         specs["patched"] = ({**plugin_env("patched"), "MOE_BENCH_PATCH": str(args.patch.resolve())},
@@ -246,7 +256,9 @@ def main() -> int:
     client = server.client()
     try:
         for name, (env, _) in specs.items():
-            env = {"PYTHONPATH": os.pathsep.join(base_path), **env}
+            # no compile cache: the engines share one checkpoint, so one would load another's graph (vLLM's AOT
+            # cache key does not see the plugin's capture ops)
+            env = {"PYTHONPATH": os.pathsep.join(base_path), "VLLM_DISABLE_COMPILE_CACHE": "1", **env}
             engines[name] = Engine(checkpoint, args.mode, env, work / f"engine-{name}.log", wait=False)
         for engine in engines.values():
             engine.wait_ready(900)
