@@ -51,6 +51,10 @@ def register(sub) -> None:
     parser.add_argument("--ep-dispatch-algorithm", choices=("static", "dynamic", "fake", "lp"),
                         help="the server's --ep-dispatch-algorithm, for the run's dispatch policy (static: round_robin, "
                              "dynamic and fake: even, lp: lp; default: SGLang's static)")
+    parser.add_argument("--same-batch-ranks", type=_positive_int, default=1, metavar="G",
+                        help="SGLang without DP attention: its G ranks route the same batch, so only rank 0's "
+                             "per_pass / per_token files are read and stat counts are divided by G (default 1: "
+                             "each rank routes its own tokens, as with DP attention)")
     parser.set_defaults(handler=lambda args: guarded(bridge, args))
 
 
@@ -68,7 +72,8 @@ def bridge(args: argparse.Namespace) -> int:
             every_s=args.every, poll_s=args.poll, top_k=args.top_k, gpus=args.gpus, nodes=args.nodes,
             model_name=args.model, max_file_bytes=int(args.max_file_mib * (1 << 20)),
             redis_timeout_s=args.redis_timeout_s, server_timeout_s=args.server_timeout_s,
-            sample_tokens=args.sample_tokens, api_key=api_key, dispatch_algorithm=args.ep_dispatch_algorithm)
+            sample_tokens=args.sample_tokens, api_key=api_key, dispatch_algorithm=args.ep_dispatch_algorithm,
+            same_batch_ranks=args.same_batch_ranks)
         running = Bridge(opts)
     except ValueError as exc:
         return fail(str(exc))

@@ -580,3 +580,48 @@ def test_dashboard_reads_the_bridged_run(tmp_path, redis_url, real):
     assert int(snapshot.view.tokens_T.sum()) == sum(tokens_of(c) for c in expected.values())
     np.testing.assert_array_equal(snapshot.view.counts_sum_LE, real["prefill"])
     assert snapshot.loads_TG.shape == (3, GPUS)
+
+
+# ---------------------------------------------------------------------------------------------- same-batch ranks
+def test_same_batch_ranks_count_each_token_once(tmp_path, redis_url, real):
+    """Without DP attention every rank routes the whole batch: each rank's per_pass file repeats the same passes
+    and stat's all_reduce counts each token once per rank. --same-batch-ranks G publishes each token once."""
+    rng = np.random.default_rng(11)
+    passes = split_exact(real["prefill"], 3, rng)
+    physical = [to_physical(p, real["layout_a"], rng) for p in passes]
+    pass_dir, stat_dir = tmp_path / "per_pass", tmp_path / "stat"
+    pass_dir.mkdir(), stat_dir.mkdir()
+    for rank in range(GPUS):  # the same passes, as every rank of a same-batch group records them
+        save_per_pass(pass_dir, T0 + rank * 1e-3, rank, [7, 8, 9], physical, real["layout_a"])
+    rc, lines = bridge_once(pass_dir, redis_url, "same-pp", top_k=K, same_batch_ranks=GPUS)
+    assert rc == 0, lines
+    records = steps_of(redis_url, "same-pp")
+    assert [(rec.rank, rec.step) for rec in records] == [(0, 7), (0, 8), (0, 9)]
+    for rec, expected in zip(records, passes):
+        np.testing.assert_array_equal(rec.counts_LE, expected)
+        assert (rec.world_size, rec.scope) == (1, "dp-group")
+    meta = meta_of(redis_url, "same-pp")
+    assert (meta.world_size, meta.layout.gpus) == (1, GPUS)
+    assert sum("not read" in line for line in lines) == 0  # files left unread are not refusals
+    state = core.connect(redis_url).hgetall(bridge_state.seen_key("same-pp"))
+    assert len(state) == GPUS  # every file remembered: the other ranks' are never read again
+
+    ring = np.zeros((4, 61, 256), dtype=np.int64)
+    ring[:3] = passes
+    save_stat(stat_dir, T0, ring * GPUS)  # stat's all_reduce over GPUS ranks that routed one batch
+    rc, lines = bridge_once(stat_dir, redis_url, "same-st", top_k=K, same_batch_ranks=GPUS)
+    assert rc == 0, lines
+    stat_records = steps_of(redis_url, "same-st")
+    assert len(stat_records) == 3
+    for rec, expected in zip(stat_records, passes):
+        np.testing.assert_array_equal(rec.counts_LE, expected)
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    save_stat(odd, T0, ring * GPUS)
+    bad = ring * GPUS
+    bad[0, 5, 3] += 1  # a count that GPUS ranks routing one batch cannot have summed to
+    save_stat(odd, T0 + 1, bad)
+    rc, lines = bridge_once(odd, redis_url, "same-odd", top_k=K, same_batch_ranks=GPUS)
+    refused = [line for line in lines if line.startswith("refused")]
+    assert len(refused) == 1 and "not all multiples of 4" in refused[0], lines
+    assert len(steps_of(redis_url, "same-odd")) == 3  # the good file's rows: nothing else lost

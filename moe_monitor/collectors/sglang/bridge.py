@@ -62,6 +62,7 @@ class BridgeOptions:
     sample_tokens: int = SAMPLE_TOKENS
     api_key: str | None = None
     dispatch_algorithm: str | None = None  # SGLang's --ep-dispatch-algorithm (runmeta.sglang_dispatch maps it)
+    same_batch_ranks: int = 1  # G > 1: the G ranks route the same batch (no DP attention): jobs.convert
 
 
 def _say(line: str) -> None:
@@ -286,7 +287,7 @@ class Bridge:
             raise ValueError(f"the dump is [{dump.num_layers} layers, {dump.num_experts} experts], run "
                              f"{self.run_name} is [{num_layers}, {num_experts}] (its metadata): use another --run")
         job = convert(dump_file, dump, self.run_name, meta, top_k, copy.deepcopy(self.ids), self.layout_sha,
-                      self.instance, self.opts.sample_tokens, self.opts.every_s)
+                      self.instance, self.opts.sample_tokens, self.opts.every_s, self.opts.same_batch_ranks)
         if isinstance(job, str):
             self._empty(dump_file, job)
             return None
@@ -302,7 +303,7 @@ class Bridge:
         opts = self.opts
         settings = MetaSettings(gpus=opts.gpus, nodes=opts.nodes, model_name=opts.model_name,
                                 sample_tokens=opts.sample_tokens, dump_dir=opts.dump_dir,
-                                dispatch_algorithm=opts.dispatch_algorithm)
+                                dispatch_algorithm=opts.dispatch_algorithm, same_batch_ranks=opts.same_batch_ranks)
         meta, said = run_meta_for(self.run_name, dump, top_k, ranks_hint, settings, self.instance)
         self.log(said)
         self.meta, self.top_k = meta, top_k

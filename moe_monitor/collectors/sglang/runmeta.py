@@ -4,7 +4,9 @@ GPUs of the layout: `gpus` when given, else for per_pass / per_token dumps the n
 files are in the folder when the first one is read (SGLang writes one file per rank, and its ranks are the
 expert-parallel GPUs) when that divides the slots P, else the largest of 32, 16, 8, 4, 2, 1 that divides P;
 for stat dumps (no layout in them) a contiguous layout over core.default_gpus(E). per_pass / per_token runs
-have one rank per GPU (world size = GPUs); stat rows are summed over ranks (world size 1).
+have one rank per GPU (world size = GPUs); stat rows are summed over ranks (world size 1). With same_batch_ranks
+G > 1 (the G ranks route the same batch: SGLang without DP attention) rank 0 publishes for all of them (world size
+1) and the layout spans G GPUs unless `gpus` says otherwise.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ class MetaSettings:
     sample_tokens: int = 16
     dump_dir: str = ""
     dispatch_algorithm: str | None = None  # SGLang's --ep-dispatch-algorithm (None: not set)
+    same_batch_ranks: int = 1
 
 
 # SGLang's --ep-dispatch-algorithm -> core.dispatch policy (docs/definitions.md, "Dispatch policy"): static sends
@@ -67,10 +70,13 @@ def layout_gpus(dump: StatDump | PassDump, gpus: int | None, ranks_seen: int) ->
 def run_meta_for(run: str, dump: StatDump | PassDump, top_k: int, ranks_seen: int, settings: MetaSettings,
                  instance: str) -> tuple[core.RunMeta, str]:
     """(the run's metadata, one line describing it). ConfigError when the GPUs and nodes do not fit."""
-    gpus, how = layout_gpus(dump, settings.gpus, ranks_seen)
+    same_batch = settings.same_batch_ranks > 1
+    gpus, how = layout_gpus(dump, settings.gpus, settings.same_batch_ranks if same_batch else ranks_seen)
     if isinstance(dump, PassDump):
         rows = dump.physical_to_logical_LP.tolist()
-        world = gpus
+        world = 1 if same_batch else gpus
+        if same_batch and not settings.gpus:
+            how = f"--same-batch-ranks {settings.same_batch_ranks}"
         said = f"SGLang's physical_to_logical_map ({dump.num_slots} slots) over {gpus} GPUs ({how})"
     else:
         rows = core.contiguous_layout(dump.num_layers, dump.num_experts)
