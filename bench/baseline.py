@@ -3,7 +3,9 @@
 code measures the old package and the new one in turns (bench.collector --baseline REV)."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -13,8 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def export_package(rev: str) -> tuple[Path | None, str]:
-    """(folder holding moe_monitor/ as of rev, '') or (None, why not: no git, an unknown revision)."""
+    """(folder holding moe_monitor/ as of rev, '') or (None, why not: no git, an unknown revision). The folder
+    is removed when this process exits."""
     folder = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     archive = folder / "tree.tar"
     try:
         with open(archive, "wb") as out:

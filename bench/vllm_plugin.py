@@ -1,21 +1,23 @@
 """The vLLM plugin's cost on a real vLLM (its CPU build, in .venv-engines): tokens/s with the plugin over the same
 engine without it, on the tiny Qwen3-MoE of the engine tests (issue 20: >= 0.97).
 
-    python -m bench.vllm_plugin [--baseline REV] [--rounds 30] [--mode compiled|eager] [--profile]
+    python -m bench.vllm_plugin [--baseline REV] [--rounds 16] [--mode compiled|eager] [--profile]
 
 All engines are up at once, each a vLLM process of its own driven by tests/engines (Engine, vllm_run):
     A   no plugin (no MOE_MONITOR_REDIS_URL)          A2  a second plugin-less engine: the A/A control
     B   the plugin of this tree, publishing to a private redis-server
     C   (--baseline REV, default $MOE_BENCH_BASELINE) the plugin as of REV (bench/baseline.py's export first on
         the engine's PYTHONPATH; the engine process reports the moe_monitor it imports, checked here)
-Rounds of greedy generation (8 prompts x 32 new tokens) alternate between the engines in a random order, one
-engine generating at a time, after the plugin engines' published steps have landed (so one engine's publisher
-never runs in another's round). The figure: the median over rounds of each engine's tokens/s over A's in the same
-round. --profile: each plugin engine also times the plugin's per-step work (the execute_model wrapper's begin and
+Rounds: each engine in turn, in a random order, generates greedily (BATCHES_PER_TURN x 8 prompts x 96 new tokens,
+about 3 s) while every other engine is idle: after the plugin engines' published steps have landed (so one engine's
+publisher never runs in another's turn), QUIET_S after the previous turn (vLLM's workers spin on their queue for
+1 s after their last read) and after a two-token request has woken its own workers. Short turns (0.1-0.4 s) spread
+an A/A control over 0.8..1.1 here. The figure: the median over rounds of each engine's tokens/s over A's in the
+same round. --profile: each plugin engine also times the plugin's per-step work (the execute_model wrapper's begin and
 end, the capture function of every layer, the publisher and writer threads' CPU time) and prints it.
 Diagnosis: --variants nocapture,nostep,nopublish,nosample and --patch FILE add engines of this tree's plugin with
 a part of it switched off, or with a prototype fix run in the engine process. vLLM's compile cache is off in every
-engine (they share one checkpoint, and its AOT cache key does not see the plugin's capture ops).
+engine (they share one checkpoint: each compiles its own graph, as a fresh server does).
 Run with any python: it re-executes itself with .venv-engines/bin/python (and bench/malloc_env.py's settings);
 without .venv-engines it says so in one line and exits 0.
 """
@@ -36,7 +38,12 @@ from bench.malloc_env import STEADY
 REPO = Path(__file__).resolve().parents[1]
 ENGINES_VENV = REPO / ".venv-engines"
 GOAL = 0.97
-PROMPTS, NEW_TOKENS, VOCAB = 8, 32, 512
+PROMPTS, NEW_TOKENS, VOCAB = 8, 96, 512
+BATCHES_PER_TURN = 6  # one engine's turn: this many generations of PROMPTS prompts, timed together (about 3 s)
+# vLLM's workers keep spinning on their shared-memory queue for 1 s after their last read (shm_broadcast's
+# SpinCondition, busy_loop_s): each engine's turn starts once every other engine has gone idle, and is timed after
+# a two-token request has woken its own workers
+QUIET_S = 1.5
 
 # sitecustomize of every engine process: which moe_monitor it imports, and (MOE_BENCH_PROFILE=dir) timers around
 # the plugin's per-step work, dumped as JSON every half second by the process that binds a model runner
@@ -185,8 +192,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", default=os.environ.get("MOE_BENCH_BASELINE") or None,
                         help="also measure the plugin as of this git revision (default $MOE_BENCH_BASELINE)")
-    parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--mode", choices=("compiled", "eager"), default="compiled")
     parser.add_argument("--no-control", action="store_true", help="skip the second plugin-less engine (A2)")
     parser.add_argument("--profile", action="store_true", help="time the plugin's per-step work in B and C")
@@ -256,8 +263,8 @@ def main() -> int:
     client = server.client()
     try:
         for name, (env, _) in specs.items():
-            # no compile cache: the engines share one checkpoint, so one would load another's graph (vLLM's AOT
-            # cache key does not see the plugin's capture ops)
+            # no compile cache: the engines share one checkpoint, and each compiles its own graph as a fresh
+            # server does (none loads another's)
             env = {"PYTHONPATH": os.pathsep.join(base_path), "VLLM_DISABLE_COMPILE_CACHE": "1", **env}
             engines[name] = Engine(checkpoint, args.mode, env, work / f"engine-{name}.log", wait=False)
         for engine in engines.values():
@@ -271,16 +278,19 @@ def main() -> int:
         tps: dict[str, list[float]] = {name: [] for name in names}
         ratios: dict[str, list[float]] = {name: [] for name in names if name != "A"}
         for round_index in range(args.warmup + args.rounds):
-            prompts = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(8, 24))] for _ in range(PROMPTS)]
+            batches = [[[rng.randrange(3, VOCAB) for _ in range(rng.randrange(8, 24))] for _ in range(PROMPTS)]
+                       for _ in range(BATCHES_PER_TURN)]
             order = names[:]
             rng.shuffle(order)
             this: dict[str, float] = {}
             outputs = {}
             for name in order:
+                time.sleep(QUIET_S)
+                engines[name].generate([[1, 2, 3]], 2)  # its workers out of their idle wait before the clock starts
                 start = time.perf_counter()
-                outputs[name] = engines[name].generate(prompts, NEW_TOKENS)
+                outputs[name] = [engines[name].generate(prompts, NEW_TOKENS) for prompts in batches]
                 elapsed = time.perf_counter() - start
-                this[name] = sum(len(o) for o in outputs[name]) / elapsed
+                this[name] = sum(len(o) for batch in outputs[name] for o in batch) / elapsed
                 if name not in ("A", "A2"):
                     settle(client, steps_key(f"bench-{name.lower()}"))
             if any(out != outputs["A"] for out in outputs.values()):
@@ -298,7 +308,7 @@ def main() -> int:
         server.stop()
 
     print(f"vLLM {args.mode} (CPU build), tiny Qwen3-MoE (2 layers x 8 experts, top-2), float32; {args.rounds} rounds "
-          f"of {PROMPTS} prompts x {NEW_TOKENS} new tokens after {args.warmup} warm-up, engines in random order; "
+          f"of {BATCHES_PER_TURN} x {PROMPTS} prompts x {NEW_TOKENS} new tokens per engine after {args.warmup} warm-up, engines in random order; "
           f"load average {Path('/proc/loadavg').read_text().split()[0]}")
     print(f"  {'engine':<9} {'what':<28} {'tok/s median':>12} {'ratio to A: median':>19} {'p25..p75':>13}")
     for name in names:
