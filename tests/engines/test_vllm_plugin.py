@@ -139,3 +139,37 @@ def test_redis_outage_changes_nothing_and_loses_nothing(checkpoints, reference, 
     assert sum(s.tokens for s in steps) == expected_tokens(outputs), "steps queued during the outage were lost"
     assert b"0" in health
     np.testing.assert_array_equal(total_counts(steps), transformers_counts(checkpoints["qwen3_moe"], PROMPTS, outputs))
+
+
+def test_a_graph_compiled_without_the_plugin_is_never_loaded_with_it(checkpoints, redis_url, tmp_path):
+    """vLLM's compile cache (AOT artifacts) is keyed before Dynamo traces the plugin's capture ops: an engine with
+    the plugin, after one without it compiled the same model into the same cache, finds no graph under its key
+    (the plugin's factor) and counts every token; a second engine with the plugin finds the first one's graph
+    under that key and counts every token too (on vLLM 0.32's CPU build the load fails, "'function' object has
+    no attribute 'finalize_loading'", and vLLM compiles again)."""
+    cache = {"VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    checkpoint = checkpoints["qwen3_moe"]
+    plain = Engine(checkpoint, "compiled", cache, tmp_path / "off.log")
+    try:
+        reference_outputs = plain.generate(PROMPTS, MAX_TOKENS)
+    finally:
+        plain.close()
+    client = core.connect(redis_url)
+    for attempt in ("compiles", "loads"):
+        run = f"vllm-cache-{attempt}"
+        log = tmp_path / f"{attempt}.log"
+        engine = Engine(checkpoint, "compiled", {**cache, "MOE_MONITOR_REDIS_URL": redis_url, "MOE_MONITOR_RUN": run,
+                                                 "MOE_MONITOR_NVML": "0"}, log)
+        try:
+            outputs = engine.generate(PROMPTS, MAX_TOKENS)
+            steps = wait_for_tokens(client, run, expected_tokens(outputs))
+        finally:
+            engine.close()
+        assert outputs == reference_outputs
+        text = log.read_text()
+        found = "Directly load AOT compilation from path" in text or "due to a load failure from" in text
+        assert found == (attempt == "loads"), f"{attempt}: a cached graph was {'' if found else 'not '}found"
+        check_steps(steps, outputs, checkpoint, 2)
+    saved = {line.split("torch_aot_compile")[1].split("/")[1] for name in ("off", "compiles")
+             for line in (tmp_path / f"{name}.log").read_text().splitlines() if "saved AOT compiled function" in line}
+    assert len(saved) == 2, f"the engines with and without the plugin share a compile-cache key: {saved}"

@@ -9,6 +9,10 @@ nothing). Under data parallelism the rows of this rank's own tokens are picked f
 tokens gathered before routing, or a sequence-parallel shard, read from vLLM's dp_metadata on the host). The step boundary lives outside the graph, around the runner's execute_model: the gate is opened for
 the scheduled tokens, and the step closed and handed to the publisher afterwards.
 
+vLLM's compile cache: the capture functions are traced into the compiled graph, so the binding puts a digest of
+its counting code and sizes into vLLM's compile-cache key (cachekey.py) before vLLM compiles; an engine with the
+plugin never loads a graph compiled without it.
+
 EPLB: when the engine rebalances (--enable-eplb), its new physical_to_logical_map [L, P] is published as a
 layout record in force from the next step (read from the device once per rearrangement, never per step), and
 each forward pass's expert_load_pass [L, P] as the step's physical record (physical.py: copied to pinned host
@@ -25,6 +29,7 @@ import torch
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .batch import step_facts
+from .cachekey import bind_cache_key, graph_key
 from .capture import attach
 from .physical import pass_load
 from .rows import local_span
@@ -133,13 +138,18 @@ class RunnerBinding:
         self.layout_from: int | None = None   # step from which a committed EPLB layout is in force
         # physical records only where each publisher's ranks are its own tokens (their sum is the GPU loads)
         self.physical_off = "" if publishing.scope == "rank" else f"scope {publishing.scope}"
+        fused_shared = [int(getattr(layer.moe_config, "num_fused_shared_experts", 0) or 0) > 0 for _, layer in layers]
         for index, (_, layer) in enumerate(layers):
-            shared = int(getattr(layer.moe_config, "num_fused_shared_experts", 0) or 0)
-            attach(layer.router, self._capture_fn(index, num_experts, shared > 0))  # beside vLLM's own
+            attach(layer.router, self._capture_fn(index, num_experts, fused_shared[index]))  # beside vLLM's own
+        counter = self.monitor.counter
+        cache = bind_cache_key(config, graph_key(dict(
+            layers=len(layers), experts=num_experts, top_k=top_k, sample_tokens=counter.sample_tokens,
+            gate=int(self.gate_T.shape[0]), fused_shared=fused_shared, dp=int(pc.data_parallel_size),
+            tp=self.tp_size, sharded=self.sharded)))
         BINDINGS.append(self)
         atexit.register(self.monitor.close, 2.0)
-        log.info("moe monitor: %d MoE layers x %d experts (top-%d) -> run %s; %s", len(layers), num_experts,
-                 top_k, self.monitor.run, publishing.reason)
+        log.info("moe monitor: %d MoE layers x %d experts (top-%d) -> run %s; %s; %s", len(layers), num_experts,
+                 top_k, self.monitor.run, publishing.reason, cache)
 
     def _capture_fn(self, layer: int, num_experts: int, fused_shared: bool):
         """The capture function of one layer: device ops into fixed buffers only (module docstring). With shared
