@@ -13,6 +13,7 @@ from moe_monitor import core
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.sources.trace import TraceSource
+from moe_monitor.dashboard.views import timeline
 from tests.support import synthfill
 from tests.support.apptest import APP
 from tests.support.listsource import recording, write_jsonl
@@ -56,10 +57,15 @@ def replay_app(request, tmp_path, monkeypatch):
     return at
 
 
+def _range_slider(at):
+    """The timeline's range slider (its key names the range it was drawn at: timeline.range_key)."""
+    return next(s for s in at.slider if s.label == timeline.RANGE_LABEL)
+
+
 def test_seek_and_step_move_the_window_every_page_analyses(replay_app):
     at = replay_app
     assert _window(at) == (100, 119, WIDTH) and _in_window(at) == WIDTH
-    _ok(at.slider(key="timeline_range").set_value((30, 59)).run())
+    _ok(_range_slider(at).set_value((30, 59)).run())
     assert _window(at) == (30, 59, 30) and _in_window(at) == 30
     _ok(at.button(key="timeline_forward").click().run())
     assert _window(at) == (31, 60, 30)
@@ -100,7 +106,7 @@ def test_the_worst_step_follows_the_phase_filter(replay_app):
 
 def test_play_advances_the_window(replay_app):
     at = replay_app
-    _ok(at.slider(key="timeline_range").set_value((0, 19)).run())
+    _ok(_range_slider(at).set_value((0, 19)).run())
     at.radio(key="timeline_speed").set_value("10x")
     _ok(at.button(key="timeline_play").click().run())
     before = _window(at)

@@ -32,6 +32,7 @@ _STATE, _PAUSE, _NOTE, _FAILED = "timeline", "live_pause", "timeline_note", "tim
 _PAUSE_ERROR = "live_pause_error"  # why the last pause was refused (shown once)
 RETRY_S = 10.0  # a recording whose timeline could not be read is asked again after this long
 _RANGE, _SPEED = "timeline_range", "timeline_speed"
+RANGE_LABEL = "Range of the recording (steps)"
 DEFAULT_MAX_STEPS = 5000  # widest range before the run's sizes are known
 
 
@@ -103,9 +104,11 @@ def _draw(state: _Replay, cfg: Settings) -> None:
         st.markdown(f"**Replay window: {playback.range_label(pb, timeline)}**"
                     + (" · playing" if pb.playing else " · paused"))
         if step_T.size > 1:
-            st.session_state[_RANGE] = (int(step_T[pb.first]), int(step_T[pb.last]))
-            st.slider("Range of the recording (steps)", min_value=int(step_T[0]), max_value=int(step_T[-1]),
-                      key=_RANGE, on_change=_on_range, label_visibility="collapsed",
+            shown = _shown(state)
+            key = range_key(shown)
+            st.session_state[key] = shown
+            st.slider(RANGE_LABEL, min_value=int(step_T[0]), max_value=int(step_T[-1]),
+                      key=key, on_change=_on_range, args=(shown,), label_visibility="collapsed",
                       help="Every page analyses the steps of this range. Drag either end, or the range.")
         cols = st.columns([1, 1, 1, 2, 2, 2])
         cols[0].button("◀ step", key="timeline_back", on_click=_on_shift, args=(-1,), help="One step back")
@@ -130,9 +133,22 @@ def _state() -> _Replay | None:
     return held if isinstance(held, _Replay) else None
 
 
-def _on_range() -> None:
-    state, value = _state(), st.session_state.get(_RANGE)
-    if state is None or not value:
+def range_key(shown: tuple[int, int]) -> str:
+    """The range slider's widget key, named by the range (first step, last step) it was drawn at."""
+    return f"{_RANGE}:{shown[0]}:{shown[1]}"
+
+
+def _shown(state: _Replay) -> tuple[int, int]:
+    step_T = state.replay.step_T
+    return int(step_T[state.pb.first]), int(step_T[state.pb.last])
+
+
+def _on_range(drawn: tuple[int, int]) -> None:
+    """A drag of the slider drawn at range `drawn`. Taken only while that is still the range held: a browser
+    that has not yet received a moved range (play, a step, a new width) sends the old slider's value with its
+    next rerun, and Streamlit reads it as a change; taken, it would move the range back."""
+    state, value = _state(), st.session_state.get(range_key(drawn))
+    if state is None or not value or _shown(state) != tuple(drawn):
         return
     state.pb = playback.seek_steps(state.pb, state.replay.timeline, value[0], value[1], state.replay.max_steps)
 
