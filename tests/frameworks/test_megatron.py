@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from moe_monitor import core
 from moe_monitor.collectors.megatron import attach_megatron
 from tests.frameworks import megatron_support as ms
+from tests.support.published import published_steps
 
 warnings.filterwarnings("ignore", category=UserWarning)
 MICRO_BATCHES, MICRO_TOKENS = 2, 2 * ms.SEQ  # per iteration; tokens of one micro-batch (B = 2, S = 16)
@@ -33,14 +34,6 @@ def megatron_world():
     ms.init_parallel(port=_free_port())
     yield
     ms.shutdown_parallel()
-
-
-def _published(redis_url: str, run: str) -> list[core.StepRecord]:
-    client = core.connect(redis_url)
-    try:
-        return [core.decode_step(fields) for _, fields in client.xrange(core.steps_key(run))]
-    finally:
-        client.close()
 
 
 def _train(model, monitor, config, iterations: int) -> list[np.ndarray]:
@@ -74,7 +67,7 @@ def test_training_iterations_are_exact_train_steps_in_redis(megatron_world, redi
     truth = _train(model, monitor, config, iterations=3)
     monitor.close()
     assert monitor.stats()["last_error"] == ""
-    steps = _published(redis_url, "mcore-tiny")
+    steps = published_steps(redis_url, "mcore-tiny")
     assert [s.step for s in steps] == [0, 1, 2, 3]
     assert {s.phase for s in steps} == {"train"} and {(s.rank, s.world_size) for s in steps} == {(0, 1)}
     assert steps[0].counts_LE[0].tolist() == first.tolist()
@@ -97,7 +90,7 @@ def test_capacity_dropping_counts_only_the_dispatched_tokens(megatron_world, red
     monitor = attach_megatron(model, redis_url=redis_url, run="mcore-drop", sample_tokens=0, nvml=False)
     truth = _train(model, monitor, config, iterations=2)
     monitor.close()
-    steps = _published(redis_url, "mcore-drop")
+    steps = published_steps(redis_url, "mcore-drop")
     assert [s.counts_LE.tolist() for s in steps] == [t.tolist() for t in truth]
     assert all(s.counts_LE.sum() < 2 * MICRO_BATCHES * MICRO_TOKENS * 2 for s in steps)  # some tokens dropped
     assert all(s.phase == "train" for s in steps)
@@ -145,13 +138,12 @@ def test_two_data_parallel_ranks_publish_as_the_run_s_ranks(redis_url, tmp_path)
     assert [f["last_error"] for f in facts] == ["", ""] and {f["run"] for f in facts} == {"mcore-dp2"}
     assert [(f["parallel"]["dp"], f["parallel"]["dp_rank"], f["parallel"]["ep"]) for f in facts] == [(2, 0, 1),
                                                                                                       (2, 1, 1)]
-    steps = _published(redis_url, "mcore-dp2")
+    steps = published_steps(redis_url, "mcore-dp2")
     assert sorted((s.rank, s.step) for s in steps) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert {(s.world_size, s.phase) for s in steps} == {(2, "train")}
     for s in steps:
         assert s.counts_LE.tolist() == facts[s.rank]["truth_TLE"][s.step]
     assert facts[0]["truth_TLE"] != facts[1]["truth_TLE"]  # the ranks routed different tokens
-    from moe_monitor import core
     meta = core.decode_meta(core.connect(redis_url).get(core.meta_key("mcore-dp2")))
     assert meta.extra["framework"] == "megatron-core" and meta.extra["parallel"]["dp"] == 2  # the run's metadata
 
@@ -176,7 +168,7 @@ def test_two_expert_parallel_ranks_route_exactly(redis_url, tmp_path):
     assert [s["facts"]["ep_rank"] for s in saved] == [0, 1]
     assert all((f["ep"], f["gpus"], f["local_experts"], f["last_error"], f["run"]) == (2, 2, 4, "", "mcore-ep2")
                for f in (s["facts"] for s in saved))
-    steps = _published(redis_url, "mcore-ep2")
+    steps = published_steps(redis_url, "mcore-ep2")
     assert sorted((s.rank, s.step) for s in steps) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert {(s.world_size, s.phase, s.tokens) for s in steps} == {(2, "train", MICRO_BATCHES * MICRO_TOKENS)}
     ms.init_parallel(port=_free_port())  # the ground truth: one rank, every expert local

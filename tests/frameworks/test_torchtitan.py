@@ -16,16 +16,9 @@ import torch
 from moe_monitor import core
 from moe_monitor.collectors.torchtitan import attach, find_moe_layers
 from tests.frameworks import torchtitan_support as tt
+from tests.support.published import published_steps
 
 warnings.filterwarnings("ignore", category=UserWarning)  # torchtitan's router: "In CPU autocast, ..."
-
-
-def _steps(url: str, run: str) -> list[core.StepRecord]:
-    client = core.connect(url)
-    try:
-        return [core.decode_step(fields) for _, fields in client.xrange(core.steps_key(run))]
-    finally:
-        client.close()
 
 
 def test_every_training_iteration_is_one_exact_train_step_in_redis(redis_url):
@@ -37,7 +30,7 @@ def test_every_training_iteration_is_one_exact_train_step_in_redis(redis_url):
     try:
         tokens = tt.train(model, optimizers, iterations=3, micro_batches=2, truth=truth)
         monitor.close()
-        steps = _steps(redis_url, "titan-train")
+        steps = published_steps(redis_url, "titan-train")
         assert [s.step for s in steps] == [0, 1, 2]
         assert {s.phase for s in steps} == {"train"}
         assert {(s.rank, s.world_size) for s in steps} == {(0, 1)}
