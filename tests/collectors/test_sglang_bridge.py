@@ -426,7 +426,7 @@ def test_redis_down_then_back(tmp_path, real):
         assert meta_of(redis_proc.url, "down").num_experts == 256
         redis_proc.restart()  # gone again, back empty between two dumps: the metadata and layout come back
         more = per_pass_dump(folder, real["prefill"], real["layout_a"], 2, 1, T0 + 10, seed=13)
-        assert wait_until(lambda: bridge.poll() and len(steps_of(redis_proc.url, "down")) == len(more), 10)
+        assert wait_until(lambda: bridge.poll() and len(steps_of(redis_proc.url, "down")) == len(more), 60)
         assert meta_of(redis_proc.url, "down").num_experts == 256
         (layout,) = layouts_of(redis_proc.url, "down")
         assert layout.step == 0 and layout.source == "initial"

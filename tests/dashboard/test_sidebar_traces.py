@@ -68,12 +68,12 @@ def test_the_picker_lists_the_folder_newest_first_by_name(folder, monkeypatch):
     note = next(c.value for c in at.sidebar.caption if "Trace folder" in c.value)
     assert str(folder) in note and "MOE_TRACE_DIR" in note
     assert "5 steps in window" in steps_caption(at)
-    picker.set_value("old.json").run()
+    at.sidebar.selectbox(key="trace_path").set_value("old.json").run()
     assert not at.exception, at.exception
     assert at.session_state["settings"].trace_path == "old.json"  # relative to the trace folder
     assert "9 steps in window" in steps_caption(at)
     assert next(m.value for m in at.metric if m.label.startswith("balancedness now")) == f"{6 / 10:.3f}"
-    picker.set_value("notes.txt").run()  # a file that is not a trace: the replay says so, the page stays up
+    at.sidebar.selectbox(key="trace_path").set_value("notes.txt").run()  # a file that is not a trace: the replay says so, the page stays up
     assert not at.exception, at.exception
     assert at.session_state["settings"].trace_path == "notes.txt"
     assert [w.value for w in at.warning if "bad record" in w.value]

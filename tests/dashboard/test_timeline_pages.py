@@ -72,6 +72,8 @@ def test_seek_and_step_move_the_window_every_page_analyses(replay_app):
     _ok(at.button(key="timeline_back").click().run())
     _ok(at.button(key="timeline_back").click().run())
     assert _window(at) == (29, 58, 30)
+    held = [shown for shown in ((100, 119), (30, 59), (31, 60), (29, 58)) if timeline.range_key(shown) in at.session_state]
+    assert held == [(29, 58)]  # the slider's state of the range shown only, however often the range moved
     for page in ("devices", "experts", "gpus"):
         _ok(at.switch_page(f"page_files/{page}.py").run())
         assert _window(at) == (29, 58, 30)

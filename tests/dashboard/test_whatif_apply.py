@@ -116,7 +116,7 @@ def _answer_with_watcher(url: str, run: str, secret: bytes):
     rules = RequestRules(run=run, num_layers=L, num_experts=E, ranks=G, max_slots_per_rank=64,
                          max_replicas_per_expert=G)
     watcher = LayoutWatcher(url, rules, "test-runtime", secret, current_step=lambda: 20, poll_s=0.02)
-    assert wait_until(lambda: watcher._last_id is not None, 10)
+    assert wait_until(lambda: watcher._last_id is not None, 60)
     return watcher
 
 
@@ -143,7 +143,7 @@ def test_page_shows_the_engines_refusal(redis_url, monkeypatch, case):
                                    else SECRET.encode())
     try:
         at = _apply(_whatif(redis_url, monkeypatch, runs=run))
-        assert wait_until(lambda: client.xlen(core.keys.layout_request_status_key(run)) == 1, 10)
+        assert wait_until(lambda: client.xlen(core.keys.layout_request_status_key(run)) >= 1, 60)
         at.run()
         assert not at.exception, at.exception
     finally:
@@ -174,9 +174,9 @@ def test_page_shows_applied_at_step(redis_url, monkeypatch):
     watcher = _answer_with_watcher(redis_url, run, SECRET.encode())
     try:
         at = _apply(_whatif(redis_url, monkeypatch, runs=run))
-        assert wait_until(lambda: watcher._newest is not None, 10)
+        assert wait_until(lambda: watcher._newest is not None, 60)
         watcher.report_applied(watcher.take(), from_step=23)  # what the step loop does once the ranks switched
-        assert wait_until(lambda: client.xlen(core.keys.layout_request_status_key(run)) == 1, 10)
+        assert wait_until(lambda: client.xlen(core.keys.layout_request_status_key(run)) >= 1, 60)
         at.run()
     finally:
         watcher.close()

@@ -98,11 +98,11 @@ def test_watcher_reports_every_refusal_and_the_applied_one(redis_url):
     watcher = LayoutWatcher(redis_url, RULES, "runtime-instance", SECRET, current_step=lambda: step["now"],
                             poll_s=0.02)
     try:
-        assert wait_until(lambda: watcher._last_id is not None, 10)
+        assert wait_until(lambda: watcher._last_id is not None, 60)
         ids = {name: client.xadd(core.layout_requests_key(RUN), fields).decode()
                for name, (fields, _) in _cases().items()}
         good = client.xadd(core.layout_requests_key(RUN), _signed()).decode()
-        assert wait_until(lambda: len(_statuses(client)) == len(ids), 10)
+        assert wait_until(lambda: len(_statuses(client)) == len(ids), 60)
         by_id = {s.request_id: s for s in _statuses(client)}
         for name, (_, verdict) in _cases().items():
             status = by_id[ids[name]]
@@ -114,7 +114,7 @@ def test_watcher_reports_every_refusal_and_the_applied_one(redis_url):
         assert admitted.layout_LP.dtype == np.int64 and admitted.layout_LP.shape == (L, E)
         assert find_status(client, RUN, admitted.request.nonce) is None  # pending: no status yet
         watcher.report_applied(admitted, from_step=8)
-        assert wait_until(lambda: find_status(client, RUN, admitted.request.nonce) is not None, 10)
+        assert wait_until(lambda: find_status(client, RUN, admitted.request.nonce) is not None, 60)
         status = find_status(client, RUN, admitted.request.nonce)
         assert status.verdict == APPLIED and status.describe() == "applied at step 8"
         assert watcher.refused == len(ids) and watcher.bad_records == 1
@@ -127,11 +127,11 @@ def test_a_newer_request_supersedes_a_waiting_one(redis_url):
     client = core.connect(redis_url, timeout_s=2.0)
     watcher = LayoutWatcher(redis_url, RULES, "rt", SECRET, poll_s=0.02)
     try:
-        assert wait_until(lambda: watcher._last_id is not None, 10)
+        assert wait_until(lambda: watcher._last_id is not None, 60)
         first = client.xadd(core.layout_requests_key(RUN), _signed()).decode()
-        assert wait_until(lambda: watcher._newest is not None, 10)
+        assert wait_until(lambda: watcher._newest is not None, 60)
         second = client.xadd(core.layout_requests_key(RUN), _signed()).decode()
-        assert wait_until(lambda: len(_statuses(client)) == 1, 10)
+        assert wait_until(lambda: len(_statuses(client)) == 1, 60)
         (status,) = _statuses(client)
         assert (status.request_id, status.verdict) == (first, REFUSED_SUPERSEDED) and second in status.detail
         assert watcher.take().request_id == second
