@@ -16,8 +16,9 @@ per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's 
 column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the
 step's layers at once when the step closes: DeviceCounter.flush); per step the copy, the add and the zeroing
 (plus a fill of the sampled rows with -1 before a step whose rows are published, and a few more under a
-padding mask). The invalid-id rule is the same on every device, with no host sync: an id outside [0, E)
-lands in column E, never on an expert.
+padding mask; on the CPU these four go through numpy views of the same memory, with no torch op). The
+invalid-id rule is the same on every device, with no host sync: an id outside [0, E) lands in column E,
+never on an expert.
 
 CUDA streams: the per-layer ops run on the stream that is current when a layer is recorded; begin_step(),
 the snapshot at end_step() and counts() each make the stream current at that moment wait for the stream the
@@ -38,16 +39,20 @@ import torch
 
 @dataclass
 class HostSlot:
-    """A host copy of one step buffer; `ready` is a CUDA event (None on the CPU)."""
+    """A host copy of one step buffer; `ready` is a CUDA event (None on the CPU); `view`: buf as numpy (the
+    same memory)."""
 
     buf: torch.Tensor
     ready: torch.cuda.Event | None
+
+    def __post_init__(self) -> None:
+        self.view: np.ndarray = self.buf.numpy()
 
     def wait(self) -> np.ndarray:
         """The host copy (a numpy view), once the device has finished writing it."""
         if self.ready is not None:
             self.ready.synchronize()
-        return self.buf.numpy()
+        return self.view
 
 
 def _mark_static(tensor: torch.Tensor) -> None:
@@ -137,6 +142,10 @@ class DeviceCounter:
         self._pending_batched = True
         self._pending_cap = 4 * L
         self._layer_index_L11 = torch.arange(L, device=self.device).view(L, 1, 1)
+        # on the CPU the step boundary's buffer ops go through numpy views of the same memory: a few hundred ns
+        # each, where a torch op costs 2 us hot and 10-20 us when it is the first of a step in a vLLM worker
+        self._host_views = ((self.buf.numpy(), self.counts_LE1.numpy(), self.total_LE1.numpy(),
+                             self.sample_LNK.numpy()) if self.device.type == "cpu" else None)
         self._direct = [self._direct_recorder(layer) for layer in range(L)]
         self._recorders = [self.recorder(layer) for layer in range(L)]
         for tensor in (self.buf, self.src_buf, self.total_LE1):
@@ -295,19 +304,28 @@ class DeviceCounter:
         self.flush()
         if self.streams is not None:
             self.streams.join()
-        if slot is not None:
-            if self.device.type == "cuda":
+        published_next = self.sample_tokens and self._steps_begun % self.sample_every == 0
+        if self._host_views is not None:  # the CPU: the same ops on numpy views (__init__)
+            buf, counts, total, sample = self._host_views
+            if slot is not None:
+                np.copyto(slot.view, buf)
+            np.add(total, counts, out=total)
+            buf.fill(0)
+            if published_next:
+                sample.fill(-1)
+        else:
+            if slot is not None and self.device.type == "cuda":
                 with torch.cuda.device(self.device):  # the copy and its event on the counter's own device
                     slot.buf.copy_(self.buf, non_blocking=True)
                     slot.ready = torch.cuda.Event(blocking=True)  # the publisher sleeps, not spins, on it
                     slot.ready.record()
-            else:
+            elif slot is not None:
                 slot.buf.copy_(self.buf)
-        self.total_LE1.add_(self.counts_LE1)
-        self.buf.zero_()
+            self.total_LE1.add_(self.counts_LE1)
+            self.buf.zero_()
+            if published_next:
+                self.sample_LNK.fill_(-1)  # the next step is published: rows a layer does not write read -1
         facts = StepFacts(self.step_tokens, self.step_masked, self.step_sample_n)
-        if self.sample_tokens and self._steps_begun % self.sample_every == 0:
-            self.sample_LNK.fill_(-1)  # the next step is published: rows a layer does not write read -1
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         return facts
 

@@ -56,6 +56,21 @@ def test_batch_phase():
     assert step_facts(object()) == (0, "unknown")
 
 
+@pytest.mark.parametrize("per_request, new_ids, spec", [
+    ({"a": 1, "b": 1, "c": 1}, [], {}),          # decode: the shortcut
+    ({"a": 2, "b": 0, "c": 1}, [], {}),          # as many tokens as requests, yet not one each
+    ({"a": 1, "b": 1}, ["b"], {}),               # a new one-token prompt
+    ({"a": 3, "b": 1}, [], {"a": [5, 6]}),       # speculative tokens
+    ({"a": 1, "b": 4}, [], {}),
+])
+def test_step_facts_agree_with_batch_phase(per_request, new_ids, spec):
+    """The per-step shortcut for a decode batch gives batch_phase's answer on every batch."""
+    out = types.SimpleNamespace(total_num_scheduled_tokens=sum(per_request.values()), num_scheduled_tokens=per_request,
+                                scheduled_spec_decode_tokens=spec,
+                                scheduled_new_reqs=[types.SimpleNamespace(req_id=r) for r in new_ids])
+    assert step_facts(out) == (sum(per_request.values()), batch_phase(per_request, spec, set(new_ids)))
+
+
 class _Binding:
     def __init__(self, fail: bool = False):
         self.calls: list[str] = []

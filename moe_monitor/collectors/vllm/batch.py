@@ -23,5 +23,8 @@ def step_facts(scheduler_output) -> tuple[int, str]:
     tokens = int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0)
     per_request = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
     spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
-    new = {str(getattr(req, "req_id", "")) for req in getattr(scheduler_output, "scheduled_new_reqs", None) or ()}
+    new_reqs = getattr(scheduler_output, "scheduled_new_reqs", None) or ()
+    if not new_reqs and not spec and per_request and tokens == len(per_request) and max(per_request.values()) == 1:
+        return tokens, "decode"  # one token each (their sum is their count, none above 1): no Python loop per step
+    new = {str(getattr(req, "req_id", "")) for req in new_reqs}
     return tokens, batch_phase(per_request, spec, new)

@@ -128,6 +128,8 @@ class RunnerBinding:
         capture_max = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
         self.gate_T = torch.zeros(2 * max(int(scheduler.max_num_batched_tokens), int(capture_max), 1),
                                   dtype=torch.int64, device=self.device)
+        # on the CPU the gate is opened and closed through a numpy view of its memory (counter.py: no torch op)
+        self._gate_host = self.gate_T.numpy() if self.device.type == "cpu" else None
         self.tokens, self.phase, self.in_step = 0, "unknown", False
         pc = config.parallel_config
         self.dp_rank, self.tp_rank, self.tp_size = int(pc.data_parallel_rank), tensor_parallel_rank(pc), int(pc.tensor_parallel_size)
@@ -187,7 +189,10 @@ class RunnerBinding:
         tokens, phase = step_facts(scheduler_output)
         self.tokens, self.phase, self.in_step = tokens, phase, True
         if tokens > 0:
-            self.gate_T[: min(tokens, self.gate_T.shape[0])].fill_(1)
+            if self._gate_host is not None:
+                self._gate_host[:tokens] = 1
+            else:
+                self.gate_T[: min(tokens, self.gate_T.shape[0])].fill_(1)
             if not self.sharded:  # a shard's tokens are read from its counts (each routed k times a layer)
                 self.monitor.begin_step(tokens=tokens)
 
@@ -195,7 +200,10 @@ class RunnerBinding:
         """Close the gate and the step (its copy leaves the device asynchronously); publish a committed layout."""
         self.in_step = False
         if self.tokens > 0:
-            self.gate_T[: min(self.tokens, self.gate_T.shape[0])].zero_()
+            if self._gate_host is not None:
+                self._gate_host[: self.tokens] = 0
+            else:
+                self.gate_T[: min(self.tokens, self.gate_T.shape[0])].zero_()
             self.monitor.end_step(phase=self.phase, tokens=None if self.sharded else self.tokens)
             self.tokens = 0
         if self.layout_from is not None:
