@@ -106,9 +106,11 @@ def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop,
         for monitor in monitors:
             monitor.close()
         stats = monitors[0].stats()
-        print(f"demo.fleet: ranks {ranks[0]}-{ranks[-1]}: {steps} steps, {steps / (time.monotonic() - began):.1f} "
-              f"steps/s; rank {ranks[0]}: published {stats.get('published_steps')}, dropped "
-              f"{stats.get('dropped_steps')}", flush=True)
+        # one write with its newline: print() writes the text and the "\n" apart, and the nodes share one pipe
+        sys.stdout.write(f"demo.fleet: ranks {ranks[0]}-{ranks[-1]}: {steps} steps, "
+                         f"{steps / (time.monotonic() - began):.1f} steps/s; rank {ranks[0]}: published "
+                         f"{stats.get('published_steps')}, dropped {stats.get('dropped_steps')}\n")
+        sys.stdout.flush()
 
 
 def main(argv=None) -> int:

@@ -39,7 +39,8 @@ def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_th
         per_node = [int(line.split(": ")[2].split()[0]) for line in fleet.stdout.splitlines()
                     if line.startswith("demo.fleet: ranks ")]
         steps = STEPS
-        assert per_node == [STEPS] * (RANKS // PER_PROCESS), (fleet.stdout[-2000:], fleet.stderr[-2000:])
+        # the whole stdout as one string (a tuple's repr is cut short): a missing summary line shows what came
+        assert per_node == [STEPS] * (RANKS // PER_PROCESS), f"stdout:\n{fleet.stdout}\nstderr tail:\n{fleet.stderr[-3000:]}"
         assert wait_until(lambda: written() == steps, timeout_s=180)
         watched = WatchedRun(RedisSource(client, redis_url, "fleet", 600), 600)  # while the aggregator holds the run
         for _ in range(3):
