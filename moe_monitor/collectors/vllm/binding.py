@@ -189,10 +189,7 @@ class RunnerBinding:
         tokens, phase = step_facts(scheduler_output)
         self.tokens, self.phase, self.in_step = tokens, phase, True
         if tokens > 0:
-            if self._gate_host is not None:
-                self._gate_host[:tokens] = 1
-            else:
-                self.gate_T[: min(tokens, self.gate_T.shape[0])].fill_(1)
+            self._set_gate(tokens, 1)
             if not self.sharded:  # a shard's tokens are read from its counts (each routed k times a layer)
                 self.monitor.begin_step(tokens=tokens)
 
@@ -200,14 +197,18 @@ class RunnerBinding:
         """Close the gate and the step (its copy leaves the device asynchronously); publish a committed layout."""
         self.in_step = False
         if self.tokens > 0:
-            if self._gate_host is not None:
-                self._gate_host[: self.tokens] = 0
-            else:
-                self.gate_T[: min(self.tokens, self.gate_T.shape[0])].zero_()
+            self._set_gate(self.tokens, 0)
             self.monitor.end_step(phase=self.phase, tokens=None if self.sharded else self.tokens)
             self.tokens = 0
         if self.layout_from is not None:
             self._publish_layout()
+
+    def _set_gate(self, tokens: int, value: int) -> None:
+        """gate_T[:tokens] = value (a slice past the end stops at it): through its numpy view on the CPU."""
+        if self._gate_host is not None:
+            self._gate_host[:tokens] = value
+        else:
+            self.gate_T[:tokens].fill_(value)
 
     def physical_pass(self, state) -> None:
         """EPLB is about to close a forward pass: publish its expert_load_pass [L, P] as the open step's physical
