@@ -137,8 +137,8 @@ class RedisSink:
         check_layouts = self._last_layout is not None or bool(layouts)
         health = self._exhausted.amend(health, core.steps_key(run), len(records))
         try:
-            # pipeline() may be where the first write learns whether the server is a cluster (core.connect)
-            pipe = self._client.pipeline(transaction=False)
+            # batch() may be where the first write learns whether the server is a cluster (core.connect)
+            pipe = self._client.batch()
             if with_meta:
                 pipe.set(core.meta_key(run), self._meta_json)
             step_fields = [fields_of(core.encode_step(rec, compact=self._compact)) for rec in records]

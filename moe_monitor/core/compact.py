@@ -42,6 +42,11 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return dec
 
 
+# (wire name, largest value it holds), narrowest first: narrowest_type's table (np.iinfo per call costs
+# more than the reduction it follows on a decode step's few cells)
+_TYPE_MAXIMA = tuple((name, int(np.iinfo(dtype).max)) for name, dtype in COUNT_TYPES.items())
+
+
 def narrowest_type(counts: np.ndarray, widest: str = "i4") -> str:
     """The wire name of the narrowest type in COUNT_TYPES that holds every value of counts (all >= 0), up to
     `widest`. ValueError when a value is negative or does not fit `widest`."""
@@ -50,11 +55,11 @@ def narrowest_type(counts: np.ndarray, widest: str = "i4") -> str:
     top, low = int(counts.max()), int(counts.min())
     if low < 0:
         raise ValueError("counts contain negative values")
-    for name in ("u1", "u2", "i4", "i8"):
-        if top <= np.iinfo(COUNT_TYPES[name]).max:
-            if list(COUNT_TYPES).index(name) > list(COUNT_TYPES).index(widest):
-                break
+    for name, largest in _TYPE_MAXIMA:
+        if top <= largest:
             return name
+        if name == widest:
+            break
     raise ValueError(f"counts up to {top} do not fit {widest}")
 
 

@@ -57,23 +57,38 @@ def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, Encodable
     records.
     Returns the stream key of each XADD queued, in order (the writer tells its replies apart by them)."""
     queued: list[str] = []
+    key = keys.layouts_key(run)
     for fields in layouts:
-        pipe.xadd(keys.layouts_key(run), fields, maxlen=LAYOUTS_MAXLEN, approximate=True)
-        queued.append(keys.layouts_key(run))
+        queue_xadd(pipe, key, fields, LAYOUTS_MAXLEN)
+        queued.append(key)
+    key = keys.steps_key(run)
     for fields in steps:
-        pipe.xadd(keys.steps_key(run), fields, maxlen=steps_maxlen, approximate=True)
-        queued.append(keys.steps_key(run))
+        queue_xadd(pipe, key, fields, steps_maxlen)
+        queued.append(key)
+    key = keys.gpu_key(run)
     for sample in samples:
-        pipe.xadd(keys.gpu_key(run), fields_of(encode_gpu_sample(sample)), maxlen=GPU_MAXLEN, approximate=True)
-        queued.append(keys.gpu_key(run))
+        queue_xadd(pipe, key, encode_gpu_sample(sample), GPU_MAXLEN)
+        queued.append(key)
+    key = keys.timings_key(run)
     for timing in timings:
-        pipe.xadd(keys.timings_key(run), fields_of(encode_timing(timing)), maxlen=steps_maxlen, approximate=True)
-        queued.append(keys.timings_key(run))
+        queue_xadd(pipe, key, encode_timing(timing), steps_maxlen)
+        queued.append(key)
+    key = keys.physical_key(run)
     for record in physical:
         maxlen = physical_maxlen(physical_budget_bytes, record.num_layers, record.num_slots)
-        pipe.xadd(keys.physical_key(run), fields_of(encode_physical(record)), maxlen=maxlen, approximate=True)
-        queued.append(keys.physical_key(run))
+        queue_xadd(pipe, key, encode_physical(record), maxlen)
+        queued.append(key)
     return queued
+
+
+def queue_xadd(pipe: Any, key: str, fields: Mapping[str, Any], maxlen: int) -> None:
+    """Queue XADD key MAXLEN ~ maxlen * field value ... on pipe (redis-py's pipeline or core.client.ClusterBatch).
+    redis-py's xadd() checks its arguments and rebuilds them on every call; the fields here come from our own
+    encoders and maxlen from our caps (a positive int)."""
+    args: list[Any] = ["XADD", key, "MAXLEN", "~", maxlen, "*"]
+    for item in fields.items():
+        args.extend(item)
+    pipe.execute_command(*args)
 
 
 def physical_maxlen(budget_bytes: int, num_layers: int, num_slots: int) -> int:

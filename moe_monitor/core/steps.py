@@ -90,11 +90,13 @@ def encode_step(rec: StepRecord, compact: bool = True) -> dict[str, bytes | str 
         "tokens": int(rec.tokens),
         "L": counts.shape[0],
         "E": counts.shape[1],
-        "counts": counts.tobytes(),
+        "counts": b"",
         "dropped": int(rec.dropped_steps),
     }
     if compact:
         fields["ct"], fields["cz"], fields["counts"] = pack_counts(counts)
+    else:
+        fields["counts"] = counts.tobytes()
     if rec.scope != "rank":
         if rec.scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {rec.scope!r}")
