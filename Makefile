@@ -86,11 +86,11 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
-BENCH_BASELINE ?= c4a0ee5
+BENCH_BASELINE ?= 7db2725
 bench: venv
 	bash scripts/system-deps.sh
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
-	for b in collector dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
+	for b in collector publishing dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
 	echo "== bench.vllm_plugin"; if [ -x $(ENGINES)/bin/python ]; then $(ENGINES)/bin/python -m bench.vllm_plugin || exit 1; \
 	else echo "  vLLM's CPU build is not installed: make $(ENGINES)/.installed, then make bench"; fi
 
