@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 import redis
 from redis.typing import EncodableT, FieldT
@@ -138,7 +138,7 @@ class RedisSink:
         health = self._exhausted.amend(health, core.steps_key(run), len(records))
         try:
             # batch() may be where the first write learns whether the server is a cluster (core.connect)
-            pipe = self._client.batch()
+            pipe: Any = self._client.batch()  # redis-py's command methods, typed for its clients, queue on it
             if with_meta:
                 pipe.set(core.meta_key(run), self._meta_json)
             step_fields = [fields_of(core.encode_step(rec, compact=self._compact)) for rec in records]

@@ -15,11 +15,13 @@ the caller retries the whole batch (a command that landed before the error may t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import redis
 from redis.commands import CoreCommands
 
+_hiredis_pack: Callable[[tuple[Any, ...]], bytes] | None
 try:
     from hiredis import pack_command as _hiredis_pack
 except ImportError:  # redis-py works without hiredis; so does this, at redis-py's cost

@@ -81,7 +81,7 @@ def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, Encodable
     return queued
 
 
-def queue_xadd(pipe: Any, key: str, fields: Mapping[str, Any], maxlen: int) -> None:
+def queue_xadd(pipe: Any, key: str, fields: Mapping[Any, Any], maxlen: int) -> None:
     """Queue XADD key MAXLEN ~ maxlen * field value ... on pipe (redis-py's pipeline or core.client.ClusterBatch).
     redis-py's xadd() checks its arguments and rebuilds them on every call; the fields here come from our own
     encoders and maxlen from our caps (a positive int)."""
