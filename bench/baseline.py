@@ -4,9 +4,11 @@ code measures the old package and the new one in turns (bench.collector --baseli
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -39,3 +41,13 @@ def child_env(package_root: Path | None) -> dict[str, str]:
     benchmarks and test helpers from this tree."""
     paths = ([str(package_root)] if package_root is not None else []) + [str(REPO)]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def child_json(module: str, args: list[str], package_root: Path | None, timeout_s: float = 3600) -> dict:
+    """Run `python -m module --child *args` with moe_monitor from package_root (None: this tree); the JSON object
+    its last line of stdout prints. SystemExit with the end of its stderr when it fails."""
+    done = subprocess.run([sys.executable, "-m", module, "--child", *args], env=child_env(package_root), cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise SystemExit(f"{module} child failed: {done.stderr[-1500:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

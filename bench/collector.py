@@ -17,13 +17,12 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 
-from bench.baseline import REPO, child_env, export_package
+from bench.baseline import child_json, export_package
 from bench.malloc_env import pin_malloc
 
 pin_malloc()
@@ -107,12 +106,8 @@ def measure(reps: int, rounds: int, device: str) -> dict[str, tuple[float, float
 
 def _in_child(package_root, args) -> dict[str, list[float]]:
     """measure() in a child process whose moe_monitor comes from package_root (None: this tree)."""
-    done = subprocess.run([sys.executable, "-m", "bench.collector", "--child", "--reps", str(args.reps),
-                           "--rounds", str(args.rounds), "--device", args.device], env=child_env(package_root),
-                          cwd=REPO, capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"bench.collector child failed: {done.stderr[-1500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json("bench.collector", ["--reps", str(args.reps), "--rounds", str(args.rounds), "--device",
+                                          args.device], package_root)
 
 
 def main() -> int:

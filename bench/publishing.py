@@ -19,13 +19,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from bench.baseline import REPO, child_env, export_package
+from bench.baseline import child_json, export_package
 from bench.malloc_env import pin_malloc
 
 pin_malloc()
@@ -99,11 +98,7 @@ def measure(steps: int) -> dict[str, dict[str, float]]:
 
 
 def _in_child(package_root, args) -> dict[str, dict[str, float]]:
-    done = subprocess.run([sys.executable, "-m", "bench.publishing", "--child", "--steps", str(args.steps)], env=child_env(package_root), cwd=REPO, capture_output=True,
-                          text=True, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"bench.publishing child failed: {done.stderr[-1500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child_json("bench.publishing", ["--steps", str(args.steps)], package_root, timeout_s=1800)
 
 
 def main() -> int:

@@ -29,11 +29,10 @@ from typing import Any, TypeAlias
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import PipelineCommand, RedisCluster
-from redis.commands import CoreCommands
 from redis.exceptions import AskError, ClusterDownError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 
-from .packed import PackedPipeline
+from .packed import PackedPipeline, QueuedCommands
 from .redaction import redact
 from .redisurl import check_url, explain
 
@@ -104,7 +103,7 @@ _REDIRECTED = (AskError, TryAgainError)  # the node answered: the key is elsewhe
 _REMAP = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, ClusterDownError)
 
 
-class ClusterBatch(CoreCommands):
+class ClusterBatch(QueuedCommands):
     """AutoClient.pipeline() on a Redis Cluster: redis-py's command methods queue here; execute() sends each
     node its share of the commands in one round trip (keys on any slots; a transaction goes through redis-py's
     own transactional pipeline and needs one slot). execute(raise_on_error=False) returns one reply per
@@ -119,31 +118,10 @@ class ClusterBatch(CoreCommands):
     client, which follows the redirection. A node that cannot be connected to at all fails the whole batch
     before anything is sent (redis-py reads the map again and retries `retries` times)."""
 
-    _is_async_client = False  # redis-py's typing marker: the command methods return replies, not awaitables
-    _event_dispatcher: Any = None  # redis-py's CommandsProtocol asks for it; no command method uses it
-
     def __init__(self, cluster: RedisCluster, transaction: bool | None = None, shard_hint: str | None = None):
         if shard_hint:
             raise redis.exceptions.ClusterError("shard_hint is not supported by a Redis Cluster pipeline")
         self._cluster, self._transaction = cluster, bool(transaction)
-        self._queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def execute_command(self, *args: Any, **options: Any) -> ClusterBatch:
-        """Queue one command (what every command method calls); returns the batch."""
-        self._queued.append((args, options))
-        return self
-
-    def __len__(self) -> int:
-        return len(self._queued)
-
-    def __enter__(self) -> ClusterBatch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.reset()
-
-    def reset(self) -> None:  # type: ignore[override]  # the batch's reset, not the RESET command
-        """Forget the queued commands."""
         self._queued = []
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:

@@ -16,7 +16,7 @@ the caller retries the whole batch (a command that landed before the error may t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import redis
 from redis.commands import CoreCommands
@@ -30,17 +30,15 @@ except ImportError:  # redis-py works without hiredis; so does this, at redis-py
 _EMPTY_RESPONSE = "EMPTY_RESPONSE"  # redis-py's option: the value a refused command stands for
 
 
-class PackedPipeline(CoreCommands):
-    """redis-py's command methods queue here; execute() sends them (module docstring)."""
+class QueuedCommands(CoreCommands):
+    """What a pipeline of ours shares (PackedPipeline here, core.client.ClusterBatch): redis-py's command methods
+    queue (args, options) in _queued, and execute() (the subclass's) sends them."""
 
     _is_async_client = False  # redis-py's typing marker: the command methods return replies, not awaitables
     _event_dispatcher: Any = None  # redis-py's CommandsProtocol asks for it; no command method uses it
+    _queued: list[tuple[tuple[Any, ...], dict[str, Any]]]
 
-    def __init__(self, client: redis.Redis):
-        self._client = client
-        self._queued: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-    def execute_command(self, *args: Any, **options: Any) -> PackedPipeline:
+    def execute_command(self, *args: Any, **options: Any) -> Self:
         """Queue one command (what every command method calls); returns the pipeline."""
         self._queued.append((args, options))
         return self
@@ -48,7 +46,7 @@ class PackedPipeline(CoreCommands):
     def __len__(self) -> int:
         return len(self._queued)
 
-    def __enter__(self) -> PackedPipeline:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -56,6 +54,14 @@ class PackedPipeline(CoreCommands):
 
     def reset(self) -> None:  # type: ignore[override]  # the pipeline's reset, not the RESET command
         """Forget the queued commands."""
+        self._queued = []
+
+
+class PackedPipeline(QueuedCommands):
+    """redis-py's command methods queue here; execute() sends them (module docstring)."""
+
+    def __init__(self, client: redis.Redis):
+        self._client = client
         self._queued = []
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
