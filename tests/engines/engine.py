@@ -34,7 +34,9 @@ class Engine:
         self.proc = subprocess.Popen(argv, cwd=REPO, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
         self._lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
+        self._log_lock = threading.Lock()  # close() may end the log while vLLM's children still write to the pipe
+        self._pump_thread = threading.Thread(target=self._pump, daemon=True)
+        self._pump_thread.start()
         if wait:
             self.wait_ready(timeout_s)
 
@@ -44,8 +46,10 @@ class Engine:
     def _pump(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self._log.write(line)
-            self._log.flush()
+            with self._log_lock:
+                if not self._log.closed:
+                    self._log.write(line)
+                    self._log.flush()
             if line.startswith("@@"):
                 self._lines.put(line[2:].strip())
         self._lines.put("@@exit")
@@ -86,7 +90,9 @@ class Engine:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait(10)
-        self._log.close()
+        self._pump_thread.join(10)  # the rest of the output, unless a child of vLLM still holds the pipe
+        with self._log_lock:
+            self._log.close()
 
 
 def published_steps(client, run: str) -> list[core.StepRecord]:
