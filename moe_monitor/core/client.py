@@ -104,7 +104,7 @@ _REMAP = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, Clust
 
 
 class ClusterBatch(QueuedCommands):
-    """AutoClient.pipeline() on a Redis Cluster: redis-py's command methods queue here; execute() sends each
+    """AutoClient.pipeline() and .batch() on a Redis Cluster: redis-py's command methods queue here; execute() sends each
     node its share of the commands in one round trip (keys on any slots; a transaction goes through redis-py's
     own transactional pipeline and needs one slot). execute(raise_on_error=False) returns one reply per
     command, in order, an exception in the place of each that failed.
