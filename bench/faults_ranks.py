@@ -153,10 +153,11 @@ def _run_group(config: GroupConfig, shared, results) -> GroupReport:
             sinks.insert(0, TraceFileSink(path, rank_meta))
         sinks_of[r] = sinks
 
-        def decode(job, rank=r, pool=pools[r], instance=instances[r]) -> core.StepRecord:
-            return core.StepRecord(run=config.run, rank=rank, world_size=config.world, step=job.step,
-                                   time_s=job.time_s, phase="decode", tokens=config.tokens_per_rank,
-                                   counts_LE=pool.counts_SLE[job.step % len(pool.counts_SLE)], instance=instance)
+        def decode(jobs, rank=r, pool=pools[r], instance=instances[r]) -> list[core.StepRecord]:
+            return [core.StepRecord(run=config.run, rank=rank, world_size=config.world, step=job.step,
+                                    time_s=job.time_s, phase="decode", tokens=config.tokens_per_rank,
+                                    counts_LE=pool.counts_SLE[job.step % len(pool.counts_SLE)], instance=instance)
+                    for job in jobs]
 
         publishers[r] = Publisher(sinks, decode, lambda slot: None, r, config.queue_steps,
                                   flush_interval_s=FLUSH_INTERVAL_S)

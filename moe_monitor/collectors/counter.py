@@ -29,12 +29,14 @@ end_step() may then run on any stream. Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+UNPACK_CHUNK_BYTES = 64 << 10  # step buffers unpacked together at most (DeviceCounter.unpack)
 
 
 @dataclass
@@ -61,6 +63,12 @@ def _mark_static(tensor: torch.Tensor) -> None:
     mark = getattr(torch._dynamo, "mark_static_address", None)
     if mark is not None and tensor.device.type == "cuda":
         mark(tensor)
+
+
+def _gathered(rows: list[np.ndarray]) -> np.ndarray:
+    """rows (1-D, one length) as one [S, X] array to read: a view of the one row when there is one (what is read
+    from it is copied anyway), else a stacked copy."""
+    return rows[0][None] if len(rows) == 1 else np.stack(rows)
 
 
 class StreamOrder:
@@ -92,12 +100,12 @@ class StepFacts:
 
 @dataclass(frozen=True)
 class Unpacked:
-    """A step read back on the host: counts_LE int64 [L, E]; invalid_L int64 [L] ids outside [0, E) per layer;
+    """A step read back on the host: counts_LE int32 [L, E]; invalid: ids outside [0, E) over all layers;
     sample_LNK int64 [L, n, K] of the real sampled tokens (-1 for a layer that did not run and for invalid
     ids), or None; tokens: the real tokens, or -1 when the step was never begun."""
 
     counts_LE: np.ndarray
-    invalid_L: np.ndarray
+    invalid: int
     sample_LNK: np.ndarray | None
     tokens: int
 
@@ -342,20 +350,40 @@ class DeviceCounter:
         pin = self.device.type == "cuda"
         return HostSlot(torch.empty(self.size, dtype=torch.int64, pin_memory=pin), None)
 
-    def unpack(self, flat: np.ndarray, facts: StepFacts) -> Unpacked:
-        """Host copy of a step buffer -> Unpacked (counts, invalid ids per layer, sampled rows, tokens)."""
+    def unpack(self, flats: Sequence[np.ndarray], facts: Sequence[StepFacts]) -> list[Unpacked]:
+        """Host copies of S step buffers (each int64 [size]) -> one Unpacked each (counts, invalid ids, sampled
+        rows, tokens). The S steps are read with a few numpy ops in all, not a dozen each: on a decode step of a
+        small model the ops' fixed cost, not the bytes, is what a step costs the publisher. Steps are stacked up
+        to UNPACK_CHUNK_BYTES of buffers at a time (a DeepSeek-V3-sized step, 179 kB, goes alone: stacking
+        large buffers would only add copies)."""
+        chunk = max(1, UNPACK_CHUNK_BYTES // (8 * self.size))  # a large model's steps go one by one
+        if len(flats) > chunk:
+            return [step for first in range(0, len(flats), chunk)
+                    for step in self.unpack(flats[first: first + chunk], facts[first: first + chunk])]
+        if not flats:
+            return []
         L, E, N, K = self.num_layers, self.num_experts, self.sample_tokens, self.top_k
-        counts_LE1 = flat[: self._n_counts].reshape(L, E + 1)
-        counts = counts_LE1[:, :E].copy()
-        invalid = counts_LE1[:, E].copy()
-        tokens = int(flat[-1]) if facts.masked else facts.tokens
-        sample = None
-        n = facts.sample_n
-        if n:
-            rows = flat[self._n_counts: self._n_counts + self._n_sample].reshape(L, N, K)[:, :n, :].copy()
-            rows[rows == E] = -1  # an invalid id is no expert
-            rows[counts.sum(axis=1) + invalid == 0] = -1
-            if facts.masked:
-                rows = rows[:, flat[self._n_counts + self._n_sample: self._n_counts + self._n_sample + n] != 0]
-            sample = rows if rows.shape[1] else None
-        return Unpacked(counts, invalid, sample, tokens)
+        n_counts, n_sample = self._n_counts, self._n_sample
+        counts_SLE1 = _gathered([flat[:n_counts] for flat in flats]).reshape(len(flats), L, E + 1)
+        counts_SLE = counts_SLE1[:, :, :E].astype(np.int32)
+        invalid_S = counts_SLE1[:, :, E].sum(axis=1).tolist()
+        sampled = [s for s, fact in enumerate(facts) if fact.sample_n]
+        rows_by_step: dict[int, np.ndarray] = {}
+        if sampled:
+            rows_sLNK = np.stack([flats[s][n_counts: n_counts + n_sample] for s in sampled]).reshape(-1, L, N, K)
+            rows_sLNK[rows_sLNK == E] = -1  # an invalid id is no expert
+            ran_SL = counts_SLE1.sum(axis=2) != 0
+            rows_sLNK[~ran_SL[sampled]] = -1  # a layer that did not run
+            rows_by_step = dict(zip(sampled, rows_sLNK))
+        steps = []
+        for s, (flat, fact) in enumerate(zip(flats, facts)):
+            tokens = int(flat[-1]) if fact.masked else fact.tokens
+            sample = None
+            if fact.sample_n:
+                n = fact.sample_n
+                rows = rows_by_step[s][:, :n, :]
+                if fact.masked:
+                    rows = rows[:, flat[n_counts + n_sample: n_counts + n_sample + n] != 0]
+                sample = rows if rows.shape[1] else None
+            steps.append(Unpacked(counts_SLE[s], invalid_S[s], sample, tokens))
+        return steps

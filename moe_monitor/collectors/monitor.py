@@ -358,15 +358,19 @@ class ExpertLoadMonitor:
                                  time_s=job.time_s, dispatch_s_L=times_4L[0], compute_s_L=times_4L[1],
                                  combine_s_L=times_4L[2], layer_s_L=times_4L[3], instance=self.instance)
 
-    def _decode(self, job: StepJob) -> core.StepRecord:
-        step = self.counter.unpack(job.slot.wait(), job.facts)
-        counts, sample, tokens = step.counts_LE, step.sample_LNK, step.tokens
-        self._published_invalid += int(step.invalid_L.sum())
-        if job.tokens is not None:
-            tokens = job.tokens
-        elif tokens < 0:  # never begun: each token has k slots in every layer
-            tokens = int(round(counts.sum(axis=1).max() / self.top_k))
-        return core.StepRecord(
-            run=self.run, rank=self.rank, world_size=self.world_size, step=job.step, time_s=job.time_s,
-            phase=job.phase, tokens=tokens, counts_LE=counts.astype(np.int32), sample_ids_LNK=sample,
-            instance=self.instance, scope=self.scope)
+    def _decode(self, jobs: Sequence[StepJob]) -> list[core.StepRecord]:
+        """The StepRecords of finished steps, in order (publisher thread)."""
+        unpacked = self.counter.unpack([job.slot.wait() for job in jobs], [job.facts for job in jobs])
+        records = []
+        for job, step in zip(jobs, unpacked):
+            counts, tokens = step.counts_LE, step.tokens
+            self._published_invalid += step.invalid
+            if job.tokens is not None:
+                tokens = job.tokens
+            elif tokens < 0:  # never begun: each token has k slots in every layer
+                tokens = int(round(counts.sum(axis=1).max() / self.top_k))
+            records.append(core.StepRecord(
+                run=self.run, rank=self.rank, world_size=self.world_size, step=job.step, time_s=job.time_s,
+                phase=job.phase, tokens=tokens, counts_LE=counts, sample_ids_LNK=step.sample_LNK,
+                instance=self.instance, scope=self.scope))
+        return records

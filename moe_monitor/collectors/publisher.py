@@ -66,11 +66,11 @@ class StepJob:
 
 
 class Publisher:
-    """Owns the background threads. `decode(job) -> StepRecord` and `release(slot)` run on the publisher
-    thread; `collector_health() -> dict` (optional) adds the collector's own figures to every health report
+    """Owns the background threads. `decode(jobs) -> [StepRecord, ...]` (one a job, in order: the steps that
+    finished since the last round, in one call) and `release(slot)` run on the publisher thread; `collector_health() -> dict` (optional) adds the collector's own figures to every health report
     (its "collector_error", when not empty, also joins last_error)."""
 
-    def __init__(self, sinks: Sequence[Sink], decode: Callable[[StepJob], core.StepRecord],
+    def __init__(self, sinks: Sequence[Sink], decode: Callable[[list[StepJob]], list[core.StepRecord]],
                  release: Callable[[HostSlot], None], rank: int, queue_steps: int = 1024, batch: int = 256,
                  flush_interval_s: float = 0.1, wake_at: int | None = None,
                  collector_health: Callable[[], dict[str, object]] | None = None,
@@ -258,17 +258,14 @@ class Publisher:
     def _drain(self) -> None:
         """Decode every finished step, give its slot back and queue it for every sink; hand out the NVML
         samples; wake the writers that got something."""
-        records: list[core.StepRecord] = []
-        timings: list[core.TimingRecord] = []
-        while self._inbox:
-            job = self._inbox.popleft()
-            try:
-                records.append(self._decode(job))
-            except Exception as exc:  # a bug here must not kill the thread
-                self._error = f"decode failed: {type(exc).__name__}: {exc}"
-                self.count_dropped()
-            finally:
+        jobs = [self._inbox.popleft() for _ in range(len(self._inbox))]  # only this thread takes from it
+        try:
+            records = self._decode_all(jobs)
+        finally:
+            for job in jobs:
                 self._release(job.slot)
+        timings: list[core.TimingRecord] = []
+        for job in jobs:
             if job.timings is not None and self._decode_timing is not None:
                 try:
                     timing = self._decode_timing(job)
@@ -294,6 +291,27 @@ class Publisher:
                     box.samples.extend(fresh)
                     del box.samples[:-MAX_SAMPLES]
             box.wake.set()
+
+    def _decode_all(self, jobs: list[StepJob]) -> list[core.StepRecord]:
+        """The jobs' records in one call to decode; when that raises, each job alone, so that a step that cannot
+        be decoded is dropped (and counted) without the others."""
+        if not jobs:
+            return []
+        try:
+            records = self._decode(jobs)
+            if len(records) == len(jobs):
+                return records
+            raise ValueError(f"{len(records)} records for {len(jobs)} steps")
+        except Exception:  # a bug in one step's decode: find it below
+            pass
+        records = []
+        for job in jobs:
+            try:
+                records.extend(self._decode([job]))
+            except Exception as exc:  # a bug here must not kill the thread
+                self._error = f"decode failed: {type(exc).__name__}: {exc}"
+                self.count_dropped()
+        return records
 
     # ------------------------------------------------------------------ one writer thread per sink
     def _run_writer(self, box: Outbox) -> None:

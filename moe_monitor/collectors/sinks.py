@@ -141,9 +141,8 @@ class RedisSink:
             pipe: Any = self._client.batch()  # redis-py's command methods, typed for its clients, queue on it
             if with_meta:
                 pipe.set(core.meta_key(run), self._meta_json)
-            step_fields = [fields_of(core.encode_step(rec, compact=self._compact)) for rec in records]
-            for fields in step_fields:
-                self._track_entry_bytes(fields)
+            step_fields = core.encode_steps(records, compact=self._compact)
+            self._track_entry_bytes(step_fields)
             streams = queue_batch(pipe, run, layouts=([resend] if resend is not None else []) + layout_fields,
                                   steps=step_fields, samples=samples, timings=timings, steps_maxlen=self._maxlen,
                                   physical=physical, physical_budget_bytes=self._physical_budget)
@@ -196,13 +195,16 @@ class RedisSink:
                                       timings_landed, physical_landed)
             raise PartialWrite(message, landed, samples_landed, layouts_landed, timings_landed, physical_landed)
 
-    def _track_entry_bytes(self, fields: Mapping[FieldT, EncodableT]) -> None:
+    def _track_entry_bytes(self, step_fields: Sequence[Mapping[str, bytes | str | int]]) -> None:
         """With a memory budget: MAXLEN follows the entries' real size (compact records take a tenth of the
-        int32 bound the initial maxlen was sized for), never below that initial maxlen."""
-        if self._budget is None:
+        int32 bound the initial maxlen was sized for), never below that initial maxlen. The size is a running
+        mean over the batches' entries (each batch's mean, weighted by its entries: about 100 entries' memory)."""
+        if self._budget is None or not step_fields:
             return
-        size = 200 + sum(len(v) for v in fields.values() if isinstance(v, (bytes, str)))
-        self._entry_bytes = size if not self._entry_bytes else 0.99 * self._entry_bytes + 0.01 * size
+        payload = sum(_nbytes(fields["counts"]) + _nbytes(fields.get("sample", b"")) for fields in step_fields)
+        size = ENTRY_OVERHEAD_BYTES + payload / len(step_fields)
+        keep = 0.99 ** len(step_fields)
+        self._entry_bytes = size if not self._entry_bytes else keep * self._entry_bytes + (1 - keep) * size
         self._maxlen = max(self._min_maxlen, min(MAX_STEPS_MAXLEN, int(self._budget // self._entry_bytes)))
 
     def close(self) -> None:
@@ -210,8 +212,14 @@ class RedisSink:
 
 
 MAX_STEPS_MAXLEN = 10_000_000  # a budget over tiny entries still bounds the stream's length
+ENTRY_OVERHEAD_BYTES = 256  # a step entry beside its counts and sampled rows: its short fields, Redis's own
 
 _UNREACHABLE = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)  # a reply from a node lost
+
+
+def _nbytes(value: bytes | str | int) -> int:
+    """The length of a field's value on the wire (an int's is in the entry's overhead)."""
+    return len(value) if isinstance(value, (bytes, str)) else 0
 
 
 def _log_error(line: str) -> None:

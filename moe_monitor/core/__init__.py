@@ -117,7 +117,16 @@ from .rollups import (
                    eta_quantile,
                    merge_rollups,
 )
-from .steps import SCOPES, STEP_VERSION, STEP_VERSIONS, StepRecord, decode_step, encode_step, new_instance_id
+from .steps import (
+                   SCOPES,
+                   STEP_VERSION,
+                   STEP_VERSIONS,
+                   StepRecord,
+                   decode_step,
+                   encode_step,
+                   encode_steps,
+                   new_instance_id,
+)
 from .timings import (
                    MAX_PHASE_S,
                    TIMING_FIELDS,
@@ -134,7 +143,7 @@ __all__ = [
     "MAX_TRACE_LINE_BYTES", "MAX_WORLD", "PHASES", "RUNS_KEY", "SAMPLE_DTYPE",
     "SAMPLE_FIELDS", "SCHEMA_VERSION", "SCOPES", "STEP_FIELDS", "TRACE_KINDS", "GpuSample", "Layout", "LayoutRecord", "RunMeta",
     "StepRecord", "check_layout_map", "check_run_name", "check_sizes", "connect", "contiguous_layout", "decode_gpu_sample", "decode_layout_record", "decode_meta", "decode_step", "decode_trace_line",
-    "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "gpu_key", "health_key", "layout_requests_key", "layouts_key",
+    "default_gpus", "encode_gpu_sample", "encode_layout_record", "encode_meta", "encode_step", "encode_steps", "gpu_key", "health_key", "layout_requests_key", "layouts_key",
     "maxlen_for_budget", "meta_key", "new_instance_id", "parse_json", "parse_layout_json", "parse_trace_line", "redact", "steps_key", "trace_line",
 ]
 __all__ += ["AGGREGATE_FIELDS", "AGGREGATE_VERSION", "AggregateRecord", "decode_aggregate", "encode_aggregate",

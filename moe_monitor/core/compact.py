@@ -13,6 +13,7 @@ and the result must have exactly that many bytes. Every failure is one ValueErro
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 import zstandard
@@ -47,12 +48,19 @@ def _decompressor() -> zstandard.ZstdDecompressor:
 _TYPE_MAXIMA = tuple((name, int(np.iinfo(dtype).max)) for name, dtype in COUNT_TYPES.items())
 
 
+STACK_CELLS = 4096  # arrays up to this many cells have their extremes found in one reduction per batch (pack_many)
+
+
 def narrowest_type(counts: np.ndarray, widest: str = "i4") -> str:
     """The wire name of the narrowest type in COUNT_TYPES that holds every value of counts (all >= 0), up to
     `widest`. ValueError when a value is negative or does not fit `widest`."""
     if counts.size == 0:
         return "u1"
-    top, low = int(counts.max()), int(counts.min())
+    return _type_holding(int(counts.max()), int(counts.min()), widest)
+
+
+def _type_holding(top: int, low: int, widest: str) -> str:
+    """narrowest_type of an array whose largest value is top and smallest low."""
     if low < 0:
         raise ValueError("counts contain negative values")
     for name, largest in _TYPE_MAXIMA:
@@ -65,7 +73,31 @@ def narrowest_type(counts: np.ndarray, widest: str = "i4") -> str:
 
 def pack_counts(counts: np.ndarray, widest: str = "i4", compress: bool = True) -> tuple[str, str, bytes]:
     """counts (any integer array, >= 0) -> (type name, codec, payload bytes), row-major."""
-    type_name = narrowest_type(counts, widest)
+    return _packed(counts, narrowest_type(counts, widest), compress)
+
+
+def pack_many(arrays: Sequence[np.ndarray], widest: str = "i4") -> list[tuple[str, str, bytes]]:
+    """pack_counts of each array, in order. Arrays of one shape with at most STACK_CELLS cells have their
+    largest and smallest values found in one reduction for all of them: a decode step of a small model has a
+    few dozen cells, and two numpy reductions of its own cost more than its bytes (larger arrays are reduced
+    one by one, where stacking them would cost a copy of each)."""
+    extremes: list[tuple[int, int]] = [(0, 0)] * len(arrays)
+    by_shape: dict[tuple[int, ...], list[int]] = {}
+    for i, counts in enumerate(arrays):
+        if 0 < counts.size <= STACK_CELLS:
+            by_shape.setdefault(counts.shape, []).append(i)
+        elif counts.size:
+            extremes[i] = (int(counts.max()), int(counts.min()))
+    for indices in by_shape.values():
+        stack = np.stack([arrays[i] for i in indices]).reshape(len(indices), -1)
+        for i, top, low in zip(indices, stack.max(axis=1).tolist(), stack.min(axis=1).tolist()):
+            extremes[i] = (top, low)
+    return [_packed(counts, _type_holding(top, low, widest) if counts.size else "u1", True)
+            for counts, (top, low) in zip(arrays, extremes)]
+
+
+def _packed(counts: np.ndarray, type_name: str, compress: bool) -> tuple[str, str, bytes]:
+    """counts as type_name, zstd-compressed where that pays: (type name, codec, payload bytes)."""
     raw = np.ascontiguousarray(counts, dtype=COUNT_TYPES[type_name]).tobytes()
     if compress and len(raw) >= MIN_COMPRESS_BYTES:
         packed = _compressor().compress(raw)

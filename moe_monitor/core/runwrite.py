@@ -9,6 +9,7 @@ says it once in words a user can act on; the writer goes on retrying (it lands o
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 import redis
@@ -47,7 +48,7 @@ def fields_of(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, Encodabl
 
 
 def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, EncodableT]] = (),
-                steps: Iterable[dict[FieldT, EncodableT]] = (), samples: Sequence[GpuSample] = (),
+                steps: Iterable[Mapping[str, bytes | str | int]] = (), samples: Sequence[GpuSample] = (),
                 timings: Sequence[TimingRecord] = (), steps_maxlen: int = STEPS_MAXLEN,
                 physical: Sequence[PhysicalRecord] = (), physical_budget_bytes: int = PHYSICAL_BUDGET_BYTES) -> list[str]:
     """Queue one batch's XADDs on pipe, in this order: layout changes (before the steps they precede: a reader
@@ -62,8 +63,8 @@ def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, Encodable
         queue_xadd(pipe, key, fields, LAYOUTS_MAXLEN)
         queued.append(key)
     key = keys.steps_key(run)
-    for fields in steps:
-        queue_xadd(pipe, key, fields, steps_maxlen)
+    for step_fields in steps:
+        queue_xadd(pipe, key, step_fields, steps_maxlen)
         queued.append(key)
     key = keys.gpu_key(run)
     for sample in samples:
@@ -85,10 +86,7 @@ def queue_xadd(pipe: Any, key: str, fields: Mapping[Any, Any], maxlen: int) -> N
     """Queue XADD key MAXLEN ~ maxlen * field value ... on pipe (redis-py's pipeline or core.client.ClusterBatch).
     redis-py's xadd() checks its arguments and rebuilds them on every call; the fields here come from our own
     encoders and maxlen from our caps (a positive int)."""
-    args: list[Any] = ["XADD", key, "MAXLEN", "~", maxlen, "*"]
-    for item in fields.items():
-        args.extend(item)
-    pipe.execute_command(*args)
+    pipe.execute_command("XADD", key, "MAXLEN", "~", maxlen, "*", *chain.from_iterable(fields.items()))
 
 
 def physical_maxlen(budget_bytes: int, num_layers: int, num_slots: int) -> int:

@@ -4,11 +4,12 @@ Version 2 (written since 0.3): counts in the narrowest integer type that holds t
 pays (core/compact.py; fields "ct" and "cz"). Version 1 (raw little-endian int32 counts) is still read."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .compact import pack_counts, unpack_counts
+from .compact import pack_many, unpack_counts
 from .fields import _get, _instance, _int, _raw, _scope, _text, _time, _version
 from .keys import (
     COUNTS_DTYPE,
@@ -73,13 +74,32 @@ def new_instance_id() -> str:
 def encode_step(rec: StepRecord, compact: bool = True) -> dict[str, bytes | str | int]:
     """StepRecord -> stream entry fields (values redis-py can send as they are): version 2, compact counts;
     compact=False writes version 1 (raw int32), which every reader since 0.1 reads."""
+    return encode_steps([rec], compact)[0]
+
+
+def encode_steps(records: Sequence[StepRecord], compact: bool = True) -> list[dict[str, bytes | str | int]]:
+    """encode_step of each record, in order, with the counts of a batch packed together (compact.pack_many).
+    ValueError when any record is malformed."""
+    counts = [_checked_counts(rec) for rec in records]
+    packed = pack_many(counts) if compact else [None] * len(records)
+    return [_step_fields(rec, counts_LE, packing) for rec, counts_LE, packing in zip(records, counts, packed)]
+
+
+def _checked_counts(rec: StepRecord) -> np.ndarray:
+    """rec's counts as contiguous int32 [L, E]; ValueError when they are not 2-D or the phase is unknown."""
     counts = np.ascontiguousarray(rec.counts_LE, dtype=COUNTS_DTYPE)
     if counts.ndim != 2:
         raise ValueError(f"counts_LE must be 2-D [layers, experts], got shape {counts.shape}")
     if rec.phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {rec.phase!r}")
+    return counts
+
+
+def _step_fields(rec: StepRecord, counts: np.ndarray, packing: tuple[str, str, bytes] | None
+                 ) -> dict[str, bytes | str | int]:
+    """The entry of rec with counts (int32 [L, E]) packed as `packing` (version 2), or raw (None: version 1)."""
     fields: dict[str, bytes | str | int] = {
-        "v": STEP_VERSION if compact else SCHEMA_VERSION,
+        "v": SCHEMA_VERSION if packing is None else STEP_VERSION,
         "run": check_run_name(rec.run),
         "inst": rec.instance,
         "rank": int(rec.rank),
@@ -93,10 +113,10 @@ def encode_step(rec: StepRecord, compact: bool = True) -> dict[str, bytes | str 
         "counts": b"",
         "dropped": int(rec.dropped_steps),
     }
-    if compact:
-        fields["ct"], fields["cz"], fields["counts"] = pack_counts(counts)
-    else:
+    if packing is None:
         fields["counts"] = counts.tobytes()
+    else:
+        fields["ct"], fields["cz"], fields["counts"] = packing
     if rec.scope != "rank":
         if rec.scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {rec.scope!r}")

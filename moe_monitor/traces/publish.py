@@ -28,7 +28,7 @@ class RunPublisher:
         if not self._meta_sent:
             pipe.set(core.meta_key(self.run), self._meta_json)
         streams = queue_batch(pipe, self.run, layouts=[fields_of(core.encode_layout_record(rec)) for rec in layouts],
-                    steps=[fields_of(core.encode_step(step)) for step in steps], samples=samples, timings=timings,
+                    steps=core.encode_steps(steps), samples=samples, timings=timings,
                     physical=physical)
         pipe.zadd(core.RUNS_KEY, {self.run: now_s})
         replies = pipe.execute(raise_on_error=False)

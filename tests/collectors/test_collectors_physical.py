@@ -108,7 +108,7 @@ def test_what_landed_of_a_partial_write_is_not_sent_again():
     from moe_monitor.collectors.publisher import Publisher
 
     sink = _PartialSink()
-    pub = Publisher([sink], decode=lambda job: None, release=lambda slot: None, rank=0, flush_interval_s=0.02)
+    pub = Publisher([sink], decode=lambda jobs: [], release=lambda slot: None, rank=0, flush_interval_s=0.02)
     for step in range(3):
         pub.submit_physical(PhysicalJob(run="pw", step=step, rank=0, time_s=1.0, gpus=2, instance="i",
                                         source="engine", counts=np.ones((2, 4), dtype=np.int32)))

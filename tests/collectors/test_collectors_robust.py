@@ -346,13 +346,13 @@ def test_a_publisher_failure_reaches_the_redis_health_even_beside_a_trace(redis_
                             trace_path=str(tmp_path / "t.jsonl"))
     decode, calls = mon.publisher._decode, []
 
-    def decode_failing_once(job):
-        calls.append(job.step)
-        if len(calls) == 1:
+    def decode_failing_step_0(jobs):  # step 0 fails, and with it the round it is decoded in
+        calls.append([job.step for job in jobs])
+        if any(job.step == 0 for job in jobs):
             raise RuntimeError("bad step buffer")
-        return decode(job)
+        return decode(jobs)
 
-    mon.publisher._decode = decode_failing_once
+    mon.publisher._decode = decode_failing_step_0
     # every health report the real Redis sink carried (its write returned: the hash got it), kept as it went, so
     # the test never races the next report that overwrites the hash field
     (redis_box,) = [box for box in mon.publisher._outboxes if box.sink.name == "redis"]
@@ -371,3 +371,4 @@ def test_a_publisher_failure_reaches_the_redis_health_even_beside_a_trace(redis_
     carried = [h for h in seen if "decode failed: RuntimeError: bad step buffer" in h["last_error"]]
     assert carried and carried[0]["dropped_steps"] == 1, seen[-3:]
     assert _health(client, "decodefail")["published_steps"] == 4
+    assert [0] in calls  # the failing round was decoded again step by step: only step 0 was lost

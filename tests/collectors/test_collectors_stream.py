@@ -142,7 +142,7 @@ def test_one_failing_sink_does_not_hold_up_another():
     down.set()
     flaky, steady = _MemorySink("flaky", down), _MemorySink("steady")
     released = []
-    pub = Publisher([flaky, steady], decode=lambda job: _record(job.step), release=released.append, rank=0,
+    pub = Publisher([flaky, steady], decode=lambda jobs: [_record(job.step) for job in jobs], release=released.append, rank=0,
                     flush_interval_s=0.02)
     for step in range(5):
         pub.submit(StepJob(step, float(step), "decode", None, slot=step, facts=None))
