@@ -69,3 +69,23 @@ def test_pack_counts_refuses_negative_and_oversized_values():
     with pytest.raises(ValueError, match="do not fit i4"):
         core.pack_counts(np.array([[2**31]], dtype=np.int64))
     assert core.pack_counts(np.array([[2**40]], dtype=np.int64), widest="i8")[0] == "i8"
+
+
+def test_a_batch_packs_each_record_as_it_would_alone():
+    """encode_steps reduces the small records of one shape together (compact.pack_many): each record still gets
+    the type, codec and bytes pack_counts gives it alone, whatever its neighbours hold."""
+    rng = np.random.default_rng(5)
+    small = [rng.integers(0, top + 1, size=(2, 8)) for top in (0, 3, 255, 256, 70_000, 9)]
+    for counts, top in zip(small, (0, 3, 255, 256, 70_000, 9)):
+        counts[1, 5] = top
+    records = [_record(c.astype(np.int64 if i % 2 else np.int32)) for i, c in enumerate(small)]
+    records.insert(2, _record(np.full((58, 256), 300, dtype=np.int32)))  # above STACK_CELLS
+    records.insert(4, _record(rng.integers(0, 3, size=(4, 64)).astype(np.int32)))  # another small shape
+    fields = core.encode_steps(records)
+    assert [f["ct"] for f in fields] == ["u1", "u1", "u2", "u1", "u1", "u2", "i4", "u1"]
+    for rec, got in zip(records, fields):
+        assert (got["ct"], got["cz"], got["counts"]) == core.pack_counts(rec.counts_LE)
+        assert np.array_equal(core.decode_step(got).counts_LE, rec.counts_LE)
+    bad = _record(np.array([[0, -1]], dtype=np.int32))
+    with pytest.raises(ValueError, match="negative"):
+        core.encode_steps([records[0], bad, records[1]])
