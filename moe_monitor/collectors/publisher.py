@@ -67,8 +67,9 @@ class StepJob:
 
 class Publisher:
     """Owns the background threads. `decode(jobs) -> [StepRecord, ...]` (one a job, in order: the steps that
-    finished since the last round, in one call) and `release(slot)` run on the publisher thread; `collector_health() -> dict` (optional) adds the collector's own figures to every health report
-    (its "collector_error", when not empty, also joins last_error)."""
+    finished since the last round, in one call) and `release(slot)` run on the publisher thread;
+    `collector_health() -> dict` (optional) adds the collector's own figures to every health report (its
+    "collector_error", when not empty, also joins last_error)."""
 
     def __init__(self, sinks: Sequence[Sink], decode: Callable[[list[StepJob]], list[core.StepRecord]],
                  release: Callable[[HostSlot], None], rank: int, queue_steps: int = 1024, batch: int = 256,
