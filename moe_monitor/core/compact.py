@@ -81,7 +81,7 @@ def pack_many(arrays: Sequence[np.ndarray], widest: str = "i4") -> list[tuple[st
     largest and smallest values found in one reduction for all of them: a decode step of a small model has a
     few dozen cells, and two numpy reductions of its own cost more than its bytes (larger arrays are reduced
     one by one, where stacking them would cost a copy of each)."""
-    extremes: list[tuple[int, int]] = [(0, 0)] * len(arrays)
+    extremes: list[tuple[int, int]] = [(0, 0)] * len(arrays)  # an empty array's: "u1", as narrowest_type says
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for i, counts in enumerate(arrays):
         if 0 < counts.size <= STACK_CELLS:
@@ -92,8 +92,7 @@ def pack_many(arrays: Sequence[np.ndarray], widest: str = "i4") -> list[tuple[st
         stack = np.stack([arrays[i] for i in indices]).reshape(len(indices), -1)
         for i, top, low in zip(indices, stack.max(axis=1).tolist(), stack.min(axis=1).tolist()):
             extremes[i] = (top, low)
-    return [_packed(counts, _type_holding(top, low, widest) if counts.size else "u1", True)
-            for counts, (top, low) in zip(arrays, extremes)]
+    return [_packed(counts, _type_holding(top, low, widest), True) for counts, (top, low) in zip(arrays, extremes)]
 
 
 def _packed(counts: np.ndarray, type_name: str, compress: bool) -> tuple[str, str, bytes]:
