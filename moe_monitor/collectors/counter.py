@@ -1,16 +1,19 @@
-"""On-device expert counting: one flat int64 buffer per monitor, one host copy per step.
+"""On-device expert counting: one flat int32 buffer per monitor, one host copy per step.
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens (a step's tokens, or
 its sampled rows: at most sample_tokens of them per layer). E1 = E + 1: the experts and one column for
 invalid ids.
 
-The step buffer (int64, allocated once on the model's device) holds, back to back:
+The step buffer (STEP_DTYPE int32, allocated once on the model's device) holds, back to back:
     counts_LE1 [L*(E+1)]  tokens routed to each expert this step, column E: ids outside [0, E) (never published
                          as an expert; reported as the invalid-id count)
     sample_LNK [L*N*K]   top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
     sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
     tokens [1]           real tokens in the step (counted on the device only under a padding mask)
-At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
+int32, not int64: one step's counts are far below 2**31, and torch.compile's inductor turns a put_ (accumulate)
+into an int32 target into an atomic add inside the layer's fused kernel, where an int64 one stays a separate
+index_put_ call (about 10 us a layer on the CPU, measured inside a compiled forward; the running total, int64,
+holds the sums). At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
 event the publisher thread waits on), folded into the running total and zeroed on the device. Device ops:
 per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's row, where -1 wraps to
 column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the
@@ -37,6 +40,7 @@ import numpy as np
 import torch
 
 UNPACK_CHUNK_BYTES = 64 << 10  # step buffers unpacked together at most (DeviceCounter.unpack)
+STEP_DTYPE = torch.int32       # the step buffer's type (module docstring); the running total is int64
 
 
 @dataclass
@@ -101,7 +105,7 @@ class StepFacts:
 @dataclass(frozen=True)
 class Unpacked:
     """A step read back on the host: counts_LE int32 [L, E]; invalid: ids outside [0, E) over all layers;
-    sample_LNK int64 [L, n, K] of the real sampled tokens (-1 for a layer that did not run and for invalid
+    sample_LNK int32 [L, n, K] of the real sampled tokens (-1 for a layer that did not run and for invalid
     ids), or None; tokens: the real tokens, or -1 when the step was never begun."""
 
     counts_LE: np.ndarray
@@ -128,7 +132,7 @@ class DeviceCounter:
         E1 = E + 1
         self._n_counts, self._n_sample = L * E1, L * N * K
         self.size = self._n_counts + self._n_sample + N + 1
-        self.buf = torch.zeros(self.size, dtype=torch.int64, device=self.device)
+        self.buf = torch.zeros(self.size, dtype=STEP_DTYPE, device=self.device)
         self.counts_LE1 = self.buf[: self._n_counts].view(L, E1)
         self.counts_LE = self.counts_LE1[:, :E]
         self.sample_LNK = self.buf[self._n_counts: self._n_counts + self._n_sample].view(L, N, K)
@@ -138,7 +142,7 @@ class DeviceCounter:
         self.total_LE = self.total_LE1[:, :E]
         self._count_rows = list(self.counts_LE1.unbind(0))      # per-layer views [E + 1], made once
         self._sample_rows = list(self.sample_LNK.unbind(0))
-        self.src_buf = torch.ones(1024, dtype=torch.int64, device=self.device)  # per-(token, slot) weights
+        self.src_buf = self.ones(1024)  # per-(token, slot) weights
         self._src_ones_upto = self.src_buf.numel()  # src_buf[:this] holds ones
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         self.streams: StreamOrder | None = None
@@ -177,7 +181,7 @@ class DeviceCounter:
         self.step_masked = token_mask_N is not None
         n = num_tokens * self.top_k
         if self.src_buf.numel() < n:
-            self.src_buf = torch.ones(max(n, 2 * self.src_buf.numel()), dtype=torch.int64, device=self.device)
+            self.src_buf = self.ones(max(n, 2 * self.src_buf.numel()))
             _mark_static(self.src_buf)
             self._src_ones_upto = self.src_buf.numel()
         if token_mask_N is not None:
@@ -192,6 +196,10 @@ class DeviceCounter:
         self.step_sample_n = min(self.sample_tokens, num_tokens) if sampled else 0
         if token_mask_N is not None and self.step_sample_n:
             self.sample_valid_N[: self.step_sample_n].copy_(self._sampled(token_mask_N))
+
+    def ones(self, n: int) -> torch.Tensor:
+        """STEP_DTYPE [n] of ones on the counter's device: the weights a put_ into the step buffer adds."""
+        return torch.ones(n, dtype=STEP_DTYPE, device=self.device)
 
     def _sampled(self, rows_N: torch.Tensor) -> torch.Tensor:
         """The step's sampled rows of an [N, ...] tensor: every stride-th token from the middle of the first
@@ -244,7 +252,7 @@ class DeviceCounter:
             n = ids.numel()
             src = counter.src_buf
             if src.shape[0] < n:  # more tokens than the step announced (or none announced)
-                src = torch.ones(n, dtype=torch.int64, device=device)
+                src = counter.ones(n)
             row_E1.put_(ids, src[:n], accumulate=True)
             if sample and ids.shape[1] == K:
                 rows = counter._sampled(ids)
@@ -280,7 +288,7 @@ class DeviceCounter:
         ids_MNK = torch.stack([ids_NK for _, ids_NK in pending]).clamp_(-1, self.num_experts)
         M, num, width = ids_MNK.shape
         n = num * width
-        src = self.src_buf if self.src_buf.shape[0] >= n else torch.ones(n, dtype=torch.int64, device=self.device)
+        src = self.src_buf if self.src_buf.shape[0] >= n else self.ones(n)
         self.counts_LE1.index_put_((self._layer_index_L11[:M], ids_MNK), src[:n].view(num, width),
                                    accumulate=True)
         if self.step_sample_n and width == self.top_k:
@@ -299,7 +307,7 @@ class DeviceCounter:
         if ids_NK.device != self.device:
             ids_NK, valid_NK = ids_NK.to(self.device), valid_NK.to(self.device)
         ids_NK = ids_NK.clamp(-1, self.num_experts)
-        self._count_rows[layer].put_(ids_NK, valid_NK.to(torch.int64).reshape(-1), accumulate=True)
+        self._count_rows[layer].put_(ids_NK, valid_NK.to(STEP_DTYPE).reshape(-1), accumulate=True)
         if self.sample_tokens and ids_NK.shape[1] == self.top_k:
             rows = self._sampled(ids_NK).masked_fill(self._sampled(valid_NK) == 0, -1)
             self._sample_rows[layer][: rows.shape[0]].copy_(rows)
@@ -348,10 +356,10 @@ class DeviceCounter:
     def new_slot(self) -> HostSlot:
         """A host copy of the step buffer to snapshot into (pinned memory on CUDA)."""
         pin = self.device.type == "cuda"
-        return HostSlot(torch.empty(self.size, dtype=torch.int64, pin_memory=pin), None)
+        return HostSlot(torch.empty(self.size, dtype=STEP_DTYPE, pin_memory=pin), None)
 
     def unpack(self, flats: Sequence[np.ndarray], facts: Sequence[StepFacts]) -> list[Unpacked]:
-        """Host copies of S step buffers (each int64 [size]) -> one Unpacked each (counts, invalid ids, sampled
+        """Host copies of S step buffers (each STEP_DTYPE [size]) -> one Unpacked each (counts, invalid ids, sampled
         rows, tokens). The S steps are read with a few numpy ops in all, not a dozen each: on a decode step of a
         small model the ops' fixed cost, not the bytes, is what a step costs the publisher. Steps are stacked up
         to UNPACK_CHUNK_BYTES of buffers at a time (a DeepSeek-V3-sized step, 179 kB, goes alone: stacking

@@ -162,7 +162,7 @@ class TorchtitanMonitor(ExpertLoadMonitor):
         """The forward pre-hook of every RoutedExperts (one function for all layers: a compiled block's guards
         then do not differ from layer to layer, so torchtitan's per-block torch.compile(fullgraph=True) compiles
         once, not once per layer). It counts topk_expert_ids_BLK (int [B, S, K]) into the layer's row of the
-        counter, which the module carries as tensor attributes (_ROW: int64 [E + 1], _SAMPLE: int64 [N, K]), in
+        counter, which the module carries as tensor attributes (_ROW: int32 [E + 1], _SAMPLE: int32 [N, K]), in
         training mode and outside recomputation: a clamp and a put_ (accumulate), plus the copy of the sampled
         rows; no host sync. Never raises into the forward."""
         counter, top_k, num_experts, monitor = self.counter, self.top_k, self.num_experts, self
@@ -189,7 +189,7 @@ class TorchtitanMonitor(ExpertLoadMonitor):
                 n = clamped_TK.numel()
                 src = counter.src_buf
                 if src.shape[0] < n:
-                    src = torch.ones(n, dtype=torch.int64, device=device)
+                    src = counter.ones(n)
                 getattr(module, _ROW).put_(clamped_TK, src[:n], accumulate=True)
                 if sample:
                     rows = counter._sampled(clamped_TK)
