@@ -9,6 +9,10 @@ and each reply is read with the connection's read_response and given redis-py's 
 command, so the replies are those of pipeline(transaction=False).execute(): in order, an exception in the place of
 each command Redis refused (raise_on_error=False), or the first of them raised.
 
+queue_packed() takes a command already in Redis's protocol (the step records' XADDs, core.steps.xadd_command:
+packing their 40-odd arguments one by one costs more than the rest of a step's publishing); its reply is read and
+given its command's callback like any other's.
+
 Only for a single Redis (AutoClient.batch hands out ClusterBatch on a cluster). A connection or timeout error
 while sending or reading closes that connection and is raised, as redis-py's pipeline does without retries:
 the caller retries the whole batch (a command that landed before the error may then land twice).
@@ -28,6 +32,7 @@ except ImportError:  # redis-py works without hiredis; so does this, at redis-py
     _hiredis_pack = None
 
 _EMPTY_RESPONSE = "EMPTY_RESPONSE"  # redis-py's option: the value a refused command stands for
+_PACKED = "_packed"  # a queued command's option: the command already in Redis's protocol (queue_packed)
 
 
 class QueuedCommands(CoreCommands):
@@ -64,6 +69,11 @@ class PackedPipeline(QueuedCommands):
         self._client = client
         self._queued = []
 
+    def queue_packed(self, name: str, command: bytes) -> None:
+        """Queue a command already in Redis's protocol (one RESP array); name: its command's name (its reply's
+        callback)."""
+        self._queued.append(((name,), {_PACKED: command}))
+
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """Send the queued commands in one round trip; their replies in order (module docstring)."""
         queued, self._queued = self._queued, []
@@ -72,8 +82,9 @@ class PackedPipeline(QueuedCommands):
         pool = self._client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_packed_command(_pack([args for args, _ in queued], connection))
-            replies = [self._reply(connection, args[0], options) for args, options in queued]
+            connection.send_packed_command(_pack(queued, connection))
+            callbacks: dict[Any, Any] = {}  # each command name's response callback, looked up once a batch
+            replies = [self._reply(connection, args[0], options, callbacks) for args, options in queued]
         except BaseException:
             connection.disconnect()  # a reply may be left unread on it: never reuse it
             raise
@@ -85,25 +96,34 @@ class PackedPipeline(QueuedCommands):
                     raise reply
         return replies
 
-    def _reply(self, connection: Any, command: Any, options: dict[str, Any]) -> Any:
+    def _reply(self, connection: Any, command: Any, options: dict[str, Any], callbacks: dict[Any, Any]) -> Any:
         """One command's reply as redis-py's client would give it (its response callback applied); a refusal is
-        returned as its ResponseError (or the value of EMPTY_RESPONSE when the command method gave one)."""
+        returned as its ResponseError (or the value of EMPTY_RESPONSE when the command method gave one).
+        callbacks: the callbacks looked up so far, by command name."""
         try:
             reply = connection.read_response()
         except redis.ResponseError as exc:
             return options.get(_EMPTY_RESPONSE, exc)
-        callback = self._client.response_callbacks.get(command)
+        if command in callbacks:
+            callback = callbacks[command]
+        else:
+            callback = callbacks[command] = self._client.response_callbacks.get(command)
         if callback is None:
             return reply
-        options = {name: value for name, value in options.items() if name not in (_EMPTY_RESPONSE, "keys")}
+        options = {name: value for name, value in options.items() if name not in (_EMPTY_RESPONSE, "keys", _PACKED)}
         return callback(reply, **options)
 
 
-def _pack(commands: list[tuple[Any, ...]], connection: Any) -> list[bytes]:
-    """The commands in Redis's protocol, as send_packed_command takes them."""
-    if _hiredis_pack is not None and all(isinstance(args[0], str) and " " not in args[0] for args in commands):
+def _pack(queued: list[tuple[tuple[Any, ...], dict[str, Any]]], connection: Any) -> list[bytes]:
+    """The queued commands in Redis's protocol, as send_packed_command takes them (those queue_packed took as
+    they are)."""
+    if _hiredis_pack is not None and all(isinstance(args[0], str) and " " not in args[0] for args, _ in queued):
         try:
-            return [b"".join([_hiredis_pack(args) for args in commands])]
+            return [b"".join([options[_PACKED] if _PACKED in options else _hiredis_pack(args)
+                              for args, options in queued])]
         except TypeError:  # an argument hiredis does not take (a memoryview, say): redis-py's packer converts it
             pass
-    return connection.pack_commands(commands)
+    out: list[bytes] = []
+    for args, options in queued:
+        out += [options[_PACKED]] if _PACKED in options else connection.pack_commands([args])
+    return out
