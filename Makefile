@@ -86,7 +86,7 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
-BENCH_BASELINE ?= 7db2725
+BENCH_BASELINE ?= 5e1c969
 bench: venv
 	bash scripts/system-deps.sh
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \

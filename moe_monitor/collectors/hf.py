@@ -235,8 +235,8 @@ def attach(model: torch.nn.Module, redis_url: str | None = None, run: str | None
     says, from the router's attributes, else from the width of the ids at the first forward (the monitor
     starts then: see the module docstring). options: a
     MonitorOptions; overrides: its fields by name (sample_tokens, sample_every, gpus, nodes,
-    physical_to_logical_map, queue_steps, host_slots, memory_budget_bytes, nvml, nvml_interval_s,
-    redis_timeout_s, trace_path, trace_max_bytes), which win over options. An unknown name raises TypeError.
+    physical_to_logical_map, queue_steps, host_slots, publish_interval_s, memory_budget_bytes, nvml,
+    nvml_interval_s, redis_timeout_s, trace_path, trace_max_bytes), which win over options. An unknown name raises TypeError.
     No hook ever raises into the model's forward: a layer that cannot be counted is reported in
     monitor.stats() (hook_errors, last_error) and the published health, and the other layers go on.
     """

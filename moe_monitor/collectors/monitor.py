@@ -115,7 +115,7 @@ class ExpertLoadMonitor:
         self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
         self._slot_lock = threading.Lock()
         self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps,
-                                   wake_at=max(1, opts.host_slots // 2),
+                                   flush_interval_s=opts.publish_interval_s, wake_at=max(1, opts.host_slots // 2),
                                    collector_health=self._collector_health,
                                    decode_timing=self._decode_timing) if sinks else None
         self.sampler: NvmlSampler | None = None
