@@ -1,20 +1,22 @@
 """The vLLM plugin's cost on a real vLLM (its CPU build, in .venv-engines): tokens/s with the plugin over the same
 engine without it, on the tiny Qwen3-MoE of the engine tests (issue 20: >= 0.97).
 
-    python -m bench.vllm_plugin [--baseline REV] [--rounds 16] [--mode compiled|eager] [--profile]
+    python -m bench.vllm_plugin [--baseline REV] [--rounds 30] [--mode compiled|eager] [--profile]
 
 All engines are up at once, each a vLLM process of its own driven by tests/engines (Engine, vllm_run):
     A   no plugin (no MOE_MONITOR_REDIS_URL)          A2  a second plugin-less engine: the A/A control
     B   the plugin of this tree, publishing to a private redis-server
     C   (--baseline REV, default $MOE_BENCH_BASELINE) the plugin as of REV (bench/baseline.py's export first on
         the engine's PYTHONPATH; the engine process reports the moe_monitor it imports, checked here)
-Rounds: each engine in turn, in a random order, generates greedily (BATCHES_PER_TURN x 8 prompts x 96 new tokens,
-about 3 s) while every other engine is idle: after the plugin engines' published steps have landed (so one engine's
-publisher never runs in another's turn), QUIET_S after the previous turn (vLLM's workers spin on their queue for
-1 s after their last read) and after a two-token request has woken its own workers. Short turns (0.1-0.4 s) spread
-an A/A control over 0.8..1.1 here. The figure: the median over rounds of each engine's tokens/s over A's in the
-same round. --profile: each plugin engine also times the plugin's per-step work (the execute_model wrapper's begin and
-end, the capture function of every layer, the publisher and writer threads' CPU time) and prints it.
+Rounds: each engine in turn, in a random order, generates greedily (LEAD_BATCHES + TIMED_BATCHES + TAIL_BATCHES
+generations of 8 prompts x 96 new tokens, the middle ones timed, about 0.7 s) while every other engine is idle:
+after the plugin engines' published steps have landed (so one engine's publisher never runs in another's turn),
+QUIET_S after the previous turn (every engine's vLLM workers spin on their queue for BUSY_LOOP_S after their last
+read, not vLLM's 1 s: SITE) and after a two-token request has woken its own workers. The figure: the median over
+rounds of each engine's tokens/s over A's in the same round. Turns a few seconds apart (a 1.5 s quiet gap and 3 s
+turns, before) spread an A/A control's quartiles over 10-15 points here; turns close together pair up better.
+--profile: each plugin engine also times the plugin's per-step work (the execute_model wrapper's begin and end, the
+capture function of every layer, the publisher and writer threads' CPU time) and prints it.
 Diagnosis: --variants nocapture,nostep,nopublish,nosample and --patch FILE add engines of this tree's plugin with
 a part of it switched off, or with a prototype fix run in the engine process. vLLM's compile cache is off in every
 engine (they share one checkpoint: each compiles its own graph, as a fresh server does).
@@ -39,11 +41,17 @@ REPO = Path(__file__).resolve().parents[1]
 ENGINES_VENV = REPO / ".venv-engines"
 GOAL = 0.97
 PROMPTS, NEW_TOKENS, VOCAB = 8, 96, 512
-BATCHES_PER_TURN = 6  # one engine's turn: this many generations of PROMPTS prompts, timed together (about 3 s)
-# vLLM's workers keep spinning on their shared-memory queue for 1 s after their last read (shm_broadcast's
-# SpinCondition, busy_loop_s): each engine's turn starts once every other engine has gone idle, and is timed after
-# a two-token request has woken its own workers
-QUIET_S = 1.5
+# one engine's turn: LEAD_BATCHES generations of PROMPTS prompts, then TIMED_BATCHES timed together (about 0.7 s),
+# then TAIL_BATCHES: the plugin's publisher is in its steady state while the clock runs (its rounds of the lead
+# batch's steps fall in the timed part, those of the timed part's last steps in the tail), as in a server
+LEAD_BATCHES, TIMED_BATCHES, TAIL_BATCHES = 1, 4, 1
+# vLLM's workers keep spinning on their shared-memory queue for busy_loop_s (1 s) after their last read
+# (shm_broadcast's SpinCondition): BUSY_LOOP_S in every engine alike (SITE), and each turn starts QUIET_S after
+# the previous one, once its engine has gone idle, and after a two-token request has woken its own workers. Turns
+# close together in time pair up well: on this VM the speed drifts by 10 % from one second to the next
+BUSY_LOOP_S = 0.05
+QUIET_S = 0.15
+SETTLED_S = 0.4  # a plugin engine's stream is settled once it has not grown for this long (> publish_interval_s)
 
 # sitecustomize of every engine process: which moe_monitor it imports, and (MOE_BENCH_PROFILE=dir) timers around
 # the plugin's per-step work, dumped as JSON every half second by the process that binds a model runner
@@ -54,8 +62,27 @@ sys.stderr.write(f"moe-bench: pid {os.getpid()} imports moe_monitor from {_spec.
 _VARIANT = os.environ.get("MOE_BENCH_VARIANT", "")
 _DIR = os.environ.get("MOE_BENCH_PROFILE")
 _PATCH = os.environ.get("MOE_BENCH_PATCH")
+import importlib.abc
+_BUSY_LOOP_S = os.environ.get("MOE_BENCH_BUSY_LOOP_S")
+
+
+def _quiet_spin(mod):
+    """vLLM's readers spin on their shared-memory queue for busy_loop_s (1 s) after their last read: shorter here,
+    in every engine alike, so that an idle engine stops taking CPU from the one measured soon after its turn."""
+    if not _BUSY_LOOP_S:
+        return
+    import inspect
+    init = mod.SpinCondition.__init__
+    defaults = [p.name for p in inspect.signature(init).parameters.values() if p.default is not p.empty]
+    if defaults == ["busy_loop_s"]:
+        init.__defaults__ = (float(_BUSY_LOOP_S),)
+    else:
+        sys.stderr.write(f"moe-bench: SpinCondition's defaults are {defaults}, not busy_loop_s: left as they are\n")
+
+
+_patch = None
 if _DIR or _VARIANT or _PATCH:
-    import functools, importlib.abc, json, threading, time
+    import functools, json, threading, time
     _T = {"begin_s": 0.0, "end_s": 0.0, "end_step_s": 0.0, "capture_s": 0.0, "capture_calls": 0, "steps": 0}
 
     def _timed(fn, key, count=None):
@@ -115,23 +142,28 @@ if _DIR or _VARIANT or _PATCH:
         ExpertLoadMonitor.end_step = _timed(ExpertLoadMonitor.end_step, "end_step_s")
         threading.Thread(target=_dump, daemon=True).start()
 
-    class _Finder(importlib.abc.MetaPathFinder):
-        busy = False
-        def find_spec(self, name, path, target=None):
-            if name != "moe_monitor.collectors.vllm.binding" or self.busy:
-                return None
-            self.busy = True
-            try:
-                spec = importlib.util.find_spec(name)
-            finally:
-                self.busy = False
-            run = spec.loader.exec_module
-            def exec_module(module):
-                run(module)
-                _patch(module)
-            spec.loader.exec_module = exec_module
-            return spec
-    sys.meta_path.insert(0, _Finder())
+_AFTER_IMPORT = {"vllm.distributed.device_communicators.shm_broadcast": _quiet_spin}
+if _patch is not None:
+    _AFTER_IMPORT["moe_monitor.collectors.vllm.binding"] = _patch
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    busy = False
+    def find_spec(self, name, path, target=None):
+        if name not in _AFTER_IMPORT or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.busy = False
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            _AFTER_IMPORT[name](module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, _Finder())
 '''
 
 
@@ -165,7 +197,7 @@ def settle(client, key: str, timeout_s: float = 5.0) -> None:
         n = client.xlen(key)
         if n != last:
             last, stable_since = n, time.monotonic()
-        elif time.monotonic() - stable_since > 0.15:
+        elif time.monotonic() - stable_since > SETTLED_S:
             return
         time.sleep(0.03)
 
@@ -192,7 +224,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", default=os.environ.get("MOE_BENCH_BASELINE") or None,
                         help="also measure the plugin as of this git revision (default $MOE_BENCH_BASELINE)")
-    parser.add_argument("--rounds", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--mode", choices=("compiled", "eager"), default="compiled")
     parser.add_argument("--no-control", action="store_true", help="skip the second plugin-less engine (A2)")
@@ -265,7 +297,8 @@ def main() -> int:
         for name, (env, _) in specs.items():
             # no compile cache: the engines share one checkpoint, and each compiles its own graph as a fresh
             # server does (none loads another's)
-            env = {"PYTHONPATH": os.pathsep.join(base_path), "VLLM_DISABLE_COMPILE_CACHE": "1", **env}
+            env = {"PYTHONPATH": os.pathsep.join(base_path), "VLLM_DISABLE_COMPILE_CACHE": "1",
+                   "MOE_BENCH_BUSY_LOOP_S": str(BUSY_LOOP_S), **env}
             engines[name] = Engine(checkpoint, args.mode, env, work / f"engine-{name}.log", wait=False)
         for engine in engines.values():
             engine.wait_ready(900)
@@ -279,7 +312,8 @@ def main() -> int:
         ratios: dict[str, list[float]] = {name: [] for name in names if name != "A"}
         for round_index in range(args.warmup + args.rounds):
             batches = [[[rng.randrange(3, VOCAB) for _ in range(rng.randrange(8, 24))] for _ in range(PROMPTS)]
-                       for _ in range(BATCHES_PER_TURN)]
+                       for _ in range(LEAD_BATCHES + TIMED_BATCHES + TAIL_BATCHES)]
+            timed = slice(LEAD_BATCHES, LEAD_BATCHES + TIMED_BATCHES)
             order = names[:]
             rng.shuffle(order)
             this: dict[str, float] = {}
@@ -287,10 +321,12 @@ def main() -> int:
             for name in order:
                 time.sleep(QUIET_S)
                 engines[name].generate([[1, 2, 3]], 2)  # its workers out of their idle wait before the clock starts
+                outputs[name] = [engines[name].generate(prompts, NEW_TOKENS) for prompts in batches[:timed.start]]
                 start = time.perf_counter()
-                outputs[name] = [engines[name].generate(prompts, NEW_TOKENS) for prompts in batches]
+                outputs[name] += [engines[name].generate(prompts, NEW_TOKENS) for prompts in batches[timed]]
                 elapsed = time.perf_counter() - start
-                this[name] = sum(len(o) for batch in outputs[name] for o in batch) / elapsed
+                outputs[name] += [engines[name].generate(prompts, NEW_TOKENS) for prompts in batches[timed.stop:]]
+                this[name] = sum(len(o) for batch in outputs[name][timed] for o in batch) / elapsed
                 if name not in ("A", "A2"):
                     settle(client, steps_key(f"bench-{name.lower()}"))
             if any(out != outputs["A"] for out in outputs.values()):
@@ -308,7 +344,8 @@ def main() -> int:
         server.stop()
 
     print(f"vLLM {args.mode} (CPU build), tiny Qwen3-MoE (2 layers x 8 experts, top-2), float32; {args.rounds} rounds "
-          f"of {BATCHES_PER_TURN} x {PROMPTS} prompts x {NEW_TOKENS} new tokens per engine after {args.warmup} warm-up, engines in random order; "
+          f"of {TIMED_BATCHES} x {PROMPTS} prompts x {NEW_TOKENS} new tokens timed per engine (between {LEAD_BATCHES} and "
+          f"{TAIL_BATCHES} untimed) after {args.warmup} warm-up, engines in random order; "
           f"load average {Path('/proc/loadavg').read_text().split()[0]}")
     print(f"  {'engine':<9} {'what':<28} {'tok/s median':>12} {'ratio to A: median':>19} {'p25..p75':>13}")
     for name in names:

@@ -314,6 +314,8 @@ def test_unknown_option_names_the_valid_ones():
     ("nvml", "yes", "nvml must be True or False"),
     ("nvml_interval_s", 0, "nvml_interval_s must be a positive number of seconds"),
     ("redis_timeout_s", float("nan"), "redis_timeout_s must be a positive number of seconds"),
+    ("publish_interval_s", -0.25, "publish_interval_s must be a positive number of seconds"),
+    ("publish_interval_s", float("inf"), "publish_interval_s must be a positive number of seconds"),
     ("trace_path", "", "trace_path must be a file path"),
     ("trace_max_bytes", 0, "trace_max_bytes must be a positive integer"),
     ("physical_to_logical_map", [[0, 1.5]], r"physical_to_logical_map must be a list of rows of integer"),
@@ -330,3 +332,10 @@ def test_bad_options_say_what_is_expected(name, value, message):
 def test_layout_that_does_not_fit_the_model_is_refused():
     with pytest.raises(ValueError, match="every expert 0..3 needs a slot"):
         ExpertLoadMonitor(1, 4, 1, gpus=2, physical_to_logical_map=[[0, 1, 2, 2]])
+
+
+def test_the_publish_interval_and_host_slots_reach_the_publisher(redis_url):
+    with ExpertLoadMonitor(1, 4, 1, redis_url=redis_url, run="interval", nvml=False, publish_interval_s=7.5,
+                           host_slots=6) as mon:
+        assert mon.publisher is not None and mon.publisher._flush_interval_s == 7.5
+        assert mon.publisher._wake_at == 3 and len(mon._free_slots) == 6
