@@ -132,7 +132,8 @@ class DeviceCounter:
         E1 = E + 1
         self._n_counts, self._n_sample = L * E1, L * N * K
         self.size = self._n_counts + self._n_sample + N + 1
-        self.buf = torch.zeros(self.size, dtype=STEP_DTYPE, device=self.device)
+        self.dtype = STEP_DTYPE
+        self.buf = torch.zeros(self.size, dtype=self.dtype, device=self.device)
         self.counts_LE1 = self.buf[: self._n_counts].view(L, E1)
         self.counts_LE = self.counts_LE1[:, :E]
         self.sample_LNK = self.buf[self._n_counts: self._n_counts + self._n_sample].view(L, N, K)
@@ -198,8 +199,8 @@ class DeviceCounter:
             self.sample_valid_N[: self.step_sample_n].copy_(self._sampled(token_mask_N))
 
     def ones(self, n: int) -> torch.Tensor:
-        """STEP_DTYPE [n] of ones on the counter's device: the weights a put_ into the step buffer adds."""
-        return torch.ones(n, dtype=STEP_DTYPE, device=self.device)
+        """[n] ones of the step buffer's type on the counter's device: the weights a put_ into it adds."""
+        return torch.ones(n, dtype=self.dtype, device=self.device)
 
     def _sampled(self, rows_N: torch.Tensor) -> torch.Tensor:
         """The step's sampled rows of an [N, ...] tensor: every stride-th token from the middle of the first
@@ -307,7 +308,7 @@ class DeviceCounter:
         if ids_NK.device != self.device:
             ids_NK, valid_NK = ids_NK.to(self.device), valid_NK.to(self.device)
         ids_NK = ids_NK.clamp(-1, self.num_experts)
-        self._count_rows[layer].put_(ids_NK, valid_NK.to(STEP_DTYPE).reshape(-1), accumulate=True)
+        self._count_rows[layer].put_(ids_NK, valid_NK.to(self.dtype).reshape(-1), accumulate=True)
         if self.sample_tokens and ids_NK.shape[1] == self.top_k:
             rows = self._sampled(ids_NK).masked_fill(self._sampled(valid_NK) == 0, -1)
             self._sample_rows[layer][: rows.shape[0]].copy_(rows)
@@ -356,7 +357,7 @@ class DeviceCounter:
     def new_slot(self) -> HostSlot:
         """A host copy of the step buffer to snapshot into (pinned memory on CUDA)."""
         pin = self.device.type == "cuda"
-        return HostSlot(torch.empty(self.size, dtype=STEP_DTYPE, pin_memory=pin), None)
+        return HostSlot(torch.empty(self.size, dtype=self.dtype, pin_memory=pin), None)
 
     def unpack(self, flats: Sequence[np.ndarray], facts: Sequence[StepFacts]) -> list[Unpacked]:
         """Host copies of S step buffers (each STEP_DTYPE [size]) -> one Unpacked each (counts, invalid ids, sampled
