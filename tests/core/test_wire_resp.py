@@ -10,6 +10,7 @@ import redis
 from hiredis import pack_command
 
 from moe_monitor import core
+from moe_monitor.core import packed
 from moe_monitor.core.packed import PackedPipeline
 from moe_monitor.core.runwrite import queue_batch
 from moe_monitor.core.steps import resp_bulk, xadd_bodies, xadd_command
@@ -68,13 +69,17 @@ def test_a_malformed_record_is_refused_as_encode_steps_refuses_it():
         assert str(got.value) == str(expected.value)
 
 
-def test_queued_commands_land_as_entries_that_decode_to_the_records(redis_url):
+@pytest.mark.parametrize("hiredis_packer", [True, False])
+def test_queued_commands_land_as_entries_that_decode_to_the_records(redis_url, monkeypatch, hiredis_packer):
+    if not hiredis_packer:  # redis-py's own packer for the other commands of the batch
+        monkeypatch.setattr(packed, "_hiredis_pack", None)
     client = redis.Redis.from_url(redis_url)
     records = _records()
     by_run: dict[str, list[core.StepRecord]] = {}
     for rec in records:
         by_run.setdefault(rec.run, []).append(rec)
     for run, recs in by_run.items():
+        client.delete(core.steps_key(run))
         pipe = PackedPipeline(client)
         queued = queue_batch(pipe, run, step_bodies=xadd_bodies(recs), steps_maxlen=1000)
         pipe.set("after-the-steps", "1")  # a plain command after the ready-made ones
