@@ -12,8 +12,9 @@ The step buffer (STEP_DTYPE int32, allocated once on the model's device) holds, 
     tokens [1]           real tokens in the step (counted on the device only under a padding mask)
 int32, not int64: one step's counts are far below 2**31, and torch.compile's inductor turns a put_ (accumulate)
 into an int32 target into an atomic add inside the layer's fused kernel, where an int64 one stays a separate
-index_put_ call (about 10 us a layer on the CPU, measured inside a compiled forward; the running total, int64,
-holds the sums). At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
+index_put_ call (about 10 us a layer on the CPU inside a compiled forward: bench/capture_compiled.py); the
+running total, int64, holds the sums.
+At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
 event the publisher thread waits on), folded into the running total and zeroed on the device. Device ops:
 per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's row, where -1 wraps to
 column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 
-from moe_monitor.collectors.counter import STEP_DTYPE
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .batch import step_facts
@@ -128,7 +127,7 @@ class RunnerBinding:
         scheduler = config.scheduler_config
         capture_max = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
         self.gate_T = torch.zeros(2 * max(int(scheduler.max_num_batched_tokens), int(capture_max), 1),
-                                  dtype=STEP_DTYPE, device=self.device)
+                                  dtype=self.monitor.counter.dtype, device=self.device)
         # on the CPU the gate is opened and closed through a numpy view of its memory (counter.py: no torch op)
         self._gate_host = self.gate_T.numpy() if self.device.type == "cpu" else None
         self.tokens, self.phase, self.in_step = 0, "unknown", False
