@@ -13,8 +13,9 @@ generations of 8 prompts x 96 new tokens, the middle ones timed, about 0.7 s) wh
 after the plugin engines' published steps have landed (so one engine's publisher never runs in another's turn),
 QUIET_S after the previous turn (every engine's vLLM workers spin on their queue for BUSY_LOOP_S after their last
 read, not vLLM's 1 s: SITE) and after a two-token request has woken its own workers. The figure: the median over
-rounds of each engine's tokens/s over A's in the same round. Turns a few seconds apart (a 1.5 s quiet gap and 3 s
-turns, before) spread an A/A control's quartiles over 10-15 points here; turns close together pair up better.
+rounds of each engine's tokens/s over A's in the same round. On this 2-core VM an A/A control's quartiles span
+10-15 points, with turns 1.5 s apart as with turns 0.15 s apart (30 rounds: 0.919..1.022): its speed drifts within
+a second, so the bench ranks effects of several points, not of one or two.
 --profile: each plugin engine also times the plugin's per-step work (the execute_model wrapper's begin and end, the
 capture function of every layer, the publisher and writer threads' CPU time) and prints it.
 Diagnosis: --variants nocapture,nostep,nopublish,nosample and --patch FILE add engines of this tree's plugin with
@@ -47,8 +48,7 @@ PROMPTS, NEW_TOKENS, VOCAB = 8, 96, 512
 LEAD_BATCHES, TIMED_BATCHES, TAIL_BATCHES = 1, 4, 1
 # vLLM's workers keep spinning on their shared-memory queue for busy_loop_s (1 s) after their last read
 # (shm_broadcast's SpinCondition): BUSY_LOOP_S in every engine alike (SITE), and each turn starts QUIET_S after
-# the previous one, once its engine has gone idle, and after a two-token request has woken its own workers. Turns
-# close together in time pair up well: on this VM the speed drifts by 10 % from one second to the next
+# the previous one, once its engine has gone idle, and after a two-token request has woken its own workers
 BUSY_LOOP_S = 0.05
 QUIET_S = 0.15
 SETTLED_S = 0.4  # a plugin engine's stream is settled once it has not grown for this long (> publish_interval_s)
