@@ -20,7 +20,9 @@ per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's 
 column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the
 step's layers at once when the step closes: DeviceCounter.flush); per step the copy, the add and the zeroing
 (plus a fill of the sampled rows with -1 before a step whose rows are published, and a few more under a
-padding mask; on the CPU these four go through numpy views of the same memory, with no torch op). The
+padding mask). On the CPU these go through numpy views of the same memory, with no torch op, and the add
+waits until the publisher thread is done with the host slot (DeviceCounter.fold): at the end of a decode step
+after a forward has evicted the caches, each op or object the model's thread touches costs microseconds. The
 invalid-id rule is the same on every device, with no host sync: an id outside [0, E) lands in column E,
 never on an expert.
 
@@ -33,33 +35,17 @@ end_step() may then run on any stream. Nothing here ever waits for the device.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from .hostslot import HostSlot, StepFacts, StreamOrder, byte_view
+
 UNPACK_CHUNK_BYTES = 64 << 10  # step buffers unpacked together at most (DeviceCounter.unpack)
 STEP_DTYPE = torch.int32       # the step buffer's type (module docstring); the running total is int64
-
-
-@dataclass
-class HostSlot:
-    """A host copy of one step buffer; `ready` is a CUDA event (None on the CPU); `view`: buf as numpy (the
-    same memory)."""
-
-    buf: torch.Tensor
-    ready: torch.cuda.Event | None
-
-    def __post_init__(self) -> None:
-        self.view: np.ndarray = self.buf.numpy()
-
-    def wait(self) -> np.ndarray:
-        """The host copy (a numpy view), once the device has finished writing it."""
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.view
 
 
 def _mark_static(tensor: torch.Tensor) -> None:
@@ -74,33 +60,6 @@ def _gathered(rows: list[np.ndarray]) -> np.ndarray:
     """rows (1-D, one length) as one [S, X] array to read: a view of the one row when there is one (what is read
     from it is copied anyway), else a stacked copy."""
     return rows[0][None] if len(rows) == 1 else np.stack(rows)
-
-
-class StreamOrder:
-    """Orders the counter's per-step ops across CUDA streams: join() makes the stream current now wait for
-    the stream the previous join() saw (a device-side wait, no host sync). `current` returns the current
-    stream; any object with wait_stream() and == will do (the CPU tests pass stand-ins)."""
-
-    def __init__(self, current: Callable[[], Any]):
-        self._current = current
-        self.last: Any = None
-
-    def join(self) -> None:
-        stream = self._current()
-        last = self.last
-        if last is not None and last != stream:
-            stream.wait_stream(last)
-        self.last = stream
-
-
-@dataclass(frozen=True)
-class StepFacts:
-    """What the host knows of a step without reading the device: tokens (-1: never begun), whether a padding
-    mask applied (then the real token count is on the device), and how many tokens were sampled."""
-
-    tokens: int
-    masked: bool
-    sample_n: int
 
 
 @dataclass(frozen=True)
@@ -157,9 +116,16 @@ class DeviceCounter:
         self._pending_cap = 4 * L
         self._layer_index_L11 = torch.arange(L, device=self.device).view(L, 1, 1)
         # on the CPU the step boundary's buffer ops go through numpy views of the same memory: a few hundred ns
-        # each, where a torch op costs 2 us hot and 10-20 us when it is the first of a step in a vLLM worker
+        # each, where a torch op costs 2 us hot and 10-20 us when it is the first of a step in a vLLM worker; the
+        # copy and the resets of every step through byte views (memoryview slice assignment, a memcpy in the
+        # interpreter's own code: about 1 us with cold caches, where a numpy call costs 3-5 us)
         self._host_views = ((self.buf.numpy(), self.counts_LE1.numpy(), self.total_LE1.numpy(),
                              self.sample_LNK.numpy()) if self.device.type == "cpu" else None)
+        self._host_bytes = ((byte_view(self._host_views[0]), byte_view(np.zeros(self.size, np.int32)),
+                             byte_view(self._host_views[3]), byte_view(np.full(self._n_sample, -1, np.int32)))
+                            if self._host_views is not None else None)
+        self._slots: list[HostSlot] = []  # every slot new_slot() made (running_total() adds the unfolded ones)
+        self._fold_lock = threading.Lock()
         self._direct = [self._direct_recorder(layer) for layer in range(L)]
         self._recorders = [self.recorder(layer) for layer in range(L)]
         for tensor in (self.buf, self.src_buf, self.total_LE1):
@@ -176,13 +142,14 @@ class DeviceCounter:
         previous step's snapshot (module docstring)."""
         if num_tokens <= 0:
             return
-        self.flush()  # a step that was never closed: its ids are counted under its own weights
+        if self._pending:
+            self.flush()  # a step that was never closed: its ids are counted under its own weights
         if self.streams is not None:
             self.streams.join()
         self.step_tokens = num_tokens
         self.step_masked = token_mask_N is not None
         n = num_tokens * self.top_k
-        if self.src_buf.numel() < n:
+        if self._src_ones_upto < n and self.src_buf.numel() < n:
             self.src_buf = self.ones(max(n, 2 * self.src_buf.numel()))
             _mark_static(self.src_buf)
             self._src_ones_upto = self.src_buf.numel()
@@ -318,19 +285,28 @@ class DeviceCounter:
     def snapshot(self, slot: HostSlot | None) -> StepFacts:
         """Copy the step buffer into `slot` (asynchronously on CUDA, on the current stream once it has waited
         for the step's stream), fold it into the running total and reset it; returns what the host knows of
-        the step. slot None: the step is not published but still counted in the total."""
-        self.flush()
+        the step. slot None: the step is not published but still counted in the total. On the CPU a step copied
+        into a slot is folded later, by whoever is done with the slot (fold(): the publisher thread), so that the
+        model's thread does two numpy ops a step (the copy and the reset), not three."""
+        if self._pending:
+            self.flush()
         if self.streams is not None:
             self.streams.join()
         published_next = self.sample_tokens and self._steps_begun % self.sample_every == 0
-        if self._host_views is not None:  # the CPU: the same ops on numpy views (__init__)
-            buf, counts, total, sample = self._host_views
+        if self._host_bytes is not None and self._host_views is not None:  # the CPU: byte views (__init__)
+            buf, zeros, sample, minus_ones = self._host_bytes
+            _, counts, total, _ = self._host_views
             if slot is not None:
-                np.copyto(slot.view, buf)
-            np.add(total, counts, out=total)
-            buf.fill(0)
+                if slot.unfolded:  # a slot used again before anyone folded it: its step is not lost
+                    self.fold(slot)
+                slot.bytes[:] = buf
+                slot.unfolded = True
+            else:
+                with self._fold_lock:
+                    np.add(total, counts, out=total)
+            buf[:] = zeros
             if published_next:
-                sample.fill(-1)
+                sample[:] = minus_ones
         else:
             if slot is not None and self.device.type == "cuda":
                 with torch.cuda.device(self.device):  # the copy and its event on the counter's own device
@@ -347,18 +323,38 @@ class DeviceCounter:
         self.step_tokens, self.step_masked, self.step_sample_n = -1, False, 0
         return facts
 
+    def fold(self, slot: HostSlot) -> None:
+        """Add the step snapshot() copied into `slot` on the CPU into the running total, once (any thread; call it
+        before the slot is used again). Nothing to do on a device, where snapshot() adds it there at once."""
+        if slot.unfolded and self._host_views is not None:
+            total = self._host_views[2]
+            with self._fold_lock:
+                if slot.unfolded:
+                    np.add(total, slot.view[: self._n_counts].reshape(total.shape), out=total)
+                    slot.unfolded = False
+
     def running_total(self) -> torch.Tensor:
         """int64 [L, E + 1] on the device: every closed step and the open one (column E: invalid ids). On CUDA
-        the current stream first waits for the counting stream."""
+        the current stream first waits for the counting stream; on the CPU the steps that wait in host slots
+        (not yet folded) are added here."""
         self.flush()
         if self.streams is not None:
             self.streams.join()
-        return self.total_LE1 + self.counts_LE1
+        if self._host_bytes is None:
+            return self.total_LE1 + self.counts_LE1
+        with self._fold_lock:
+            total = self.total_LE1 + self.counts_LE1
+            for slot in self._slots:
+                if slot.unfolded:
+                    total += torch.from_numpy(slot.view[: self._n_counts]).view(total.shape)
+        return total
 
     def new_slot(self) -> HostSlot:
         """A host copy of the step buffer to snapshot into (pinned memory on CUDA)."""
         pin = self.device.type == "cuda"
-        return HostSlot(torch.empty(self.size, dtype=self.dtype, pin_memory=pin), None)
+        slot = HostSlot(torch.empty(self.size, dtype=self.dtype, pin_memory=pin), None)
+        self._slots.append(slot)
+        return slot
 
     def unpack(self, flats: Sequence[np.ndarray], facts: Sequence[StepFacts]) -> list[Unpacked]:
         """Host copies of S step buffers (each STEP_DTYPE [size]) -> one Unpacked each (counts, invalid ids, sampled

@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -32,8 +31,9 @@ import torch
 
 from moe_monitor import core
 
-from .counter import DeviceCounter, HostSlot
+from .counter import DeviceCounter
 from .dist import rank_and_world
+from .hostslot import HostSlot
 from .nvml import NvmlSampler
 from .options import MonitorOptions, resolve_options
 from .physical import physical_job
@@ -113,7 +113,6 @@ class ExpertLoadMonitor:
                 raise
         self._timer = StepTimer(self.num_layers, self.device, opts.host_slots)  # time_layer(): per-step times
         self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
-        self._slot_lock = threading.Lock()
         self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps,
                                    flush_interval_s=opts.publish_interval_s, wake_at=max(1, opts.host_slots // 2),
                                    collector_health=self._collector_health,
@@ -159,18 +158,19 @@ class ExpertLoadMonitor:
             raise ValueError(f"phase must be one of {core.PHASES}, got {phase!r}")
         publisher, slot = self.publisher, None
         if publisher is not None:
-            with self._slot_lock:
-                slot = self._free_slots.pop() if self._free_slots else None
-            if slot is None:
+            try:  # list.pop and the publisher's append are atomic: no lock on the model's thread
+                slot = self._free_slots.pop()
+            except IndexError:
                 publisher.count_dropped()
         facts = self.counter.snapshot(slot)
-        timings = self._timer.take()
+        timer = self._timer
+        timings = timer.take() if timer.measured else None
         step = self.step
-        self.step += 1
-        if publisher is not None and slot is not None:
-            publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts, timings))
-        else:
-            self._timer.release(timings)
+        self.step = step + 1
+        if slot is not None:
+            publisher.submit(StepJob(step, time.time(), phase, tokens, slot, facts, timings))  # type: ignore[union-attr]
+        elif timings is not None:
+            timer.release(timings)
         self._token_mask_N = None
         self._step_open = False
         return step
@@ -346,8 +346,9 @@ class ExpertLoadMonitor:
                 "collector_error": self._error or ""}
 
     def _release(self, slot: HostSlot) -> None:
-        with self._slot_lock:
-            self._free_slots.append(slot)
+        """The publisher is done with a step's host slot: its counts join the running total, and it is free."""
+        self.counter.fold(slot)
+        self._free_slots.append(slot)
 
     def _decode_timing(self, job: StepJob) -> core.TimingRecord | None:
         """The TimingRecord of a published step (None when the step timed nothing); publisher thread."""

@@ -33,8 +33,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
@@ -43,8 +42,8 @@ from .outbox import Outbox, RecordQueue, with_dropped
 from .physical import PhysicalInbox, PhysicalJob
 from .sinks import PartialWrite, Sink
 
-if TYPE_CHECKING:  # annotations only: the publisher itself needs no torch (counter.py does)
-    from .counter import HostSlot, StepFacts
+if TYPE_CHECKING:  # annotations only: the publisher itself needs no torch (hostslot.py does)
+    from .hostslot import HostSlot, StepFacts
 
 log = logging.getLogger("moe_monitor.collectors")
 
@@ -52,9 +51,9 @@ MAX_SAMPLES = 1000  # NVML samples kept per sink while it cannot be written (the
 MAX_LAYOUTS = 256   # layout changes kept per sink while it cannot be written (~17 MB at 58 x 288 slots)
 
 
-@dataclass
-class StepJob:
-    """A step waiting for the publisher: its host slot and what the host knew of it at end_step."""
+class StepJob(NamedTuple):
+    """A step waiting for the publisher: its host slot and what the host knew of it at end_step (a tuple: made
+    on the model's thread at every step's end)."""
 
     step: int
     time_s: float

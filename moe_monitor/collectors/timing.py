@@ -98,7 +98,7 @@ class StepTimer:
         self._device = device
         self._max_slots = max(1, max_slots)
         self._times_4L = np.full((4, num_layers), np.nan)
-        self._measured = False
+        self.measured = False
         self._free: collections.deque[_EventSlot] = collections.deque()  # the publisher gives slots back here
         self._slots_made = 0
         self._slot: _EventSlot | None = None  # the current step's (CUDA)
@@ -113,7 +113,7 @@ class StepTimer:
     def mark(self) -> float | int:
         """A time boundary: perf_counter seconds on the CPU; on CUDA the index of an event recorded now on the
         current stream (-1 when none is free)."""
-        self._measured = True
+        self.measured = True
         if not self.cuda:
             return time.perf_counter()
         slot = self._slot
@@ -148,15 +148,15 @@ class StepTimer:
             if not math.isfinite(seconds) or seconds < 0:
                 raise ValueError(f"times must be finite seconds >= 0 (or None), got {value!r}")
             self._add(phase, layer, seconds)
-        self._measured = True
+        self.measured = True
 
     def take(self) -> PendingTimings | None:
         """At end_step: the step's timings (None when nothing was timed) and a fresh step."""
-        if not self._measured:
+        if not self.measured:
             return None
         pending = PendingTimings(self._times_4L, self._slot)
         self._times_4L = np.full((4, self.num_layers), np.nan)
-        self._slot, self._measured = None, False
+        self._slot, self.measured = None, False
         return pending
 
     # ------------------------------------------------------------------ the publisher's thread

@@ -24,8 +24,10 @@ import atexit
 import logging
 from typing import Any
 
+import numpy as np
 import torch
 
+from moe_monitor.collectors.hostslot import byte_view
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .batch import step_facts
@@ -128,8 +130,13 @@ class RunnerBinding:
         capture_max = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
         self.gate_T = torch.zeros(2 * max(int(scheduler.max_num_batched_tokens), int(capture_max), 1),
                                   dtype=self.monitor.counter.dtype, device=self.device)
-        # on the CPU the gate is opened and closed through a numpy view of its memory (counter.py: no torch op)
-        self._gate_host = self.gate_T.numpy() if self.device.type == "cpu" else None
+        # on the CPU the gate is opened and closed through a byte view of its memory (counter.py: no torch op, no
+        # numpy call), copied from ones or zeros of its own size
+        self._gate_bytes, self._gate_item = None, self.gate_T.element_size()
+        if self.device.type == "cpu":
+            gate = self.gate_T.numpy()
+            self._gate_bytes = byte_view(gate)
+            self._gate_fill = [byte_view(np.full_like(gate, value)) for value in (0, 1)]
         self.tokens, self.phase, self.in_step = 0, "unknown", False
         pc = config.parallel_config
         self.dp_rank, self.tp_rank, self.tp_size = int(pc.data_parallel_rank), tensor_parallel_rank(pc), int(pc.tensor_parallel_size)
@@ -204,9 +211,10 @@ class RunnerBinding:
             self._publish_layout()
 
     def _set_gate(self, tokens: int, value: int) -> None:
-        """gate_T[:tokens] = value (a slice past the end stops at it): through its numpy view on the CPU."""
-        if self._gate_host is not None:
-            self._gate_host[:tokens] = value
+        """gate_T[:tokens] = value, 0 or 1 (a slice past the end stops at it): through its byte view on the CPU."""
+        if self._gate_bytes is not None:
+            end = self._gate_item * tokens
+            self._gate_bytes[:end] = self._gate_fill[value][:end]
         else:
             self.gate_T[:tokens].fill_(value)
 
