@@ -86,11 +86,11 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
-BENCH_BASELINE ?= 5e1c969
+BENCH_BASELINE ?= 18fe328
 bench: venv
 	bash scripts/system-deps.sh
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
-	for b in collector publishing capture_compiled dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
+	for b in collector step_boundary publishing capture_compiled dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
 	echo "== bench.vllm_plugin"; if [ -x $(ENGINES)/bin/python ]; then $(ENGINES)/bin/python -m bench.vllm_plugin || exit 1; \
 	else echo "  vLLM's CPU build is not installed: make $(ENGINES)/.installed, then make bench"; fi
 
