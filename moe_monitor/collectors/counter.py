@@ -20,9 +20,10 @@ per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's 
 column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the
 step's layers at once when the step closes: DeviceCounter.flush); per step the copy, the add and the zeroing
 (plus a fill of the sampled rows with -1 before a step whose rows are published, and a few more under a
-padding mask). On the CPU these go through numpy views of the same memory, with no torch op, and the add
-waits until the publisher thread is done with the host slot (DeviceCounter.fold): at the end of a decode step
-after a forward has evicted the caches, each op or object the model's thread touches costs microseconds. The
+padding mask). On the CPU the copy and the resets are memcpys through byte views of the same memory (no
+torch op, no numpy call), and the add waits until the publisher thread is done with the host slot
+(DeviceCounter.fold): at the end of a decode step, after a forward has evicted the caches, each op or object
+the model's thread touches costs microseconds (bench/step_boundary.py). The
 invalid-id rule is the same on every device, with no host sync: an id outside [0, E) lands in column E,
 never on an expert.
 
@@ -121,8 +122,8 @@ class DeviceCounter:
         # interpreter's own code: about 1 us with cold caches, where a numpy call costs 3-5 us)
         self._host_views = ((self.buf.numpy(), self.counts_LE1.numpy(), self.total_LE1.numpy(),
                              self.sample_LNK.numpy()) if self.device.type == "cpu" else None)
-        self._host_bytes = ((byte_view(self._host_views[0]), byte_view(np.zeros(self.size, np.int32)),
-                             byte_view(self._host_views[3]), byte_view(np.full(self._n_sample, -1, np.int32)))
+        self._host_bytes = ((byte_view(self._host_views[0]), byte_view(np.zeros_like(self._host_views[0])),
+                             byte_view(self._host_views[3]), byte_view(np.full_like(self._host_views[3], -1)))
                             if self._host_views is not None else None)
         self._slots: list[HostSlot] = []  # every slot new_slot() made (running_total() adds the unfolded ones)
         self._fold_lock = threading.Lock()
@@ -287,7 +288,7 @@ class DeviceCounter:
         for the step's stream), fold it into the running total and reset it; returns what the host knows of
         the step. slot None: the step is not published but still counted in the total. On the CPU a step copied
         into a slot is folded later, by whoever is done with the slot (fold(): the publisher thread), so that the
-        model's thread does two numpy ops a step (the copy and the reset), not three."""
+        model's thread does two memcpys a step (the copy and the reset) and no numpy call."""
         if self._pending:
             self.flush()
         if self.streams is not None:

@@ -90,7 +90,8 @@ class LayerTimer(_Phase):
 
 
 class StepTimer:
-    """Collects the phase times of the current step for num_layers layers on `device` (see the module)."""
+    """Collects the phase times of the current step for num_layers layers on `device` (see the module).
+    measured: whether the current step timed anything (take() has something to give)."""
 
     def __init__(self, num_layers: int, device: torch.device, max_slots: int = 64):
         self.num_layers = num_layers
