@@ -37,6 +37,19 @@ def export_package(rev: str) -> tuple[Path | None, str]:
     return folder, ""
 
 
+def trees(baseline: str) -> dict[str, Path | None]:
+    """{"this tree": None} and, when baseline names a revision that exports, {baseline: its package root}; a
+    baseline that does not export is said in one line and left out."""
+    found: dict[str, Path | None] = {"this tree": None}
+    if baseline:
+        root, why = export_package(baseline)
+        if root is None:
+            print(f"  baseline {baseline}: {why}; this tree only")
+        else:
+            found[baseline] = root
+    return found
+
+
 def child_env() -> dict[str, str]:
     """The environment of a child that takes the benchmarks and test helpers from this tree. Its moe_monitor
     comes from its working directory (child_cwd): PYTHONPATH comes after the script's folder on sys.path, so

@@ -24,7 +24,8 @@ import tempfile
 import threading
 import time
 
-from bench.baseline import child_json, export_package
+from bench.baseline import child_json
+from bench.baseline import trees as baseline_trees
 from bench.malloc_env import pin_malloc
 
 pin_malloc()
@@ -114,13 +115,7 @@ def main() -> int:
         return 0
     print(f"publishing cost per step (CPU of the collector's background threads and of redis-server), {args.steps} "
           f"steps a shape; median of {args.turns} processes per tree")
-    trees: dict[str, object] = {"this tree": None}
-    if args.baseline:
-        old_root, why = export_package(args.baseline)
-        if old_root is None:
-            print(f"  baseline {args.baseline}: {why}; this tree only")
-        else:
-            trees[args.baseline] = old_root
+    trees = baseline_trees(args.baseline)
     runs: dict[str, list[dict]] = {tree: [] for tree in trees}
     for _ in range(args.turns):
         for tree, root in trees.items():

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from bench.baseline import child_json, export_package
+from bench.baseline import child_json
+from bench.baseline import trees as baseline_trees
 from bench.malloc_env import pin_malloc
 
 pin_malloc()
@@ -115,13 +116,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(measure(args.steps)))
         return 0
-    trees: dict[str, Path | None] = {"this tree": None}
-    if args.baseline:
-        root, why = export_package(args.baseline)
-        if root is None:
-            print(f"  baseline {args.baseline}: {why}; this tree only")
-        else:
-            trees[args.baseline] = root
+    trees = baseline_trees(args.baseline)
     runs: dict[str, list[dict[str, float]]] = {tree: [] for tree in trees}
     for _ in range(args.turns):
         for tree, root in trees.items():
