@@ -296,13 +296,13 @@ class DeviceCounter:
         published_next = self.sample_tokens and self._steps_begun % self.sample_every == 0
         if self._host_bytes is not None and self._host_views is not None:  # the CPU: byte views (__init__)
             buf, zeros, sample, minus_ones = self._host_bytes
-            _, counts, total, _ = self._host_views
             if slot is not None:
                 if slot.unfolded:  # a slot used again before anyone folded it: its step is not lost
                     self.fold(slot)
                 slot.bytes[:] = buf
                 slot.unfolded = True
-            else:
+            else:  # no slot: into the total now
+                _, counts, total, _ = self._host_views
                 with self._fold_lock:
                     np.add(total, counts, out=total)
             buf[:] = zeros
