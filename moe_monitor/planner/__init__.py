@@ -15,7 +15,7 @@ int [L, P] with slot p on GPU p // S (shape legend: README, Conventions).
 - advise / periodic_schedule / static_schedule: rebalance policies that write schedules;
 - staleness: imbalance at t + delta of layouts fitted at t.
 
-The CLI is `moe-monitor plan` (planner/cli.py).
+The CLI is `moe-monitor plan` (cli/planner.py).
 """
 from .advisor import advise, periodic_schedule, static_schedule
 from .api import POLICIES, PlanResult, plan

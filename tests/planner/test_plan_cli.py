@@ -152,7 +152,7 @@ def test_dashboard_planner_never_imports_torch():
 
 
 # Bad input found by the "never down, never wrong" issue: each answered with one "error: ..." line and exit 2.
-# Run in-process through planner.cli.main (the same code as moe-monitor plan, minus the interpreter start).
+# Run in-process through moe_monitor.cli.main (the same code as moe-monitor plan, minus the interpreter start).
 
 def cli(capsys, *args) -> tuple[int, list[str]]:
     from moe_monitor.cli import main

@@ -78,7 +78,7 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
             no_redis_message(cfg, error)
         else:
             st.info("**No run yet.** Redis is reachable but no collector has written a run. Attach a collector "
-                    "to a MoE model (`from collectors import attach`) and its run appears here.")
+                    "to a MoE model (`from moe_monitor.collectors import attach`) and its run appears here.")
         return None
     if cfg.source == "trace" and not cfg.trace_path:
         st.info("No trace file in the trace folder yet: upload one in the sidebar, or record one there "
