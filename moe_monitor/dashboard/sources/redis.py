@@ -118,7 +118,7 @@ def _time_or_none(value) -> float | None:
 
 
 class RedisSource:
-    """Source over moe:<run>:{steps,gpu,layouts,timings,meta,health} (keys and records: wire/)."""
+    """Source over moe:<run>:{steps,gpu,layouts,timings,meta,health} (keys and records: core/keys.py)."""
 
     def __init__(self, client: core.Client, url: str, run: str, window_steps: int):
         self.client, self.where, self.run = client, core.redact(url), core.check_run_name(run)
