@@ -73,7 +73,7 @@ writer stops) using 34-35% of one core, redis-server ~9%.
 """
 from __future__ import annotations
 
-from .assembly import Assembler, Counters, Emitted, Output
+from moe_monitor.core.assembly import Assembler, Counters, Emitted, Output
 from .layoutbook import LayoutBook
 from .options import GROUP, AggregateOptions
 from .rollup import RollupBuilder, RollupCounters, bucket_rollup

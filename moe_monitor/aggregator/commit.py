@@ -18,7 +18,7 @@ from redis.typing import EncodableT, FieldT
 from moe_monitor import core
 from moe_monitor.core.runwrite import exhausted_message, exhausted_stream
 
-from .assembly import Assembler, Output
+from moe_monitor.core.assembly import Assembler, Output
 from .options import GROUP, AggregateOptions
 from .progress import encode_progress, state_key
 from .reading import text_of

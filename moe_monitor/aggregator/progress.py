@@ -19,7 +19,7 @@ from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
 
-from .assembly import Counters
+from moe_monitor.core.assembly import Counters
 from .rollup import RollupCounters
 
 MAX_PROBLEM_CHARS = 300

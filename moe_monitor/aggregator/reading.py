@@ -12,7 +12,7 @@ import redis
 
 from moe_monitor import core
 
-from .assembly import Assembler, Output
+from moe_monitor.core.assembly import Assembler, Output
 from .layoutbook import LayoutBook
 from .options import GROUP
 from .takeover import stream_entries

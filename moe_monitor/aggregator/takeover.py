@@ -12,7 +12,7 @@ import redis
 
 from moe_monitor import core
 
-from .assembly import entry_id_key
+from moe_monitor.core.assembly import entry_id_key
 
 TAIL_PAGE = 256  # aggregate entries per XREVRANGE while reading the tail
 REPLAY_PAGE = 128  # aggregate entries per XRANGE while replaying into the rollups

@@ -23,7 +23,7 @@ import redis
 
 from moe_monitor import core
 
-from .assembly import Assembler, Output, entry_id_key
+from moe_monitor.core.assembly import Assembler, Output, entry_id_key
 from .commit import CommitResult, Committer
 from .layoutbook import LayoutBook
 from .lease import KEPT, LOST, RETAKEN, Lease

@@ -9,7 +9,7 @@ import pytest
 
 from moe_monitor import core
 from moe_monitor.aggregator import AggregateOptions, Assembler, LayoutBook, RollupBuilder, bucket_rollup
-from moe_monitor.aggregator.assembly import Counters
+from moe_monitor.core.assembly import Counters
 from moe_monitor.aggregator.progress import decode_progress, encode_progress
 from moe_monitor.aggregator.rollup import RollupCounters, StepEntry
 from moe_monitor.core.loadmodel import balancedness, gpu_loads
@@ -149,7 +149,7 @@ def test_a_world_claim_beyond_the_metadata_and_a_huge_step_id_are_counted_and_st
 
 
 def test_held_records_are_bounded_and_every_entry_comes_back_once():
-    from moe_monitor.aggregator import assembly
+    from moe_monitor.core import assembly
     a = Assembler("r", deadline_s=5.0)
     feed(a, [rec(s, r, inst=f"a{r}") for s in range(10_000, 10_003) for r in range(4)])
     held = [rec(s, 0, inst="b0") for s in range(assembly.MAX_HELD + 5)]

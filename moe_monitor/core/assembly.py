@@ -1,4 +1,4 @@
-"""Per-step assembly of rank records into core.AggregateRecords. Pure: no I/O, no clock of its own (the caller
+"""Per-step assembly of rank records into AggregateRecords. Pure: no I/O, no clock of its own (the caller
 passes the monotonic time a batch arrived).
 
 A step's records are summed into one int64 [L, E] bucket (np.add per record, no per-cell Python). A step is
@@ -36,8 +36,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from moe_monitor import core
-from moe_monitor.core.restarts import Judgement, RankInstances, RetiredInstances, capped_world
+from .aggregates import AggregateRecord
+from .keys import check_run_name
+from .restarts import Judgement, RankInstances, RetiredInstances, capped_world
+from .steps import StepRecord
 
 MAX_RETIRED = 1024  # retired collector instances remembered (the oldest forgotten first)
 MAX_HELD = 4096  # records of restarted ranks held while their step ids are behind the others'
@@ -87,7 +89,7 @@ class Counters:
 class Emitted:
     """An aggregate to write, and the stream entries it consumed (to XACK with it)."""
 
-    record: core.AggregateRecord
+    record: AggregateRecord
     entry_ids: tuple[bytes, ...]
 
 
@@ -116,7 +118,7 @@ class _Bucket:
     __slots__ = ("step", "first_seen_s", "world", "_total_LE", "_stage_LE", "_stage_bound", "ranks", "time_s",
                  "phases", "scopes", "entry_ids")
 
-    def __init__(self, rec: core.StepRecord, entry_id: bytes, now_s: float):
+    def __init__(self, rec: StepRecord, entry_id: bytes, now_s: float):
         self.step = rec.step
         self.first_seen_s = now_s
         self.world = rec.world_size
@@ -129,7 +131,7 @@ class _Bucket:
         self.scopes = {rec.scope}
         self.entry_ids = [entry_id]
 
-    def add(self, rec: core.StepRecord, entry_id: bytes) -> None:
+    def add(self, rec: StepRecord, entry_id: bytes) -> None:
         counts = rec.counts_LE
         top = int(counts.max(initial=0))
         if self._stage_bound + top > _INT32_MAX:
@@ -170,7 +172,7 @@ class Assembler:
 
     def __init__(self, run: str, deadline_s: float = 2.0, max_pending_steps: int = 4096,
                  remember_steps: int = 16_384):
-        self.run = core.check_run_name(run)
+        self.run = check_run_name(run)
         self.deadline_s = float(deadline_s)
         self.max_pending_steps = int(max_pending_steps)
         self.remember_steps = int(remember_steps)
@@ -178,7 +180,7 @@ class Assembler:
         self.instances = RankInstances(MAX_RETIRED)  # the restart rule's state (core.restarts)
         self.meta_world: int | None = None  # the run metadata's world size (set by the reader), when known
         self._epoch_world = 1  # the largest world a record of this epoch claimed
-        self._held: dict[bytes, core.StepRecord] = {}  # entries of held ranks, oldest first (at most MAX_HELD)
+        self._held: dict[bytes, StepRecord] = {}  # entries of held ranks, oldest first (at most MAX_HELD)
         self.written: dict[int, int] = {}  # step -> mask of the ranks written, in write order
         self.horizon = 0  # steps below it that are neither pending nor written are too old
         self.last_step = -1
@@ -247,7 +249,7 @@ class Assembler:
         return None
 
     # --------------------------------------------------------------------------------------------- input
-    def add(self, entries: Sequence[tuple[bytes, core.StepRecord]], now_s: float) -> Output:
+    def add(self, entries: Sequence[tuple[bytes, StepRecord]], now_s: float) -> Output:
         """Fold decoded stream entries (entry id, record), in stream order, into their steps; returns the
         steps they completed, the late entries they make and the entries consumed without a record."""
         out = Output()
@@ -287,7 +289,7 @@ class Assembler:
         return out
 
     # --------------------------------------------------------------------------------------------- rules
-    def _place(self, entry_id: bytes, rec: core.StepRecord, now_s: float, out: Output,
+    def _place(self, entry_id: bytes, rec: StepRecord, now_s: float, out: Output,
                late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
         try:
             rec, claim = capped_world(rec, self.meta_world)
@@ -339,7 +341,7 @@ class Assembler:
         self.counters.duplicates += 1
         out.acks.append(entry_id)
 
-    def _current(self, entry_id: bytes, rec: core.StepRecord, now_s: float, out: Output,
+    def _current(self, entry_id: bytes, rec: StepRecord, now_s: float, out: Output,
                  late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> bool:
         """True when rec goes on into its step under the current epoch (the restart rule, core.restarts: a
         new epoch is opened here when most ranks restarted); otherwise rec is consumed here (held, or acked
@@ -386,7 +388,7 @@ class Assembler:
         out.acks.append(entry_id)
         self.last_problem = why
 
-    def _hold(self, entry_id: bytes, rec: core.StepRecord, out: Output) -> None:
+    def _hold(self, entry_id: bytes, rec: StepRecord, out: Output) -> None:
         """Keep a held rank's record (un-acked) for a new epoch; the oldest beyond MAX_HELD is given up."""
         self._held[entry_id] = rec
         while len(self._held) > MAX_HELD:
@@ -428,7 +430,7 @@ class Assembler:
         dropped_R = np.fromiter((v[1] for v in values), dtype=np.int64, count=len(values))
         phase = next(iter(bucket.phases)) if len(bucket.phases) == 1 else "mixed"
         scope = next(iter(bucket.scopes)) if len(bucket.scopes) == 1 else "rank"
-        record = core.AggregateRecord(
+        record = AggregateRecord(
             run=self.run, step=bucket.step, time_s=bucket.time_s, phase=phase, world_size=bucket.world,
             counts_LE=bucket.counts_LE(), ranks_R=ranks_R, tokens_R=tokens_R, dropped_R=dropped_R,
             instance=self.epoch or "", late=late, scope=scope)
