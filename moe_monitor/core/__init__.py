@@ -1,43 +1,13 @@
-"""The wire format between collectors (model side) and the dashboard (reader side).
+"""The bottom layer of moe_monitor: every other package imports it (`from moe_monitor import core`), it imports
+nothing else of ours, nor torch or pynvml.
 
-Both sides import this module and nothing else of each other. It imports neither torch nor pynvml.
+It holds the records and their encodings (one encode_* / decode_* pair each), the Redis key names and the
+bounds every decoder enforces (keys.py), the Redis client (client.py), and every idea more than one reader
+needs, once: the layout timeline, the load model and dispatch policies, the collector-restart rule, health.
+Keys, record fields and byte layouts: docs/wire.md.
 
-Redis keys for a run R (names are ``[A-Za-z0-9_.-]``):
-    moe:runs           sorted set: run name -> last time (unix s) a collector wrote to it
-    (every other key of run R is moe:{R}:<name>: the braces are a Redis Cluster hash tag, so a run's keys live
-    on one shard; written moe:R:<name> below)
-    moe:R:meta         string: JSON of RunMeta, written with the first batch (again after a failed write
-                       and whenever a batch finds it missing)
-    moe:R:steps        stream: one entry per (step, rank), fields in STEP_FIELDS
-    moe:R:gpu          stream: one entry per NVML sample (or one "unavailable" status entry)
-    moe:R:layouts      stream: one entry per layout change (LayoutRecord: the physical_to_logical_map [L, P]
-                       in force from a step on; source "initial", "engine" (EPLB rebalance) or "apply"),
-                       fields in LAYOUT_FIELDS
-    moe:R:timings      stream: one entry per (step, rank) of an engine that times its MoE layers (TimingRecord:
-                       dispatch, expert compute, combine and whole-layer seconds, float32 [L] each, NaN =
-                       not measured), fields in TIMING_FIELDS
-    moe:R:physical     stream: one entry per (step, rank) of an engine that reports the tokens its balancer sent
-                       to each physical slot (PhysicalRecord: int32 [L, P], SGLang's global_physical_count,
-                       vLLM's expert_load_pass), fields in PHYSICAL_FIELDS; a step's ranks summed are its
-                       measured GPU loads
-    moe:R:agg          stream: one entry per step with its ranks summed (AggregateRecord, the aggregator),
-                       plus one per late rank folded in afterwards; readers use it when it exists
-    moe:R:rollup:1s    streams: rollups of the aggregated steps per second / per minute (RollupRecord), entry
-    moe:R:rollup:60s   id = bucket start (unix ms), trimmed by age (MINID) to their own memory budget
-    moe:R:aggregator   string: the lease of the aggregator that owns the run; moe:R:aggregator:state its progress
-    moe:R:health       hash: rank -> JSON {rank, dropped_steps, published_steps, queued, last_error,
-                       sink_failures, last_failure, hook_errors, invalid_ids, time_s}
-
-Bounds (core/keys.py): every decoder refuses, with one ValueError, a record beyond MAX_LAYERS layers,
-MAX_EXPERTS experts, MAX_SLOTS slots per layer, MAX_CELLS counts or layout cells, MAX_WORLD ranks, step ids
-from MAX_STEP, MAX_TOKENS tokens a step per rank, times from MAX_TIME_S, MAX_META_BYTES of metadata JSON,
-trace lines over MAX_TRACE_LINE_BYTES: a hostile or corrupt record can neither allocate gigabytes nor
-overflow a reader's arrays.
-
-Shape legend: L MoE layers (rows in model order), E logical experts, N sampled tokens, K top-k.
-Counts travel as raw little-endian int32 bytes, row-major [L, E]; sampled routing rows as little-endian
-int16 [L, N, K] with -1 where a slot was masked (padding, weight-0 slot); a layout record's map as
-little-endian int32 [L, P] (P physical slots; slot p on GPU p // (P / gpus)), a physical record's counts too.
+Shape legend: L MoE layers (model order), E logical experts, P physical slots (slot p on GPU p // (P / gpus)),
+N sampled tokens, K top-k.
 """
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,7 +58,7 @@ def test_key_and_exports():
     assert core.LAYOUT_SOURCES == ("initial", "engine", "apply")
     for name in ("LayoutRecord", "encode_layout_record", "decode_layout_record", "layouts_key", "LAYOUT_SOURCES"):
         assert name in core.__all__
-    assert "moe:R:layouts" in core.__doc__
+    assert "moe:R:layouts" in (Path(__file__).parents[2] / "docs" / "wire.md").read_text()
 
 
 @pytest.mark.parametrize("changes, message", [
