@@ -32,8 +32,9 @@ class RunPublisher:
                     physical=physical)
         pipe.zadd(core.RUNS_KEY, {self.run: now_s})
         replies = pipe.execute(raise_on_error=False)
-        first = 0 if self._meta_sent else 1
-        for key, reply in zip(streams, replies[first:]):
+        meta_replies = 0 if self._meta_sent else 1  # the SET of the metadata, queued first
+        stream_replies = replies[meta_replies:meta_replies + len(streams)]
+        for key, reply in zip(streams, stream_replies):
             if exhausted_stream(reply):
                 raise redis.ResponseError(exhausted_message(key))
         for reply in replies:
