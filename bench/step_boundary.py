@@ -69,8 +69,11 @@ def measure(steps: int) -> dict[str, float]:
     import numpy as np
 
     from moe_monitor.collectors.vllm.binding import RunnerBinding
-    from moe_monitor.collectors.vllm.scope import publishing_rule
-    from moe_monitor.collectors.vllm.settings import PluginSettings
+    try:
+        from moe_monitor.collectors.vllm.rules import PluginSettings, publishing_rule
+    except ImportError:  # a baseline tree from before the plugin's rules were one module
+        from moe_monitor.collectors.vllm.scope import publishing_rule
+        from moe_monitor.collectors.vllm.settings import PluginSettings
     from moe_monitor.demo.localredis import RedisServer
 
     server = RedisServer(Path(tempfile.mkdtemp(prefix="bench-boundary-")))

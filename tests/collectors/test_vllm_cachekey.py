@@ -1,4 +1,4 @@
-"""The plugin's compile-cache factor (collectors/vllm/cachekey.py), pure: no vLLM here. The engine test
+"""The plugin's compile-cache factor (collectors/vllm/rules.py), pure: no vLLM here. The engine test
 tests/engines/test_vllm_plugin.py::test_a_graph_compiled_without_the_plugin_is_never_loaded_with_it runs it
 against vLLM's own cache."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from types import SimpleNamespace
 
-from moe_monitor.collectors.vllm.cachekey import CACHE_FACTOR, bind_cache_key, graph_key
+from moe_monitor.collectors.vllm.rules import CACHE_FACTOR, bind_cache_key, graph_key
 
 SHAPE = dict(layers=2, experts=8, top_k=2, sample_tokens=16, gate=512, fused_shared=[False, False], dp=1, tp=1,
              sharded=False)

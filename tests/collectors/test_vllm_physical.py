@@ -13,9 +13,8 @@ import torch
 from moe_monitor import core
 from moe_monitor.collectors import ExpertLoadMonitor
 from moe_monitor.collectors.vllm import _eplb_pass
-from moe_monitor.collectors.vllm.binding import BINDINGS, RunnerBinding
-from moe_monitor.collectors.vllm.patch import patch_module
-from moe_monitor.collectors.vllm.physical import pass_load, step_flags
+from moe_monitor.collectors.vllm.binding import BINDINGS, RunnerBinding, pass_load
+from moe_monitor.collectors.vllm.patch import patch_module, step_flags
 
 
 class EplbState:

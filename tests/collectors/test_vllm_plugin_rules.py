@@ -6,10 +6,8 @@ import types
 
 import pytest
 
-from moe_monitor.collectors.vllm.batch import batch_phase, step_facts
 from moe_monitor.collectors.vllm.patch import patch_module
-from moe_monitor.collectors.vllm.scope import publishing_rule
-from moe_monitor.collectors.vllm.settings import run_name_for, settings_from_env
+from moe_monitor.collectors.vllm.rules import batch_phase, publishing_rule, run_name_for, settings_from_env, step_facts
 
 
 def test_settings_from_env():

@@ -1,9 +1,8 @@
 """Which routed rows a vLLM worker counts under data parallelism, and who publishes under sequence-parallel
-MoE (collectors/vllm/rows.py, scope.py): pure rules, the layouts vLLM 0.32's own capturer tells apart."""
+MoE (collectors/vllm/rules.py): pure rules, the layouts vLLM 0.32's own capturer tells apart."""
 from __future__ import annotations
 
-from moe_monitor.collectors.vllm.rows import local_span
-from moe_monitor.collectors.vllm.scope import publishing_rule
+from moe_monitor.collectors.vllm.rules import local_span, publishing_rule
 
 
 def test_local_span_of_each_batch_layout():

@@ -69,11 +69,11 @@ def test_vllm_built_response_is_published(redis_url):
 
 def test_plugin_and_vllms_capturer_share_the_router():
     """vLLM binds its routed-experts capturer (set_capture_fn) after the plugin's load_model binding: both must
-    see every topk_ids, whichever is set first (collectors/vllm/capture.py), on vLLM's own router class."""
+    see every topk_ids, whichever is set first (collectors/vllm/patch.py), on vLLM's own router class."""
     import torch
     from vllm.model_executor.layers.fused_moe.router.fused_topk_router import FusedTopKRouter
 
-    from moe_monitor.collectors.vllm.capture import attach
+    from moe_monitor.collectors.vllm.patch import attach
 
     router = FusedTopKRouter(top_k=2, global_num_experts=8)
     seen: dict[str, list] = {"plugin": [], "vllm": []}

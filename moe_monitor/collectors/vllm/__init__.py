@@ -3,16 +3,16 @@
 vLLM loads the `vllm.general_plugins` entry point `moe_monitor = collectors.vllm:register` in every process
 (VLLM_PLUGINS selects plugins by name when set). Without MOE_MONITOR_REDIS_URL register() logs one line and
 does nothing else. With it, every model runner that loads a model with fused-MoE layers gets a RunnerBinding
-(binding.py): logical expert ids counted on the device, one step record per execute_model call, published by
-the ranks that scope.py names, EPLB's layout changes and, with EPLB, each pass's physical load (the tokens sent
-to every physical expert: physical records, vllm/physical.py). Settings: settings.py.
+(binding.py) on the ranks that publish: one step record per execute_model call, EPLB's layout changes and each
+pass's physical load. Modules: rules.py (settings, who publishes, a step's facts and rows, the compile-cache
+key), patch.py (the hooks into vLLM), binding.py (the counting and publishing).
 """
 from __future__ import annotations
 
 import logging
 import os
 
-from .settings import PluginSettings, settings_from_env
+from .rules import PluginSettings, settings_from_env
 
 log = logging.getLogger("vllm.moe_monitor")
 _installed = False

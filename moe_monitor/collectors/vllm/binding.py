@@ -1,22 +1,12 @@
-"""RunnerBinding: one monitor bound to a loaded vLLM model runner.
+"""RunnerBinding: one monitor bound to a loaded vLLM model runner (made by the package's register(), through the
+load_model wrapper of patch.py).
 
-Counting happens inside the model's forward, which vLLM may compile and capture as a CUDA graph, so the
-capture function given to every fused-MoE router (BaseRouter.set_capture_fn, called with the layer's logical
-topk_ids [N, K] before EPLB maps them to physical slots) only runs device ops into fixed buffers: it puts the
-ids into the monitor's counter under a fixed gate [T] (1 for the step's real tokens, 0 for the padding that
-CUDA graphs and data-parallel batches add, and 0 between steps, so warm-up, profiling and dummy runs count
-nothing). Under data parallelism the rows of this rank's own tokens are picked first (rows.py: all ranks'
-tokens gathered before routing, or a sequence-parallel shard, read from vLLM's dp_metadata on the host). The step boundary lives outside the graph, around the runner's execute_model: the gate is opened for
-the scheduled tokens, and the step closed and handed to the publisher afterwards.
-
-vLLM's compile cache: the capture functions are traced into the compiled graph, so the binding puts a digest of
-its counting code and sizes into vLLM's compile-cache key (cachekey.py) before vLLM compiles; an engine with the
-plugin never loads a graph compiled without it.
-
-EPLB: when the engine rebalances (--enable-eplb), its new physical_to_logical_map [L, P] is published as a
-layout record in force from the next step (read from the device once per rearrangement, never per step), and
-each forward pass's expert_load_pass [L, P] as the step's physical record (physical.py: copied to pinned host
-memory behind an event, no host sync), on ranks that publish their own tokens (scope "rank").
+Every fused-MoE router gets a capture function (logical topk_ids [N, K], before EPLB maps them) that only runs
+device ops into fixed buffers, under a gate [T] of 1s for the step's real tokens and 0s for padding and between
+steps, so it is exact eagerly, compiled and in CUDA graphs; under data parallelism it counts this rank's rows
+(rules.local_span). execute_model's begin/end open and close the gate and the step. With EPLB: each committed
+physical_to_logical_map [L, P] as a layout record, each pass's expert_load_pass [L, P] as a physical record.
+docs/collectors.md ("How it counts") gives the details.
 """
 from __future__ import annotations
 
@@ -30,13 +20,17 @@ import torch
 from moe_monitor.collectors.hostslot import byte_view
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
-from .batch import step_facts
-from .cachekey import bind_cache_key, graph_key
-from .capture import attach
-from .physical import pass_load
-from .rows import local_span
-from .scope import Publishing, publishing_rule
-from .settings import PluginSettings, run_name_for
+from .patch import attach
+from .rules import (
+    PluginSettings,
+    Publishing,
+    bind_cache_key,
+    graph_key,
+    local_span,
+    publishing_rule,
+    run_name_for,
+    step_facts,
+)
 
 log = logging.getLogger("vllm.moe_monitor")
 VLLM_DISPATCH = "round_robin"  # vLLM's EPLB sends token i of an expert with r replicas to replica i mod r
@@ -65,7 +59,7 @@ def tensor_parallel_rank(parallel_config) -> int:
 
 
 def worker_publishing(vllm_config) -> Publishing:
-    """The publishing rule for this worker (scope.py), from vLLM's parallel config and groups."""
+    """The publishing rule for this worker (rules.publishing_rule), from vLLM's parallel config and groups."""
     pc = vllm_config.parallel_config
     return publishing_rule(tensor_parallel_rank(pc), pc.tensor_parallel_size, pc.data_parallel_rank,
                            pc.data_parallel_size, pc.pipeline_parallel_size, bool(pc.enable_expert_parallel),
@@ -74,7 +68,7 @@ def worker_publishing(vllm_config) -> Publishing:
 
 def dp_tokens(dp_size: int):
     """A function () -> tokens [D] of every data-parallel rank in the current forward (vLLM's dp_metadata), or
-    None; None without data parallelism (rows.py)."""
+    None; None without data parallelism (rules.local_span)."""
     if dp_size <= 1:
         return None
     from vllm.forward_context import get_forward_context, is_forward_context_available
@@ -94,6 +88,21 @@ def eplb_map(runner) -> torch.Tensor | None:
     models = getattr(state, "model_states", None) or {}
     for model_state in models.values():
         return model_state.physical_to_logical_map.detach().to("cpu", torch.int64)
+    return None
+
+
+def pass_load(state: Any, num_layers: int) -> Any:
+    """The first model's expert_load_pass [L, P] tensor of an EplbState (recent vLLM: state.model_states[name];
+    older: on the state itself) whose L is num_layers; None when there is none. It holds the tokens this rank
+    sent to each physical expert in the current pass until EplbState.step zeroes it (older vLLM counted local
+    experts only, [L, P / ranks]: record_physical refuses that shape)."""
+    models = getattr(state, "model_states", None)
+    candidates = list(models.values()) if isinstance(models, dict) and models else [state]
+    for model_state in candidates:
+        load = getattr(model_state, "expert_load_pass", None)
+        shape = getattr(load, "shape", None)
+        if shape is not None and len(shape) == 2 and int(shape[0]) == num_layers:
+            return load
     return None
 
 

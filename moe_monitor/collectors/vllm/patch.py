@@ -1,9 +1,11 @@
-"""Wrapping vLLM's model runners and EPLB commits, as their modules are imported (no import of vLLM here:
-the plugin is loaded in every vLLM process, most of which never build a model runner).
+"""Where the vLLM plugin hooks into vLLM (no import of vLLM here: the plugin is loaded in every vLLM process, most
+of which never build a model runner). Used by the package's register() and by binding.RunnerBinding.
 
-vLLM has no "model loaded" callback: load_model is wrapped to bind a RunnerBinding right after the model is
-built (before vLLM compiles it or captures CUDA graphs), execute_model to mark the step boundary, EPLB's
-map commits to publish the new layout, and EplbState.step to read each pass's physical load (physical.py). A failure in any of this is logged once and leaves vLLM untouched.
+As their modules are imported: the model runners' load_model (binds a RunnerBinding right after the model is
+built, before vLLM compiles it or captures CUDA graphs) and execute_model (the step boundary), EPLB's map commits
+(a new layout) and EplbState.step (each pass's physical load). At binding: each fused-MoE router's one capture
+slot, shared with vLLM's own routed-experts capturer (attach). A failure in any of this is logged and leaves
+vLLM untouched.
 """
 from __future__ import annotations
 
@@ -14,8 +16,7 @@ import logging
 import sys
 from collections.abc import Callable
 from types import ModuleType
-
-from .physical import patch_eplb_class
+from typing import Any
 
 log = logging.getLogger("vllm.moe_monitor")
 
@@ -26,9 +27,34 @@ RUNNER_MODULES = {  # module -> classes whose own load_model / execute_model are
 }
 EPLB_MODULE = "vllm.distributed.eplb.eplb_state"
 EPLB_COMMITS = ("_commit_eplb_maps", "_commit_eplb_maps_for_layer")
+EPLB_CLASS = "EplbState"
 _MARK = "__moe_monitor_wrapped__"
+Capture = Callable[[Any], None]
 
 
+# ------------------------------------------------------------------ a router's capture slot
+def chained(other: Capture | None, ours: Capture) -> Capture:
+    """ours alone, or a function calling other and then ours with the same topk_ids [N, K]."""
+    if other is None or other is ours:
+        return ours
+
+    def both(topk_ids: Any) -> None:
+        other(topk_ids)
+        ours(topk_ids)
+    return both
+
+
+def attach(router: Any, ours: Capture) -> None:
+    """Make ours one of the router's capture functions, whatever is set before or after. A router keeps a single
+    capture_fn (BaseRouter.set_capture_fn) and vLLM binds its routed-experts capturer after load_model, where
+    the plugin binds: the router's set_capture_fn is replaced, on that router only, by one that keeps ours called
+    after the new one."""
+    original_set = router.set_capture_fn
+    original_set(chained(getattr(router, "capture_fn", None), ours))
+    router.set_capture_fn = lambda fn: original_set(chained(fn, ours))
+
+
+# ------------------------------------------------------------------ runner and EPLB methods
 def wrap_load_model(original: Callable, bind: Callable) -> Callable:
     @functools.wraps(original)
     def load_model(self, *args, **kwargs):
@@ -78,10 +104,46 @@ def wrap_commit(original: Callable, on_commit: Callable[[], None]) -> Callable:
     return commit
 
 
+def step_flags(args: tuple, kwargs: dict) -> tuple[bool, bool]:
+    """(is_dummy, is_profile) of an EplbState.step call: by keyword, else the first and second bool positional
+    (recent vLLM: step(is_dummy, is_profile, log_stats); older: step(model, is_dummy, is_profile, log_stats))."""
+    flags = [arg for arg in args if isinstance(arg, bool)]
+    is_dummy = kwargs.get("is_dummy", flags[0] if flags else False)
+    is_profile = kwargs.get("is_profile", flags[1] if len(flags) > 1 else False)
+    return bool(is_dummy), bool(is_profile)
+
+
+def wrap_eplb_step(original: Callable, on_pass: Callable[[Any], None]) -> Callable:
+    """EplbState.step with on_pass(state) called first on real (not dummy, not profile) steps, while the pass's
+    expert_load_pass is still unzeroed (EPLB skips dummy and profile steps too); a failure there is logged and
+    never reaches vLLM."""
+    @functools.wraps(original)
+    def step(self, *args, **kwargs):
+        is_dummy, is_profile = step_flags(args, kwargs)
+        if not is_dummy and not is_profile:
+            try:
+                on_pass(self)
+            except Exception as exc:
+                log.warning("moe monitor: EPLB pass load not read: %s: %s", type(exc).__name__, exc)
+        return original(self, *args, **kwargs)
+    setattr(step, _MARK, True)
+    return step
+
+
+def patch_eplb_class(module: Any, on_pass: Callable[[Any], None]) -> None:
+    """Wrap module.EplbState.step (when the module defines it); twice is harmless."""
+    cls = getattr(module, EPLB_CLASS, None)
+    if cls is None:
+        return
+    method = vars(cls).get("step")
+    if method is not None and not getattr(method, _MARK, False):
+        cls.step = wrap_eplb_step(method, on_pass)
+
+
 def patch_module(module: ModuleType, bind: Callable, on_commit: Callable[[], None],
                  on_pass: Callable[[object], None] | None = None) -> None:
     """Wrap what `module` defines (a runner module or EPLB's state module); twice is harmless. on_pass(state):
-    called by EplbState.step before each real step (physical.py); None leaves step unwrapped."""
+    called by EplbState.step before each real step (wrap_eplb_step); None leaves step unwrapped."""
     for class_name in RUNNER_MODULES.get(module.__name__, ()):
         cls = getattr(module, class_name, None)
         if cls is None:
