@@ -3,18 +3,11 @@
     from moe_monitor.collectors import attach
     monitor = attach(model, redis_url="redis://127.0.0.1:6379/0", run="deepseek-prod")
     model.generate(**batch)
-    monitor.counts()      # int64 [L, E] (MoE layers x experts), cumulative
-    monitor.layer_names   # module paths, same order as the rows
+    monitor.counts()      # int64 [L, E] (MoE layers x experts), cumulative; monitor.layer_names: the rows
     monitor.close()
 
-Engines that are not transformers models use ExpertLoadMonitor(num_layers, num_experts, top_k, ...)
-with record(layer, topk_ids) and end_step(phase), and publish_layout(physical_to_logical_map) when they move
-experts (EPLB). Tuning knobs (sampling, layout, buffering, NVML, trace
-file) are MonitorOptions fields, passed as options= or by name.
-
-Modules: discovery (find the MoE layers), hooks (per-family hooks), counter (on-device counts), monitor
-(ExpertLoadMonitor), hf (attach), options (MonitorOptions), publisher (the background thread), outbox (what waits for each sink), sinks
-(Redis, trace file), nvml (GPU sampler), trace (record_trace), dist (rank and world size).
+Other engines feed ExpertLoadMonitor (monitor.py) directly; tuning knobs are MonitorOptions fields (options.py),
+passed as options= or by name. Integrations: hf, megatron, torchtitan, vllm/, sglang/. docs/collectors.md.
 """
 from __future__ import annotations
 

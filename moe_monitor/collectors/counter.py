@@ -1,38 +1,13 @@
-"""On-device expert counting: one flat int32 buffer per monitor, one host copy per step.
+"""On-device expert counting: one flat int32 buffer per monitor, one host copy per step (DeviceCounter).
 
-Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens (a step's tokens, or
-its sampled rows: at most sample_tokens of them per layer). E1 = E + 1: the experts and one column for
-invalid ids.
-
-The step buffer (STEP_DTYPE int32, allocated once on the model's device) holds, back to back:
-    counts_LE1 [L*(E+1)]  tokens routed to each expert this step, column E: ids outside [0, E) (never published
-                         as an expert; reported as the invalid-id count)
-    sample_LNK [L*N*K]   top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
-    sample_valid_N [N]   1 where the sampled token is a real (non-padding) token
-    tokens [1]           real tokens in the step (counted on the device only under a padding mask)
-int32, not int64: one step's counts are far below 2**31, and torch.compile's inductor turns a put_ (accumulate)
-into an int32 target into an atomic add inside the layer's fused kernel, where an int64 one stays a separate
-index_put_ call (about 10 us a layer on the CPU inside a compiled forward: bench/capture_compiled.py); the
-running total, int64, holds the sums.
-At the step boundary the whole buffer is copied once into a host slot (pinned memory on CUDA, with an
-event the publisher thread waits on), folded into the running total and zeroed on the device. Device ops:
-per layer a clamp of the ids into [-1, E], a put_ (accumulate) into the layer's row, where -1 wraps to
-column E, and, when sampling, one copy of the sampled rows (in eager mode on the CPU the same for all the
-step's layers at once when the step closes: DeviceCounter.flush); per step the copy, the add and the zeroing
-(plus a fill of the sampled rows with -1 before a step whose rows are published, and a few more under a
-padding mask). On the CPU the copy and the resets are memcpys through byte views of the same memory (no
-torch op, no numpy call), and the add waits until the publisher thread is done with the host slot
-(DeviceCounter.fold): at the end of a decode step, after a forward has evicted the caches, each op or object
-the model's thread touches costs microseconds (bench/step_boundary.py). The
-invalid-id rule is the same on every device, with no host sync: an id outside [0, E) lands in column E,
-never on an expert.
-
-CUDA streams: the per-layer ops run on the stream that is current when a layer is recorded; begin_step(),
-the snapshot at end_step() and counts() each make the stream current at that moment wait for the stream the
-previous of them ran on (stream.wait_stream: ordering on the device, no host sync). So the layers of a step
-must be recorded on the stream current at begin_step() (for attach(): the stream the model's forward starts
-on), or be joined into it before end_step(), as a model joins its side streams before its output is used;
-end_step() may then run on any stream. Nothing here ever waits for the device.
+The step buffer (STEP_DTYPE, allocated once on the model's device) holds, back to back:
+    counts_LE1 [L*(E+1)]  tokens routed to each expert this step; column E: ids outside [0, E) (invalid ids)
+    sample_LNK [L*N*K]    top-k ids of the step's n <= N sampled tokens in every layer (first n rows valid)
+    sample_valid_N [N]    1 where the sampled token is a real (non-padding) token
+    tokens [1]            real tokens in the step (counted on the device only under a padding mask)
+Per layer a clamp into [-1, E] and a put_ (accumulate); per step one copy into a host slot, folded into the
+int64 running total. Nothing here waits for the device. Shapes: L layers, E experts, K top-k, N sampled tokens.
+Why int32, the CPU step boundary and CUDA streams: docs/collectors.md.
 """
 from __future__ import annotations
 

@@ -1,37 +1,12 @@
 """Find the routed-expert layers of an unmodified Hugging Face transformers (5.x) MoE model.
 
-The standard family (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, OLMoE, GPT-OSS and every model whose experts
-module's forward takes the routed ids second: `(hidden_states, top_k_index, top_k_weights)` or
-`(hidden_states, router_indices, routing_weights)`) is hooked with a forward pre-hook on that experts module:
-it sees the exact int64 [tokens, k] ids the model dispatches, whatever the router did (bias correction,
-group-limited routing).
-Families that route elsewhere get small adapters:
-    llama4   forward hook on the Llama4Router: the ids are topk of the logits it returns (the router's own op)
-    jetmoe   forward hook on the MLP gating (JetMoeTopKGating): ids rebuilt from its sorted dispatch order
-    doge     forward pre-hook on the product-key `down_embed`: its input is the [tokens, k] expert ids
-    switch   forward pre-hook on SwitchTransformersExperts: `selected_experts` is a one-hot dispatch mask
-             [tokens, 1, E] (all zero for a token dropped by expert capacity), not ids
-    zaya     standard hook, but weight-0 "skip" slots (id == E) are masked
-    longcat  standard hook, zero-compute experts (ids >= n_routed_experts) are masked
-
-E and top-k, per layer, come from the first source that says:
-    1. the config of the layer's model: the nearest module above it (or itself) that holds a transformers
-       config (for a multimodal model that is its text model, whose config is the text_config), then the
-       configs nested in it (DBRX's ffn_config, ... any attribute that is a PretrainedConfig), then the top
-       model's text config (config.get_text_config()) and the configs nested in it, then the top config
-       and its text_config, language_config, llm_config, thinker_config, ... (not a vision or audio
-       sub-config: its experts are other experts), under any of the names in _EXPERT_KEYS / _TOPK_KEYS;
-    2. E: the experts module's own weights (the length of a ModuleList / ModuleDict of experts, else the
-       smallest leading dim of its stacked [E, ...] parameters: LongCat's gate_up_proj also holds its
-       zero-compute experts, its down_proj does not), then its attributes (num_experts, ...);
-       top-k: the attributes of the router (top_k, num_experts_per_tok, ... of the experts module, of the MoE
-       block above it and of the block's other children: the gate / router);
-    3. top-k only: nobody says: MoELayer.top_k is None and attach() reads it from the width of the ids the
-       layer receives at its first call.
-E is never taken from the ids: an id outside [0, E) is data (an invalid id), not a size.
-When MoE layers sit in more than one model of a composite model (a speech talker beside the thinker, a
-vision encoder with experts of its own), the layers of the text model (those whose model's config is of
-the class of config.get_text_config()) are the ones counted.
+The standard family (Mixtral, Qwen-MoE, DeepSeek-V2/V3, OLMoE, GPT-OSS, ...: an experts module whose forward
+takes the routed ids second) is hooked with a forward pre-hook on the experts module: the exact int64
+[tokens, k] ids the model dispatches. Adapters for families that route elsewhere: llama4 (router), jetmoe
+(gating), doge (product keys), switch (one-hot dispatch mask), zaya and longcat (masked skip / zero-compute ids).
+E and top-k per layer: the layer's (text) config and the configs nested in it, then the experts module's own
+weights and attributes; top-k left None is read from the ids at the first call. E is never taken from the ids.
+Used by collectors.hf.attach; the lookup order in full: docs/collectors.md.
 """
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""Hook functions that turn a layer's routing into counter updates (per family), and what the step hooks
-read from a top-level call (its shape, padding mask and phase).
+"""Hook functions that turn a layer's routing into counter updates (per family), and what the step hooks read
+from a top-level call (its shape, padding mask and phase).
 
-Every per-layer hook only enqueues tensor ops on the model's device: no .item(), no .cpu(), no Python
-branching on tensor values, so it is safe under torch.compile and CUDA graph capture. No hook raises into
-the model's forward: whatever goes wrong (an input or output of a shape the adapter does not know, a
-failing op) is caught, counted and reported by the monitor (stats() hook_errors / last_error, the
-published health), that layer's call is not counted, and every other layer goes on.
-Shape legend (README, Conventions): N tokens, K top-k; ids_NK are the int64 [N, K] ids a layer dispatches.
-A layer whose ids are not K wide (a layer of another top-k than the monitor's, a top-k read from a router
-attribute that the model does not use) is still counted exactly, through the validity-mask path (the step's
-padding mask applied per token); only its sampled rows are not kept.
+Per-layer hooks only enqueue tensor ops on the model's device (no .item(), no .cpu(), no branching on tensor
+values): safe under torch.compile and CUDA graph capture. A hook never raises into the forward: a failure is
+counted and reported by the monitor (stats() hook_errors / last_error) and that layer's call is not counted.
+ids_NK: the int64 [N, K] ids a layer dispatches (N tokens, K top-k). A layer whose ids are not K wide is still
+counted exactly, through the validity-mask path; only its sampled rows are not kept.
 """
 from __future__ import annotations
 

@@ -1,45 +1,13 @@
 """attach_megatron(model): count a Megatron-Core MoE model's routing, one step per training iteration.
 
     monitor = attach_megatron(model, redis_url="redis://...", run="moe-pretrain")   # after initialize_model_parallel
-    for iteration in range(train_iters):
-        with monitor.iteration():                    # or: train_step(...); monitor.end_step()
-            train_step(...)                          # forward + backward of every micro-batch, optimizer step
-    monitor.close()
+    with monitor.iteration():                    # or: train_step(...); monitor.end_step()
+        train_step(...)                          # every micro-batch's forward + backward, optimizer step
 
-What is counted: the routing map each Megatron router (megatron.core.transformer.moe.router.Router: TopKRouter
-and its subclasses) returns from forward(), the bool [N, E] map the token dispatcher sends tokens by, after
-the score function, group-limited top-k, the expert bias and capacity dropping (a dropped token is not
-counted, a padded one is: the experts compute both). A forward hook on each router turns the map into the
-counter's [N, K] ids with a validity mask (top-k of the map: ids of its True entries, 0 where a token has
-fewer than K) and adds them into the monitor's fixed device buffers: device ops only, no .item(), no
-nonzero(), no host sync, the same under CUDA graph capture as the transformers path. Under
-moe_pad_expert_input_to_capacity a token may be sent to more than K experts: then the map is counted in
-full ([N, E] ids 0..E-1, the map as the mask).
-
-Recomputation: a router forward that runs inside autograd's backward pass (Megatron's activation
-recomputation, recompute_granularity full or selective "moe"; torch.utils.checkpoint, reentrant or not)
-is the same tokens a second time and is not counted (torch._C._current_graph_task_id() != -1 there).
-
-Steps: one step per training iteration, closed by end_step() (phase "train" unless given) or by leaving
-iteration(); every micro-batch's forward in between is in it. tokens: the tokens of the rank's first MoE
-layer over the step's micro-batches (N = S * B of each forward; under a CUDA graph replay no Python hook
-runs, and the step's tokens are then taken from its counts).
-
-Layers and ranks: rows are the model's MoE layers numbered globally, as Megatron numbers them
-(router.layer_number: 1-based, pipeline offset included), over every MoE layer of the model
-(config.num_layers and moe_layer_freq), so a pipeline stage's rows for other stages' layers stay 0 and the
-stages' records add up; named decoder.layers.<n> (0-based), then MTP layers (config.mtp_num_layers; Megatron
-numbers them num_layers + 1 ...) as mtp.layers.<i>. Each process publishes as its
-torch.distributed global rank of the world: every rank routes its own tokens (data, expert, context and,
-with sequence parallelism, tensor parallel ranks alike), so the ranks' records sum to the model's load.
-gpus (the layout's group) defaults to the expert-parallel size; Megatron places experts contiguously
-(rank r of the expert-parallel group holds experts r * E / EP ...), which is the default layout.
-monitor.parallel holds the run's parallel sizes and this rank's indices (parallel_state's).
-Tensor parallelism without sequence parallelism (inference only: Megatron refuses it in training) routes
-the same tokens on every tensor-parallel rank: there each rank's records count them again.
-
-megatron is imported only here, and only when attach_megatron() runs. Shape legend (README, Conventions):
-L MoE layers, E experts, K top-k, N tokens of one forward.
+A forward hook on each Router turns its bool routing map [N, E] into [N, K] ids and a validity mask, added into
+the counter's device buffers (no host sync); a router forward inside backward (recomputation) is not counted.
+Rows are Megatron's global MoE layer numbers, then MTP layers; each process publishes as its global rank.
+Shapes: L MoE layers, E experts, K top-k, N tokens of one forward. What is counted and why: docs/megatron.md.
 """
 from __future__ import annotations
 

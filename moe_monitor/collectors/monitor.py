@@ -1,19 +1,13 @@
 """ExpertLoadMonitor: the generic collector, fed by any engine (hf.attach() feeds it from hooks).
 
-    mon = ExpertLoadMonitor(num_layers=58, num_experts=256, top_k=8, device="cuda", redis_url=..., run="prod",
-                            gpus=32, nodes=4)
-    mon.record(layer, topk_ids)          # int [tokens, k], every MoE layer, every step
+    mon = ExpertLoadMonitor(num_layers=58, num_experts=256, top_k=8, device="cuda", redis_url=..., run="prod")
+    mon.record(layer, topk_ids)          # int [N, K], every MoE layer, every step
     mon.end_step(phase="decode")         # once per step
-    mon.publish_layout(physical_to_logical_LP)   # when the engine moves experts (EPLB): in force from the next step
+    mon.publish_layout(layout_LP)        # when the engine moves experts (EPLB): in force from the next step
     mon.record_physical(counts_LP)       # optional, after end_step: tokens per physical slot its balancer sent
 
-Shape legend (README, Conventions): L MoE layers, E logical experts, K top-k, N tokens of a step, P physical
-slots of a layout.
-counts() -> int64 [L, E], cumulative since the monitor was made, rows in layer order.
-
-Nothing here raises into the model's forward: a hook that cannot count records the failure (stats()
-hook_errors and last_error, the published health) and the other layers go on. Ids outside [0, E) are
-counted as invalid (stats() invalid_ids, invalid_counts(), the health's invalid_ids), never as an expert.
+counts() -> int64 [L, E], cumulative. Nothing raises into the model's forward: a failing hook is counted
+(stats() hook_errors, last_error) and ids outside [0, E) are counted as invalid, never as an expert.
 """
 from __future__ import annotations
 

@@ -44,11 +44,9 @@ class MonitorOptions:
         (pinned memory on CUDA): 256 of DeepSeek-V3's 58 x 256 experts, 16 sampled tokens, take 256 x 89 kB, about
         23 MB.
     publish_interval_s: how often the publisher thread takes the finished steps (at once when half the host
-        slots are in use) and the writers send them: a step reaches Redis within about this. Each round has
-        fixed costs (a health record, a few commands besides the steps, thread wake-ups) that its steps share:
-        at 575 decode steps a second of a tiny model (2 x 8 experts, top-2, 8 tokens), 0.1 s rounds over 64 host
-        slots cost the collector's threads 48 us of CPU a step, 0.25 s rounds over 256 slots 24 us (medians of 5
-        runs on this repo's 2-core VM; bench.publishing measures the same threads at its own rates).
+        slots are in use) and the writers send them: a step reaches Redis within about this. A round's fixed
+        costs (a health record, a few commands besides the steps, thread wake-ups) are shared by its steps
+        (CPU per published step: docs/collectors.md, `python -m bench.publishing`).
     memory_budget_bytes: the Redis step stream is trimmed (MAXLEN ~) to stay near this size.
     nvml, nvml_interval_s: sample the GPUs with NVML every interval (clamped to 0.25-1 s).
     redis_timeout_s: socket (and connect) timeout of the publisher's Redis client: a write to a Redis that

@@ -1,30 +1,11 @@
 """The background publisher: the only threads that write to the sinks. The model's forward never waits on it.
 
-Forward thread  --submit(StepJob)-->  inbox (bounded by the host slots)  --> the publisher thread, every
-flush_interval_s (and at once when the inbox holds wake_at steps): wait for the slot's copy, decode it, give
-the slot back and queue the StepRecord for every sink (each sink's queue holds at most queue_steps: when full
-the oldest is dropped and counted). This thread never does I/O, so it keeps freeing host slots whatever the
-sinks do: the queue bound is the real one at any step rate.
-
-Each sink has a writer thread of its own that hands it one batch of at most `batch` records with the NVML
-samples that arrived and the publisher's health report. A sink whose write raises keeps its batch (the
-records that did land, see sinks.PartialWrite, are taken off) and its samples (the newest thousand) and is
-tried again after a backoff from 0.1 s doubling to 2 s; only its writes back off, and the other sinks go on,
-even while one hangs in a write (bounded by its own timeout: the Redis socket timeout). Every record carries
-the steps dropped before it reached that sink (no free host slot, a failed decode, that sink's full queue),
-stamped when it is written. While a batch is being written it is held on top of the queue_steps bound; if
-the write fails it goes back to the head of the queue and the oldest beyond the bound are dropped.
-
-Layout changes (core.LayoutRecord, submit_layout) take the same way in a queue of their own per sink, never
-touched by the step queue's bound: every batch carries all that wait (before its steps), a failed write
-keeps those that did not land, and they wait as long as the sink is down. Only past MAX_LAYOUTS waiting
-layouts (hundreds of rebalances during one outage) is the oldest dropped, counted in dropped_layouts.
-
-Timing records (core.TimingRecord, a step's per-layer phase times, read by `decode_timing` on this thread
-from StepJob.timings) and physical-slot counts (core.PhysicalRecord from collectors.physical's jobs,
-submit_physical, an inbox bounded by queue_steps) wait in queues of their own per sink, bounded like the steps'
-(the oldest dropped and counted in dropped_timings, dropped_physical); a batch carries at most `batch` of each,
-after its steps. A sink is handed timings= or physical= only when there are some.
+Forward thread --submit(StepJob)--> inbox (bounded by the host slots) --> the publisher thread (no I/O): every
+flush_interval_s it waits for a slot's copy, decodes it, frees the slot and queues the StepRecord for every
+sink (at most queue_steps each: the oldest dropped and counted). Each sink has a writer thread that hands it
+batches of at most `batch` records with the NVML samples and health report, and backs off (0.1 s doubling to
+2 s) while its writes fail. Layout changes (submit_layout), timings and physical counts (submit_physical) wait
+in queues of their own per sink. Used by collectors.monitor; the guarantees: docs/wire.md.
 """
 from __future__ import annotations
 

@@ -1,24 +1,13 @@
 """The zero-plugin path: the routed experts a vLLM or SGLang server returns with each response (started with
 --enable-return-routed-experts), turned into sampled step records and published like every collector's.
 
-Nothing runs inside the engine: a client (`moe-monitor routed`, cli/routed.py) sends requests or proxies them,
-and hands each response body to RoutedSampler.add(). Each request becomes up to two step records, its prompt
-rows (phase "prefill") and its generated rows ("decode"), counted over the MoE layers kept, with at most
-sample_tokens rows of each sampled evenly. They are a sample of the traffic (the requests this client saw, not
-the engine's batches): the run's metadata says so (extra["source"] = "routed_experts").
-
-Where the engines put them (read from their source):
-- vLLM 0.32 (/v1/completions, /v1/chat/completions): choices[i].routed_experts, base64 of .npy bytes
-  (np.save, allow_pickle=False), shape [T, L, K], dtype uint8 (E <= 256), uint16 or int32, where T = the prompt
-  tokens from routed_experts_prompt_start on + generated tokens - 1 (the last generated token was never fed
-  back) and L = every hidden layer of the model (a dense layer's rows hold 0). The server flag alone turns it on;
-  vLLM refuses it without Model Runner V2 and prefix caching (cached prompt tokens come back from its store).
-- SGLang (/v1/completions, /v1/chat/completions): the response's sglext.routed_experts (the first choice's);
-  /generate: meta_info.routed_experts. Base64 of raw int32 C-order bytes [T, L, K] (L = num_hidden_layers), only
-  when the request asks for it ("return_routed_experts": true).
-
-Shape legend: T routed tokens of a request, L layers in the response, M MoE layers kept, K top-k, E logical
-experts, N sampled tokens.
+A client (`moe-monitor routed`, cli/routed.py) hands each response body to RoutedSampler.add(); each request
+becomes up to two step records (its prompt rows, phase "prefill", and generated rows, "decode") over the MoE
+layers kept, at most sample_tokens rows of each. A sample of the traffic this client saw, not the engine's
+batches: the metadata says extra["source"] = "routed_experts". Where each engine puts them (vLLM: base64 .npy
+[T, L, K]; SGLang: base64 int32 [T, L, K]): docs/vllm-parallel.md.
+Shapes: T routed tokens of a request, L layers in the response, M MoE layers kept, K top-k, E experts,
+N sampled tokens.
 """
 from __future__ import annotations
 

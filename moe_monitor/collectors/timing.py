@@ -1,23 +1,13 @@
-"""Per-step wall time of each MoE layer and its phases (dispatch, expert compute, combine), for engines with
-an all-to-all (expert parallelism). The monitor's time_layer() / record_times() feed it; a model without
-an all-to-all (one process) simply never calls them and publishes no timing records.
+"""Per-step wall time of each MoE layer and its phases (dispatch, expert compute, combine), for engines with an
+all-to-all; the monitor's time_layer() / record_times() feed it (a model that never calls them publishes none).
 
     with monitor.time_layer(layer) as t:     # the whole MoE layer
-        with t.dispatch(): ...               # all-to-all out (with the split-size exchange)
-        with t.compute(): ...                # this rank's expert FFNs
-        with t.combine(): ...                # all-to-all back + weighted sum
+        with t.dispatch(): ...               # also t.compute(), t.combine()
 
-Shape legend (README, Conventions): L MoE layers. Times are seconds, float32 [4, L] in core.TIMING_PHASES
-order (dispatch, compute, combine, layer); NaN = not measured this step. A phase timed twice in one step
-adds up.
-
-CPU: time.perf_counter() at each boundary, summed on the host as the step runs.
-CUDA: each boundary records a torch.cuda.Event (enable_timing) on the stream current at that moment, taken
-from a pool of event slots (one per step in flight, 8 L events each, made once and reused; at most
-`max_slots`, the monitor's host_slots); the model's thread never waits for the device. end_step() hands the
-step's slot to the publisher with the step; the publisher thread synchronises on the events and reads
-elapsed_time() there, then gives the slot back. When every slot is in flight (the publisher far behind) or a
-step times more than 4 phases per layer, the extra measurements are skipped and counted (`skipped`).
+Times: seconds, float32 [4, L] in core.TIMING_PHASES order (dispatch, compute, combine, layer); NaN = not
+measured; a phase timed twice in a step adds up. CPU: time.perf_counter(); CUDA: events from a pool of at most
+max_slots slots, read on the publisher thread (the model never waits); measurements beyond the pool or beyond
+4 phases per layer are skipped and counted (`skipped`). Details: docs/collectors.md (Layer timings).
 """
 from __future__ import annotations
 

@@ -1,37 +1,13 @@
 """attach(): count the routing of a torchtitan MoE model (torchtitan.models.common.moe.MoE) on the device.
 
     mon = attach(model_parts, redis_url=..., run="dsv3-train", optimizers=optimizers, parallel_dims=parallel_dims)
-    for step in range(steps):                # one training iteration = one monitor step (phase "train")
-        for micro_batch in micro_batches:    # gradient accumulation: every micro-batch is in the same step
-            loss_fn(model(tokens), labels).backward()
-        optimizers.step()                    # the step post-hook closes the step: mon.end_step("train")
+    ... train as usual: the optimizers' step post-hook closes each step (mon.end_step("train")) ...
     mon.close()
 
-Shape legend (README, Conventions): L MoE layers (this rank's, in model order), E logical experts, K top-k,
-B batch, S sequence, T = B*S tokens of one forward.
-
-What is counted: each MoE layer's RoutedExperts receives (x_BLD, topk_scores_BLK, topk_expert_ids_BLK,
-num_local_tokens_per_expert_E); a forward pre-hook there counts topk_expert_ids_BLK, the ids the experts compute
-with, whatever the router did (expert_bias, node-limited groups, _debug_force_load_balance), before any
-expert-parallel all-to-all: logical ids of this rank's tokens. Two device ops into the monitor's fixed buffer
-(collectors/counter.py), no host sync, nothing that changes from step to step.
-
-Not counted: a forward of a MoE module in eval mode (as torchtitan's own tokens_per_expert_E), and the
-recomputation of a block under activation checkpointing (torch.utils.checkpoint re-runs the forward inside
-the backward: the hook sees it running inside an autograd graph task and skips it). torchtitan's
-tokens_per_expert_E counts such recomputations twice (its own TODO in moe.py; the optimizer halves it under
-full AC only), is float32 and is zeroed by the expert-bias optimizer pre-hook: it is not read here.
-
-Steps: every forward between two end_step() calls belongs to one step; with optimizers given, a step
-post-hook on them calls end_step("train") after every optimizer step (torchtitan's OptimizersContainer or
-any torch.optim.Optimizer). tokens: the tokens of this rank's forwards of the step, read from the shapes of
-what the first model part was called with (host only; a micro-batch passes every part of a pipeline rank).
-Ranks: torch.distributed's global rank and world size (collectors/dist.py); with parallel_dims (torchtitan's
-ParallelDims) the data-, expert-, tensor-, context- and pipeline-parallel sizes are kept in monitor.parallel.
-Router outputs that are DTensors are counted from their local shard; a rank whose shard is a replica
-(Replicate on a mesh dimension of size > 1, coordinate > 0) does not count it, so no token is counted twice.
-
-torchtitan is imported inside the functions here only: moe_monitor.collectors imports without it.
+A forward pre-hook on each RoutedExperts counts topk_expert_ids_BLK (logical ids of this rank's tokens, before
+any all-to-all) into the counter's device buffer; eval-mode forwards and activation-checkpoint recomputes are
+not counted. Shapes: L MoE layers (this rank's), E experts, K top-k, B batch, S sequence. torchtitan is imported
+inside the functions only. What is counted and why: docs/torchtitan.md.
 """
 from __future__ import annotations
 

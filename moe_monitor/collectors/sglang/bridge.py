@@ -1,16 +1,11 @@
-"""The bridge loop: watch SGLang's dump folder, turn each complete dump into step records (and layout
-records; for per_pass / per_token dumps also physical records: jobs.py), publish them through
-collectors.sinks.RedisSink, remember what was read (state.py); optionally
-drive the server's recorder endpoints on a period (server.py).
+"""The bridge loop (one thread): watch SGLang's dump folder, turn each complete dump into records (jobs.py),
+publish them through collectors.sinks.RedisSink, remember what was read (state.py); optionally drive the
+server's recorder endpoints on a period (server.py). GPUs and metadata: runmeta.py.
 
-One thread. Every failure is one line on the log, said once per outage or per file, and never a crash:
-Redis down (the file's records are kept and retried at the next poll; nothing is marked read until they
-landed), the server down (retried every period; recording is started again once it answers), the folder
-missing (SGLang creates it with its first dump), a file that is not a good dump (refused, remembered, never
-read again). Settings that cannot work (no top-k for a dump that needs it, --gpus that does not divide the
-layout) stop the bridge with a ConfigError.
-
-GPUs of the layout and the run's metadata: runmeta.py.
+Every failure is one log line, once per outage or per file, never a crash: Redis down (retried at the next poll;
+nothing is marked read until it landed), the server down (retried every period), the folder missing, a bad dump
+(refused, remembered). Settings that cannot work (no top-k where a dump needs it, --gpus that does not divide
+the layout) stop the bridge with a ConfigError.
 """
 from __future__ import annotations
 

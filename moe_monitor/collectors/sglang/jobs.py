@@ -1,15 +1,10 @@
-"""One checked SGLang dump turned into what the bridge publishes (a Job): step records, for per_pass /
-per_token dumps the layout record when the dump's physical_to_logical_map changed and each pass's physical
-record (its global_physical_count, the tokens its rank sent to every physical slot as SGLang's dispatch placed
-them). Pure: nothing here touches Redis or the folder; bridge.py publishes and remembers.
+"""One checked SGLang dump turned into what the bridge publishes (a Job): step records and, for per_pass /
+per_token dumps, the layout record when the dump's physical_to_logical_map changed and each pass's physical
+record (its global_physical_count). Pure: bridge.py publishes and remembers.
 
-Same-batch ranks (SGLang without DP attention, `--same-batch-ranks G`): every rank routes the whole batch, so each
-rank's per_pass / per_token file repeats rank 0's passes and a stat dump's rows (an all_reduce over the ranks)
-count every token G times. Rank 0's pass files are published for all G ranks (world size 1, scope "dp-group"; its
-physical counts are every slot's tokens) and the others are left unread; stat rows are divided by G, and a row
-that G does not divide is refused (those ranks did not route one batch).
-
-Shape legend: T passes or buffered rows of the dump, L layers, E experts, P physical slots.
+Same-batch ranks (`--same-batch-ranks G`, no DP attention): rank 0's pass files are published for all G ranks
+(world size 1, scope "dp-group"), the others left unread; stat rows are divided by G, and a row G does not
+divide is refused. Why: docs/collectors.md. Shapes: T passes or rows of the dump, L layers, E experts, P slots.
 """
 from __future__ import annotations
 

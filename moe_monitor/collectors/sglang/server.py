@@ -1,15 +1,10 @@
-"""The SGLang server's recorder endpoints, driven over HTTP with the standard library (no code in SGLang).
+"""The SGLang server's recorder endpoints, driven over HTTP with the standard library (no code in SGLang):
+POST /start_expert_distribution_record (and clear), /dump_expert_distribution_record (write the dump files and
+start over), /stop_expert_distribution_record.
 
-POST /start_expert_distribution_record   start recording (and clear what was recorded)
-POST /dump_expert_distribution_record    write the dump files into SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR
-                                         and start over (recording goes on)
-POST /stop_expert_distribution_record    stop recording
-
-The endpoints need the server's admin API key when one is set: the bridge sends `Authorization: Bearer` with
-the key read from an environment variable (never from the command line). The key goes to --server only: a
-redirect (any 3xx) is refused, not followed (urllib would send the key on to wherever it points), with one
-error naming the status and the Location; and the first call over plain http to a host that is not this
-machine's loopback says once that the key (and the admin endpoints) cross the network unencrypted.
+The admin API key, read from an environment variable, goes as `Authorization: Bearer` to --server only: a
+redirect (any 3xx) is refused with one error naming the status and Location, never followed; the first call over
+plain http to a host that is not loopback says once that the key crosses the network unencrypted.
 """
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""What the bridge has read, kept in Redis under the run's keys so a restarted bridge never publishes a dump
-twice:
+"""What the bridge has read, kept in Redis under the run's keys so a restarted bridge never publishes a dump twice:
 
     moe:R:sglang_seen   hash: dump file name -> JSON {"size", "mtime_ns", "status", "steps", "why"}
-                        status "published" (its steps are in moe:R:steps), "empty" (no steps in it) or
-                        "refused" (why says why; reported once, never read again)
+                        status "published", "empty" or "refused" (why says why; never read again)
     moe:R:sglang_state  string: JSON {"instance", "ids" (stepids.StepIds), "layout_sha256", "gpus", "world",
                         "top_k", "published_by_rank"}
 
-A file is the same file while its name, size and modification time (ns) are; a file rewritten under the same
-name is read again. The seen entry and the state are written in one MULTI after the file's records landed:
-a bridge killed between the two writes the same steps again on restart (same instance, steps and ranks),
-which readers skip as repeats. The hash grows by about 100 bytes per dump file; delete it together with the
-dump files when cleaning the folder. Like every key of a run they are core.run_key(run, ...) (moe:{R}:name): in a
-Redis Cluster both share the run's slot, which the MULTI needs.
+A file is the same file while its name, size and mtime (ns) are. Both are written in one MULTI after the file's
+records landed (a bridge killed in between writes the same steps again, which readers skip as repeats); in a
+Redis Cluster the run's hash tag puts them in one slot, which the MULTI needs.
 """
 from __future__ import annotations
 

@@ -1,14 +1,10 @@
-"""Step ids and step times for bridged dumps: monotonic per run across dumps, restarts of the bridge and
-restarts of the SGLang server (pure: the bridge persists the state as JSON with the run's keys).
+"""Step ids and step times for bridged dumps, monotonic per run across dumps, bridge restarts and SGLang server
+restarts (pure: the bridge persists the state as JSON with the run's keys).
 
-per_pass / per_token: a forward pass is the same step on every rank, so step = offset + forward_pass_id
-(SGLang's pass ids are aligned across ranks and keep counting across dumps). The offset starts at 0 and only
-grows: when a rank's pass ids go backwards (the server restarted), a new epoch starts with an offset that
-puts its first pass right after the largest step handed out; the other ranks join that epoch when their
-first file of it arrives. stat: the non-zero rows of a dump get the next free step ids, in buffer order.
-
-Times: SGLang keeps no time per pass. A dump's steps are spread evenly over the interval since the previous
-dump of the same rank (the first dump: `default_span_s` before it), ending at the dump's time.
+per_pass / per_token: step = offset + forward_pass_id (aligned across ranks); when a rank's pass ids go backwards
+(a server restart) a new epoch starts right after the largest step handed out, and the other ranks join it with
+their first file of it. stat: a dump's non-zero rows get the next free ids. Times: a dump's steps are spread
+evenly over the interval since the same rank's previous dump (the first: `default_span_s`).
 """
 from __future__ import annotations
 
