@@ -1,5 +1,5 @@
-"""The fault suite's short version (bench.faults), through the real code paths: 32 simulated ranks at 20 steps/s
-publishing through the collectors' Publisher and RedisSink (bench.faults_ranks), the aggregator as its CLI, the
+"""The fault suite's short version (bench.harness.faults), through the real code paths: 32 simulated ranks at 20 steps/s
+publishing through the collectors' Publisher and RedisSink (bench.harness.ranks), the aggregator as its CLI, the
 dashboard's reader (WatchedRun over RedisSource), against a private redis-server, while three faults happen one
 after another, each once the previous one recovered: the aggregator SIGKILLed while it commits and restarted
 (a 2 s lease), the aggregator's lease stolen and given back, Redis SIGSTOPped for 3 s. Every rank-step the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import faults
+from bench.harness import faults
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from bench import loadgen, routing
-from bench.scale_aggregator import caught_up, progress, start_aggregator, stop_aggregator
-from bench.scale_probe import DashboardProbe
-from bench.scale_split import runs_on_masters
+from bench.harness.aggregator import caught_up, progress, start_aggregator, stop_aggregator
+from bench.harness.probes import DashboardProbe
+from bench.harness.scale import runs_on_masters
 from moe_monitor import core
 from moe_monitor.dashboard.live.watched import AGGREGATE, WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource

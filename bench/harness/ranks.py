@@ -1,22 +1,10 @@
-"""The writers of bench.faults: simulated expert-parallel ranks that publish as the collectors do.
+"""The writers of bench.faults: simulated expert-parallel ranks that publish as real ranks do, each through a
+collectors.publisher.Publisher (its queue, backoff and retry, health reports) over a RedisSink, fed DeepSeek-V3
+shaped records drawn as the load generator draws them (bench.routing); one may record a trace file too.
 
-bench.loadgen's ranks call RedisSink.write themselves and never retry (they measure what lands). A fault suite
-needs what a real rank does while Redis is away: each rank here is a collectors.publisher.Publisher (the
-collectors' own queue, backoff and retry, one writer thread per sink, the health report once a second) over
-a collectors.sinks.RedisSink, fed DeepSeek-V3-shaped compact step records drawn as bench.loadgen draws them
-(bench.routing: the same pools and seeds, the same run metadata). A rank may also record its own trace file
-(collectors.sinks.TraceFileSink first, as collectors/monitor.py orders them).
-
-Every group of ranks runs in an OS process of its own (spawned; RankGroup.start), so one rank can be SIGKILLed
-alone. All groups share one clock (Clock: an mp.Array): step k of every rank is due at t0 + k / steps_per_s
-(monotonic; its record's time_s is the wall clock's t0 + k / steps_per_s), so a restarted rank's step ids go on
-from the shared clock. A group with first_step None starts at the step due once it is ready to write (a rank
-that restarts resumes at the step the others have reached, without a backlog of steps it never ran).
-
-Every FLUSH_INTERVAL_S a group submits each rank's due steps to its publisher. When the clock's stop step is set,
-every rank submits the steps below it, closes its publisher (which flushes its queue) and the group puts its
-report on the result queue: per rank the steps it published to Redis (what the sink reports landed), those it
-dropped, its failed writes and their last reason, and the trace sink's figures.
+Each group of ranks runs in an OS process of its own (RankGroup), so one rank can be SIGKILLed alone; all share
+one Clock: step k of every rank is due at t0 + k / steps_per_s, so a restarted rank's step ids go on from it.
+At the clock's stop step every rank flushes and its group reports what each rank published, dropped and failed.
 """
 from __future__ import annotations
 

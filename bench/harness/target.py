@@ -1,6 +1,6 @@
-"""Where bench.scale's load goes: a private redis-server or a private LocalCluster (Target), every node with
-maxmemory and maxmemory-policy set; plain clients of its nodes, redis-benchmark's XADD rate into it (entry_size,
-benchmark_xadd) and used_memory in MiB (mib)."""
+"""Where the benchmarks' load goes: a private redis-server (start_redis) or a private LocalCluster (Target), every
+node with maxmemory and maxmemory-policy set; plain clients of its nodes, redis-benchmark's XADD rate into it
+(entry_size, benchmark_xadd) and used_memory in MiB (mib). Used by bench.scale and bench.faults."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""One deployment of bench.faults: a run of simulated ranks (bench.faults_ranks; the last rank in a process of its
-own, recording its own trace file too), the aggregator (`moe-monitor aggregate`, bench.scale_aggregator), the tail
-of its stream, the dashboard's reader and the exporter (bench.faults_watch), against one Redis URL (a single
-redis-server or a cluster). Deployment knows what was written (Segments: per rank and collector instance, the step
-ids its Redis sink published) and counts what was read per span of step ids (Deployment.tally).
+"""The deployment bench.faults runs its faults against: simulated ranks (ranks.py; the last one alone in its
+process, recording a trace file too), the aggregator (`moe-monitor aggregate`), the tail of its stream, the
+dashboard's reader and the exporter (probes.py), all on one Redis URL (a single redis-server or a cluster).
+Deployment knows what was written (Segments: per rank and collector instance, the step ids its Redis sink
+published) and counts what was read per span of step ids (Deployment.tally, a Tally).
 """
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.faults_ranks import Clock, GroupConfig, GroupReport, RankGroup, context
-from bench.faults_watch import AggEntry, AggregateTail, ExporterProbe, PageProbe, wait_for
+from bench.harness.aggregator import progress, start_aggregator, stop_aggregator
+from bench.harness.probes import AggEntry, AggregateTail, ExporterProbe, PageProbe, groups, wait_for
+from bench.harness.ranks import Clock, GroupConfig, GroupReport, RankGroup, context
 from bench.loadgen import split_ranks
-from bench.scale_aggregator import progress, start_aggregator, stop_aggregator
-from bench.scale_probe import groups
 from moe_monitor import core
 from moe_monitor.core.health import decode_health_report
 
