@@ -1,21 +1,11 @@
-"""Expert-layout planning, pure numpy (no torch, no UI): layouts are SGLang's physical_to_logical_map,
-int [L, P] with slot p on GPU p // S (shape legend: README, Conventions).
+"""Expert-layout planning, pure numpy (no torch, no UI): a layout is int [L, P] (SGLang's physical_to_logical_map),
+slot p on GPU p // S.
 
-- plan(counts, gpus, redundant, ...) -> PlanResult: a layout with its predicted balancedness and bounds
-  (policies in POLICIES: EPLB parity, refined, robust over windows, hierarchical over nodes; objective "tail":
-  the per-step p99 under a dispatch policy, planner.tail; the default's held-in pick of its blend, planner.heldin);
-- best_bound / group_partition_bound: how good any layout could be;
-- repair_plan / repair_curve / experts_copied: fix the current layout within a move budget;
-- add_replica / move_replica: one hand edit; replica_budget_curve: imbalance against redundant slots;
-- traffic: all-to-all traffic of sampled top-k rows under a layout;
-- (GPU loads under a layout and balancedness are the load model's: moe_monitor.core.loadmodel);
-- load_counts / load_layout / split_windows: inputs (SGLang logical_count JSON or .pt, traces, layouts);
-- simulate / Schedule / CostModel: replay per-step counts under a layout schedule, straggler + migration time
-  (GPU loads under a dispatch policy, core.dispatch);
-- advise / periodic_schedule / static_schedule: rebalance policies that write schedules;
-- staleness: imbalance at t + delta of layouts fitted at t.
-
-The CLI is `moe-monitor plan` (cli/planner.py).
+- plan -> PlanResult (planner.api; objective "tail": planner.tail); best_bound / group_partition_bound;
+- repair_plan / repair_curve / experts_copied; add_replica / move_replica; replica_budget_curve; traffic;
+- load_counts / load_layout / split_windows (inputs); simulate / Schedule / CostModel (straggler + migration);
+- advise / periodic_schedule / static_schedule (schedules); staleness.
+GPU loads and balancedness are core.loadmodel's and core.dispatch's. The CLI: `moe-monitor plan` (cli/planner.py).
 """
 from .advisor import advise, periodic_schedule, static_schedule
 from .api import POLICIES, PlanResult, plan

@@ -1,23 +1,13 @@
 """Rebalance policies that turn a trace of per-step counts into a layout schedule (planner.simulate prices it).
 
 - ``static_schedule``: the initial layout forever.
-- ``periodic_schedule``: a full re-plan every ``every`` steps on the last ``window`` steps (what engines do:
-  SGLang's EPLB re-plans every 1,000 iterations by default, vLLM's EPLB on a 1,000-step window every 3,000
-  steps); the re-plan is EPLB parity by default, so almost every slot may move.
-- ``advise`` (the advisor): every ``every`` steps it looks at the last ``window`` steps, split into a few
-  windows (the robust planner's view of drift: repair balances the blend of per-layer normalised windows),
-  and asks planner.repair for the moves-vs-imbalance curve from the layout in force. For each point of that
-  curve it predicts the straggler time saved over the next ``horizon_steps`` steps (the drop in mean
-  imbalance x the window's mean GPU load per layer x layers x seconds per token-slot x horizon) minus the
-  migration time of its moves, and takes the move budget with the largest net gain. The repaired layout is
-  then replayed on the window's steps beside the layout in force: its predicted gain is
-  (straggler seconds per step under the current layout - under the repaired one) x horizon_steps, and the
-  change is scheduled only when that gain exceeds its migration time (planner.simulate.CostModel). A layout
-  that repair cannot start from (some GPU holds two replicas of one expert, as EPLB layouts may) is
-  replaced by a full robust re-plan under the same rule.
-
-All decisions at step t see counts of steps < t only. Shapes (README, Conventions): counts_TLE [T, L, E],
-layouts [L, P], P = E + R, slot p on GPU p // (P / G).
+- ``periodic_schedule``: a full re-plan (EPLB parity by default) every ``every`` steps on the last ``window``.
+- ``advise``: every ``every`` steps, planner.repair's moves-vs-imbalance curve from the layout in force (on the
+  last ``window`` steps split into a few windows); the move budget with the largest predicted net gain over
+  ``horizon_steps`` is scheduled only when its gain beats its migration time (CostModel). A layout repair cannot
+  start from (two replicas of one expert on a GPU, as EPLB may write) gets a full robust re-plan instead.
+Decisions at step t see steps < t only. Shapes: counts_TLE [T, L, E], layouts [L, P], P = E + R, slot p on GPU
+p // (P / G). docs/planner.md (Rebalance advisor and simulator).
 """
 from __future__ import annotations
 

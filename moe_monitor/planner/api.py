@@ -1,22 +1,11 @@
-"""One entry point for the What-if page and the CLI: ``plan(counts, gpus, redundant, ...)``.
+"""One entry point for the What-if page and the CLI: ``plan(counts, gpus, redundant, ...)`` -> PlanResult.
 
-Policies
-- "eplb": EPLB parity (hierarchical when nodes and groups are given, else global).
-- "refined": replicate by largest per-replica load, pack without duplicates, then swap and
-  replica-move refinement, then (when S <= 8 slots per GPU, e.g. R = 0) pair re-splits of the busiest
-  GPU until it is within 0.01% of the lower bound or no move helps (global).
-- "hierarchical": groups -> nodes with primaries pinned to their group's node, spares anywhere.
-- "robust": one layout for the next window, balanced on all given windows at once (see robust.py).
-- "auto": hierarchical if nodes/groups are given, else for [W, L, E] input the robust fit whose blend of windows
-  predicted the newest window best when fitted on the others (planner.heldin: under drift the newest windows,
-  under steady traffic all of them), else refined.
-Objectives (planner.tail): "window" (default) balances the counts as above; "tail", with per-step counts
-``steps`` [T, L, E], keeps per layer the layout (the window one or fits on single steps and short bursts) with
-the lowest p99 over held-out steps of the per-step imbalance under the ``dispatch`` policy (core.dispatch:
-even, round_robin, lp). The dispatch policy only enters the tail objective: window sums are dispatched evenly.
-Predictions are made on the target traffic: the counts for [L, E] input, the decay-weighted blend of
-normalised windows for [W, L, E] input. Layers without traffic (dense layers) get a plain layout and
-imbalance 1.0; they are planned as if every expert had equal load.
+Policies (POLICIES): "eplb" (EPLB parity), "refined" (replicate by largest per-replica load, pack, swap and
+replica-move refinement, then pair re-splits when S <= 8), "hierarchical" (groups -> nodes, spares anywhere),
+"robust" (balanced on all given windows at once), "auto" (hierarchical with nodes/groups, else for [W, L, E] the
+held-in pick of planner.heldin, else refined). Objectives: "window" (default) or "tail" (planner.tail, per-step
+counts ``steps`` [T, L, E] under ``dispatch``). Predictions are on the target traffic (the counts, or the blend
+of windows); layers without traffic get a plain layout and imbalance 1.0. docs/planner.md.
 """
 from __future__ import annotations
 

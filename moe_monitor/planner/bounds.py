@@ -1,15 +1,11 @@
-"""Lower bounds on the busiest GPU's load, per layer, expressed as imbalance (max/mean GPU load).
-
-Shapes: counts_LE [L, E]; every function returns float64 [L] (1.0 for layers without traffic).
-- fractional: max/mean = 1 (perfectly divisible load, W/G per GPU).
-- replica: some GPU holds the heaviest replica; with P slots the best replication makes the heaviest
-  per-replica load as small as possible (greedy largest-per-replica is optimal for that).
-- slot (R = 0): among the k*G + 1 heaviest experts some GPU holds k + 1 of them (pigeonhole), plus
-  S - k - 1 other experts, at least the lightest ones.
-- cardinality (R = 0): the k heaviest experts sit on some j GPUs, which hold j*S experts in all; their
-  mean load is at least (the k heaviest + the j*S - k lightest) / j, whatever j turns out to be.
-- group partition (hierarchical, replicas kept inside a node): the best split of Q groups over M
-  nodes (Q/M each) leaves some node with at least that node's total, spread over its G/M GPUs.
+"""Lower bounds on the busiest GPU's load, per layer, as imbalance (max/mean GPU load). counts_LE [L, E] in;
+every function returns float64 [L] (1.0 for layers without traffic).
+- fractional: 1 (perfectly divisible load);
+- replica: some GPU holds the heaviest replica, at best after greedy largest-per-replica replication;
+- slot (R = 0): among the k*G + 1 heaviest experts some GPU holds k + 1 (pigeonhole), plus S - k - 1 others;
+- cardinality (R = 0): the k heaviest experts on some j GPUs, with the j*S - k lightest, whatever j;
+- group partition (hierarchical): the best split of Q groups over M nodes leaves some node at least its
+  total over its G/M GPUs.
 """
 from __future__ import annotations
 

@@ -1,28 +1,12 @@
 """Should EPLB be on, and is LP dispatch worth it? Analytics of per-step counts for `moe-monitor diagnose`.
 
-From per-step counts [T, L, E] and the layout in force [L, P] (docs/diagnose.md):
-
-- rank persistence: how much of the per-step excess (imbalance - 1, max / mean GPU load per (step, layer)) is
-  still there once the loads are summed over windows of ``every`` steps (persistent imbalance: a layout can fix
-  it; transient imbalance averages out and no layout can), and how often the same GPU is the busiest;
-- hot-set persistence: on windows of ``every`` steps, the top hot experts of each layer (HOT_SHARE of E): the
-  overlap of consecutive windows' hot sets and the mean run length (steps) of an expert's stay in the hot set;
-- expert skew inside GPUs (core.steptails);
-- candidates, scored held-out on the steps after the first window: the layout in force (held static, under the
-  dispatch policy given, and under LP dispatch); every ``every`` steps, fitted on the previous ``every`` steps
-  (planner.diagnose_budget): an EPLB re-plan, our full re-plan (planner.api.plan's default policy), our repair
-  of the layout before within ``max_moves`` expert copies per change (the advisor's repair, applied every
-  window), and the advisor's decision (that repair, applied only when it pays back over the advisor's
-  horizon); ours under LP dispatch too; and the force-balanced ideal. Each gets its per-step p99 imbalance and
-  the time it loses per 1,000 steps, priced as the advisor prices it (planner.simulate.CostModel): straggler
-  seconds = sum over layers of (max - mean GPU load) x seconds per token-slot, per step; migration seconds for
-  the experts each change copies (planner.repair.experts_copied).
-
-Verdict: re-planning pays when the best of the REPLANS loses less time, migration included, than the layout in
-force; LP dispatch is worth it when it cuts the lost time of the layouts one would run (the best re-plan with
-an LP twin when re-planning pays, else the layout in force) by at least LP_WORTH_SHARE.
-
-Shape legend: T steps, L layers, E experts, P slots, G GPUs, W windows of ``every`` steps. Pure numpy.
+From per-step counts [T, L, E] and the layout in force [L, P]: rank persistence (how much of the per-step excess
+survives summing over windows of ``every`` steps: what a layout can fix), hot-set persistence, expert skew inside
+GPUs, and candidates scored held-out (the layout in force, EPLB and our re-plans and repairs every window,
+planner.diagnose_budget, the advisor's decisions, LP twins, the force-balanced ideal), each priced as the
+advisor prices it (planner.simulate.CostModel). Verdict: re-planning pays when the best REPLANS loses less time,
+migration included, than the layout in force; LP dispatch when it cuts lost time by at least LP_WORTH_SHARE.
+Shapes: T steps, L layers, E experts, P slots, G GPUs, W windows. Pure numpy. docs/diagnose.md.
 """
 from __future__ import annotations
 

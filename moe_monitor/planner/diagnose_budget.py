@@ -1,18 +1,10 @@
-"""The re-plans of `moe-monitor diagnose` as layouts per scored window: full re-plans, repairs within a move
-budget, and the advisor's own decisions (planner.diagnose scores them).
+"""The re-plans of `moe-monitor diagnose` as layouts per scored window (planner.diagnose scores them). Each sees
+only the window before the one it runs on and starts from the layout in force before it:
 
-Every re-plan sees only the window before the one it runs on (steps a - every .. a - 1 for the window
-[a, b) of planner.diagnose.window_bounds), and starts from the layout in force before it:
-
-- ``replan_layouts``: a full plan (planner.api.plan) of each fit window, whatever it copies;
-- ``repair_layouts``: the advisor's repair (planner.repair.repair_curve on the fit window split into
-  ``sub_windows`` windows, planner.windows.split_windows, as planner.advisor balances them) within
-  ``max_moves`` expert copies per change, applied every window. Layers where some GPU holds two replicas of
-  one expert (EPLB layouts may) cannot be repaired: they are held as they are (the advisor re-plans the whole
-  layout from scratch there; that is ``advisor_layouts``);
-- ``advisor_layouts``: planner.advisor.advise with its window = its decision interval = ``every``: a change
-  only where its predicted gain over ``horizon_steps`` beats its migration time (planner.simulate.CostModel).
-
+- ``replan_layouts``: a full plan (planner.api.plan) of each fit window;
+- ``repair_layouts``: the advisor's repair within ``max_moves`` copies per change, every window (layers where a
+  GPU holds two replicas of one expert cannot be repaired and are held as they are);
+- ``advisor_layouts``: planner.advisor.advise with window = decision interval = ``every``.
 Shape legend: T steps, L layers, E experts, P slots, G GPUs, W scored windows.
 """
 from __future__ import annotations

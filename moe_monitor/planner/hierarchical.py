@@ -1,14 +1,11 @@
 """Hierarchical planner with cross-node spares.
 
-Experts form Q groups of consecutive ids; nodes are M blocks of consecutive GPUs (G/M each). The groups
-are packed onto nodes (Q/M per node, balanced on group totals, as EPLB does) and the primary copy of
-every expert stays on its group's node, so node-limited routing keeps working. Unlike EPLB, the R
-redundant copies may live on any node: each node has exactly R/M spare slots, which serve the hottest
-experts wherever they are. The off-node token share (tokens served by a replica outside the expert's
-home node, even split across replicas) is reported.
+Experts form Q groups of consecutive ids, nodes M blocks of consecutive GPUs. Groups are packed onto nodes as
+EPLB does and every expert's primary stays on its group's node (node-limited routing keeps working); unlike
+EPLB the R redundant copies may live on any node (R/M spare slots each). The off-node token share is reported.
 
-Shapes: counts_LE [L, E]; layout_LP [L, P]; home_LE [L, E] node of each expert's group;
-pin_LP [L, P] node a slot's content must stay on (-1 for a spare).
+Shapes: counts_LE [L, E]; layout_LP [L, P]; home_LE [L, E] node of each expert's group; pin_LP [L, P] node a
+slot's content must stay on (-1 for a spare).
 """
 from __future__ import annotations
 

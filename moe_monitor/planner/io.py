@@ -1,17 +1,11 @@
 """Reading expert counts and writing layouts.
 
-Inputs: SGLang ``logical_count`` JSON ({"logical_count": [[E numbers] x L]} or a bare nested list) or a
-``.pt`` file (a tensor, or a dict with "logical_count"), of shape [L, E] or [W, L, E] (W windows,
-oldest first). ``.pt`` files are read with ``torch.load(..., weights_only=True)`` only; torch is
-imported inside that loader, never at module level (the dashboard must run without torch).
-Project traces (JSON lines of core.trace_line, ``.jsonl`` / ``.trace``, or a ``.json`` whose first line is
-a trace line) load as [W, L, E]: steps (ranks summed) in step order, split into up to MAX_WINDOWS (16)
-contiguous windows of summed steps (see _load_trace). Other types: ``register_loader(".suffix", fn)``
-where ``fn(path) -> array [L,E] | [T,L,E]``.
-Counts are checked by core.counts.as_counts (numbers only, finite, >= 0, bounded sums); every malformed
-file gives one ValueError naming the file, never another exception.
-Output: {"physical_to_logical_map": [[P ints] x L], ...} which SGLang's --init-expert-location reads, written
-as strict JSON (no NaN / Infinity).
+Inputs, [L, E] or [W, L, E] (W windows, oldest first): SGLang ``logical_count`` JSON (or a bare nested list), a
+``.pt`` file (``torch.load(weights_only=True)``, torch imported inside that loader only), or a project trace
+(steps summed over ranks, split into up to MAX_WINDOWS contiguous windows); others: ``register_loader(".suffix",
+fn)`` with ``fn(path) -> [L, E] | [T, L, E]``. Counts are checked by core.counts.as_counts; a malformed file
+gives one ValueError naming it. Output: strict JSON {"physical_to_logical_map": [[P ints] x L], ...}, which
+SGLang's --init-expert-location reads.
 """
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """Room for the lp dispatch: connect the GPUs through replicated experts.
 
-Under lp dispatch (core.dispatch) a step's tokens of a replicated expert can go to any GPU holding one of its
-replicas, so load flows only between GPUs linked by replicated experts: the GPUs form a graph (two GPUs are
-linked when they share a replicated expert) and the lp can level load only inside each connected component. A
-window-balanced layout leaves some GPUs with no replica at all (each is its own component: its step-to-step noise
-cannot be shed) and hot experts' replicas clustered on the same few GPUs. With R redundant slots the replicas
-give exactly R links beyond one per replicated expert: enough for a spanning tree on G <= R + 1 GPUs.
-
-``connect_replicas`` swaps slot contents, cheapest first (the smallest change of the window's GPU loads), so that
-each swap moves a replica into a smaller component and merges it with another, until the GPUs form one component
-or no swap merges any. Replica counts never change, and no GPU gets two replicas of one expert.
+Under lp dispatch (core.dispatch) load flows only between GPUs that share a replicated expert, so the lp levels
+load only inside each connected component of that graph; a window-balanced layout leaves some GPUs alone. R
+redundant slots give R links beyond one per replicated expert: a spanning tree for G <= R + 1 GPUs.
+``connect_replicas`` swaps slot contents, cheapest first (the smallest change of the window's GPU loads), each
+moving a replica into a smaller component, until one component is left or no swap merges any. Replica counts
+never change, and no GPU gets two replicas of one expert.
 
 Shapes: layout_LP [L, P]; weight_LE [L, E] (window load of each expert); slot p on GPU p // (P / G).
 """

@@ -1,20 +1,10 @@
 """Pair re-splitting: pool two GPUs' 2S slot contents and split them again, S each, as evenly as possible
-(exhaustively). One such move subsumes every 1-1, 2-2, ..., swap between the two GPUs, which is what
-single swaps miss when a hot expert needs a better set of light companions. Vectorised over layers,
-GPU pairs and all C(2S-1, S-1) splits (pooled item 0 stays on the first GPU: no mirror images).
+(exhaustively over the C(2S-1, S-1) splits, vectorised over layers and pairs). One move subsumes every k-k swap
+between the two GPUs. Per layer, alternated until the busiest GPU stops improving (then seeded random kicks):
+"hot" re-splits the busiest GPU with its ``partners`` lightest; "balance" re-splits disjoint pairs round-robin.
 
-Two phases, alternated per layer until the layer's busiest GPU stops improving (then a few seeded
-random kicks and the same descent, keeping the best, for layers still above their lower bound):
-- hot: re-split the busiest GPU with each of its ``partners`` lightest GPUs; apply the best split if it
-  lowers the busiest GPU's load;
-- balance: a round-robin schedule of disjoint GPU pairs (every pair once per sweep) re-split wherever
-  that lowers the pair's larger load. This never raises the layer's max, and it reshuffles which light
-  experts sit where, which opens new hot moves (a chain hot -> g1 -> g2 that no pair move sees).
-
-Shapes: layout_LP [L, P]; w_LP [L, P] per-slot load (count / replicas, one window); target_L [L] stop
-level (a lower bound: a layer at it is optimal). A pair that holds a replica of the same expert on
-both GPUs is skipped, so no split puts two replicas of one expert on one GPU; slot counts (S per GPU)
-and replica counts never change.
+Shapes: layout_LP [L, P]; w_LP [L, P] per-slot load (count / replicas); target_L [L] the stop level (a lower
+bound). A pair holding a replica of one expert on both GPUs is skipped; slot and replica counts never change.
 """
 from __future__ import annotations
 

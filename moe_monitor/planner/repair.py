@@ -1,16 +1,12 @@
 """Migration-aware repair: from the current layout, the best layout reachable within a budget of moves.
 
-One move = one expert's weights (of one layer) copied onto a GPU that did not hold that expert in the current
-layout; ``experts_copied`` counts them, and the budget, the moves-vs-imbalance curve and the CLI payload all
-use it. Steps, greedy per layer on the busiest GPU: a slot swap between two GPUs (usually 2 moves) or turning
-a spare replica into a replica of an expert on the busiest GPU (usually 1 move); a step's cost is what it adds
-to ``experts_copied`` from the current layout (less when it brings an expert back to a GPU that held it).
-Each layer yields a sequence of (moves, imbalance) steps; the total budget is spent across layers on the
-steps with the largest imbalance drop per move first (each layer's steps in order).
+One move = one expert's weights (of one layer) copied onto a GPU that did not hold it in the current layout
+(``experts_copied``). Greedy per layer on the busiest GPU: a slot swap between two GPUs or a spare replica
+turned into one of an expert on the busiest GPU, each costing what it adds to ``experts_copied``; the budget
+goes across layers to the steps with the largest imbalance drop per move first.
 
-Shape legend (README, Conventions): L layers, E logical experts, P slots, G GPUs, W windows of summed steps,
-X greedy steps. counts_LE [L, E] or counts_WLE [W, L, E] (then the blend of per-layer normalised windows is
-balanced), current_LP [L, P].
+Shapes: L layers, E experts, P slots, G GPUs, W windows, X greedy steps. counts_LE [L, E] or counts_WLE
+[W, L, E] (then the blend of per-layer normalised windows is balanced); current_LP [L, P].
 """
 from __future__ import annotations
 

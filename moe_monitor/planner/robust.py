@@ -1,14 +1,10 @@
-"""Robust fitting for traffic that comes next: choose one layout that stays balanced on several windows.
+"""Robust fitting for traffic that comes next: one layout that stays balanced on several windows.
 
-A layout fitted to the sum of past traffic overfits to the heaviest windows; the next window looks like
-none of them exactly. Here each window is first normalised per layer (every window weighs the same,
-whatever its token volume), then:
-- replicas go to experts by their largest share over the windows (hot in any window => replicated,
-  which hedges experts whose load varies);
-- packing is vector-aware: heaviest replica first onto the GPU whose worst window stays lowest;
-- refinement minimises the max over windows of each window's busiest GPU (swaps + replica moves).
-With ``decay`` < 1 older windows fade out of the blend and only the ``recent`` newest windows are kept
-as scenarios, which follows drifting traffic.
+Each window is normalised per layer (every window weighs the same), then: replicas go to experts by their
+largest share over the windows (hot in any window => replicated); packing puts the heaviest replica first on
+the GPU whose worst window stays lowest; refinement (swaps + replica moves) minimises the max over windows of
+each window's busiest GPU. With ``decay`` < 1 older windows fade and only the ``recent`` newest are scenarios,
+which follows drifting traffic.
 
 Shapes: counts_WLE [W, L, E] (W windows); layout_LP [L, P].
 """

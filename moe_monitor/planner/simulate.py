@@ -1,31 +1,12 @@
-"""Replay a trace against a layout schedule and charge every step the time it loses.
+"""Replay a trace against a layout schedule and charge every step the time it loses (docs/planner.md, Cost model).
 
-Cost model (also README, "Planning layouts" > "Rebalance advisor and simulator"):
-
-- straggler time: in every step t and MoE layer l the layer waits for its busiest GPU beyond the mean,
-  ``straggler_s[t] = sum_l (max_g load[t, l, g] - mean_g load[t, l, g]) * seconds_per_token_slot``, where a
-  GPU's load is its tokens under the layout in force at step t, split evenly across an expert's replicas
-  (core.loadmodel, the one GPU-load rule) or, with ``dispatch``, as that dispatch policy shares an expert's
-  tokens among its replicas step by step (core.dispatch: round_robin, lp, ideal), and ``seconds_per_token_slot`` is the time one GPU spends on one token
-  routed to one expert of one layer. Default: the gated FFN's 2 x 3 x hidden x moe_intermediate FLOPs at
-  400 TFLOP/s effective, about 2.2e-7 s for DeepSeek-V3 (planner.sizes.DEEPSEEK_V3).
-- migration time: a change from layout A to layout B copies ``experts_copied(A, B)`` experts (planner.repair:
-  one copy = a (layer, GPU, expert) that B holds and A did not; dropped replicas are free), each
-  ``bytes_per_expert = 3 x hidden x moe_intermediate x dtype_bytes`` (88 MB for DeepSeek-V3 in bf16). The
-  copies share ``link_gbps`` gigabits per second (1e9 bits) in all and serving waits for them:
-  ``migration_s = copies x bytes_per_expert x 8 / (link_gbps x 1e9)``. To model G links moving in parallel, pass
-  G times one link's bandwidth.
-- step-time equivalents: seconds / ``step_seconds``; by default ``step_seconds`` is the mean over the trace of
-  a step's perfectly balanced expert time, sum_l mean_g load x seconds_per_token_slot (the same for every
-  schedule, since the mean GPU load does not depend on the layout).
-- total lost time = sum of straggler time + sum of migration time.
-
-A schedule is a list of changes (step, layout_LP), steps strictly increasing, the first at step 0 (the
-layout in force when the trace starts, free); a change at step t is in force from step t on and is paid
-at t. Steps are indices into the trace's steps (0 = its first step); changes at or after the trace's end are
-not charged. Schedules and their JSON are planner/schedule.py; the trace reader is planner.io.load_trace_steps.
-
-Shape legend (README, Conventions): T steps, L layers, E logical experts, P slots, G GPUs, C changes.
+    straggler_s[t] = sum_l (max_g load[t, l, g] - mean_g load[t, l, g]) * seconds_per_token_slot
+    migration_s    = experts_copied(A, B) * bytes_per_expert * 8 / (link_gbps * 1e9)    (serving waits)
+GPU loads: core.loadmodel's even split, or a ``dispatch`` policy's (core.dispatch). Defaults (CostModel) price
+DeepSeek-V3: 2.2e-7 s per token-slot, 88 MB per expert in bf16; step-time equivalents divide by the trace's mean
+perfectly balanced expert time per step. A schedule is changes (step, layout_LP), the first at step 0, steps
+strictly increasing trace indices; a change is in force and paid from its step (planner/schedule.py).
+Shapes: T steps, L layers, E logical experts, P slots, G GPUs, C changes.
 """
 from __future__ import annotations
 

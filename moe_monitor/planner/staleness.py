@@ -1,18 +1,11 @@
 """Placement staleness: how fast a layout fitted at step t degrades at t + delta.
 
-For each fit step t (t = fit_window, fit_window + fit_every, ... < T) a layout is planned on the sum of steps
-[t - fit_window, t) (planner.api.plan with ``policy``), or one given layout stands for a fit at ``fitted_at``;
-then every later step t + delta (delta = 0, 1, ... while t + delta < T) is scored under it: per layer the
-max/mean GPU load (even split across replicas, core.loadmodel), then the mean over the layers that saw
-tokens in that step. A step with no tokens at all scores NaN. Input may be per step or per window (then
-"step" reads "window").
-
-With ``phases_T`` (one label per step, e.g. "prefill" / "decode") each phase gets its own curve: layouts
-fitted on that phase's steps of the window, scored on that phase's steps only (prefill and decode want
-different layouts).
-
-Shapes (README, Conventions): counts_TLE [T, L, E]; F fits; D = T - first fit step deltas (0 .. D-1);
-imbalance_FD [F, D] (NaN where t + delta >= T or the step is idle or of another phase); mean_D, fits_D [D].
+For each fit step t (fit_window, fit_window + fit_every, ... < T) a layout is planned on steps [t - fit_window, t)
+(or one given layout stands for a fit at ``fitted_at``); every later step t + delta is scored under it: the
+max/mean GPU load per layer (core.loadmodel), averaged over the layers with tokens (NaN: no tokens). With
+``phases_T`` each phase gets its own curve, fitted and scored on that phase's steps.
+Shapes: counts_TLE [T, L, E] (or windows); F fits; D deltas; imbalance_FD [F, D] (NaN beyond T, idle steps or
+another phase); mean_D, fits_D [D].
 """
 from __future__ import annotations
 

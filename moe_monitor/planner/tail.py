@@ -1,25 +1,10 @@
 """The tail objective: a layout for the per-step busiest GPU under a dispatch policy, not for the window's sum.
 
-A layout balanced on a window's summed counts can still leave single steps badly balanced: a decode step of a
-few hundred tokens routes them to a few dozen experts, and which GPUs they land on moves from step to step. Here
-the objective is, per layer, the p99 over steps of the per-step imbalance (max / mean GPU load of one step under
-the dispatch policy, core.dispatch and core.steptails).
-
-``fit_tail`` fits candidate layouts and keeps, per layer, the one with the lowest p99 on held-out steps (another
-than the window layout only when lower by SWITCH_MARGIN):
-
-- the window layout the caller planned on the summed counts (so the tail fit is never worse than it there);
-- ``steps``: the robust fit (planner.robust) with single steps as its scenarios: replicas go to experts that are
-  hot in any step and packing balances every sampled step at once, which also leaves the lp dispatch room (an
-  expert hot in some steps gets replicas on GPUs that are not hot in the same steps);
-- ``bursts``: the robust fit on short windows of the steps that are not scored (a few steps summed), between
-  the two;
-- under lp only, ``window+linked`` and ``steps+linked``: those layouts with their GPUs linked into one component
-  through replicated experts (planner.lproom: the lp levels load only between GPUs that share a replicated
-  expert; on DeepSeek-V3 decode steps this takes the lp's per-step p99 from ~1.08 to ~1.01).
-
-Steps are split into a fit sample (a seeded random choice among evenly spaced steps) and a scoring sample (the
-others); layers (dense ones) without tokens keep the window layout.
+Objective, per layer: the p99 over steps of the per-step imbalance (max / mean GPU load of one step under the
+dispatch policy, core.dispatch and core.steptails). ``fit_tail`` fits candidates (the caller's window layout;
+the robust fit on single ``steps`` and on ``bursts``; under lp both ``+linked``, planner.lproom) and keeps per
+layer the lowest p99 on held-out steps (another than the window layout only when lower by SWITCH_MARGIN).
+Layers without tokens keep the window layout. Why and measured figures: docs/planner.md (Objectives and dispatch).
 
 Shapes: steps_TLE [T, L, E]; layout_LP [L, E + R]; per-layer figures [L].
 """

@@ -1,19 +1,11 @@
-"""Traffic model under a layout, from sampled per-token top-k rows of one layer.
+"""Traffic model under a layout, from sampled per-token top-k rows of one layer: bytes, GPUs and nodes touched.
 
-Input topk_NK: int [N tokens, K] expert ids, -1 = masked. Replica rule (documented, deterministic):
-experts with one replica go to it; for an expert with several replicas, the token picks, in order of
-preference, a replica on a GPU the token already touches, else one on a node it already touches, else
-replica number (token index mod replicas) - spreading tokens evenly like the even-split load model.
-Experts are resolved in column order, single-replica experts first.
-Bytes: dispatch + combine = 2 * d * b per (token, expert) pair ("per expert", the issue's 2*k*d*b per
-token) and 2 * d * b per (token, distinct GPU) ("per GPU", a deduplicating dispatcher such as DeepEP).
-Cross-node share: (token, expert) pairs served outside the token's source node, the node of the GPU the
-token was sampled on (real dispatch starts at the token's own rank), when ``source_gpu_N`` is given.
-Always also reported as a lower bound (``cross_node_share_lower_bound``): pairs outside the token's home
-node, the node that holds most of its experts (ties: lowest id) - the least cross-node traffic any token
-placement allows; without ``source_gpu_N`` the lower bound is all there is (``cross_node_rule`` says which).
-Node-limited what-if: with a cap of M nodes per token, the token keeps the M nodes that cover most of
-its experts (any replica counts); the share of (token, expert) pairs left outside must be re-routed.
+Input topk_NK: int [N tokens, K] expert ids, -1 = masked. Replica rule (deterministic): a single replica takes
+the token; else a replica on a GPU the token already touches, else on a node it touches, else replica
+(token index mod replicas). Bytes: 2 * d * b per (token, expert) pair and per (token, distinct GPU) (a
+deduplicating dispatcher such as DeepEP). Cross-node share: pairs outside the source node (``source_gpu_N``),
+always also as a lower bound (outside the node holding most of the token's experts); node-limited what-if: the
+share of pairs outside the M nodes that cover most of a token's experts. docs/planner.md (Traffic model).
 """
 from __future__ import annotations
 
