@@ -26,7 +26,7 @@ those whose write failed, its achieved rate, how late records landed after their
 each write and its CPU time.
 
     python -m bench.loadgen [--redis URL] [--run NAME] [--ranks 32] [--steps-per-s 20] [--seconds 10]
-                            [--processes 2] [--tokens 64] [--v1]
+                            [--processes 2] [--tokens 64]
 
 Without --redis it starts a private redis-server (demo.localredis) and prints its memory and CPU too.
 """
@@ -70,7 +70,6 @@ class LoadConfig:
     steps_per_s: float
     seconds: float
     tokens_per_rank: int = 64
-    compact: bool = True
     phase: str = "decode"
     num_layers: int = LAYERS
     num_experts: int = EXPERTS
@@ -204,8 +203,7 @@ class LoadReport:
         late, write = self.lateness_s, self.write_s
         lines = [
             f"{c.ranks} ranks x {c.steps_per_s:g} steps/s x {c.seconds:g} s in {len(self.processes)} processes "
-            f"({c.phase}, {c.tokens_per_rank} tokens/rank, {c.num_layers}x{c.num_experts} top-{c.top_k}, "
-            f"{'compact v2' if c.compact else 'int32 v1'})",
+            f"({c.phase}, {c.tokens_per_rank} tokens/rank, {c.num_layers}x{c.num_experts} top-{c.top_k})",
             f"  records: {self.written} written of {self.expected} scheduled, {self.failed} failed"
             + (f", {self.unwritten} not offered (stopped at {c.seconds:g} s)" if self.unwritten else "") + "; "
             f"{self.rate:,.0f} records/s (asked {c.ranks * c.steps_per_s:,.0f}); last write "
@@ -257,7 +255,7 @@ def _drive(config: LoadConfig, index: int, ranks: list[int], processes: int, rea
                     config.sample_tokens)
     instances = {r: f"{config.instance_prefix or core.new_instance_id()}-r{r}" for r in ranks}
     sinks = {r: RedisSink(config.url, dataclasses.replace(meta, instance=instances[r]), config.maxlen,
-                          config.redis_timeout_s, config.memory_budget_bytes, compact=config.compact) for r in ranks}
+                          config.redis_timeout_s, config.memory_budget_bytes) for r in ranks}
     published = dict.fromkeys(ranks, 0)
     failures = dict.fromkeys(ranks, 0)
     next_step = dict.fromkeys(ranks, 0)
@@ -347,7 +345,7 @@ def _worker(config: LoadConfig, index: int, ranks: list[int], processes: int, re
 
 
 def run_load(url: str, run: str, ranks: int, steps_per_s: float, seconds: float, processes: int = 2,
-             tokens_per_rank: int = 64, compact: bool = True, **options) -> LoadReport:
+             tokens_per_rank: int = 64, **options) -> LoadReport:
     """Write ranks x round(steps_per_s x seconds) step records into `url` under run `run` from `processes` spawned
     processes (ranks dealt round-robin), paced at steps_per_s per rank from a common start once every process has
     drawn its pool; returns when every process has written its last step. options: the other LoadConfig fields
@@ -357,7 +355,7 @@ def run_load(url: str, run: str, ranks: int, steps_per_s: float, seconds: float,
     if ranks < 1 or steps_per_s <= 0 or seconds < 0:
         raise ValueError(f"need ranks >= 1, steps_per_s > 0, seconds >= 0 (got {ranks}, {steps_per_s}, {seconds})")
     config = LoadConfig(url=url, run=core.check_run_name(run), ranks=ranks, steps_per_s=steps_per_s,
-                        seconds=seconds, tokens_per_rank=tokens_per_rank, compact=compact, **options)
+                        seconds=seconds, tokens_per_rank=tokens_per_rank, **options)
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     go = ctx.Event()
@@ -430,7 +428,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per rank per step")
     parser.add_argument("--phase", default="decode", choices=core.PHASES)
     parser.add_argument("--sample-tokens", type=int, default=0, help="sampled rows per layer, one step in 4")
-    parser.add_argument("--v1", action="store_true", help="write int32 version-1 records instead of compact ones")
     args = parser.parse_args(argv)
     server = None
     url = args.redis
@@ -445,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         client = core.connect(url, timeout_s=5.0)
         before = redis_figures(client)
         report = run_load(url, args.run, args.ranks, args.steps_per_s, args.seconds, args.processes, args.tokens,
-                          compact=not args.v1, phase=args.phase, sample_tokens=args.sample_tokens)
+                          phase=args.phase, sample_tokens=args.sample_tokens)
         print(report.summary())
         if server is not None:
             after = redis_figures(client)

@@ -1,19 +1,11 @@
-"""Bytes per rank-step on the wire: int32 version-1 step records against compact version 2, zstd against lz4,
-and what a Redis takes of them, on real-shaped records (bench.loadgen: DeepSeek-V3, 58 MoE layers x 256 experts,
-top-8, per-layer popularity from the real SGLang counts, each rank its own mix).
-
-1. Sizes: for decode steps of 8, 64 and 256 tokens per rank and a prefill step of 4096, the stream entry (every
-   field name and value) and its counts payload as core.encode_step writes them (compact=False: int32 v1; default:
-   v2), the memory one entry takes in a Redis stream (MEMORY USAGE over XLEN), and encode_step / decode_step
-   microseconds. Medians over the records; the ratio v1 / v2.
-2. Codecs on the same narrowed bytes (the counts in the narrowest integer type, what v2 compresses): zstd level 1
-   (what core/compact.py uses) and 3 (package zstandard) against lz4 (lz4.frame, default level; package lz4, used
-   here only, never a dependency: "lz4 not installed" when it is absent): size, compress and decompress
-   microseconds, medians of interleaved calls (codecs in random order, record by record).
-3. Redis: `redis-benchmark` XADD rate (-n 20000 -P 16, its default 50 clients) of a payload of the v1 and of the
-   v2 decode-64 size into a private redis-server, side by side with the rate bench.loadgen achieves into that same
-   server (ranks writing as fast as they can for a few seconds: steps due faster than they can be written, so
-   batches grow to the publisher's 256), runs alternating, medians; the ratio loadgen / redis-benchmark.
+"""Bytes per rank-step on the wire, on real-shaped records (bench.loadgen's: DeepSeek-V3's 58 x 256, top-8):
+1. for decode steps of 8, 64 and 256 tokens per rank and a prefill of 4096, the stream entry (every field) and its
+   counts as core.encode_step writes them (version 2), the same counts as int32 (version 1's payload, still read,
+   no longer written), Redis memory per entry (MEMORY USAGE over XLEN), encode / decode us; medians over records.
+2. zstd levels 1 (core/compact.py's) and 3 against lz4 (when installed; never a dependency) on the narrowed counts:
+   size, compress and decompress us, medians of interleaved calls.
+3. `redis-benchmark` XADD rate (-n 20000 -P 16) of the v2 decode-64 payload beside bench.loadgen's rate into the
+   same private redis-server (ranks writing as fast as they can), runs alternating; the ratio loadgen / benchmark.
 
     python -m bench.wire [--records 32] [--reps 30] [--rounds 3] [--load-ranks 32] [--load-seconds 4] [--no-redis]
 """
@@ -120,7 +112,7 @@ def codec_table(records: list[core.StepRecord], reps: int) -> dict[str, tuple[fl
     return out
 
 
-def redis_entry_bytes(client, records: list[core.StepRecord], compact: bool, copies: int = 4) -> float:
+def redis_entry_bytes(client, records: list[core.StepRecord], copies: int = 4) -> float:
     """Bytes of Redis memory per stream entry (MEMORY USAGE of a stream of the records, `copies` times each,
     over its length)."""
     key = "bench:wire:entries"
@@ -128,7 +120,7 @@ def redis_entry_bytes(client, records: list[core.StepRecord], compact: bool, cop
     pipe = client.pipeline(transaction=False)
     for _ in range(copies):
         for rec in records:
-            pipe.xadd(key, core.encode_step(rec, compact=compact))
+            pipe.xadd(key, core.encode_step(rec))
     pipe.execute()
     usage = client.memory_usage(key, samples=0)
     length = client.xlen(key)
@@ -136,31 +128,22 @@ def redis_entry_bytes(client, records: list[core.StepRecord], compact: bool, cop
     return usage / length
 
 
-def sizes(records: list[core.StepRecord], reps: int, client) -> dict[str, dict[str, float]]:
-    """version -> {entry, counts, redis (bytes, medians over records), encode_us, decode_us}."""
-    out: dict[str, dict[str, float]] = {}
-    for version, compact in (("v1", False), ("v2", True)):
-        encoded = [core.encode_step(rec, compact=compact) for rec in records]
-        out[version] = {
-            "entry": statistics.median(entry_bytes(f) for f in encoded),
-            "counts": statistics.median(len(f["counts"]) for f in encoded),  # type: ignore[arg-type]
-            "redis": redis_entry_bytes(client, records, compact) if client is not None else float("nan"),
-        }
-        out[version]["type"] = encoded[0].get("ct", "i4")  # type: ignore[assignment]
-    # encode and decode, the two versions interleaved record by record
-    times: dict[str, list[float]] = {f"{v}_{op}": [] for v in ("v1", "v2") for op in ("encode", "decode")}
+def sizes(records: list[core.StepRecord], reps: int, client) -> dict[str, float | str]:
+    """{entry, counts, int32 (the counts as int32), redis (bytes, medians over records), type, encode_us,
+    decode_us}."""
+    encoded = [core.encode_step(rec) for rec in records]
+    out: dict[str, float | str] = {
+        "entry": statistics.median(entry_bytes(f) for f in encoded),
+        "counts": statistics.median(len(f["counts"]) for f in encoded),  # type: ignore[arg-type]
+        "int32": statistics.median(rec.counts_LE.size * 4 for rec in records),
+        "redis": redis_entry_bytes(client, records) if client is not None else float("nan"),
+        "type": str(encoded[0]["ct"]),
+    }
     per_record = max(1, reps // 4)
-    for rec in records:
-        order = [("v1", False), ("v2", True)]
-        random.shuffle(order)
-        for version, compact in order:
-            fields = core.encode_step(rec, compact=compact)
-            times[f"{version}_encode"].append(median_us(functools.partial(core.encode_step, rec, compact=compact),
-                                                        per_record))
-            times[f"{version}_decode"].append(median_us(functools.partial(core.decode_step, fields), per_record))
-    for version in ("v1", "v2"):
-        out[version]["encode_us"] = statistics.median(times[f"{version}_encode"])
-        out[version]["decode_us"] = statistics.median(times[f"{version}_decode"])
+    out["encode_us"] = statistics.median(median_us(functools.partial(core.encode_step, rec), per_record)
+                                         for rec in records)
+    out["decode_us"] = statistics.median(median_us(functools.partial(core.decode_step, fields), per_record)
+                                         for fields in encoded)
     return out
 
 
@@ -181,7 +164,7 @@ def redis_benchmark_rate(port: int, payload_bytes: int, maxlen: int, requests: i
 
 def compare_rates(server, rounds: int, load_ranks: int, load_seconds: float, processes: int,
                   payloads: dict[str, int], requests: int = 20000) -> None:
-    """redis-benchmark against bench.loadgen, alternating, for each version's payload size; prints medians."""
+    """redis-benchmark against bench.loadgen, alternating, for each payload size; prints medians."""
     client = server.client()
     print(f"\nRedis XADD rate, private redis-server {client.info('server')['redis_version']}, "
           f"{rounds} alternating rounds, medians:")
@@ -198,7 +181,7 @@ def compare_rates(server, rounds: int, load_ranks: int, load_seconds: float, pro
                     continue
                 before = loadgen.redis_figures(client)
                 report = loadgen.run_load(server.url, f"wire-{version}", load_ranks, 100_000, load_seconds, processes,
-                                          64, compact=(version == "v2"), stop_after_seconds=True)
+                                          64, stop_after_seconds=True)
                 after = loadgen.redis_figures(client)
                 load_rates.append(report.rate)
                 batch_sizes.append(report.written / max(report.writes, 1))
@@ -237,24 +220,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         client = server.client() if server is not None else None
         print("bytes per rank-step, DeepSeek-V3 shape (58 MoE layers x 256 experts, top-8), real-shaped counts;")
-        print("  entry: every field of the stream entry; counts: its counts payload; redis: memory per stream entry")
-        print(f"  {'shape':16s} {'v1 entry':>9s} {'v2 entry':>9s} {'v2 type':>7s} {'v1/v2':>6s} {'v1 redis':>9s} "
-              f"{'v2 redis':>9s} {'v1/v2':>6s}  {'encode v1/v2 us':>16s} {'decode v1/v2 us':>16s}")
+        print("  entry: every field of the stream entry; counts: its counts payload; int32: the counts as int32 "
+              "(version 1's payload); redis: memory per stream entry")
+        print(f"  {'shape':16s} {'entry':>9s} {'counts':>9s} {'type':>5s} {'int32':>9s} {'int32/entry':>11s} "
+              f"{'redis':>9s}  {'encode us':>9s} {'decode us':>9s}")
         per_shape = {}
         for phase, tokens in SHAPES:
             count = args.records if phase == "decode" else max(2, args.records // 4)
             records = records_for(phase, tokens, count)
             per_shape[(phase, tokens)] = records
             got = sizes(records, args.reps, client)
-            v1, v2 = got["v1"], got["v2"]
-            print(f"  {phase + ' ' + str(tokens):16s} {v1['entry']:9,.0f} {v2['entry']:9,.0f} {v2['type']!s:>7s} "
-                  f"{v1['entry'] / v2['entry']:6.1f} {v1['redis']:9,.0f} {v2['redis']:9,.0f} "
-                  f"{v1['redis'] / v2['redis']:6.1f}  {v1['encode_us']:7.1f} /{v2['encode_us']:7.1f} "
-                  f"{v1['decode_us']:7.1f} /{v2['decode_us']:7.1f}")
+            print(f"  {phase + ' ' + str(tokens):16s} {got['entry']:9,.0f} {got['counts']:9,.0f} {got['type']!s:>5s} "
+                  f"{got['int32']:9,.0f} {float(got['int32']) / float(got['entry']):11.1f} {got['redis']:9,.0f}  "
+                  f"{got['encode_us']:9.1f} {got['decode_us']:9.1f}")
         sample = np.random.default_rng(0).integers(0, 256, (routing.LAYERS, SAMPLE_TOKENS, routing.TOP_K))
         sample_raw = np.sort(sample, axis=2).astype("<i2").tobytes()
         print(f"  + sampled routing rows (collectors' default {SAMPLE_TOKENS} tokens/layer, one step in "
-              f"{SAMPLE_EVERY}): {len(sample_raw):,} B int16 in v1 and v2 = {len(sample_raw) / SAMPLE_EVERY:,.0f} B "
+              f"{SAMPLE_EVERY}): {len(sample_raw):,} B int16 = {len(sample_raw) / SAMPLE_EVERY:,.0f} B "
               f"per rank-step on average (zstd-1 would make them "
               f"{len(zstandard.ZstdCompressor(level=1).compress(sample_raw)):,} B)")
 
@@ -279,8 +261,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if server is not None:
             decode64 = [core.encode_step(rec) for rec in per_shape[("decode", 64)]]
-            payloads = {"v1": routing.LAYERS * routing.EXPERTS * 4,
-                        "v2": int(statistics.median(len(f["counts"]) for f in decode64))}  # type: ignore[arg-type]
+            payloads = {"v2": int(statistics.median(len(f["counts"]) for f in decode64))}  # type: ignore[arg-type]
             compare_rates(server, args.rounds, args.load_ranks, args.load_seconds, args.processes, payloads)
     finally:
         if server is not None:

@@ -21,9 +21,7 @@ from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
-from moe_monitor.core.packed import PackedPipeline
 from moe_monitor.core.runwrite import PHYSICAL_BUDGET_BYTES, RUNS_INDEX_EVERY_S, fields_of, queue_batch
-from moe_monitor.core.steps import xadd_bodies
 
 from .exhausted import ExhaustedStreams
 
@@ -91,7 +89,7 @@ class RedisSink:
     times out may still be executed by a Redis that was only stalled: the stream then holds that step twice
     (readers skip a repeated (instance, rank, step); a layout sent twice is the same change twice).
     The run's entry in moe:runs (when a collector last wrote) is refreshed at most once a second (and with
-    every write that carries the metadata). Step records are compact (version 2; compact=False writes version 1). With memory_budget_bytes the steps
+    every write that carries the metadata). Step records are compact (version 2). With memory_budget_bytes the steps
     stream's MAXLEN follows the entries' real size (a running mean), never below the maxlen given (sized for
     int32 counts): compact records make it about ten times longer for the same memory.
 
@@ -113,12 +111,10 @@ class RedisSink:
     keeps_health = True
 
     def __init__(self, url: str, meta: core.RunMeta, maxlen: int, timeout_s: float,
-                 memory_budget_bytes: int | None = None, compact: bool = True,
-                 log: Callable[[str], None] | None = None):
+                 memory_budget_bytes: int | None = None, log: Callable[[str], None] | None = None):
         self._run, self._maxlen = meta.run, maxlen
         self._min_maxlen, self._budget = maxlen, memory_budget_bytes
         self._entry_bytes = 0.0  # running mean of the step entries' bytes (0: none written yet)
-        self._compact = compact  # version 2 step records (core/compact.py); False: version 1, raw int32
         self._indexed_at = float("-inf")  # time.monotonic() of the last ZADD to moe:runs that landed
         self._client = core.connect(url, timeout_s=timeout_s, retries=0)
         self._meta_json = core.encode_meta(meta)
@@ -143,21 +139,12 @@ class RedisSink:
             pipe: Any = self._client.batch()  # redis-py's command methods, typed for its clients, queue on it
             if with_meta:
                 pipe.set(core.meta_key(run), self._meta_json)
-            # compact steps go to a single Redis as ready-made commands (core.steps.xadd_bodies: the same bytes
-            # for a fraction of the CPU), to a cluster's pipeline as fields
-            step_fields: list[dict] = []
-            step_bodies: list[tuple[int, bytes, int]] = []
-            if self._compact and isinstance(pipe, PackedPipeline):
-                step_bodies = xadd_bodies(records)
-                self._track_entry_bytes([size for _, _, size in step_bodies])
-            else:
-                step_fields = core.encode_steps(records, compact=self._compact)
-                self._track_entry_bytes([_nbytes(fields["counts"]) + _nbytes(fields.get("sample", b""))
-                                         for fields in step_fields])
+            step_fields = core.encode_steps(records)
+            self._track_entry_bytes([_nbytes(fields["counts"]) + _nbytes(fields.get("sample", b""))
+                                     for fields in step_fields])
             streams = queue_batch(pipe, run, layouts=([resend] if resend is not None else []) + layout_fields,
                                   steps=step_fields, samples=samples, timings=timings, steps_maxlen=self._maxlen,
-                                  physical=physical, physical_budget_bytes=self._physical_budget,
-                                  step_bodies=step_bodies)
+                                  physical=physical, physical_budget_bytes=self._physical_budget)
             pipe.hset(core.health_key(run), str(health.rank), health.encode())
             # moe:runs (when a collector last wrote) at most every RUNS_INDEX_EVERY_S: in a cluster it is another
             # node's key, and every batch of every rank reaching two nodes doubles the writers' round trips
@@ -265,7 +252,7 @@ class TraceFileSink:
         self._max_bytes = max_bytes
         self._columnar = None
         if self._path.lower().endswith(".arrows"):
-            from moe_monitor.core.tracefile.recorder import ArrowRecorder  # pyarrow only for a columnar trace
+            from moe_monitor.core.tracefile.writers import ArrowRecorder  # pyarrow only for a columnar trace
 
             self._columnar = ArrowRecorder(self._path, meta, max_bytes)
             return

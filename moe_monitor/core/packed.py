@@ -1,22 +1,12 @@
 """PackedPipeline: the collectors' batches to a single Redis in one round trip, for a fraction of redis-py's CPU.
 
-A publisher batch is hundreds of XADDs of ~18 fields each. redis-py's Pipeline spends more CPU per command than
-the XADD costs redis-server: its packer walks every argument in Python, then each reply goes through the client's
-parse and callback layers. Measured on a quiet 2-core VM, batches of 32 decode-step XADDs: 17.3 us of the
-caller's CPU per XADD through redis-py's pipeline, 9.6 us here. Every command is packed by hiredis in one C call
-(redis-py's own packer when hiredis is missing or the command name has a space), the batch goes out in one send,
-and each reply is read with the connection's read_response and given redis-py's response callback for its
-command, so the replies are those of pipeline(transaction=False).execute(): in order, an exception in the place of
-each command Redis refused (raise_on_error=False), or the first of them raised.
-
-queue_packed() takes a command already in Redis's protocol (the step records' XADDs, core.steps.xadd_command:
-packing their 40-odd arguments one by one costs more than the rest of a step's publishing); its reply is read and
-given its command's callback like any other's.
-
+Every queued command is packed by hiredis in one C call (redis-py's packer when hiredis is missing or a command
+name has a space) and the batch goes out in one send; each reply is read with read_response and given redis-py's
+response callback, so the replies are those of pipeline(transaction=False).execute(): in order, a refused
+command's exception in its place (raise_on_error=False), or the first of them raised. Figures: docs/collectors.md.
 Only for a single Redis (AutoClient.batch hands out ClusterBatch on a cluster). A connection or timeout error
-while sending or reading closes that connection and is raised, as redis-py's pipeline does without retries:
-the caller retries the whole batch (a command that landed before the error may then land twice).
-"""
+closes that connection and is raised, as redis-py's pipeline does without retries: the caller retries the whole
+batch (a command that landed before the error may then land twice)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -32,7 +22,6 @@ except ImportError:  # redis-py works without hiredis; so does this, at redis-py
     _hiredis_pack = None
 
 _EMPTY_RESPONSE = "EMPTY_RESPONSE"  # redis-py's option: the value a refused command stands for
-_PACKED = "_packed"  # a queued command's option: the command already in Redis's protocol (queue_packed)
 
 
 class QueuedCommands(CoreCommands):
@@ -68,11 +57,6 @@ class PackedPipeline(QueuedCommands):
     def __init__(self, client: redis.Redis):
         self._client = client
         self._queued = []
-
-    def queue_packed(self, name: str, command: bytes) -> None:
-        """Queue a command already in Redis's protocol (one RESP array); name: its command's name (its reply's
-        callback)."""
-        self._queued.append(((name,), {_PACKED: command}))
 
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         """Send the queued commands in one round trip; their replies in order (module docstring)."""
@@ -110,20 +94,15 @@ class PackedPipeline(QueuedCommands):
             callback = callbacks[command] = self._client.response_callbacks.get(command)
         if callback is None:
             return reply
-        options = {name: value for name, value in options.items() if name not in (_EMPTY_RESPONSE, "keys", _PACKED)}
+        options = {name: value for name, value in options.items() if name not in (_EMPTY_RESPONSE, "keys")}
         return callback(reply, **options)
 
 
 def _pack(queued: list[tuple[tuple[Any, ...], dict[str, Any]]], connection: Any) -> list[bytes]:
-    """The queued commands in Redis's protocol, as send_packed_command takes them (those queue_packed took as
-    they are)."""
+    """The queued commands in Redis's protocol, as send_packed_command takes them."""
     if _hiredis_pack is not None and all(isinstance(args[0], str) and " " not in args[0] for args, _ in queued):
         try:
-            return [b"".join([options[_PACKED] if _PACKED in options else _hiredis_pack(args)
-                              for args, options in queued])]
+            return [b"".join([_hiredis_pack(args) for args, _ in queued])]
         except TypeError:  # an argument hiredis does not take (a memoryview, say): redis-py's packer converts it
             pass
-    out: list[bytes] = []
-    for args, options in queued:
-        out += [options[_PACKED]] if _PACKED in options else connection.pack_commands([args])
-    return out
+    return connection.pack_commands([args for args, _ in queued])

@@ -18,7 +18,6 @@ from redis.typing import EncodableT, FieldT
 from . import keys
 from .gpu import GpuSample, encode_gpu_sample
 from .physical import PhysicalRecord, encode_physical
-from .steps import resp_bulk, xadd_command
 from .timings import TimingRecord, encode_timing
 
 GPU_MAXLEN = 10_000  # NVML samples kept per run (MAXLEN ~)
@@ -51,14 +50,13 @@ def fields_of(encoded: Mapping[str, bytes | str | int]) -> dict[FieldT, Encodabl
 def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, EncodableT]] = (),
                 steps: Iterable[Mapping[str, bytes | str | int]] = (), samples: Sequence[GpuSample] = (),
                 timings: Sequence[TimingRecord] = (), steps_maxlen: int = STEPS_MAXLEN,
-                physical: Sequence[PhysicalRecord] = (), physical_budget_bytes: int = PHYSICAL_BUDGET_BYTES,
-                step_bodies: Sequence[tuple[int, bytes, int]] = ()) -> list[str]:
+                physical: Sequence[PhysicalRecord] = (), physical_budget_bytes: int = PHYSICAL_BUDGET_BYTES
+                ) -> list[str]:
     """Queue one batch's XADDs on pipe, in this order: layout changes (before the steps they precede: a reader
     never sees a step before its layout), step records, NVML samples, layer timings (same MAXLEN as the steps),
     physical counts (MAXLEN ~ physical_maxlen: their [L, P] int32 within physical_budget_bytes).
     layouts and steps are encoded fields (the writer may have measured them); samples, timings and physical
-    records. step_bodies: steps as core.steps.xadd_bodies made them (after `steps`), for a pipe that takes
-    commands in Redis's protocol (core.packed.PackedPipeline.queue_packed).
+    records.
     Returns the stream key of each XADD queued, in order (the writer tells its replies apart by them)."""
     queued: list[str] = []
     key = keys.layouts_key(run)
@@ -69,11 +67,6 @@ def queue_batch(pipe: Any, run: str, *, layouts: Iterable[dict[FieldT, Encodable
     for step_fields in steps:
         queue_xadd(pipe, key, step_fields, steps_maxlen)
         queued.append(key)
-    if step_bodies:
-        key_bulk = resp_bulk(key)
-        for pairs, body, _ in step_bodies:
-            pipe.queue_packed("XADD", xadd_command(key_bulk, steps_maxlen, pairs, body))
-            queued.append(key)
     key = keys.gpu_key(run)
     for sample in samples:
         queue_xadd(pipe, key, encode_gpu_sample(sample), GPU_MAXLEN)

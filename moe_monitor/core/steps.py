@@ -4,7 +4,6 @@ Version 2 (written since 0.3): counts in the narrowest integer type that holds t
 pays (core/compact.py; fields "ct" and "cz"). Version 1 (raw little-endian int32 counts) is still read."""
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from .keys import (
     check_run_name,
 )
 
-STEP_VERSION = 2  # what encode_step writes; decode_step reads STEP_VERSIONS
+STEP_VERSION = 2  # what encode_step writes; decode_step reads STEP_VERSIONS (1: raw int32 counts)
 STEP_VERSIONS = (SCHEMA_VERSION, STEP_VERSION)
 
 # Whose tokens a step record counts: "rank", the tokens this rank routed (one process, or data-parallel
@@ -72,18 +71,29 @@ def new_instance_id() -> str:
     return f"{int(time.time()):x}-{os.getpid():x}-{secrets.token_hex(3)}"
 
 
-def encode_step(rec: StepRecord, compact: bool = True) -> dict[str, bytes | str | int]:
-    """StepRecord -> stream entry fields (values redis-py can send as they are): version 2, compact counts;
-    compact=False writes version 1 (raw int32), which every reader since 0.1 reads."""
-    return encode_steps([rec], compact)[0]
+def encode_step(rec: StepRecord) -> dict[str, bytes | str | int]:
+    """StepRecord -> stream entry fields, version 2 (values redis-py can send as they are)."""
+    return encode_steps([rec])[0]
 
 
-def encode_steps(records: Sequence[StepRecord], compact: bool = True) -> list[dict[str, bytes | str | int]]:
+def encode_steps(records: Sequence[StepRecord]) -> list[dict[str, bytes | str | int]]:
     """encode_step of each record, in order, with the counts of a batch packed together (compact.pack_many).
     ValueError when any record is malformed."""
     counts = [_checked_counts(rec) for rec in records]
-    packed = pack_many(counts) if compact else [None] * len(records)
-    return [_step_fields(rec, counts_LE, packing) for rec, counts_LE, packing in zip(records, counts, packed)]
+    out: list[dict[str, bytes | str | int]] = []
+    for rec, counts_LE, (type_name, codec, payload) in zip(records, counts, pack_many(counts)):
+        scope, sample = _checked_extras(rec, counts_LE)
+        fields: dict[str, bytes | str | int] = {
+            "v": STEP_VERSION, "run": check_run_name(rec.run), "inst": rec.instance, "rank": int(rec.rank),
+            "world": int(rec.world_size), "step": int(rec.step), "t": repr(float(rec.time_s)), "phase": rec.phase,
+            "tokens": int(rec.tokens), "L": counts_LE.shape[0], "E": counts_LE.shape[1], "counts": payload,
+            "dropped": int(rec.dropped_steps), "ct": type_name, "cz": codec}
+        if scope is not None:
+            fields["scope"] = scope
+        if sample is not None:
+            fields.update(sample_n=sample.shape[1], sample_k=sample.shape[2], sample=sample.tobytes())
+        out.append(fields)
+    return out
 
 
 def _checked_counts(rec: StepRecord) -> np.ndarray:
@@ -94,36 +104,6 @@ def _checked_counts(rec: StepRecord) -> np.ndarray:
     if rec.phase not in PHASES:
         raise ValueError(f"phase must be one of {PHASES}, got {rec.phase!r}")
     return counts
-
-
-def _step_fields(rec: StepRecord, counts: np.ndarray, packing: tuple[str, str, bytes] | None
-                 ) -> dict[str, bytes | str | int]:
-    """The entry of rec with counts (int32 [L, E]) packed as `packing` (version 2), or raw (None: version 1)."""
-    scope, sample = _checked_extras(rec, counts)
-    fields: dict[str, bytes | str | int] = {
-        "v": SCHEMA_VERSION if packing is None else STEP_VERSION,
-        "run": check_run_name(rec.run),
-        "inst": rec.instance,
-        "rank": int(rec.rank),
-        "world": int(rec.world_size),
-        "step": int(rec.step),
-        "t": repr(float(rec.time_s)),
-        "phase": rec.phase,
-        "tokens": int(rec.tokens),
-        "L": counts.shape[0],
-        "E": counts.shape[1],
-        "counts": b"",
-        "dropped": int(rec.dropped_steps),
-    }
-    if packing is None:
-        fields["counts"] = counts.tobytes()
-    else:
-        fields["ct"], fields["cz"], fields["counts"] = packing
-    if scope is not None:
-        fields["scope"] = scope
-    if sample is not None:
-        fields.update(sample_n=sample.shape[1], sample_k=sample.shape[2], sample=sample.tobytes())
-    return fields
 
 
 def _checked_extras(rec: StepRecord, counts: np.ndarray) -> tuple[str | None, np.ndarray | None]:
@@ -142,73 +122,6 @@ def _checked_extras(rec: StepRecord, counts: np.ndarray) -> tuple[str | None, np
     if sample.ndim != 3 or sample.shape[0] != counts.shape[0]:
         raise ValueError(f"sample_ids_LNK must be [L={counts.shape[0]}, N, K], got {sample.shape}")
     return scope, sample
-
-
-# ---------------------------------------------------------------------- the same entries as Redis commands
-def xadd_bodies(records: Sequence[StepRecord]) -> list[tuple[int, bytes, int]]:
-    """The version 2 entries of records in Redis's protocol (RESP), for xadd_command: per record (its number of
-    field-value pairs, the pairs as RESP bulk strings, the bytes of its counts and sampled rows). Byte for byte
-    what a client packs from encode_steps(records)'s fields, in their order (tests/core/test_wire_resp.py holds
-    them against hiredis), made from a few cached pieces and one join a record: packing each of a decode step's
-    18 fields as a command argument costs more CPU than the step's counts. ValueError as encode_steps."""
-    counts = [_checked_counts(rec) for rec in records]
-    bodies = []
-    for rec, counts_LE, (type_name, codec, payload) in zip(records, counts, pack_many(counts)):
-        scope, sample = _checked_extras(rec, counts_LE)
-        parts = [_writer_pairs(rec.run, rec.instance, int(rec.rank), int(rec.world_size)),
-                 b"$4\r\nstep\r\n", _int_bulk(int(rec.step)), b"$1\r\nt\r\n", _bulk(repr(float(rec.time_s)).encode()),
-                 _text_pair("phase", rec.phase), b"$6\r\ntokens\r\n", _int_bulk(int(rec.tokens)),
-                 _shape_pairs(*counts_LE.shape), b"$6\r\ncounts\r\n", _bulk(payload),
-                 b"$7\r\ndropped\r\n", _int_bulk(int(rec.dropped_steps)), _text_pair("ct", type_name),
-                 _text_pair("cz", codec)]
-        pairs, size = 15, len(payload)
-        if scope is not None:
-            parts.append(_text_pair("scope", scope))
-            pairs += 1
-        if sample is not None:
-            rows = sample.tobytes()
-            parts += [b"$8\r\nsample_n\r\n", _int_bulk(sample.shape[1]), b"$8\r\nsample_k\r\n",
-                      _int_bulk(sample.shape[2]), b"$6\r\nsample\r\n", _bulk(rows)]
-            pairs, size = pairs + 3, size + len(rows)
-        bodies.append((pairs, b"".join(parts), size))
-    return bodies
-
-
-def xadd_command(key_bulk: bytes, maxlen: int, pairs: int, body: bytes) -> bytes:
-    """XADD <key> MAXLEN ~ maxlen * <pairs field-value pairs in body> in RESP; key_bulk: resp_bulk(key)."""
-    return b"*%d\r\n$4\r\nXADD\r\n%b$6\r\nMAXLEN\r\n$1\r\n~\r\n%b$1\r\n*\r\n%b" % (
-        6 + 2 * pairs, key_bulk, _int_bulk(maxlen), body)
-
-
-def resp_bulk(text: str) -> bytes:
-    """text as one RESP bulk string (UTF-8, as clients send a str)."""
-    return _bulk(text.encode())
-
-
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%b\r\n" % (len(value), value)
-
-
-def _int_bulk(value: int) -> bytes:
-    digits = b"%d" % value
-    return b"$%d\r\n%b\r\n" % (len(digits), digits)
-
-
-@functools.lru_cache(maxsize=64)
-def _writer_pairs(run: str, instance: str, rank: int, world: int) -> bytes:
-    """v, run, inst, rank and world of a writer's version 2 entries (the same in each of them), in RESP."""
-    return b"".join([_text_pair("v", str(STEP_VERSION)), _text_pair("run", check_run_name(run)),
-                     _text_pair("inst", instance), _text_pair("rank", str(rank)), _text_pair("world", str(world))])
-
-
-@functools.lru_cache(maxsize=64)
-def _shape_pairs(num_layers: int, num_experts: int) -> bytes:
-    return _text_pair("L", str(num_layers)) + _text_pair("E", str(num_experts))
-
-
-@functools.lru_cache(maxsize=256)
-def _text_pair(name: str, value: str) -> bytes:
-    return resp_bulk(name) + resp_bulk(value)
 
 
 def decode_step(fields: dict) -> StepRecord:

@@ -60,14 +60,3 @@ def test_sixteen_ranks_in_three_processes_land_every_step(redis_url):
     assert (meta.world_size, meta.num_experts, meta.top_k, len(meta.layer_names)) == (ranks, 256, 8, 58)
     assert len(health) == ranks
 
-
-def test_version_one_records_through_the_same_writer(redis_url):
-    report = loadgen.run_load(redis_url, "lg1", ranks=2, steps_per_s=10.0, seconds=1.0, processes=1,
-                              tokens_per_rank=8, compact=False)
-    assert report.ok, report.summary()
-    client = core.connect(redis_url, timeout_s=5.0)
-    entries = client.xrange(core.steps_key("lg1"))
-    client.close()
-    assert len(entries) == 20 and {fields[b"v"] for _, fields in entries} == {b"1"}
-    assert all(len(fields[b"counts"]) == 58 * 256 * 4 for _, fields in entries)
-    assert [core.decode_step(f).step for _, f in entries if f[b"rank"] == b"1"] == list(range(10))

@@ -8,8 +8,9 @@ import pytest
 import redis
 
 from moe_monitor import core
+from moe_monitor.core import packed as packed_module
 from moe_monitor.core.packed import PackedPipeline
-from moe_monitor.core.runwrite import queue_xadd
+from moe_monitor.core.runwrite import queue_batch, queue_xadd
 
 
 def _queue_mix(pipe) -> None:
@@ -67,23 +68,63 @@ def test_replies_are_those_of_redis_pys_pipeline(redis_url):
         plain.close()
 
 
-def test_a_step_batch_lands_as_the_readers_decode_it(redis_url):
-    """What RedisSink sends through batch(): XADDs of encoded steps, read back with core.decode_step."""
+def _records() -> list[core.StepRecord]:
+    """Step records that take every branch of the encoding: sampled or not, scope dp-group, raw and zstd counts of
+    every count type, large numbers, a time with many digits."""
+    rng = np.random.default_rng(7)
+    small = rng.integers(0, 9, size=(2, 8)).astype(np.int32)
+    decode = rng.integers(0, 40, size=(58, 256)).astype(np.int32)   # zstd where it pays
+    wide = rng.integers(0, 70_000, size=(3, 16)).astype(np.int32)   # i4, raw
+    sample = rng.integers(-1, 8, size=(2, 16, 2)).astype(np.int16)
+    return [
+        core.StepRecord(run="tiny", rank=0, world_size=1, step=0, time_s=1.7e9, phase="decode", tokens=8,
+                        counts_LE=small),
+        core.StepRecord(run="tiny", rank=0, world_size=1, step=1, time_s=1733333333.1234567, phase="prefill",
+                        tokens=256, counts_LE=small, sample_ids_LNK=sample, dropped_steps=12, instance="1a-2b-3c"),
+        core.StepRecord(run="ds-v3.1", rank=31, world_size=32, step=core.MAX_STEP - 1, time_s=-0.5, phase="mixed",
+                        tokens=core.MAX_TOKENS - 1, counts_LE=decode, scope="dp-group", instance="x" * 40),
+        core.StepRecord(run="wide", rank=1, world_size=2, step=10**9, time_s=0.0, phase="unknown", tokens=0,
+                        counts_LE=wide, sample_ids_LNK=rng.integers(-1, 16, size=(3, 4, 2)).astype(np.int16),
+                        scope="dp-group"),
+    ]
+
+
+@pytest.mark.parametrize("hiredis_packer", [True, False])
+def test_a_step_batch_lands_as_the_readers_decode_it(redis_url, monkeypatch, hiredis_packer):
+    """What RedisSink sends through batch(): a batch's XADDs of encoded steps (core.runwrite.queue_batch), then a
+    plain command, packed by hiredis or by redis-py's packer; read back with core.decode_step."""
+    if not hiredis_packer:
+        monkeypatch.setattr(packed_module, "_hiredis_pack", None)
     client = core.connect(redis_url, timeout_s=2.0)
     try:
-        batch = client.batch()
-        for step in range(50):
-            counts = np.arange(16, dtype=np.int32).reshape(2, 8) * step
-            record = core.StepRecord(run="packed", rank=1, world_size=2, step=step, time_s=1.0 + step,
-                                     phase="decode", tokens=8, counts_LE=counts, instance="inst")
-            queue_xadd(batch, core.steps_key("packed"), core.encode_step(record), 1000)
-        replies = batch.execute()
-        assert len(replies) == 50 and len(set(replies)) == 50
-        steps = [core.decode_step(fields) for _, fields in client.xrange(core.steps_key("packed"))]
-        assert [s.step for s in steps] == list(range(50))
-        assert all((s.counts_LE == np.arange(16).reshape(2, 8) * s.step).all() for s in steps)
+        many = [core.StepRecord(run="packed", rank=1, world_size=2, step=step, time_s=1.0 + step, phase="decode",
+                                tokens=8, counts_LE=np.arange(16, dtype=np.int32).reshape(2, 8) * step, instance="i")
+                for step in range(50)]
+        by_run: dict[str, list[core.StepRecord]] = {"packed": many}
+        for rec in _records():
+            by_run.setdefault(rec.run, []).append(rec)
+        for run, recs in by_run.items():
+            client.delete(core.steps_key(run))
+            batch = client.batch()
+            assert isinstance(batch, PackedPipeline)
+            queued = queue_batch(batch, run, steps=core.encode_steps(recs), steps_maxlen=1000)
+            batch.set("moe-test:after-the-steps", "1")
+            replies = batch.execute()
+            assert queued == [core.steps_key(run)] * len(recs)
+            assert len(set(replies[:-1])) == len(recs) and replies[-1] is True
+            entries = client.xrange(core.steps_key(run))
+            assert [_comparable_record(core.decode_step(fields)) for _, fields in entries] == \
+                [_comparable_record(rec) for rec in recs]
     finally:
         client.close()
+
+
+def _comparable_record(rec: core.StepRecord) -> dict:
+    """rec's fields with its arrays as (dtype-free) nested lists."""
+    out = dict(rec.__dict__)
+    out["counts_LE"] = rec.counts_LE.tolist()
+    out["sample_ids_LNK"] = None if rec.sample_ids_LNK is None else rec.sample_ids_LNK.tolist()
+    return out
 
 
 def test_a_connection_with_an_unread_reply_is_never_used_again(redis_url):

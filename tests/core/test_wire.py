@@ -30,9 +30,21 @@ def test_step_round_trip_through_redis_shaped_fields():
     assert rec.sample_ids_LNK.tolist() == [[[0, 2]], [[1, -1]]]
     fields = core.encode_step(_record())
     assert (fields["v"], fields["ct"], fields["cz"], len(fields["counts"])) == (2, "u1", "raw", 2 * 3)  # uint8 bytes
-    old = core.encode_step(_record(), compact=False)  # version 1: raw int32, still read
-    assert old["v"] == 1 and "ct" not in old and len(old["counts"]) == 2 * 3 * 4
-    assert core.decode_step(_bytes_keys(old)).counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
+
+
+def test_version_one_entries_are_still_read():
+    """Version 1 (written before 0.3, no longer): raw little-endian int32 counts, no "ct" or "cz"."""
+    old = {b"v": b"1", b"run": b"r1", b"inst": b"abc-1", b"rank": b"1", b"world": b"2", b"step": b"7",
+           b"t": b"1500000000.0", b"phase": b"decode", b"tokens": b"3", b"L": b"2", b"E": b"3",
+           b"counts": np.array([[1, 0, 2], [0, 3, 0]], "<i4").tobytes(), b"dropped": b"4",
+           b"sample_n": b"1", b"sample_k": b"2", b"sample": np.array([0, 2, 1, -1], "<i2").tobytes()}
+    rec = core.decode_step(old)
+    assert (rec.run, rec.instance, rec.rank, rec.world_size, rec.step, rec.time_s, rec.phase, rec.tokens,
+            rec.dropped_steps) == ("r1", "abc-1", 1, 2, 7, 1.5e9, "decode", 3, 4)
+    assert rec.counts_LE.dtype == np.dtype("<i4") and rec.counts_LE.tolist() == [[1, 0, 2], [0, 3, 0]]
+    assert rec.sample_ids_LNK.tolist() == [[[0, 2]], [[1, -1]]]
+    with pytest.raises(ValueError, match="expected 2x3 int32"):
+        core.decode_step({**old, b"counts": old[b"counts"][:-1]})
 
 
 @pytest.mark.parametrize("mutate, message", [
