@@ -1,22 +1,12 @@
-"""Redis clients with explicit timeouts and retries, shared by the collectors and the dashboard.
+"""Redis clients with explicit timeouts and retries, shared by the collectors and the dashboard (redis-py 8
+defaults to 5 s and 10 retries; a monitor must fail fast). URLs: redis://[[user]:password@]host:port/db,
+rediss:// for TLS, unix:///path.sock.
 
-redis-py 8 defaults to a 5 s socket timeout and 10 retries; a monitor must fail fast instead, so every
-client made here states its own. URLs: redis://[[user]:password@]host:port/db, rediss:// for TLS,
-unix:///path.sock. Imports neither torch nor pynvml.
-
-One URL for a single Redis or a Redis Cluster: connect() returns an AutoClient, which sends nothing when it is
-made. Its first command asks the server `INFO cluster` first; with cluster_enabled:1 every command from then on
-goes through a redis.cluster.RedisCluster bootstrapped from that node (it learns every shard from CLUSTER
-SLOTS, follows MOVED and ASK, and maps the slots again after a connection error, so a replica promoted by a
-failover is found), otherwise through the redis.Redis that asked. Until a server has answered, every command
-asks again (and fails like the command would: ConnectionError, TimeoutError), so a client made while Redis is
-down (a collector started first, a dashboard up before its Redis) speaks cluster once the cluster answers. The
-mode is decided once, at the first answer: a server that changes mode under a live client needs a new client.
-A server that refuses INFO (an ACL without it) is used as a single Redis. Cluster failures that redis-py raises
-outside redis.RedisError (RedisClusterException: no node reachable, a slot no node serves) come out of an
-AutoClient as redis.exceptions.ConnectionError (or ClusterError, a RedisError, when no connection failed),
-so callers catch one family for both kinds of server. An ACL user for a cluster also needs CLUSTER SLOTS,
-COMMAND and INFO.
+connect() returns an AutoClient for a single Redis or a Redis Cluster alike: its first command asks `INFO
+cluster` (until a server answers, every command asks again), then goes through redis.Redis or a RedisCluster
+for good (a server refusing INFO is a single Redis). Cluster failures outside redis.RedisError come out as
+redis.exceptions.ConnectionError (or ClusterError), so callers catch one family. An ACL user for a cluster also
+needs CLUSTER SLOTS, COMMAND and INFO. docs/wire.md (Redis Cluster).
 """
 from __future__ import annotations
 

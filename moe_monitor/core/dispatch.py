@@ -1,22 +1,13 @@
-"""Dispatch policies: how an engine shares an expert's tokens among its replicas, step by step. The load model's
-second half (core.loadmodel holds the layout arithmetic); every reader that turns counts into GPU loads under a
-policy (pages, exporter, planner, advisor, `moe-monitor score` and `diagnose`) asks `DispatchModel`.
+"""Dispatch policies: how an engine shares an expert's tokens among its replicas, step by step; the load model's
+second half (core.loadmodel holds the layout arithmetic). Every reader that turns counts into GPU loads under
+a policy (pages, exporter, planner, advisor, score, diagnose) asks `DispatchModel`. docs/definitions.md.
 
-Policies (docs/definitions.md, "Dispatch policy"):
-
-- ``even``: each replica gets count / replicas (EPLB's assumption; core.loadmodel.gpu_loads).
-- ``round_robin``: static dispatch by token index (vLLM's EPLB: replica = token index mod replicas; SGLang without
-  a balancing algorithm). From counts, the even split's rounding: with c tokens over r replicas in slot order,
-  replica i gets floor(c / r) + (1 if i < c mod r). (The EP runtime dispatches this way too.)
-- ``lp``: per step and layer, each expert's tokens split over its replicas to minimise the busiest GPU (SGLang's
-  LP dispatch, LPLB, UltraEP): the exact optimum of the fractional problem. It is computed as the minimum-norm
-  GPU-load vector (which minimises the maximum too: the reachable loads form a base polytope) by exact
-  water-filling of one replicated expert at a time, stopped when a lower bound proves the busiest GPU within
-  LP_TOLERANCE of the optimum (the bound: for the k busiest GPUs, the tokens that can go nowhere else over k).
-- ``ideal``: force-balanced, every slot at the layer's mean (every GPU at the mean): the bound of any policy.
-
-Shape legend: T steps, L layers, E logical experts, P slots, G GPUs, S = P / G slots per GPU, F replicated
-experts of a layer (at most F_MAX of any layer), R the most GPUs one expert spans.
+- ``even``: count / replicas each; ``round_robin``: by token index, replica i of r gets floor(c / r) + (i < c mod r);
+- ``lp``: per step and layer the split minimising the busiest GPU (the fractional optimum), by exact
+  water-filling to the minimum-norm load vector, stopped within LP_TOLERANCE of a proven lower bound;
+- ``ideal``: every GPU at the layer's mean (the bound of any policy).
+Shapes: T steps, L layers, E experts, P slots, G GPUs, S = P / G, F replicated experts of a layer (<= F_MAX),
+R the most GPUs one expert spans.
 """
 from __future__ import annotations
 

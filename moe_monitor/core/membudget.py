@@ -1,20 +1,11 @@
 """One memory budget per process: the big arrays a reader keeps (step windows, sample and timing rings) reserve
-their bytes here before they are allocated and give them back when they are dropped. Pure bookkeeping,
-thread-safe, no UI: nothing is allocated or measured here, the holders say what they hold.
+their bytes here before they are allocated and give them back when dropped. Pure bookkeeping, thread-safe.
 
-Why: a window's size is steps x L x E x 4 bytes whatever the records weigh on the wire (600 all-zero records of
-about 150 bytes at L=800, E=1000 ask for 1.9 GB), and a dashboard holds one window per session, an exporter one
-per run. A cap per window does not bound a process; one budget for all of them does. A holder that asks for more
-than is left gets less (a narrower window, a smaller ring) and says so, or is refused with a message naming
-the budget and the setting that raises it.
-
-The budget a holder reserves from: the one installed for the current thread or task with `using(budget)` (the
-exporter's, around its polls), else the process's (`process_budget()`: $MOE_MONITOR_MEMORY_BUDGET, else
-DASHBOARD_DEFAULT_BYTES; the dashboard's Streamlit server gets the variable from `moe-monitor dashboard
---memory-budget`).
-
-Temporaries of one computation (a chunk of loads, a sum of rows) are not reserved: readers keep them bounded
-(a few tens of MB) so that a process stays within its budget plus that margin.
+A window is steps x L x E x 4 bytes whatever its records weigh on the wire, so one budget bounds a process
+where a cap per window would not. A holder asking for more than is left gets less (and says so) or is refused
+with a message naming the setting that raises it. The budget: the one installed with `using(budget)` for the
+current thread or task, else `process_budget()` ($MOE_MONITOR_MEMORY_BUDGET, else DASHBOARD_DEFAULT_BYTES).
+Temporaries of one computation are not reserved: readers keep them to a few tens of MB.
 """
 from __future__ import annotations
 

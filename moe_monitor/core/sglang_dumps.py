@@ -1,29 +1,13 @@
 """SGLang expert-distribution dump files -> checked numpy arrays (pure: no Redis, no clock).
 
-SGLang's recorder (`--expert-distribution-recorder-mode`, files in SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR,
-written with torch.save) writes three kinds of file; the facts used here, checked against the files sglang
-0.5.23's own recorder writes (tests/frameworks/test_sglang_writer.py):
-
-- stat (and stat_approx, the same file): rank 0 writes `expert_distribution_recorder_<unix time>.pt` = {"rank": int, "logical_count":
-  int [buffered steps, L, E] summed over ranks, "average_utilization_rate_over_window": float | None}.
-  The buffer is a ring: rows are not in time order and rows never filled are zero.
-- per_pass, per_token: every rank writes `expert_distribution_recorder_<unix time>_<rank>.pt` =
-  {"records": [one dict per forward pass], "last_physical_to_logical_map": int [L, P]}. A record holds
-  "forward_pass_id", "rank", "gatherer_key" and "global_physical_count" int [L, P] (that rank's tokens per
-  physical slot). per_token records add "topk_ids_of_layer" int [L, tokens, K'] (physical slot ids, -1 where
-  nothing was routed, K' a fixed width >= k), "input_ids", "positions", "extend_seq_lens" and
-  "forward_mode" (the int value of SGLang's ForwardMode: EXTEND 1, DECODE 2, MIXED 3, IDLE 4, ...) and
-  "misc_objects" (DeepEP dispatch counts, unused). SGLang writes its counts and ids int32 and K' = 8; an idle
-  rank's pass has no tokens.
-
-Files load with torch.load(weights_only=True) only (core.ptfile.load_weights_only): a
-file that holds anything but tensors and plain containers is refused, never unpickled. Every problem is one ValueError naming the file.
-Besides its size on disk (max_bytes), a dump is bounded by what it decodes to (core/budget.py, through
-core.ptfile): its zip archive's declared sizes before the load, and the elements of every tensor it holds, each
-time it is held (records sharing one storage count once per record), before anything is copied out of it.
-
-Shape legend (README, Conventions): T forward passes (or buffered stat rows), L layers, E logical experts,
-P physical slots, N tokens of a pass, K top-k.
+- stat (and stat_approx): rank 0's `expert_distribution_recorder_<unix time>.pt` = {"logical_count": int
+  [T, L, E] summed over ranks (a ring buffer: rows out of time order, unfilled rows zero), ...}.
+- per_pass, per_token: every rank's `..._<rank>.pt` = {"records": [a dict per forward pass, with
+  "global_physical_count" int [L, P]; per_token adds "topk_ids_of_layer" int [L, N, K'] physical slot ids, -1
+  unrouted, and "forward_mode"], "last_physical_to_logical_map": int [L, P]}.
+Files load with torch.load(weights_only=True) only (core.ptfile), bounded by size and by what they decode to
+(core/budget.py); every problem is one ValueError naming the file. Checked against sglang 0.5.23's own writer.
+Shapes: T passes (or stat rows), L layers, E logical experts, P physical slots, N tokens of a pass, K top-k.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
-"""Per-step figures under a dispatch policy (docs/definitions.md, "Per-step tails"): what each step's busiest GPU
-and each GPU's busiest expert slot cost, beside the window figures. Pure numpy; one home for every reader
-(pages, exporter, planner, `moe-monitor score` and `diagnose`).
-
-For every (step, layer) pair with tokens:
-
-- per-step imbalance = max / mean of the GPU loads under the policy (core.dispatch);
-- ideal fraction = mean / max (its inverse): the share of the force-balanced ideal the step reaches;
-- expert skew = over the GPUs with tokens, the largest (most tokens of one expert slot on the GPU) / (mean tokens
-  per slot of that GPU): what a grouped GEMM that pads every expert to the largest one pays on its worst GPU.
-
-Percentiles are numpy's default (linear) over the pairs with tokens; idle pairs (dense layers) are NaN and left
-out. The window imbalance is max / mean of the per-step loads summed over the window, averaged over layers.
+"""Per-step figures under a dispatch policy (docs/definitions.md, "Per-step tails"); pure numpy, one home for every
+reader (pages, exporter, planner, score, diagnose). For every (step, layer) pair with tokens:
+per-step imbalance = max / mean GPU load under the policy (core.dispatch); ideal fraction = its inverse; expert
+skew = over the GPUs with tokens, the largest (most tokens of one slot on the GPU) / (mean tokens per slot there).
+Percentiles are numpy's default (linear) over the pairs with tokens; idle pairs are NaN and left out. The window
+imbalance is max / mean of the loads summed over the window, averaged over layers.
 
 Shape legend: T steps, L layers, E experts, P slots, G GPUs.
 """

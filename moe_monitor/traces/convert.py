@@ -1,20 +1,10 @@
-"""convert(IN, OUT): a trace (JSON lines, .arrows, .parquet), an SGLang expert-distribution dump (.pt: stat,
-per_pass or per_token; parsed by collectors/sglang, which needs torch and is imported only for them), an
-SGLang logical_count JSON ([L, E] or [T, L, E]), a TensorRT-LLM EXPERT_STATISTIC_PATH folder (traces/trtllm.py),
-an UltraEP ultra_ep_trace_v1 trace (traces/ultraep.py) or Megatron-LM's tokens_per_expert logging
-(traces/megatron_tokens.py: one train step per saved iteration and rank) -> a .parquet or .arrows trace.
-
-TensorRT-LLM: one step per iteration (step id = the iteration), the rank files summed. UltraEP: one step per
-microbatch holding every layer (pre_logical_loads), and its post_physical_loads as core.PhysicalRecords in the
-trace's physical sidecar (core/tracefile/physical.py), which converting a trace also carries along.
-
-SGLang inputs become one step per forward pass (per_pass / per_token, the file's rank; logical counts summed
-over replicas through the dump's own physical_to_logical_map, which is the run's layout), one per non-zero
-stat row, or one per [L, E] table of a logical_count JSON (phase from `phase`, tokens = busiest layer / k).
-A trace's layer timings (core.TimingRecord) go along, chunk by chunk with their steps (every timing of the
-input, steps without a step record included): into the .parquet timings sidecar, or the .arrows side file.
+"""convert(IN, OUT) -> a .parquet or .arrows trace, from: a trace (JSON lines, .arrows, .parquet), an SGLang
+expert-distribution dump (.pt: stat, per_pass or per_token; torch imported only for them), an SGLang
+logical_count JSON ([L, E] or [T, L, E]), a TensorRT-LLM EXPERT_STATISTIC_PATH folder (traces/trtllm.py), an
+UltraEP trace (traces/ultraep.py: physical loads go to the physical sidecar) or Megatron-LM's tokens_per_expert
+logging (traces/megatron_tokens.py). Layer timings and physical records of a trace go along with their steps.
 Every input is refused before it is decoded when it decodes to more than the decoded-bytes budget
-(core/budget.py; a logical_count JSON counted at JSON_OBJECT_BYTES a byte).
+(core/budget.py). What each input becomes: docs/traces.md.
 """
 from __future__ import annotations
 
@@ -27,8 +17,8 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
-from moe_monitor.core.tracefile.physical import read_physical, write_physical
-from moe_monitor.core.tracefile.reader import open_trace
+from moe_monitor.core.tracefile import open_trace
+from moe_monitor.core.tracefile.side import read_physical, write_physical
 from moe_monitor.core.tracefile.writers import open_writer
 
 CHUNK_STEPS = 512
@@ -101,7 +91,7 @@ def open_writer_check(dst: str) -> None:
 
 def _write(dst: str, meta: core.RunMeta, layouts, chunks, samples, physical=()) -> int:
     """chunks: (step records, layer timings) pairs in step order; physical: core.PhysicalRecords, written to the
-    trace's physical sidecar (core/tracefile/physical.py; none: a stale one is removed)."""
+    trace's physical sidecar (core/tracefile/side.py; none: a stale one is removed)."""
     writer = open_writer(dst, meta, layouts)
     steps = 0
     try:

@@ -1,34 +1,12 @@
 """Megatron-LM's tokens-per-expert JSON lines (--save-tokens-per-expert-interval) -> per-iteration step records.
 
-What Megatron-LM writes (megatron/training/activation_logging.py, ActivationLogger.save_tpe, called from
-training.py every save_tokens_per_expert_interval iterations): each rank appends to
-`{--save}/tokens_per_expert/rank{r}.jsonl` (r: the torch.distributed global rank) one line per MoE layer of its
-model chunks,
-
-    {"iter": 100, "block": "decoder", "layer": 3, "tpe": [[128, 64], [96, 80]]}
-    {"iter": 100, "block": "mtp", "mtp_idx": 0, "layer": 1, "tpe": [[50, 50]]}
-
-iter: the iteration just finished (1-based); layer: the index in the chunk's decoder.layers (or in the MTP
-block's layers); tpe: one list per micro-batch forward of that iteration, the tokens each of the rank's local
-experts received (the m_splits that TEGroupedMLP hands its grouped linear_fc1: after dispatch, from every rank
-of the expert-parallel group; padded to the FP8/FP4 alignment when those are on; a forward recomputed in
-backward is captured again).
-
-What this reader makes of it: one step per iteration (step id = iter, phase "train"), counts = the sum over the
-iteration's micro-batches. Experts: rank r of the expert-parallel group holds experts ep_rank * E_local ...
-(Megatron's contiguous placement), ep_rank = r % gpus (Megatron's default rank order with tensor and context
-parallel size 1), E = E_local * gpus; gpus is the expert-parallel size (default: the number of rank files of a
-folder, 1 for a single file). A path is a rank{r}.jsonl file (that rank's records) or the tokens_per_expert
-folder (every rank{r}.jsonl, each its own rank's records, world size = the number of files): the ranks' records
-sum to each expert's load. Layers: decoder layers "decoder.layers.<layer>", then MTP layers
-"mtp.<mtp_idx>.layers.<layer>", the union over the files (with pipeline parallelism the files' local layer
-indices of different stages collide: convert one stage's ranks at a time). A later line for the same
-iteration and layer replaces an earlier one (a run resumed from a checkpoint repeats iterations). tokens:
-the busiest layer's count / top_k (tokens this rank's experts received).
-
-Bounds: the files' total size is checked against the decoded-bytes budget (core/budget.py; JSON_BYTE_COST bytes
-a byte) before any is read; every bad line is one ValueError naming the file and line.
-Shape legend: T iterations, L MoE layers, E experts (E_local per rank).
+Each rank r appends to `{--save}/tokens_per_expert/rank{r}.jsonl` one line per MoE layer and saved iteration,
+    {"iter": 100, "block": "decoder", "layer": 3, "tpe": [[128, 64], [96, 80]]}   (tpe: per micro-batch, local experts)
+read here as one step per iteration (phase "train", micro-batches summed), rank r's experts at (r % gpus) *
+E_local ... (Megatron's contiguous placement); a path is one rank file or the folder (every rank's file). A later
+line for the same iteration and layer replaces an earlier one (a resumed run). The files' size is checked against
+the decoded-bytes budget (core/budget.py) first; a bad line is one ValueError naming file and line.
+Shapes: T iterations, L MoE layers, E experts (E_local per rank). Format and caveats: docs/megatron.md.
 """
 from __future__ import annotations
 

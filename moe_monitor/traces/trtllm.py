@@ -1,25 +1,13 @@
 """TensorRT-LLM expert statistics (an EXPERT_STATISTIC_PATH folder) -> per-iteration counts, checked and bounded.
 
-What TensorRT-LLM writes (tensorrt_llm/_torch/expert_statistic.py, read by its examples/wide_ep/ep_load_balancer
-/utils.py) while EXPERT_STATISTIC_ITER_RANGE="start-stop" holds the iteration (start <= iter < stop):
-
-    meta_info.json         rank 0: {"num_experts": E, "num_experts_per_token": k} (some versions add "ep_size")
-    rank{r}.safetensors    every rank: one tensor per "{iter}_{layer}", [E] tokens routed to each id on that
-                           rank (torch.bincount of the layer's top-k ids: int64, int32 in an older version)
-    rank{r}_numtokens.json some versions: {"{iter}_{layer}": tokens of that rank}
-
-E is the MoE module's slot count: expert ids when TensorRT-LLM's load balancer is off, slot ids when it is on
-(then E counts slots). Ranks are partial counts: TensorRT-LLM's own reader sums the rank files key by key, and so
-does this one (rank{r}_raw.safetensors and other files are left out, as there). Layers keep the model's layer
-indices (DeepSeek-V3's first MoE layer is 3).
-
-Bounds, all before any tensor byte is read: each safetensors header (at most MAX_HEADER_BYTES, its tensors'
-declared shapes and dtypes: [E] of an integer or float dtype, offsets inside the file), the JSON files
-(MAX_JSON_BYTES), and the decoded-bytes budget (core/budget.py), first over the headers (HEADER_BYTE_COST bytes a
-byte, before they are parsed), then over every declared tensor plus the [T, L, E] int64 sum. Every problem is one
-ValueError naming the file.
+The folder: meta_info.json (rank 0: num_experts E, num_experts_per_token k), rank{r}.safetensors (one [E] tensor
+per "{iter}_{layer}": tokens routed to each id on that rank) and, in some versions, rank{r}_numtokens.json. E is
+the MoE module's slot count (slot ids when TensorRT-LLM's load balancer is on). Rank files are summed key by
+key, as TensorRT-LLM's own reader does; layers keep the model's indices. Headers, JSON and the decoded-bytes
+budget (core/budget.py) are checked before any tensor byte is read; every problem is one ValueError naming the file.
 
 Shape legend: R rank files, T iterations, L MoE layers, E slots (experts when the load balancer is off).
+docs/traces.md (TensorRT-LLM expert statistics).
 """
 from __future__ import annotations
 

@@ -1,31 +1,12 @@
 """UltraEP load traces (ultra_ep_trace_v1) -> per-microbatch logical loads and physical-slot loads, checked and
-bounded.
+bounded. One trace per EP group: `{trace_id}.manifest.json` (ep_size, num_layers, M local masters, Pl local
+physical experts, E = ep_size x M, P = ep_size x Pl, ...) and `{trace_id}.chunk{id:06d}.npz` chunks of records
+(layers [R], microbatches [R], pre_logical_loads int32 [R, E], post_physical_loads int32 [R, P], slot p on GPU
+p // Pl). A record is one (layer, microbatch); masters never move, redundant slots' experts are not recorded.
+Everything is bounded before any array byte is read (JSON sizes, zip directories, .npy headers, core/budget.py);
+arrays load with allow_pickle=False only; every problem is one ValueError naming the file.
 
-What UltraEP's load profiler writes (Dots-Infra/UltraEP ultra_ep/profiling.py; its metadata from
-ultra_ep/manager.py), one trace per EP group, in ULTRA_EP_LOAD_PROFILE_DIR:
-
-    {trace_id}.manifest.json       schema "ultra_ep_trace_v1", ep_size, num_layers, num_local_master_experts (M),
-                                   num_local_redundant_experts, num_local_physical_experts (Pl),
-                                   num_global_logical_experts (E = ep_size x M), num_global_physical_experts
-                                   (P = ep_size x Pl), placement_mode, record_interval, flush_interval, chunks,
-                                   dropped_records, created_unix, ... (written at start with chunks 0 and
-                                   rewritten at close)
-    {trace_id}.chunk{id:06d}.npz   np.savez of metadata (the manifest's fields as a JSON string, plus chunk_id
-                                   and records), layers int32 [R] (the model's layer ids), virtual_layers int32
-                                   [R], microbatches int64 [R], pre_logical_loads int32 [R, E] (the EP group's
-                                   tokens per logical expert, before balancing), post_physical_loads int32
-                                   [R, P] (tokens per physical slot after it; slot p is on GPU p // Pl)
-
-A record is one (layer, microbatch). Masters never move (logical e on slot (e // M) * Pl + e % M, GPU e // M);
-the redundant slots are re-placed every microbatch and the trace does not record which expert they held.
-
-Bounds, all before any array byte is read: the manifest and the chunk metadata (MAX_JSON_BYTES), each chunk's
-zip directory (its six members, their declared sizes) and .npy headers (shape and dtype: integers of the
-manifest's E and P, no object arrays), and the decoded-bytes budget (core/budget.py) over every member plus the
-steps made of them. Arrays are loaded with numpy.load(..., allow_pickle=False) only. Every problem is one
-ValueError naming the file.
-
-Shape legend: R records, T microbatches (steps), L layers, E logical experts, P physical slots.
+Shape legend: R records, T microbatches (steps), L layers, E logical experts, P physical slots. docs/traces.md.
 """
 from __future__ import annotations
 
