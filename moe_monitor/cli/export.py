@@ -2,21 +2,8 @@
 (Prometheus text format, or OpenMetrics when the scraper asks for it) for the runs in one Redis. Binds loopback
 unless told otherwise.
 
-Rebalance advisor gauges (labels run, phase), recomputed at most every --advise-every-s seconds per run (each
-decision costs a repair of the layout in force on the window): moe_rebalance_predicted_gain_ratio (straggler
-time a repair would save over the next 1,000 steps if the window repeats, as a share of their expert time),
-moe_rebalance_migration_cost_ratio (time serving waits for its expert copies, same unit: rebalance when the
-gain exceeds it) and moe_rebalance_moves (expert copies it needs).
-
-Per-step tail gauges (labels run, phase, dispatch = the run's dispatch policy, stat = p99), over the window:
-moe_step_imbalance_ratio (per-step busiest GPU over the mean, over every (step, layer) with tokens) and
-moe_expert_skew_ratio (the busiest expert slot of a GPU over that GPU's mean per slot, on the worst GPU).
-
-Bounds: every run's window shares one --memory-budget (a run whose window does not fit gets fewer steps:
-moe_exporter_window_steps); at most --max-gpus GPUs per run and phase get series of their own (the busiest and
-the straggler; moe_gpu_load_rest_tokens_per_step sums up the others), at most --max-series series in all;
-moe_exporter_truncated{run} is 1 when a run's series were cut, moe_exporter_series_dropped_total counts them. Runs
-that leave moe:runs are forgotten at the next poll."""
+The gauges and bounds: _EPILOG (the --help epilog) and docs/metrics.md.
+"""
 from __future__ import annotations
 
 import argparse
@@ -32,10 +19,27 @@ DEFAULT_MAX_GPUS = 64  # exporter.caps.DEFAULT_MAX_GPUS
 DEFAULT_MAX_SERIES = 20_000  # exporter.caps.DEFAULT_MAX_SERIES
 
 
+_EPILOG = """Rebalance advisor gauges (labels run, phase), recomputed at most every --advise-every-s seconds per run (each
+decision costs a repair of the layout in force on the window): moe_rebalance_predicted_gain_ratio (straggler
+time a repair would save over the next 1,000 steps if the window repeats, as a share of their expert time),
+moe_rebalance_migration_cost_ratio (time serving waits for its expert copies, same unit: rebalance when the
+gain exceeds it) and moe_rebalance_moves (expert copies it needs).
+
+Per-step tail gauges (labels run, phase, dispatch = the run's dispatch policy, stat = p99), over the window:
+moe_step_imbalance_ratio (per-step busiest GPU over the mean, over every (step, layer) with tokens) and
+moe_expert_skew_ratio (the busiest expert slot of a GPU over that GPU's mean per slot, on the worst GPU).
+
+Bounds: every run's window shares one --memory-budget (a run whose window does not fit gets fewer steps:
+moe_exporter_window_steps); at most --max-gpus GPUs per run and phase get series of their own (the busiest and
+the straggler; moe_gpu_load_rest_tokens_per_step sums up the others), at most --max-series series in all;
+moe_exporter_truncated{run} is 1 when a run's series were cut, moe_exporter_series_dropped_total counts them. Runs
+that leave moe:runs are forgotten at the next poll."""
+
+
 def register(sub) -> None:
     p = sub.add_parser("export", help="Prometheus /metrics for the runs in one Redis",
                        description=(__doc__ or "").split("\n\n")[0].split(":", 1)[1].strip(),
-                       epilog="\n\n".join((__doc__ or "").split("\n\n")[1:]))
+                       epilog=_EPILOG)
     add_redis(p)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--run", action="append", metavar="NAME", help="a run to export (repeat for several)")

@@ -1,30 +1,13 @@
-"""moe-monitor plan | advise | simulate | staleness: the planner's commands.
+"""moe-monitor plan | advise | simulate | staleness: the planner's commands (docs/planner.md).
 
-    moe-monitor plan --load FILE --gpus G --redundant R [--nodes M --groups Q] [--policy NAME]
-                     [--decay D] [--recent N] [--objective window|tail] [--dispatch even|round_robin|lp]
-                     [--current LAYOUT.json --moves K] --out OUT.json
-    moe-monitor advise --trace FILE --gpus G --redundant R [--nodes M --groups Q] [--link-gbps B]
-                     [--every N --window W --horizon H --max-moves K] [--initial LAYOUT.json] --out SCHEDULE.json
-    moe-monitor simulate --trace FILE --schedule SCHEDULE.json [--gpus G] [--link-gbps B] [--dispatch NAME]
-                     [--out RESULT.json]
-    moe-monitor staleness --trace FILE --gpus G (--redundant R [--policy NAME] | --layout LAYOUT.json)
-                     [--window W --every N] --out CURVE.json
+    moe-monitor plan --load FILE --gpus G --redundant R [--nodes M --groups Q] [--policy NAME] --out OUT.json
+    moe-monitor advise --trace FILE --gpus G --redundant R [--every N --window W --horizon H] --out SCHEDULE.json
+    moe-monitor simulate --trace FILE --schedule SCHEDULE.json [--dispatch NAME] [--out RESULT.json]
+    moe-monitor staleness --trace FILE --gpus G (--redundant R | --layout LAYOUT.json) --out CURVE.json
 
-plan --load: SGLang logical_count JSON or .pt, shape [L, E] or [W, L, E] (windows oldest..newest), or a trace
-(its steps split into up to 16 windows); the layout JSON it writes ({"physical_to_logical_map": [[...]]}) is
-what SGLang's --init-expert-location takes. Input limits (core.counts, planner.loads): counts are ints or floats (strings,
-bools and nulls are refused, not converted), finite and >= 0, at most 1e30 in all, each layer of each window 0
-or >= 1e-30; .pt tensors dense, with data, not quantized, not bool or complex (loaded with weights_only=True);
-P = E + R <= 65536 slots and L x (windows x S x P + G x E) <= 2**25 cells (about 1.5 GiB of working tables),
-where the windows are min(W, --recent) + 1 for [W, L, E] input, 1 for [L, E] (2 with --policy robust).
-
-plan --objective tail: --load holds per-step counts (a trace or [T, L, E] counts, planner.io.load_trace_steps); the
-windows are those steps split into up to 16 windows, and per layer the layout with the lowest per-step p99 under
---dispatch is kept (planner.tail). --dispatch other than even needs --objective tail.
-
---trace: per-step counts, a trace or a counts file [T, L, E] (planner.io.load_trace_steps). --schedule: a
-schedule JSON (advise writes one) or a bare layout JSON held static. The cost model is planner/simulate.py's.
-Every output JSON is strict (no NaN or Infinity); --json prints it on stdout as well.
+--load / --trace: counts [L, E] / [W, L, E] (SGLang logical_count JSON or .pt) or per-step counts (a trace or
+[T, L, E]); input limits: docs/planner.md (Input limits). Every output JSON is strict (no NaN or Infinity);
+--json prints it on stdout as well.
 """
 from __future__ import annotations
 

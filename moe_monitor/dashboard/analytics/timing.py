@@ -1,18 +1,10 @@
-"""Where the time of the MoE layers goes, from measured layer timings (core.TimingRecord): pure numpy, arrays
-in, arrays out. NaN means "not measured" everywhere and is left out of every sum and mean.
+"""Where the time of the MoE layers goes, from measured layer timings (core.TimingRecord): pure numpy, arrays in,
+arrays out. NaN means "not measured" everywhere and is left out of every sum and mean.
 
-Definitions (README, "The Time page"):
-- all-to-all share: (dispatch + combine) / layer time, and dispatch and combine apart; ratios of sums over the
-  (step, rank) cells where the phase and the layer time were both measured.
-- achieved overlap of one (step, rank, layer): (compute + comm - layer) / min(compute, comm), comm = dispatch +
-  combine, clipped to [0, 1]: 0 when the layer took compute + comm (nothing hidden), 1 when it took
-  max(compute, comm) (the shorter one fully hidden). NaN where compute or comm is 0 or a phase is unmeasured.
-- step layer time: a layer ends when its slowest rank ends: max over ranks of layer_s (one layer), summed over
-  layers for the step's MoE time.
-- straggler wait of a rank: the layer's time (max over ranks) minus the rank's own expert compute: the time it
-  spends not computing (its all-to-alls and waiting for the other ranks).
-- the straggler bound on measurements: a least-squares line of the step's MoE time against the step's max GPU
-  load (tokens), with its R^2.
+All-to-all share ((dispatch + combine) / layer, ratios of sums over cells where both were measured), achieved
+overlap ((compute + comm - layer) / min(compute, comm), clipped to [0, 1]), step layer time (max over ranks,
+summed over layers), straggler wait (the layer's time minus the rank's own compute) and the straggler bound (a
+least-squares line of MoE time against max GPU load, with its R^2). Definitions: docs/dashboard.md (Time).
 
 Shape legend: T steps, R ranks, L MoE layers.
 """
