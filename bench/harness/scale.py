@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench import loadgen, routing
 from bench.harness.aggregator import (
@@ -49,9 +50,9 @@ class Load:
     def run(self, url: str, run: str, seconds: float, **overrides) -> loadgen.LoadReport:
         """loadgen.run_load of this load into `run` for `seconds`; overrides: run_load's arguments by name
         (steps_per_s, ranks, processes, first_step, memory_budget_bytes, instance_prefix, max_batch, ...)."""
-        options = dict(ranks=self.ranks, steps_per_s=self.steps_per_s, processes=self.processes,
-                       tokens_per_rank=self.tokens, memory_budget_bytes=self.memory_budget_mb << 20,
-                       instance_prefix=self.instance)
+        options: dict[str, Any] = dict(ranks=self.ranks, steps_per_s=self.steps_per_s, processes=self.processes,
+                                       tokens_per_rank=self.tokens, memory_budget_bytes=self.memory_budget_mb << 20,
+                                       instance_prefix=self.instance)
         options.update(overrides)
         return loadgen.run_load(url, run, seconds=seconds, **options)
 
@@ -132,7 +133,7 @@ def measure(target: Target, load: Load, run: str, seconds: float, tmp: Path, lab
         node_peak = {port: sampler.peak(port, began) for port in masters}
         print()
         report_load(report, node_cpu[run_port])
-        window = sampler.window(began)
+        samples = sampler.window(began)
         length = client.xlen(core.steps_key(run))
         usage = client.memory_usage(core.steps_key(run), samples=0) or 0
         trimmed = "; the aggregator trims it to 5 s behind what it read" if aggregator else ""
@@ -154,7 +155,7 @@ def measure(target: Target, load: Load, run: str, seconds: float, tmp: Path, lab
                   + (f" ({counter.unread} entries were trimmed before the tail read them)" if counter.unread else
                      " (the tail read every entry the stream took)"))
         if aggregator is not None:
-            result.lag = report_aggregator(window)
+            result.lag = report_aggregator(samples)
             result.caught_up_s = drain(target.url, run, 60.0)
             print("  aggregator caught up " + (f"{result.caught_up_s:.1f} s" if result.caught_up_s is not None
                                                else "not within 60 s") + " after the last write")
