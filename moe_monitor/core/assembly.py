@@ -223,6 +223,11 @@ class Assembler:
         self.version += 1
 
     @property
+    def held_count(self) -> int:
+        """Records of restarted ranks held now (not yet placed into a new epoch nor given up)."""
+        return len(self._held)
+
+    @property
     def pending_steps(self) -> int:
         return len(self._pending)
 

@@ -21,6 +21,7 @@ from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.live.window import StepWindow
 from moe_monitor.dashboard.sources.base import Batch
 from moe_monitor.dashboard.sources.redis import _collector_health
+from tests.support.assembled import add_rank
 from tests.support.listsource import ListSource
 from tests.support.properties import property_settings
 
@@ -277,7 +278,8 @@ def records(draw):
 @given(records(), st.integers(1, 4))
 def test_bad_records_never_hide_the_good_ones(recs, per_batch):
     batches = [Batch(steps=[r for r, _ in recs[i:i + per_batch]]) for i in range(0, len(recs), per_batch)]
-    watched = WatchedRun(ListSource(batches, _two_layer_meta()), window_steps=64)
+    # deadline 0: every step is assembled at the tick that read it (rank 1 never comes)
+    watched = WatchedRun(ListSource(batches, _two_layer_meta()), window_steps=64, deadline_s=0.0)
     for _ in batches:
         watched.tick()
     good = [r.step for r, ok in recs if ok]
@@ -288,7 +290,7 @@ def test_bad_records_never_hide_the_good_ones(recs, per_batch):
     for rec, ok in recs:  # the window alone: a refused record leaves it as it was
         before = (window.counts_CLE.copy(), window.size, window.head, dict(window._slot_of_step))
         try:
-            window.add(rec)
+            add_rank(window, rec)
         except ValueError:
             assert not ok or rec.sample_ids_LNK is not None
             after = (window.counts_CLE, window.size, window.head, window._slot_of_step)

@@ -12,6 +12,7 @@ from moe_monitor.dashboard.analytics.balance import (
     straggler,
     window_stats,
 )
+from tests.support.assembled import add_rank
 
 
 def test_eta_is_mean_over_max():
@@ -91,7 +92,7 @@ def test_snapshot_defaults_to_the_per_layer_view():
     # 3 layers, 3 experts, 3 GPUs (one expert each): counts are the loads of the test above
     window = StepWindow(4, 3, 3)
     counts = np.array([[10, 0, 7], [10, 0, 7], [0, 10, 7]], dtype=np.int32)
-    window.add(core.StepRecord(run="s", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=17,
+    add_rank(window, core.StepRecord(run="s", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=17,
                                counts_LE=counts))
     layout = resolve_layout(None, 3, 3, gpus=3)
     per_layer, summed = analyse(window, layout, "both"), analyse(window, layout, "both", summed=True)

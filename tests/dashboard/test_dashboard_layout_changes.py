@@ -31,6 +31,7 @@ from moe_monitor.dashboard.sources.base import Batch
 from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.dashboard.sources.trace import TraceSource
 from tests.support.apptest import run_app
+from tests.support.assembled import add_rank
 from tests.support.listsource import ListSource
 from tests.support.synthfill import make_meta
 
@@ -62,7 +63,7 @@ def test_each_step_uses_the_layout_in_force_and_only_changed_rows_are_recomputed
     monkeypatch.setattr(window_module, "weighted_loads", counting)
     window = StepWindow(8, 1, 4)
     for step in range(6):
-        window.add(_step(step, [[1, 2, 4, 8]]))
+        add_rank(window, _step(step, [[1, 2, 4, 8]]))
     window.view("both", CONTIGUOUS, 2)
     assert computed == [6]
     base = LayoutChange.of(0, CONTIGUOUS, 2, 1, "run metadata")
@@ -70,7 +71,7 @@ def test_each_step_uses_the_layout_in_force_and_only_changed_rows_are_recomputed
     view = window.view("both", CONTIGUOUS, 2, schedule=schedule)
     np.testing.assert_allclose(view.loads_TLG[:, 0], [[3, 12]] * 3 + [[5, 10]] * 3)
     assert computed == [6, 3]  # the rows from step 3 on, not the window
-    window.add(_step(6, [[1, 0, 0, 0]]))
+    add_rank(window, _step(6, [[1, 0, 0, 0]]))
     view = window.view("both", CONTIGUOUS, 2, schedule=schedule)
     assert computed == [6, 3, 1] and view.loads_TLG[-1, 0].tolist() == [1, 0]
     schedule = (*schedule, _change(5, [[3, 2, 1, 0]], "apply"))  # GPU 0: experts 3, 2
@@ -90,7 +91,7 @@ def test_cached_loads_equal_a_full_recompute_under_changing_schedules():
             for _ in range(4)]  # every expert once, two of them twice
     schedule: tuple[LayoutChange, ...] = ()
     for step in range(30):
-        window.add(_step(step, rng.integers(0, 50, size=(2, 6))))
+        add_rank(window, _step(step, rng.integers(0, 50, size=(2, 6))))
         if step % 7 == 3:
             schedule = (*schedule, LayoutChange.of(step + int(rng.integers(-3, 3)), maps[step % 4], 2, 1, "engine"))
             schedule = tuple(sorted(schedule, key=lambda c: c.step))

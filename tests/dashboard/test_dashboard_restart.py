@@ -88,7 +88,8 @@ def test_one_rank_restarting_does_not_hide_the_other_ranks(redis_url):
     t0 = time.time() - 60
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[0], instance="A0", time0_s=t0)
     synthfill.fill(client, "r2", steps=10, world_size=2, ranks=[1], instance="A1", time0_s=t0, meta=False)
-    watched = WatchedRun(RedisSource(client, redis_url, "r2", window_steps=50), window_steps=50)
+    # deadline 0: a step short of a rank is assembled at the tick that read it (the rank is not coming)
+    watched = WatchedRun(RedisSource(client, redis_url, "r2", window_steps=50), window_steps=50, deadline_s=0.0)
     watched.tick()
     assert watched.window.size == 10
     synthfill.fill(client, "r2", steps=3, world_size=2, ranks=[1], instance="B1", time0_s=t0 + 30, meta=False)
@@ -118,22 +119,24 @@ def test_most_ranks_restarting_start_a_fresh_window(redis_url):
     for rank in range(3):
         synthfill.fill(client, "r3", steps=10, world_size=3, ranks=[rank], instance=f"A{rank}", time0_s=t0,
                        meta=rank == 0)
-    watched = WatchedRun(RedisSource(client, redis_url, "r3", window_steps=50), window_steps=50)
+    watched = WatchedRun(RedisSource(client, redis_url, "r3", window_steps=50), window_steps=50, deadline_s=0.0)
     watched.tick()
     for rank in range(2):  # two of three restart: most
         synthfill.fill(client, "r3", steps=2, world_size=3, ranks=[rank], instance=f"B{rank}", time0_s=t0 + 30,
                        meta=False)
     watched.tick()
     assert watched.restarts == 1 and "collector restarted at" in watched.restart_note, watched.last_error
-    assert list(watched.window.view("both", P2L, 4).step_T) == [0, 1]  # rank 1's: rank 0's came first, held
-    assert watched.held_records == 2 and watched.instance_of_rank == {0: "B0", 1: "B1"}
+    # rank 0's records came first and were held; the new epoch takes them in (nothing is lost)
+    assert list(watched.window.view("both", P2L, 4, now_s=time.time() + 60).step_T) == [0, 1]
+    assert list(watched.window.ranks_C[watched.window.ordered_slots()]) == [2, 2]
+    assert watched.held_records == 0 and watched.instance_of_rank == {0: "B0", 1: "B1"}
 
 
 def test_a_huge_step_id_and_a_world_claim_do_not_pin_the_window(redis_url):
     client = core.connect(redis_url, timeout_s=2.0)
     t0 = time.time() - 60
     synthfill.fill(client, "r4", steps=10, world_size=2, ranks=[0, 1], instance="A", time0_s=t0)
-    watched = WatchedRun(RedisSource(client, redis_url, "r4", window_steps=50), window_steps=50)
+    watched = WatchedRun(RedisSource(client, redis_url, "r4", window_steps=50), window_steps=50, deadline_s=0.0)
     watched.tick()
     synthfill.fill(client, "r4", steps=1, world_size=2, ranks=[0], instance="A", first_step=4_600_000_000_000_000_000,
                    time0_s=t0 + 20, meta=False)

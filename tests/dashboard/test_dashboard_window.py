@@ -5,6 +5,7 @@ import pytest
 from moe_monitor import core
 from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
 from moe_monitor.dashboard.live.window import StepWindow
+from tests.support.assembled import add_rank
 
 
 def rec(step, counts, rank=0, world=1, phase="decode", tokens=4, t=None):
@@ -17,13 +18,13 @@ P2L = [[0, 1, 2, 3], [0, 1, 2, 3]]
 
 def test_ranks_of_a_step_are_summed():
     w = StepWindow(4, 2, 4)
-    w.add(rec(0, [[1, 0, 0, 0], [0, 0, 0, 1]], rank=0, world=2))
-    w.add(rec(0, [[0, 2, 0, 0], [0, 0, 3, 0]], rank=1, world=2, tokens=6))
+    add_rank(w, rec(0, [[1, 0, 0, 0], [0, 0, 0, 1]], rank=0, world=2))
+    add_rank(w, rec(0, [[0, 2, 0, 0], [0, 0, 3, 0]], rank=1, world=2, tokens=6))
     view = w.view("both", P2L, 2)
     assert view.num_steps == 1 and list(view.ranks_T) == [2] and list(view.tokens_T) == [10]
     np.testing.assert_allclose(view.loads_TLG[0], [[3, 0], [0, 4]])
     with pytest.raises(ValueError, match="twice"):
-        w.add(rec(0, [[1, 0, 0, 0], [0, 0, 0, 1]], rank=1, world=2))
+        add_rank(w, rec(0, [[1, 0, 0, 0], [0, 0, 0, 1]], rank=1, world=2))
 
 
 def test_ring_evicts_oldest_and_keeps_sums():
@@ -31,7 +32,7 @@ def test_ring_evicts_oldest_and_keeps_sums():
     w = StepWindow(3, 2, 4)
     all_counts = [rng.integers(0, 9, size=(2, 4)) for _ in range(5)]
     for step, counts in enumerate(all_counts):
-        w.add(rec(step, counts, phase="prefill" if step % 2 == 0 else "decode"))
+        add_rank(w, rec(step, counts, phase="prefill" if step % 2 == 0 else "decode"))
     view = w.view("both", P2L, 2)
     assert list(view.step_T) == [2, 3, 4]
     np.testing.assert_array_equal(view.counts_sum_LE, sum(all_counts[2:]))
@@ -39,13 +40,13 @@ def test_ring_evicts_oldest_and_keeps_sums():
     assert list(prefill.step_T) == [2, 4]
     np.testing.assert_array_equal(prefill.counts_sum_LE, all_counts[2] + all_counts[4])
     with pytest.raises(ValueError, match="older than the window"):
-        w.add(rec(1, all_counts[0]))
+        add_rank(w, rec(1, all_counts[0]))
 
 
 def test_mixed_phases_across_ranks_become_mixed():
     w = StepWindow(2, 1, 2)
-    w.add(rec(0, [[1, 1]], rank=0, world=2, phase="prefill"))
-    w.add(rec(0, [[1, 1]], rank=1, world=2, phase="decode"))
+    add_rank(w, rec(0, [[1, 1]], rank=0, world=2, phase="prefill"))
+    add_rank(w, rec(0, [[1, 1]], rank=1, world=2, phase="decode"))
     assert list(w.view("both", [[0, 1]], 1).phase_T) == ["mixed"]
     assert w.view("prefill", [[0, 1]], 1).num_steps == 0
 
@@ -55,7 +56,7 @@ def test_cached_loads_match_full_recompute_after_updates_and_layout_change():
     w = StepWindow(5, 2, 4)
     for step in range(8):
         for rank in range(2):
-            w.add(rec(step, rng.integers(0, 20, size=(2, 4)), rank=rank, world=2))
+            add_rank(w, rec(step, rng.integers(0, 20, size=(2, 4)), rank=rank, world=2))
             w.view("both", P2L, 2)  # the cache is refreshed between ranks on purpose
     slots = w.ordered_slots()
     for p2l, gpus in ((P2L, 2), ([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 0, 0]], 3)):
@@ -65,9 +66,9 @@ def test_cached_loads_match_full_recompute_after_updates_and_layout_change():
 
 def test_latest_complete_waits_for_all_ranks():
     w = StepWindow(4, 1, 2)
-    w.add(rec(0, [[1, 1]], rank=0, world=2))
-    w.add(rec(0, [[1, 1]], rank=1, world=2))
-    w.add(rec(1, [[1, 1]], rank=0, world=2))
+    add_rank(w, rec(0, [[1, 1]], rank=0, world=2))
+    add_rank(w, rec(0, [[1, 1]], rank=1, world=2))
+    add_rank(w, rec(1, [[1, 1]], rank=0, world=2))
     view = w.view("both", [[0, 1]], 1)
     assert w.latest_complete(view) == 0
 
@@ -75,7 +76,7 @@ def test_latest_complete_waits_for_all_ranks():
 def test_wrong_shape_is_refused():
     w = StepWindow(2, 2, 4)
     with pytest.raises(ValueError, match="this run is"):
-        w.add(rec(0, [[1, 2, 3]]))
+        add_rank(w, rec(0, [[1, 2, 3]]))
 
 
 def test_steps_missing_ranks_stay_out_of_window_statistics_until_the_grace_period(redis_url):
@@ -90,7 +91,8 @@ def test_steps_missing_ranks_stay_out_of_window_statistics_until_the_grace_perio
     t0 = time.time() - 0.5
     complete = synthfill.fill(client, "part", steps=5, world_size=3, time0_s=t0)
     synthfill.fill(client, "part", steps=1, first_step=5, world_size=3, ranks=[0, 2], time0_s=t0 + 0.5, meta=False)
-    watched = WatchedRun(RedisSource(client, redis_url, "part", window_steps=20), window_steps=20)
+    # deadline 0: step 5, short of rank 1, is assembled at once; the window keeps it out of views for the grace
+    watched = WatchedRun(RedisSource(client, redis_url, "part", window_steps=20), window_steps=20, deadline_s=0.0)
     watched.tick()
     p2l = [list(range(16))] * 4
     view = watched.window.view("both", p2l, 4)

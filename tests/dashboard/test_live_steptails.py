@@ -13,6 +13,7 @@ from moe_monitor.dashboard.live import steptails as live
 from moe_monitor.dashboard.live.layout import resolve_layout
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.window import StepWindow
+from tests.support.assembled import add_rank
 from tests.support.solvecount import count_solved_steps
 
 L, E, G = 3, 8, 4
@@ -31,7 +32,7 @@ def _window(steps: int, capacity: int = 64, seed: int = 0) -> StepWindow:
 def _add(window: StepWindow, step: int, rng, rank: int = 0, world: int = 1) -> None:
     counts = rng.poisson(rng.uniform(0, 30, size=(L, E))).astype(np.int32)
     counts[2] = 0 if step % 5 == 0 else counts[2]  # an idle pair now and then
-    window.add(core.StepRecord(run="w", rank=rank, world_size=world, step=step, time_s=1.0e9 + step, phase="decode",
+    add_rank(window, core.StepRecord(run="w", rank=rank, world_size=world, step=step, time_s=1.0e9 + step, phase="decode",
                                tokens=int(counts.sum()), counts_LE=counts))
 
 

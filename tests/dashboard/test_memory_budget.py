@@ -17,6 +17,7 @@ from moe_monitor.dashboard.live.samples import SampleRing
 from moe_monitor.dashboard.live.timings import TimingRing
 from moe_monitor.dashboard.live.window import StepWindow
 from tests.support import memprobe
+from tests.support.assembled import add_rank
 
 MIB = 1 << 20
 
@@ -81,7 +82,7 @@ def test_a_copy_of_a_window_holds_its_own_bytes_or_is_refused():
     L, E = 4, 16
     budget = _budget(StepWindow.fixed_bytes(L, E) * 2 + 20 * StepWindow.step_bytes(L, E))
     window = StepWindow(10, L, E, budget=budget)
-    window.add(_rec(0, np.ones((L, E))))
+    add_rank(window, _rec(0, np.ones((L, E))))
     frozen = copy.deepcopy(window)
     assert frozen.budget is budget and budget.reserved_bytes == 2 * window.reserved_bytes
     assert frozen.view("both", core.contiguous_layout(L, E), 2, now_s=1e9).num_steps == 1
@@ -162,7 +163,7 @@ def test_a_narrowed_window_keeps_the_newest_steps_and_every_reader_works():
     assert window.capacity == 5
     rng = np.random.default_rng(0)
     for step in range(12):
-        window.add(_rec(step, rng.integers(0, 9, size=(L, E)), phase="prefill" if step % 2 else "decode"))
+        add_rank(window, _rec(step, rng.integers(0, 9, size=(L, E)), phase="prefill" if step % 2 else "decode"))
     layout = core.contiguous_layout(L, E)
     view = window.view("both", layout, gpus, now_s=1e9)
     assert view.step_T.tolist() == [7, 8, 9, 10, 11] and view.loads_TLG.shape == (5, L, gpus)
@@ -194,15 +195,15 @@ def test_widening_to_int64_is_reserved_or_refused_before_anything_changes():
     L, E = 1, 2
     big = 2**31 - 1
     roomy = StepWindow(4, L, E, budget=_budget(64 * MIB))
-    roomy.add(_rec(0, [[big, 1]], rank=0, world=2))
-    roomy.add(_rec(0, [[big, 1]], rank=1, world=2))
+    add_rank(roomy, _rec(0, [[big, 1]], rank=0, world=2))
+    add_rank(roomy, _rec(0, [[big, 1]], rank=1, world=2))
     assert roomy.counts_CLE.dtype == np.int64
     tight_budget = _budget(StepWindow.fixed_bytes(L, E) + 4 * StepWindow.step_bytes(L, E))
     tight = StepWindow(4, L, E, budget=tight_budget)
-    tight.add(_rec(0, [[big, 1]], rank=0, world=2))
+    add_rank(tight, _rec(0, [[big, 1]], rank=0, world=2))
     tight_budget.try_reserve(tight_budget.available_bytes)  # another session takes the rest
     with pytest.raises(ValueError, match="outgrow int32 .* more than the dashboard's memory budget"):
-        tight.add(_rec(0, [[big, 1]], rank=1, world=2))
+        add_rank(tight, _rec(0, [[big, 1]], rank=1, world=2))
     assert tight.counts_CLE.dtype == np.int32 and tight.ranks_C[0] == 1
 
 
@@ -210,7 +211,7 @@ def test_loads_on_more_gpus_than_the_budget_holds_are_refused_with_a_message():
     L, E = 1, 4
     budget = _budget(StepWindow.fixed_bytes(L, E) + 3 * StepWindow.step_bytes(L, E))
     window = StepWindow(3, L, E, budget=budget)
-    window.add(_rec(0, [[1, 2, 3, 4]]))
+    add_rank(window, _rec(0, [[1, 2, 3, 4]]))
     wide = [[p % E for p in range(4096)]]  # 4096 slots on 4096 GPUs: loads far wider than the counts
     with pytest.raises(ValueError, match="GPU loads of this window"):
         window.view("both", wide, 4096, now_s=1e9)
@@ -226,12 +227,12 @@ def test_loads_are_computed_a_chunk_of_rows_at_a_time(monkeypatch):
     records = [_rec(step, rng.integers(0, 50, size=(L, E))) for step in range(9)]
     whole = StepWindow(9, L, E, budget=_budget(64 * MIB))
     for rec in records:
-        whole.add(rec)
+        add_rank(whole, rec)
     expected = whole.view("both", core.contiguous_layout(L, E), gpus, now_s=1e9).loads_TLG
     monkeypatch.setattr(window_module, "CHUNK_BYTES", 1)
     chunked = StepWindow(9, L, E, budget=_budget(64 * MIB))
     for rec in records:
-        chunked.add(rec)
+        add_rank(chunked, rec)
     np.testing.assert_array_equal(chunked.view("both", core.contiguous_layout(L, E), gpus, now_s=1e9).loads_TLG,
                                   expected)
 

@@ -24,7 +24,8 @@ def freeze(watched: WatchedRun) -> WatchedRun:
     frozen.samples = copy.deepcopy(watched.samples)
     frozen.gpus = copy.deepcopy(watched.gpus)
     frozen.timings = copy.deepcopy(watched.timings)
-    frozen.instances = copy.deepcopy(watched.instances)
+    frozen.assembler = copy.deepcopy(watched.assembler)
+    frozen.retired = copy.deepcopy(watched.retired)
     return frozen
 
 

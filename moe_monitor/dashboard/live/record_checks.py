@@ -41,6 +41,21 @@ def check_record(rec: core.StepRecord) -> tuple[int, int, int, int, int, float, 
     return step, rank, world, tokens, dropped, time_s, code
 
 
+def check_counts(counts: object, shape: tuple[int, int] | None, what: str, highest: int, why: str) -> np.ndarray:
+    """counts as an integer array [L, E] (of `shape` when given) with values in 0..highest; ValueError naming
+    what is wrong otherwise."""
+    if not isinstance(counts, np.ndarray) or counts.ndim != 2 or shape is not None and counts.shape != shape:
+        found = counts.shape if isinstance(counts, np.ndarray) else type(counts).__name__
+        raise ValueError(f"{what}: counts are {found}, this run is {list(shape) if shape else '[L, E]'}")
+    if counts.dtype.kind not in "iu":
+        raise ValueError(f"counts must be integers, got {counts.dtype}")
+    if counts.size and int(counts.min()) < 0:
+        raise ValueError("counts contain negative values")
+    if counts.size and counts.dtype != np.int32 and int(counts.max()) > highest:
+        raise ValueError(f"counts must lie in 0..{highest} {why}")
+    return counts
+
+
 def check_aggregate(rec: core.AggregateRecord) -> tuple[int, np.ndarray, int, int, np.ndarray, float, int, bool]:
     """(step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step: ranks_R int64
     [R] ascending, distinct, below the world size, R >= 1; tokens the sum of tokens_R [R] (each below

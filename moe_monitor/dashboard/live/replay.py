@@ -23,7 +23,9 @@ from moe_monitor.dashboard.sources.base import Batch, Health
 
 class _Feed:
     """A Source that hands a WatchedRun the batches of seek() calls (all at once), with the seekable source's
-    metadata and health."""
+    metadata and health. recorded: every rank of a step comes in the same poll."""
+
+    recorded = True
 
     def __init__(self, parent):
         self.parent = parent

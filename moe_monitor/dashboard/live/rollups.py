@@ -88,8 +88,8 @@ class RollupRun(WatchedRun):
         live = self.live
         self.gpus, self.samples, self.timings = live.gpus, live.samples, live.timings
         self.world_size, self.steps_read, self.restarts = live.world_size, live.steps_read, live.restarts
-        self.instances, self.feed = live.instances, live.feed
-        self.held_note, self.held_records, self.world_claims = live.held_note, live.held_records, live.world_claims
+        self.assembler, self.retired, self.feed = live.assembler, live.retired, live.feed
+        self.held_note, self._held_given_up, self.world_claims = live.held_note, live._held_given_up, live.world_claims
         self.bad_records = live.bad_records + self.rollup_bad
         self.last_error = self.rollup_error or live.last_error
         held = (id(live.layouts), len(live.layouts), live.layouts.changes[-1].key if len(live.layouts) else 0)

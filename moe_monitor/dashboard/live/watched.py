@@ -1,70 +1,37 @@
 """A run being watched: one Source, the step window it fills, NVML history and reader-side counters.
 
-No Streamlit here: the app keeps a WatchedRun in st.session_state, the benchmark and tests use it directly.
-
-Collector restarts: the one rule of core.restarts (RankInstances.judge), shared with the aggregator. A rank
-whose records come from a new instance retires its old instance only; while its step ids are behind the
-others' its records are left out (counted in `held_records`, `held_note` says which rank and why), and they
-count again once its step ids reach the others'. Most ranks restarting (a job restarted as a whole, its step
-ids starting again) starts the window and the sample ring afresh, and `restarted_at_s` says when. Records of
-retired instances that still arrive are skipped (counted in `skipped_old_records`, not as bad records). A
-record claiming more ranks than the run metadata counts under the metadata's world (`world_claims`); one of a
-rank beyond it, or with a step id far beyond its rank's newest, is one bad record.
-
-Layout changes (core.LayoutRecord: an engine's rebalance) are kept in `layouts` (a LayoutHistory, bounded),
-each checked against the run's [L, E] (and its GPU count, from the metadata) and otherwise one bad record.
-They are taken after the poll's steps, and only from the collector instances being shown: a change of a
-retired instance is skipped like its steps; one whose instance has sent no step yet (or that arrives before
-the run's sizes are known) waits, at most MAX_PENDING_LAYOUTS of them, until its instance shows up.
-
-Layer timings (core.TimingRecord, from an engine that times its MoE layers) go into `timings`, a TimingRing of
-as many steps as the window; those of retired collector instances are skipped like their steps, a restart
-empties it, and one that does not fit (another world size or layer count, a duplicate) is one bad record.
-
-Aggregated steps (core.AggregateRecord: a step's ranks summed once by the aggregator, read by the source in
-place of the per-rank records while the aggregator runs) fill the same window (StepWindow.add_aggregate: the
-row is what the ranks' own records would have made). Their restart rule is the aggregator's epoch (its
-`instance`, a new one when the collectors restarted and their step ids started again): a new epoch starts
-the window afresh, records of retired epochs are skipped, and the layout changes issued before the old
-epoch's newest step are forgotten (the collector instances that published them retired). Layout changes
-are taken from any collector instance not retired (an aggregate does not name the collectors). A late entry
-(ranks folded in after their step was written) adds into its step's row while that row is in the window,
-else it is counted in `late_outside`. When the source switches between the two kinds (an aggregator started
-or stopped), records of steps the window already holds from the other kind (at most the newest step at
-the switch, and not newer than that step by more than FLOOR_SLACK_S) are skipped and counted in
-`skipped_overlap`, except that an aggregated step holding every rank of a row the per-rank records left short,
-and more, replaces that row (`completed_rows`): a switch neither doubles nor drops a step, nor leaves one short.
-A (step, rank) that arrives twice (a collector's write retried after a timeout that had landed) is skipped and
-counted in `duplicate_records`, not as a bad record.
-
-Never down: a record that fails anywhere (decode, bounds, the window, the sample ring, whatever the
-exception) is one bad record and the rest of the poll goes on; a Source that raises costs one tick, not the
-page. What is kept per rank or per collector instance is bounded: ranks are below core.MAX_WORLD, and at
-most MAX_OLD_INSTANCES retired instances are remembered (the oldest forgotten first).
+The reader never sums ranks or judges restarts itself: per-rank records go through an in-process
+core.assembly.Assembler (the aggregator's own, with the same deadline, epoch and duplicate rules), the aggregate
+stream's records are already assembled, and the window takes assembled steps of one kind either way. A switch
+between the two feeds skips the step ids the window already holds. No Streamlit here: the app keeps a WatchedRun
+in st.session_state; the benchmarks, the exporter and the tests use it directly. Rules: docs/dashboard.md.
 """
 from __future__ import annotations
 
 import collections
+import math
 import operator
 import time
 from dataclasses import dataclass
 
 from moe_monitor import core
-from moe_monitor.core.restarts import Judgement, RankInstances, RetiredInstances, capped_world
+from moe_monitor.core.assembly import Assembler, Counters
+from moe_monitor.core.restarts import RetiredInstances
 from moe_monitor.dashboard.live.gpu_history import GpuHistory
 from moe_monitor.dashboard.live.layout_changes import LayoutHistory, change_from_record
-from moe_monitor.dashboard.live.record_checks import check_aggregate, check_record
+from moe_monitor.dashboard.live.record_checks import check_aggregate, check_counts, check_record
 from moe_monitor.dashboard.live.samples import SampleRing
 from moe_monitor.dashboard.live.timings import TimingRing
 from moe_monitor.dashboard.live.window import DuplicateRecord, StepWindow
 from moe_monitor.dashboard.sources.base import Batch, Source
 
 RESTART_NOTE_S = 120.0  # how long "collector restarted at ..." stays on the page (wall seconds)
-MAX_OLD_INSTANCES = 4096  # retired collector instances remembered (their late records are skipped)
+MAX_OLD_INSTANCES = 4096  # retired epochs remembered (their late records are skipped)
 MAX_PENDING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step (the oldest go)
-MAX_GAP_HOLES = 256  # ranges of aggregated steps counted as missed that a late step may still fill
-FLOOR_SLACK_S = 30.0  # after a switch of feed, a record newer than the window's newest step by more is not skipped
-STEPS, AGGREGATE = "steps", "aggregate"  # feeds: per-rank records summed here, or steps summed by the aggregator
+MAX_GAP_HOLES = 256  # ranges of steps counted as missed that a step written at its deadline may still fill
+DEADLINE_S = 2.0  # a step is assembled once all its ranks arrived or this long after its first (the aggregator's)
+_INT32_MAX = 2**31 - 1
+STEPS, AGGREGATE = "steps", "aggregate"  # feeds: per-rank records assembled here, or the aggregator's steps
 
 
 @dataclass
@@ -81,22 +48,22 @@ class TickStats:
 
 
 class WatchedRun:
-    """Polls a Source and keeps the last `window_steps` steps (ranks summed) and NVML samples.
+    """Polls a Source and keeps the last `window_steps` assembled steps and NVML samples.
 
-    The window is created at the first step record (its [L, E] comes from the metadata when present, else
-    from that record). bad_records counts entries that did not decode plus records the window refused
-    (wrong shape, duplicates, too old); last_error says why the latest one was skipped. steps_read counts the
-    per-rank step records taken (an aggregated step counts its ranks; aggregates_read counts the aggregated
-    entries themselves); feed says which kind the source hands over now. missed_steps counts
-    steps that never reached the dashboard (step ids that jump within one collector instance, beyond the
-    collector's own dropped count), gap_note says why."""
+    Counters: bad_records / last_error (entries that did not decode, records refused); steps_read (per-rank
+    records taken); aggregates_read (aggregated entries taken); duplicate_records, skipped_old_records (records
+    of retired collector instances or epochs), held_records / held_note (records of restarted ranks held while
+    their step ids are behind), world_claims, missed_steps / gap_note, skipped_overlap (steps the window held
+    already, after a switch of feed), late_outside (late entries whose step is not in the window), restarts."""
 
-    def __init__(self, source: Source, window_steps: int, max_entries_per_tick: int = 2000):
+    def __init__(self, source: Source, window_steps: int, max_entries_per_tick: int = 2000,
+                 deadline_s: float = DEADLINE_S):
         if window_steps < 1:
             raise ValueError(f"window_steps must be at least 1, got {window_steps}")
         self.source = source
         self.window_steps = window_steps
         self.max_entries_per_tick = max_entries_per_tick
+        self.deadline_s = float(deadline_s)
         self.window: StepWindow | None = None
         self.gpus = GpuHistory()
         self.samples = SampleRing(window_steps)  # sampled routing rows for the What-if traffic model
@@ -105,16 +72,18 @@ class WatchedRun:
         self.steps_read = 0
         self.world_size = 1
         self.last_tick: TickStats | None = None
-        self.instances = RankInstances(MAX_OLD_INSTANCES)  # the restart rule's state (core.restarts)
-        self.held_records = 0  # records of restarted ranks left out while their step ids were behind
+        self.assembler: Assembler | None = None  # sums the per-rank feed (None while the aggregate feeds)
+        self._counted = Counters()  # the assembler's counters already folded into ours
+        self._entries = 0  # entry ids handed to the assembler (it needs one per record)
+        self.retired = RetiredInstances(MAX_OLD_INSTANCES)  # epochs replaced (their records are skipped)
         self.held_note = ""
-        self.world_claims = 0  # records that claimed more ranks than the run metadata (counted under its world)
-        self._instance_started_s = float("-inf")
+        self._held_given_up = 0
+        self.world_claims = 0
         self.restarts = 0
-        self.restarted_at_s: float | None = None  # collector time of the new instance's first record
+        self.restarted_at_s: float | None = None  # collector time of the new epoch's first step
         self._restart_seen_s = float("-inf")  # reader wall time the restart was noticed
         self.skipped_old_records = 0
-        self._last_step_of: dict[tuple[str, int], tuple[int, int]] = {}  # (instance, rank) -> (step, dropped)
+        self.duplicate_records = 0
         self.missed_steps = 0
         self.gap_note = ""
         self.layouts = LayoutHistory()
@@ -123,19 +92,16 @@ class WatchedRun:
         self.feed = ""  # STEPS or AGGREGATE: the kind of step records read last ("" before any)
         self.feed_switches = 0
         self.aggregates_read = 0
-        self.late_outside = 0  # late aggregate entries whose step was not in the window (left it, or never read)
-        self.skipped_overlap = 0  # records of steps the other feed had filled, skipped after a switch
-        self.completed_rows = 0  # rows the per-rank feed left short that the aggregate's record replaced
-        self.duplicate_records = 0  # (step, rank) records that arrived twice (a retried write), skipped
-        self._floor: tuple[int, float] | None = None  # (newest step, its time) at the last switch of feed
-        self.epoch: str | None = None  # the aggregator epoch being shown
+        self.late_outside = 0
+        self.skipped_overlap = 0
+        self.epoch: str | None = None  # the epoch being shown (the assembler's: the instance that opened it)
         self._epoch_started_s = float("-inf")
         self._epoch_newest_s = float("-inf")
-        self._last_aggregate: tuple[int, int] | None = None  # (step, highest dropped count) of the last on-time entry
+        self._last_on_time: tuple[int, int] | None = None  # (step, highest dropped count) of the last on-time step
         self._holes: collections.deque[list[int]] = collections.deque(maxlen=MAX_GAP_HOLES)  # [first, last, count]
 
     def tick(self) -> TickStats:
-        """One non-blocking poll, folded into the window."""
+        """One non-blocking poll, assembled and folded into the window."""
         started = time.perf_counter()
         try:
             batch = self.source.poll(self.max_entries_per_tick)
@@ -144,165 +110,208 @@ class WatchedRun:
         self.bad_records += batch.bad_records
         if batch.last_error:
             self.last_error = batch.last_error
-        refused = taken = 0
         trimmed = bool(getattr(batch, "trimmed", False))
+        aggregates = list(getattr(batch, "aggregates", []))
+        refused = 0
         if batch.steps:
             self._switch_feed(STEPS)
-        for rec in batch.steps:
-            try:
-                check_record(rec)  # before anything: a bad record must not restart the window
-                rec = self._capped(rec)
-                if not self._shown(self._current_instance(rec), rec.step, rec.time_s):
-                    continue
-                self.samples.check(rec)
-                try:
-                    self._window_for(rec).add(rec)  # changes nothing when it raises
-                except DuplicateRecord:  # a collector's retried write that landed twice: skipped, not bad
-                    self.duplicate_records += 1
-                    continue
+        if self.feed == STEPS:
+            recorded = bool(getattr(self.source, "recorded", False)) and not batch.more
+            assembled, accepted, refused = self._assemble(batch.steps, flush=recorded)
+            refused += self._take_steps(assembled, trimmed)
+            for rec in accepted:  # after the steps: a new epoch starts the sample ring afresh
                 self.samples.add(rec)
-                self.world_size = max(self.world_size, int(rec.world_size))
-                self._check_gap(rec, trimmed)
-                taken += 1
-            except Exception as exc:  # any failure of one record is one bad record; the poll goes on
-                refused += 1
-                self.last_error = f"step {_short(rec.step)} rank {_short(rec.rank)}: {core.why(exc)}"
-        self.bad_records += refused
-        self.steps_read += taken
-        aggregates = getattr(batch, "aggregates", [])
-        bad_aggregates = self._take_aggregates(aggregates, trimmed)
-        refused += bad_aggregates
-        self.bad_records += bad_aggregates
+        if aggregates:
+            self._switch_feed(AGGREGATE)
+            refused += self._take_steps(aggregates, trimmed)
         for sample in batch.gpu_samples:
             try:
                 self.gpus.add(sample)
             except Exception as exc:
                 refused += 1
-                self.bad_records += 1
                 self.last_error = f"GPU sample of rank {_short(getattr(sample, 'rank', '?'))}: {core.why(exc)}"
         for timing in getattr(batch, "timings", ()):
             try:
-                if timing.instance in self._old_instances:
+                if self.is_retired(timing.instance):
                     self.skipped_old_records += 1
                     continue
                 self.timings.add(timing)
             except Exception as exc:  # one bad record; the poll goes on
                 refused += 1
-                self.bad_records += 1
                 self.last_error = (f"timings of step {_short(getattr(timing, 'step', '?'))} rank "
                                    f"{_short(getattr(timing, 'rank', '?'))}: {core.why(exc)}")
-        bad_layouts = self._take_layouts(getattr(batch, "layouts", []))
-        refused += bad_layouts
-        self.bad_records += bad_layouts
+        refused += self._take_layouts(getattr(batch, "layouts", []))
+        self.bad_records += refused
         self.last_tick = TickStats(steps_in=len(batch.steps), gpu_in=len(batch.gpu_samples),
                                    bad=batch.bad_records + refused, more=batch.more,
                                    ms=(time.perf_counter() - started) * 1e3, aggregates_in=len(aggregates))
         return self.last_tick
 
-    # ------------------------------------------------------------------------------ aggregated steps
-    def _take_aggregates(self, aggregates: list[core.AggregateRecord], trimmed: bool) -> int:
-        """Fold the poll's aggregated steps into the window; returns how many were bad records."""
-        if aggregates:
-            self._switch_feed(AGGREGATE)
+    # ------------------------------------------------------------------------------ assembly
+    def _assemble(self, records: list[core.StepRecord], flush: bool) -> tuple[list[core.AggregateRecord],
+                                                                             list[core.StepRecord], int]:
+        """Hand the per-rank records to the in-process assembler; returns (the steps it assembled, oldest step
+        first; the records it took, for the sample ring; how many were refused as bad records). flush: write
+        every pending step now (a recording: every rank of a step is at hand)."""
+        assembler = self.assembler
+        if assembler is None:
+            assembler = self.assembler = Assembler("watched", deadline_s=self.deadline_s)
+        meta = self.source.meta()
+        assembler.meta_world = int(meta.world_size) if meta is not None else None
+        entries: list[tuple[bytes, core.StepRecord]] = []
+        refused = 0
+        window = self.window
+        shape = (window.num_layers, window.num_experts) if window is not None else None
+        speaking = set(assembler.instance_of_rank.values())
+        for rec in records:
+            try:
+                check_record(rec)  # before anything: a bad record must not open an epoch
+                # the run's [L, E]: the window's, else the metadata's unless another job's collector wrote it
+                fresh_meta = meta is not None and (not meta.instance or meta.instance == rec.instance
+                                                   or meta.instance in speaking)
+                want = shape or ((len(meta.layer_names), meta.num_experts) if meta is not None and fresh_meta
+                                 else None)
+                check_counts(rec.counts_LE, want, f"step {_short(rec.step)} rank {_short(rec.rank)}", _INT32_MAX,
+                             "(int32, as on the wire)")
+                SampleRing.check(rec)
+            except Exception as exc:  # any failure of one record is one bad record; the poll goes on
+                refused += 1
+                self.last_error = f"step {_short(rec.step)} rank {_short(rec.rank)}: {core.why(exc)}"
+                continue
+            self._entries += 1
+            entries.append((b"%d-0" % self._entries, rec))
+        now_s = time.monotonic()
+        try:
+            out = assembler.add(entries, now_s)
+            out.extend(assembler.due(math.inf if flush else now_s))
+        except Exception as exc:  # never down: the poll's records are bad records, the next poll goes on
+            self.last_error = f"assembling {len(entries)} records: {core.why(exc)}"
+            return [], [], refused + len(entries)
+        refused += self._fold_counters(assembler)
+        acked = set(out.acks)
+        accepted = [rec for entry_id, rec in entries if entry_id not in acked
+                    and assembler.instance_of_rank.get(rec.rank) == rec.instance]
+        self.steps_read += len(accepted)
+        return [emitted.record for emitted in out.emitted], accepted, refused
+
+    def _fold_counters(self, assembler: Assembler) -> int:
+        """Take the assembler's new counts into the reader's counters; returns the new bad records."""
+        now, before = assembler.counters, self._counted
+        self.duplicate_records += now.duplicates - before.duplicates
+        self.skipped_old_records += now.stale_records - before.stale_records
+        self.world_claims += now.world_claims - before.world_claims
+        self._held_given_up += now.held_records - before.held_records
+        bad = (now.bad_records - before.bad_records) + (now.implausible_steps - before.implausible_steps) \
+            + (now.too_old - before.too_old)
+        if bad or now.world_claims != before.world_claims:
+            self.last_error = assembler.last_problem or self.last_error
+        self._counted = Counters.from_mapping(now.as_dict())
+        held = assembler.held_ranks
+        self.held_note = "" if not held else (
+            f"rank{'s' if len(held) > 1 else ''} {', '.join(map(str, held[:8]))}{' ...' if len(held) > 8 else ''} "
+            f"restarted: {'their' if len(held) > 1 else 'its'} step ids are behind the others' (records held until "
+            f"they reach them)")
+        for change in list(self.layouts.changes):  # layout changes of collector instances now retired
+            if change.instance and change.instance in assembler.retired:
+                self.layouts.forget(change.instance)
+        return bad
+
+    @property
+    def held_records(self) -> int:
+        """Records of restarted ranks held out while their step ids were behind (held now, or given up)."""
+        return self._held_given_up + (self.assembler.held_count if self.assembler is not None else 0)
+
+    @property
+    def instance_of_rank(self) -> dict[int, str]:
+        """rank -> the collector instance whose records count for it ({} while the aggregate feeds)."""
+        return dict(self.assembler.instance_of_rank) if self.assembler is not None else {}
+
+    def is_retired(self, instance: object) -> bool:
+        """Whether records of this collector instance (or aggregator epoch) are no longer shown."""
+        if not isinstance(instance, str):
+            return False
+        return instance in self.retired or (self.assembler is not None and instance in self.assembler.retired)
+
+    # ------------------------------------------------------------------------------ assembled steps
+    def _take_steps(self, records: list[core.AggregateRecord], trimmed: bool) -> int:
+        """Fold assembled steps (the aggregator's or the in-process assembler's) into the window; returns how
+        many were bad records."""
         bad = 0
-        for rec in aggregates:
+        for rec in records:
             try:
                 check_aggregate(rec)  # before anything: a bad record must not restart the window
-                current = self._current_epoch(rec)
-                if current and self.window is not None and self._overlaps(rec.step, rec.time_s) and \
-                        self.window.complete_from_aggregate(rec):  # a row the per-rank feed left short
-                    self.completed_rows += 1
-                    self.aggregates_read += 1
+                if not self._current_epoch(rec):
+                    self.skipped_old_records += 1
                     continue
-                if not self._shown(current, rec.step, rec.time_s):
+                window = self._window_for(rec)
+                if not rec.late and window.holds(int(rec.step)):  # the other feed filled it
+                    self.skipped_overlap += 1
                     continue
-                if not self._window_for(rec).add_aggregate(rec):  # changes nothing when it raises
-                    self.late_outside += 1
+                try:
+                    if not window.add_aggregate(rec):  # changes nothing when it raises
+                        self.late_outside += 1
+                        continue
+                except DuplicateRecord:  # a rank the row holds already (a retried write, a switch of feed)
+                    self.duplicate_records += 1
                     continue
                 self.world_size = max(self.world_size, int(rec.world_size))
                 self._epoch_newest_s = max(self._epoch_newest_s, float(rec.time_s))
                 if not rec.late:
-                    self._check_aggregate_gap(rec, trimmed)
-                self.aggregates_read += 1
-                self.steps_read += int(rec.ranks_R.size)  # the per-rank records it stands for
+                    self._check_gap(rec, trimmed)
+                if self.feed == AGGREGATE:
+                    self.aggregates_read += 1
+                    self.steps_read += int(rec.ranks_R.size)  # the per-rank records it stands for
             except Exception as exc:  # any failure of one record is one bad record; the poll goes on
                 bad += 1
-                self.last_error = f"aggregated step {_short(getattr(rec, 'step', '?'))}: {core.why(exc)}"
+                self.last_error = f"step {_short(getattr(rec, 'step', '?'))}: {core.why(exc)}"
         return bad
 
     def _switch_feed(self, feed: str) -> None:
-        """The source now hands over `feed` records: remember the window's newest step (the other feed filled
-        it; the new one's records up to there are skipped) and let the new feed's identity (collector
-        instances per rank, or the aggregator's epoch) be adopted afresh, without a restart."""
+        """The source now hands over `feed` records: the new feed's epoch is adopted afresh, without a restart
+        (the steps the window holds already are skipped: see _take_steps); per-rank records get a new assembler."""
         if self.feed == feed:
             return
         if self.feed:
             self.feed_switches += 1
-            window = self.window
-            newest = window.newest_step if window is not None else None
-            if window is not None and newest is not None:
-                self._floor = (newest, float(window.time_s_C[window.ordered_slots()].max()))
         self.feed = feed
-        if feed == AGGREGATE:
-            self.epoch, self._epoch_started_s, self._last_aggregate = None, float("-inf"), None
-        else:
-            self.instances.restore({}, self.instances.retired)
-            self._instance_started_s, self._last_step_of = float("-inf"), {}
-
-    def _shown(self, current: bool | None, step: int, time_s: float) -> bool:
-        """Whether a record goes into the window: not (and counted) when it is not of the collector instance or
-        aggregator epoch shown (current False: skipped_old_records; None: held out, counted already), or of a
-        step the other feed filled (skipped_overlap)."""
-        if current is None:
-            return False
-        if not current:
-            self.skipped_old_records += 1
-            return False
-        if self._overlaps(step, time_s):
-            self.skipped_overlap += 1
-            return False
-        return True
-
-    def _overlaps(self, step: int, time_s: float) -> bool:
-        """Whether a record is of a step the other feed filled before the last switch (see the module doc)."""
-        floor = self._floor
-        return floor is not None and int(step) <= floor[0] and float(time_s) <= floor[1] + FLOOR_SLACK_S
+        self.epoch, self._epoch_started_s, self._last_on_time = None, float("-inf"), None
+        self.assembler = None
+        self._counted = Counters()
 
     def _current_epoch(self, rec: core.AggregateRecord) -> bool:
-        """True when rec is of the aggregator epoch being shown (the first one seen is adopted); a newer epoch
-        restarts the window; False for an epoch retired, or older than the one shown."""
+        """True when rec is of the epoch being shown (the first one seen is adopted); a newer epoch restarts the
+        window; False for an epoch retired, or older than the one shown."""
         if rec.instance == self.epoch:
             return True
-        if rec.instance in self._old_instances:
+        if rec.instance in self.retired:
             return False
         if self.epoch is None:
             self.epoch, self._epoch_started_s = rec.instance, float(rec.time_s)
             return True
         if rec.time_s < self._epoch_started_s:  # an older epoch than the one shown
-            self._retire(rec.instance)
+            self.retired.add(rec.instance)
             return False
-        self._retire(self.epoch)
+        self.retired.add(self.epoch)
         for change in self.layouts.changes:  # published by the collectors of the old epoch
             if change.time_s is not None and change.time_s <= self._epoch_newest_s:
-                self._retire(change.instance)
+                self.retired.add(change.instance)
                 self.layouts.forget(change.instance)
         self.epoch, self._epoch_started_s = rec.instance, float(rec.time_s)
         self._epoch_newest_s = float(rec.time_s)
-        self._last_aggregate = None
+        self._last_on_time = None
         self._start_afresh(rec.time_s)
         return True
 
-    def _check_aggregate_gap(self, rec: core.AggregateRecord, trimmed: bool) -> None:
-        """Steps absent between two on-time aggregated steps of one epoch, beyond what the collectors say they
-        dropped (the highest dropped count among the step's ranks). The aggregator writes a step short of ranks
-        at its deadline, after later complete ones: such a step arriving into a hole counted before takes its
-        count back (at most MAX_GAP_HOLES holes are remembered)."""
+    def _check_gap(self, rec: core.AggregateRecord, trimmed: bool) -> None:
+        """Steps absent between two on-time steps of one epoch, beyond what the collectors say they dropped (the
+        highest dropped count among the step's ranks). A step written short at its deadline, after later complete
+        ones, takes its count back from the hole counted before (at most MAX_GAP_HOLES holes are remembered)."""
         dropped = int(rec.dropped_R.max()) if rec.dropped_R.size else 0
-        last = self._last_aggregate
+        last = self._last_on_time
         if last is not None and rec.step <= last[0]:
             self._fill_hole(int(rec.step))
             return
-        self._last_aggregate = (int(rec.step), dropped)
+        self._last_on_time = (int(rec.step), dropped)
         if last is None:
             return
         missed = rec.step - last[0] - 1 - max(0, dropped - last[1])
@@ -313,8 +322,8 @@ class WatchedRun:
             self.gap_note = f"missed {self.missed_steps} steps ({why})"
 
     def _fill_hole(self, step: int) -> None:
-        """An aggregated step older than the newest arrived (each step comes once on time): if it is in a hole
-        counted as missed, it was late, not missed."""
+        """A step older than the newest arrived (each step comes once on time): if it is in a hole counted as
+        missed, it was late, not missed."""
         for hole in self._holes:
             first, last, count = hole
             if first <= step <= last and count > 0:
@@ -326,6 +335,7 @@ class WatchedRun:
                     self.gap_note = f"missed {self.missed_steps} steps{self.gap_note[self.gap_note.index(' ('):]}"
                 return
 
+    # ------------------------------------------------------------------------------ layout changes
     def _take_layouts(self, fresh: list[core.LayoutRecord]) -> int:
         """Fold the waiting and the newly polled layout changes into the history (after the poll's steps, so
         a new instance is known); returns how many were bad records."""
@@ -338,7 +348,7 @@ class WatchedRun:
         for rec in waiting:
             try:
                 instance = rec.instance
-                if isinstance(instance, str) and instance in self._old_instances:
+                if self.is_retired(instance):
                     self.skipped_old_records += 1
                     continue
                 if sizes is None or instance and instance not in current and not aggregated:
@@ -361,77 +371,16 @@ class WatchedRun:
         meta = self.source.meta()
         return None if meta is None else (len(meta.layer_names), meta.num_experts)
 
-    @property
-    def instance_of_rank(self) -> dict[int, str]:
-        """rank -> the collector instance shown for it."""
-        return self.instances.instance_of_rank
-
-    @property
-    def _old_instances(self) -> RetiredInstances:
-        return self.instances.retired
-
-    def _capped(self, rec: core.StepRecord) -> core.StepRecord:
-        """rec under the run metadata's world size when it claims more (core.restarts.capped_world: counted in
-        world_claims; a rank beyond that world raises, one bad record)."""
-        meta = self.source.meta()
-        rec, claim = capped_world(rec, int(meta.world_size) if meta is not None else None)
-        if claim:
-            self.world_claims += 1
-            self.last_error = f"step {_short(rec.step)}: {claim}"
-        return rec
-
-    def _current_instance(self, rec: core.StepRecord) -> bool | None:
-        """The restart rule (core.restarts) for one per-rank record: True when it goes into the window (most
-        ranks restarting start a fresh window first); False for records of instances already replaced; None
-        for a held-out record of a restarted rank (counted in held_records). A step id far beyond its rank's
-        newest raises (one bad record)."""
-        rule = self.instances
-        before = rule.instance_of_rank.get(rec.rank)
-        meta = self.source.meta()
-        world = max(self.world_size, int(meta.world_size) if meta is not None else 1)
-        said = rule.judge(rec.rank, rec.instance, rec.step, rec.time_s, world)
-        if said is Judgement.CURRENT:
-            return True
-        if said is Judgement.STALE:
-            return False
-        if said is Judgement.IMPLAUSIBLE:
-            raise ValueError(rule.why)
-        if before is not None and before != rec.instance:  # this rank restarted: its old instance is retired
-            self.layouts.forget(before)
-            self._last_step_of = {k: v for k, v in self._last_step_of.items() if k[1] != rec.rank}
-        if said is Judgement.FIRST:  # first record of this rank (or of this rank since a new epoch)
-            first = self._instance_started_s == float("-inf")
-            self._instance_started_s = rec.time_s if first else min(self._instance_started_s, rec.time_s)
-            return True
-        if said is Judgement.HELD:
-            self.held_records += 1
-            if before != rec.instance:
-                self.held_note = rule.why
-            return None
-        if said is Judgement.REJOINED:
-            self.held_note = "" if not rule.held else self.held_note
-            return True
-        for instance in rule.retired:  # NEW_EPOCH: most ranks restarted
-            self.layouts.forget(instance)
-        self.held_note = ""
-        self._instance_started_s = rec.time_s
-        self._last_step_of = {}
-        self._start_afresh(rec.time_s)
-        return True
-
+    # ------------------------------------------------------------------------------ restarts
     def _start_afresh(self, time_s: float) -> None:
-        """A restart (collectors, or the aggregator's epoch) at collector time time_s: a fresh window."""
+        """A new epoch (the collectors restarted as a whole) at collector time time_s: a fresh window."""
         self.window = None
         self.samples = SampleRing(self.window_steps)
         self.timings = TimingRing(self.window_steps)
         self.world_size = 1
-        self._floor = None
         self.restarts += 1
         self.restarted_at_s = time_s
         self._restart_seen_s = time.time()
-
-    def _retire(self, instance: str) -> None:
-        self._old_instances.add(instance)
 
     @property
     def restart_note(self) -> str:
@@ -441,25 +390,13 @@ class WatchedRun:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.restarted_at_s))
         return f"collector restarted at {stamp} (window started afresh)"
 
-    def _check_gap(self, rec: core.StepRecord, trimmed: bool) -> None:
-        key = (rec.instance, rec.rank)
-        last = self._last_step_of.get(key)
-        self._last_step_of[key] = (rec.step, rec.dropped_steps)
-        if last is None or rec.step <= last[0]:
-            return
-        missed = rec.step - last[0] - 1 - max(0, rec.dropped_steps - last[1])
-        if missed > 0:
-            self.missed_steps += missed
-            why = "stream trimmed before the dashboard read them" if trimmed else "absent from the stream"
-            self.gap_note = f"missed {self.missed_steps} steps ({why})"
-
-    def _window_for(self, rec: core.StepRecord | core.AggregateRecord) -> StepWindow:
+    def _window_for(self, rec: core.AggregateRecord) -> StepWindow:
         if self.window is None:
             meta = self.source.meta()
             num_layers, num_experts = rec.counts_LE.shape
-            # a per-rank record of another collector than the metadata's: the metadata may be the old one's
-            stale_meta = isinstance(rec, core.StepRecord) and meta is not None and meta.instance and rec.instance \
-                and meta.instance != rec.instance
+            # metadata written by a collector this epoch does not know (the previous job's) may be of another shape
+            stale_meta = meta is not None and bool(meta.instance) and self.feed == STEPS \
+                and meta.instance not in self.instance_of_rank.values()
             if meta is not None and not stale_meta and \
                     (len(meta.layer_names), meta.num_experts) != (num_layers, num_experts):
                 raise ValueError(f"counts are [{num_layers}, {num_experts}] but the run metadata says "

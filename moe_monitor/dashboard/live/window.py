@@ -1,4 +1,4 @@
-"""A ring of the last C steps of one run, ranks of the same step summed, with cached GPU loads.
+"""A ring of the last C assembled steps of one run (core.assembly made them), with cached GPU loads.
 
 Counts are kept as int32 (what one rank sends) and the ring turns int64 the first time a sum over the
 ranks of a step would not fit int32, so sums are exact and an ordinary window costs 4 bytes a cell
@@ -32,7 +32,7 @@ from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
 from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
-from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_record
+from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_counts
 
 PHASE_FILTERS = {"both": tuple(range(len(core.PHASES))), "prefill": (PHASE_CODE["prefill"],),
                  "decode": (PHASE_CODE["decode"],), "train": (PHASE_CODE["train"],)}
@@ -128,8 +128,8 @@ class DuplicateRecord(ValueError):
 
 
 class StepWindow:
-    """The last `capacity` steps of a run. add() sums the ranks of a step into one row, add_aggregate() adds a
-    step the aggregator summed (the same row, as if its ranks had come one by one); a step older than
+    """The last `capacity` assembled steps of a run, a row a step (core.AggregateRecord: add_aggregate; a late
+    entry's ranks add into their step's row); a step older than
     everything in a full ring, a duplicate (step, rank) or a record of another shape is refused with
     ValueError so the caller can count it as a bad record. resolution_s: 0, rows are single steps (a
     dashboard.live.buckets.BucketWindow holds rollup buckets instead)."""
@@ -195,15 +195,6 @@ class StepWindow:
         self._weights_LEG = np.zeros((self.num_layers, self.num_experts, 0))  # the base layout's weights
 
     # ------------------------------------------------------------------------------------------ writes
-    def add(self, rec: core.StepRecord) -> None:
-        """Sum one rank's record into the row of its step (a new row for a new step). Everything is checked and
-        converted before anything changes: a refused record (ValueError) leaves the window as it was."""
-        counts, step, rank, world, tokens, dropped, time_s, code = self._checked(rec)
-        slot = self._slot_for(step, counts, {rank})
-        # nothing below raises: every value was checked and converted above
-        self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
-        self._write(slot, step, counts, {rank}, world, tokens, time_s, code)
-
     def add_aggregate(self, rec: core.AggregateRecord) -> bool:
         """Sum an aggregated step (the ranks the aggregator summed) into the row of its step exactly as those
         ranks' own records would have been: ranks present, world size, tokens, each rank's dropped count. A new
@@ -221,28 +212,6 @@ class StepWindow:
         for rank, dropped in zip(ranks[dropped_R > 0].tolist(), dropped_R[dropped_R > 0].tolist()):
             self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
         self._write(slot, step, counts, seen, world, tokens, time_s, code)
-        return True
-
-    def complete_from_aggregate(self, rec: core.AggregateRecord) -> bool:
-        """When the ring holds rec's step with a strict subset of rec's ranks (a row the per-rank records filled
-        before the feed switched to the aggregate, still short of ranks the aggregate has): the row becomes
-        rec's. Returns True when it did, False (nothing changed) when the step is not in the ring, rec is a late
-        entry, or the row holds a rank rec lacks or all of rec's. ValueError, nothing changed, as add_aggregate."""
-        counts, step, ranks, world, tokens, dropped_R, time_s, code, late = self._checked_aggregate(rec)
-        slot = self._slot_of_step.get(step)
-        seen = set(ranks.tolist())
-        if late or slot is None or not self._ranks_seen[slot] < seen:
-            return False
-        self._fit(step, int(counts.max()) if counts.size else 0)
-        self._version += 1  # nothing below raises
-        self.sums_by_phase_LE[self.phase_C[slot]] -= self.counts_CLE[slot]
-        self.counts_CLE[slot] = counts
-        self.sums_by_phase_LE[code] += self.counts_CLE[slot]
-        self.time_s_C[slot], self.tokens_C[slot], self.phase_C[slot] = time_s, tokens, code
-        self.ranks_C[slot], self.world_C[slot], self._ranks_seen[slot] = len(seen), world, seen
-        self.row_version_C[slot] = self._version
-        for rank, dropped in zip(ranks[dropped_R > 0].tolist(), dropped_R[dropped_R > 0].tolist()):
-            self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
         return True
 
     def _slot_for(self, step: int, counts: np.ndarray, ranks: set[int]) -> int | None:
@@ -306,14 +275,6 @@ class StepWindow:
         self.row_version_C[slot] = self._version
         return slot
 
-    def _checked(self, rec: core.StepRecord) -> tuple[np.ndarray, int, int, int, int, int, float, int]:
-        """(counts, step, rank, world, tokens, dropped, time_s, phase code) of rec, within the bounds of
-        core/keys.py; ValueError naming what is wrong."""
-        step, rank, world, tokens, dropped, time_s, code = check_record(rec)
-        counts = self.checked_counts(rec.counts_LE, f"step {rec.step} rank {rec.rank}", _INT32_MAX,
-                                     "(int32, as on the wire)")
-        return counts, step, rank, world, tokens, dropped, time_s, code
-
     def _checked_aggregate(self, rec: core.AggregateRecord) -> tuple[np.ndarray, int, np.ndarray, int, int, np.ndarray,
                                                                     float, int, bool]:
         """(counts, step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step,
@@ -325,16 +286,7 @@ class StepWindow:
 
     def checked_counts(self, counts: object, what: str, highest: int, why: str) -> np.ndarray:
         """counts as an integer array [L, E] of this window with values in 0..highest; ValueError otherwise."""
-        if not isinstance(counts, np.ndarray) or counts.shape != (self.num_layers, self.num_experts):
-            shape = counts.shape if isinstance(counts, np.ndarray) else type(counts).__name__
-            raise ValueError(f"{what}: counts are {shape}, this run is [{self.num_layers}, {self.num_experts}]")
-        if counts.dtype.kind not in "iu":
-            raise ValueError(f"counts must be integers, got {counts.dtype}")
-        if int(counts.min()) < 0:
-            raise ValueError("counts contain negative values")
-        if counts.dtype != np.int32 and int(counts.max()) > highest:
-            raise ValueError(f"counts must lie in 0..{highest} {why}")
-        return counts
+        return check_counts(counts, (self.num_layers, self.num_experts), what, highest, why)
 
     # ------------------------------------------------------------------------------------------ memory
     @staticmethod
@@ -503,6 +455,10 @@ class StepWindow:
                 per_rank[rank] = per_rank.get(rank, 0) + 1
         listed = sorted(per_rank.items(), key=lambda item: (-item[1], item[0]))[:MAX_MISSING_LISTED]
         return MissingRanks(rank_steps=total, steps=int(short.size), by_rank=tuple(listed))
+
+    def holds(self, step: int) -> bool:
+        """Whether the ring has a row of this step."""
+        return step in self._slot_of_step
 
     @property
     def newest_step(self) -> int | None:

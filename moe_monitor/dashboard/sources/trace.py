@@ -97,7 +97,10 @@ def _open_regular(path: str | os.PathLike[str], nofollow: bool):
 
 class TraceSource:
     """Source over a JSON-lines trace file (format in the module docstring). stall_s: seconds without growth
-    after which a last line lacking its newline is taken as truncated."""
+    after which a last line lacking its newline is taken as truncated. recorded: every rank of a step is in
+    the file, so a poll that leaves nothing waiting has every step's ranks (the reader assembles them at once)."""
+
+    recorded = True
 
     def __init__(self, path: str, stall_s: float = 10.0, root: str | os.PathLike[str] | None = None):
         self.path = str(path)

@@ -137,10 +137,8 @@ def _feed(watched) -> str:
     if live.late_outside:
         parts.append(f"{live.late_outside:,} late rank entries for steps no longer in the window")
     if live.skipped_overlap:
-        parts.append(f"{live.skipped_overlap:,} records skipped when the source switched between per-rank records "
-                     "and the aggregate")
-    if live.completed_rows:
-        parts.append(f"{live.completed_rows:,} rows left short by the per-rank records completed from the aggregate")
+        parts.append(f"{live.skipped_overlap:,} steps skipped when the source switched between per-rank records "
+                     "and the aggregate (the window held them already)")
     if live.duplicate_records:
         parts.append(f"{live.duplicate_records:,} records that arrived twice (a retried write) skipped")
     rolled = getattr(watched, "rollups_read", None)
