@@ -26,7 +26,8 @@ from collections.abc import Callable
 import numpy as np
 import zstandard
 
-from bench import loadgen, routing
+from bench import routing
+from bench.harness import loadgen
 from bench.malloc_env import pin_malloc
 from moe_monitor import core
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.aggregator import progress, start_aggregator, stop_aggregator
+from bench.harness.loadgen import split_ranks
 from bench.harness.probes import AggEntry, AggregateTail, ExporterProbe, PageProbe, groups, wait_for
 from bench.harness.ranks import Clock, GroupConfig, GroupReport, RankGroup, context
-from bench.loadgen import split_ranks
 from moe_monitor import core
 from moe_monitor.core.health import decode_health_report
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import routing
-from bench.loadgen import FLUSH_INTERVAL_S
+from bench.harness.loadgen import FLUSH_INTERVAL_S
 from moe_monitor import core
 
 CLOSE_TIMEOUT_S = 60.0  # a publisher's close: its queue flushed (a Redis back from a stall drains a backlog)
@@ -63,7 +63,7 @@ class Clock:
 class GroupConfig:
     """One process of ranks: where they write, the run's world and pace, their ranks, the first step (None: the
     step due once ready), a trace file per rank (trace_dir: <trace_dir>/rank<r>-<label>.jsonl; None: none),
-    the publisher's Redis socket timeout and queue bound, the pool's size and seed (bench.loadgen's)."""
+    the publisher's Redis socket timeout and queue bound, the pool's size and seed (the load generator's)."""
 
     url: str
     run: str

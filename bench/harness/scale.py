@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import loadgen, routing
+from bench import routing
+from bench.harness import loadgen
 from bench.harness.aggregator import (
     Lag,
     caught_up,

@@ -9,7 +9,7 @@ import statistics
 
 import redis
 
-from bench import loadgen
+from bench.harness import loadgen
 from moe_monitor import core
 
 

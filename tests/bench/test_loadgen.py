@@ -1,10 +1,11 @@
-"""bench.loadgen: simulated ranks write real-shaped step records through collectors.sinks.RedisSink into a real
+"""bench.harness.loadgen: simulated ranks write real-shaped step records through collectors.sinks.RedisSink into a real
 redis-server, paced per rank; every scheduled record lands, decodes with its shape, and carries its step id."""
 from __future__ import annotations
 
 import numpy as np
 
-from bench import loadgen, routing
+from bench import routing
+from bench.harness import loadgen
 from moe_monitor import core
 
 

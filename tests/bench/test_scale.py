@@ -1,6 +1,6 @@
 """The load test's short version (bench.scale), through the real code paths, into a single Redis and a 3-master
 Redis Cluster (demo/localcluster.py): simulated DeepSeek-V3-shaped ranks in 2 processes writing through
-collectors.sinks.RedisSink (bench.loadgen), the aggregator as its CLI (`moe-monitor aggregate`), the
+collectors.sinks.RedisSink (bench.harness.loadgen), the aggregator as its CLI (`moe-monitor aggregate`), the
 dashboard's reader (RedisSource + WatchedRun). Every rank-step is written, every step aggregated exactly once with
 all its ranks and the very counts the ranks generated, no rank-step missing, and the dashboard reads the aggregate
 feed. Correctness only: no timed assertion (waits are generous for a loaded 2-core machine)."""
@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import loadgen, routing
+from bench import routing
+from bench.harness import loadgen
 from bench.harness.aggregator import caught_up, progress, start_aggregator, stop_aggregator
 from bench.harness.probes import DashboardProbe
 from bench.harness.scale import runs_on_masters
@@ -27,7 +28,7 @@ WINDOW = 600
 
 @pytest.fixture(scope="module")
 def expected_SLE() -> np.ndarray:
-    """int64 [pool steps, L, E]: what the ranks' counts sum to at step k (row k % pool steps), drawn as bench.loadgen
+    """int64 [pool steps, L, E]: what the ranks' counts sum to at step k (row k % pool steps), drawn as loadgen
     draws each rank's pool (the same seeds: rank r's pool is the same in every process)."""
     config = loadgen.LoadConfig(url="redis://unused", run="x", ranks=RANKS, steps_per_s=RATE, seconds=SECONDS,
                                 tokens_per_rank=TOKENS)

@@ -1,32 +1,11 @@
-"""Load generator: simulated expert-parallel ranks writing DeepSeek-V3-shaped step records through the real writer
-code path (collectors.sinks.RedisSink.write, one pipelined round trip per batch), paced like real ranks.
+"""Load generator: simulated expert-parallel ranks writing DeepSeek-V3-shaped step records (bench/routing.py: 58
+MoE layers x 256 experts, top-8, each rank its own mix) through the real writer, collectors.sinks.RedisSink.write,
+paced like real ranks: step k of every rank is due at t0 + k / steps_per_s, handed over every 0.1 s (at most 256
+steps a write) from `processes` spawned processes. A failed write is counted, never retried: LoadReport says what
+landed, how late, each write's wall time and the CPU. Used by bench.scale, bench.wire and tests/bench.
 
-Routing (bench/routing.py): L = 58 MoE layers, E = 256 experts, top-8 (DeepSeek-V3). A decode step of a rank routes `tokens_per_rank`
-tokens (default 64); each token picks 8 distinct experts, drawn one at a time from the layer's popularity (a repeat
-is drawn again), so every row of a step's int32 counts [L, E] sums to tokens x 8. Popularity per layer comes from
-the real DeepSeek-V3 statistics under SGLang in tests/data/sglang_deepseek_v3/ (decode_in1000out1000: the 58 MoE
-layers' logical counts; see tests/data/README.md), or from a heavy-tailed Dirichlet (alpha 0.3) when that file is
-not there or the shape differs. Each rank sees its own mix: the popularity times a per-rank log-normal factor per
-expert (sigma `rank_spread`, default 0.25), renormalised.
-
-Ranks are spread over `processes` OS processes (multiprocessing, spawn). Each process draws a pool of
-`pool_steps` count arrays per rank before the clock starts (so generation is not what limits the rate), opens
-one RedisSink per rank (each real rank has its own client) and has each write its idle health once, as a
-publisher does while its engine loads (so the metadata is there and each client knows whether it talks to a
-cluster before the first step, not 256 of them mapping the cluster at once at the first step), then drives its
-ranks as the collectors' publisher does: every 0.1 s it hands each rank's sink the steps whose scheduled time has
-come (at most 256 per batch).
-Step k of every rank has step id first_step + k and time t0 + k / steps_per_s (t0: the common start, unix s).
-Processes tick at evenly spread phases of the 0.1 s interval (real publishers are not in phase). Inside a process
-ranks are written one after another from one thread.
-
-A failed write (a raise, or a PartialWrite: the records that landed count as written) is counted, never raised
-and never retried: the report says how many records did not land. Each process reports the records it wrote,
-those whose write failed, its achieved rate, how late records landed after their scheduled time, the wall time of
-each write and its CPU time.
-
-    python -m bench.loadgen [--redis URL] [--run NAME] [--ranks 32] [--steps-per-s 20] [--seconds 10]
-                            [--processes 2] [--tokens 64]
+    python -m bench.harness.loadgen [--redis URL] [--run NAME] [--ranks 32] [--steps-per-s 20] [--seconds 10]
+                                    [--processes 2] [--tokens 64]
 
 Without --redis it starts a private redis-server (demo.localredis) and prints its memory and CPU too.
 """
@@ -418,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.malloc_env import pin_malloc
 
     pin_malloc()
-    parser = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.harness.loadgen", description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis", default=None, help="Redis URL (default: a private redis-server)")
     parser.add_argument("--run", default="loadgen")
     parser.add_argument("--ranks", type=int, default=32)
