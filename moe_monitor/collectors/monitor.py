@@ -183,9 +183,9 @@ class ExpertLoadMonitor:
         (None: not measured). ValueError on a bad layer or a negative or non-finite time."""
         self._timer.record_times(layer, dispatch_s, compute_s, combine_s, layer_s)
 
-    def publish_layout(self, physical_to_logical_LP: Any, *, from_step: int | None = None, gpus: int | None = None,
+    def publish_layout(self, layout_LP: Any, *, from_step: int | None = None, gpus: int | None = None,
                        source: str = "engine") -> None:
-        """Say that the experts moved: physical_to_logical_LP, int [L, P] (SGLang's physical_to_logical_map: the
+        """Say that the experts moved: layout_LP, int [L, P] (SGLang's physical_to_logical_map: the
         logical expert of each physical slot; a numpy array, nested lists or a tensor on any device), is in
         force from step id from_step on (default: the next step, self.step) on `gpus` GPUs (default: the run
         metadata's; slot p on GPU p // (P / gpus)). source: "engine" (the engine's own rebalance, EPLB),
@@ -198,16 +198,16 @@ class ExpertLoadMonitor:
             raise RuntimeError("publish_layout() after close(): the monitor publishes nothing any more")
         if source not in core.LAYOUT_SOURCES:
             raise ValueError(f"source must be one of {core.LAYOUT_SOURCES}, got {source!r}")
-        if isinstance(physical_to_logical_LP, torch.Tensor):
-            physical_to_logical_LP = physical_to_logical_LP.detach().cpu().numpy()
-        if not isinstance(physical_to_logical_LP, (np.ndarray, list, tuple)):
-            raise ValueError("physical_to_logical_LP must be an int array, tensor or nested lists [layers][slots], "
-                             f"got {type(physical_to_logical_LP).__name__}")
+        if isinstance(layout_LP, torch.Tensor):
+            layout_LP = layout_LP.detach().cpu().numpy()
+        if not isinstance(layout_LP, (np.ndarray, list, tuple)):
+            raise ValueError("layout_LP must be an int array, tensor or nested lists [layers][slots], "
+                             f"got {type(layout_LP).__name__}")
         gpus = self.meta.layout.gpus if gpus is None else gpus
         step = self.step if from_step is None else from_step
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < core.MAX_STEP:
             raise ValueError(f"from_step must be a step id 0..{core.MAX_STEP - 1}, got {from_step!r}")
-        layout_LP = core.check_layout_map(physical_to_logical_LP, gpus, self.meta.layout.nodes, self.num_layers,
+        layout_LP = core.check_layout_map(layout_LP, gpus, self.meta.layout.nodes, self.num_layers,
                                           self.num_experts)
         record = core.LayoutRecord(run=self.run, step=int(step), time_s=time.time(),
                                    physical_to_logical_LP=layout_LP.astype(np.int32), gpus=int(gpus),

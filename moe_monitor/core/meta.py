@@ -104,21 +104,21 @@ def check_layout_map(rows, gpus, nodes, num_layers, num_experts) -> np.ndarray:
     num_slots = widths[0]
     check_sizes(num_layers, num_experts, num_slots)
     try:
-        p2l_LP = np.asarray(rows).reshape(num_layers, num_slots)
+        layout_LP = np.asarray(rows).reshape(num_layers, num_slots)
     except (ValueError, TypeError, OverflowError):
         raise ValueError("physical_to_logical_map must hold integer expert ids") from None
-    if p2l_LP.dtype.kind not in "iu" and p2l_LP.size:
+    if layout_LP.dtype.kind not in "iu" and layout_LP.size:
         raise ValueError("physical_to_logical_map must hold integer expert ids")
     if num_slots == 0:
         bad_L = np.ones(num_layers, dtype=bool)
     else:
-        sorted_LP = np.sort(p2l_LP, axis=1)
+        sorted_LP = np.sort(layout_LP, axis=1)
         distinct_L = 1 + np.count_nonzero(np.diff(sorted_LP, axis=1), axis=1)
         bad_L = (sorted_LP[:, 0] < 0) | (sorted_LP[:, -1] >= num_experts) | (distinct_L != num_experts)
     if bad_L.any():
         raise ValueError(f"layer {int(np.argmax(bad_L))}: every expert 0..{num_experts - 1} needs a slot, "
                          "and only those")
-    return p2l_LP
+    return layout_LP
 
 
 def _index_or_none(value):

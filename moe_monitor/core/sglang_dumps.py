@@ -75,7 +75,7 @@ class PassDump:
     tokens per physical slot; phase_T: our phase of each pass ("unknown" when the dump does not say);
     tokens_T: int64 [T] tokens of the pass on this rank (len(input_ids)), -1 when the dump does not say;
     topk_ids_T: per_token only, one int32 [L, N, K'] of physical slot ids per pass (-1 = none), else None;
-    physical_to_logical_LP: int64 [L, P] SGLang's last_physical_to_logical_map (every expert 0..E-1 in
+    layout_LP: int64 [L, P] SGLang's last_physical_to_logical_map (every expert 0..E-1 in
     every row); num_experts: E, the largest logical id + 1.
     """
 
@@ -86,16 +86,16 @@ class PassDump:
     phase_T: tuple[str, ...]
     tokens_T: np.ndarray
     topk_ids_T: tuple[np.ndarray, ...] | None
-    physical_to_logical_LP: np.ndarray
+    layout_LP: np.ndarray
     num_experts: int
 
     @property
     def num_layers(self) -> int:
-        return int(self.physical_to_logical_LP.shape[0])
+        return int(self.layout_LP.shape[0])
 
     @property
     def num_slots(self) -> int:
-        return int(self.physical_to_logical_LP.shape[1])
+        return int(self.layout_LP.shape[1])
 
 
 Dump = StatDump | PassDump
@@ -188,7 +188,7 @@ def parse_passes(obj: Mapping, file_rank: int | None = None) -> PassDump:
         physical_count_TLP=count_TLP, phase_T=tuple(p[3] for p in parsed),
         tokens_T=np.array([p[4] for p in parsed], dtype=np.int64),
         topk_ids_T=tuple(p[5] for p in parsed) if per_token else None,
-        physical_to_logical_LP=layout_LP, num_experts=num_experts)
+        layout_LP=layout_LP, num_experts=num_experts)
 
 
 def _pass_record(rec: Any, index: int, num_layers: int, num_slots: int):

@@ -37,12 +37,12 @@ class Steps:
     sample_T: tuple[np.ndarray | None, ...]
 
 
-def logical_counts(physical_count_TLP: np.ndarray, physical_to_logical_LP: np.ndarray,
+def logical_counts(physical_count_TLP: np.ndarray, layout_LP: np.ndarray,
                    num_experts: int) -> np.ndarray:
     """int64 [T, L, E]: each logical expert's tokens, the sum over its physical slots (replicas)."""
     num_steps, num_layers, num_slots = physical_count_TLP.shape
     cells = num_layers * num_experts
-    cell_LP = (np.arange(num_layers)[:, None] * num_experts + physical_to_logical_LP).ravel()  # cell of L x E
+    cell_LP = (np.arange(num_layers)[:, None] * num_experts + layout_LP).ravel()  # cell of L x E
     out_TLE = np.zeros((num_steps, num_layers, num_experts), dtype=np.int64)
     for t in range(num_steps):  # one pass at a time: memory stays at a few [L, P] arrays
         # float64 weights are exact: every count is below 2**31 and a cell sums at most 2**16 of them
@@ -74,11 +74,11 @@ def top_k_of(dump: PassDump) -> int | None:
 def pass_steps(dump: PassDump, top_k: int, sample_tokens: int = SAMPLE_TOKENS) -> Steps:
     """The steps of a per_pass / per_token dump. top_k: k of the model (tokens from counts, width of the
     sampled rows)."""
-    counts_TLE = logical_counts(dump.physical_count_TLP, dump.physical_to_logical_LP, dump.num_experts)
+    counts_TLE = logical_counts(dump.physical_count_TLP, dump.layout_LP, dump.num_experts)
     tokens_T = np.where(dump.tokens_T >= 0, dump.tokens_T, tokens_from_counts(counts_TLE, top_k))
     samples: list[np.ndarray | None] = [None] * len(dump.phase_T)
     if dump.topk_ids_T is not None and sample_tokens > 0 and dump.num_experts <= core.MAX_SAMPLE_EXPERTS:
-        samples = [sampled_rows(ids, dump.physical_to_logical_LP, top_k, sample_tokens) for ids in dump.topk_ids_T]
+        samples = [sampled_rows(ids, dump.layout_LP, top_k, sample_tokens) for ids in dump.topk_ids_T]
     return Steps(rank=dump.rank, counts_TLE=_int32(counts_TLE), tokens_T=tokens_T.astype(np.int64),
                  phase_T=dump.phase_T, position_T=dump.pass_id_T, sample_T=tuple(samples))
 
@@ -91,7 +91,7 @@ def stat_steps(dump: StatDump, top_k: int) -> Steps:
                  phase_T=("unknown",) * rows.size, position_T=rows.astype(np.int64), sample_T=(None,) * rows.size)
 
 
-def sampled_rows(ids_LNK: np.ndarray, physical_to_logical_LP: np.ndarray, top_k: int,
+def sampled_rows(ids_LNK: np.ndarray, layout_LP: np.ndarray, top_k: int,
                  sample_tokens: int = SAMPLE_TOKENS) -> np.ndarray | None:
     """int16 [L, n, top_k] logical ids of n = min(N, sample_tokens) tokens taken evenly over the pass
     (physical ids mapped through the layout; -1 stays -1), or None for a pass without tokens. Columns past
@@ -104,7 +104,7 @@ def sampled_rows(ids_LNK: np.ndarray, physical_to_logical_LP: np.ndarray, top_k:
     logical_LNK = np.full((num_layers, pick_N.size, top_k), -1, dtype=np.int16)
     rows_L11 = np.arange(num_layers)[:, None, None]
     valid = picked_LNK >= 0
-    mapped = physical_to_logical_LP[np.broadcast_to(rows_L11, picked_LNK.shape), np.where(valid, picked_LNK, 0)]
+    mapped = layout_LP[np.broadcast_to(rows_L11, picked_LNK.shape), np.where(valid, picked_LNK, 0)]
     logical_LNK[:, :, :picked_LNK.shape[2]] = np.where(valid, mapped, -1)
     return logical_LNK
 

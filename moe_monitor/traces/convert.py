@@ -199,7 +199,7 @@ def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int, budge
         k = top_k_of(dump) or top_k
         steps = pass_steps(dump, k)
         meta = _meta_for(run or stem, "sglang per-pass dump", dump.num_layers, dump.num_experts, gpus, k,
-                         layout_rows=dump.physical_to_logical_LP.tolist(), world=max(dump.rank + 1, 1),
+                         layout_rows=dump.layout_LP.tolist(), world=max(dump.rank + 1, 1),
                          extra={"source": f"sglang {dump.mode} dump", "file": os.path.basename(path)[:200]})
         step_ids = steps.position_T - int(steps.position_T[0]) if steps.position_T.size else steps.position_T
         chunks = ([_step(meta.run, steps, t, int(step_ids[t]), dump.rank, meta.world_size, time0_s)

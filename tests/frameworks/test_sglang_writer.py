@@ -114,7 +114,7 @@ def test_per_pass_dumps_hold_each_ranks_physical_counts_and_the_layout_in_force(
             fed = truth[rank]["per_pass"][number]
             assert isinstance(dump, PassDump) and (dump.rank, dump.mode, dump.num_experts) == (rank, "per_pass", E)
             layout = truth[rank]["layout_b" if number else "layout_a"]
-            np.testing.assert_array_equal(dump.physical_to_logical_LP, layout.numpy())
+            np.testing.assert_array_equal(dump.layout_LP, layout.numpy())
             assert dump.pass_id_T.tolist() == [p["forward_pass_id"] for p in fed]
             steps = pass_steps(dump, K)
             for t, p in enumerate(fed):

@@ -70,11 +70,11 @@ def convert(dump_file: DumpFile, dump: StatDump | PassDump, run: str, meta: core
             return "no forward passes recorded"
         step_T = ids.for_passes(dump.rank, dump.pass_id_T)
         time_s_T = ids.times(str(dump.rank), dump_time_s, dump.pass_id_T, every_s)
-        digest = layout_sha(dump.physical_to_logical_LP)
+        digest = layout_sha(dump.layout_LP)
         if digest != current_sha:
             layout = core.LayoutRecord(
                 run=run, step=int(step_T[0]), time_s=float(time_s_T[0]),
-                physical_to_logical_LP=dump.physical_to_logical_LP.astype(np.int32), gpus=meta.layout.gpus,
+                physical_to_logical_LP=dump.layout_LP.astype(np.int32), gpus=meta.layout.gpus,
                 nodes=meta.layout.nodes, source="engine" if current_sha else "initial", rank=dump.rank,
                 instance=instance).validate(num_experts, num_layers=num_layers)
             new_sha = digest

@@ -73,7 +73,7 @@ def run_meta_for(run: str, dump: StatDump | PassDump, top_k: int, ranks_seen: in
     same_batch = settings.same_batch_ranks > 1
     gpus, how = layout_gpus(dump, settings.gpus, settings.same_batch_ranks if same_batch else ranks_seen)
     if isinstance(dump, PassDump):
-        rows = dump.physical_to_logical_LP.tolist()
+        rows = dump.layout_LP.tolist()
         world = 1 if same_batch else gpus
         if same_batch and not settings.gpus:
             how = f"--same-batch-ranks {settings.same_batch_ranks}"

@@ -95,9 +95,9 @@ class RowTails:
                           self.loads_CLG[done].sum(axis=0, dtype=np.float64))
         return LiveTails(tails, window.step_C[done].copy(), int(slots_T.size), int(todo.size))
 
-    def _model(self, key: int, p2l_LP: np.ndarray, num_experts: int) -> DispatchModel:
+    def _model(self, key: int, layout_LP: np.ndarray, num_experts: int) -> DispatchModel:
         if key not in self._models:
-            self._models[key] = DispatchModel(p2l_LP, num_experts, self.gpus, self.policy)
+            self._models[key] = DispatchModel(layout_LP, num_experts, self.gpus, self.policy)
         return self._models[key]
 
     def _solve(self, window: StepWindow, rows: np.ndarray, model: DispatchModel) -> None:
@@ -126,8 +126,8 @@ def _keys_at(layout: ResolvedLayout, step_T: np.ndarray, maps: dict[int, np.ndar
     return keys_C[np.maximum(index_in_force(starts_C, step_T), 0)]
 
 
-def _key(p2l_LP: np.ndarray) -> int:
-    p2l = np.asarray(p2l_LP, dtype=np.int64)
+def _key(layout_LP: np.ndarray) -> int:
+    p2l = np.asarray(layout_LP, dtype=np.int64)
     return hash((p2l.shape, p2l.tobytes()))
 
 
