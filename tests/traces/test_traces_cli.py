@@ -1,13 +1,10 @@
 """moe-monitor record|replay|convert|info: record a run from a real redis-server, replay it into another run name (equal counts),
 convert JSON lines / SGLang dumps / logical_count JSON, info, bad input as one `error:` line; the shipped
-samples open and replay."""
+samples open and replay. In this process (tests/support/cli.py); record + replay and convert + info also as the
+real `python -m moe_monitor`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,14 +14,10 @@ from moe_monitor import core
 from moe_monitor.core import tracefile
 from tests.collectors.test_sglang_bridge import DATA, save_per_pass, save_stat
 from tests.support import synthfill
+from tests.support.cli import BOTH, ROOT, child
+from tests.support.cli import in_process as cli
 
-ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "moe_monitor" / "traces" / "samples"
-
-
-def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "moe_monitor", *map(str, args)], cwd=ROOT, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def run_counts(client, run: str) -> dict[int, np.ndarray]:
@@ -37,8 +30,11 @@ def run_counts(client, run: str) -> dict[int, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("suffix", [".parquet", ".arrows"])
-def test_record_then_replay_gives_the_same_counts(redis_server, redis_url, tmp_path, suffix):
+@pytest.mark.parametrize("suffix, cli", [
+    pytest.param(".parquet", cli, id="parquet"), pytest.param(".arrows", cli, id="arrows"),
+    pytest.param(".parquet", child, id="parquet-child", marks=pytest.mark.subprocess),
+])
+def test_record_then_replay_gives_the_same_counts(redis_server, redis_url, tmp_path, suffix, cli):
     client = redis_server.client()
     totals = synthfill.fill(client, "live", steps=30, world_size=2, gpu_status="unavailable")
     out = tmp_path / f"rec{suffix}"
@@ -68,7 +64,8 @@ def test_replay_loops_with_a_new_instance_and_continuing_steps(redis_server, red
     assert [r.step for r in recs] == [0, 1, 2] and len({r.instance for r in recs}) == 3
 
 
-def test_convert_jsonl_to_parquet_is_equal_content(tmp_path):
+@pytest.mark.parametrize("cli", BOTH)
+def test_convert_jsonl_to_parquet_is_equal_content(tmp_path, cli):
     from tests.traces.test_traces_format import jsonl, records, same
     src, dst = tmp_path / "t.jsonl", tmp_path / "t.parquet"
     recs = records()
@@ -114,7 +111,7 @@ def test_convert_sglang_dumps(tmp_path):
 
 @pytest.mark.parametrize("args,why", [
     (("info", "nowhere.parquet"), "nowhere.parquet"),
-    (("convert", "README.md", "x.parquet"), "README.md"),
+    (("convert", ROOT / "README.md", "x.parquet"), "README.md"),
     (("convert", "x.jsonl", "x.csv"), ".parquet"),
     (("replay", "--trace", "traces/samples/demo.parquet", "--redis", "http://x", "--run", "r"), "redis://"),
     (("replay", "--trace", "traces/samples/demo.parquet", "--redis", "redis://127.0.0.1:1/0", "--run", "bad name"), "run name"),
