@@ -29,6 +29,7 @@ STARTERS = {
     "streamlit.testing.v1.app_test.AppTest": "app",
     "moe_monitor.demo.localcluster.LocalCluster": "cluster",
 }
+LOOKED_INTO = ("tests.", "moe_monitor.demo.localcluster", "streamlit.testing")  # modules whose names are followed
 
 
 def _names(code: types.CodeType):
@@ -54,7 +55,8 @@ def _marks_of(funcs, seen: dict) -> set[str]:
             marks.add("subprocess")
         scope = func.__globals__
         found = [scope[n] if n in scope else sys.modules[n] for n in names if n in scope or n in sys.modules]
-        found += [getattr(m, n) for m in list(found) if isinstance(m, types.ModuleType) for n in names
+        found += [getattr(m, n) for m in list(found) if isinstance(m, types.ModuleType)
+                  and m.__name__.startswith(LOOKED_INTO) for n in names
                   if hasattr(m, n)]  # module.attribute, and `from module import name` inside a function
         for obj in found:
             where = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"

@@ -1,4 +1,5 @@
-"""The CLI contract: moe-monitor plan --load FILE --gpus G --redundant R [...] --out OUT.json."""
+"""The CLI contract: moe-monitor plan --load FILE --gpus G --redundant R [...] --out OUT.json, in this process
+(tests/support/cli.py) but for one run of the real `python -m moe_monitor plan`."""
 from __future__ import annotations
 
 import json
@@ -12,15 +13,14 @@ import pytest
 
 from moe_monitor.planner.loads import check_layout, layer_imbalance
 from moe_monitor.planner.synthetic import drifting_windows, skewed_counts
+from tests.support.cli import child, in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 
 
 def run(*args):
-    env = dict(os.environ)
-    return subprocess.run([sys.executable, "-m", "moe_monitor", "plan", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return in_process("plan", *args)
 
 
 def test_real_json_global(tmp_path):
@@ -270,5 +270,6 @@ def test_pt_half_and_int_tensors_still_plan(tmp_path, capsys):
 
 def test_huge_plans_fail_fast_in_a_subprocess(tmp_path):
     """The issue's example: --gpus 256 --redundant 65280 tried to allocate 7.6 GiB; now one line, at once."""
-    r = run("--load", DATA / "prefill_in512.json", "--gpus", 256, "--redundant", 65280, "--out", tmp_path / "o.json")
+    r = child("plan", "--load", DATA / "prefill_in512.json", "--gpus", 256, "--redundant", 65280, "--out",
+              tmp_path / "o.json")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "plan too large" in r.stderr, r.stderr

@@ -1,12 +1,9 @@
 """Planning for the dispatch and the tail: plan(objective="tail", dispatch=...), moe-monitor plan --objective
---dispatch, simulate and advise --dispatch; per-step counts sampled from the real DeepSeek-V3 popularity
+--dispatch, simulate and advise --dispatch (in this process: tests/support/cli.py); per-step counts sampled from the real DeepSeek-V3 popularity
 (planner.synthetic.sampled_steps), a few layers on 8 GPUs to stay small."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +16,8 @@ from moe_monitor.planner.loads import check_layout
 from moe_monitor.planner.simulate import simulate
 from moe_monitor.planner.synthetic import sampled_steps
 from moe_monitor.planner.windows import split_windows
+from tests.support.cli import in_process as cli
 
-ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 G, R = 8, 8
 
@@ -37,11 +34,6 @@ def p99(counts_TLE, layout_LP, dispatch: str) -> float:
     value = step_tails(counts_TLE, layout_LP, G, dispatch).imbalance_summary()["p99"]
     assert value is not None
     return value
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "moe_monitor", *map(str, args)], cwd=ROOT, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,14 @@
 - migration counts only expert copies a GPU did not hold before;
 - schedule JSON round trip; bad schedules refused with one clear message;
 - the advisor never schedules a change whose predicted gain is below its migration time;
-- moe-monitor advise / simulate / staleness end to end (subprocess) on a small generated trace;
+- moe-monitor advise / simulate / staleness end to end (in this process, and as the real command) on a small
+  generated trace;
 - property: simulate never crashes on small arbitrary schedules and counts, costs finite and >= 0.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,9 +32,9 @@ from moe_monitor.planner.schedule import Change, Schedule, load_schedule, schedu
 from moe_monitor.planner.simulate import CostModel, simulate
 from moe_monitor.planner.staleness import staleness
 from moe_monitor.planner.synthetic import drifting_windows
+from tests.support.cli import BOTH, in_process
 from tests.support.properties import property_settings
 
-ROOT = Path(__file__).resolve().parents[2]
 # 0.5 s per token-slot; one expert copy = 1e9 bytes over 32 Gb/s = 0.25 s
 HAND_COST = CostModel(seconds_per_token_slot=0.5, link_gbps=32.0, bytes_per_expert=10 ** 9)
 
@@ -233,12 +230,8 @@ def test_load_trace_steps_reads_traces_and_counts(tmp_path):
         load_trace_steps(tmp_path / "one.json")
 
 
-def _run(*args):
-    return subprocess.run([sys.executable, "-m", "moe_monitor", *map(str, args)], cwd=ROOT, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_cli_advise_simulate_staleness_end_to_end(tmp_path):
+@pytest.mark.parametrize("_run", BOTH)
+def test_cli_advise_simulate_staleness_end_to_end(tmp_path, _run):
     c = _small_trace(steps=300, seed=4)
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"logical_count": c.tolist()}))
@@ -287,7 +280,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, args, message):
     sched = tmp_path / "s.json"
     sched.write_text(json.dumps({"gpus": 4, "changes": [{"step": 0, "physical_to_logical_map": [list(range(16))] * 3}]}))
     paths = {"trace": trace, "bad": bad, "sched": sched, "out": tmp_path / "o.json", "missing": tmp_path / "nope.json"}
-    r = _run(*[a.format(**paths) for a in args])
+    r = in_process(*[a.format(**paths) for a in args])
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], r.stderr
