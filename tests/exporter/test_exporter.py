@@ -23,6 +23,7 @@ from moe_monitor.demo.localredis import free_port
 from moe_monitor.exporter.metrics import series_count
 from moe_monitor.exporter.server import RunExporter
 from tests.support import synthfill
+from tests.support.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -220,8 +221,7 @@ def test_rebalance_advisor_gauges_are_the_advisors_and_computed_at_most_every_in
 
 
 def test_the_help_text_documents_the_rebalance_gauges():
-    out = subprocess.run([sys.executable, "-m", "moe_monitor", "export", "--help"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60).stdout
+    out = in_process("export", "--help").stdout
     for name in ("moe_rebalance_predicted_gain_ratio", "moe_rebalance_moves", "--advise-every-s"):
         assert name in out
 

@@ -4,8 +4,6 @@ with series of their own per run and phase and --max-series series in all (a run
 hundred series, not half a million, and says it was truncated), and runs that left moe:runs are forgotten."""
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from moe_monitor.exporter.caps import DEFAULT_MAX_GPUS, DEFAULT_MAX_SERIES, ESSE
 from moe_monitor.exporter.metrics import series_count
 from moe_monitor.exporter.server import RunExporter
 from tests.support import memprobe, synthfill
+from tests.support.cli import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
@@ -197,7 +196,6 @@ def test_named_runs_and_an_unreachable_listing_forget_nothing(redis_url):
 
 
 # ------------------------------------------------------------------------------------------ the memory finding
-@pytest.mark.slow
 def test_600_tiny_records_of_800_by_1000_stay_within_the_exporters_budget(redis_url):
     """The finding: one poll of 600 all-zero records (~150 B each in Redis) took 54 s and 14 GB. Now the run's
     window holds what fits the exporter's 1 GiB default, says so, and the process stays within the budget plus the
@@ -215,12 +213,10 @@ def test_600_tiny_records_of_800_by_1000_stay_within_the_exporters_budget(redis_
 
 # ------------------------------------------------------------------------------------------ the command line
 def test_the_cli_takes_the_bounds_and_refuses_a_budget_that_is_not_a_size():
-    help_text = subprocess.run([sys.executable, "-m", "moe_monitor", "export", "--help"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=60).stdout
+    help_text = in_process("export", "--help").stdout
     for flag in ("--memory-budget", "--max-gpus", "--max-series", "moe_exporter_truncated"):
         assert flag in help_text
-    bad = subprocess.run([sys.executable, "-m", "moe_monitor", "export", "--memory-budget", "lots", "--port", "1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    bad = in_process("export", "--memory-budget", "lots", "--port", "1")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --memory-budget 'lots'")
     from moe_monitor.cli import export as export_cli
     assert (export_cli.DEFAULT_MAX_GPUS, export_cli.DEFAULT_MAX_SERIES) == (DEFAULT_MAX_GPUS, DEFAULT_MAX_SERIES)

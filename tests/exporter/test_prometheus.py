@@ -66,7 +66,6 @@ def _wait(what, check, timeout_s: float = 60):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.slow
 def test_prometheus_scrapes_the_exporter_stores_the_overviews_numbers_and_fires_an_alert(redis_url, tmp_path):
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "steady", steps=30, num_layers=4, num_experts=16, gpus=4)
