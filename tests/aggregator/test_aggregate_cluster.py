@@ -12,7 +12,7 @@ from moe_monitor.aggregator import Aggregator
 from moe_monitor.demo.localcluster import LocalCluster
 from tests.support.aggregates import aggregates, drive, options, publish, rank_record
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 L, E, WORLD = 3, 8, 4
 
 

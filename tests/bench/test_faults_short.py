@@ -13,7 +13,7 @@ import pytest
 
 from bench.harness import faults
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess  # the aggregator CLI, killed and restarted
 
 
 def test_aggregator_kill_lease_theft_and_redis_stall_lose_nothing_and_recover(tmp_path):

@@ -20,7 +20,7 @@ from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.demo.localcluster import LocalCluster
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess  # rank processes (bench.loadgen) and the aggregator CLI
 RANKS, RATE, SECONDS, PROCESSES, TOKENS = 32, 10.0, 6.0, 2, 64
 STEPS = int(RATE * SECONDS)
 WINDOW = 600

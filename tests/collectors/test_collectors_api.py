@@ -96,7 +96,7 @@ def test_sampled_rows_exclude_padding(redis_server, redis_url):
     assert (rec.sample_ids_LNK >= 0).all()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # torch.compile: the first compiled call takes tens of seconds
 def test_torch_compile_attached_before_compiling(tmp_path):
     """Same counts as eager, and no recompilation from step to step (the hooks read no per-step Python
     value inside the graph: sampling offsets live in a device tensor)."""

@@ -261,7 +261,7 @@ def test_attach_still_refuses_a_bad_option_before_the_first_forward():
         attach(_unknown_names(), redis_url="http://127.0.0.1:6379/0")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # torch.compile: the first compiled call takes tens of seconds
 def test_top_k_from_ids_under_torch_compile():
     """Attached before compiling, the monitor starts inside the first compiled call (outside the graph);
     the counts equal eager ones, and the steps after the warm-up do not recompile."""

@@ -490,7 +490,7 @@ class FakeSglang:
         self.httpd.server_close()
 
 
-@pytest.mark.slow  # the CLI's interpreter imports collectors (torch, transformers): ~10 s
+@pytest.mark.subprocess  # the CLI's interpreter imports collectors (torch, transformers): ~10 s
 def test_cli_drives_the_server_start_dump_stop(tmp_path, redis_url, real):
     folder = tmp_path / "recorder"
     folder.mkdir()

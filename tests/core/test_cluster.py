@@ -22,7 +22,7 @@ from moe_monitor.demo.localcluster import LocalCluster
 from tests.support.tiny_models import build
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.cluster
 PASSWORD = "cluster-pass"
 RUN_KEYS = (core.meta_key, core.steps_key, core.gpu_key, core.layouts_key, core.health_key, core.timings_key)
 

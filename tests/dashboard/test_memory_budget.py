@@ -286,7 +286,7 @@ def test_a_new_windows_steps_count_the_records_its_first_poll_decodes():
 
 
 # ------------------------------------------------------------------------------------------ the finding, measured
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_600_tiny_records_of_800_by_1000_stay_within_the_dashboards_budget(redis_url):
     """The finding: 600 all-zero compact records (~150 B each in Redis) asked a window of 1.9 GB and a session
     took 1.0-1.5 GB. Under a 512 MiB budget the session's window holds what fits, says so, and the process's
@@ -304,7 +304,7 @@ def test_600_tiny_records_of_800_by_1000_stay_within_the_dashboards_budget(redis
     assert out["peak_rss_bytes"] < budget + 256 * MIB, out
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_session_that_does_not_size_its_source_stays_within_the_budget_too(redis_url):
     """The Redis source hands a new run's backlog (window x ranks records, 1.9 GB decoded here) over in pieces of
     streams.DECODED_BUDGET_BYTES, so even a session that sizes nothing stays within the budget."""

@@ -158,7 +158,7 @@ def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
     assert client.xlen(core.layout_requests_key("applied")) == 0
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ep_runtime_end_to_end_feeds_the_time_page(redis_url, monkeypatch):
     """The CPU EP runtime (2 ranks, 12 steps, small batches) publishes timings for every step and rank; a
     WatchedRun sees them all and the Time page draws its charts."""

@@ -17,7 +17,7 @@ from tests.support.waiting import wait_until
 RANKS, PER_PROCESS, SEQS, PROMPT, STEPS = 4, 2, 3, 5, 23
 
 
-@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_them(redis_url):
     # a step is written once all its ranks are in: the deadline is far past any stall of a loaded machine (node
     # processes a few seconds apart would otherwise get a step written short and its late ranks folded in after)

@@ -34,7 +34,7 @@ from moe_monitor.demo.ep.placement import Placement, plan_moves
 from moe_monitor.demo.ep.worker import make_traffic
 from moe_monitor.demo.model import build_model
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.subprocess  # the EP ranks: spawned processes (demo/ep/launch.py)
 
 NUM_LAYERS, NUM_EXPERTS = 4, 256
 
