@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def replay(args: argparse.Namespace) -> int:
-    from moe_monitor.core.tracefile.reader import open_trace
+    from moe_monitor.core.tracefile import open_trace
     from moe_monitor.traces.cursor import Cursor
     from moe_monitor.traces.publish import RunPublisher
     if not (math.isfinite(args.speed) and args.speed > 0):
@@ -96,10 +96,10 @@ def replay(args: argparse.Namespace) -> int:
 
 
 def _physical_by_step(trace: str, run: str) -> dict[int, list[core.PhysicalRecord]]:
-    """The trace's physical records (its .physical.parquet sidecar, core/tracefile/physical.py; none: {}) by
+    """The trace's physical records (its .physical.parquet sidecar, core/tracefile/side.py; none: {}) by
     step; bad rows are said once on stderr and left out."""
     from moe_monitor.core.budget import decoded_budget_bytes
-    from moe_monitor.core.tracefile.physical import read_physical
+    from moe_monitor.core.tracefile.side import read_physical
     found = read_physical(trace, run, decoded_budget_bytes())
     if found.bad_records:
         print(f"{trace}: {found.bad_records} physical record(s) left out: {found.last_error}", file=sys.stderr)

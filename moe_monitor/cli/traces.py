@@ -49,7 +49,7 @@ def add_max_decoded(p: argparse.ArgumentParser) -> None:
 
 
 def info(args: argparse.Namespace) -> int:
-    from moe_monitor.core.tracefile.reader import open_trace
+    from moe_monitor.core.tracefile import open_trace
     with open_trace(args.path, decoded_budget_bytes(args.max_decoded_mib)) as reader:
         found = reader.info()
         meta = reader.meta

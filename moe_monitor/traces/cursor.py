@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moe_monitor import core
-from moe_monitor.core.tracefile.base import TraceReader
+from moe_monitor.core.tracefile.reader import TraceReader
 
 
 @dataclass

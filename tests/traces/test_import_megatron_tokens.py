@@ -149,7 +149,7 @@ def test_a_file_over_the_decoded_bytes_budget_is_refused_before_it_is_read(tmp_p
 
 
 def test_convert_turns_the_folder_into_a_trace_of_train_steps(tmp_path):
-    from moe_monitor.core.tracefile.reader import open_trace
+    from moe_monitor.core.tracefile import open_trace
     from moe_monitor.traces.convert import convert
 
     folder = _ep2_run(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 
 from moe_monitor import core
 from moe_monitor.core import tracefile
-from moe_monitor.core.tracefile.physical import physical_sidecar, read_physical
+from moe_monitor.core.tracefile.side import physical_sidecar, read_physical
 from moe_monitor.traces.convert import convert
 from tests.support.ultraep_writer import LoadProfileWriter, quota_post, write_trace
 
@@ -236,7 +236,7 @@ def test_the_physical_sidecar_is_bounded_and_checks_every_row(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from moe_monitor.core.tracefile.physical import physical_schema, write_physical
+    from moe_monitor.core.tracefile.side import physical_schema, write_physical
     folder, _, _, post_TLP = trace(tmp_path)
     out = tmp_path / "uep.parquet"
     convert(str(folder), str(out))

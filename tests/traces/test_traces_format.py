@@ -12,8 +12,8 @@ import pytest
 
 from moe_monitor import core
 from moe_monitor.core import tracefile
-from moe_monitor.core.tracefile.ipc import StreamEncoder
 from moe_monitor.core.tracefile.schema import META_SHAPE, schema_metadata, step_schema
+from moe_monitor.core.tracefile.writers import StreamEncoder
 from moe_monitor.dashboard.live.layout import resolve_layout
 from moe_monitor.dashboard.live.snapshot import analyse
 from moe_monitor.dashboard.live.watched import WatchedRun
@@ -187,7 +187,7 @@ def test_hostile_files_give_one_error_or_bad_records(tmp_path, name):
     # rows breaking the bounds: counted as bad records, the good rows read
     schema = step_schema(L, E, schema_metadata(meta, []))
     good = records(4, world=1)
-    batch = tracefile.encode.step_batch(good, schema, tracefile.balance.LayoutSchedule(meta))
+    batch = tracefile.schema.step_batch(good, schema, tracefile.schema.LayoutSchedule(meta))
     counts = np.stack([r.counts_LE for r in good]).copy()
     counts[1, 0, 0] = -3
     cols = {n: batch.column(n) for n in schema.names}

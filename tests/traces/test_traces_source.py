@@ -65,7 +65,7 @@ def test_the_collector_writes_arrows_through_attach(tmp_path):
 
 
 def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
-    from moe_monitor.core.tracefile.recorder import ArrowRecorder
+    from moe_monitor.core.tracefile.writers import ArrowRecorder
     from tests.support.synthfill import make_meta
     path = tmp_path / "r.arrows"
     recs = records(40, world=1)

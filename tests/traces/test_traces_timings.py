@@ -15,7 +15,7 @@ import pytest
 from moe_monitor import cli, core
 from moe_monitor.collectors.sinks import TraceFileSink
 from moe_monitor.core import tracefile
-from moe_monitor.core.tracefile.timings import (
+from moe_monitor.core.tracefile.side import (
     META_TIMING_ROWS,
     TIMING_ARRAYS,
     timing_batch,
@@ -241,7 +241,7 @@ def test_a_damaged_timings_table_is_one_message_and_the_steps_read(recorded, tmp
 
 def test_a_timings_sidecar_over_the_decoded_bound_is_one_message_and_the_steps_read(recorded, tmp_path,
                                                                                       monkeypatch):
-    from moe_monitor.core.tracefile import timings as timings_module
+    from moe_monitor.core.tracefile import side as timings_module
 
     path = copy_parquet(recorded, tmp_path)
     monkeypatch.setattr(timings_module, "decoded_budget_bytes", lambda: 1024)  # the sidecar's rows decode to more

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from moe_monitor.core.tracefile.reader import open_trace
+    from moe_monitor.core.tracefile import open_trace
 
     pc.fill_null(pa.chunked_array([pa.array([1, None])]), 0)  # what the first read imports, imported now
     np.zeros(1)

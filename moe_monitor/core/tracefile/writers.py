@@ -1,17 +1,12 @@
-"""Writing a whole trace at once (convert, record): open_writer(path, meta) by extension.
+"""Writing traces: open_writer(path, meta) writes a whole trace (convert, record) by its extension; ArrowRecorder
+appends a recording (.arrows), for collectors.sinks.TraceFileSink.
 
-.parquet: one Parquet file, zstd, row groups of ROW_GROUP_ROWS rows in step order (the step column's
-statistics let a reader skip the row groups outside its view); the layout records go into the file's
-key-value metadata at close (so records that arrive while recording are kept), the NVML samples into the
-sidecar <stem>.gpu.parquet (core/tracefile/gpu.py; written only when there are samples), the layer timings into the
-sidecar <stem>.timings.parquet (core/tracefile/timings.py; only when there are timings), and the number of timing
-rows into the key-value metadata (moe.timing_rows). Each is written to a hidden temporary name and renamed
-at close, the trace itself last: a file that exists is whole.
-.arrows: the recording container (core/tracefile/ipc.py): header with every layout known at open, chunks, the end
-marker; later layouts, the NVML samples and the layer timings in <path>.side.jsonl (core/tracefile/recorder.py).
-
-Records must come in step order, every rank of a step in the same write (so each step's balancedness is
-known; core/tracefile/encode.py).
+.parquet: one file, zstd, row groups of ROW_GROUP_ROWS rows in step order; the layouts and moe.timing_rows go
+into its key-value metadata at close, the NVML samples and layer timings into sidecars (side.py); each file is
+written under a hidden name and renamed, the trace last: a file that exists is whole. .arrows: an Arrow IPC
+stream, a header (the schema, with the run metadata and the layouts known) then one self-contained chunk per
+write (StreamEncoder); later layouts, NVML samples and timings go to <path>.side.jsonl. Records come in step
+order, every rank of a step in the same write (so each step's balancedness is known: schema.step_batch).
 """
 from __future__ import annotations
 
@@ -19,28 +14,168 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from moe_monitor import core
 
-from .balance import LayoutSchedule
-from .encode import step_batch
-from .gpu import gpu_table
-from .recorder import ArrowRecorder
-from .schema import META_LAYOUTS, schema_metadata, step_schema
-from .timings import META_TIMING_ROWS, TimingTableWriter, timings_sidecar
+from .schema import META_LAYOUTS, LayoutSchedule, schema_metadata, step_batch, step_schema
+from .side import META_TIMING_ROWS, TimingTableWriter, gpu_sidecar, gpu_table, side_path, timings_sidecar
 
+# ------------------------------------------------------------------ .arrows: the IPC stream's bytes
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the IPC stream's end marker (written at close)
+
+
+class StreamEncoder:
+    """header() and chunk(records) of one .arrows file of a run. Each chunk (that write's dictionary batches,
+    then its record batch) is encoded by a fresh in-memory stream writer, so it never depends on dictionaries
+    of an earlier chunk that a failed write may have lost: a chunk's dictionaries replace the previous ones
+    (the IPC stream format's dictionary replacement), and the file is valid after any whole number of chunks."""
+
+    def __init__(self, meta: core.RunMeta, layouts: Sequence[core.LayoutRecord] = ()):
+        self.meta = meta
+        self.schedule = LayoutSchedule(meta, list(layouts))
+        self.schema = step_schema(len(meta.layer_names), meta.num_experts, schema_metadata(meta, list(layouts)))
+        self._header = self._stream_bytes(None)
+
+    def add_layout(self, rec: core.LayoutRecord) -> None:
+        """A layout record that arrived after the header: used for the balancedness of later chunks."""
+        self.schedule.add(rec)
+
+    def header(self) -> bytes:
+        return self._header
+
+    def chunk(self, records: Sequence[core.StepRecord]) -> bytes:
+        """The IPC messages of one record batch of records (with its dictionaries); b"" for no records."""
+        if not records:
+            return b""
+        whole = self._stream_bytes(step_batch(records, self.schema, self.schedule))
+        return whole[len(self._header):]
+
+    def _stream_bytes(self, batch: pa.RecordBatch | None) -> bytes:
+        sink = pa.BufferOutputStream()
+        writer = pa.ipc.new_stream(sink, self.schema)
+        if batch is not None:
+            writer.write_batch(batch)
+        writer.close()
+        data = sink.getvalue().to_pybytes()
+        assert data.endswith(END_OF_STREAM)
+        return data[:-len(END_OF_STREAM)]
+
+
+# ------------------------------------------------------------------ .arrows: the recorder
+class ArrowRecorder:
+    """Appends a run's steps to an Arrow IPC stream file <path>, one chunk per write, flushed after each; the
+    layouts and NVML samples that arrive after the header, and the layer timings ("timing" lines), go to the
+    side file <path>.side.jsonl (opened only when there is one).
+
+    Same semantics as the JSON-lines sink: max_bytes caps <path> (None: no cap): before a chunk would take it
+    past the cap, <path> becomes <path>.1 (its side file <path>.1.side.jsonl), replacing older ones, and a new
+    <path> starts with a header holding the metadata and the layout in force, so each file replays on its own.
+    A write that raises (a full disk) closes the files; the next write truncates <path> back to its last whole
+    chunk (what the failure let through is dropped, so the size stays honest) and goes on. A batch offered
+    again after a failure may repeat NVML/layout lines in the side file; readers skip repeated steps."""
+
+    def __init__(self, path: str | os.PathLike[str], meta: core.RunMeta, max_bytes: int | None = None,
+                 layouts: Sequence[core.LayoutRecord] = ()):
+        self._path = os.fspath(path)
+        self._meta = meta
+        self._max_bytes = max_bytes
+        self._initial = list(layouts)  # known before the first header (a conversion): all in it
+        self._latest_layout: core.LayoutRecord | None = self._initial[-1] if self._initial else None
+        self._side: BinaryIO | None = None
+        self._file: BinaryIO | None = None
+        self._open_new()
+
+    def _open_new(self) -> None:
+        known = self._initial or ([self._latest_layout] if self._latest_layout else [])
+        self._initial = []
+        self._encoder = StreamEncoder(self._meta, known)
+        header = self._encoder.header()
+        self._file = open(self._path, "wb")  # noqa: SIM115 (open for the run's lifetime)
+        self._file.write(header)
+        self._file.flush()
+        self._good = self._header_bytes = len(header)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(side_path(self._path))  # a side file left from an earlier recording is not this one's
+
+    def _reopen(self) -> None:
+        """After a failed write: the file as it is on disk, cut back to its last whole chunk (a new one if gone)."""
+        if not os.path.exists(self._path) or os.path.getsize(self._path) == 0:
+            self._open_new()
+            return
+        self._file = open(self._path, "r+b")  # noqa: SIM115
+        size = os.fstat(self._file.fileno()).st_size
+        if size > self._good:
+            self._file.truncate(self._good)
+        self._file.seek(0, os.SEEK_END)
+        self._good = self._file.tell()
+
+    def _rotate(self) -> None:
+        self._close_files()
+        os.replace(self._path, self._path + ".1")
+        if os.path.exists(side_path(self._path)):
+            os.replace(side_path(self._path), side_path(self._path + ".1"))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(side_path(self._path + ".1"))
+        self._open_new()
+
+    def write(self, records: Sequence[core.StepRecord], samples: Sequence[core.GpuSample],
+              layouts: Sequence[core.LayoutRecord] = (), timings: Sequence[core.TimingRecord] = ()) -> None:
+        """Append one batch: the steps as one chunk of <path>; layouts, NVML samples and layer timings (wire
+        "timing" lines, kept as they are) as lines of the side file."""
+        side_lines = [core.trace_line("layout", core.encode_layout_record(rec)) for rec in layouts]
+        side_lines += [core.trace_line("gpu", core.encode_gpu_sample(s)) for s in samples]
+        side_lines += [core.trace_line("timing", core.encode_timing(t)) for t in timings]
+        for rec in layouts:
+            self._encoder.add_layout(rec)
+        try:
+            if self._file is None or self._file.closed:
+                self._reopen()
+            chunk = self._encoder.chunk(records)
+            cap = self._max_bytes
+            if chunk and cap is not None and self._good + len(chunk) > cap and self._good > self._header_bytes:
+                self._rotate()
+                chunk = self._encoder.chunk(records)  # the new file's dictionaries start afresh too
+            if side_lines:
+                self._write_side(side_lines)
+            if chunk:
+                assert self._file is not None
+                self._file.write(chunk)
+                self._file.flush()
+                self._good += len(chunk)
+            if layouts:
+                self._latest_layout = layouts[-1]
+        except Exception:
+            self._close_files()
+            raise
+
+    def _write_side(self, lines: list[str]) -> None:
+        if self._side is None or self._side.closed:
+            self._side = open(side_path(self._path), "ab")  # noqa: SIM115
+        self._side.write(("\n".join(lines) + "\n").encode())
+        self._side.flush()
+
+    def _close_files(self) -> None:
+        for handle in (self._file, self._side):
+            if handle is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    handle.close()
+
+    def close(self) -> None:
+        if self._file is not None and not self._file.closed:
+            with contextlib.suppress(OSError, ValueError):
+                self._file.write(END_OF_STREAM)
+        self._close_files()
+
+
+# ------------------------------------------------------------------ whole traces
 ROW_GROUP_ROWS = 256
 ZSTD_LEVEL = 3
 SUFFIXES = (".parquet", ".arrows")
-
-
-def gpu_sidecar(path: str | os.PathLike[str]) -> Path:
-    """<stem>.gpu.parquet beside a .parquet trace."""
-    p = Path(path)
-    return p.with_name(p.name[:-len(".parquet")] + ".gpu.parquet" if p.name.endswith(".parquet") else p.name + ".gpu.parquet")
 
 
 class ParquetTraceWriter:

@@ -31,7 +31,7 @@ def is_upload(name: str) -> bool:
 def upload_container(data: bytes) -> str:
     """'parquet', 'arrows' or 'jsonl': the trace container an upload's first bytes announce (as open_trace
     tells files apart)."""
-    from moe_monitor.core.tracefile.reader import IPC_MAGIC, PARQUET_MAGIC
+    from moe_monitor.core.tracefile import IPC_MAGIC, PARQUET_MAGIC
     head = data[:4]
     return "parquet" if head == PARQUET_MAGIC else "arrows" if head == IPC_MAGIC else "jsonl"
 
