@@ -97,12 +97,12 @@ def test_bad_rollup_entries_are_counted_not_raised(redis_url):
     live.tick()
     rolled = RollupRun(live, RollupSource(client, RUN, 60, 3600))
     rolled.tick()
-    assert rolled.rollups_read == 5 and rolled.rollup_bad == 3 and rolled.bad_records == 3
-    assert "counts are (4, 16)" in rolled.last_error
+    assert rolled.rollups_read == 5 and rolled.rollup_bad == 3 and rolled.notes().bad_records == 3
+    assert "counts are (4, 16)" in rolled.notes().last_error
     assert rolled.window is not None and rolled.window.size == 5 and not rolled.read_error
     client.xadd(key, core.encode_rollup(good[-1]), id=f"{(start + 1) * 1000}-0")  # the same bucket again
     rolled.tick()
-    assert rolled.rollup_bad == 4 and "arrived twice" in rolled.last_error and rolled.window.size == 5
+    assert rolled.rollup_bad == 4 and "arrived twice" in rolled.notes().last_error and rolled.window.size == 5
 
 
 def test_bucket_window_rows_are_the_sums_and_the_per_step_stats_come_from_the_buckets():

@@ -24,10 +24,11 @@ def test_incremental_reads_sum_ranks_and_count_bad_records(redis_url):
     np.testing.assert_array_equal(view.counts_sum_LE, sum(totals))
     assert list(view.ranks_T) == [2] * 12
     assert watched.tick().steps_in == 0  # nothing new: nothing re-read
-    rec = core.StepRecord(run="inc", rank=0, world_size=2, step=12, time_s=time.time(), phase="decode", tokens=3,
-                          counts_LE=np.ones((4, 16), dtype=np.int32), dropped_steps=7)
-    client.xadd(core.steps_key("inc"), core.encode_step(rec))
-    assert watched.tick().steps_in == 1
+    for rank in (0, 1):  # both ranks: a step short of one waits for the assembler's deadline
+        rec = core.StepRecord(run="inc", rank=rank, world_size=2, step=12, time_s=time.time(), phase="decode",
+                              tokens=3, counts_LE=np.ones((4, 16), dtype=np.int32), dropped_steps=7 - 7 * rank)
+        client.xadd(core.steps_key("inc"), core.encode_step(rec))
+    assert watched.tick().steps_in == 2
     assert watched.window.size == 13 and watched.dropped_steps == 7
     assert [name for name, _ in read_runs(client).runs] == ["inc"]
 

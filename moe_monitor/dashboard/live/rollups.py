@@ -1,10 +1,10 @@
 """Hours of history: a run watched at a rollup resolution (1 s or 60 s buckets written by the aggregator), pure
 (no Streamlit).
 
-RollupRun is a WatchedRun whose window holds the rollup buckets of the newest span (a BucketWindow: one row per
+RollupRun is a RunView whose window holds the rollup buckets of the newest span (a BucketWindow: one row per
 bucket, its counts the bucket's sum), so every page analyses it as it analyses steps. It rides on the live
 WatchedRun of the same run (full resolution), which keeps polling its source: the metadata and health, the
-layout changes, NVML samples, layer timings, sampled routing rows and collector counters are the live run's.
+layout changes, NVML samples, layer timings, sampled routing rows and the reader's notes are the live run's.
 Tick the live run first, then the RollupRun (it reads only the rollup stream).
 
 Layout changes are dated by time on this axis: each change (issued at change.time_s) is in force from the bucket
@@ -24,28 +24,39 @@ from moe_monitor import core
 from moe_monitor.dashboard.live.buckets import BucketWindow
 from moe_monitor.dashboard.live.layout_changes import LayoutHistory
 from moe_monitor.dashboard.live.snapshot import bucket_name
-from moe_monitor.dashboard.live.watched import AGGREGATE, TickStats, WatchedRun
+from moe_monitor.dashboard.live.watched import AGGREGATE, RunNotes, TickStats, WatchedRun
 from moe_monitor.dashboard.sources.rollups import RollupBatch, RollupSource
 
 
-class RollupRun(WatchedRun):
+class RollupRun:
     """The rollup buckets of the newest source.span_s seconds of a run, beside its live WatchedRun (see the
-    module docstring). rollups_read: buckets taken; rollup_bad: bucket entries skipped (did not decode, or the
-    window refused them: another shape, a duplicate); read_error: why the rollup stream could not be read at
-    the last tick ('' when it was). bad_records and last_error add the live run's."""
+    module docstring): a RunView whose window is a BucketWindow and whose layouts are dated by time; the rest
+    (source, NVML history, sampled rows, timings, world size) is the live run's. rollups_read: buckets taken;
+    rollup_bad: bucket entries skipped; read_error: why the rollup stream could not be read at the last tick."""
 
     def __init__(self, live: WatchedRun, source: RollupSource):
-        super().__init__(live.source, max(1, source.buckets), max_entries_per_tick=source.max_entries)
         self.live = live
         self.rollups = source
+        self.window_steps = max(1, source.buckets)
+        self.max_entries_per_tick = source.max_entries
+        self.window: BucketWindow | None = None
         self.resolution_s = source.resolution_s
         self.span_s = source.span_s
         self.rollups_read = 0
         self.rollup_bad = 0
         self.rollup_error = ""
         self.read_error = ""
+        self.last_tick: TickStats | None = None
+        self._layouts = LayoutHistory()
         self._layouts_of: tuple[int, int, int] | None = None  # (id, length, newest key) of the history mapped last
-        self._sync()
+
+    # what the live run keeps (the pages read it from here too)
+    source = property(lambda self: self.live.source)
+    gpus = property(lambda self: self.live.gpus)
+    samples = property(lambda self: self.live.samples)
+    timings = property(lambda self: self.live.timings)
+    world_size = property(lambda self: self.live.world_size)
+    dropped_steps = property(lambda self: self.live.dropped_steps)
 
     def tick(self) -> TickStats:
         """Read the rollup stream once (never blocking beyond one bounded read) and fold the buckets in."""
@@ -66,15 +77,13 @@ class RollupRun(WatchedRun):
                 refused += 1
                 self.rollup_error = f"rollup bucket at {getattr(rec, 'start_s', '?')} s: {core.why(exc)}"
         self.rollup_bad += batch.bad_records + refused
-        self._sync()
         self.last_tick = TickStats(steps_in=0, gpu_in=0, bad=batch.bad_records + refused, more=batch.more,
                                    ms=(time.perf_counter() - started) * 1e3)
         return self.last_tick
 
     def _bucket_window(self, rec: core.RollupRecord) -> BucketWindow:
-        window = self.window
-        if isinstance(window, BucketWindow):
-            return window
+        if self.window is not None:
+            return self.window
         meta = self.source.meta()
         num_layers, num_experts = np.shape(rec.counts_LE)
         if meta is not None and (len(meta.layer_names), meta.num_experts) != (num_layers, num_experts):
@@ -83,28 +92,23 @@ class RollupRun(WatchedRun):
         self.window = BucketWindow(self.window_steps, num_layers, num_experts, self.resolution_s)
         return self.window
 
-    def _sync(self) -> None:
-        """Take over what the live run keeps (the pages read it from here too)."""
-        live = self.live
-        self.gpus, self.samples, self.timings = live.gpus, live.samples, live.timings
-        self.world_size, self.steps_read, self.restarts = live.world_size, live.steps_read, live.restarts
-        self.assembler, self.retired, self.feed = live.assembler, live.retired, live.feed
-        self.held_note, self._held_given_up, self.world_claims = live.held_note, live._held_given_up, live.world_claims
-        self.bad_records = live.bad_records + self.rollup_bad
-        self.last_error = self.rollup_error or live.last_error
-        held = (id(live.layouts), len(live.layouts), live.layouts.changes[-1].key if len(live.layouts) else 0)
+    @property
+    def layouts(self) -> LayoutHistory:
+        """The live run's layout changes, each dated by the bucket its issue time falls in."""
+        live = self.live.layouts
+        held = (id(live), len(live), live.changes[-1].key if len(live) else 0)
         if held != self._layouts_of:
-            self.layouts = timed_layouts(live.layouts, self.resolution_s)
+            self._layouts = timed_layouts(live, self.resolution_s)
             self._layouts_of = held
+        return self._layouts
 
-    @property
-    def restart_note(self) -> str:
-        """'' : the rollups go on across collector restarts (time, not step ids, orders them)."""
-        return ""
-
-    @property
-    def dropped_steps(self) -> int:
-        return self.live.dropped_steps
+    def notes(self) -> RunNotes:
+        """The live run's notes with the rollups' own (bad buckets added, the latest error theirs when they have
+        one); no restart note: the rollups go on across collector restarts (time, not step ids, orders them)."""
+        live = self.live.notes()
+        return dataclasses.replace(live, bad_records=live.bad_records + self.rollup_bad,
+                                   last_error=self.rollup_error or live.last_error, restart_note="",
+                                   rollups_read=self.rollups_read, read_error=self.read_error)
 
     def resolution_line(self) -> str:
         """'1-minute rollups: last 6 h, 360 buckets of 7,200 steps' (the buckets held now)."""

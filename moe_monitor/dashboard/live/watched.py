@@ -13,6 +13,7 @@ import math
 import operator
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from moe_monitor import core
 from moe_monitor.core.assembly import Assembler, Counters
@@ -32,6 +33,55 @@ MAX_GAP_HOLES = 256  # ranges of steps counted as missed that a step written at 
 DEADLINE_S = 2.0  # a step is assembled once all its ranks arrived or this long after its first (the aggregator's)
 _INT32_MAX = 2**31 - 1
 STEPS, AGGREGATE = "steps", "aggregate"  # feeds: per-rank records assembled here, or the aggregator's steps
+
+
+@dataclass(frozen=True)
+class RunNotes:
+    """What the pages say about how a run was read: bad records and the latest error; a restart (restart_note,
+    the late records of retired collectors skipped); restarted ranks held (held_note, held_records); holes
+    (gap_note); the feed (steps or aggregate) with what was read and skipped; a rollup view's buckets read
+    (None at full resolution) and why its stream could not be read."""
+
+    bad_records: int = 0
+    last_error: str = ""
+    restart_note: str = ""
+    skipped_old_records: int = 0
+    held_note: str = ""
+    held_records: int = 0
+    gap_note: str = ""
+    feed: str = ""
+    steps_read: int = 0
+    aggregates_read: int = 0
+    late_outside: int = 0
+    skipped_overlap: int = 0
+    duplicate_records: int = 0
+    rollups_read: int | None = None
+    read_error: str = ""
+
+
+class RunView(Protocol):
+    """What every page reads of a run, live, rolled up, paused or replayed: its source (metadata, health), the
+    window of steps (or rollup buckets), the layout changes, NVML history, sampled rows, layer timings, the
+    world size, the steps the collectors dropped, and the notes. WatchedRun and RollupRun implement it."""
+
+    @property
+    def source(self) -> Source: ...
+    @property
+    def window(self) -> StepWindow | None: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def layouts(self) -> LayoutHistory: ...
+    @property
+    def gpus(self) -> GpuHistory: ...
+    @property
+    def samples(self) -> SampleRing: ...
+    @property
+    def timings(self) -> TimingRing: ...
+    @property
+    def dropped_steps(self) -> int: ...
+    def tick(self) -> TickStats: ...
+    def notes(self) -> RunNotes: ...
 
 
 @dataclass
@@ -408,6 +458,15 @@ class WatchedRun:
     def dropped_steps(self) -> int:
         """Steps the collectors dropped (cumulative, summed over ranks) as of their latest records."""
         return sum(self.window.dropped_by_rank.values()) if self.window else 0
+
+    def notes(self) -> RunNotes:
+        """The reader's counters and messages as the pages show them."""
+        return RunNotes(bad_records=self.bad_records, last_error=self.last_error, restart_note=self.restart_note,
+                        skipped_old_records=self.skipped_old_records, held_note=self.held_note,
+                        held_records=self.held_records, gap_note=self.gap_note, feed=self.feed,
+                        steps_read=self.steps_read, aggregates_read=self.aggregates_read,
+                        late_outside=self.late_outside, skipped_overlap=self.skipped_overlap,
+                        duplicate_records=self.duplicate_records)
 
 
 def _short(value) -> str:

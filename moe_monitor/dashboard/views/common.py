@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import streamlit as st
 
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
-from moe_monitor.dashboard.live.rollups import RollupRun, full_resolution_line
+from moe_monitor.dashboard.live.rollups import full_resolution_line
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
-from moe_monitor.dashboard.live.watched import WatchedRun
+from moe_monitor.dashboard.live.watched import RunView
 from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.views import timeline
 from moe_monitor.dashboard.views.session import (
@@ -38,7 +38,7 @@ class PageData:
     steps", "1-minute rollups: last 6 h, 360 buckets of 7,200 steps")."""
 
     settings: Settings
-    watched: WatchedRun
+    watched: RunView
     layout: ResolvedLayout | None
     snapshot: Snapshot | None
     resolution: str = ""
@@ -84,22 +84,23 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
         st.info("No trace file in the trace folder yet: upload one in the sidebar, or record one there "
                 "(MOE_TRACE_DIR, else ./recordings).")
         return None
-    watched = watched_run_for(cfg)
-    resolution = full_resolution_line(watched, cfg.window_steps)
-    if is_seekable(watched.source) and timeline.seekable_now(cfg, watched.source):  # the range is the window
-        shown = timeline.replay_controls(cfg, watched.source)
+    live = watched_run_for(cfg)
+    watched: RunView = live
+    resolution = full_resolution_line(live, cfg.window_steps)
+    if is_seekable(live.source) and timeline.seekable_now(cfg, live.source):  # the range is the window
+        shown = timeline.replay_controls(cfg, live.source)
         if shown is None:
             return None
         watched = shown
         resolution = f"full resolution: {watched.window.size if watched.window else 0:,} steps of the recording"
     else:
-        watched.tick()
-        rolled = None if full_resolution else rollup_run_for(cfg, watched)
+        live.tick()
+        rolled = None if full_resolution else rollup_run_for(cfg, live)
         if rolled is not None:  # hours of history: the buckets, beside the live run that keeps polling
             rolled.tick()
             watched, resolution = rolled, rolled.resolution_line()
         elif cfg.source == "redis":  # live: keep polling, show the frozen window while paused
-            watched = timeline.live_controls(cfg, watched)
+            watched = timeline.live_controls(cfg, live)
             if cfg.rolled_up:
                 resolution += " (this page reads single steps; the rollups show on Overview, Devices, Experts, GPU panel)"
     health = watched.source.health()
@@ -117,9 +118,10 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
     _status_banners(cfg, watched)
     window = watched.window
     if window is None:
-        if isinstance(watched, RollupRun):
+        notes = watched.notes()
+        if notes.rollups_read is not None:
             st.info(f"Run `{cfg.run}` has no {resolution.split(':')[0]} bucket in its stream yet "
-                    f"({watched.read_error or 'the aggregator writes a bucket once it closes'}).")
+                    f"({notes.read_error or 'the aggregator writes a bucket once it closes'}).")
         else:
             st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
         return None if require_steps else PageData(cfg, watched, None, None, resolution)
@@ -139,33 +141,34 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
     return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap, resolution=resolution)
 
 
-def _status_banners(cfg: Settings, watched: WatchedRun) -> None:
+def _status_banners(cfg: Settings, watched: RunView) -> None:
     health = watched.source.health()
+    notes = watched.notes()
     if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
         rows = "buckets" if watched.window is not None and watched.window.resolution_s else "steps"
         st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
                    f"{watched.window.size if watched.window else 0} {rows}.")
-    if watched.restart_note:
-        st.info(f"**{watched.restart_note[0].upper()}{watched.restart_note[1:]}** under the same run name: "
+    if notes.restart_note:
+        st.info(f"**{notes.restart_note[0].upper()}{notes.restart_note[1:]}** under the same run name: "
                 f"its step ids start again, so the window starts afresh"
-                f"{f'; {watched.skipped_old_records} late record(s) of the old collector skipped' if watched.skipped_old_records else ''}.")
+                f"{f'; {notes.skipped_old_records} late record(s) of the old collector skipped' if notes.skipped_old_records else ''}.")
     budget_note = getattr(watched.window, "budget_note", "")
     if budget_note:
         st.info(f"**Memory budget**: {budget_note}.")
     stall_note = getattr(watched.source, "stall_note", "")
     if stall_note:
         st.warning(f"**The aggregate stalled**: {stall_note}.")
-    if watched.held_note:
-        st.warning(f"**{watched.held_note[0].upper()}{watched.held_note[1:]}** ({watched.held_records} record(s) "
-                   "left out so far; the other ranks' steps go on).")
-    if watched.gap_note:
-        st.warning(f"**{watched.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
+    if notes.held_note:
+        st.warning(f"**{notes.held_note[0].upper()}{notes.held_note[1:]}** ({notes.held_records} record(s) "
+                   "held so far; the other ranks' steps go on).")
+    if notes.gap_note:
+        st.warning(f"**{notes.gap_note}**: the window has holes; shorten the refresh or raise the stream's "
                    "MAXLEN if this keeps happening.")
-    if watched.bad_records:
-        latest = safe_text(watched.last_error, cfg.redis_url) if cfg.source == "redis" else watched.last_error
-        st.warning(f"Skipped {watched.bad_records} bad record(s); the latest: {latest}")
-    if isinstance(watched, RollupRun) and watched.read_error:
-        st.warning(f"The rollup stream could not be read: {safe_text(watched.read_error, cfg.redis_url)}")
+    if notes.bad_records:
+        latest = safe_text(notes.last_error, cfg.redis_url) if cfg.source == "redis" else notes.last_error
+        st.warning(f"Skipped {notes.bad_records} bad record(s); the latest: {latest}")
+    if notes.read_error:
+        st.warning(f"The rollup stream could not be read: {safe_text(notes.read_error, cfg.redis_url)}")
 
 
 def poll_and_caption(require_steps: bool = True) -> PageData | None:
@@ -182,7 +185,8 @@ def caption(data: PageData) -> None:
     under it when steps in view lack ranks (which ranks, how many rank-steps)."""
     cfg, snap = data.settings, data.snapshot
     what = f"run `{cfg.run}`" if cfg.source == "redis" else f"trace `{cfg.trace_path}`"
-    restart = f" · {data.watched.restart_note}" if data.watched.restart_note else ""
+    restart_note = data.watched.notes().restart_note
+    restart = f" · {restart_note}" if restart_note else ""
     resolution = f" · {data.resolution}" if data.resolution else ""
     if snap.resolution_s:
         rows = f"phase: both (a bucket sums every phase) · {snap.view.num_steps} buckets in window"
@@ -201,7 +205,7 @@ def missing_line(data: PageData) -> None:
     snap, watched = data.snapshot, data.watched
     if snap.missing.rank_steps:
         ranks = ", ".join(f"{rank} ({steps} step{'' if steps == 1 else 's'})" for rank, steps in snap.missing.by_rank)
-        who = ("the aggregator wrote them without those ranks" if watched.feed == "aggregate"
+        who = ("the aggregator wrote them without those ranks" if watched.notes().feed == "aggregate"
                else "those ranks' records never arrived")
         st.warning(f"**{snap.missing.steps} step(s) still missing ranks**: {snap.missing.rank_steps:,} rank-step(s) "
                    f"missing in the window ({who}); ranks: {ranks}. Their loads count only the ranks present.")

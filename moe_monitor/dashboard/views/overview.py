@@ -57,7 +57,7 @@ def render(current: PageData) -> None:
     cols[0].metric("steps/s", format_number(snap.steps_per_s, ".2f"))
     cols[1].metric("tokens/s", format_number(snap.tokens_per_s, ",.0f"))
     cols[2].metric("dropped steps (collectors)", f"{watched.dropped_steps:,}")
-    cols[3].metric("bad records skipped", f"{watched.bad_records:,}")
+    cols[3].metric("bad records skipped", f"{watched.notes().bad_records:,}")
     health = watched.source.health()
     cols = st.columns(4)
     cols[0].metric("source", "ok" if health.reachable else "down",
@@ -129,27 +129,27 @@ def _age(time_s: float | None) -> str:
 
 def _feed(watched) -> str:
     """Where the window's steps come from, and what was read this session."""
-    live = getattr(watched, "live", watched)  # a RollupRun rides on the live run
-    parts = [f"step records read this session: {live.steps_read:,}"]
-    if live.feed == "aggregate" or live.aggregates_read:
-        parts.append(f"aggregated steps read: {live.aggregates_read:,} (ranks summed by the aggregator"
-                     f"{'' if live.feed == 'aggregate' else '; now summed here again'})")
-    if live.late_outside:
-        parts.append(f"{live.late_outside:,} late rank entries for steps no longer in the window")
-    if live.skipped_overlap:
-        parts.append(f"{live.skipped_overlap:,} steps skipped when the source switched between per-rank records "
+    notes = watched.notes()
+    parts = [f"step records read this session: {notes.steps_read:,}"]
+    if notes.feed == "aggregate" or notes.aggregates_read:
+        parts.append(f"aggregated steps read: {notes.aggregates_read:,} (ranks summed by the aggregator"
+                     f"{'' if notes.feed == 'aggregate' else '; now summed here again'})")
+    if notes.late_outside:
+        parts.append(f"{notes.late_outside:,} late rank entries for steps no longer in the window")
+    if notes.skipped_overlap:
+        parts.append(f"{notes.skipped_overlap:,} steps skipped when the source switched between per-rank records "
                      "and the aggregate (the window held them already)")
-    if live.duplicate_records:
-        parts.append(f"{live.duplicate_records:,} records that arrived twice (a retried write) skipped")
-    rolled = getattr(watched, "rollups_read", None)
-    if rolled is not None:
-        parts.append(f"rollup buckets read: {rolled:,}")
+    if notes.duplicate_records:
+        parts.append(f"{notes.duplicate_records:,} records that arrived twice (a retried write) skipped")
+    if notes.rollups_read is not None:
+        parts.append(f"rollup buckets read: {notes.rollups_read:,}")
     return "; ".join(parts)
 
 
 def health_panel(current: PageData) -> None:
     health = current.watched.source.health()
     tick = current.watched.last_tick
+    notes = current.watched.notes()
     with st.expander("Redis and collector health", expanded=False):
         latency = "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms"
         st.markdown(f"- source: `{health.where}` — reachable, poll round trip {latency}\n"
@@ -157,8 +157,8 @@ def health_panel(current: PageData) -> None:
                     f"- this tick: {tick.steps_in} step entries, {tick.aggregates_in} aggregated steps, "
                     f"{tick.gpu_in} GPU samples{' (more waiting)' if tick.more else ''}, {tick.ms:.1f} ms\n"
                     f"- {_feed(current.watched)}; ranks per step: {current.watched.world_size}"
-                    + (f"\n- {current.watched.restart_note}" if current.watched.restart_note else "")
-                    + (f"\n- {current.watched.gap_note}" if current.watched.gap_note else ""))
+                    + (f"\n- {notes.restart_note}" if notes.restart_note else "")
+                    + (f"\n- {notes.gap_note}" if notes.gap_note else ""))
         for rank, report in sorted(health.collectors.items(), key=lambda kv: str(kv[0])):
             st.markdown(f"- collector rank {rank}: dropped {report.get('dropped_steps', 'n/a')}, queued "
                         f"{report.get('queued', 'n/a')}, last error: {report.get('last_error') or 'none'}")
