@@ -1,30 +1,11 @@
-"""Per-step assembly of rank records into AggregateRecords. Pure: no I/O, no clock of its own (the caller
-passes the monotonic time a batch arrived).
+"""Assembly of rank records into steps (core.AggregateRecord): the one place a step's ranks are summed and
+collector restarts judged. `moe-monitor aggregate` runs it over a run's stream; the dashboard's reader runs it
+in-process when no aggregator does. Pure: no I/O, no clock of its own (callers pass the monotonic arrival time).
 
-A step's records are summed into one int64 [L, E] bucket (np.add per record, no per-cell Python). A step is
-written once every rank of its world arrived, or `deadline_s` after its first record arrived here, whichever
-comes first; the ranks still missing are named by the record (AggregateRecord.missing_ranks) and counted.
-
-- A rank arriving after its step was written is written on its own: a late AggregateRecord (late=True) holding
-  only the late ranks of that step that arrived together, so no rank is in two entries of one step.
-- The same (step, rank) twice (a collector's retried write, a takeover's second look) is skipped and counted.
-- Collector restarts: the one rule of core.restarts (RankInstances.judge), shared with the dashboard. A rank
-  that speaks with a new collector instance retires its old instance only. While its step ids are behind the
-  others' its records are held (at most MAX_HELD entries, the oldest given up first and counted in
-  held_records); its step ids reaching the others' make it count again (its held records are given up). Most
-  ranks restarting opens a new epoch (the AggregateRecord.instance of the records written from then on, = the
-  instance that opened it): the pending steps of the old epoch are written first with what they have, step ids
-  are forgotten, and the held records of the restarted ranks are placed into the new epoch first, so a serving
-  job that restarts as a whole loses nothing. Records of retired instances are stale (counted).
-- A record claiming a larger world than the run metadata's counts under the metadata's world (world_claims;
-  a rank beyond it is skipped); a step id far beyond its rank's newest is skipped (implausible_steps). Neither
-  pins the ranks missing or the latest step.
-- A record of another shape than its epoch's first is a bad record (counted). A rank of a step older than
-  every step still remembered (`remember_steps` written steps) is dropped as too old: whether it was written
-  cannot be told any more.
-
-Every stream entry handed in comes back exactly once: in the entry ids of the record that consumed it, or
-in `acks` (consumed without a record: duplicates, stale, too old, bad), so the caller XACKs each once.
+Assembler.add() folds (entry id, StepRecord) pairs into steps and returns Output: the assembled steps with the
+entries each consumed, and the entries consumed without one (duplicates, stale, too old, bad), so every entry
+handed in comes back exactly once. The rules (deadline, late ranks, duplicates, restarts and epochs, world claims):
+docs/scaling.md, "How a step is assembled".
 
 Shape legend: L MoE layers, E logical experts, R ranks of a record.
 """
