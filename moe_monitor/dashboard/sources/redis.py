@@ -184,9 +184,11 @@ class RedisSource:
             refresh_meta = time.monotonic() - self._meta_read_at > META_REFRESH_S
             if refresh_meta:
                 pipe.getrange(core.meta_key(self.run), 0, core.MAX_META_BYTES)  # one byte more: too large
-            replies = pipe.execute()
-            health_fields = self._health_fields = int(replies[4] or 0)
-            collectors = replies[5] if read_health and health_fields <= MAX_HEALTH_RANKS else {}
+            gpu_entries, layout_entries, timing_entries, last_seen, hlen, *rest = pipe.execute()
+            health_raw = rest.pop(0) if read_health else {}
+            meta_raw = rest.pop(0) if refresh_meta else None
+            health_fields = self._health_fields = int(hlen or 0)
+            collectors = health_raw if health_fields <= MAX_HEALTH_RANKS else {}
         except core.REDIS_ERRORS as exc:
             # nothing read in this poll is handed over: put the cursor back so the next poll reads it again
             self._last_step_id, self._backlog, self._backlog_bytes, self._handover = cursor
@@ -197,7 +199,6 @@ class RedisSource:
         except Exception:  # not a Redis failure (a bug): still nothing of this poll is lost to the next one
             self._last_step_id, self._backlog, self._backlog_bytes, self._handover = cursor
             raise
-        gpu_entries, layout_entries, timing_entries, last_seen = replies[:4]
         if self._last_gpu_id is None:
             gpu_entries = gpu_entries[::-1]
         decode_into(step_entries, core.decode_step, batch.steps, "step", batch)
@@ -207,7 +208,7 @@ class RedisSource:
                                            batch.layouts, "layout", batch, self._last_layout_id) or b"0-0"
         self._take_timings(entries(timing_entries), batch)
         if refresh_meta:
-            self._read_meta(replies[-1], batch)
+            self._read_meta(meta_raw, batch)
         reports, bad = _collector_health(collectors)
         if health_fields > MAX_HEALTH_RANKS:
             bad[b"too-many-health-fields"] = (f"health hash holds {health_fields} fields, more than the "
