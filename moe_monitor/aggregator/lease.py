@@ -1,15 +1,10 @@
 """The run's aggregator lease: a string at core.aggregator_key(run) holding the owner's consumer name with an
-expiry (SET NX PX). Renewal and release compare the owner first, in one small Lua script each (keys of one run
-only: one hash slot in a Redis Cluster).
+expiry (SET NX PX). Renewal and release compare the owner first, one small Lua script each (one run's keys).
 
-Renewal tells four cases apart (RENEW's reply):
-    1  still ours: the expiry is pushed out;
-    0  someone else holds it: this aggregator lost the run;
-    2  the lease is gone and the progress hash is gone too, or was last written by us: Redis lost its data
-       (restarted empty, flushed) or our lease merely lapsed with nobody taking over: taken again, and what
-       this aggregator holds in memory is still the truth;
-    3  the lease is gone but the progress hash was last written by another aggregator: someone held the run
-       in between; not taken (this aggregator's memory is stale: it goes back to standby and takes over afresh).
+RENEW's reply: KEPT (1) still ours, expiry pushed out; LOST (0) someone else holds it; RETAKEN (2) lease gone
+and the progress hash gone or last written by us (Redis emptied, or our lease merely lapsed): taken again, our
+memory still the truth; STALE (3) lease gone, hash last written by another aggregator: not taken, our memory is
+stale (back to standby, take over afresh).
 """
 from __future__ import annotations
 

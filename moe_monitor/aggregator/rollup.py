@@ -1,19 +1,11 @@
-"""1 s and 60 s rollups (core.RollupRecord) of a run's aggregated steps. Pure: no I/O; the caller passes its
-monotonic clock (now_s) and the wall clock (wall_s, unix seconds).
+"""1 s and 60 s rollups (core.RollupRecord) of a run's aggregated steps, built by the aggregator's commit side.
+Pure: no I/O; the caller passes its monotonic clock (now_s) and the wall clock (wall_s, unix seconds).
 
-A step counts in the second of its time (AggregateRecord.time_s, the collectors' clock; a time more than
-FUTURE_TOLERANCE_S ahead of the wall clock counts as now). A second's steps are kept whole until the second
-closes, so a late rank that arrives before then is folded into its step before the step's statistics are
-taken: per step and layer the GPU loads under the layout in force at that step (LayoutBook), their
-balancedness eta = mean/max (core.loadmodel.balancedness: idle layers left out), the busiest GPU's load.
-
-A bucket closes once aggregated steps are `grace_s` past its end, or the wall clock is and nothing arrived for
-it in `grace_s` of monotonic time, and no step still assembling could fall in it (the caller says from which
-time steps are held); buckets close in order, so each stream's explicit ids only grow. A minute is
-the merge (core.merge_rollups) of its closed seconds; a step or late rank that arrives for a second already
-closed still counts in its minute while that is open, else it is counted as dropped. Buckets at or before
-already_written() are built (so their steps reach the minute) but not emitted: after a takeover the
-predecessor wrote them, and Redis would refuse them anyway.
+RollupBuilder.add() takes AggregateRecords; close_due() returns the buckets that closed, in order: summed counts
+and, per step and layer, the GPU loads under the layout in force (LayoutBook), their balancedness histogram and
+the busiest GPU's load. A minute is the merge (core.merge_rollups) of its seconds. Buckets at or before
+already_written() are built but not emitted (a predecessor wrote them). When a bucket closes, late steps and
+ranks: docs/scaling.md, "Inside the aggregator".
 
 Shape legend: L layers, E logical experts, G GPUs, T steps, B = core.ETA_BINS histogram bins.
 """

@@ -1,4 +1,4 @@
-"""Aggregator: the Redis side of the aggregator for one run (the package docstring has the design).
+"""Aggregator: the Redis side of the aggregator for one run (design: docs/scaling.md).
 
 One round (step()) of the lease holder: renew the lease when due, read new layout changes and up to
 read_count step entries in one pipelined round trip (XRANGE layouts, then XREADGROUP: a step never arrives
