@@ -1,42 +1,12 @@
 """Reading a run's aggregated steps: core.aggregate_key(run), one core.AggregateRecord per step with its ranks
-summed once by the aggregator (moe-monitor aggregate), plus a "late" entry for a step whose ranks arrived after
-it was written (the present-rank sets of a step's entries are disjoint: the window sums them).
+summed once by `moe-monitor aggregate`, plus a "late" entry for ranks that arrived after their step was written
+(the present-rank sets of a step's entries are disjoint: the window sums them). RedisSource uses one
+AggregateReader per source and reads it in place of the per-rank steps while `in_use`.
 
-AggregateReader pages that stream as RedisSource pages the per-rank steps: the first polls page backwards
-through the newest window_steps entries and hand them over oldest first once collected; later polls read
-forwards after the last id seen, in pages of PAGE_ENTRIES, up to the caller's max_entries and
-TICK_BYTES_BUDGET bytes a poll (Batch.more when either stopped it). When the stream's first entry is newer than
-the last id seen, entries were trimmed before they were read (Batch.trimmed). Every entry goes through
-core.decode_aggregate; one that does not decode (whatever the exception) is one bad record of the batch and the
-rest of the poll goes on. Redis errors are raised to the caller (RedisSource.poll turns them into its health);
-what was handed over before the error is not read again, what was not is read by the next poll.
-
-Whether the aggregate is read at all (`in_use`) is decided again every CHECK_S seconds with one round trip of
-five small commands (GET of the aggregator's lease core.aggregator_key(run), XLEN of the aggregate and of the
-per-rank steps, the newest entry of each): the aggregate stream has entries and either an aggregator holds the
-run's lease or no per-rank step is left to sum (a finished run whose steps were trimmed away). A lease held while
-the per-rank steps' newest entry is STALL_S newer than the aggregate's (a lease stolen by a stray SET, an
-aggregator wedged, an aggregate stream that refuses new entries) is stalled: readers sum the per-rank steps
-themselves, `stall_note` says so, and they go back to the aggregate once it moves again. Both ids carry the
-clock of the one Redis that holds the run's keys (one hash slot), so no writer's or reader's clock is compared
-with another's; a stall is seen STALL_S to STALL_S + CHECK_S after the aggregate's last entry, and an
-aggregator catching up a backlog is not one (its entries are new, whatever steps they hold). When the aggregator stops (its lease expires) while collectors still
-write, readers go back to summing the per-rank steps themselves; when one starts, they switch to its stream,
-reading its newest window first. The reader of the window
-(dashboard.live.watched.WatchedRun) takes either kind of record and skips a step the other kind already
-filled, so a switch neither doubles nor drops a step.
-
-The hook in RedisSource (dashboard/sources/redis.py): make one AggregateReader per source and, in poll(),
-read the aggregate in place of the per-rank steps while it is in use:
-
-    self._aggregate = AggregateReader(client, self.run, self.window_steps)          # __init__
-    ...
-    if self._aggregate.read(batch, max_entries):  # the aggregator sums the ranks: no per-rank steps this poll
-        step_entries, self._last_step_id, self._backlog, self._backlog_bytes = [], b"", [], 0
-    elif not self._last_step_id:  # None or b"" (back from the aggregate): the newest window first
-        step_entries = self._read_backlog(batch)
-    else:
-        step_entries = self._read_forward(self._last_step_id, max_entries, batch)
+in_use, decided again every CHECK_S: the aggregate has entries and either an aggregator holds the run's lease
+or no per-rank step is left; a held lease whose aggregate is STALL_S behind the per-rank steps is a stall
+(`stall_note`), and the ranks are summed by the reader until it moves again. Paging as RedisSource's; Redis
+errors are raised to the caller. Details: docs/dashboard.md, "How the sources read".
 """
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
-"""Whether this dashboard may ask engines to move experts (the What-if page's "Apply to the running engine"): off
-unless the server that runs it says so. `moe-monitor dashboard --apply-run RUN [--apply-run RUN2 ...]
---apply-secret-file FILE` passes the setting to the Streamlit process in its environment:
+"""Whether this dashboard may ask engines to move experts (the What-if page's "Apply to the running engine"):
+off unless the server says so. `moe-monitor dashboard --apply-run RUN ... --apply-secret-file FILE` passes the
+setting to the Streamlit process in its environment:
 
-    MOE_APPLY_RUNS         comma-separated run names Apply is on for (absent or empty: Apply is off)
-    MOE_APPLY_SECRET_FILE  the file holding the secret requests are signed with (or MOE_APPLY_SECRET, the text)
-    MOE_APPLY_TTL_S        a request's lifetime in seconds (default core.layout_requests.DEFAULT_TTL_S)
-    REDIS_URL              the server's Redis: Apply is on for the listed runs of this Redis only (a URL typed
-                           in the sidebar is another Redis: its runs are never applied to)
+    MOE_APPLY_RUNS         comma-separated runs Apply is on for (absent or empty: off)
+    MOE_APPLY_SECRET_FILE  the file holding the signing secret (or MOE_APPLY_SECRET, the text)
+    MOE_APPLY_TTL_S        a request's lifetime, s (default core.layout_requests.DEFAULT_TTL_S)
+    REDIS_URL              Apply is on for the listed runs of this Redis only (never a URL typed in the sidebar)
 
-No Streamlit: the page asks gate_from_env() on every run (and the callback again before it sends), so the
-secret is read from its file when needed and never kept in the browser session's state.
+No Streamlit: the page calls gate_from_env() on every run, so the secret is never kept in the session state.
 """
 from __future__ import annotations
 

@@ -1,38 +1,11 @@
-"""Live source: one run's streams in Redis, read with XRANGE after the last id seen (never XREAD BLOCK).
+"""Live source: one run's streams in Redis (steps, GPU samples, layouts, timings, health, metadata), read with
+XRANGE after the last id seen in bounded polls; RedisSource is what the dashboard and the exporter watch.
 
-Reads go in pages of PAGE_ENTRIES entries, several per poll up to a byte budget (TICK_BYTES_BUDGET) and the
-caller's max_entries, so one poll never pulls a whole stream (58 x 256 int32 counts are ~60 kB an entry).
-The first polls page backwards through the last window_steps x world_size entries (world_size from the
-run's metadata, 1 without it) and, once collected, hand them over oldest first in pieces of at most
-streams.DECODED_BUDGET_BYTES decoded (Batch.more until the last piece), so a new session's first polls never
-decode a whole window of large records at once; later polls continue forwards from the last id seen. When the stream's first entry is newer than the last id seen, entries were
-trimmed before they were read: the batch says so (Batch.trimmed). Every command goes through a client made
-by core.connect() with explicit timeouts, so an unreachable Redis costs one timeout, not a hang; any
-Redis error reply (WRONGTYPE, MISCONF, OOM) is reported in health(), never raised.
-
-The same code reads a single Redis or a Redis Cluster (core.connect decides; a redis.cluster.RedisCluster
-passed directly works too): a run's keys share one slot (core.run_key's hash tag), so its streams are read
-from the shard that holds them, and the poll's pipeline (the run's keys and moe:runs) is split per node by
-redis-py. A poll that meets a failover (the master of the run's slot killed, its replica not promoted yet)
-fails like one against an unreachable Redis: nothing of it is handed over and the next poll reads it again.
-
-Aggregated steps: while an aggregator sums the run's ranks (the aggregator; its lease exists and its
-stream moe:<run>:agg has entries, or no per-rank step is left), the steps come from its stream instead, one
-entry per step (dashboard/sources/aggregate.py, Batch.aggregates); the choice is made again every few seconds,
-so readers go back to summing the ranks themselves when the aggregator stops.
-
-Layout changes (moe:<run>:layouts) are read forwards from the start of their stream, at most LAYOUT_PAGE
-entries a poll, after the last id seen, in the same round trip as the GPU samples.
-
-Layer timings (moe:<run>:timings, core.TimingRecord: one small entry per step and rank) ride in that round trip
-too: the first poll reads the newest window_steps x world_size entries backwards (at most TIMING_PAGE), later
-polls read forwards after the last id seen, at most TIMING_PAGE entries a poll (Batch.more when the page was full).
-
-Nothing read is trusted: a step, GPU or layout entry that fails to decode (whatever the exception) is one bad record
-and the rest of the poll goes on; the metadata is read with GETRANGE up to core.MAX_META_BYTES and decoded
-only when its bytes changed; a bad health field (a rank that is not ASCII digits below core.MAX_WORLD, a
-report that is not a small JSON object or whose known fields have the wrong type or range) is one bad record
-per bad version, not one per poll. moe:runs entries that are not valid runs are skipped and counted.
+The first polls read the newest window backwards and hand it over oldest first, in decoded pieces; later polls
+read forwards. A single Redis or a Redis Cluster (core.connect decides); Redis errors and bad entries go to
+health() and the batch's bad records, never raised. While an aggregator sums the run's ranks the steps come from
+its stream instead (aggregate.py, Batch.aggregates). Paging, budgets, failover: docs/dashboard.md, "How the
+sources read".
 """
 from __future__ import annotations
 

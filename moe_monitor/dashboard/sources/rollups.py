@@ -1,17 +1,10 @@
 """Reading a run's rollups: core.rollup_key(run, resolution_s), one core.RollupRecord per 1 s or 60 s bucket of
-aggregated steps, entry id = the bucket's start in unix ms (so a time range is an XRANGE of ms ids), kept for
-hours by the aggregator (trimmed by age).
+aggregated steps, entry id = the bucket's start in unix ms (a time range is an XRANGE), kept for hours by the
+aggregator. The dashboard's Resolution setting reads them (dashboard.live.rollups).
 
-RollupSource reads one resolution of one run for a window of the newest span_s seconds: the first poll finds the
-newest bucket (XREVRANGE + - COUNT 1) and reads forwards from the bucket span_s before it; later polls read
-forwards after the last id seen. Every read is bounded: PAGE_ENTRIES entries a command, at most max_entries
-entries and bytes_budget bytes a poll (RollupBatch.more: the rest comes at the next poll). Every entry goes
-through core.decode_rollup, and a bucket of another resolution or run than the stream's is refused too; an
-entry that does not decode is one bad record (counted, named in last_error) and the rest goes on. Redis errors
-are raised to the caller; what was handed over before one is not read again.
-
-read_range() reads any [start_ms, end_ms] range the same way (for a chosen span of history).
-available_resolutions() says which resolutions a run has (one round trip: XLEN of each stream).
+RollupSource.poll() reads the newest span_s seconds, then forwards after the last id seen; read_range() any
+[start_ms, end_ms]; available_resolutions() which resolutions a run has. Reads are bounded (PAGE_ENTRIES,
+max_entries, bytes_budget: RollupBatch.more); a bad entry is one bad record; Redis errors are raised to the caller.
 """
 from __future__ import annotations
 

@@ -1,41 +1,11 @@
-"""Replay source: a recorded trace file, read in chunks as if it were live, and seekable (timeline(),
-seek(first, last)). Three containers, told apart by their first bytes (tracefile.container_of): the columnar
-.parquet archive and .arrows recording (traces/, read through tracefile.open_trace: poll() hands out whole
-steps forward, a grown .arrows file is reopened and continued) and the JSON lines below, read incrementally
-by this module as it always was. timeline() and seek() read every container through tracefile.open_trace (a
-JSON-lines file is indexed once, bounded), reopened when the file has changed.
+"""Replay source: a recorded trace file read in chunks as if it were live, and seekable (timeline(),
+seek(first, last)). Three containers, told apart by their first bytes (tracefile.container_of): .parquet and
+.arrows go through tracefile.open_trace; JSON lines (core.trace_line) are read incrementally by this module, and
+indexed by tracefile.open_trace for timeline() and seek(). Layer timings come from every container.
 
-Format (core/trace.py owns it; one JSON object per line, UTF-8, blank lines ignored):
-
-    {"kind": "meta", "meta": <RunMeta JSON: a string as core.encode_meta writes it, or the object>}
-    {"kind": "step", ...}   the fields of core.encode_step(rec); bytes fields base64 in "<name>_b64"
-                            ("counts_b64": little-endian int32 [L, E]; "sample_b64": int16 [L, N, K])
-    {"kind": "gpu", ...}    the fields of core.encode_gpu_sample(sample)
-    {"kind": "layout", ...} the fields of core.encode_layout_record(rec) ("map_b64": little-endian int32 [L, P])
-    {"kind": "timing", ...} the fields of core.encode_timing(rec) ("<phase>_b64": little-endian float32 [L])
-
-Layer timings (core.TimingRecord, every rank) reach the pages from every container: poll() hands out those
-of a JSON-lines trace as its "timing" lines come, and those of a .parquet trace (its <stem>.timings.parquet
-sidecar) or an .arrows recording (the "timing" lines of its side file) with the chunk of steps they belong
-to; seek(first, last) puts the timings of those steps into Batch.timings (tracefile.TraceReader.read_timings).
-A timings table or line that does not read is a bad record of the batch; the steps replay without it.
-
-The collectors write it (collectors.sinks.TraceFileSink while collecting, collectors.record_trace() from a
-run in Redis). Lines are replayed in file order. A line that is not JSON, has an unknown kind or does not decode is skipped and
-counted as a bad record, as a malformed Redis entry is. The file is read incrementally (as bytes, each line
-decoded on its own): each poll reads at most max_entries step lines further, so a long trace never loads at
-once. A last line without its newline is left for the next poll (a recorder may be writing it); once the
-file has stopped growing (no growth across STALL_POLLS polls and stall_s seconds) it is parsed as it is,
-and reported as "last line incomplete (truncated trace)" when it does not decode. A file that is not UTF-8
-text (a .pt or .gz picked by mistake) is reported once as "not a text trace" and not read further.
-
-Only regular files are read: the path is checked with os.stat and opened O_NONBLOCK, then checked again with
-fstat, so a device (/dev/zero) or a FIFO is refused at once, never read or waited on. A line is at most
-MAX_LINE_BYTES (core.MAX_TRACE_LINE_BYTES): a longer one is one bad record, skipped by reading on to its
-newline in chunks of CHUNK_BYTES that are not kept (across polls when it is still being written). One poll
-reads at most TICK_BYTES_BUDGET bytes (at least one line). With `root` (the dashboard's trace folder) the
-path is taken inside it (trace_file_in) and anything else is refused with one message that does not say
-whether it exists.
+Bounded and distrustful: at most max_entries step lines and TICK_BYTES_BUDGET bytes a poll, lines over
+MAX_LINE_BYTES skipped as bad records, only regular files inside `root` opened, a truncated last line waited for
+then reported. Formats: docs/traces.md; reading rules: docs/dashboard.md, "How the sources read".
 """
 from __future__ import annotations
 
@@ -96,7 +66,7 @@ def _open_regular(path: str | os.PathLike[str], nofollow: bool):
 
 
 class TraceSource:
-    """Source over a JSON-lines trace file (format in the module docstring). stall_s: seconds without growth
+    """Source over a trace file (formats: docs/traces.md). stall_s: seconds without growth
     after which a last line lacking its newline is taken as truncated. recorded: every rank of a step is in
     the file, so a poll that leaves nothing waiting has every step's ranks (the reader assembles them at once)."""
 
