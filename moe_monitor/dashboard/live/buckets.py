@@ -1,13 +1,10 @@
 """A step window whose rows are rollup buckets (core.RollupRecord, 1 s or 60 s of aggregated steps each): hours
-of history at the cost of one row per bucket. Pure, no Streamlit.
+of history at one row per bucket, analysed by every page as steps are. Pure, no Streamlit.
 
-Each bucket becomes one row of a StepWindow, so every page analyses it as it analyses steps: the row's counts
-are the bucket's summed counts, its "step id" and time the bucket's start (unix s: ascending, unique), its
-tokens the bucket's, its phase the phase of its steps when they all share one (else "mixed"), one rank of a
-world of one (a bucket is complete when written). steps_C holds each row's steps, so views can turn a row's
-loads into loads per step (the bucket mean). What a sum hides rides beside each row: the per-(step, layer)
-balancedness histogram, the busiest / mean GPU load sums and peak, and the rank-steps missing and folded in
-late (per_step(): dashboard.analytics.rollups.PerStepStats of a view).
+A row's counts are the bucket's sum, its "step id" and time the bucket's start (unix s), its phase its steps'
+phase when they share one (else "mixed"), one rank of a world of one; steps_C holds each row's steps (loads per
+step = the bucket mean). The balancedness histogram, busiest / mean GPU load sums and peak, and the rank-steps
+missing and late ride beside each row (per_step(): dashboard.analytics.rollups.PerStepStats of a view).
 
 Shape legend: C ring capacity (buckets), T buckets in a view, L layers, E logical experts, B core.ETA_BINS.
 """

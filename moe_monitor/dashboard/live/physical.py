@@ -1,12 +1,9 @@
 """The measured GPU loads of the last C steps of one run, from its physical records (core.PhysicalRecord: each
 rank's tokens per physical slot as the engine's balancer dispatched them). Pure: no Streamlit, no I/O.
 
-A step's row is the sum of its ranks' records, each GPU's slots summed (core.measured_gpu_loads), with the ranks
-that sent one. The ring keeps the C steps that arrived last (the oldest arrival goes first once full); pages align
-it with a window view by step id (aligned()).
-
-Memory: C x L x G int64 (600 steps of DeepSeek-V3's 58 layers on 32 GPUs: 8.9 MB); a ring over MAX_MEASURED_BYTES
-is refused at its first record.
+A step's row sums its ranks' records, each GPU's slots summed (core.measured_gpu_loads), with the ranks that sent
+one. The ring keeps the C steps that arrived last; pages align it with a window view by step id (aligned()).
+C x L x G int64 (600 x 58 layers x 32 GPUs: 8.9 MB); a ring over MAX_MEASURED_BYTES is refused at its first record.
 
 Shape legend: C ring capacity (steps), T steps of a view, L MoE layers, G GPUs.
 """

@@ -1,14 +1,11 @@
 """Replay like a video, pure (no Streamlit): which range of a recording's timeline the pages analyse, and how
 play, step, seek and the jumps move it.
 
-A Playback is a range of timeline entries first..last (indices into the timeline's arrays, inclusive; one
-entry per step, ranks summed, oldest first) and whether it is playing. Every move keeps the range's width
-(except a seek, which sets it) and clamps it to the recording. Playing advances the range's end through the
-recording's time: at speed x, `elapsed_s` wall seconds move it to the last step whose time is within
-elapsed_s x speed of the current end's time (at least one step per advance, so a pause in the recording does
-not stall the replay); at speed MAX_SPEED each advance moves it a tenth of its width (at least one step) and
-the next render starts at once. Reaching the end stops the replay; play at the end starts again from the
-beginning, as a video player does.
+A Playback is a range of timeline entries first..last (indices, inclusive; one entry per step, oldest first)
+and whether it is playing. Every move keeps the range's width (except a seek) and clamps it to the recording.
+Playing advances the end through the recording's time at speed x (advance()), or a tenth of the width per
+render at MAX_SPEED; reaching the end stops, play at the end starts again. The rules: docs/dashboard.md,
+"Replay like a video, pause a live run".
 
 Shape legend (README, Conventions): T steps of the timeline (the whole recording).
 """
@@ -144,7 +141,9 @@ def play(pb: Playback, timeline: TimelineLike) -> Playback:
 
 
 def advance(pb: Playback, timeline: TimelineLike, elapsed_s: float) -> Playback:
-    """The range after `elapsed_s` wall seconds of play (module docstring); stops at the recording's end.
+    """The range after `elapsed_s` wall seconds of play: at speed x its end moves to the last step whose time is
+    within elapsed_s x speed of the current end's time, at MAX_SPEED a tenth of the width (at least one step
+    either way, so a pause in the recording does not stall the replay); stops at the recording's end.
     Unchanged when not playing."""
     if not pb.playing:
         return pb

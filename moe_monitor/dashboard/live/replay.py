@@ -1,12 +1,10 @@
 """The window of a seekable source (dashboard.sources.base.Seekable: a trace file) over a chosen range of its
-timeline, pure (no Streamlit): the pages analyse a WatchedRun filled from seek(first, last) exactly as they
-analyse a live run's.
+timeline, pure (no Streamlit): the pages analyse a WatchedRun filled from seek(first, last) as a live run's.
 
-RangeReplay.show(first, last) takes timeline indices (inclusive). A range of the same width moved forward
-(playing, a step forward) seeks only the steps that are new and folds them into the same window, whose ring
-(capacity = the width) lets the oldest go; any other move (back, a jump, a new width) seeks the whole range
-into a fresh window. The seek's layout records (the one in force at the first step, then every change in the
-range) go to the window's layout history, so each step's GPU loads use the layout in force at that step.
+RangeReplay.show(first, last) takes timeline indices (inclusive). A range of the same width moved forward seeks
+only the new steps into the same window (its ring lets the oldest go); any other move seeks the whole range into
+a fresh window. The seek's layout records go to the window's layout history, so each step's GPU loads use the
+layout in force at that step.
 
 Shape legend (README, Conventions): T steps of the timeline.
 """

@@ -1,17 +1,11 @@
 """Hours of history: a run watched at a rollup resolution (1 s or 60 s buckets written by the aggregator), pure
 (no Streamlit).
 
-RollupRun is a RunView whose window holds the rollup buckets of the newest span (a BucketWindow: one row per
-bucket, its counts the bucket's sum), so every page analyses it as it analyses steps. It rides on the live
-WatchedRun of the same run (full resolution), which keeps polling its source: the metadata and health, the
-layout changes, NVML samples, layer timings, sampled routing rows and the reader's notes are the live run's.
-Tick the live run first, then the RollupRun (it reads only the rollup stream).
-
-Layout changes are dated by time on this axis: each change (issued at change.time_s) is in force from the bucket
-that holds that time, so a bucket's loads use the layout in force when it started or that took force in it.
-
-resolution_line() says on every page which resolution it shows: "full resolution: last 600 steps" or
-"1-minute rollups: last 6 h, 360 buckets of 7,200 steps".
+RollupRun is a RunView whose window is a BucketWindow over the newest span, so every page analyses it as it
+analyses steps. It rides on the live WatchedRun of the same run, which keeps polling its source (metadata,
+health, layouts, NVML, timings, routing rows and notes are the live run's): tick the live run first, then the
+RollupRun. Layout changes are dated by time: each is in force from the bucket that holds its time.
+resolution_line() says which resolution a page shows ("1-minute rollups: last 6 h, 360 buckets of 7,200 steps").
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """Everything the load pages show for one tick, computed from a window view (pure, no Streamlit).
 
-GPU loads use the layout with the even-split rule (core.loadmodel); each step's under the layout in force
-at that step when the run published layout changes (ResolvedLayout.schedule). A layer finishes when its
-own busiest GPU finishes, so by default a GPU's load in a step is its load in its busiest layer (max over
-layers) and the straggler is judged per (step, layer) pair; "all layers (sum)" (total tokens the GPU served
-in the step, where hot GPUs of different layers cancel) and one chosen layer are explicit options.
-
-Rollup buckets (a dashboard.live.buckets.BucketWindow: rows are 1 s or 60 s buckets of aggregated steps) are
-analysed the same way: each row's GPU loads are divided by the bucket's steps (loads per step, the bucket
-mean), rates come from the buckets' steps and tokens over the time they span, the time axis is the buckets'
-start (x_T, datetime64), and per_step holds what the sums hide (dashboard.analytics.rollups.PerStepStats).
+GPU loads use the layout in force at each step (core.loadmodel's even split; ResolvedLayout.schedule). By
+default a GPU's load in a step is its load in its busiest layer and the straggler is judged per (step, layer);
+"all layers (sum)" and one chosen layer are options (docs/definitions.md, "GPU load"). Rollup buckets
+(dashboard.live.buckets.BucketWindow) are analysed the same way, loads per step being the bucket mean, x_T the
+buckets' starts, and per_step what the sums hide (dashboard.analytics.rollups.PerStepStats).
 
 Shape legend: T steps (or buckets), L layers, G GPUs.
 """

@@ -1,14 +1,10 @@
-"""Per-step figures of a live window under a dispatch policy, computed once per step (core.steptails defines them).
+"""Per-step figures of a live window under a dispatch policy, computed once per step (core.steptails defines
+them); the load pages read them through LiveTails.
 
-Each step's figures depend on that step alone (its counts and the layout in force at it), so they are kept per
-ring row of the StepWindow, with the row's version and the key of the layout they were computed under, exactly
-as the window keeps its GPU loads: a tick solves only the rows that are new, that changed (late ranks) or whose
-layout changed, never the whole window. The lp policy costs about 100 us per (step, layer), so at most
-`max_rows` rows are solved per call (LP_ROWS_PER_CALL for lp: the newest first); the figures then cover the rows
-done so far and say so (LiveTails.pending).
-
-The kept arrays reserve their bytes from the window's memory budget (core.membudget) and are held beside the
-window (a weak reference to it: they go when the window goes), one set per policy asked for.
+Kept per ring row of the StepWindow with the row's version and layout key, as the window keeps its GPU loads: a
+tick solves only rows that are new or changed. lp solves at most LP_ROWS_PER_CALL rows a call, the newest first
+(LiveTails.pending). The arrays reserve their bytes from the window's memory budget and go with the window (weak
+reference), one set per policy. Costs: docs/dashboard.md, "Inside the window".
 
 Shape legend: C ring capacity, T rows in the view, L layers, E experts, P slots, G GPUs.
 """

@@ -1,13 +1,10 @@
-"""A ring of the layer timings (core.TimingRecord) of the last C steps of one run, one row per step, every
-rank of that step in it. Pure: no Streamlit, no I/O.
+"""A ring of the layer timings (core.TimingRecord) of the last C steps of one run, one row per step, every rank
+of that step in it. Pure: no Streamlit, no I/O.
 
-The ring holds as many steps as the step window (WatchedRun's window_steps) and, like it, drops its oldest
-row for a new step once full, so the steps whose timings are kept are the window's. Pages align the ring with
-a window view by step id (aligned()): a step without timings reads NaN (not measured).
-
-Memory: the arrays are reserved from the process's memory budget (core.membudget.current() when the ring is
-made) when the first record sizes them; a ring the budget cannot hold refuses its records (ValueError naming the
-budget) like one over MAX_TIMING_BYTES. The bytes go back when the ring is dropped.
+It holds as many steps as the step window and drops its oldest row the same way; pages align it with a window
+view by step id (aligned()): a step without timings reads NaN (not measured). Its arrays are reserved from
+core.membudget.current() when the first record sizes them; a ring the budget cannot hold, or over
+MAX_TIMING_BYTES, refuses its records (ValueError naming the limit).
 
 Shape legend: C ring capacity (steps), T steps of a view, R ranks (the run's world size), L MoE layers.
 """
