@@ -1,20 +1,10 @@
-"""A ring of the last C assembled steps of one run (core.assembly made them), with cached GPU loads.
+"""A ring of the last C assembled steps of one run (core.assembly made them), with cached GPU loads; WatchedRun
+fills it and every page analyses its views.
 
-Counts are kept as int32 (what one rank sends) and the ring turns int64 the first time a sum over the
-ranks of a step would not fit int32, so sums are exact and an ordinary window costs 4 bytes a cell
-(600 x 58 x 256: 35.6 MB; 71.3 MB once promoted).
-
-Memory: a window reserves what it keeps from the process's memory budget (core.membudget.current(): the
-dashboard's, shared by every session, or the exporter's, shared by every run) before allocating it: the counts
-and per-row bookkeeping at construction, the cached GPU loads when their GPU count is first known, the int64
-counts when a sum outgrows int32. When the budget cannot hold the steps asked for, the window holds as many as
-fit (at least one, else ValueError) and `budget_note` says so; it gives everything back when it is dropped
-(or close()). Loads are computed in chunks of at most CHUNK_BYTES of counts, so a tick never copies the whole
-[C, L, E] ring.
-
-GPU loads are cached per row with the row's version and the key of the layout they were computed under:
-a tick recomputes only the rows that changed, or whose layout changed (a layout change that arrived after
-its steps, a new override), never the whole window.
+Counts are int32, promoted to int64 the first time a step's sum would not fit (600 x 58 x 256: 35.6 MB, 71.3 MB
+promoted). The ring reserves its bytes from core.membudget.current() and holds fewer steps when the budget cannot
+(`budget_note`); GPU loads are cached per row (row version + layout key) and computed in chunks of CHUNK_BYTES.
+Details: docs/dashboard.md, "Inside the window".
 
 Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical experts, G GPUs.
 """
