@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,20 +26,34 @@ def bounded_int(value, name: str, lo: int, hi: int) -> int:
 
 
 
-def check_record(rec: core.StepRecord) -> tuple[int, int, int, int, int, float, int]:
-    """(step, rank, world, tokens, dropped, time_s, phase code) of rec as plain numbers within the bounds of
-    core/keys.py, and its instance id a short string; ValueError naming what is wrong. (Records from
-    core.decode_step always pass; this guards the window's int64 arrays against any other source.)"""
-    step = bounded_int(rec.step, "step", 0, core.MAX_STEP)
+def check_record(rec: core.StepRecord) -> None:
+    """Raise ValueError naming what is wrong unless rec's step, rank, world, tokens, dropped count, time and phase
+    are plain numbers within the bounds of core/keys.py and its instance id a short string. (Records from
+    core.decode_step always pass; this guards the reader against any other source.)"""
+    bounded_int(rec.step, "step", 0, core.MAX_STEP)
     rank = bounded_int(rec.rank, "rank", 0, core.MAX_WORLD)
     world = bounded_int(rec.world_size, "world size", 1, core.MAX_WORLD + 1)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world size {world}")
-    tokens = bounded_int(rec.tokens, "tokens", 0, core.MAX_TOKENS)
-    dropped = bounded_int(rec.dropped_steps, "dropped steps", 0, core.MAX_STEP)
-    time_s, code = _checked_time(rec.time_s), _checked_phase(rec.phase)
+    bounded_int(rec.tokens, "tokens", 0, core.MAX_TOKENS)
+    bounded_int(rec.dropped_steps, "dropped steps", 0, core.MAX_STEP)
+    _checked_time(rec.time_s)
+    _checked_phase(rec.phase)
     _checked_instance(rec.instance, "collector")
-    return step, rank, world, tokens, dropped, time_s, code
+
+
+class CheckedStep(NamedTuple):
+    """An assembled step's fields as plain values within the bounds of core/keys.py (check_aggregate): ranks_R
+    int64 [R] ascending; tokens summed over the ranks; dropped_R int64 [R]; phase_code the index in core.PHASES."""
+
+    step: int
+    ranks_R: np.ndarray
+    world: int
+    tokens: int
+    dropped_R: np.ndarray
+    time_s: float
+    phase_code: int
+    late: bool
 
 
 def check_counts(counts: object, shape: tuple[int, int] | None, what: str, highest: int, why: str) -> np.ndarray:
@@ -56,8 +71,8 @@ def check_counts(counts: object, shape: tuple[int, int] | None, what: str, highe
     return counts
 
 
-def check_aggregate(rec: core.AggregateRecord) -> tuple[int, np.ndarray, int, int, np.ndarray, float, int, bool]:
-    """(step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step: ranks_R int64
+def check_aggregate(rec: core.AggregateRecord) -> CheckedStep:
+    """The CheckedStep of an assembled step (core.AggregateRecord): ranks_R int64
     [R] ascending, distinct, below the world size, R >= 1; tokens the sum of tokens_R [R] (each below
     core.MAX_TOKENS); dropped_R int64 [R] (each below core.MAX_STEP); the instance (the aggregator's epoch)
     short text. ValueError naming what is wrong. (Records from core.decode_aggregate always pass.)"""
@@ -77,7 +92,7 @@ def check_aggregate(rec: core.AggregateRecord) -> tuple[int, np.ndarray, int, in
     _checked_instance(rec.instance, "aggregator")
     if not isinstance(rec.late, (bool, np.bool_)):
         raise ValueError(f"late must be a bool, got {type(rec.late).__name__}")
-    return step, ranks, world, int(tokens_R.sum()), dropped_R, time_s, code, bool(rec.late)
+    return CheckedStep(step, ranks, world, int(tokens_R.sum()), dropped_R, time_s, code, bool(rec.late))
 
 
 def _int_vector(values: object, name: str) -> np.ndarray:

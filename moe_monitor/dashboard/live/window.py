@@ -193,15 +193,18 @@ class StepWindow:
         once the row has left or was never read. Returns True when added. ValueError, with the window left as
         it was, for a record of another shape, a rank already in the row (a duplicate) or a step older than a
         full ring."""
-        counts, step, ranks, world, tokens, dropped_R, time_s, code, late = self._checked_aggregate(rec)
-        if late and step not in self._slot_of_step:
+        got = check_aggregate(rec)
+        counts = self.checked_counts(rec.counts_LE, f"aggregated step {got.step}", MAX_AGGREGATE_CELL,
+                                     "(sums of int32 counts over at most 65,536 ranks)")
+        if got.late and got.step not in self._slot_of_step:
             return False
-        seen = set(ranks.tolist())
-        slot = self._slot_for(step, counts, seen)
+        seen = set(got.ranks_R.tolist())
+        slot = self._slot_for(got.step, counts, seen)
         # nothing below raises: every value was checked and converted above
-        for rank, dropped in zip(ranks[dropped_R > 0].tolist(), dropped_R[dropped_R > 0].tolist()):
+        dropping = got.dropped_R > 0
+        for rank, dropped in zip(got.ranks_R[dropping].tolist(), got.dropped_R[dropping].tolist()):
             self.dropped_by_rank[rank] = max(self.dropped_by_rank.get(rank, 0), dropped)
-        self._write(slot, step, counts, seen, world, tokens, time_s, code)
+        self._write(slot, got.step, counts, seen, got.world, got.tokens, got.time_s, got.phase_code)
         return True
 
     def _slot_for(self, step: int, counts: np.ndarray, ranks: set[int]) -> int | None:
@@ -264,15 +267,6 @@ class StepWindow:
         self._slot_of_step[step] = slot
         self.row_version_C[slot] = self._version
         return slot
-
-    def _checked_aggregate(self, rec: core.AggregateRecord) -> tuple[np.ndarray, int, np.ndarray, int, int, np.ndarray,
-                                                                    float, int, bool]:
-        """(counts, step, ranks_R, world, tokens, dropped_R, time_s, phase code, late) of an aggregated step,
-        within the bounds of core/keys.py (see check_aggregate); ValueError naming what is wrong."""
-        step, ranks, world, tokens, dropped_R, time_s, code, late = check_aggregate(rec)
-        counts = self.checked_counts(rec.counts_LE, f"aggregated step {step}", MAX_AGGREGATE_CELL,
-                                     "(sums of int32 counts over at most 65,536 ranks)")
-        return counts, step, ranks, world, tokens, dropped_R, time_s, code, late
 
     def checked_counts(self, counts: object, what: str, highest: int, why: str) -> np.ndarray:
         """counts as an integer array [L, E] of this window with values in 0..highest; ValueError otherwise."""
