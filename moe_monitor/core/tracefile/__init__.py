@@ -1,15 +1,13 @@
 """The trace containers, read and written: the .arrows recording (Arrow IPC stream), the .parquet archive (zstd)
-and the JSON-lines traces of the collectors' TraceFileSink (the format: docs/traces.md). open_trace tells them
-apart by their first bytes, not their names (a rotated <name>.arrows.1 opens too). Collectors write them; the
-planner, the dashboard and moe_monitor.traces (convert, replay) read them. Imports core, numpy, pyarrow only.
+and JSON-lines traces (docs/traces.md). open_trace tells them apart by their first bytes (a rotated
+<name>.arrows.1 opens too). Collectors write them; the planner, the dashboard and moe_monitor.traces read them.
 
     reader = open_trace("run.parquet")   # or .arrows / .jsonl
     reader.timeline()                    # Timeline: step_T, time_s_T, phase_T, tokens_T, balancedness_T
     reader.read_steps(100, 699)          # list[core.StepRecord], every rank of those steps
     reader.read_timings(100, 699)        # list[core.TimingRecord], every rank's layer timings of those steps
 
-Modules: schema (the step table), side (the tables beside it), timeline, reader (TraceReader), columnar and
-jsonl (the readers), writers, sandbox (opening an untrusted upload).
+Modules: schema (the step table), side (the tables beside it), timeline, reader, columnar, jsonl, writers, sandbox.
 """
 from __future__ import annotations
 

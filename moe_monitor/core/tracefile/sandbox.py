@@ -2,13 +2,12 @@
 dashboard's trace upload): whatever the file makes a reader allocate, the server process never pays for it.
 
 check_in_child(path) runs `python -m moe_monitor.core.tracefile.sandbox PATH` with a timeout and allocators
-that map what they allocate (CHILD_ALLOCATOR). The child imports the readers, then limits its own address
-space (resource.RLIMIT_AS) to what it has mapped so far plus address_bytes, and opens the trace as a replay would: open_trace (the decoded-bytes budget of core/budget.py
-applies, from the same environment), the timeline, the first step's records, the NVML samples and the layer
-timings (TraceReader.info). It prints one JSON line: {"steps": T} or {"error": why, "kind": ...}.
-
-Why a file is refused, one line each: it is not a trace (the reader's ValueError), opening it needs more than
-the limit (a MemoryError, or the child killed), or it took longer than the timeout.
+that map what they allocate (CHILD_ALLOCATOR). The child imports what a read needs, limits its address space
+(RLIMIT_AS) to what it has mapped so far plus address_bytes, then opens the trace as a replay would
+(open_trace, with the decoded-bytes budget of core/budget.py from the same environment; TraceReader.info) and
+prints one JSON line: {"steps": T} or {"error": why, "kind": ...}. A file is refused when it is not a trace
+(the reader's ValueError), opening it needs more than the limit (a MemoryError, or the child killed), or it
+takes longer than the timeout.
 """
 from __future__ import annotations
 
