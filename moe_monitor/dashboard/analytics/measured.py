@@ -1,15 +1,10 @@
-"""Measured vs estimated: what an engine's balancer actually won (pure numpy, no Streamlit).
+"""Measured vs estimated: what an engine's balancer actually won (pure numpy, no Streamlit), for the GPU panel.
 
-Per step, the busiest GPU over the mean GPU (imbalance, 1 = perfectly even) twice: under the even-split
-estimate from the step's logical counts and the layout in force (core.dispatch.DispatchModel(..., "even"), what
-the dashboard's load pages show), and under the loads the engine measured (its physical records: each rank's
-tokens per physical slot, ranks summed, each GPU's slots summed; core.measured_gpu_loads). won = estimated -
-measured: how much of the estimated imbalance the engine's dispatch took away (> 0: the balancer beat the even
-split; < 0: it did worse than it).
-
-Which loads of a step: one layer (layer=L), every layer summed (summed=True: the tokens a GPU served in the
-step), or by default each layer's own imbalance, averaged over the layers that served tokens (a layer ends
-when its busiest GPU does, so imbalance is a per-layer quantity).
+Per step, the busiest GPU over the mean GPU (imbalance, 1 = even) twice: under the even-split estimate of the
+step's logical counts and the layout in force (core.dispatch.DispatchModel(..., "even")), and under the loads
+the engine measured (its physical records, core.measured_gpu_loads). won = estimated - measured (> 0: the
+balancer beat the even split). Loads of one layer (layer=L), every layer summed (summed=True), or by default
+each layer's own imbalance averaged over the layers that served tokens.
 
 Shape legend: T steps, L layers, E logical experts, P physical slots, G GPUs.
 """

@@ -1,14 +1,10 @@
 """Per-step statistics of rollup buckets: what a bucket's summed counts hide (pure numpy).
 
-A rollup bucket (core.RollupRecord) sums its steps' counts, so balancedness computed from the sum reads near 1
-while single steps sit well below it. Each bucket therefore also carries a histogram of per-(step, layer)
-balancedness eta and the busiest GPU's load per step (its sum over the bucket's steps, of the layer mean, and
-its peak). These functions turn them into per-bucket series and window totals: per-step eta quantiles (the
-median and the low tail, exact to the histogram's bin width), the busiest GPU's mean and peak load per step,
-and the mean per-step imbalance.
-
-The tail of balancedness is its low side: `tail_q` (default 0.01) gives the eta that 1% of (step, layer) pairs
-fall below, the per-step counterpart of a p99 imbalance.
+Balancedness of a bucket's summed counts reads near 1 while single steps sit well below it, so each bucket
+(core.RollupRecord) carries a histogram of per-(step, layer) eta and the busiest GPU's load per step. These
+functions turn them into per-bucket series and window totals: per-step eta quantiles (exact to the bin width),
+the busiest GPU's mean and peak load per step, the mean per-step imbalance. `tail_q` (default 0.01) gives the
+eta that 1% of (step, layer) pairs fall below, the per-step counterpart of a p99 imbalance.
 
 Shape legend: T buckets, B histogram bins (core.ETA_BINS; bin b holds eta in [b / B, (b + 1) / B)).
 """

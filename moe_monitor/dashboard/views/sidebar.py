@@ -1,14 +1,12 @@
 """The sidebar: source (live Redis or trace file), run, phase filter, window size, resolution (full, or the
-aggregator's 1 s / 60 s rollups for hours of history, when the run has them), layer choice and the
-layout override / upload. Returns a Settings and keeps it in the session (dashboard.views.session owns the
-session state); pages read it with session.settings().
+aggregator's 1 s / 60 s rollups), layer choice and the layout override / upload. Returns a Settings and keeps
+it in the session (dashboard.views.session owns the state); pages read it with session.settings().
 
-Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (core.redact) and the
-environment's URL is used for as long as the field holds that redacted text. Trace files are picked from the
-trace folder (session.trace_root(): MOE_TRACE_DIR, else ./recordings), never typed as a path; an upload is
-checked in a child process under an address-space limit, saved into that folder under a generated name and
-selected (dashboard.views.uploads: its quota and expiry). The picker offers the folder's recordings and this
-session's own uploads, never another session's: the default is the newest of those."""
+Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (core.redact). Trace files are
+picked from the trace folder (session.trace_root()), never typed; an upload is checked in a child process under
+an address-space limit and saved there under a generated name (dashboard.views.uploads: quota, expiry). The
+picker offers the folder's recordings and this session's own uploads. Docs: docs/dashboard.md.
+"""
 from __future__ import annotations
 
 import json

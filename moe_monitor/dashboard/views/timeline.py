@@ -1,17 +1,11 @@
 """The timeline on top of every page: a recording (a seekable source) replayed like a video, and a live run
-paused and resumed. Thin: the range logic is dashboard.live.playback, the range's window
-dashboard.live.replay, the pause dashboard.live.pause.
-
-Recording: a range slider over the whole recording (the range is the window every page analyses), play /
-pause with a speed (1x, 10x, max: as fast as the page renders), a step back / forward, "worst step" (the
-window centred on the lowest per-step balancedness among the phase filter's steps) and "next rebalance" (centred on
-the next layout change). Live run: pause freezes what the pages show while polling goes on ("paused — N new
-steps waiting"); resume shows everything that arrived.
+paused and resumed (docs/dashboard.md, "Replay like a video, pause a live run"). Thin: the range logic is
+dashboard.live.playback, the range's window dashboard.live.replay, the pause dashboard.live.pause.
 
 Session state owned here: "timeline" ((source key, RangeReplay, Playback, playback clock)), "timeline_failed"
-((source key, when, why) of a timeline that could not be read), "live_pause"
-((run key, Paused)), "timeline_note" (a callback's one-run message) and the widgets' keys timeline_*,
-live_pause_button / live_resume_button.
+((source key, when, why) of a timeline that could not be read), "live_pause" ((run key, Paused)),
+"timeline_note" (a callback's one-run message) and the widgets' keys timeline_*, live_pause_button /
+live_resume_button.
 """
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""What-if under a move budget, pure (no Streamlit): instead of a full re-plan (whose moves can be most of
-the cluster), repair the current layout within `budget` moves (planner.repair, migration-aware greedy), and
-the moves-vs-imbalance curve to pick a budget from.
-
-One move = one expert's weights (of one layer) copied onto a GPU that did not hold that expert in the current
-layout (planner.repair.experts_copied: the budget, the curve and the page's "expert moves" metric all count
-this). The repair keeps the current layout's slots (its R), so the R, groups and policy pickers do not apply.
-Imbalance is predicted on the fit window (the planner's blend of its windows), mean over layers with tokens.
+"""What-if under a move budget, pure (no Streamlit): repair the current layout within `budget` moves
+(planner.repair, migration-aware greedy) instead of a full re-plan, and the moves-vs-imbalance curve to pick a
+budget from. One move = one expert's weights (of one layer) copied onto a GPU that did not hold it
+(planner.repair.experts_copied). The current layout's slots are kept. Imbalance is predicted on the fit window,
+mean over layers with tokens. Docs: docs/dashboard.md, "What-if".
 
 Shape legend (README, Conventions): W windows of summed steps, L layers, E logical experts, P slots.
 fit_WLE [W, L, E] float fit windows, current_LP int [L, P].

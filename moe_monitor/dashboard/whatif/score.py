@@ -1,11 +1,9 @@
 """What-if numbers, pure (no Streamlit): pick the fit and score windows from the watched steps (with the
 sampled routing rows of the score window, for dashboard.whatif.traffic) and score a layout on the score window.
 
-Fit window: the `fit` newest steps (or the steps of the last `fit` minutes) before the score window when
-held out, else ending with the newest step; it reaches the planner as up to planner.windows.MAX_WINDOWS
-contiguous windows of summed steps [W, L, E] (oldest first). Score window: the `score_steps` newest steps (the
-live tail). GPU loads use the even-split rule (tokens of an expert shared evenly by its replicas) and eta
-follows the Overview (dashboard.analytics): idle (step, layer) pairs are NaN and left out of every mean.
+Fit window: up to planner.windows.MAX_WINDOWS windows of summed steps [W, L, E] (oldest first), before the score
+window when held out; score window: the `score_steps` newest steps. Even-split GPU loads; eta as the Overview's
+(idle (step, layer) pairs NaN, left out of every mean). Docs: docs/dashboard.md, "What-if".
 
 Shape legend (README, Conventions): T steps, W windows of summed steps, L layers, E logical experts, P slots,
 G GPUs, N sampled tokens, K top-k.
