@@ -180,8 +180,10 @@ def test_acl_user_without_write_permission(server):
     wrong = _monitor(f"redis://reader:nope@127.0.0.1:{server.port}/0", "acl-wrong")
     _steps(mon, 8, 200)
     _steps(wrong, 3, 200)
-    assert wait_until(lambda: "NoPermissionError" in mon.stats()["last_error"])
-    assert "no permissions" in mon.stats()["last_error"] and mon.stats()["queued_steps"] == 8
+    # the first refusal can come before every step was decoded into the queue (the run's metadata is written
+    # first): wait for both, neither changes until the user may write
+    assert wait_until(lambda: "NoPermissionError" in mon.stats()["last_error"] and mon.stats()["queued_steps"] == 8)
+    assert "no permissions" in mon.stats()["last_error"]
     assert wait_until(lambda: "AuthenticationError" in wrong.stats()["last_error"])
     assert "invalid username-password" in wrong.stats()["last_error"]
     t0 = time.monotonic()
