@@ -10,6 +10,7 @@ memory and throughput: docs/scaling.md ("When to run the aggregator", "Inside th
 from __future__ import annotations
 
 from moe_monitor.core.assembly import Assembler, Counters, Emitted, Output
+
 from .layoutbook import LayoutBook
 from .options import GROUP, AggregateOptions
 from .rollup import RollupBuilder, RollupCounters, bucket_rollup

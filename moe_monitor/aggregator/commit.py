@@ -16,9 +16,9 @@ import redis
 from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
+from moe_monitor.core.assembly import Assembler, Output
 from moe_monitor.core.runwrite import exhausted_message, exhausted_stream
 
-from moe_monitor.core.assembly import Assembler, Output
 from .options import GROUP, AggregateOptions
 from .progress import encode_progress, state_key
 from .reading import text_of

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from redis.typing import EncodableT, FieldT
 
 from moe_monitor import core
-
 from moe_monitor.core.assembly import Counters
+
 from .rollup import RollupCounters
 
 MAX_PROBLEM_CHARS = 300

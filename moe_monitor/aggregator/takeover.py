@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import redis
 
 from moe_monitor import core
-
 from moe_monitor.core.assembly import entry_id_key
 
 TAIL_PAGE = 256  # aggregate entries per XREVRANGE while reading the tail

@@ -9,9 +9,9 @@ import pytest
 
 from moe_monitor import core
 from moe_monitor.aggregator import AggregateOptions, Assembler, LayoutBook, RollupBuilder, bucket_rollup
-from moe_monitor.core.assembly import Counters
 from moe_monitor.aggregator.progress import decode_progress, encode_progress
 from moe_monitor.aggregator.rollup import RollupCounters, StepEntry
+from moe_monitor.core.assembly import Counters
 from moe_monitor.core.loadmodel import balancedness, gpu_loads
 
 L, E = 3, 8
