@@ -2,16 +2,11 @@
 by default, each decoding what a real DP-attention rank decodes (32 sequences at a time), published rank by rank
 through the real collector so that the aggregator (moe-monitor aggregate) and the dashboard see a deployment.
 
-Each process hosts one node's ranks (8 by default) and runs ONE forward per step over all their sequences (a
-forward over 256 sequences costs about what one over 32 does on a CPU: the experts loop dominates); forward
-pre-hooks on the experts modules take the ids each MoE layer dispatched, int64 [tokens, 8], and hand each rank its
-own rows to its own ExpertLoadMonitor (rank r of W, the real counter, publisher and RedisSink). Step ids match
-across ranks (step k is every rank's k-th step), and the processes step in lockstep (a barrier before every
-step), as expert-parallel ranks do: the all-to-all of each MoE layer makes every rank wait for the slowest.
-
-Traffic: demo.traffic's drifting, correlated prompts (the skew comes out of the model's own routing), each node
-with its own topics, every node on one drift clock (wall time since the fleet started); a round is one prefill
-step of `prompt_len` tokens per sequence, then `new_tokens` decode steps of one token per sequence.
+One process per node (8 ranks by default) runs one forward per step over its ranks' sequences; forward pre-hooks
+on the experts modules hand each rank its own routed ids [tokens, 8]. Step ids match across ranks and the
+processes step in lockstep (a barrier), as EP ranks do. Traffic: demo.traffic, each node with its own topics on
+one drift clock; a round is one prefill step, then `new_tokens` decode steps. Docs: docs/scaling.md, "The fleet
+demo".
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """Which layout requests the EP runtime applies: every entry of the run's requests stream is judged here, on rank
 0's watch thread, before any rank sees it. No torch, no I/O: fields in, a verdict out.
 
-In order: it decodes (else "refused: malformed"); it names this run, is signed with the shared secret and has not
-expired (core.layout_requests.judge_request: "refused: another run" / "bad signature" / "expired"); its nonce
-was not seen before ("refused: replayed"); it fits what the ranks can hold: slots per rank and replicas per
-expert within the run's bounds (EPConfig.max_slots_per_rank / max_replicas_per_expert: "refused: too large");
-and it is a layout of this model over these ranks (every expert in every layer, P a multiple of the ranks:
-"refused: does not fit").
+In order: it decodes ("refused: malformed"); names this run, is signed with the shared secret and has not
+expired (core.layout_requests.judge_request: "another run" / "bad signature" / "expired"); its nonce is new
+("replayed"); slots per rank and replicas per expert within EPConfig.max_slots_per_rank /
+max_replicas_per_expert ("too large"); a layout of this model over these ranks ("does not fit").
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots.
 """

@@ -3,12 +3,10 @@
 Shape legend (README, Conventions): N this rank's tokens, K top-k, H hidden size, M = N x K (token, expert)
 pairs, G ranks, R the pairs this rank received (from every rank, its own included).
 
-dispatch: the split sizes first (an all_to_all_single of G counts), then the pairs' codes (expert x K + the
-pair's top-k position) and hidden rows (two all_to_all_single with those splits), pairs sorted by destination
-rank (stable: token-major within one).
-combine: the reverse all_to_all_single of the expert outputs, then out[n] = sum over k of w[n, k] y[n, k], the
-terms added in ascending expert id, which is the order transformers' eager experts loop adds them in: the EP
-output is the single-process output bit for bit when the expert FFN gives the same bits for a row.
+dispatch: the split sizes (an all_to_all_single of G counts), then the pairs' codes (expert x K + top-k position)
+and hidden rows, pairs sorted by destination rank (stable: token-major within one). combine: the reverse
+all_to_all_single, then out[n] = sum over k of w[n, k] y[n, k], added in ascending expert id as transformers'
+eager loop does, so the output is the single-process one bit for bit (docs/ep-runtime.md).
 """
 from __future__ import annotations
 

@@ -3,15 +3,10 @@
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots (slot p on rank
 p // S, S = P / G), G ranks (GPUs), N tokens, K top-k.
 
-Replica choice (deterministic, even): the k-th expert of token n (its index in this rank's batch), expert e with
-c_e replicas in slot order r_0 < r_1 < ..., goes to replica r_(n mod c_e). Consecutive tokens of a batch
-alternate between the replicas, so each replica gets N / c_e of the tokens (within one), on every rank, without
-any communication; this is the even split the dashboard and the planner assume.
-
-The routing table is O(L x (P + E)) whatever the replica counts: each layer's slots sorted by expert (stable, so
-an expert's replicas keep slot order), with each expert's first position and replica count. Replica r of
-expert e is the slot at position first[e] + r of that order. (A dense [L, E, most replicas] table costs
-L x E x P entries for a layout that gives one expert nearly every slot: 0.5 GB per copy at P = 65,536.)
+Replica choice (deterministic, even, no communication): the k-th expert e of token n, with c_e replicas in slot
+order r_0 < r_1 < ..., goes to replica r_(n mod c_e): the even split the dashboard and the planner assume. The
+routing table is O(L x (P + E)): each layer's slots sorted by expert (stable), with each expert's first position
+and replica count; replica r of e is the slot at position first[e] + r (docs/ep-runtime.md).
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Rank 0's watch of the run's layout requests: signed "apply" requests (moe-monitor apply, the dashboard) arrive
 here without the EP steps ever waiting on Redis, and every request read gets its fate written back.
 
-A daemon thread reads new entries of core.layout_requests_key(run) every poll_s with XREAD without BLOCK (from the
-stream's last entry when the watcher started: older requests of a run with the same name are never applied),
-judges each one (admission.judge_entry: run, signature, expiry, replay, size, fit) and keeps the newest admitted
-one; the one it replaces is reported "refused: superseded". Each refusal, and each "applied" the step loop
-reports once the ranks have switched, goes to core.layout_request_status_key(run) (a core LayoutRequestStatus)
-from this thread. The step loop calls take() and report() only (no I/O, no lock held across I/O). Redis down or
-refusing: the error is kept (last_error), the thread backs off up to 2 s and goes on; the EP runtime never
-notices. Requests published by this runtime itself (its own instance id) are skipped.
+A daemon thread reads core.layout_requests_key(run) every poll_s (XREAD without BLOCK, from the stream's last
+entry at start), judges each entry (admission.judge_entry), keeps the newest admitted one ("refused: superseded"
+for the one it replaces) and writes refusals and "applied" to core.layout_request_status_key(run). The step loop
+calls take() and report() only (no I/O). Redis down: last_error kept, back off up to 2 s, go on. Requests of
+this runtime's own instance id are skipped.
 """
 from __future__ import annotations
 
