@@ -1,16 +1,5 @@
-"""moe-monitor apply --redis URL --run NAME --layout FILE [--secret-file FILE] [--ttl-s S] [--wait-s S]: ask a
-running engine to switch to a layout.
-
-Reads a layout JSON as the planner writes it ({"physical_to_logical_map": [[...]]}), checks it against the run's
-metadata (layers, experts, P a multiple of its GPUs), signs it (HMAC-SHA256 with the apply secret: --secret-file,
-else $MOE_APPLY_SECRET_FILE, else $MOE_APPLY_SECRET; the engine checks it with the same secret) with an expiry
-(--ttl-s, default 120 s) and XADDs it at the run's next step (the newest step in its steps stream + 1) to the run's
-layout requests stream (a request, which no dashboard takes for a change). An engine that watches requests (the
-EP runtime of `moe-monitor demo --engine ep`) checks run, signature, expiry and size, moves the expert weights,
-switches all ranks at one step and publishes the change to the layouts stream, from the step the layout is really
-in force; either way it files its verdict on the run's request status stream. --wait-s waits that long for the
-verdict and prints it (exit 0 applied, 1 refused or no answer). The dashboard's What-if page sends the same
-request."""
+"""`moe-monitor apply`: ask a running engine to switch to a layout, signed with the apply secret and an expiry,
+as the dashboard's What-if page does. Docs: docs/ep-runtime.md, "Layouts applied live"."""
 from __future__ import annotations
 
 import argparse
@@ -20,11 +9,23 @@ from moe_monitor import core
 
 from .common import add_redis, add_run, guarded
 
+DESCRIPTION = "ask a running engine to switch to a layout."
+EPILOG = (  # argparse reflows it
+    'Reads a layout JSON as the planner writes it ({"physical_to_logical_map": [[...]]}), checks it against the '
+    "run's metadata (layers, experts, P a multiple of its GPUs), signs it (HMAC-SHA256 with the apply secret: "
+    "--secret-file, else $MOE_APPLY_SECRET_FILE, else $MOE_APPLY_SECRET; the engine checks it with the same secret) "
+    "with an expiry (--ttl-s, default 120 s) and XADDs it at the run's next step (the newest step in its steps "
+    "stream + 1) to the run's layout requests stream (a request, which no dashboard takes for a change). An engine "
+    "that watches requests (the EP runtime of `moe-monitor demo --engine ep`) checks run, signature, expiry and "
+    "size, moves the expert weights, switches all ranks at one step and publishes the change to the layouts "
+    "stream, from the step the layout is really in force; either way it files its verdict on the run's request "
+    "status stream. --wait-s waits that long for the verdict and prints it (exit 0 applied, 1 refused or no "
+    "answer). The dashboard's What-if page sends the same request.")
+
 
 def register(sub) -> None:
     p = sub.add_parser("apply", help="ask a running engine to switch to a layout JSON",
-                       description=(__doc__ or "").split("\n\n")[0].split(":", 1)[1].strip(),
-                       epilog=(__doc__ or "").split("\n\n")[1])
+                       description=DESCRIPTION, epilog=EPILOG)
     add_redis(p)
     add_run(p)
     p.add_argument("--layout", required=True, metavar="FILE",

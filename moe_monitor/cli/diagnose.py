@@ -4,11 +4,8 @@
                          [--layout LAYOUT.json] [--dispatch P] [--every N] [--max-moves K] [--hot-experts K]
                          [cost flags] [--json]
 
-Per-step counts [T, L, E] come from a trace or counts file (planner.io.load_trace_steps) or from a live run's newest
---steps steps in Redis (ranks summed per step; the aggregator's summed steps when it runs). The layout in force is
---layout, else the trace's or run's layout in force at the first step (its metadata's, or the last layout change
-before), else the contiguous layout over --gpus. The analytics are planner.diagnose's (docs/diagnose.md); the cost
-flags are `moe-monitor advise`'s.
+Per-step counts [T, L, E] from a trace or counts file (planner.io.load_trace_steps) or a live run's newest --steps
+steps; the analytics are planner.diagnose's. Flags, layout defaults and figures: docs/diagnose.md.
 """
 from __future__ import annotations
 

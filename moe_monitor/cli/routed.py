@@ -3,14 +3,9 @@ the zero-plugin sampler. Reads the routed experts a vLLM or SGLang server starte
 --enable-return-routed-experts returns per request and publishes them as sampled steps
 (collectors/routed.py does the conversion).
 
-Two ways to get responses:
-    --prompts FILE   probe: send each prompt of FILE (one JSON per line: a string or a list of token ids) to the
-                     server's /v1/completions every --every seconds (or once with --once) and publish the routing
-    --listen H:P     proxy: clients send their /v1/completions and /v1/chat/completions here; each is forwarded to
-                     --server (SGLang's get "return_routed_experts": true added), answered with the server's
-                     response unchanged, and its routing published. Other paths and streamed requests are relayed
-                     without sampling (a streamed answer arrives whole, once the server has finished it).
-Exit codes: 0 done (or stopped by Ctrl-C / SIGTERM), 1 (--once) the server or Redis failed, 2 bad settings.
+--prompts FILE probes the server with each prompt every --every seconds (or --once); --listen H:P proxies
+clients' completions to --server, answers them unchanged and publishes their routing. Exit codes: 0 done or
+stopped, 1 (--once) the server or Redis failed, 2 bad settings. Docs: docs/vllm-parallel.md.
 """
 from __future__ import annotations
 

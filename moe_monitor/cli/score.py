@@ -3,12 +3,9 @@
     moe-monitor score (--load COUNTS | --redis URL --run NAME [--steps N]) [--layout LAYOUT.json] [--gpus G]
                       [--dispatch even|round_robin|lp|ideal] [--json]
 
-COUNTS: per-step counts [T, L, E]: SGLang logical_count JSON (one [L, E] entry per step) or a project trace
-(ranks summed per step; planner.io.load_trace_steps). LAYOUT.json: {"physical_to_logical_map": [[...]]}; without
-it the contiguous layout (P = E, expert e on GPU e // (E / G)) for --load, the run's layout in force at the first
-step read for a live run (--gpus then defaults to the run's). The figures are core.steptails' (docs/diagnose.md):
-per-step imbalance p50 / p99 / max over the (step, layer) pairs with tokens, the window imbalance, the ideal
-fraction and the expert skew.
+COUNTS: per-step counts [T, L, E] (SGLang logical_count JSON or a project trace, ranks summed per step:
+planner.io.load_trace_steps). The figures are core.steptails' per-step tails. Flags, layout defaults and the
+output fields: docs/diagnose.md.
 """
 from __future__ import annotations
 
