@@ -3,8 +3,6 @@ into the session's own redis-server with the real writer (traces.publish.RunPubl
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from moe_monitor.cli import main
 from moe_monitor.planner.diagnose import CANDIDATES, diagnose
 from moe_monitor.planner.io import load_trace_steps
 from moe_monitor.traces.publish import RunPublisher
+from tests.support.cli import child
 from tests.support.livesteps import RANKS, E, G, L, counts_steps, publish
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,8 +27,7 @@ def run(capsys, *args) -> tuple[int, str, str]:
 
 
 def test_sample_trace_json_matches_planner():
-    r = subprocess.run([sys.executable, "-m", "moe_monitor", "diagnose", "--trace", str(SAMPLE), "--every", "60",
-                        "--redundant", "32", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = child("diagnose", "--trace", SAMPLE, "--every", 60, "--redundant", 32, "--json")  # the real command
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["steps"] == 180 and got["gpus"] == 32 and got["redundant"] == 32

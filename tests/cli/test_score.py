@@ -3,8 +3,6 @@ checked against core.steptails and against a case worked out by hand."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +11,7 @@ import pytest
 from moe_monitor.cli import main
 from moe_monitor.core.steptails import step_tails
 from moe_monitor.planner.io import load_trace_steps
+from tests.support.cli import child
 from tests.support.livesteps import G, counts_steps, publish
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,8 +36,7 @@ def write_layout(path: Path, layout_LP) -> Path:
 
 def test_sample_trace_matches_steptails():
     """The installed command on the shipped demo trace (180 steps x 4 layers x 256 experts, 32 GPUs)."""
-    r = subprocess.run([sys.executable, "-m", "moe_monitor", "score", "--load", str(SAMPLE), "--gpus", "32",
-                        "--json"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = child("score", "--load", SAMPLE, "--gpus", 32, "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     counts = load_trace_steps(SAMPLE)
