@@ -21,10 +21,10 @@ if os.environ.get("MOE_FRAMEWORK_TESTS") != "1":
 
 # What a test starts, found in its own code, in its fixtures' and in the test-side helpers (tests.*) they call,
 # and the mark it gets. A name `executable` (sys.executable) is a Python child: mark `subprocess`. Modules that
-# start their children inside moe_monitor/ or bench/ (the EP runtime, bench.faults) say so in `pytestmark`.
+# start children through moe_monitor/ or bench/ (the EP runtime, bench.faults) say so in `pytestmark`; the
+# dashboard's upload check runs in a child of its own by design and stays in the fast tier.
 STARTERS = {
     "tests.support.browserkit.chromium_page": "browser",
-    "tests.support.browserkit.serving": "browser",
     "tests.support.apptest.run_app": "app",
     "streamlit.testing.v1.app_test.AppTest": "app",
     "moe_monitor.demo.localcluster.LocalCluster": "cluster",
@@ -40,16 +40,17 @@ def _names(code: types.CodeType):
             yield from _names(const)
 
 
-def _marks_of(funcs, seen: dict) -> set[str]:
+def _marks_of(funcs) -> set[str]:
     """The marks for what funcs (and the tests.* functions and classes they name, transitively) start."""
     marks: set[str] = set()
+    seen: set[types.CodeType] = set()
     stack = [inspect.unwrap(f) for f in funcs]
     while stack:
         func = stack.pop()
         code = getattr(func, "__code__", None)
         if code is None or code in seen:
             continue
-        seen[code] = True
+        seen.add(code)
         names = set(_names(code))
         if "executable" in names:
             marks.add("subprocess")
@@ -77,7 +78,7 @@ def pytest_collection_modifyitems(config, items):
             continue
         inner = getattr(getattr(func, "hypothesis", None), "inner_test", func)
         fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
-        for mark in sorted(_marks_of([inner, *fixtures], {})):
+        for mark in sorted(_marks_of([inner, *fixtures])):
             item.add_marker(mark)
 
 
