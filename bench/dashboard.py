@@ -131,7 +131,7 @@ def rebalance(client, url: str, args, gpus: int) -> None:
     rng = np.random.default_rng(1)
     map_LP = np.stack([rng.permutation(args.experts) for _ in range(args.layers)])
     client.xadd(core.layouts_key(f"{RUN}-rebalanced"), core.encode_layout_record(core.LayoutRecord(
-        run=f"{RUN}-rebalanced", step=args.steps // 2, time_s=time.time(), physical_to_logical_LP=map_LP, gpus=gpus)))
+        run=f"{RUN}-rebalanced", step=args.steps // 2, time_s=time.time(), layout_LP=map_LP, gpus=gpus)))
     times_ms: dict[str, list[float]] = {"plain": [], "rebalanced": []}
     for _ in range(args.repeats + 1):
         for name in times_ms:

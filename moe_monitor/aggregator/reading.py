@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import redis
 
 from moe_monitor import core
-
 from moe_monitor.core.assembly import Assembler, Output
+
 from .layoutbook import LayoutBook
 from .options import GROUP
 from .takeover import stream_entries
@@ -145,4 +145,4 @@ class RoundReader:
                 self.layout_problems += 1
                 assembler.last_problem = f"layout change from step {rec.step}: {core.why(exc)}"
                 continue
-            book.add(assembler.epoch, rec.step, rec.physical_to_logical_LP, rec.gpus)
+            book.add(assembler.epoch, rec.step, rec.layout_LP, rec.gpus)

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import redis
 
 from moe_monitor import core
-
 from moe_monitor.core.assembly import Assembler, Output, entry_id_key
+
 from .commit import CommitResult, Committer
 from .layoutbook import LayoutBook
 from .lease import KEPT, LOST, RETAKEN, Lease

@@ -99,7 +99,7 @@ def _with_changes(src: Source, records: list[core.LayoutRecord], first_step: int
     """The layout record in force at first_step (when any) replaces the metadata's; later changes are noted."""
     fitting = [rec for rec in records if rec.gpus == src.gpus and rec.num_layers == src.counts_TLE.shape[1]]
     if fitting and fitting[0].step <= first_step:
-        src.layout_LP = np.asarray(fitting[0].physical_to_logical_LP, dtype=np.int64)
+        src.layout_LP = np.asarray(fitting[0].layout_LP, dtype=np.int64)
         fitting = fitting[1:]
     if fitting:
         src.notes.append(f"{len(fitting)} layout change(s) inside the window are not followed: the layout in force "

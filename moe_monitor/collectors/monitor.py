@@ -210,7 +210,7 @@ class ExpertLoadMonitor:
         layout_LP = core.check_layout_map(layout_LP, gpus, self.meta.layout.nodes, self.num_layers,
                                           self.num_experts)
         record = core.LayoutRecord(run=self.run, step=int(step), time_s=time.time(),
-                                   physical_to_logical_LP=layout_LP.astype(np.int32), gpus=int(gpus),
+                                   layout_LP=layout_LP.astype(np.int32), gpus=int(gpus),
                                    nodes=self.meta.layout.nodes, source=source, rank=self.rank,
                                    instance=self.instance)
         core.encode_layout_record(record)  # the reader's bounds, checked here rather than in the writer

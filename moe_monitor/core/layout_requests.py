@@ -51,7 +51,7 @@ class LayoutRequest:
     def message(self) -> bytes:
         """The canonical bytes the signature covers (core/signing.py)."""
         rec = self.record
-        return canonical_request(rec.run, rec.physical_to_logical_LP, rec.gpus, rec.nodes, rec.step, rec.time_s,
+        return canonical_request(rec.run, rec.layout_LP, rec.gpus, rec.nodes, rec.step, rec.time_s,
                                  self.expires_s, self.nonce)
 
 

@@ -36,7 +36,7 @@ LAYOUT_DTYPE = COUNTS_DTYPE  # little-endian int32
 class LayoutRecord:
     """A physical_to_logical_map in force from `step` on.
 
-    physical_to_logical_LP: int32 [L, P] logical expert of each physical slot (SGLang's
+    layout_LP: int32 [L, P] logical expert of each physical slot (SGLang's
     physical_to_logical_map); GPU of slot p is p // (P / gpus), node of GPU g is g // (gpus / nodes).
     step: first step id (the run's step ids) at which this layout is in force.
     time_s: unix seconds when it was issued. rank, instance: the collector that published it.
@@ -47,7 +47,7 @@ class LayoutRecord:
     run: str
     step: int
     time_s: float
-    physical_to_logical_LP: np.ndarray
+    layout_LP: np.ndarray
     gpus: int
     nodes: int = 1
     source: str = "engine"
@@ -56,19 +56,19 @@ class LayoutRecord:
 
     @property
     def num_layers(self) -> int:
-        return int(self.physical_to_logical_LP.shape[0])
+        return int(self.layout_LP.shape[0])
 
     @property
     def num_slots(self) -> int:
-        return int(self.physical_to_logical_LP.shape[1])
+        return int(self.layout_LP.shape[1])
 
     def validate(self, num_experts: int, *, num_layers: int | None = None) -> LayoutRecord:
         """self when the map fits a run of num_experts experts (and num_layers layers, when given): every
         expert 0..E-1 in every row and nothing else, P a multiple of gpus, gpus a multiple of nodes (the
         check of core.Layout.validate); ValueError otherwise."""
-        layout_LP = self.physical_to_logical_LP
+        layout_LP = self.layout_LP
         if not isinstance(layout_LP, np.ndarray) or layout_LP.ndim != 2:
-            raise ValueError("physical_to_logical_LP must be a 2-D int array [layers, slots]")
+            raise ValueError("layout_LP must be a 2-D int array [layers, slots]")
         rows = layout_LP.shape[0] if num_layers is None else num_layers
         check_layout_map(layout_LP, self.gpus, self.nodes, rows, num_experts)
         return self
@@ -77,12 +77,12 @@ class LayoutRecord:
 def encode_layout_record(rec: LayoutRecord) -> dict[str, bytes | str | int]:
     """LayoutRecord -> stream entry fields (values redis-py can send as they are). ValueError when the record
     is one decode_layout_record would refuse (shape, sizes, ids, gpus, nodes, source, step, time)."""
-    layout_LP = np.asarray(rec.physical_to_logical_LP)
+    layout_LP = np.asarray(rec.layout_LP)
     if layout_LP.ndim != 2 or layout_LP.dtype.kind not in "iu":
-        raise ValueError(f"physical_to_logical_LP must be a 2-D int array [layers, slots], got "
+        raise ValueError(f"layout_LP must be a 2-D int array [layers, slots], got "
                          f"{layout_LP.dtype} {layout_LP.shape}")
     if layout_LP.size and (layout_LP.min() < 0 or layout_LP.max() >= MAX_EXPERTS):
-        raise ValueError(f"physical_to_logical_LP must hold expert ids 0..{MAX_EXPERTS - 1}")
+        raise ValueError(f"layout_LP must hold expert ids 0..{MAX_EXPERTS - 1}")
     fields: dict[str, bytes | str | int] = {
         "v": SCHEMA_VERSION,
         "run": check_run_name(rec.run),
@@ -130,6 +130,6 @@ def decode_layout_record(fields: dict) -> LayoutRecord:
     instance = _instance(fields)
     return LayoutRecord(
         run=check_run_name(_text(fields, "run", max_chars=128)), step=_int(fields, "step", 0, MAX_STEP),
-        time_s=_time(fields, "t"), physical_to_logical_LP=layout_LP, gpus=gpus, nodes=nodes, source=source,
+        time_s=_time(fields, "t"), layout_LP=layout_LP, gpus=gpus, nodes=nodes, source=source,
         rank=_int(fields, "rank", 0, MAX_WORLD), instance=instance,
     )

@@ -226,7 +226,7 @@ class RunExporter:
         meta = watched.source.meta()
         window = watched.window
         step_bytes = ADVICE_BYTES_PER_CELL * window.num_layers * window.num_experts
-        slots = int(layout.p2l_LP.shape[1])
+        slots = int(layout.layout_LP.shape[1])
         tables = window.num_layers * (DEFAULT_SUB_WINDOWS * (slots // layout.gpus) * slots + layout.gpus *
                                       window.num_experts)
         plan_bytes = PLAN_BYTES_PER_CELL * tables
@@ -243,7 +243,7 @@ class RunExporter:
                 decisions[phase] = None
                 continue
             try:
-                decisions[phase] = advice_on_window(window.counts_CLE[snap.view.slots_T[-steps:]], layout.p2l_LP,
+                decisions[phase] = advice_on_window(window.counts_CLE[snap.view.slots_T[-steps:]], layout.layout_LP,
                                                     layout.gpus, meta)
             except ValueError as exc:  # a layout the advisor cannot read: no gauge for that phase
                 log.warning("run %s phase %s: no rebalance advice: %s", name, phase, exc)

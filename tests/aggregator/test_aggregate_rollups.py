@@ -32,7 +32,7 @@ def write_meta_and_change(client, run: str) -> None:
                         layout=core.Layout(gpus=GPUS, nodes=1, physical_to_logical_map=META_MAP))
     client.set(core.meta_key(run), core.encode_meta(meta))
     change = core.LayoutRecord(run=run, step=CHANGE_STEP, time_s=time.time(),
-                               physical_to_logical_LP=np.array(CHANGED_MAP), gpus=GPUS, instance="c")
+                               layout_LP=np.array(CHANGED_MAP), gpus=GPUS, instance="c")
     client.xadd(core.layouts_key(run), core.encode_layout_record(change))
 
 

@@ -66,7 +66,7 @@ def _check_loads(watched: WatchedRun) -> None:
     assert list(snap.view.step_T) == [0, 1, 2, 3, 4, 5]
     np.testing.assert_allclose(snap.view.loads_TLG, WANT_TLG)
     assert (layout.since_step, layout.source, layout.origin) == (3, "engine", "engine rebalance at step 3")
-    np.testing.assert_array_equal(layout.p2l_LP, NEW_LP)
+    np.testing.assert_array_equal(layout.layout_LP, NEW_LP)
     assert snap.step_marks() == [(3.0, "engine rebalanced")]
     assert "engine rebalance since step 3" in in_force_note(layout)
     # the What-if path: a layout the user chose wins over the run's history, for every step
@@ -84,7 +84,7 @@ def test_monitor_publishes_a_layout_change_that_the_dashboard_applies_from_its_s
     assert len(entries) == 1
     rec = core.decode_layout_record(entries[0][1]).validate(4, num_layers=2)
     assert (rec.step, rec.gpus, rec.nodes, rec.source, rec.instance) == (3, 2, 1, "engine", mon.instance)
-    np.testing.assert_array_equal(rec.physical_to_logical_LP, NEW_LP)
+    np.testing.assert_array_equal(rec.layout_LP, NEW_LP)
     stats = mon.stats()["sinks"]["redis"]
     assert (stats["published_layouts"], stats["queued_layouts"], stats["dropped_layouts"]) == (1, 0, 0)
     assert core.decode_meta(client.get(core.meta_key(RUN))).layout.physical_to_logical_map == [[0, 1, 2, 3]] * 2
@@ -117,7 +117,7 @@ def test_trace_file_round_trip_with_a_layout_line(redis_server, redis_url, tmp_p
     assert kinds.count("layout") == 1 and kinds.count("step") == 6 and kinds[0] == "meta"
     kind, rec = core.decode_trace_line(lines[kinds.index("layout")])
     assert kind == "layout" and rec.step == 3
-    np.testing.assert_array_equal(rec.physical_to_logical_LP, NEW_LP)
+    np.testing.assert_array_equal(rec.layout_LP, NEW_LP)
     _check_loads(_watch(TraceSource(str(path))))
     dumped = tmp_path / "dump.jsonl"  # a trace recorded from Redis carries the layout stream too
     assert record_trace(redis_url, RUN, str(dumped)) == 6
@@ -161,7 +161,7 @@ def test_publish_layout_checks_the_map_and_never_waits(redis_server, redis_url):
     with pytest.raises(RuntimeError, match="after close"):
         mon.publish_layout(NEW_LP)
     rec = core.decode_layout_record(redis_server.client().xrange(core.layouts_key("checks"))[0][1])
-    assert (rec.step, rec.gpus) == (7, 4) and rec.physical_to_logical_LP.tolist() == [[3, 2, 1, 0], [0, 1, 2, 3]]
+    assert (rec.step, rec.gpus) == (7, 4) and rec.layout_LP.tolist() == [[3, 2, 1, 0], [0, 1, 2, 3]]
     memory_only = ExpertLoadMonitor(2, 4, 1, gpus=2, nvml=False)
     memory_only.publish_layout(NEW_LP)
     assert memory_only.last_layout is not None and memory_only.last_layout.step == 0
@@ -195,7 +195,7 @@ def test_outage_while_a_layout_waits_loses_nothing(server):
     client = server.client()
     layouts = [core.decode_layout_record(f) for _, f in client.xrange(core.layouts_key("down"))]
     assert [r.step for r in layouts] == [3]
-    np.testing.assert_array_equal(layouts[0].physical_to_logical_LP, NEW_LP)
+    np.testing.assert_array_equal(layouts[0].layout_LP, NEW_LP)
     assert [core.decode_step(f).step for _, f in client.xrange(core.steps_key("down"))] == list(range(43, 63))
     stats = mon.stats()["sinks"]["redis"]
     assert (stats["dropped_layouts"], stats["dropped_steps"]) == (0, 40)
@@ -220,7 +220,7 @@ def test_a_redis_restarted_empty_gets_the_layout_in_force_back(server):
     mon.close()
     layouts = [core.decode_layout_record(f) for _, f in client.xrange(core.layouts_key("reborn"))]
     assert [r.step for r in layouts] == [1]
-    np.testing.assert_array_equal(layouts[0].physical_to_logical_LP, NEW_LP)
+    np.testing.assert_array_equal(layouts[0].layout_LP, NEW_LP)
 
 
 def test_a_stalled_redis_never_holds_up_publish_layout(server):

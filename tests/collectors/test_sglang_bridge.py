@@ -181,8 +181,8 @@ def test_per_pass_counts_steps_and_layout_changes(tmp_path, redis_url, real):
     np.testing.assert_array_equal(meta.layout.physical_to_logical_map, real["layout_a"])
     initial, change = layouts_of(redis_url, "pp")
     assert (initial.source, initial.step, change.source, change.step) == ("initial", 100, "engine", 103)
-    np.testing.assert_array_equal(initial.physical_to_logical_LP, real["layout_a"])
-    np.testing.assert_array_equal(change.physical_to_logical_LP, real["layout_b"])
+    np.testing.assert_array_equal(initial.layout_LP, real["layout_a"])
+    np.testing.assert_array_equal(change.layout_LP, real["layout_b"])
     assert change.gpus == GPUS and change.instance == records[0].instance
     change.validate(256, num_layers=61)
     assert sum("layout change" in line for line in lines) == 1  # said once, with the file that showed it
@@ -430,7 +430,7 @@ def test_redis_down_then_back(tmp_path, real):
         assert meta_of(redis_proc.url, "down").num_experts == 256
         (layout,) = layouts_of(redis_proc.url, "down")
         assert layout.step == 0 and layout.source == "initial"
-        np.testing.assert_array_equal(layout.physical_to_logical_LP, real["layout_a"])
+        np.testing.assert_array_equal(layout.layout_LP, real["layout_a"])
         bridge.close()
     finally:
         redis_proc.kill()
@@ -572,7 +572,7 @@ def test_dashboard_reads_the_bridged_run(tmp_path, redis_url, real):
     assert watched.steps_read == len(expected) and watched.bad_records == 0, watched.last_error
     meta = watched.source.meta()
     layout = resolve_layout(meta, 61, 256, watched.world_size)
-    assert layout.origin == "run metadata" and layout.p2l_LP.shape == (61, 288) and layout.gpus == GPUS
+    assert layout.origin == "run metadata" and layout.layout_LP.shape == (61, 288) and layout.gpus == GPUS
     snapshot = analyse(watched.window, layout, "both")
     assert snapshot is not None and snapshot.view.num_steps == 3
     step_tokens = {step: sum(tokens_of(c) for (r, s), c in expected.items() if s == step) for step in range(3)}

@@ -20,7 +20,7 @@ MAP_LP = np.array([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 2, 3]], dtype=np.int32)  # 2
 
 
 def _record(**changes) -> core.LayoutRecord:
-    fields = dict(run="p", step=5, time_s=1.7e9, physical_to_logical_LP=MAP_LP, gpus=2, nodes=1, source="engine",
+    fields = dict(run="p", step=5, time_s=1.7e9, layout_LP=MAP_LP, gpus=2, nodes=1, source="engine",
                   rank=1, instance="i-1")
     fields.update(changes)
     return core.LayoutRecord(**fields)
@@ -45,8 +45,8 @@ def test_round_trip_through_stream_fields_and_a_trace_line():
         assert isinstance(decoded, core.LayoutRecord)
         assert (decoded.run, decoded.step, decoded.time_s, decoded.gpus, decoded.nodes, decoded.source,
                 decoded.rank, decoded.instance) == ("p", 123, 1.7e9, 2, 2, "apply", 3, "abc")
-        assert decoded.physical_to_logical_LP.dtype == np.int32
-        np.testing.assert_array_equal(decoded.physical_to_logical_LP, MAP_LP)
+        assert decoded.layout_LP.dtype == np.int32
+        np.testing.assert_array_equal(decoded.layout_LP, MAP_LP)
         assert decoded.validate(4) is decoded and decoded.validate(4, num_layers=2) is decoded
     assert core.decode_trace_line(core.trace_line("layout", fields))[0] == "layout" and "layout" in core.TRACE_KINDS
 
@@ -62,8 +62,8 @@ def test_key_and_exports():
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(physical_to_logical_LP=np.array([[0, 1, 2, 2, 0, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: every expert"),
-    (dict(physical_to_logical_LP=np.array([[0, 1, 2, 3, 4, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: every expert"),
+    (dict(layout_LP=np.array([[0, 1, 2, 2, 0, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: every expert"),
+    (dict(layout_LP=np.array([[0, 1, 2, 3, 4, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: every expert"),
     (dict(gpus=4), "do not split evenly over 4 GPUs"),
     (dict(gpus=2, nodes=3), "multiple of nodes"),
 ])
@@ -73,7 +73,7 @@ def test_validate_needs_every_expert_and_even_splits(changes, message):
     with pytest.raises(ValueError, match="layout has 2 layers, the model has 3"):
         _record().validate(4, num_layers=3)
     with pytest.raises(ValueError, match="2-D"):
-        _record(physical_to_logical_LP=np.arange(4)).validate(4)
+        _record(layout_LP=np.arange(4)).validate(4)
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -85,11 +85,11 @@ def test_validate_needs_every_expert_and_even_splits(changes, message):
     (dict(time_s=float("nan")), "not finite"),
     (dict(instance="i" * 300), "longer than 256"),
     (dict(run="bad run"), "run name"),
-    (dict(physical_to_logical_LP=np.array([0, 1])), "2-D"),
-    (dict(physical_to_logical_LP=np.array([[0.5, 1.0]])), "2-D int"),
-    (dict(physical_to_logical_LP=np.array([[-1, 0]])), "expert ids"),
-    (dict(physical_to_logical_LP=np.array([[70000, 0]])), "expert ids"),
-    (dict(physical_to_logical_LP=np.zeros((0, 2), dtype=np.int32)), "below 1"),
+    (dict(layout_LP=np.array([0, 1])), "2-D"),
+    (dict(layout_LP=np.array([[0.5, 1.0]])), "2-D int"),
+    (dict(layout_LP=np.array([[-1, 0]])), "expert ids"),
+    (dict(layout_LP=np.array([[70000, 0]])), "expert ids"),
+    (dict(layout_LP=np.zeros((0, 2), dtype=np.int32)), "below 1"),
 ])
 def test_encode_refuses_what_a_reader_would_refuse(changes, message):
     with pytest.raises(ValueError, match=message):
@@ -133,10 +133,10 @@ def _check_layout(fields) -> None:
         rec = core.decode_layout_record(fields)
     except ValueError:
         return
-    num_layers, num_slots = rec.physical_to_logical_LP.shape
+    num_layers, num_slots = rec.layout_LP.shape
     assert 1 <= num_layers <= core.MAX_LAYERS and 1 <= num_slots <= core.MAX_SLOTS
-    assert num_layers * num_slots <= core.MAX_CELLS and rec.physical_to_logical_LP.dtype == np.int32
-    assert rec.physical_to_logical_LP.min() >= 0 and rec.physical_to_logical_LP.max() < core.MAX_EXPERTS
+    assert num_layers * num_slots <= core.MAX_CELLS and rec.layout_LP.dtype == np.int32
+    assert rec.layout_LP.min() >= 0 and rec.layout_LP.max() < core.MAX_EXPERTS
     assert num_slots % rec.gpus == 0 and rec.gpus % rec.nodes == 0 and rec.source in core.LAYOUT_SOURCES
     assert 0 <= rec.step < core.MAX_STEP and 0 <= rec.rank < core.MAX_WORLD and abs(rec.time_s) < core.MAX_TIME_S
     assert len(rec.instance) <= core.MAX_NAME_CHARS
@@ -205,12 +205,12 @@ def layouts(draw):
 @given(layouts(), st.integers(0, 2**62 - 1), st.sampled_from(core.LAYOUT_SOURCES))
 def test_every_valid_layout_round_trips(layout, step, source):
     map_LP, num_experts, gpus, nodes = layout
-    rec = core.LayoutRecord(run="r", step=step, time_s=12.5, physical_to_logical_LP=map_LP, gpus=gpus, nodes=nodes,
+    rec = core.LayoutRecord(run="r", step=step, time_s=12.5, layout_LP=map_LP, gpus=gpus, nodes=nodes,
                             source=source)
     fields = core.encode_layout_record(rec)
     for decoded in (core.decode_layout_record(_as_redis(fields)),
                     core.decode_trace_line(core.trace_line("layout", fields))[1]):
-        np.testing.assert_array_equal(decoded.physical_to_logical_LP, map_LP)
+        np.testing.assert_array_equal(decoded.layout_LP, map_LP)
         assert (decoded.step, decoded.gpus, decoded.nodes, decoded.source) == (step, gpus, nodes, source)
         decoded.validate(num_experts, num_layers=map_LP.shape[0])
         if num_experts > 1:  # one expert fewer: the largest id is then out of range
@@ -224,7 +224,7 @@ def test_every_valid_layout_round_trips(layout, step, source):
 def test_validate_of_arbitrary_maps(rows, experts, gpus):
     width = min(map(len, rows))
     map_LP = np.array([row[:width] for row in rows], dtype=np.int64)
-    rec = core.LayoutRecord(run="r", step=0, time_s=0.0, physical_to_logical_LP=map_LP, gpus=gpus)
+    rec = core.LayoutRecord(run="r", step=0, time_s=0.0, layout_LP=map_LP, gpus=gpus)
     try:
         rec.validate(experts)
     except ValueError:

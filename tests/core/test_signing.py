@@ -37,7 +37,7 @@ NOW = 1.7e9
 
 def _record(run: str = "prod", layout_LP=None, step: int = 7, time_s: float = NOW) -> LayoutRecord:
     layout = np.tile(np.arange(8, dtype=np.int32), (2, 1)) if layout_LP is None else layout_LP
-    return LayoutRecord(run=run, step=step, time_s=time_s, physical_to_logical_LP=layout, gpus=2, nodes=1,
+    return LayoutRecord(run=run, step=step, time_s=time_s, layout_LP=layout, gpus=2, nodes=1,
                         source="apply", instance="dash")
 
 
@@ -54,7 +54,7 @@ def test_a_signed_request_passes_and_survives_the_wire():
     assert judge_request(req, "prod", SECRET, NOW + 1).ok
     back = decode_layout_request(encode_layout_request(req))
     assert (back.nonce, back.signature, back.expires_s) == (req.nonce, req.signature, NOW + 60.0)
-    np.testing.assert_array_equal(back.record.physical_to_logical_LP, req.record.physical_to_logical_LP)
+    np.testing.assert_array_equal(back.record.layout_LP, req.record.layout_LP)
     assert judge_request(back, "prod", SECRET, NOW + 1).ok
     assert len(req.nonce) == 32 and len(req.signature) == 64
     assert _signed().nonce != req.nonce
@@ -63,16 +63,16 @@ def test_a_signed_request_passes_and_survives_the_wire():
 @pytest.mark.parametrize("change", ["run", "slot", "shape", "expiry", "issued", "nonce", "step", "gpus"])
 def test_tampering_breaks_the_signature(change):
     req = _signed()
-    layout = req.record.physical_to_logical_LP.copy()
+    layout = req.record.layout_LP.copy()
     if change == "run":  # re-addressed to another run: judged against that run, the signature fails
         tampered = _with_record(req, run="other")
         assert judge_request(tampered, "other", SECRET, NOW + 1).verdict == REFUSED_SIGNATURE
         return
     if change == "slot":
         layout[1, [0, 1]] = layout[1, [1, 0]]
-        tampered = _with_record(req, physical_to_logical_LP=layout)
+        tampered = _with_record(req, layout_LP=layout)
     elif change == "shape":
-        tampered = _with_record(req, physical_to_logical_LP=layout.reshape(1, 16))
+        tampered = _with_record(req, layout_LP=layout.reshape(1, 16))
     elif change == "expiry":
         tampered = dataclasses.replace(req, expires_s=req.expires_s + 3000)
     elif change == "issued":

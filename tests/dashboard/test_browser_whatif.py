@@ -109,10 +109,10 @@ def _foreign_requests(redis_url: str, meta) -> None:
     from moe_monitor.core.layout_requests import encode_layout_request, sign_request
 
     layout_LP = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int32)
-    record = core.LayoutRecord(run=RUN, step=1, time_s=time.time(), physical_to_logical_LP=layout_LP,
+    record = core.LayoutRecord(run=RUN, step=1, time_s=time.time(), layout_LP=layout_LP,
                                gpus=meta.layout.gpus, source="apply", instance="somebody")
     other = core.LayoutRecord(run="another-run", step=1, time_s=time.time(),
-                              physical_to_logical_LP=layout_LP, gpus=meta.layout.gpus, source="apply",
+                              layout_LP=layout_LP, gpus=meta.layout.gpus, source="apply",
                               instance="somebody")
     client = core.connect(redis_url, timeout_s=2.0)
     client.xadd(core.layout_requests_key(RUN), core.encode_layout_record(record))

@@ -114,8 +114,8 @@ def assert_same_window(a: WatchedRun, b: WatchedRun) -> None:
     assert a.dropped_steps == b.dropped_steps and a.world_size == b.world_size
     layout = resolve_layout(meta(), L, E, 4)
     for phase in ("both", "prefill", "decode"):
-        va = wa.view(phase, layout.p2l_LP, GPUS, now_s=time.time() + 60)
-        vb = wb.view(phase, layout.p2l_LP, GPUS, now_s=time.time() + 60)
+        va = wa.view(phase, layout.layout_LP, GPUS, now_s=time.time() + 60)
+        vb = wb.view(phase, layout.layout_LP, GPUS, now_s=time.time() + 60)
         np.testing.assert_array_equal(va.loads_TLG, vb.loads_TLG)
         np.testing.assert_array_equal(va.counts_sum_LE, vb.counts_sum_LE)
     sa, sb = analyse(wa, layout, "both"), analyse(wb, layout, "both")
@@ -289,7 +289,7 @@ def test_a_new_aggregator_epoch_starts_the_window_afresh(redis_url):
     new = rank_records(range(4), world=1, t0=time.time() - 10, seed=6, instance="n")
     write_aggregates(client, [aggregate_of([r], epoch="A") for r in old])
     layout = core.LayoutRecord(run=RUN, step=3, time_s=old[2].time_s, source="engine", gpus=GPUS,
-                               physical_to_logical_LP=np.tile(np.arange(E)[::-1], (L, 1)), instance="c0")
+                               layout_LP=np.tile(np.arange(E)[::-1], (L, 1)), instance="c0")
     source = AggregateSource(client, RUN, 50)
     source.layouts = [layout]
     watched = WatchedRun(source, 50)

@@ -31,7 +31,7 @@ def test_uploaded_sglang_json_with_replicas():
     rows = core.parse_layout_json(json.dumps({"physical_to_logical_map": [[0, 1, 2, 3, 0, 1]] * 2}))
     lay = resolve_layout(make_meta("m", 2, 4, gpus=2), 2, 4, gpus=3, uploaded=rows)
     assert lay.origin == "uploaded JSON" and lay.slots_per_gpu == 2
-    np.testing.assert_array_equal(lay.p2l_LP[0], [0, 1, 2, 3, 0, 1])
+    np.testing.assert_array_equal(lay.layout_LP[0], [0, 1, 2, 3, 0, 1])
     with pytest.raises(ValueError, match="layout has 2 layers"):
         resolve_layout(None, 3, 4, gpus=2, uploaded=rows)
 

@@ -45,7 +45,7 @@ def _step(step, counts, instance="", t=None):
 
 
 def _layout(step, map_LP, instance="", gpus=2, source="engine"):
-    return core.LayoutRecord(run="w", step=step, time_s=100.0 + step, physical_to_logical_LP=np.asarray(map_LP),
+    return core.LayoutRecord(run="w", step=step, time_s=100.0 + step, layout_LP=np.asarray(map_LP),
                              gpus=gpus, source=source, instance=instance)
 
 
@@ -98,7 +98,7 @@ def test_cached_loads_equal_a_full_recompute_under_changing_schedules():
         view = window.view("both", base, 2, schedule=schedule)
         for t, step_id in enumerate(view.step_T):
             used = in_force(schedule, int(step_id))
-            map_LP = base if used is None else used.p2l_LP
+            map_LP = base if used is None else used.layout_LP
             want = weighted_loads(window.counts_CLE[view.slots_T[t]][None], gpu_weights(map_LP, 6, 2))[0]
             np.testing.assert_allclose(view.loads_TLG[t], want, rtol=1e-6)
 
@@ -113,11 +113,11 @@ def test_history_is_sorted_bounded_and_replaces_a_repeated_step():
     assert in_force(history.changes, 4) is None and in_force(history.changes, 10).step == 9
     assert _change(3, SWAPPED).key == _change(8, SWAPPED.tolist()).key != _change(3, [[3, 2, 1, 0]]).key
     with pytest.raises(ValueError):
-        _change(3, SWAPPED).p2l_LP[0, 0] = 1  # read-only
+        _change(3, SWAPPED).layout_LP[0, 0] = 1  # read-only
 
 
 def test_change_from_record_checks_the_fit():
-    assert change_from_record(_layout(3, SWAPPED), 1, 4).p2l_LP.tolist() == SWAPPED.tolist()
+    assert change_from_record(_layout(3, SWAPPED), 1, 4).layout_LP.tolist() == SWAPPED.tolist()
     for rec, message in ((_layout(3, [[0, 1, 1, 3]]), "every expert 0..3"), (_layout(3, SWAPPED, gpus=3), "split"),
                          (_layout(-1, SWAPPED), "layout step"), (_layout(2**62, SWAPPED), "layout step"),
                          (_layout(3, SWAPPED, source="x"), "unknown layout source"),
@@ -163,7 +163,7 @@ def test_bad_layout_entries_in_redis_and_trace_files_are_bad_records(redis_serve
         run="bad", rank=0, world_size=1, step=0, time_s=1.0, phase="decode", tokens=1,
         counts_LE=np.array([[1, 2, 4, 8]], dtype=np.int32))))
     good = core.encode_layout_record(core.LayoutRecord(run="bad", step=0, time_s=1.0,
-                                                       physical_to_logical_LP=SWAPPED, gpus=2))
+                                                       layout_LP=SWAPPED, gpus=2))
     client.xadd(core.layouts_key("bad"), {"v": 1, "L": 70000})
     client.xadd(core.layouts_key("bad"), {**good, "map": b"\xff" * 16})
     client.xadd(core.layouts_key("bad"), good)

@@ -78,7 +78,7 @@ def test_time_page_without_timings_is_one_line(redis_url, monkeypatch):
 
 def test_time_page_marks_layout_changes(redis_url, monkeypatch):
     client = fill_run(redis_url, "marked")
-    change = core.LayoutRecord(run="marked", step=10, time_s=time.time(), physical_to_logical_LP=np.tile(
+    change = core.LayoutRecord(run="marked", step=10, time_s=time.time(), layout_LP=np.tile(
         np.arange(E, dtype=np.int32)[::-1], (L, 1)), gpus=G, nodes=1, source="apply", instance="i0")
     client.xadd(core.layouts_key("marked"), core.encode_layout_record(change))
     at = app(redis_url, monkeypatch, "page_files/time.py")
@@ -115,7 +115,7 @@ def test_apply_button_publishes_a_request_not_a_change(redis_url, monkeypatch):
     assert judge_request(request, "live-apply", APPLY_SECRET.encode(), time.time()).ok  # signed, not expired
     state = at.session_state["whatif_state"]
     assert [(r.step, r.nonce, r.request_id) for r in state.requests] == [(20, request.nonce, entries[0][0].decode())]
-    np.testing.assert_array_equal(rec.physical_to_logical_LP, state.apply_target.layout_LP)
+    np.testing.assert_array_equal(rec.layout_LP, state.apply_target.layout_LP)
 
 
 def _eta(loads_LG: np.ndarray) -> float:
@@ -128,7 +128,7 @@ def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
     layout that swaps experts between the GPUs. The panel shows the means over 8 steps either side."""
     client = fill_run(redis_url, "applied", layer_s=lambda step: 2e-3 if step < 10 else 1e-3)
     new_LP = np.tile(np.array([0, 4, 1, 5, 2, 6, 3, 7], dtype=np.int32), (L, 1))
-    change = core.LayoutRecord(run="applied", step=10, time_s=time.time(), physical_to_logical_LP=new_LP, gpus=G,
+    change = core.LayoutRecord(run="applied", step=10, time_s=time.time(), layout_LP=new_LP, gpus=G,
                                nodes=1, source="apply", instance="i0")
     client.xadd(core.layouts_key("applied"), core.encode_layout_record(change))
     counts = {}
@@ -136,10 +136,10 @@ def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
         rec = core.decode_step(fields)
         counts[rec.step] = counts.get(rec.step, 0) + rec.counts_LE.astype(np.int64)
 
-    def loads(counts_LE, p2l_LP):
+    def loads(counts_LE, layout_LP):
         out = np.zeros((L, G))
         for layer in range(L):
-            for slot, expert in enumerate(p2l_LP[layer]):
+            for slot, expert in enumerate(layout_LP[layer]):
                 out[layer, slot // (E // G)] += counts_LE[layer, expert]
         return out
 

@@ -39,7 +39,7 @@ RULES = RequestRules(run=RUN, num_layers=L, num_experts=E, ranks=RANKS, max_slot
 def _record(layout_LP=None, run: str = RUN, time_s: float | None = None, gpus: int = RANKS) -> core.LayoutRecord:
     layout = np.tile(np.arange(E, dtype=np.int32)[::-1], (L, 1)) if layout_LP is None else layout_LP
     return core.LayoutRecord(run=run, step=3, time_s=time.time() if time_s is None else time_s,
-                             physical_to_logical_LP=np.asarray(layout, dtype=np.int32), gpus=gpus, source="apply",
+                             layout_LP=np.asarray(layout, dtype=np.int32), gpus=gpus, source="apply",
                              instance="test-sender")
 
 

@@ -199,7 +199,7 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     assert len(layouts) == len(marked), "a request must never show as a layout change"
     assert len(marked) == 1 and marked[0].source == "apply" and marked[0].step == from_step
     assert marked[0].gpus == 4
-    np.testing.assert_array_equal(marked[0].validate(NUM_EXPERTS).physical_to_logical_LP, target)
+    np.testing.assert_array_equal(marked[0].validate(NUM_EXPERTS).layout_LP, target)
 
 
 def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys, monkeypatch):
@@ -247,7 +247,7 @@ def test_runtime_refuses_and_reports_bad_requests_then_applies_a_good_one(redis_
         huge[:, :NUM_EXPERTS] = np.arange(NUM_EXPERTS)
 
         def record(layout, run=cfg.run, time_s=now):
-            return core.LayoutRecord(run=run, step=2, time_s=time_s, physical_to_logical_LP=layout, gpus=2,
+            return core.LayoutRecord(run=run, step=2, time_s=time_s, layout_LP=layout, gpus=2,
                                      source="apply", instance="test")
 
         bad = {

@@ -204,7 +204,7 @@ def test_rebalance_advisor_gauges_are_the_advisors_and_computed_at_most_every_in
     layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size)
     for phase in ("both", "decode", "prefill"):
         snap = analyse(window, layout, phase)
-        want = advice_on_window(window.counts_CLE[snap.view.slots_T], layout.p2l_LP, layout.gpus,
+        want = advice_on_window(window.counts_CLE[snap.view.slots_T], layout.layout_LP, layout.gpus,
                                 watched.source.meta())
         assert _value(samples, "moe_rebalance_predicted_gain_ratio", run="adv", phase=phase) == \
             pytest.approx(want.gain_ratio)

@@ -131,11 +131,11 @@ def _metadata(layout_LP: list[list[int]], rank: int):
     """SGLang's ExpertLocationMetadata of a physical_to_logical_map for this rank (what init_by_mapping builds)."""
     from sglang.srt.eplb import expert_location
 
-    physical_to_logical_LP = torch.tensor(layout_LP, dtype=torch.int64)
+    layout_LP = torch.tensor(layout_LP, dtype=torch.int64)
     every_physical = expert_location._compute_logical_to_all_physical_map(
-        physical_to_logical_map=physical_to_logical_LP, num_logical_experts=E, ep_size=G, moe_ep_rank=rank)
+        physical_to_logical_map=layout_LP, num_logical_experts=E, ep_size=G, moe_ep_rank=rank)
     return expert_location.ExpertLocationMetadata._init_raw(
-        ep_size=G, physical_to_logical_map=physical_to_logical_LP, logical_to_all_physical_map=every_physical,
+        ep_size=G, physical_to_logical_map=layout_LP, logical_to_all_physical_map=every_physical,
         moe_ep_rank=rank)
 
 

@@ -168,8 +168,8 @@ def test_the_bridge_publishes_sglangs_per_pass_dumps_exactly(tmp_path, redis_url
         assert (rec.gpus, rec.source) == (G, "sglang")
     # the layout in force: SGLang's map before the rebalance from the first pass, the new one from pass 104
     assert [(lay.step, lay.source) for lay in layouts] == [(100, "initial"), (104, "engine")]
-    np.testing.assert_array_equal(layouts[0].physical_to_logical_LP, np.array(sgl.LAYOUT_A))
-    np.testing.assert_array_equal(layouts[1].physical_to_logical_LP, np.array(sgl.LAYOUT_B))
+    np.testing.assert_array_equal(layouts[0].layout_LP, np.array(sgl.LAYOUT_A))
+    np.testing.assert_array_equal(layouts[1].layout_LP, np.array(sgl.LAYOUT_B))
     # SGLang's own balancedness of each pass (--expert-balancedness-report-mode server_log, on rank 0: its GPU
     # loads summed over ranks, (mean + 1e-5) / (max + 1e-5) per layer, the mean over layers) is ours, mean / max
     # of the published physical records' GPU loads, to SGLang's 1e-5

@@ -63,7 +63,7 @@ class SeekableListSource(ListSource):
         layout, gpus = self._meta.layout.physical_to_logical_map, self._meta.layout.gpus
         for rec in self.layout_records:
             if rec.step <= step:
-                layout, gpus = rec.physical_to_logical_LP, rec.gpus
+                layout, gpus = rec.layout_LP, rec.gpus
         return layout, gpus
 
     def seek(self, first_step: int, last_step: int) -> Batch:
@@ -104,7 +104,7 @@ def recording(steps: int = 120, num_layers: int = 4, num_experts: int = 16, gpus
     if rebalance_at is not None:
         base = np.asarray(core.contiguous_layout(num_layers, num_experts), dtype=np.int32)
         layouts.append(core.LayoutRecord(run="rec", step=rebalance_at, time_s=time0_s + rebalance_at * step_s,
-                                         physical_to_logical_LP=np.roll(base, 1, axis=1), gpus=gpus,
+                                         layout_LP=np.roll(base, 1, axis=1), gpus=gpus,
                                          instance="i0"))
     return SeekableListSource(records, meta, layouts)
 

@@ -29,7 +29,7 @@ def publish(url: str, run_name: str, counts_TRLE: np.ndarray, changes: dict | No
     try:
         for step, per_rank in enumerate(counts_TRLE):
             layouts = [core.LayoutRecord(run=run_name, step=step, time_s=1.0 + step, gpus=G,
-                                         physical_to_logical_LP=np.asarray(changes[step], dtype=np.int32))
+                                         layout_LP=np.asarray(changes[step], dtype=np.int32))
                        ] if changes and step in changes else []
             writer.publish([core.StepRecord(run=run_name, rank=r, world_size=RANKS, step=step, time_s=1.0 + step,
                                             phase="decode", tokens=64, counts_LE=per_rank[r].astype(np.int32))

@@ -39,7 +39,7 @@ def records(steps: int = 40, world: int = 2, seed: int = 0) -> list[core.StepRec
 
 
 def layout() -> core.LayoutRecord:
-    return core.LayoutRecord(run="tr", step=20, time_s=1020.0, physical_to_logical_LP=NEW_LP, gpus=G, source="engine")
+    return core.LayoutRecord(run="tr", step=20, time_s=1020.0, layout_LP=NEW_LP, gpus=G, source="engine")
 
 
 def gpu() -> list[core.GpuSample]:
@@ -87,7 +87,7 @@ def test_every_record_kind_round_trips(tmp_path, name):
         got = reader.read_steps(0, 39)
         assert len(got) == len(recs) and all(same(a, b) for a, b in zip(got, recs))
         assert [(r.step, r.source) for r in reader.layouts] == [(20, "engine")]
-        np.testing.assert_array_equal(reader.layouts[0].physical_to_logical_LP, NEW_LP)
+        np.testing.assert_array_equal(reader.layouts[0].layout_LP, NEW_LP)
         samples = reader.gpu_samples()
         assert [s.status for s in samples] == ["ok", "unavailable"] and samples[0].gpus[0]["name"] == "H200"
         assert [s.time_s for s in reader.gpu_samples(1000, 1010)] == [1005.0]

@@ -74,7 +74,7 @@ def convert(dump_file: DumpFile, dump: StatDump | PassDump, run: str, meta: core
         if digest != current_sha:
             layout = core.LayoutRecord(
                 run=run, step=int(step_T[0]), time_s=float(time_s_T[0]),
-                physical_to_logical_LP=dump.layout_LP.astype(np.int32), gpus=meta.layout.gpus,
+                layout_LP=dump.layout_LP.astype(np.int32), gpus=meta.layout.gpus,
                 nodes=meta.layout.nodes, source="engine" if current_sha else "initial", rank=dump.rank,
                 instance=instance).validate(num_experts, num_layers=num_layers)
             new_sha = digest

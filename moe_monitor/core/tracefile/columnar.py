@@ -474,7 +474,7 @@ def merge_layouts(*groups: list[core.LayoutRecord]) -> list[core.LayoutRecord]:
     """Layout records of several places in step order, a record present twice (same step, source, map) once."""
     seen, out = set(), []
     for rec in sorted((r for group in groups for r in group), key=lambda r: r.step):
-        key = (rec.step, rec.source, rec.gpus, rec.physical_to_logical_LP.tobytes())
+        key = (rec.step, rec.source, rec.gpus, rec.layout_LP.tobytes())
         if key not in seen:
             seen.add(key)
             out.append(rec)

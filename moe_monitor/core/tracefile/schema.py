@@ -137,7 +137,7 @@ class LayoutSchedule:
         """A layout record (already validated against the run): in force from rec.step on."""
         if rec.gpus != self.gpus or rec.num_layers != self.num_layers:
             return
-        self._changes.add(rec.step, np.asarray(rec.physical_to_logical_LP, dtype=np.int64))
+        self._changes.add(rec.step, np.asarray(rec.layout_LP, dtype=np.int64))
         self._weights.clear()
 
     def segment_of(self, step_T: np.ndarray) -> np.ndarray:

@@ -23,18 +23,18 @@ _ORIGIN = {"engine": "engine rebalance", "apply": "layout applied", "initial": "
 @dataclass(frozen=True)
 class ResolvedLayout:
     """The layout in use and where it came from ('run metadata', 'contiguous default', 'override',
-    'uploaded JSON', 'engine rebalance at step k', ...). p2l_LP: int64 [L, P], the layout in force at the
+    'uploaded JSON', 'engine rebalance at step k', ...). layout_LP: int64 [L, P], the layout in force at the
     newest step (the What-if's current layout); slots_per_gpu = P / gpus; gpus_per_node = gpus / nodes.
     schedule: the run's layouts by first step, ascending (the first from step 0: the metadata's), each
-    step's loads computed under the one in force at that step; () when p2l_LP applies to every step (an
-    override, or a run without layout changes). since_step: the first step of p2l_LP when it came from the
+    step's loads computed under the one in force at that step; () when layout_LP applies to every step (an
+    override, or a run without layout changes). since_step: the first step of layout_LP when it came from the
     schedule (else None); source: its core.LAYOUT_SOURCES source, or 'run metadata' ('' when not from the
     schedule); time_s: when it was issued (None for the metadata's); hidden_changes: layout changes of the
     run that an override hides."""
 
     gpus: int
     nodes: int
-    p2l_LP: np.ndarray
+    layout_LP: np.ndarray
     origin: str
     schedule: tuple[LayoutChange, ...] = ()
     since_step: int | None = None
@@ -44,7 +44,7 @@ class ResolvedLayout:
 
     @property
     def slots_per_gpu(self) -> int:
-        return self.p2l_LP.shape[1] // self.gpus
+        return self.layout_LP.shape[1] // self.gpus
 
     @property
     def gpus_per_node(self) -> int:
@@ -64,7 +64,7 @@ def resolve_layout(meta: core.RunMeta | None, num_layers: int, num_experts: int,
     override the GPU and node counts; a `gpus` that differs from the map's (with nothing uploaded) means a
     contiguous layout over that many GPUs. Raises ValueError with the reason when the pieces do not fit.
     changes (ascending by step, already checked against the run: LayoutHistory) are the layouts published
-    since the run started; without an override they form the schedule after the base map, and p2l_LP is
+    since the run started; without an override they form the schedule after the base map, and layout_LP is
     the one in force at at_step (default: the latest change). Changes for another GPU count than the base
     layout's are left out (the loads of one window share one GPU axis)."""
     if uploaded is not None:
@@ -91,7 +91,7 @@ def resolve_layout(meta: core.RunMeta | None, num_layers: int, num_experts: int,
     overridden = uploaded is not None or use_gpus != base_gpus
     usable = [] if overridden else [c for c in changes if c.gpus == use_gpus]
     if not usable:
-        return ResolvedLayout(gpus=use_gpus, nodes=layout.nodes, p2l_LP=np.asarray(rows, dtype=np.int64),
+        return ResolvedLayout(gpus=use_gpus, nodes=layout.nodes, layout_LP=np.asarray(rows, dtype=np.int64),
                               origin=origin, hidden_changes=len(changes) if overridden else 0)
     base = LayoutChange.of(0, rows, use_gpus, layout.nodes, origin)  # "run metadata" (or "contiguous default")
     schedule = (base, *usable)
@@ -99,7 +99,7 @@ def resolve_layout(meta: core.RunMeta | None, num_layers: int, num_experts: int,
     nodes = now.nodes if gpus_per_node is None else layout.nodes
     if now is not base:
         origin = f"{_ORIGIN.get(now.source, now.source)} at step {now.step}"
-    return ResolvedLayout(gpus=use_gpus, nodes=nodes, p2l_LP=now.p2l_LP, origin=origin, schedule=schedule,
+    return ResolvedLayout(gpus=use_gpus, nodes=nodes, layout_LP=now.layout_LP, origin=origin, schedule=schedule,
                           since_step=now.step, source=now.source, time_s=now.time_s)
 
 

@@ -23,13 +23,13 @@ MARK_LABELS = {"engine": "engine rebalanced", "apply": "layout applied", "initia
 class LayoutChange:
     """A layout in force from step id `step` on, until the next change.
 
-    p2l_LP: int64 [L, P] (read-only) physical_to_logical_map; gpus, nodes as in core.Layout; source: one of
+    layout_LP: int64 [L, P] (read-only) physical_to_logical_map; gpus, nodes as in core.Layout; source: one of
     core.LAYOUT_SOURCES, or "run metadata" / "contiguous default" for the layout a run starts with; time_s: unix seconds it was issued
     (None for the metadata's); instance: the collector that published it; key: a hash of the map, the step
     window's cache key (equal maps, equal keys)."""
 
     step: int
-    p2l_LP: np.ndarray
+    layout_LP: np.ndarray
     gpus: int
     nodes: int
     source: str
@@ -38,12 +38,12 @@ class LayoutChange:
     instance: str = ""
 
     @staticmethod
-    def of(step: int, p2l_LP, gpus: int, nodes: int, source: str, time_s: float | None = None,
+    def of(step: int, layout_LP, gpus: int, nodes: int, source: str, time_s: float | None = None,
            instance: str = "") -> LayoutChange:
         """A LayoutChange with its map as a read-only int64 copy and its key computed (once)."""
-        layout_LP = np.array(p2l_LP, dtype=np.int64)
+        layout_LP = np.array(layout_LP, dtype=np.int64)
         layout_LP.setflags(write=False)
-        return LayoutChange(step=int(step), p2l_LP=layout_LP, gpus=int(gpus), nodes=int(nodes), source=source,
+        return LayoutChange(step=int(step), layout_LP=layout_LP, gpus=int(gpus), nodes=int(nodes), source=source,
                             key=hash(layout_LP.tobytes()), time_s=time_s, instance=instance)
 
     @property
@@ -75,7 +75,7 @@ def change_from_record(rec: core.LayoutRecord, num_layers: int, num_experts: int
     if not isinstance(rec.instance, str) or len(rec.instance) > core.MAX_NAME_CHARS:
         raise ValueError(f"collector instance id must be text of at most {core.MAX_NAME_CHARS} characters")
     rec.validate(num_experts, num_layers=num_layers)
-    return LayoutChange.of(step, rec.physical_to_logical_LP, rec.gpus, rec.nodes, rec.source, time_s,
+    return LayoutChange.of(step, rec.layout_LP, rec.gpus, rec.nodes, rec.source, time_s,
                            rec.instance)
 
 

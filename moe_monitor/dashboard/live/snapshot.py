@@ -126,7 +126,7 @@ def analyse(window: StepWindow, layout: ResolvedLayout, phase: str, layer: int |
     summed False (the default) is the per-layer view; summed=True sums the layers; layer picks one."""
     if layer is not None and not 0 <= layer < window.num_layers:
         raise ValueError(f"layer {layer} is outside 0..{window.num_layers - 1}")
-    view = window.view(phase, layout.p2l_LP, layout.gpus, schedule=layout.schedule)
+    view = window.view(phase, layout.layout_LP, layout.gpus, schedule=layout.schedule)
     if view.num_steps == 0:
         return None
     latest = window.latest_complete(view)

@@ -108,7 +108,7 @@ class RowTails:
 
 def _layout_keys(layout: ResolvedLayout) -> dict[int, np.ndarray]:
     """key -> map [L, P] of every layout the view may use: the schedule's, or the one layout."""
-    maps = [change.p2l_LP for change in layout.schedule] or [layout.p2l_LP]
+    maps = [change.layout_LP for change in layout.schedule] or [layout.layout_LP]
     return {_key(p2l): np.asarray(p2l) for p2l in maps}
 
 
@@ -116,7 +116,7 @@ def _keys_at(layout: ResolvedLayout, step_T: np.ndarray, maps: dict[int, np.ndar
     """int64 [T]: the key of the layout in force at each step (core.timeline; before the first change the first)."""
     if not layout.schedule:
         return np.full(step_T.size, next(iter(maps)), dtype=np.int64)
-    keys_C = np.fromiter((_key(change.p2l_LP) for change in layout.schedule), dtype=np.int64,
+    keys_C = np.fromiter((_key(change.layout_LP) for change in layout.schedule), dtype=np.int64,
                          count=len(layout.schedule))
     starts_C = np.fromiter((change.step for change in layout.schedule), dtype=np.int64, count=len(layout.schedule))
     return keys_C[np.maximum(index_in_force(starts_C, step_T), 0)]

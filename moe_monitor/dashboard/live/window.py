@@ -351,7 +351,7 @@ class StepWindow:
         base_key = hash(np.asarray(physical_to_logical_map, dtype=np.int64).tobytes())
         maps = {base_key: physical_to_logical_map}
         for change in schedule:
-            maps.setdefault(change.key, change.p2l_LP)
+            maps.setdefault(change.key, change.layout_LP)
         rows = self.ordered_slots() if self.size < self.capacity else np.arange(self.capacity)
         if schedule:
             starts = np.fromiter((c.step for c in schedule), dtype=np.int64, count=len(schedule))

@@ -49,7 +49,7 @@ def request_layout(client, run: str, layout_LP, instance: str, secret: bytes,
         raise ValueError(f"run {run!r} has no metadata in Redis (is it running, under this name?)")
     meta = core.decode_meta(raw)
     record = core.LayoutRecord(run=run, step=next_step(client, run), time_s=time.time(),
-                               physical_to_logical_LP=np.asarray(layout_LP, dtype=np.int32),
+                               layout_LP=np.asarray(layout_LP, dtype=np.int32),
                                gpus=meta.layout.gpus, nodes=meta.layout.nodes, source="apply", instance=instance)
     record.validate(meta.num_experts, num_layers=len(meta.layer_names))
     request = sign_request(record, secret, ttl_s)

@@ -26,7 +26,7 @@ def window_key(current: PageData) -> tuple:
     cfg, layout = current.settings, current.layout
     assert layout is not None
     span = moving_span(current) or (int(time.monotonic() // LIVE_REFRESH_S),)
-    return (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.p2l_LP.tobytes()), *span)
+    return (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.layout_LP.tobytes()), *span)
 
 
 def moving_span(current: PageData) -> tuple:
@@ -53,7 +53,7 @@ def staleness_section(current: PageData) -> None:
     store: dict[tuple, Any] = st.session_state.setdefault(_CACHE, {})
     try:
         curves = cached(store, window_key(current), lambda: staleness_in_view(
-            window.counts_CLE[view.slots_T[-MAX_STEPS:]], view.phase_T[-MAX_STEPS:], layout.p2l_LP, layout.gpus,
+            window.counts_CLE[view.slots_T[-MAX_STEPS:]], view.phase_T[-MAX_STEPS:], layout.layout_LP, layout.gpus,
             fitted_at - max(0, view.num_steps - MAX_STEPS)), max_entries=4)
     except ValueError as exc:
         st.caption(f"No staleness curve for this window: {exc}")

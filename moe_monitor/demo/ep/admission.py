@@ -84,7 +84,7 @@ def fit_judgement(request: LayoutRequest, rules: RequestRules) -> Judgement:
     if record.gpus != rules.ranks:
         return Judgement(REFUSED_FIT, f"the layout is for {record.gpus} GPUs, this engine has {rules.ranks} ranks")
     try:
-        core.check_layout_map(record.physical_to_logical_LP, rules.ranks, 1, rules.num_layers, rules.num_experts)
+        core.check_layout_map(record.layout_LP, rules.ranks, 1, rules.num_layers, rules.num_experts)
     except ValueError as exc:
         return Judgement(REFUSED_FIT, str(exc))
     return Judgement("")
@@ -103,7 +103,7 @@ def judge_entry(fields: dict, rules: RequestRules, secret: bytes | None, now_s: 
         return request, judged
     if nonces.seen(request.nonce, request.expires_s, now_s):
         return request, Judgement(REFUSED_REPLAYED, f"request {request.nonce} was read before")
-    layout_LP = request.record.physical_to_logical_LP
+    layout_LP = request.record.layout_LP
     for judged in (size_judgement(layout_LP.shape[1], rules, layout_LP), fit_judgement(request, rules)):
         if not judged.ok:
             return request, judged

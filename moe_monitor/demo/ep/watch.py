@@ -140,7 +140,7 @@ class LayoutWatcher:
             self._file(request_id, request.nonce if request is not None else "", judged.verdict,
                        self._current_step(), judged.detail)
             return
-        admitted = Admitted(request_id, request, request.record.physical_to_logical_LP.astype("int64"))
+        admitted = Admitted(request_id, request, request.record.layout_LP.astype("int64"))
         with self._lock:
             replaced, self._newest = self._newest, admitted
         if replaced is not None:

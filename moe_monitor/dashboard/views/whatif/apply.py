@@ -49,7 +49,7 @@ def apply_section(current: PageData, layout: ResolvedLayout, session: edits.Edit
         state.apply_target = controls.ApplyTarget(
             client, cfg.redis_url, str(cfg.run), layout_LP, hash(np.asarray(layout_LP, dtype=np.int64).tobytes()),
             controls.confirm_key(cfg.redis_url, str(cfg.run), layout_LP),
-            experts_copied(layout.p2l_LP, layout_LP, layout.gpus), after.step_balancedness,
+            experts_copied(layout.layout_LP, layout_LP, layout.gpus), after.step_balancedness,
             before.step_balancedness)
         controls.apply_buttons(st.container(), state.apply_target, shown_url(cfg.redis_url))
         _recent_answers(client, str(cfg.run))
@@ -114,7 +114,7 @@ def _applied_panel(current: PageData, layout: ResolvedLayout, before: whatif_sco
     if request is not None:
         predicted, current_eta, basis = request.predicted_eta, request.current_eta, "the window it was planned on"
     else:
-        scored = whatif_score.score(change.p2l_LP, data.score_TLE, layout.gpus)
+        scored = whatif_score.score(change.layout_LP, data.score_TLE, layout.gpus)
         predicted, current_eta = scored.step_balancedness, before.step_balancedness
         basis = "the current score window (not requested from this page)"
     step_T = snap.view.step_T

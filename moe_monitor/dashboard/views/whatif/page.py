@@ -56,7 +56,7 @@ def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindo
     """(key, the frozen fit and score windows); re-read only when settings, windows or the refresh count
     change."""
     cfg, watched = current.settings, current.watched
-    key = (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.p2l_LP.tobytes()), picks.fit, picks.unit,
+    key = (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.layout_LP.tobytes()), picks.fit, picks.unit,
            picks.score_steps, picks.hold_out, state.refresh, *moving_span(current))
     if state.windows is None or state.windows[0] != key:
         data = whatif_score.fit_and_score_windows(
@@ -72,7 +72,7 @@ def render(current: PageData) -> None:
         return
     view, state = snapshot.view, controls.page_state()
     E, G = window.num_experts, layout.gpus
-    picks = controls.planning_inputs(E, G, layout.p2l_LP.shape[1], layout.nodes, view.num_steps)
+    picks = controls.planning_inputs(E, G, layout.layout_LP.shape[1], layout.nodes, view.num_steps)
     data_key, data = _frozen_windows(current, layout, window, view, picks, state)
     newer = int(view.step_T[-1]) - data.as_of_step
     left, right = st.columns([4, 1])
@@ -92,7 +92,7 @@ def render(current: PageData) -> None:
     elif picks.move_budget > 0:
         plan_key = (data_key, "repair", picks.move_budget)
         with st.spinner("repairing the current layout ..."):
-            result = cached(state.plans, plan_key, lambda: whatif_repair.repair(data.fit_WLE, layout.p2l_LP, G,
+            result = cached(state.plans, plan_key, lambda: whatif_repair.repair(data.fit_WLE, layout.layout_LP, G,
                                                                                 picks.move_budget))
     else:
         plan_key = (data_key, picks.redundant, plan_nodes, groups, picks.policy)
@@ -104,17 +104,17 @@ def render(current: PageData) -> None:
     sizes, sizes_note = whatif_traffic.run_sizes(meta)
     if sizes_note:
         st.info(f"Bytes and memory below use {sizes_note}.")
-    before = whatif_score.score(layout.p2l_LP, data.score_TLE, G)
+    before = whatif_score.score(layout.layout_LP, data.score_TLE, G)
     after = whatif_score.score(session.current, data.score_TLE, G)
     layer = controls.layer_picker(before)
     state.target = EditTarget(plan_key=plan_key, layer=layer, counts_LE=data.score_sum_LE, gpus=G, experts=E)
-    _metrics(layout.p2l_LP, session, before, after, data, sizes, sizes_note)
+    _metrics(layout.layout_LP, session, before, after, data, sizes, sizes_note)
     st.caption(f"Policy {result.policy} · {session.num_edits} manual edit(s). GPU load = tokens of each expert "
                "split evenly over its replicas (the EPLB assumption).")
     if isinstance(result, whatif_repair.Repaired):
         _moves(layout, data, data_key, result, state)
     _bars_and_edits(session, before, after, data, layer, state)
-    policies_section(layout.p2l_LP, session.current, data.score_TLE, G, data_key, state.tails,
+    policies_section(layout.layout_LP, session.current, data.score_TLE, G, data_key, state.tails,
                      getattr(meta, "dispatch", "even") if meta is not None else "even")
     apply_section(current, layout, session, before, after, data, state)
     _traffic(layout, session, data, data_key, picks, sizes, state)
@@ -131,7 +131,7 @@ def _advisor(current: PageData, layout: ResolvedLayout, window: StepWindow, view
     with st.spinner("rebalance advisor ..."):
         try:
             advice = cached(state.advice, data_key, lambda: whatif_advice.advice_on_window(
-                window.counts_CLE[view.slots_T], layout.p2l_LP, layout.gpus, meta), max_entries=4)
+                window.counts_CLE[view.slots_T], layout.layout_LP, layout.gpus, meta), max_entries=4)
         except ValueError as exc:
             st.caption(f"Rebalance advisor: no decision on this window ({exc}).")
             return None
@@ -188,11 +188,11 @@ def _moves(layout: ResolvedLayout, data: whatif_score.WhatIfData, data_key: tupl
     horizon = whatif_repair.curve_horizon(data.num_layers, result.budget)
     with st.spinner("moves-vs-imbalance curve ..."):
         curve = cached(state.plans, (data_key, "repair", horizon),
-                       lambda: whatif_repair.repair(data.fit_WLE, layout.p2l_LP, layout.gpus, horizon))
+                       lambda: whatif_repair.repair(data.fit_WLE, layout.layout_LP, layout.gpus, horizon))
     st.plotly_chart(whatif_figures.moves_curve(curve.curve, result.curve[-1]), key="whatif_moves_fig")
     st.caption(f"Move budget {result.budget}: {result.moves_used} moves used, imbalance "
                f"{result.curve[0]['mean_imbalance']:.3f} -> {result.curve[-1]['mean_imbalance']:.3f} (fit window, "
-               f"mean over layers with tokens). The repair keeps the current {layout.p2l_LP.shape[1]} slots per "
+               f"mean over layers with tokens). The repair keeps the current {layout.layout_LP.shape[1]} slots per "
                "layer: R, groups and policy do not apply; set the budget to 0 for a full re-plan.")
 
 
@@ -246,7 +246,7 @@ def _traffic(layout: ResolvedLayout, session: edits.EditSession, data: whatif_sc
                                                              picks.nodes, hidden, dtype_bytes, tokens, cap,
                                                              source_gpu_N))
 
-    summaries = [summary(layout.p2l_LP), summary(session.current)]
+    summaries = [summary(layout.layout_LP), summary(session.current)]
     st.dataframe(pd.DataFrame(whatif_traffic.traffic_table(*summaries)), hide_index=True)
     st.caption(f"{summaries[0]['sampled_tokens']} sampled tokens per layer, {summaries[0]['layers']} layers; "
                f"bytes scaled to {tokens:,.0f} tokens/step; {picks.nodes} node(s) of "
