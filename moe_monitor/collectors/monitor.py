@@ -25,9 +25,8 @@ import torch
 
 from moe_monitor import core
 
-from .counter import DeviceCounter
+from .counter import DeviceCounter, HostSlot
 from .dist import rank_and_world
-from .hostslot import HostSlot
 from .nvml import NvmlSampler
 from .options import MonitorOptions, resolve_options
 from .physical import physical_job

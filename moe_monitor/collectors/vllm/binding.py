@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from moe_monitor.collectors.hostslot import byte_view
+from moe_monitor.collectors.counter import byte_view
 from moe_monitor.collectors.monitor import ExpertLoadMonitor
 
 from .patch import attach
