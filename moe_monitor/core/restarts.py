@@ -1,27 +1,9 @@
-"""The collector-restart rule, once, for every reader of per-rank records (the aggregator and the dashboard).
-
-Every record names the collector process that wrote it (its instance id, one per rank). A rank whose records
-come from a new instance restarted, and its step ids usually start again. One record must not poison a run,
-so a restart of one rank retires that rank's old instance only:
-
-- While the restarted rank's step ids are behind the others' (below the slowest other rank's newest step), its
-  records are HELD: they cannot be summed with the others' steps of the same id, so they are left out (the
-  aggregator keeps a bounded number of them for the case below, the dashboard counts them).
-- Its step ids reaching the others' (a collector that numbers steps from the engine's own counter) make it
-  REJOINED: its records count again.
-- A run-wide new epoch needs evidence: most ranks (more than half of the world) restarted since the epoch
-  began, or no other rank left that did not. Then the ranks that did not restart have their instances retired too (their job is gone; a rank that
-  comes back later is FIRST in the new epoch) and the reader starts afresh: NEW_EPOCH.
-
-Records of an instance already replaced are STALE, as are the records of an instance older than the rank's
-current one (its first record is older than the current instance's first: late records of a collector that was
-replaced before this reader met it). A step id more than MAX_STEP_JUMP beyond its rank's newest (or, for an
-instance's first record, beyond the run's newest) is IMPLAUSIBLE: one such record would otherwise pin "latest"
-and the missed-steps counts. Readers count each kind and say the latest once; none of them stops the others. So is a record claiming a larger
-world than the run metadata's (capped_world): it counts, under the metadata's world, so that one claim of 65,536
-ranks does not make 65,532 ranks missing; a rank beyond the metadata's world is a bad record.
-
-Pure: no I/O, no clock (record times are the collectors')."""
+"""The collector-restart rule, once: RankInstances.judge() says what one per-rank record is under the restarts
+seen so far (CURRENT, FIRST, HELD, REJOINED, NEW_EPOCH, STALE, IMPLAUSIBLE), and capped_world() counts a record
+that claims a larger world than the run metadata's under the metadata's. core.assembly.Assembler applies it, in
+the aggregator and in the dashboard's reader alike. Pure: no I/O, no clock (record times are the collectors').
+The rule in words: docs/scaling.md, "Collector restarts".
+"""
 from __future__ import annotations
 
 import dataclasses
