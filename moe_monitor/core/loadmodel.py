@@ -1,16 +1,12 @@
-"""The load model: GPU load of a step under a layout, and balancedness. Every reader (planner, aggregator
-rollups, dashboard, exporter, traces) uses these; nobody computes them again. Pure: numpy only.
+"""The load model: GPU load of a step under a layout, and balancedness; every reader (planner, aggregator
+rollups, dashboard, exporter, traces) uses these. Pure: numpy only. Definitions: docs/definitions.md.
 
-GPU load = sum over the GPU's slots of count[e] / replicas[e]: an expert's tokens split evenly across its
-replicas (the `even` dispatch policy, as EPLB assumes). ``gpu_loads`` (slot form, the planner's hot path) and
-``gpu_weights`` + ``weighted_loads`` (matmul form, many steps under one layout) give the same loads.
-balancedness eta = mean/max of the GPU loads, NaN where every GPU is idle (an idle (step, layer) pair drops out
-of NaN-safe means; a planner that sums over layers maps NaN to 1.0, a perfectly balanced dense layer, itself).
-imbalance = max/mean = 1/eta.
+``gpu_loads`` (slot form, the planner's hot path) and ``gpu_weights`` + ``weighted_loads`` (matmul form, many
+steps under one layout) give the same loads (even split across replicas); ``balancedness`` is mean/max, NaN
+where every GPU is idle.
 
-Shape legend: L layers, E logical experts, P = E + R physical slots, G GPUs, S = P // G slots per GPU,
-T steps, X any leading axes. A layout is ``layout_LP[l, p]`` = logical expert held by slot p (SGLang's
-``physical_to_logical_map``); slot p lives on GPU ``p // S``.
+Shape legend: L layers, E logical experts, P physical slots, G GPUs, S = P // G slots per GPU, T steps, X any
+leading axes; ``layout_LP[l, p]`` = logical expert of slot p, which lives on GPU ``p // S``.
 """
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Bounds of a PyTorch .pt file, checked before its contents are copied anywhere (core/ptfile.py applies them).
 
-Before loading: a .pt file is a zip archive (torch.save's format); its central directory declares each entry's
-uncompressed size, which a deflated entry (torch never writes one, a hostile file may) can make far larger
-than the file. zip_declared reads the entry count from the end-of-central-directory record first (a central
-directory of millions of entries is refused before it is parsed), then the declared sizes of the pickle
-(data.pkl: the Python objects) and of all entries together (the storages torch reads).
-
-After loading (weights-only, so only tensors and plain containers): tensor_elements counts the elements of
-every tensor the object holds, each time it is held: a storage saved once and viewed by many tensors, a view
-whose zero strides make a few bytes look like billions of elements, or a container referenced from many places
-are all counted as a parser that copies each tensor would meet them. Shared containers are summed once (a
-chain of containers each holding the one before twice costs a walk of its distinct containers, not 2^depth).
+zip_declared: before loading, the zip archive's entry count and declared uncompressed sizes (the pickle and all
+entries), so a deflated entry cannot decode past the budget. tensor_elements: after a weights-only load, the
+elements of every tensor each time it is held (shared storages, zero-stride views, containers referenced from
+many places; shared containers walked once). Why and the figures: docs/traces.md, "What a file may decode to".
 """
 from __future__ import annotations
 
