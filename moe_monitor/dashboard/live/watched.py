@@ -9,6 +9,7 @@ in st.session_state; the benchmarks, the exporter and the tests use it directly.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import operator
 import time
@@ -124,6 +125,7 @@ class WatchedRun:
         self.last_tick: TickStats | None = None
         self.assembler: Assembler | None = None  # sums the per-rank feed (None while the aggregate feeds)
         self._counted = Counters()  # the assembler's counters already folded into ours
+        self._retired_seen = -1  # the assembler's version whose retired instances' layouts were forgotten
         self._entries = 0  # entry ids handed to the assembler (it needs one per record)
         self.retired = RetiredInstances(MAX_OLD_INSTANCES)  # epochs replaced (their records are skipped)
         self.held_note = ""
@@ -255,15 +257,17 @@ class WatchedRun:
             + (now.too_old - before.too_old)
         if bad or now.world_claims != before.world_claims:
             self.last_error = assembler.last_problem or self.last_error
-        self._counted = Counters.from_mapping(now.as_dict())
+        self._counted = dataclasses.replace(now)
         held = assembler.held_ranks
         self.held_note = "" if not held else (
             f"rank{'s' if len(held) > 1 else ''} {', '.join(map(str, held[:8]))}{' ...' if len(held) > 8 else ''} "
             f"restarted: {'their' if len(held) > 1 else 'its'} step ids are behind the others' (records held until "
             f"they reach them)")
-        for change in list(self.layouts.changes):  # layout changes of collector instances now retired
-            if change.instance and change.instance in assembler.retired:
-                self.layouts.forget(change.instance)
+        if assembler.version != self._retired_seen:  # instances were retired: forget their layout changes
+            self._retired_seen = assembler.version
+            for change in list(self.layouts.changes):
+                if change.instance and change.instance in assembler.retired:
+                    self.layouts.forget(change.instance)
         return bad
 
     @property
@@ -327,6 +331,7 @@ class WatchedRun:
         self.epoch, self._epoch_started_s, self._last_on_time = None, float("-inf"), None
         self.assembler = None
         self._counted = Counters()
+        self._retired_seen = -1
 
     def _current_epoch(self, rec: core.AggregateRecord) -> bool:
         """True when rec is of the epoch being shown (the first one seen is adopted); a newer epoch restarts the
