@@ -1,15 +1,10 @@
-"""Keeping a Redis URL's secrets out of messages and logs: redact() for a URL (or a text holding URLs), scrub() for
-a message that may quote the URL or its secrets.
+"""Keeping a Redis URL's secrets out of messages and logs: redact() for a URL (or a text holding URLs), scrub()
+for a message that may quote the URL or its secrets. Never raises; the URL need not be valid.
 
-What counts as a secret of a URL:
-- the password of `user:password@` (the user name stays);
-- a lone user info, `redis://secret@host`: redis-py sends it to AUTH, and it is often a password typed without
-  its colon, so the whole user info is hidden;
-- the values of query arguments that name a password or a token, in any case (`?password=`, `?PASSWORD=`,
-  `?ssl_password=`);
-- anything before an '@' that comes after the host: a password holding an unencoded '/', '?' or '#' ends the
-  host early (`redis://:se/cret@host`), so everything from `://` to the last '@' is hidden.
-The redacting never raises, and it never needs the URL to be valid.
+Secrets: the password of `user:password@` (the user name stays); a lone user info `redis://secret@host` (redis-py
+sends it to AUTH: often a password typed without its colon); the values of query arguments naming a password or
+a token, in any case (`?password=`, `?ssl_password=`); and everything from `://` to the last '@' after the host
+(a password holding an unencoded '/', '?' or '#' ends the host early: `redis://:se/cret@host`).
 """
 from __future__ import annotations
 
