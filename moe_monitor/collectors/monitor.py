@@ -42,8 +42,8 @@ class ExpertLoadMonitor:
 
     redis_url None: counts in memory only (unless options.trace_path names a trace file).
     run: the stream's name (default: "<model>-<pid>"). layer_names: one per layer (default layer0, ...).
-    model_name, hidden_size, moe_intermediate_size, dtype_bytes: for the run's metadata (the traffic and
-    memory figures need the sizes); extra: a JSON object kept in the metadata as it is (a framework's parallel
+    model_name, hidden_size, moe_intermediate_size, dtype_bytes, expert_matrices, act_dtype_bytes: for the
+    run's metadata (the traffic, memory and time figures need the sizes; core.costmodel); extra: a JSON object kept in the metadata as it is (a framework's parallel
     sizes, say). options: a MonitorOptions; overrides: MonitorOptions fields by name
     (they win over options), e.g. ExpertLoadMonitor(58, 256, 8, gpus=32, nodes=4, sample_tokens=0).
     """
@@ -51,8 +51,8 @@ class ExpertLoadMonitor:
     def __init__(self, num_layers: int, num_experts: int, top_k: int, *, device: str | torch.device = "cpu",
                  redis_url: str | None = None, run: str | None = None, layer_names: Sequence[str] | None = None,
                  model_name: str = "", hidden_size: int = 0, moe_intermediate_size: int = 0,
-                 dtype_bytes: int = 2, options: MonitorOptions | None = None, extra: dict | None = None,
-                 **overrides: Any):
+                 dtype_bytes: int = 2, expert_matrices: int = 3, act_dtype_bytes: int = 0,
+                 options: MonitorOptions | None = None, extra: dict | None = None, **overrides: Any):
         opts = resolve_options(options, overrides)
         self.num_layers, self.num_experts, self.top_k = int(num_layers), int(num_experts), int(top_k)
         self.layer_names = list(layer_names) if layer_names else [f"layer{i}" for i in range(self.num_layers)]
@@ -80,7 +80,8 @@ class ExpertLoadMonitor:
             top_k=self.top_k, hidden_size=hidden_size, moe_intermediate_size=moe_intermediate_size,
             dtype_bytes=dtype_bytes, layout=layout, world_size=self.world_size, started_s=time.time(),
             host=socket.gethostname(), sample_tokens_per_layer=opts.sample_tokens, instance=self.instance,
-            dispatch=opts.dispatch, extra=dict(extra or {}))
+            dispatch=opts.dispatch, extra=dict(extra or {}), expert_matrices=expert_matrices,
+            act_dtype_bytes=act_dtype_bytes, gpu_profile=opts.gpu_profile)
         core.encode_meta(self.meta)  # validates the layout now, not in the thread
         self.step = 0
         self.last_layout: core.LayoutRecord | None = None  # the latest publish_layout() (None: the meta's layout)

@@ -16,6 +16,7 @@ from typing import Any
 
 from moe_monitor import core
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
+from moe_monitor.core.hardware import find_profile
 
 
 def _is_int(value: object) -> bool:
@@ -65,6 +66,8 @@ class MonitorOptions:
         token once.
     dispatch: how the engine shares an expert's tokens among its replicas (core.dispatch.DISPATCH_POLICIES),
         written to the run's metadata: the vLLM plugin sets "round_robin" (vLLM's EPLB), the default "even".
+    gpu_profile: the GPU the cost model prices (a core.hardware.GPU_PROFILES name, "H100 SXM"); "": the
+        readers take it from the GPUs' NVML names.
     """
 
     sample_tokens: int = 16
@@ -85,6 +88,7 @@ class MonitorOptions:
     world_size: int | None = None
     scope: str = "rank"
     dispatch: str = "even"
+    gpu_profile: str = ""
 
     def __post_init__(self) -> None:
         for name, least in (("sample_tokens", 0), ("sample_every", 1), ("nodes", 1), ("queue_steps", 1),
@@ -106,6 +110,8 @@ class MonitorOptions:
                              f"world_size={self.world_size!r}")
         if self.dispatch not in DISPATCH_POLICIES:
             raise ValueError(f"dispatch must be one of {DISPATCH_POLICIES}, got {self.dispatch!r}")
+        if self.gpu_profile:
+            find_profile(self.gpu_profile)
         if self.scope not in core.SCOPES:
             raise ValueError(f"scope must be one of {core.SCOPES}, got {self.scope!r}")
         if not isinstance(self.nvml, bool):

@@ -163,6 +163,9 @@ class RunMeta:
     schema_version: int = SCHEMA_VERSION
     instance: str = ""
     dispatch: str = "even"
+    expert_matrices: int = 3
+    act_dtype_bytes: int = 0
+    gpu_profile: str = ""
 
 
 def encode_meta(meta: RunMeta) -> str:
@@ -175,14 +178,15 @@ def encode_meta(meta: RunMeta) -> str:
 _META_TYPES: dict[str, type | tuple[type, ...]] = {"run": str, "model_name": str, "layer_names": list, "num_experts": int, "top_k": int,
                "hidden_size": int, "moe_intermediate_size": int, "dtype_bytes": int, "world_size": int,
                "started_s": (int, float), "host": str, "sample_tokens_per_layer": int, "extra": dict,
-               "schema_version": int, "instance": str, "dispatch": str}
+               "schema_version": int, "instance": str, "dispatch": str,
+               "expert_matrices": int, "act_dtype_bytes": int, "gpu_profile": str}
 
 
 # int fields of the metadata and their bounds (inclusive)
 _META_INT_BOUNDS = {"num_experts": (1, MAX_EXPERTS), "top_k": (0, MAX_EXPERTS), "hidden_size": (0, MAX_MODEL_DIM),
                     "moe_intermediate_size": (0, MAX_MODEL_DIM), "dtype_bytes": (0, MAX_DTYPE_BYTES),
                     "world_size": (1, MAX_WORLD), "sample_tokens_per_layer": (0, MAX_CELLS),
-                    "schema_version": (0, 1 << 31)}
+                    "schema_version": (0, 1 << 31), "expert_matrices": (1, 16), "act_dtype_bytes": (0, MAX_DTYPE_BYTES)}
 _LAYOUT_SHAPE = "run metadata layout must be {gpus: int, nodes: int, physical_to_logical_map: [[int]]}"
 
 
@@ -207,7 +211,7 @@ def decode_meta(text: str | bytes) -> RunMeta:
     if _is_int(started) and abs(started) >= MAX_TIME_S or not _is_int(started) and not (
             isinstance(started, float) and math.isfinite(started) and abs(started) < MAX_TIME_S):
         raise ValueError(f"run metadata field 'started_s' must be a finite time below {MAX_TIME_S:g} s")
-    for name in ("instance", "host"):
+    for name in ("instance", "host", "gpu_profile"):
         if len(raw.get(name, "")) > MAX_NAME_CHARS:
             raise ValueError(f"run metadata field {name!r} is longer than {MAX_NAME_CHARS} characters")
     _check_dispatch(raw.get("dispatch", "even"))
