@@ -3,8 +3,9 @@
 Policies (POLICIES): "eplb" (EPLB parity), "refined" (replicate by largest per-replica load, pack, swap and
 replica-move refinement, then pair re-splits when S <= 8), "hierarchical" (groups -> nodes, spares anywhere),
 "robust" (balanced on all given windows at once), "auto" (hierarchical with nodes/groups, else for [W, L, E] the
-held-in pick of planner.heldin, else refined). Objectives: "window" (default) or "tail" (planner.tail, per-step
-counts ``steps`` [T, L, E] under ``dispatch``). Predictions are on the target traffic (the counts, or the blend
+held-in pick of planner.heldin, else refined). Objectives: "window" (default), "tail" (planner.tail, per-step
+counts ``steps`` [T, L, E] under ``dispatch``) or "time" (planner.timeplan: the same steps priced by a
+core.costmodel.TimeModel). Predictions are on the target traffic (the counts, or the blend
 of windows); layers without traffic get a plain layout and imbalance 1.0. docs/planner.md.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from .replicas import refine_all
 from .robust import check_recent, fit_robust, scenarios, window_weights
 from .tail import FIT_STEPS as TAIL_FIT_STEPS
 from .tail import check_objective, fit_tail
+from .timeplan import fit_time
 
 POLICIES = ("auto", "eplb", "refined", "hierarchical", "robust")
 PAIR_STOP_GAP = 1e-4        # pair re-splits stop once a layer is within this of its lower bound
@@ -55,6 +57,7 @@ class PlanResult:
     objective: str = "window"
     tail_p99_L: np.ndarray | None = None
     tail_wins: dict | None = None
+    time_p99_s_L: np.ndarray | None = None
 
     @property
     def gap_L(self) -> np.ndarray:
@@ -75,6 +78,8 @@ class PlanResult:
             out["mean_worst_window_imbalance"] = float(self.worst_window_L[a].mean())
         if self.tail_p99_L is not None:
             out["mean_step_p99_imbalance"] = float(self.tail_p99_L[a].mean())
+        if self.time_p99_s_L is not None:
+            out["step_p99_moe_seconds"] = float(self.time_p99_s_L[a].sum())
         return out
 
     def to_json(self) -> dict:
@@ -101,6 +106,9 @@ class PlanResult:
         if self.tail_p99_L is not None:
             d["step_p99_imbalance"] = self.tail_p99_L.round(6).tolist()
             d["tail_layers_won"] = self.tail_wins
+        if self.time_p99_s_L is not None:
+            d["step_p99_moe_seconds_per_layer"] = self.time_p99_s_L.round(9).tolist()
+            d["time_layers_won"] = self.tail_wins
         return d
 
 
@@ -122,10 +130,10 @@ def plan_refined(counts_LE, gpus: int, redundant: int, windows_WLE=None) -> np.n
 
 def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: int | None = None,
          policy: str = "auto", decay: float = 1.0, recent: int = 16, dispatch: str = "even",
-         objective: str = "window", steps=None) -> PlanResult:
-    """Plan a layout for counts [L, E] or [W, L, E] (windows oldest..newest); with objective "tail", per-step
-    counts ``steps`` [T, L, E] (T >= 2) choose, per layer, the layout with the lowest per-step p99 under
-    ``dispatch`` (module docstring)."""
+         objective: str = "window", steps=None, time_model=None) -> PlanResult:
+    """Plan a layout for counts [L, E] or [W, L, E] (windows oldest..newest); with objective "tail" (or "time",
+    with a core.costmodel.TimeModel ``time_model``), per-step counts ``steps`` [T, L, E] (T >= 2) choose, per
+    layer, the layout with the lowest per-step p99 imbalance (seconds) under ``dispatch`` (module docstring)."""
     c = as_counts(counts, "counts", ndim=(2, 3))
     check_policy(dispatch)
     check_objective(objective)
@@ -133,11 +141,13 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
         raise ValueError(f"dispatch {dispatch!r} plans on per-step counts: use the tail objective "
                          "(--objective tail with a trace or [T, L, E] counts)")
     steps_TLE = None
-    if objective == "tail":
+    if objective == "time" and time_model is None:
+        raise ValueError("the time objective needs the model's dimensions and a GPU profile")
+    if objective in ("tail", "time"):
         if steps is None:
-            raise ValueError("the tail objective needs per-step counts (a trace or [T, L, E] counts)")
+            raise ValueError(f"the {objective} objective needs per-step counts (a trace or [T, L, E] counts)")
         if nodes is not None or groups is not None:
-            raise ValueError("the tail objective plans global layouts: give it without --nodes and --groups")
+            raise ValueError(f"the {objective} objective plans global layouts: give it without --nodes and --groups")
         steps_TLE = as_counts(steps, "steps", ndim=(3,))
         if steps_TLE.shape[1:] != c.shape[-2:]:
             raise ValueError(f"per-step counts {steps_TLE.shape} do not match the counts {c.shape}")
@@ -181,10 +191,13 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
                          decay=decay, recent=recent)
     else:
         lay = plan_refined(plan_in, gpus, redundant)
-    p99 = wins = None
+    p99 = wins = time_p99 = None
     if steps_TLE is not None:
         check_size(L, E, gpus, E + redundant, scenarios=TAIL_FIT_STEPS + 1)
-        lay, p99, wins = fit_tail(steps_TLE, gpus, redundant, lay, dispatch)
+        if objective == "time":
+            lay, time_p99, wins = fit_time(steps_TLE, gpus, redundant, lay, time_model, dispatch)
+        else:
+            lay, p99, wins = fit_tail(steps_TLE, gpus, redundant, lay, dispatch)
     imb = layer_imbalance(target, lay, gpus)
     bound = best_bound(target, gpus, redundant)
     floor = off = None
@@ -198,4 +211,4 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
                       bound_L=bound, active_L=active, gpus=gpus, redundant=redundant,
                       nodes=nodes, groups=groups, group_floor_L=floor, off_node_L=off,
                       worst_window_L=worst, dispatch=dispatch, objective=objective, tail_p99_L=p99,
-                      tail_wins=wins)
+                      tail_wins=wins, time_p99_s_L=time_p99)

@@ -24,7 +24,7 @@ SCORE_STEPS_CHEAP = 480    # under the other policies (a p99 of 96 steps is near
 SWITCH_MARGIN = 0.005  # a candidate replaces the window layout of a layer only when its p99 is this much lower
                        # (the p99 of a few hundred steps is noisy: on the bench, 0.002 edges were lost on new steps)
 BURST_STEPS = 8       # steps summed into one scenario of the ``bursts`` candidate
-OBJECTIVES = ("window", "tail")
+OBJECTIVES = ("window", "tail", "time")  # time: planner.timeplan
 
 
 def check_objective(objective: str) -> str:

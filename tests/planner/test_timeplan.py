@@ -1,0 +1,62 @@
+"""planner.timeplan: the time objective spreads active experts where tokens alone would not, and places
+replicas where they cost the least time."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moe_monitor.core.costmodel import ModelDims, TimeModel
+from moe_monitor.core.hardware import GPU_PROFILES
+from moe_monitor.core.loadmodel import replica_counts
+from moe_monitor.planner.api import plan
+from moe_monitor.planner.timeplan import replicate_for_time, slowest_gpu_s, time_p99
+
+DSV3_FP8 = ModelDims(7168, 2048, 3, weight_bytes=1.0, act_bytes=2.0)
+
+
+def _steps(mean_E, steps=80, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.poisson(np.broadcast_to(np.asarray(mean_E, dtype=np.float64), (steps, 1, len(mean_E)))).astype(float)
+
+
+def test_time_objective_spreads_active_experts_that_token_balance_stacks():
+    # one hot expert (60 tokens), three warm (20), four idle: by tokens the hot one sits alone with idle ones and
+    # the three warm share a GPU (60 / 60 tokens, 1 / 3 weight reads); by time each GPU runs two active experts
+    mean_E = [60, 20, 20, 20, 0, 0, 0, 0]
+    fit, held = _steps(mean_E, seed=1), _steps(mean_E, seed=2)
+    model = TimeModel(DSV3_FP8, GPU_PROFILES["H100 SXM"], gpus=2)
+    tokens = plan(fit.sum(0), gpus=2, redundant=0)
+    timed = plan(fit.sum(0), gpus=2, redundant=0, objective="time", steps=fit, time_model=model)
+    assert timed.objective == "time" and timed.time_p99_s_L is not None
+    assert "step_p99_moe_seconds" in timed.summary() and "step_p99_moe_seconds_per_layer" in timed.to_json()
+    t_tokens, t_time = time_p99(held, tokens.layout_LP, 2, model), time_p99(held, timed.layout_LP, 2, model)
+    assert t_time[0] < t_tokens[0] - 0.8 * model.weight_read_s   # one weight read fewer on the slowest GPU
+    active = [(held[:, 0, timed.layout_LP[0, g * 4:(g + 1) * 4]] > 0).sum(1).mean() for g in range(2)]
+    assert abs(active[0] - active[1]) < 0.5
+
+
+def test_replicas_go_to_compute_bound_experts_and_otherwise_where_they_idle():
+    model = TimeModel(DSV3_FP8, GPU_PROFILES["H100 SXM"], gpus=4)
+    hot = _steps([4000, 10, 10, 10, 10, 10, 10, 0.05])      # far above the ridge: a replica halves its GEMM
+    assert replicate_for_time(hot, 9, model, max_replicas=4)[0].tolist() == [2, 1, 1, 1, 1, 1, 1, 1]
+    cool = _steps([100, 10, 10, 10, 10, 10, 10, 0.05])       # all memory-bound: the spare goes to the idle one
+    assert replicate_for_time(cool, 9, model, max_replicas=4)[0].tolist() == [1, 1, 1, 1, 1, 1, 1, 2]
+
+
+def test_time_objective_needs_a_model_and_steps():
+    counts = np.ones((1, 8))
+    with pytest.raises(ValueError, match="dimensions and a GPU profile"):
+        plan(counts, gpus=2, redundant=0, objective="time", steps=np.ones((4, 1, 8)))
+    model = TimeModel(DSV3_FP8, GPU_PROFILES["H100 SXM"], gpus=2)
+    with pytest.raises(ValueError, match="per-step counts"):
+        plan(counts, gpus=2, redundant=0, objective="time", time_model=model)
+
+
+def test_slowest_gpu_follows_the_dispatch_policy():
+    model = TimeModel(DSV3_FP8, GPU_PROFILES["H100 SXM"], gpus=2)
+    layout_LP = np.array([[0, 1, 0, 2]])            # expert 0 on both GPUs
+    steps = np.array([[[1.0, 3.0, 3.0]]])           # round robin: expert 0's one token goes to GPU 0 only
+    even, rr = slowest_gpu_s(steps, layout_LP, 2, model), slowest_gpu_s(steps, layout_LP, 2, model, "round_robin")
+    assert replica_counts(layout_LP, 3)[0].tolist() == [2, 1, 1]
+    assert rr[0, 0] == pytest.approx(even[0, 0], rel=0.01)   # both: two weight reads on the busiest GPU
+    assert slowest_gpu_s(np.array([[[0.0, 3.0, 3.0]]]), layout_LP, 2, model)[0, 0] < even[0, 0]
