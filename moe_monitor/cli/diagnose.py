@@ -2,10 +2,11 @@
 
     moe-monitor diagnose (--trace FILE | --redis URL --run NAME [--steps N]) [--gpus G] [--redundant R]
                          [--layout LAYOUT.json] [--dispatch P] [--every N] [--max-moves K] [--hot-experts K]
-                         [cost flags] [--json]
+                         [cost flags] [--gpu-profile NAME|FILE] [--nodes M] [model dimensions] [--json]
 
 Per-step counts [T, L, E] from a trace or counts file (planner.io.load_trace_steps) or a live run's newest --steps
-steps; the analytics are planner.diagnose's. Flags, layout defaults and figures: docs/diagnose.md.
+steps; the analytics are planner.diagnose's, with the layout in force's predicted MoE-layer time where the model's
+dimensions and a GPU profile are known (cli.timeflags). Flags, layout defaults and figures: docs/diagnose.md.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from moe_monitor.core.dispatch import DISPATCH_POLICIES
 from .common import add_json, guarded, print_json
 from .planner import _cost, _cost_flags
 from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, read_live, read_trace
+from .timeflags import add_profile_flags, hint, model_dims, run_profile, time_lines
 
 
 def register(sub) -> None:
@@ -39,7 +41,9 @@ def register(sub) -> None:
                    help=f"expert copies per change of the repair and advisor candidates (default "
                         f"{DEFAULT_MAX_MOVES}, the advisor's)")
     p.add_argument("--hot-experts", type=int, help="size of a layer's hot set (default E / 16)")
-    _cost_flags(p)
+    _cost_flags(p, "the run's metadata for the time figures (unknown without it), DeepSeek-V3's for the "
+                   "advisor's costs", time=True)
+    add_profile_flags(p)
     add_json(p)
     p.set_defaults(handler=lambda args: guarded(run, args))
 
@@ -47,6 +51,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from moe_monitor.planner.diagnose import diagnose
     from moe_monitor.planner.io import load_layout
+    from moe_monitor.planner.timecost import time_model
     check_source_flags(args)
     src = read_live(args.redis, args.run, args.steps) if args.redis else read_trace(args.trace)
     counts = src.counts_TLE
@@ -69,8 +74,12 @@ def run(args: argparse.Namespace) -> int:
     redundant = args.redundant if args.redundant is not None else int(layout.shape[1] - E)
     if redundant == 0:
         notes.append("the re-plans get no redundant slots (pass --redundant R)")
+    nodes = args.nodes if args.nodes is not None else (
+        src.meta.layout.nodes if src.meta is not None and src.meta.layout.gpus == gpus else None)
+    model = time_model(model_dims(args, src.meta), run_profile(args, src.meta), gpus, nodes)
     result = diagnose(counts, layout, gpus, redundant, every=args.every, dispatch=args.dispatch, cost=_cost(args),
-                      hot_experts=args.hot_experts, notes=notes, max_moves=args.max_moves)
+                      hot_experts=args.hot_experts, notes=notes, max_moves=args.max_moves, time_model=model,
+                      time_hint=hint(model if isinstance(model, list) else []))
     payload = result.to_json()
     if args.json:
         print_json(payload)
@@ -106,4 +115,6 @@ def report(payload: dict) -> str:
                      f"{_f(c['migration_s_per_1000_steps']):>13}{_f(c['lost_s_per_1000_steps']):>10}"
                      f"{c['moves']:>9}{c['changes']:>9}")
     lines.append("verdict: " + v["text"])
+    if "time" in payload:
+        lines += [line.replace("time", "time of the layout in force", 1) for line in time_lines(payload["time"])]
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from moe_monitor.planner.api import plan
 from moe_monitor.planner.io import load_counts, load_layout, write_json
 
 from .common import add_json, guarded, print_json
+from .timeflags import add_dims_flags
 
 
 def register(sub) -> None:
@@ -147,24 +148,26 @@ def _print_summary(args, payload: dict) -> None:
                                            for k, v in s.items()))
 
 
-def _cost_flags(p: argparse.ArgumentParser) -> None:
+def _cost_flags(p: argparse.ArgumentParser, dims_default: str = "DeepSeek-V3", time: bool = False) -> None:
+    """The advisor's cost flags and the model's dimensions (cli.timeflags; time: also the flags only the time
+    figures use)."""
     from moe_monitor.planner.simulate import DEFAULT_LINK_GBPS, DEFAULT_TFLOPS
-    from moe_monitor.planner.sizes import DEEPSEEK_V3
     p.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS,
                    help=f"link bandwidth in Gb/s (1e9 bits/s) shared by a migration's expert copies (default {DEFAULT_LINK_GBPS:g})")
     p.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS,
                    help=f"effective expert TFLOP/s of one GPU: sets seconds per token-slot (default {DEFAULT_TFLOPS:g})")
-    p.add_argument("--hidden", type=int, default=DEEPSEEK_V3.hidden_size, help="hidden size (default DeepSeek-V3)")
-    p.add_argument("--moe-intermediate", type=int, default=DEEPSEEK_V3.moe_intermediate_size,
-                   help="expert FFN width (default DeepSeek-V3)")
-    p.add_argument("--dtype-bytes", type=int, default=DEEPSEEK_V3.dtype_bytes, help="bytes per weight (bf16: 2)")
+    add_dims_flags(p, dims_default, time=time)
     p.add_argument("--step-seconds", type=float,
                    help="seconds of one step for step-time equivalents (default: the trace's balanced expert time)")
 
 
 def _cost(args):
+    """The advisor's CostModel of the dimensions given, DeepSeek-V3's where none is."""
     from moe_monitor.planner.simulate import CostModel
-    return CostModel.for_sizes(args.hidden, args.moe_intermediate, args.dtype_bytes, tflops=args.tflops,
+    from moe_monitor.planner.sizes import DEEPSEEK_V3
+    return CostModel.for_sizes(args.hidden or DEEPSEEK_V3.hidden_size,
+                               args.moe_intermediate or DEEPSEEK_V3.moe_intermediate_size,
+                               args.weight_bytes or DEEPSEEK_V3.dtype_bytes, tflops=args.tflops,
                                link_gbps=args.link_gbps, step_seconds=args.step_seconds)
 
 

@@ -1,11 +1,11 @@
 """moe-monitor score: per-step tails of recorded counts under a layout and a dispatch policy.
 
     moe-monitor score (--load COUNTS | --redis URL --run NAME [--steps N]) [--layout LAYOUT.json] [--gpus G]
-                      [--dispatch even|round_robin|lp|ideal] [--json]
+                      [--dispatch even|round_robin|lp|ideal] [--gpu-profile NAME|FILE] [--hidden H ...] [--json]
 
 COUNTS: per-step counts [T, L, E] (SGLang logical_count JSON or a project trace, ranks summed per step:
-planner.io.load_trace_steps). The figures are core.steptails' per-step tails. Flags, layout defaults and the
-output fields: docs/diagnose.md.
+planner.io.load_trace_steps). The figures are core.steptails' per-step tails and, with the model's dimensions
+and a GPU profile, planner.timecost's predicted MoE-layer time. Flags, defaults, fields: docs/diagnose.md.
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import numpy as np
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
-from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, load_steps, read_live
+from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, load_steps, read_live, trace_meta
+from .timeflags import add_dims_flags, add_profile_flags, hint, model_dims, run_profile, time_lines
 
 
 def register(sub) -> None:
@@ -29,13 +30,19 @@ def register(sub) -> None:
     p.add_argument("--gpus", type=int, help="GPUs in the EP group (G; needed with --load, a live run's by default)")
     p.add_argument("--dispatch", default="even", choices=DISPATCH_POLICIES,
                    help="how an expert's tokens split over its replicas (default even)")
+    add_profile_flags(p)
+    add_dims_flags(p)
     add_json(p)
     p.set_defaults(handler=lambda args: guarded(score, args))
 
 
-def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: int, dispatch: str) -> dict:
-    """StepTails.to_json() of counts [T, L, E] under layout_LP [L, P] (None: contiguous) on `gpus` GPUs."""
+def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: int, dispatch: str,
+                  time_model=None) -> dict:
+    """StepTails.to_json() of counts [T, L, E] under layout_LP [L, P] (None: contiguous) on `gpus` GPUs, and
+    `time`: planner.timecost.time_payload under time_model (a TimeModel, or the reasons there is none; None:
+    no `time`)."""
     from moe_monitor.core.steptails import step_tails
+    from moe_monitor.planner.timecost import time_payload
     if gpus < 1:
         raise ValueError(f"--gpus must be at least 1, got {gpus}")
     T, L, E = counts_TLE.shape
@@ -49,26 +56,35 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
         raise ValueError(f"the layout has {layout_LP.shape[0]} layers, the counts have {L}")
     payload = step_tails(counts_TLE, layout_LP, gpus, dispatch).to_json()
     payload.update(layers=int(L), experts=int(E), slots=int(layout_LP.shape[1]), gpus=int(gpus))
+    if time_model is not None:
+        missing = [] if not isinstance(time_model, list) else time_model
+        payload["time"] = time_payload(counts_TLE, layout_LP, gpus, dispatch, time_model, hint(missing))
     return payload
 
 
 def score(args: argparse.Namespace) -> int:
     from moe_monitor.planner.io import load_layout
+    from moe_monitor.planner.timecost import time_model
     check_source_flags(args)
     if args.redis is not None:
         src = read_live(args.redis, args.run, args.steps)
         counts, layout, gpus = src.counts_TLE, src.layout_LP, args.gpus if args.gpus is not None else src.gpus
         if args.gpus is not None and args.gpus != src.gpus and args.layout is None:
             layout = None  # the run's layout is for its own GPUs: contiguous over --gpus
+        meta = src.meta
     else:
         counts, layout, gpus = load_steps(args.load), None, args.gpus
         if gpus is None:
             raise ValueError("--load needs --gpus G")
+        meta = trace_meta(args.load)
     if gpus is None:
         raise ValueError(f"run {args.run!r} does not say its GPUs: give --gpus G")
     if args.layout is not None:
         layout = load_layout(args.layout)
-    payload = score_payload(counts, layout, gpus, args.dispatch)
+    nodes = args.nodes if args.nodes is not None else (
+        meta.layout.nodes if meta is not None and meta.layout.gpus == gpus else None)
+    model = time_model(model_dims(args, meta), run_profile(args, meta), gpus, nodes)
+    payload = score_payload(counts, layout, gpus, args.dispatch, model)
     if args.json:
         print_json(payload)
     else:
@@ -88,4 +104,5 @@ def report(payload: dict) -> str:
         f"dispatch {payload['dispatch']}",
         f"per-step imbalance (max/mean GPU load): p50 {_f(imb['p50'])}, p99 {_f(imb['p99'])}, max {_f(imb['max'])}",
         f"window imbalance {_f(payload['window_imbalance'])}, ideal fraction {_f(payload['ideal_fraction'])}",
-        f"expert skew: p50 {_f(skew['p50'])}, p99 {_f(skew['p99'])}, max {_f(skew['max'])}"])
+        f"expert skew: p50 {_f(skew['p50'])}, p99 {_f(skew['p99'])}, max {_f(skew['max'])}",
+        *(time_lines(payload["time"]) if "time" in payload else [])])

@@ -38,11 +38,13 @@ def check_source_flags(args) -> None:
 
 @dataclass
 class Source:
-    """Per-step counts float64 [T, L, E], the layout in force at the first step (None: unknown) and its GPUs."""
+    """Per-step counts float64 [T, L, E], the layout in force at the first step (None: unknown), its GPUs, and
+    the run's metadata (None: a counts file)."""
     counts_TLE: np.ndarray
     layout_LP: np.ndarray | None
     gpus: int | None
     notes: list[str]
+    meta: core.RunMeta | None = None
 
 
 TRACE_SUFFIXES = (".parquet", ".arrows", ".jsonl", ".trace")
@@ -92,7 +94,16 @@ def read_trace(path: str) -> Source:
         meta = reader.meta
         layout, gpus = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus
         records = reader.layouts_in_force(int(steps_T[0]), int(steps_T[-1]))
-    return _with_changes(Source(counts, layout, gpus, []), records, int(steps_T[0]))
+    return _with_changes(Source(counts, layout, gpus, [], meta), records, int(steps_T[0]))
+
+
+def trace_meta(path: str) -> core.RunMeta | None:
+    """The run metadata of a trace (its model's dimensions, GPU profile); None for a counts file."""
+    if not is_trace(path):
+        return None
+    from moe_monitor.core.tracefile import open_trace
+    with open_trace(Path(path)) as reader:
+        return reader.meta
 
 
 def _with_changes(src: Source, records: list[core.LayoutRecord], first_step: int) -> Source:
@@ -161,7 +172,7 @@ def read_live(url: str, run: str, steps: int) -> Source:
             valid.append(change.validate(meta.num_experts, num_layers=len(meta.layer_names)))
     before = [change for change in valid if change.step <= kept[0]][-1:]
     src = Source(counts, np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus,
-                 [f"live run {run}: steps {kept[0]}..{kept[-1]}"])
+                 [f"live run {run}: steps {kept[0]}..{kept[-1]}"], meta)
     return _with_changes(src, before + [c for c in valid if kept[0] < c.step <= kept[-1]], kept[0])
 
 

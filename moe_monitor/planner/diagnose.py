@@ -6,6 +6,7 @@ GPUs, and candidates scored held-out (the layout in force, EPLB and our re-plans
 planner.diagnose_budget, the advisor's decisions, LP twins, the force-balanced ideal), each priced as the
 advisor prices it (planner.simulate.CostModel). Verdict: re-planning pays when the best REPLANS loses less time,
 migration included, than the layout in force; LP dispatch when it cuts lost time by at least LP_WORTH_SHARE.
+Beside the token figures, the layout in force's predicted MoE-layer time (planner.timecost) when it can be priced.
 Shapes: T steps, L layers, E experts, P slots, G GPUs, W windows. Pure numpy. docs/diagnose.md.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .diagnose_budget import (
 from .loads import check_shape, whole_number
 from .repair import experts_copied
 from .simulate import CostModel
+from .timecost import time_payload
 
 DEFAULT_EVERY = 100          # steps per window: the re-plan interval and the unit of the persistence figures
 HOT_SHARE = 1 / 16           # the hot set of a layer: the top E / 16 experts (16 of DeepSeek-V3's 256)
@@ -292,6 +294,7 @@ class Diagnosis:
     verdict: dict
     notes: list[str] = field(default_factory=list)
     max_moves: int = DEFAULT_MAX_MOVES
+    time: dict | None = None
 
     def to_json(self) -> dict:
         """Strict-JSON-ready dict (None where a figure has no value)."""
@@ -299,14 +302,18 @@ class Diagnosis:
                 "dispatch": self.dispatch, "max_moves": self.max_moves, "rank_persistence": self.ranks,
                 "hot_persistence": self.hot,
                 "expert_skew": self.skew, "candidates": [cand.to_json() for cand in self.candidates],
-                "verdict": self.verdict, "notes": list(self.notes)}
+                "verdict": self.verdict, "notes": list(self.notes),
+                **({} if self.time is None else {"time": self.time})}
 
 
 def diagnose(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEFAULT_EVERY,
              dispatch: str = "even", cost: CostModel | None = None, hot_experts: int | None = None,
-             notes: list[str] | None = None, max_moves: int = DEFAULT_MAX_MOVES) -> Diagnosis:
+             notes: list[str] | None = None, max_moves: int = DEFAULT_MAX_MOVES, time_model=None,
+             time_hint: str = "") -> Diagnosis:
     """The whole diagnosis (module docstring) of counts [T, L, E] (T > every) under the layout in force
-    current_LP [L, P] on ``gpus`` GPUs; re-plans get ``redundant`` slots per layer. ValueError on bad input."""
+    current_LP [L, P] on ``gpus`` GPUs; re-plans get ``redundant`` slots per layer. time_model: a core.costmodel
+    TimeModel, or the reasons there is none (planner.timecost.time_model; None: no `time`). ValueError on bad
+    input."""
     c = as_counts(counts_TLE, "counts", ndim=(3,))
     every = whole_number(every, "every", 1)
     candidates = score_candidates(c, current_LP, gpus, redundant, every, dispatch, cost, max_moves)
@@ -317,4 +324,5 @@ def diagnose(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEF
                      dispatch=dispatch, max_moves=int(max_moves), ranks=ranks,
                      hot=hot_persistence(c, every, hot_experts),
                      skew=tails.skew_summary(), candidates=candidates, verdict=verdict(candidates),
-                     notes=list(notes or []))
+                     notes=list(notes or []), time=None if time_model is None else time_payload(
+                         c, model.layout_LP, gpus, dispatch, time_model, time_hint))
