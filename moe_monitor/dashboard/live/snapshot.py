@@ -11,10 +11,11 @@ Shape legend: T steps (or buckets), L layers, G GPUs.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.dashboard.analytics.balance import (
     GpuWindowStats,
     LayerSpread,
@@ -27,10 +28,21 @@ from moe_monitor.dashboard.analytics.balance import (
 )
 from moe_monitor.dashboard.analytics.rollups import PerStepStats
 from moe_monitor.dashboard.analytics.series import rate_per_s
+from moe_monitor.dashboard.analytics.timecost import RowTimes, TimeHeadline, headline, verdict_of
 from moe_monitor.dashboard.live.buckets import BucketWindow
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.layout_changes import LayoutMark, change_marks
 from moe_monitor.dashboard.live.window import MissingRanks, StepWindow, WindowView
+
+
+@dataclass(frozen=True)
+class TimeFigures:
+    """The view in time (core.costmodel): model the run's TimeModel, rows the reductions of each row's
+    predicted GPU times (every layer), headline the Overview's first lines (the chosen layer, or all)."""
+
+    model: TimeModel
+    rows: RowTimes
+    headline: TimeHeadline
 
 
 @dataclass
@@ -39,7 +51,8 @@ class Snapshot:
     balancedness; loads_TG per-step GPU load: its busiest layer (default), one chosen layer, or all layers
     summed (summed=True). missing: ranks absent from the view's steps. resolution_s: 0 when rows are steps,
     else the rollup buckets' seconds (then loads are per step, the bucket mean, eta_TL is each bucket sum's
-    balancedness and per_step holds the per-step statistics the sums hide)."""
+    balancedness and per_step holds the per-step statistics the sums hide). time: the view in time (None: no
+    cost model, time_note says why)."""
 
     view: WindowView
     layout: ResolvedLayout
@@ -59,6 +72,8 @@ class Snapshot:
     missing: MissingRanks = MissingRanks()
     resolution_s: int = 0
     per_step: PerStepStats | None = None
+    time: TimeFigures | None = None
+    time_note: str = ""
 
     @property
     def row_name(self) -> str:
@@ -121,9 +136,10 @@ class Snapshot:
 
 
 def analyse(window: StepWindow, layout: ResolvedLayout, phase: str, layer: int | None = None,
-            summed: bool = False) -> Snapshot | None:
+            summed: bool = False, time_model: TimeModel | None = None, time_note: str = "") -> Snapshot | None:
     """The tick's numbers for steps passing the phase filter; None when no step passes it. layer None and
-    summed False (the default) is the per-layer view; summed=True sums the layers; layer picks one."""
+    summed False (the default) is the per-layer view; summed=True sums the layers; layer picks one.
+    time_model: the run's cost model (None: figures in tokens only, time_note says why)."""
     if layer is not None and not 0 <= layer < window.num_layers:
         raise ValueError(f"layer {layer} is outside 0..{window.num_layers - 1}")
     view = window.view(phase, layout.layout_LP, layout.gpus, schedule=layout.schedule)
@@ -157,14 +173,31 @@ def analyse(window: StepWindow, layout: ResolvedLayout, phase: str, layer: int |
     else:
         span_s = float(view.time_s_T.max() - view.time_s_T.min()) + buckets.resolution_s
         steps_per_s, tokens_per_s = float(steps_T.sum()) / span_s, float(view.tokens_T.sum()) / span_s
+    time, time_note = (None, time_note) if time_model is None else in_time(
+        window, view, layout, time_model, layer, steps_per_s, tokens_per_s)
     return Snapshot(
         view=view, layout=layout, layer=layer, latest=latest, eta_TL=eta_TL, loads_TG=loads_TG,
         eta_now=across_layers(eta_TL[latest]), eta_window_sum=across_layers(balancedness(view.loads_TLG.sum(axis=0))),
         eta_step_mean=across_layers(eta_step_mean_L), idle_share=idle, stats=window_stats(loads_TG),
         straggler=stall, steps_per_s=steps_per_s, tokens_per_s=tokens_per_s, summed=summed,
         missing=window.missing_ranks(view.slots_T), resolution_s=window.resolution_s,
-        per_step=None if buckets is None else buckets.per_step(view.slots_T),
+        per_step=None if buckets is None else buckets.per_step(view.slots_T), time=time, time_note=time_note,
     )
+
+
+def in_time(window: StepWindow, view: WindowView, layout: ResolvedLayout, model: TimeModel, layer: int | None,
+            steps_per_s: float, tokens_per_s: float) -> tuple[TimeFigures | None, str]:
+    """(the view in time, "") from the window's per-row predicted times; (None, why) when the memory budget
+    cannot hold them. The verdict covers the chosen layer, else every layer."""
+    rows = window.row_times(view.slots_T, model, layout.layout_LP, layout.schedule)
+    if rows is None:
+        return None, f"no room for predicted times in {window.budget.describe()}"
+    scoped = rows if layer is None else rows.layer(layer)
+    head = headline(verdict_of(scoped, model.comm_s_per_row, model.gpus), model, steps_per_s, tokens_per_s,
+                    layout.gpus_per_node, "" if layer is None else f"layer {layer}")
+    if window.resolution_s:
+        head = replace(head, label=f"{head.label}; each {bucket_name(window.resolution_s)} bucket as its mean step")
+    return TimeFigures(model, rows, head), ""
 
 
 def bucket_name(resolution_s: int) -> str:

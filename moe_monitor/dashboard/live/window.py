@@ -3,7 +3,8 @@ fills it and every page analyses its views.
 
 Counts are int32, promoted to int64 the first time a step's sum would not fit (600 x 58 x 256: 35.6 MB, 71.3 MB
 promoted). The ring reserves its bytes from core.membudget.current() and holds fewer steps when the budget cannot
-(`budget_note`); GPU loads are cached per row (row version + layout key) and computed in chunks of CHUNK_BYTES.
+(`budget_note`); GPU loads are cached per row (row version + layout key) and computed in chunks of CHUNK_BYTES,
+and so are the reductions of each row's predicted GPU times under a cost model (row_times).
 Details: docs/dashboard.md, "Inside the window".
 
 Shape legend: C ring capacity (steps), T steps in a view, L layers, E logical experts, G GPUs.
@@ -18,9 +19,11 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core import membudget
-from moe_monitor.core.loadmodel import gpu_weights, weighted_loads
+from moe_monitor.core.costmodel import TimeModel
+from moe_monitor.core.loadmodel import gpu_weights, slot_weights, weighted_loads
 from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
+from moe_monitor.dashboard.analytics.timecost import RowTimes, reduce_times
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_counts
 
@@ -35,6 +38,7 @@ ROW_OVERHEAD_BYTES = 8 * 8 + 256  # per row: the C-long bookkeeping arrays and t
 _INT32_MAX = int(np.iinfo(np.int32).max)
 MAX_MISSING_LISTED = 32  # ranks named by missing_ranks()
 MAX_AGGREGATE_CELL = (1 << 47) - 1  # an aggregated count: int32 counts of at most core.MAX_WORLD ranks summed
+TIME_TEMPORARIES = 10  # float64 [rows, L, P] arrays a chunk of row_times() holds at its peak (slot tokens, gpu_times)
 
 
 @dataclass
@@ -99,6 +103,39 @@ class _RowCache:
     def of(self, rows: np.ndarray) -> RowStats:
         return RowStats(self.eta_CL[rows], self.max_CG[rows], self.layer_sum_CG[rows], self.busiest_CL[rows],
                         self.busy_CL[rows])
+
+
+@dataclass
+class _TimeCache:
+    """RowTimes of every ring row [C, ...] under one TimeModel, with the row version and layout key of each."""
+
+    model: TimeModel
+    rows: RowTimes
+    version_C: np.ndarray
+    key_C: np.ndarray
+
+    @classmethod
+    def empty(cls, model: TimeModel, capacity: int, num_layers: int) -> _TimeCache:
+        per_TL = {name: np.zeros((capacity, num_layers), dtype=np.int64 if name == "busiest_TL" else np.float64)
+                  for name in RowTimes.FIELDS_TL}
+        return cls(model, RowTimes(**per_TL, gpu_s_TG=np.zeros((capacity, model.gpus))),
+                   np.full(capacity, -1, dtype=np.int64), np.zeros(capacity, dtype=np.int64))
+
+    def fits(self, model: TimeModel) -> bool:
+        old = self.model
+        return (old.dims, old.profile, old.gpus, old.nodes) == (model.dims, model.profile, model.gpus, model.nodes)
+
+    def update(self, rows: np.ndarray, got: RowTimes) -> None:
+        for name in (*RowTimes.FIELDS_TL, "gpu_s_TG"):
+            getattr(self.rows, name)[rows] = getattr(got, name)
+
+    def of(self, rows: np.ndarray) -> RowTimes:
+        return RowTimes(**{name: getattr(self.rows, name)[rows] for name in RowTimes.FIELDS_TL},
+                        gpu_s_TG=self.rows.gpu_s_TG[rows])
+
+    @staticmethod
+    def row_bytes(num_layers: int, gpus: int) -> int:
+        return num_layers * len(RowTimes.FIELDS_TL) * 8 + gpus * 8 + 16
 
 
 @dataclass(frozen=True)
@@ -183,6 +220,9 @@ class StepWindow:
         self._loads_key_C = np.zeros(capacity, dtype=np.int64)  # key of the layout they were computed under
         self._weights_by_key: dict[int, np.ndarray] = {}  # layout key -> gpu_weights [L, E, G]
         self._weights_LEG = np.zeros((self.num_layers, self.num_experts, 0))  # the base layout's weights
+        self._loads_bytes = 0  # held for the cached loads
+        self._times: _TimeCache | None = None  # reductions of predicted GPU times (row_times)
+        self._times_bytes = 0  # held for them
 
     # ------------------------------------------------------------------------------------------ writes
     def add_aggregate(self, rec: core.AggregateRecord) -> bool:
@@ -309,11 +349,12 @@ class StepWindow:
         instead of those of the previous GPU count; ValueError, nothing changed, when the budget cannot."""
         L, C = self.num_layers, self.capacity
         loads_bytes = C * self.loads_row_bytes(L, gpus)
-        if not self._reservation.resize_to(self._held_bytes + loads_bytes):
+        if not self._reservation.resize_to(self._held_bytes + loads_bytes + self._times_bytes):
             raise ValueError(f"GPU loads of this window ({C} steps x {L} layers x {gpus} GPUs) need "
                              f"{membudget.format_bytes(loads_bytes)} and {self.budget.describe()} has "
                              f"{membudget.format_bytes(self.budget.available_bytes)} left: it is shared by "
                              f"{self.budget.shared_by}")
+        self._loads_bytes = loads_bytes
 
     def _chunks(self, rows: np.ndarray) -> Iterator[np.ndarray]:
         """rows in consecutive pieces whose counts, or float64 copies of their loads, take at most CHUNK_BYTES
@@ -348,17 +389,8 @@ class StepWindow:
             self._loads_version_C[:] = -1
             self._weights_by_key = {}
             self._loads_gpus = gpus
-        base_key = hash(np.asarray(physical_to_logical_map, dtype=np.int64).tobytes())
-        maps = {base_key: physical_to_logical_map}
-        for change in schedule:
-            maps.setdefault(change.key, change.layout_LP)
         rows = self.ordered_slots() if self.size < self.capacity else np.arange(self.capacity)
-        if schedule:
-            starts = np.fromiter((c.step for c in schedule), dtype=np.int64, count=len(schedule))
-            keys = np.fromiter((base_key, *(c.key for c in schedule)), dtype=np.int64, count=len(schedule) + 1)
-            want_key = keys[index_in_force(starts, self.step_C[rows]) + 1]  # -1 (before every change): the base
-        else:
-            want_key = np.full(rows.size, base_key, dtype=np.int64)
+        base_key, maps, want_key = self._layout_keys(physical_to_logical_map, schedule, rows)
         stale_mask = (self._loads_version_C[rows] != self.row_version_C[rows]) | (self._loads_key_C[rows] != want_key)
         if stale_mask.any():
             stale, stale_key = rows[stale_mask], want_key[stale_mask]
@@ -379,6 +411,52 @@ class StepWindow:
             self._weights_by_key[base_key] = gpu_weights(physical_to_logical_map, self.num_experts, gpus)
         self._weights_LEG = self._weights_by_key[base_key]
         return self._loads_CLG
+
+    def _layout_keys(self, physical_to_logical_map, schedule: Sequence[LayoutChange],
+                     rows: np.ndarray) -> tuple[int, dict, np.ndarray]:
+        """(key of the base map, {key: map} of every layout in use, int64 [len(rows)] the key of each row's)."""
+        base_key = hash(np.asarray(physical_to_logical_map, dtype=np.int64).tobytes())
+        maps = {base_key: physical_to_logical_map}
+        for change in schedule:
+            maps.setdefault(change.key, change.layout_LP)
+        if not schedule:
+            return base_key, maps, np.full(rows.size, base_key, dtype=np.int64)
+        starts = np.fromiter((c.step for c in schedule), dtype=np.int64, count=len(schedule))
+        keys = np.fromiter((base_key, *(c.key for c in schedule)), dtype=np.int64, count=len(schedule) + 1)
+        return base_key, maps, keys[index_in_force(starts, self.step_C[rows]) + 1]  # -1: before every change
+
+    def row_times(self, slots: np.ndarray, model: TimeModel, physical_to_logical_map,
+                  schedule: Sequence[LayoutChange] = ()) -> RowTimes | None:
+        """RowTimes (dashboard.analytics.timecost) of the given rows' predicted GPU times under model: each
+        row's slot tokens under the layout in force at its step (even split), a rollup bucket's as its mean
+        step. Recomputed only for rows that changed, whose layout changed, or all when the model did, a chunk
+        of rows at a time (never a float copy of the whole ring). None when the budget cannot hold them."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if self._times is None or not self._times.fits(model):
+            wanted = self.capacity * _TimeCache.row_bytes(self.num_layers, model.gpus)
+            if not self._reservation.resize_to(self._held_bytes + self._loads_bytes + wanted):
+                return None
+            self._times, self._times_bytes = _TimeCache.empty(model, self.capacity, self.num_layers), wanted
+        cache = self._times
+        _, maps, want_key = self._layout_keys(physical_to_logical_map, schedule, slots)
+        stale_mask = (cache.version_C[slots] != self.row_version_C[slots]) | (cache.key_C[slots] != want_key)
+        if stale_mask.any():
+            stale, stale_key = slots[stale_mask], want_key[stale_mask]
+            for key in np.unique(stale_key).tolist():
+                layout_LP = np.asarray(maps[key], dtype=np.int64)
+                these = stale[stale_key == key]
+                row_bytes = self.num_layers * max(layout_LP.shape[1], self.num_experts) * 8 * TIME_TEMPORARIES
+                per = max(1, CHUNK_BYTES // row_bytes)
+                for start in range(0, these.size, per):
+                    chunk = these[start:start + per]
+                    counts = self.counts_CLE[chunk].astype(np.float64)
+                    if self.resolution_s:  # a bucket's mean step
+                        counts /= np.maximum(self.steps_C[chunk], 1)[:, None, None]
+                    times = model.gpu_times(slot_weights(counts, layout_LP))
+                    cache.update(chunk, reduce_times(times, model.ridge_tokens))
+            cache.version_C[stale] = self.row_version_C[stale]
+            cache.key_C[stale] = stale_key
+        return cache.of(slots)
 
     def row_stats(self, slots: np.ndarray) -> RowStats:
         """Per-row statistics of the GPU loads of the given rows, as of the last loads_CLG() / view() (kept with
