@@ -58,6 +58,11 @@ class GpuHistory:
         """Devices with readings, sorted by (host, NVML index)."""
         return sorted(self.series)
 
+    def names(self) -> list[str]:
+        """NVML device names of the devices with readings (their latest reading's), by (host, NVML index)."""
+        latest = (self.series[device][-1].get("name") for device in self.devices())
+        return [name for name in latest if isinstance(name, str) and name]
+
     def rows(self, device: tuple[str, int]) -> list[dict]:
         """Readings of one device, oldest first: dicts with time_s, rank and core.GPU_FIELDS."""
         return list(self.series.get(device, ()))

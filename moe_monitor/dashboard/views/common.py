@@ -1,5 +1,6 @@
 """What every live page does first on each tick: poll the source, show the states a user can meet
-(no Redis, no run, stopped run, bad records, no steps in this phase), resolve the layout, analyse.
+(no Redis, no run, stopped run, bad records, no steps in this phase), resolve the layout and the cost model
+(dashboard.analytics.timecost.time_model_for), analyse.
 
 At a rollup resolution (Settings.rolled_up) the live run is polled as usual and the pages that can draw buckets
 analyse the RollupRun riding on it; pages that need single steps (Time, What-if) ask for full resolution. Each
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
 from moe_monitor.dashboard.live.rollups import full_resolution_line
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
@@ -125,8 +127,9 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
         else:
             st.info(f"Run `{cfg.run or cfg.trace_path}` has no step records yet: waiting for the first step.")
         return None if require_steps else PageData(cfg, watched, None, None, resolution)
+    meta = watched.source.meta()
     try:
-        layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
+        layout = resolve_layout(meta, window.num_layers, window.num_experts, watched.world_size,
                                 gpus=cfg.gpus, gpus_per_node=cfg.gpus_per_node,
                                 uploaded=None if cfg.uploaded_layout is None else [list(r) for r in cfg.uploaded_layout],
                                 changes=watched.layouts.changes, at_step=window.newest_step)
@@ -134,7 +137,8 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
         return None if require_steps else PageData(cfg, watched, None, None, resolution)
     phase = "both" if window.resolution_s else cfg.phase  # a bucket sums the steps of every phase
-    snap = analyse(window, layout, phase, cfg.layer, cfg.summed)
+    time_model, time_note = time_model_for(meta, layout.gpus, layout.nodes, watched.gpus.names())
+    snap = analyse(window, layout, phase, cfg.layer, cfg.summed, time_model, time_note)
     if snap is None:
         st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
         return None if require_steps else PageData(cfg, watched, layout, None, resolution)

@@ -1,4 +1,5 @@
-"""Overview: balancedness now and over the window, throughput, health, per-GPU bars, the straggler."""
+"""Overview: first, in time, what the busiest GPU costs (core.costmodel, or why not: then in tokens); then
+balancedness now and over the window, throughput, health, per-GPU bars, the straggler."""
 from __future__ import annotations
 
 import time
@@ -8,6 +9,7 @@ import numpy as np
 import streamlit as st
 
 from moe_monitor.dashboard.analytics import alerts
+from moe_monitor.dashboard.analytics.timecost import tokens_headline
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_number
@@ -33,6 +35,7 @@ def live() -> None:
 
 def render(current: PageData) -> None:
     snap, watched = current.snapshot, current.watched
+    time_lines(snap)
     row = snap.row_name
     latest = f"step {snap.latest_step}" if not snap.resolution_s else f"the {row} starting {snap.x_T[snap.latest]} UTC"
     cols = st.columns(4)
@@ -78,6 +81,21 @@ def render(current: PageData) -> None:
     st.markdown(in_force_note(snap.layout))
     _alert_line(current)
     health_panel(current)
+
+
+def time_lines(snap: Snapshot) -> None:
+    """The page's first lines: what waiting for the busiest GPU costs in time, the speed-of-light line and
+    what they are predicted for; without a cost model, why not, and the token figures."""
+    if snap.time is None:
+        s = snap.straggler
+        first, hint = tokens_headline(snap.time_note or "no time model", snap.idle_share, None if s is None else s.gpu,
+                                      float("nan") if s is None else s.ratio_to_mean, snap.layout.gpus_per_node)
+        st.markdown(f"**{first}**")
+        st.caption(hint)
+        return
+    head = snap.time.headline
+    st.markdown(f"**{head.first}**" + (f"  \n{head.light}" if head.light else ""))
+    st.caption(f"{head.label}. Token figures below.")
 
 
 def per_step_section(snap: Snapshot) -> None:
