@@ -24,6 +24,11 @@ from .hooks import install, layer_hook, routed_width, step_phase, step_shape, st
 from .monitor import ExpertLoadMonitor
 from .options import MonitorOptions, resolve_options
 
+# the model's sizes for the run's metadata that attach() takes by name, winning over what the configs say (a
+# small model standing in for a large one declares the large one's: the cost model prices those)
+DECLARED_SIZES = ("model_name", "hidden_size", "moe_intermediate_size", "dtype_bytes", "expert_matrices",
+                  "act_dtype_bytes")
+
 
 class AttachedMonitor(ExpertLoadMonitor):
     """An ExpertLoadMonitor wired to a model by hooks. close() also removes every hook.
@@ -41,15 +46,16 @@ class AttachedMonitor(ExpertLoadMonitor):
         except StopIteration:
             device = torch.device("cpu")
         sizes = model_sizes(model)
+        declared = {name: overrides.pop(name) for name in DECLARED_SIZES if name in overrides}
         self.layers = layers
         self._depth = 0
         self._auto_phase = "unknown"
         self._handles: list[RemovableHandle] = []
         self._monitor_kwargs: dict[str, Any] = dict(
             device=device, redis_url=redis_url, run=run, layer_names=[layer.name for layer in layers],
-            model_name=sizes.model_name, hidden_size=sizes.hidden_size,
-            moe_intermediate_size=sizes.moe_intermediate_size, dtype_bytes=sizes.dtype_bytes, options=options,
-            **overrides)
+            **{"model_name": sizes.model_name, "hidden_size": sizes.hidden_size,
+               "moe_intermediate_size": sizes.moe_intermediate_size, "dtype_bytes": sizes.dtype_bytes, **declared},
+            options=options, **overrides)
         self._pending_step: tuple[int, torch.Tensor | None] | None = None
         self._start_failed = False
         top_k = next((layer.top_k for layer in layers if layer.top_k is not None), None)
@@ -236,7 +242,9 @@ def attach(model: torch.nn.Module, redis_url: str | None = None, run: str | None
     starts then: see the module docstring). options: a
     MonitorOptions; overrides: its fields by name (sample_tokens, sample_every, gpus, nodes,
     physical_to_logical_map, queue_steps, host_slots, publish_interval_s, memory_budget_bytes, nvml,
-    nvml_interval_s, redis_timeout_s, trace_path, trace_max_bytes), which win over options. An unknown name raises TypeError.
+    nvml_interval_s, redis_timeout_s, trace_path, trace_max_bytes, gpu_profile), which win over options, and the
+    model's sizes (DECLARED_SIZES: hidden_size, dtype_bytes, ...), which win over the configs'. An unknown name
+    raises TypeError.
     No hook ever raises into the model's forward: a layer that cannot be counted is reported in
     monitor.stats() (hook_errors, last_error) and the published health, and the other layers go on.
     """
