@@ -23,6 +23,12 @@ from pathlib import Path
 from moe_monitor.dashboard.serve import streamlit_command
 from moe_monitor.demo.children import start_child
 
+# The model the tiny one stands in for, in the run's metadata: the cost model prices DeepSeek-V3's experts (FP8
+# weights, BF16 activations) on H100s, so the Overview's figures in time are "predicted for H100 SXM, ..."
+IMITATED_SIZES = {"hidden_size": 7168, "moe_intermediate_size": 2048, "expert_matrices": 3, "dtype_bytes": 1,
+                  "act_dtype_bytes": 2}
+GPU_PROFILE = "H100 SXM"
+
 
 def start_dashboard(port: int, redis_url: str, apply: dict[str, str] | None = None) -> subprocess.Popen:
     """The dashboard child; apply: the Apply setting's environment (apply_setting), None: Apply off."""
@@ -113,9 +119,11 @@ def run_demo(args: argparse.Namespace) -> int:
             return serve_engine(args, redis_url, stop)
         model = build_model()
         traffic = DriftingTraffic(model)
-        monitor = attach(model, redis_url=redis_url, run=args.run, gpus=32, nodes=4)
+        monitor = attach(model, redis_url=redis_url, run=args.run, gpus=32, nodes=4, gpu_profile=GPU_PROFILE,
+                         **IMITATED_SIZES)
         print(f"demo: run {args.run!r}: {len(monitor.layer_names)} MoE layers x {monitor.num_experts} experts, "
-              f"top-{monitor.top_k}, 32 GPUs in 4 nodes (contiguous layout)", flush=True)
+              f"top-{monitor.top_k}, 32 GPUs in 4 nodes (contiguous layout), times predicted for DeepSeek-V3's "
+              f"experts on {GPU_PROFILE}", flush=True)
         if not args.no_dashboard:
             dashboard = start_dashboard(args.port, redis_url)
             print(f"demo: dashboard on http://127.0.0.1:{args.port}", flush=True)
