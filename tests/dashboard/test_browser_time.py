@@ -1,0 +1,73 @@
+"""The Overview's first line in time, in a real browser (a private redis-server filled by the real collector,
+`streamlit run app.py` against it, headless Debian chromium through playwright), and in Streamlit's AppTest.
+
+The run declares DeepSeek-V3's expert sizes (FP8) and the H100 SXM profile. 4 GPUs in 2 nodes, 2 experts each;
+every decode step sends 8 tokens to each of experts 0 and 1 (GPU 0) and 8 to each of experts 2, 4, 6: GPU 0
+runs 2 active experts, the others 1, and every expert is far below the ridge (weight reads bound it), so the
+layers wait for GPU 0 because of its active experts, while its tokens are only 2x the others'."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from moe_monitor.collectors import ExpertLoadMonitor
+from tests.support.apptest import run_app
+from tests.support.browserkit import app_on_private_redis, chromium_page
+
+RUN = "time-run"
+IDS = torch.tensor([[0, 1]] * 8 + [[2, 4]] * 8 + [[6, 6]] * 4).reshape(-1, 2)  # expert 6: 8 of the 40 picks
+FIRST = "The MoE layers lose"
+WHY = "GPU 0 (node 0), because it runs 2.0 active experts per layer against a mean of 1.2"
+LABEL = "predicted for H100 SXM, hidden 7168 x expert 2048 x 3 matrices, fp8 weights"
+
+
+def fill(url: str, steps: int = 12, declared: bool = True) -> None:
+    sizes = dict(hidden_size=7168, moe_intermediate_size=2048, dtype_bytes=1, act_dtype_bytes=2,
+                 gpu_profile="H100 SXM") if declared else {}
+    mon = ExpertLoadMonitor(2, 8, 2, redis_url=url, run=RUN, gpus=4, nodes=2, nvml=False, **sizes)
+    for _ in range(steps):
+        for layer in range(2):
+            mon.record(layer, IDS)
+        mon.end_step("decode")
+    mon.close()
+
+
+def test_overview_first_line_in_time(redis_server, monkeypatch):
+    redis_server.client().flushdb()
+    fill(redis_server.url)
+    at = run_app(redis_server.url, monkeypatch)
+    first = at.main.markdown[0].value
+    assert first.startswith(f"**{FIRST} ") and WHY in first and "GPU-hours a day" in first, first
+    assert "would run" in first and "× faster if every GPU finished at the mean" in first
+    assert any(c.value.startswith(LABEL) for c in at.caption)
+
+
+def test_overview_without_dimensions_says_so_in_tokens(redis_server, monkeypatch):
+    redis_server.client().flushdb()
+    fill(redis_server.url, declared=False)
+    at = run_app(redis_server.url, monkeypatch)
+    first = at.main.markdown[0].value
+    assert first.startswith("**No model dimensions/GPU profile: figures in tokens — idle share "), first
+    assert any("hidden_size" in c.value and "gpu_profile" in c.value for c in at.caption)
+
+
+@pytest.fixture
+def app_url(tmp_path: Path):
+    with app_on_private_redis(tmp_path, lambda server: fill(server.url)) as url:
+        yield url
+
+
+@pytest.mark.browser
+def test_overview_first_line_in_time_in_chromium(app_url, tmp_path):
+    with chromium_page(1600, 1000) as page:
+        page.goto(app_url)
+        page.get_by_text(FIRST, exact=False).first.wait_for(timeout=90_000)
+        main = page.locator('[data-testid="stMain"]')
+        first = main.locator('[data-testid="stMarkdown"]').filter(
+            has_not=page.locator('[data-testid="stCaptionContainer"]')).first.inner_text()  # the captions above it
+        assert first.startswith(FIRST) and WHY in first, first
+        main.get_by_text(LABEL, exact=False).wait_for(timeout=30_000)
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(tmp_path / "overview-time.png"))
