@@ -1,5 +1,6 @@
 """A real transformers DeepSeek-V3 with random weights in DeepSeek-V3's routing shape, small enough for a CPU:
-256 routed experts, top-8, n_group 8, topk_group 4, one shared expert, a dense first layer, tiny widths."""
+256 routed experts, top-8, n_group 8, topk_group 4, one shared expert, a dense first layer, tiny widths.
+Other dimensions (the cost-model bench's large experts) keep the rest; other expert counts route plain top-k."""
 from __future__ import annotations
 
 import torch
@@ -8,16 +9,20 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 VOCAB = 1024
 
 
-def build_model(moe_layers: int = 4, seed: int = 0) -> DeepseekV3ForCausalLM:
+def build_model(moe_layers: int = 4, seed: int = 0, hidden_size: int = 64, moe_intermediate_size: int = 32,
+                num_experts: int = 256, top_k: int = 8) -> DeepseekV3ForCausalLM:
+    groups, top_groups = (8, 4) if num_experts == 256 else (1, 1)  # group-limited routing: DeepSeek-V3's only
     # head_dim is a transformers 5 config field the class signature does not list (mypy sees the signature)
     config = DeepseekV3Config(  # type: ignore[call-arg]
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=moe_layers + 1, first_k_dense_replace=1, n_routed_experts=256, num_experts_per_tok=8,
-        n_group=8, topk_group=4, n_shared_experts=1, routed_scaling_factor=2.5, num_attention_heads=4,
-        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16,
-        v_head_dim=16, head_dim=16, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False)
-    config.name_or_path = "demo/deepseek-v3-tiny-random"
+        vocab_size=VOCAB, hidden_size=hidden_size, intermediate_size=128, moe_intermediate_size=moe_intermediate_size,
+        num_hidden_layers=moe_layers + 1, first_k_dense_replace=1, n_routed_experts=num_experts,
+        num_experts_per_tok=top_k, n_group=groups, topk_group=top_groups, n_shared_experts=1,
+        routed_scaling_factor=2.5, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=64,
+        qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16, head_dim=16, max_position_embeddings=512,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    tiny = (hidden_size, moe_intermediate_size, num_experts, top_k) == (64, 32, 256, 8)
+    config.name_or_path = "demo/deepseek-v3-tiny-random" if tiny else (
+        f"demo/deepseek-v3-random-h{hidden_size}-i{moe_intermediate_size}-e{num_experts}-k{top_k}")
     torch.manual_seed(seed)
     model = DeepseekV3ForCausalLM(config).eval()
     with torch.no_grad():  # routers of trained models are decisive; the 0.02 init std leaves every score ~0.5

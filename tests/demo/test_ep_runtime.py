@@ -298,3 +298,30 @@ def test_grouped_experts_equal_the_per_group_gemms():
     assert store.compute_grouped(0, x_RH[:0], experts_R[:0]).shape == (0, hidden)
     with pytest.raises(KeyError):
         store.compute_grouped(0, x_RH[:2], torch.tensor([1, 2]))
+
+
+def test_grouped_experts_stack_once_and_read_only_active_experts():
+    """The grouped path stacks a layer's weights once (the store's per-expert weights become views of the stack,
+    so packing an expert for a move gives the same floats), and rows of one expert out of many give what that
+    expert's FFN alone gives."""
+    from moe_monitor.demo.ep.store import ExpertStore
+
+    gen = torch.Generator().manual_seed(1)
+    hidden, ffn = 32, 16
+    weights = {e: (torch.randn(2 * ffn, hidden, generator=gen) / 8, torch.randn(hidden, ffn, generator=gen) / 8)
+               for e in range(6)}
+    store = ExpertStore([dict(weights)], hidden, ffn)
+    packed = {e: store.pack(0, e) for e in weights}
+    x_RH = torch.randn(5, hidden, generator=gen)
+    only = torch.full((5,), 4)
+    got = store.compute_grouped(0, x_RH, only)
+    ids_G, gate_up_GHI, _ = store.stacked(0)
+    assert store.stacked(0)[1] is gate_up_GHI and ids_G.tolist() == list(range(6))
+    stack = (gate_up_GHI.data_ptr(), gate_up_GHI.data_ptr() + gate_up_GHI.numel() * gate_up_GHI.element_size())
+    assert all(stack[0] <= store.weights_L[0][e][0].data_ptr() < stack[1] for e in weights)
+    for e in weights:
+        torch.testing.assert_close(store.pack(0, e), packed[e], rtol=0, atol=0)
+    gate_up, down = weights[4]
+    gate, up = torch.nn.functional.linear(x_RH, gate_up).chunk(2, dim=-1)
+    torch.testing.assert_close(got, torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down),
+                               rtol=1e-5, atol=1e-5)

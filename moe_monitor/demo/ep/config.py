@@ -29,6 +29,8 @@ class EPConfig:
     grouped_experts: run each rank's experts as two grouped GEMMs (time follows the tokens, as in a real engine;
     equal to the single-process forward within float rounding) instead of one GEMM per (source, expert), which
     reproduces transformers' eager loop bit for bit but costs per group (the demo and bench use grouped).
+    hidden_size / moe_intermediate_size / num_experts / top_k: the model's dimensions (demo.model.build_model;
+    the defaults are the demo's tiny DeepSeek-V3), declared in the run's metadata for the cost model.
     """
 
     ranks: int = 2
@@ -59,6 +61,10 @@ class EPConfig:
     threads: int = 0
     timeout_s: float = 120.0
     nvml: bool = True
+    hidden_size: int = 64
+    moe_intermediate_size: int = 32
+    num_experts: int = 256
+    top_k: int = 8
 
     def check(self) -> EPConfig:
         """self, or ValueError naming the bad field."""
@@ -72,6 +78,8 @@ class EPConfig:
             raise ValueError("max_slots_per_rank must be >= 1 and max_replicas_per_expert >= 0")
         if self.timing_toggle_every < 0 or self.auto_plan_at_step < 0 or self.auto_plan_redundant < 0:
             raise ValueError("timing_toggle_every, auto_plan_at_step and auto_plan_redundant must be >= 0")
+        if min(self.hidden_size, self.moe_intermediate_size, self.top_k) < 1 or self.top_k > self.num_experts:
+            raise ValueError("hidden_size, moe_intermediate_size and top_k must be >= 1, top_k <= num_experts")
         return self
 
     @property

@@ -20,6 +20,7 @@ class ExpertStore:
                  ffn_size: int):
         self.weights_L = weights_L
         self.hidden_size, self.ffn_size = hidden_size, ffn_size
+        self._stacks: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def from_experts(cls, experts_modules: list, placement: Placement, rank: int) -> ExpertStore:
@@ -76,22 +77,42 @@ class ExpertStore:
 
     def compute_grouped(self, layer: int, x_RH: torch.Tensor, experts_R: torch.Tensor) -> torch.Tensor:
         """float [R, H]: the same FFNs as compute(), as a real engine runs them: every received row of every
-        local expert in two grouped GEMMs (torch._grouped_mm), so the time follows the rows, not the number of
-        (source, expert) groups. Equal to compute() within float rounding (different GEMM blocking), not bit
-        for bit. KeyError when a row names an expert this rank does not hold."""
+        local expert in two grouped GEMMs (torch._grouped_mm) over the layer's weights stacked once (stacked()),
+        so the time follows the rows and the active experts (a group without rows reads no weights), not the
+        number of (source, expert) groups nor the experts held. Equal to compute() within float rounding
+        (different GEMM blocking), not bit for bit. KeyError when a row names an expert this rank does not hold."""
         out_RH = torch.empty_like(x_RH)
         if x_RH.shape[0] == 0:
             return out_RH
-        weights = self.weights_L[layer]
-        held = sorted(weights)
-        ids_G = torch.tensor(held, dtype=experts_R.dtype)
+        ids_G, gate_up_GHI, down_GIH = self.stacked(layer)
+        held = ids_G.shape[0]
+        experts_R = experts_R.to(ids_G.dtype)
         pos_R = torch.searchsorted(ids_G, experts_R)
-        if (pos_R >= len(held)).any() or (ids_G[pos_R.clamp(max=len(held) - 1)] != experts_R).any():
+        if held == 0 or (pos_R >= held).any() or (ids_G[pos_R.clamp(max=held - 1)] != experts_R).any():
             raise KeyError(f"layer {layer}: a row names an expert rank does not hold")
         order = torch.argsort(pos_R, stable=True)
-        offs_G = torch.cumsum(torch.bincount(pos_R, minlength=len(held)), 0).to(torch.int32)
-        gate_up_GHI = torch.stack([weights[e][0].t() for e in held]).contiguous()   # [G, H, 2I]
-        down_GIH = torch.stack([weights[e][1].t() for e in held]).contiguous()      # [G, I, H]
+        offs_G = torch.cumsum(torch.bincount(pos_R, minlength=held), 0).to(torch.int32)
         gate, up = torch._grouped_mm(x_RH[order].contiguous(), gate_up_GHI, offs=offs_G).chunk(2, dim=-1)
         out_RH[order] = torch._grouped_mm((F.silu(gate) * up).contiguous(), down_GIH, offs=offs_G)
         return out_RH
+
+    def stacked(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ids_G, gate_up_GHI [G, H, 2I], down_GIH [G, I, H]): the layer's held experts, ascending, their
+        weights stacked for the grouped GEMMs on first use; the store's per-expert weights become views of the
+        stacks (one copy held). Stacking on every call would copy every held expert's weights each step."""
+        cached = self._stacks.get(layer)
+        if cached is None:
+            weights = self.weights_L[layer]
+            held = sorted(weights)
+            ids_G = torch.tensor(held, dtype=torch.int64)
+            if not held:
+                cached = (ids_G, torch.empty(0, self.hidden_size, 2 * self.ffn_size),
+                          torch.empty(0, self.ffn_size, self.hidden_size))
+            else:
+                gate_up_GHI = torch.stack([weights[e][0].t() for e in held]).contiguous()
+                down_GIH = torch.stack([weights[e][1].t() for e in held]).contiguous()
+                for g, e in enumerate(held):
+                    weights[e] = (gate_up_GHI[g].t(), down_GIH[g].t())
+                cached = (ids_G, gate_up_GHI, down_GIH)
+            self._stacks[layer] = cached
+        return cached

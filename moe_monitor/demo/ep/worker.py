@@ -81,7 +81,8 @@ def run_rank(rank: int, cfg: EPConfig, port: int, result_dir: str) -> None:
 def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
     """The step loop of one rank (process group initialised). Returns (summary, outputs or None)."""
     ranks = cfg.ranks
-    model = build_model(cfg.moe_layers, cfg.seed)
+    model = build_model(cfg.moe_layers, cfg.seed, cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts,
+                        cfg.top_k)
     config = model.config
     num_experts, top_k = int(config.n_routed_experts), int(config.num_experts_per_tok)
     traffic = make_traffic(model, cfg, rank)
@@ -93,8 +94,8 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
     monitor = ExpertLoadMonitor(
         num_layers, num_experts, top_k, redis_url=cfg.redis_url, run=cfg.run, model_name=config.name_or_path,
         layer_names=[f"model.layers.{i + 1}.mlp" for i in range(num_layers)], hidden_size=int(config.hidden_size),
-        moe_intermediate_size=int(config.moe_intermediate_size), dtype_bytes=4, gpus=ranks,
-        physical_to_logical_map=layout.tolist(), nvml=cfg.nvml,
+        moe_intermediate_size=int(config.moe_intermediate_size), dtype_bytes=4, expert_matrices=3,
+        act_dtype_bytes=4, gpus=ranks, physical_to_logical_map=layout.tolist(), nvml=cfg.nvml,
         dispatch="round_robin")  # the runtime sends a token to replica (token index mod replicas)
     state = EPState(placement, store, monitor, ranks, timing=cfg.timing, grouped=cfg.grouped_experts)
     install(model, state)
