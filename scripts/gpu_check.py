@@ -7,11 +7,15 @@
 5. ids outside [0, E) are counted as invalid on CUDA too (never clamped onto an expert);
 6. a step counted on a side stream (behind a slow kernel) and closed on the default stream publishes its
    own counts: the snapshot waits for the counting stream, the next step's counting for the reset;
-7. the overhead ratio (python -m bench.collector --device cuda).
-Prints one line per check and exits non-zero on the first failure.
+7. the cost model against the GPU: one layer's expert GEMMs timed over active experts x tokens per expert,
+   predicted vs measured for the device's profile (scripts.gpu_costmodel; JSON lines, in $OUT when set);
+8. the overhead ratio (python -m bench.collector --device cuda).
+Prints one line per check and exits non-zero on the first failure. --costmodel-only runs 7 alone. Without CUDA
+it says "no CUDA device" and checks nothing (exit status 2).
 """
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
@@ -26,6 +30,7 @@ import torch  # noqa: E402
 from moe_monitor import core  # noqa: E402
 from moe_monitor.collectors import ExpertLoadMonitor, attach  # noqa: E402
 from moe_monitor.demo.localredis import RedisServer  # noqa: E402
+from scripts import gpu_costmodel  # noqa: E402
 from tests.support.tiny_models import build  # noqa: E402
 
 
@@ -35,10 +40,17 @@ def check(name: str, ok: bool, detail: str = "") -> None:
         sys.exit(1)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The CUDA path's checks (run from the repo root).")
+    parser.add_argument("--costmodel-only", action="store_true",
+                        help="only time the expert GEMMs against the cost model (scripts.gpu_costmodel)")
+    args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check here")
+        gpu_costmodel.main()
         return 2
+    if args.costmodel_only:
+        return gpu_costmodel.main()
     ids = torch.randint(3, 90, (4, 16), generator=torch.Generator().manual_seed(0))
     cpu_model = build("deepseek_v3")
     cpu_mon = attach(cpu_model, sample_tokens=0)
@@ -131,6 +143,7 @@ def main() -> int:
         check("NVML samples of the model's GPU", bool(ok), str(samples[-1].gpus[0] if ok else samples[:1]))
     finally:
         server.stop()
+    gpu_costmodel.main()
     bench = subprocess.run([sys.executable, "-m", "bench.collector", "--device", "cuda"],
                            capture_output=True, text=True)
     print(bench.stdout + bench.stderr)
