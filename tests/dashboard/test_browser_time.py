@@ -44,6 +44,19 @@ def test_overview_first_line_in_time(redis_server, monkeypatch):
     assert any(c.value.startswith(LABEL) for c in at.caption)
 
 
+def test_devices_active_experts_and_regimes(redis_server, monkeypatch):
+    redis_server.client().flushdb()
+    fill(redis_server.url)
+    at = run_app(redis_server.url, monkeypatch)
+    at.switch_page("page_files/devices.py").run()
+    assert not at.exception, at.exception
+    table = at.dataframe[-1].value
+    assert table["active experts/GPU, max"].tolist() == [2.0, 2.0] and table["mean"].tolist() == [1.25, 1.25]
+    assert table["regime"].tolist() == ["memory-bound"] * 2 and table["tokens per active expert"].tolist() == [8.0, 8.0]
+    assert any("Active experts per GPU, max/mean: 1.60 (median layer). 2 of 2 layers memory-bound" in md.value
+               for md in at.markdown)
+
+
 def test_overview_without_dimensions_says_so_in_tokens(redis_server, monkeypatch):
     redis_server.client().flushdb()
     fill(redis_server.url, declared=False)

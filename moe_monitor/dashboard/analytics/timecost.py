@@ -174,23 +174,53 @@ def headline(verdict: Verdict, model: TimeModel, steps_per_s: float, tokens_per_
 @dataclass(frozen=True)
 class LayerRegimes:
     """Per layer over a view's rows: active_max_L / active_mean_L active experts per GPU (mean over rows of
-    the busiest-in-experts GPU's and the mean GPU's), tokens_per_active_L, memory_bound_L (below the ridge)."""
+    the most-active GPU's and the mean GPU's), tokens_per_active_L, memory_bound_L (below ridge_tokens),
+    layer_s_L its predicted seconds per step (the slowest GPU's), lost_share_L of them spent waiting for it."""
 
     active_max_L: np.ndarray
     active_mean_L: np.ndarray
     tokens_per_active_L: np.ndarray
     memory_bound_L: np.ndarray
+    layer_s_L: np.ndarray
+    lost_share_L: np.ndarray
     ridge_tokens: float
 
 
 def layer_regimes(rows: RowTimes, ridge_tokens: float) -> LayerRegimes:
-    """Each layer's active experts per GPU and regime (memory- vs compute-bound) over the rows."""
+    """Each layer's active experts per GPU, regime (memory- vs compute-bound) and time over the rows."""
     active_L = rows.active_mean_TL.sum(0)
     per_active_L = np.divide(rows.tokens_mean_TL.sum(0), active_L, out=np.full(active_L.shape, np.nan),
                              where=active_L > 0)
+    slowest_L = rows.slowest_TL.sum(0)
+    lost_L = np.maximum(rows.slowest_TL - rows.mean_TL, 0.0).sum(0)
     steps = max(rows.active_mean_TL.shape[0], 1)
     return LayerRegimes(rows.active_max_TL.sum(0) / steps, active_L / steps, per_active_L,
-                        per_active_L < ridge_tokens, ridge_tokens)
+                        per_active_L < ridge_tokens, slowest_L / steps,
+                        np.divide(lost_L, slowest_L, out=np.zeros_like(lost_L), where=slowest_L > 0), ridge_tokens)
+
+
+def regime_rows(reg: LayerRegimes) -> list[dict[str, float | int | str]]:
+    """The Devices table: one row per layer."""
+    return [{"layer": layer, "active experts/GPU, max": float(reg.active_max_L[layer]),
+             "mean": float(reg.active_mean_L[layer]),
+             "max/mean": float(reg.active_max_L[layer] / reg.active_mean_L[layer]) if reg.active_mean_L[layer] > 0
+             else float("nan"),
+             "tokens per active expert": float(reg.tokens_per_active_L[layer]),
+             "regime": "idle" if not np.isfinite(reg.tokens_per_active_L[layer]) else
+             "memory-bound" if reg.memory_bound_L[layer] else "compute-bound",
+             "predicted µs/step": float(reg.layer_s_L[layer] * 1e6),
+             "waiting for the busiest": f"{reg.lost_share_L[layer]:.1%}"} for layer in range(reg.active_max_L.size)]
+
+
+def regime_line(reg: LayerRegimes) -> str:
+    """One sentence: active experts per GPU max/mean (median layer) and how many layers are memory-bound."""
+    busy = np.isfinite(reg.tokens_per_active_L)
+    ratio_L = np.divide(reg.active_max_L, reg.active_mean_L, out=np.full(reg.active_max_L.shape, np.nan),
+                        where=reg.active_mean_L > 0)
+    ratio = float(np.median(ratio_L[busy])) if busy.any() else float("nan")
+    return (f"Active experts per GPU, max/mean: {ratio:.2f} (median layer). {int(reg.memory_bound_L[busy].sum())} of "
+            f"{int(busy.sum())} layers memory-bound: under {reg.ridge_tokens:,.0f} tokens per active expert, an "
+            "expert's time is its weight reads, so a GPU's time follows its active experts more than its tokens.")
 
 
 def tokens_headline(note: str, idle_share: float, straggler_gpu: int | None, ratio_to_mean: float,

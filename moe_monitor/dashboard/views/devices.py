@@ -1,12 +1,16 @@
-"""Devices: per-GPU load over time, per-layer balancedness over time, per-step vs window-sum imbalance."""
+"""Devices: per-GPU load over time, per-layer balancedness over time, per-step vs window-sum imbalance; active
+experts per GPU and each layer's regime (memory- vs compute-bound) under the cost model."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from moe_monitor.dashboard.analytics.balance import step_vs_window
+from moe_monitor.dashboard.analytics.timecost import layer_regimes, regime_line, regime_rows
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures.units import format_number
+from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
@@ -44,6 +48,19 @@ def render(current: PageData) -> None:
                    "Overview (from the buckets' per-step histograms)."))
     st.plotly_chart(load_figures.step_vs_window_figure(svw), key="devices_step_vs_window")
     steptails.devices_section(current)
+    regimes_section(snap)
+
+
+def regimes_section(snap: Snapshot) -> None:
+    """Active experts per GPU and each layer's regime, predicted for the run's GPU profile (or why not)."""
+    st.markdown("**Active experts per GPU and each layer's regime** (memory- vs compute-bound)")
+    if snap.time is None:
+        st.caption(f"Not shown: {snap.time_note or 'no time model'} (the cost model needs both).")
+        return
+    reg = layer_regimes(snap.time.rows, snap.time.model.ridge_tokens)
+    st.markdown(regime_line(reg))
+    st.dataframe(pd.DataFrame(regime_rows(reg)), hide_index=True)
+    st.caption(f"predicted for {snap.time.model.label()}; per layer, means over the window's {snap.row_name}s.")
 
 
 def _nanmedian(values: np.ndarray) -> float:
