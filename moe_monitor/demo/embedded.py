@@ -19,13 +19,14 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from moe_monitor.dashboard.serve import streamlit_command
 from moe_monitor.demo.children import start_child
 
 # The model the tiny one stands in for, in the run's metadata: the cost model prices DeepSeek-V3's experts (FP8
 # weights, BF16 activations) on H100s, so the Overview's figures in time are "predicted for H100 SXM, ..."
-IMITATED_SIZES = {"hidden_size": 7168, "moe_intermediate_size": 2048, "expert_matrices": 3, "dtype_bytes": 1,
+IMITATED_SIZES: dict[str, Any] = {"hidden_size": 7168, "moe_intermediate_size": 2048, "expert_matrices": 3, "dtype_bytes": 1,
                   "act_dtype_bytes": 2}
 GPU_PROFILE = "H100 SXM"
 
