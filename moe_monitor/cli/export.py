@@ -13,6 +13,7 @@ import threading
 from moe_monitor.core import membudget
 
 from .common import add_redis, guarded
+from .timeflags import add_profile_flags, load_profile
 
 DEFAULT_BUDGET = membudget.format_bytes(membudget.EXPORTER_DEFAULT_BYTES).replace(" ", "")  # "2.0GiB"
 DEFAULT_MAX_GPUS = 64  # exporter.caps.DEFAULT_MAX_GPUS
@@ -24,6 +25,13 @@ decision costs a repair of the layout in force on the window): moe_rebalance_pre
 time a repair would save over the next 1,000 steps if the window repeats, as a share of their expert time),
 moe_rebalance_migration_cost_ratio (time serving waits for its expert copies, same unit: rebalance when the
 gain exceeds it) and moe_rebalance_moves (expert copies it needs).
+
+Time gauges (labels run, phase), the Overview's verdict in time where the run's model dimensions and a GPU
+profile are known (its metadata, NVML names, or --gpu-profile): moe_predicted_moe_seconds (MoE time per step,
+the slowest GPU of each layer), moe_predicted_lost_seconds (what the other GPUs wait for the busiest, per step),
+moe_predicted_lost_ratio, moe_predicted_straggler_gpu, moe_predicted_straggler_cause{cause},
+moe_predicted_speedup_ratio, moe_predicted_light_tokens_per_second, moe_predicted_memory_bound_ratio;
+moe_time_model_available{run, gpu_profile, model, reason} is 1 with them, 0 and why not.
 
 Per-step tail gauges (labels run, phase, dispatch = the run's dispatch policy, stat = p99), over the window:
 moe_step_imbalance_ratio (per-step busiest GPU over the mean, over every (step, layer) with tokens) and
@@ -60,6 +68,7 @@ def register(sub) -> None:
                         "the others are summed up")
     p.add_argument("--max-series", type=int, default=DEFAULT_MAX_SERIES,
                    help=f"series served at most, over every run (default {DEFAULT_MAX_SERIES:,})")
+    add_profile_flags(p, nodes=False, default="each run's metadata, else its GPUs' NVML names")
     p.set_defaults(handler=lambda args: guarded(export, args))
 
 
@@ -68,9 +77,11 @@ def export(args: argparse.Namespace) -> int:
 
     from moe_monitor.exporter.metrics import series_count
     from moe_monitor.exporter.server import RunExporter, connect, poll_forever
+    profile = None if args.gpu_profile is None else load_profile(args.gpu_profile)
     exporter = RunExporter(connect(args.redis), args.redis, args.run, args.window_steps, args.per_layer,
                            args.top_experts, args.advise_every_s, max_gpus=args.max_gpus, max_series=args.max_series,
-                           memory_budget=membudget.parse_bytes(args.memory_budget, "--memory-budget"))
+                           memory_budget=membudget.parse_bytes(args.memory_budget, "--memory-budget"),
+                           gpu_profile=profile)
     exporter.poll()
     registry = CollectorRegistry()
     registry.register(exporter)

@@ -33,11 +33,11 @@ def add_dims_flags(p: argparse.ArgumentParser, default: str = "the run's metadat
                             "--weight-bytes)")
 
 
-def add_profile_flags(p: argparse.ArgumentParser, nodes: bool = True) -> None:
+def add_profile_flags(p: argparse.ArgumentParser, nodes: bool = True, default: str = "the run's metadata") -> None:
     """--gpu-profile NAME|FILE and (nodes) --nodes M."""
     p.add_argument("--gpu-profile", metavar="NAME|FILE",
                    help=f"the GPU the time figures are predicted for: {', '.join(GPU_PROFILES)}, an NVML device "
-                        "name, or a profile JSON from `moe-monitor calibrate` (default: the run's metadata)")
+                        f"name, or a profile JSON from `moe-monitor calibrate` (default: {default})")
     if nodes:
         p.add_argument("--nodes", type=int, help="nodes the GPUs span (the all-to-all crosses the NIC between "
                                                  "them; default: the run's layout, else G / the profile's GPUs "

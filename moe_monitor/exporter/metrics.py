@@ -7,6 +7,8 @@ the straggler; the others summed up in moe_gpu_load_rest_tokens_per_step and cou
 Per-layer and per-expert series only on request and capped (per_layer: L series per run and phase;
 top_experts: N), so a 58-layer x 256-expert x 32-GPU run costs a few hundred series by default, not the
 L x E x ranks that stalls per-expert metrics elsewhere, and a run declaring 65,536 GPUs no more than 64 of them.
+Where the run's cost model is known (Snapshot.time: its dimensions and a GPU profile), the Overview's verdict in
+time as moe_predicted_* gauges; moe_time_model_available says which runs have one, or why not.
 """
 from __future__ import annotations
 
@@ -155,6 +157,7 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
                                   _value(figures.imbalance_summary()["p99"]))
         skew.add_metric([run, phase, figures.policy, "p99"], _value(figures.skew_summary()["p99"]))
     per_step = [step_imbalance, skew] if step_imbalance.samples else []
+    in_time = time_families(run, snapshots)
     steps = CounterMetricFamily("moe_steps", "Step records read (one per step and rank)", labels=["run"])
     steps.add_metric([run], float(steps_read))
     dropped = GaugeMetricFamily("moe_dropped_steps", "Steps the collectors dropped (their own count)",
@@ -173,7 +176,61 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     extra += [rest, rest_gpus] if rest.samples else []
     rebalance = [gain, moves, migration] if advice else []
     return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
-            *per_step, *timed, *extra]
+            *per_step, *in_time, *timed, *extra]
+
+
+def time_families(run: str, snapshots: dict[str, Snapshot | None]) -> list[Metric]:
+    """The time gauges of one run: per phase with a verdict in time (Snapshot.time, all layers), the predicted
+    MoE seconds per step, the seconds lost waiting for the busiest GPU and their share, the straggler and its
+    cause, the speed-up and tokens/s if every GPU finished at the mean, the memory-bound share; and
+    moe_time_model_available{run, gpu_profile, model, reason}: 1 with them, 0 and why not (none without steps)."""
+    labels = ["run", "phase"]
+    moe_s = GaugeMetricFamily("moe_predicted_moe_seconds", "Predicted MoE time per step: over layers, the slowest "
+                              "GPU's predicted seconds (core.costmodel), mean over the window's steps", labels=labels)
+    lost_s = GaugeMetricFamily("moe_predicted_lost_seconds", "Predicted seconds per step the other GPUs wait for the "
+                               "busiest: over layers, slowest minus mean GPU", labels=labels)
+    lost = GaugeMetricFamily("moe_predicted_lost_ratio", "moe_predicted_lost_seconds over moe_predicted_moe_seconds",
+                             labels=labels)
+    gpu = GaugeMetricFamily("moe_predicted_straggler_gpu", "GPU that holds the layers back longest in predicted "
+                            "time; -1 none", labels=labels)
+    cause = GaugeMetricFamily("moe_predicted_straggler_cause", "1 for why the straggler is slow: cause = tokens, "
+                              "active experts or traffic (its largest excess over the mean GPU)",
+                              labels=[*labels, "cause"])
+    speedup = GaugeMetricFamily("moe_predicted_speedup_ratio", "MoE time over what it would be if every GPU "
+                                "finished at the mean", labels=labels)
+    light = GaugeMetricFamily("moe_predicted_light_tokens_per_second", "Tokens per second if every GPU finished "
+                              "at the mean (the measured rate, less the predicted wait)", labels=labels)
+    bound = GaugeMetricFamily("moe_predicted_memory_bound_ratio", "Share of active experts below the ridge point "
+                              "(weight reads, not FLOPs, set their time)", labels=labels)
+    available = GaugeMetricFamily("moe_time_model_available", "1 when the run's time gauges are exported "
+                                  "(gpu_profile, model: what they are predicted for), 0 and reason when not",
+                                  labels=["run", "gpu_profile", "model", "reason"])
+    notes = []
+    for phase, snap in snapshots.items():
+        if snap is None:
+            continue
+        if snap.time is None:
+            notes.append(snap.time_note)
+            continue
+        found, head = snap.time.headline.verdict, snap.time.headline
+        moe_s.add_metric([run, phase], _value(found.moe_s))
+        lost_s.add_metric([run, phase], _value(found.lost_s))
+        lost.add_metric([run, phase], _value(found.lost_share))
+        gpu.add_metric([run, phase], -1.0 if found.gpu is None else float(found.gpu))
+        if found.cause is not None:
+            cause.add_metric([run, phase, found.cause], 1.0)
+        speedup.add_metric([run, phase], _value(found.speedup))
+        if math.isfinite(head.light_tokens_per_s):
+            light.add_metric([run, phase], head.light_tokens_per_s)
+        bound.add_metric([run, phase], _value(found.memory_bound_share))
+    timed = [snap.time for snap in snapshots.values() if snap is not None and snap.time is not None]
+    if timed:
+        model = timed[0].model
+        available.add_metric([run, model.profile.name, model.dims.label(), ""], 1.0)
+    elif notes:
+        available.add_metric([run, "", "", notes[0] or "no time model"], 0.0)
+    families: list[Metric] = [moe_s, lost_s, lost, gpu, cause, speedup, light, bound, available]
+    return [f for f in families if f.samples]
 
 
 def gpu_series_dropped(snapshots: dict[str, Snapshot | None], max_gpus: int = DEFAULT_MAX_GPUS) -> int:

@@ -18,7 +18,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from moe_monitor import core
 from moe_monitor.core import membudget
+from moe_monitor.core.costmodel import ModelDims, TimeModel
+from moe_monitor.core.hardware import GpuProfile
 from moe_monitor.core.steptails import StepTails
+from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.analytics.timing import TimingSummary, summarise
 from moe_monitor.dashboard.live import sizing
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
@@ -46,9 +49,11 @@ class RunExporter:
     def __init__(self, client: core.Client, url: str, runs: list[str] | None, window_steps: int = 600,
                  per_layer: bool = False, top_experts: int = 0, advise_every_s: float = ADVISE_EVERY_S,
                  max_gpus: int = DEFAULT_MAX_GPUS, max_series: int = DEFAULT_MAX_SERIES,
-                 memory_budget: int | membudget.MemoryBudget = membudget.EXPORTER_DEFAULT_BYTES):
+                 memory_budget: int | membudget.MemoryBudget = membudget.EXPORTER_DEFAULT_BYTES,
+                 gpu_profile: GpuProfile | None = None):
         """memory_budget: bytes (or a MemoryBudget) every run's window and rings share; max_gpus: GPUs with
-        series of their own per run and phase; max_series: series served at most, over every run."""
+        series of their own per run and phase; max_series: series served at most, over every run; gpu_profile:
+        the GPU every run's time gauges are predicted for (None: each run's own, as the Overview finds it)."""
         if top_experts < 0 or top_experts > MAX_TOP_EXPERTS:
             raise ValueError(f"--top-experts must be 0..{MAX_TOP_EXPERTS}, got {top_experts}")
         if not advise_every_s > 0:
@@ -63,6 +68,7 @@ class RunExporter:
         self._advice: dict[str, tuple[float, dict[str, Advice | None]]] = {}  # run -> (monotonic time, decisions)
         self.client, self.url, self.runs, self.window_steps = client, url, runs, window_steps
         self.per_layer, self.top_experts = per_layer, top_experts
+        self.gpu_profile = gpu_profile
         self.max_gpus, self.max_series = int(max_gpus), int(max_series)
         self.budget = memory_budget if isinstance(memory_budget, membudget.MemoryBudget) else membudget.MemoryBudget(
             memory_budget, label="the exporter's memory budget", shared_by="every exported run",
@@ -204,7 +210,8 @@ class RunExporter:
             watched.max_entries_per_tick = sizing.entries_per_tick(window.num_layers, window.num_experts)
             layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts,
                                     watched.world_size, changes=watched.layouts.changes, at_step=window.newest_step)
-            snapshots = {phase: analyse(window, layout, phase) for phase in PHASES}
+            model, note = self._time_model(watched, layout)
+            snapshots = {phase: analyse(window, layout, phase, time_model=model, time_note=note) for phase in PHASES}
             self._advise(name, watched, layout, snapshots)
             tails = _tails(name, watched, layout, snapshots)
         held = self._advice.get(name)
@@ -213,6 +220,19 @@ class RunExporter:
                                 advice=None if held is None else held[1], timings=_timings(watched, snapshots),
                                 max_gpus=self.max_gpus, tails=tails)
         return families, gpu_series_dropped(snapshots, self.max_gpus)
+
+    def _time_model(self, watched: WatchedRun, layout: ResolvedLayout) -> tuple[TimeModel | None, str]:
+        """(the run's cost model, "") as the Overview finds it (dashboard.analytics.timecost.time_model_for) or
+        on --gpu-profile; (None, what is missing) otherwise."""
+        meta = watched.source.meta()
+        if self.gpu_profile is None:
+            return time_model_for(meta, layout.gpus, layout.nodes, watched.gpus.names())
+        try:
+            dims = None if meta is None else ModelDims.from_meta(meta)
+            return (None, "no model dimensions") if dims is None else (
+                TimeModel(dims, self.gpu_profile, layout.gpus, layout.nodes), "")
+        except ValueError as exc:
+            return None, f"no time model ({exc})"
 
     def _advise(self, name: str, watched: WatchedRun, layout: ResolvedLayout,
                 snapshots: dict[str, Snapshot | None]) -> None:
