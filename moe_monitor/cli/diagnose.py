@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         notes.append("the re-plans get no redundant slots (pass --redundant R)")
     nodes = args.nodes if args.nodes is not None else (
         src.meta.layout.nodes if src.meta is not None and src.meta.layout.gpus == gpus else None)
-    model = time_model(model_dims(args, src.meta), run_profile(args, src.meta), gpus, nodes)
+    model = time_model(model_dims(args, src.meta), run_profile(args, src.meta, src.device_names), gpus, nodes)
     result = diagnose(counts, layout, gpus, redundant, every=args.every, dispatch=args.dispatch, cost=_cost(args),
                       hot_experts=args.hot_experts, notes=notes, max_moves=args.max_moves, time_model=model,
                       time_hint=hint(model if isinstance(model, list) else []))

@@ -71,19 +71,19 @@ def score(args: argparse.Namespace) -> int:
         counts, layout, gpus = src.counts_TLE, src.layout_LP, args.gpus if args.gpus is not None else src.gpus
         if args.gpus is not None and args.gpus != src.gpus and args.layout is None:
             layout = None  # the run's layout is for its own GPUs: contiguous over --gpus
-        meta = src.meta
+        meta, names = src.meta, src.device_names
     else:
         counts, layout, gpus = load_steps(args.load), None, args.gpus
         if gpus is None:
             raise ValueError("--load needs --gpus G")
-        meta = trace_meta(args.load)
+        meta, names = trace_meta(args.load), []
     if gpus is None:
         raise ValueError(f"run {args.run!r} does not say its GPUs: give --gpus G")
     if args.layout is not None:
         layout = load_layout(args.layout)
     nodes = args.nodes if args.nodes is not None else (
         meta.layout.nodes if meta is not None and meta.layout.gpus == gpus else None)
-    model = time_model(model_dims(args, meta), run_profile(args, meta), gpus, nodes)
+    model = time_model(model_dims(args, meta), run_profile(args, meta, names), gpus, nodes)
     payload = score_payload(counts, layout, gpus, args.dispatch, model)
     if args.json:
         print_json(payload)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +38,14 @@ def check_source_flags(args) -> None:
 
 @dataclass
 class Source:
-    """Per-step counts float64 [T, L, E], the layout in force at the first step (None: unknown), its GPUs, and
-    the run's metadata (None: a counts file)."""
+    """Per-step counts float64 [T, L, E], the layout in force at the first step (None: unknown), its GPUs, the
+    run's metadata (None: a counts file) and the NVML device names a live run reported."""
     counts_TLE: np.ndarray
     layout_LP: np.ndarray | None
     gpus: int | None
     notes: list[str]
     meta: core.RunMeta | None = None
+    device_names: list[str] = field(default_factory=list)
 
 
 TRACE_SUFFIXES = (".parquet", ".arrows", ".jsonl", ".trace")
@@ -132,6 +133,7 @@ def read_live(url: str, run: str, steps: int) -> Source:
         per_step: dict[int, np.ndarray] = {}
         ranks: dict[int, int] = {}                      # per-rank records of each step (aggregates: the world)
         layouts: list[core.LayoutRecord] = []
+        names: set[str] = set()
         deadline = time.monotonic() + LIVE_READ_S
         quiet = 0
         while time.monotonic() < deadline:
@@ -146,6 +148,8 @@ def read_live(url: str, run: str, steps: int) -> Source:
                 _add(per_step, agg.step, agg.counts_LE)
                 ranks[agg.step] = 1 << 30
             layouts.extend(batch.layouts)
+            names.update(gpu["name"] for sample in batch.gpu_samples for gpu in sample.gpus
+                         if isinstance(gpu.get("name"), str) and gpu["name"])
             got = bool(batch.steps or batch.aggregates)
             quiet = 0 if batch.more or got else quiet + 1
             if quiet >= 2:                              # the window is read (or the run has none)
@@ -172,7 +176,7 @@ def read_live(url: str, run: str, steps: int) -> Source:
             valid.append(change.validate(meta.num_experts, num_layers=len(meta.layer_names)))
     before = [change for change in valid if change.step <= kept[0]][-1:]
     src = Source(counts, np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus,
-                 [f"live run {run}: steps {kept[0]}..{kept[-1]}"], meta)
+                 [f"live run {run}: steps {kept[0]}..{kept[-1]}"], meta, sorted(names))
     return _with_changes(src, before + [c for c in valid if kept[0] < c.step <= kept[-1]], kept[0])
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from moe_monitor import core
 from moe_monitor.core.costmodel import ModelDims
-from moe_monitor.core.hardware import GPU_PROFILES, MAX_PROFILE_BYTES, GpuProfile, find_profile, parse_profile
+from moe_monitor.core.hardware import (
+    GPU_PROFILES,
+    MAX_PROFILE_BYTES,
+    GpuProfile,
+    find_profile,
+    parse_profile,
+    profile_for_device,
+)
 
 DIMS_HINT = "give --hidden H --moe-intermediate I (or counts whose run metadata has them)"
 PROFILE_HINT = f"give --gpu-profile NAME ({', '.join(GPU_PROFILES)}) or a profile JSON"
@@ -53,8 +60,9 @@ def load_profile(spec: str) -> GpuProfile:
     return find_profile(spec)
 
 
-def run_profile(args: argparse.Namespace, meta: core.RunMeta | None) -> GpuProfile | None:
-    """--gpu-profile, else the run metadata's gpu_profile, else None."""
+def run_profile(args: argparse.Namespace, meta: core.RunMeta | None, device_names=()) -> GpuProfile | None:
+    """--gpu-profile, else the run metadata's gpu_profile, else the first NVML device name of the table (as the
+    Overview finds it), else None."""
     if getattr(args, "gpu_profile", None):
         return load_profile(args.gpu_profile)
     if meta is not None and meta.gpu_profile:
@@ -62,7 +70,7 @@ def run_profile(args: argparse.Namespace, meta: core.RunMeta | None) -> GpuProfi
             return find_profile(meta.gpu_profile)
         except ValueError:
             return None
-    return None
+    return next((p for p in map(profile_for_device, device_names) if p is not None), None)
 
 
 def model_dims(args: argparse.Namespace, meta: core.RunMeta | None) -> ModelDims | None:

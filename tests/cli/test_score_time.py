@@ -107,20 +107,35 @@ def test_bad_profile_file(tmp_path, capsys):
     assert rc == 2 and "GPU profile" in err
 
 
-def test_a_live_run_prices_itself_from_its_metadata(redis_url, capsys):
-    """A run whose metadata declares its dimensions and GPU profile needs no flag."""
-    meta = core.RunMeta(run="timed", model_name="m", layer_names=[f"l{i}" for i in range(L)], num_experts=E,
+def _publish(url: str, run: str, gpu_profile: str) -> None:
+    meta = core.RunMeta(run=run, model_name="m", layer_names=[f"l{i}" for i in range(L)], num_experts=E,
                         top_k=2, hidden_size=7168, moe_intermediate_size=2048, dtype_bytes=1, world_size=RANKS,
                         layout=core.Layout(G, 1, core.contiguous_layout(L, E)), act_dtype_bytes=2,
-                        gpu_profile="H200")
-    writer = RunPublisher(redis_url, meta)
+                        gpu_profile=gpu_profile)
+    writer = RunPublisher(url, meta)
     try:
         for step, per_rank in enumerate(counts_steps(12, seed=2)):
-            writer.publish([core.StepRecord(run="timed", rank=r, world_size=RANKS, step=step, time_s=1.0 + step,
+            writer.publish([core.StepRecord(run=run, rank=r, world_size=RANKS, step=step, time_s=1.0 + step,
                                             phase="decode", tokens=64, counts_LE=per_rank[r].astype(np.int32))
                             for r in range(RANKS)], [], now_s=1.0 + step)
     finally:
         writer.close()
+
+
+def test_a_live_run_without_a_declared_profile_takes_its_nvml_name(redis_url, capsys):
+    _publish(redis_url, "nvml", "")
+    rc, out, err = cli(capsys, "score", "--redis", redis_url, "--run", "nvml", "--json")
+    assert rc == 0 and json.loads(out)["time"]["missing"] == ["no GPU profile"], err
+    sample = core.GpuSample(rank=0, host="h", time_s=2.0, status="ok",
+                            gpus=[{"index": 0, "name": "NVIDIA H100 80GB HBM3"}])
+    core.connect(redis_url).xadd(core.gpu_key("nvml"), core.encode_gpu_sample(sample))
+    rc, out, err = cli(capsys, "score", "--redis", redis_url, "--run", "nvml", "--json")
+    assert rc == 0 and json.loads(out)["time"]["gpu_profile"] == "H100 SXM", err
+
+
+def test_a_live_run_prices_itself_from_its_metadata(redis_url, capsys):
+    """A run whose metadata declares its dimensions and GPU profile needs no flag."""
+    _publish(redis_url, "timed", "H200")
     rc, out, err = cli(capsys, "score", "--redis", redis_url, "--run", "timed", "--json")
     assert rc == 0, err
     t = json.loads(out)["time"]
