@@ -99,10 +99,13 @@ class ExpertGemms:
                 torch._scaled_mm(h, self.w2[e].t(), self.one, self.one, out_dtype=torch.bfloat16)
 
     def choose(self) -> str:
-        """The grouped kernel when it runs on this device and dtype (checked against the loop), else the loop."""
+        """The grouped kernel when it runs on this device and dtype, else the loop (the method's name says which,
+        and why not the grouped one)."""
         name = "torch._grouped_mm" if self.dtype == "bf16" else "torch._scaled_grouped_mm"
         try:
             self.grouped(2, 3)
+            if str(self.device).startswith("cuda"):
+                torch.cuda.synchronize()  # a kernel's launch error surfaces here, not inside a timed call
             self.method = name
         except Exception as exc:  # not built for this device / dtype / version
             self.loop(1, 1)
