@@ -26,6 +26,7 @@ from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.sources.base import Health
 from moe_monitor.exporter.caps import DEFAULT_MAX_GPUS, top_gpus
 from moe_monitor.planner.advisor import Advice
+from moe_monitor.planner.rebalances import RebalanceHealth
 
 PHASES = ("both", "prefill", "decode")
 
@@ -40,7 +41,8 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
                  advice: dict[str, Advice | None] | None = None,
                  timings: dict[str, TimingSummary | None] | None = None,
                  max_gpus: int = DEFAULT_MAX_GPUS,
-                 tails: dict[str, StepTails | None] | None = None) -> list[Metric]:
+                 tails: dict[str, StepTails | None] | None = None,
+                 rebalance: RebalanceHealth | None = None) -> list[Metric]:
     """Metric families of one run. snapshots: phase -> analyse() of the window for that phase (None when no
     step of the phase is in the window; its gauges are then left out, never invented). per_layer: also each
     layer's mean per-step balancedness; top_experts: also the N hottest experts' tokens per step (summed
@@ -49,7 +51,8 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
     that phase's window (dashboard.analytics.timing.summarise; None or absent: no timing series, as for a run
     whose engine does not time its layers); max_gpus: GPUs with series of their own per phase (exporter.caps.
     top_gpus), the others summed up in the rest series; tails: phase -> the per-step figures of that phase's window
-    under the run's dispatch policy (dashboard.live.steptails; None or absent: no per-step series for it)."""
+    under the run's dispatch policy (dashboard.live.steptails; None or absent: no per-step series for it);
+    rebalance: the run's layout changes (planner.rebalances; None: no moe_layout_change_* series)."""
     now_s = time.time() if now_s is None else now_s
     eta = GaugeMetricFamily("moe_balancedness_ratio", "Balancedness eta = mean/max GPU load across layers "
                             "(window: latest_step, step_mean = mean of per-step eta, window_sum = eta of summed "
@@ -174,9 +177,34 @@ def run_families(run: str, snapshots: dict[str, Snapshot | None], steps_read: in
         age.add_metric([run], max(0.0, now_s - health.last_seen_s))
     extra = ([layer_eta] if per_layer else []) + ([hot] if top_experts > 0 else [])
     extra += [rest, rest_gpus] if rest.samples else []
-    rebalance = [gain, moves, migration] if advice else []
-    return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *rebalance,
-            *per_step, *in_time, *timed, *extra]
+    advised = [gain, moves, migration] if advice else []
+    changes = layout_change_families(run, rebalance) if rebalance is not None else []
+    return [eta, idle, load, straggler, straggler_ratio, rate, tokens, steps, dropped, bad, up, age, *advised,
+            *changes, *per_step, *in_time, *timed, *extra]
+
+
+def layout_change_families(run: str, health: RebalanceHealth) -> list[Metric]:
+    """Rebalance health of one run from its layout changes (engine or apply): changes in the last hour, experts
+    they copied, and, once seen, the age of the newest change and the median gap between changes (the alert
+    MoERebalancingStopped compares the two)."""
+    hour = GaugeMetricFamily("moe_layout_changes_last_hour", "Layout changes (an engine's rebalance or an applied "
+                             "layout) in the last hour", labels=["run"])
+    hour.add_metric([run], health.per_hour)
+    moved = GaugeMetricFamily("moe_layout_change_experts_moved", "Experts copied onto a GPU by the layout changes "
+                              "the monitor has seen (one expert of one layer onto a GPU without it)", labels=["run"])
+    moved.add_metric([run], float(health.moves))
+    out: list[Metric] = [hour, moved]
+    if health.last_age_s is not None:
+        age = GaugeMetricFamily("moe_layout_change_age_seconds", "Seconds since the newest layout change",
+                                labels=["run"])
+        age.add_metric([run], health.last_age_s)
+        out.append(age)
+    if health.interval_s is not None:
+        gap = GaugeMetricFamily("moe_layout_change_interval_seconds", "Median seconds between layout changes",
+                                labels=["run"])
+        gap.add_metric([run], health.interval_s)
+        out.append(gap)
+    return out
 
 
 def time_families(run: str, snapshots: dict[str, Snapshot | None]) -> list[Metric]:

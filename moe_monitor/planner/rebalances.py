@@ -50,7 +50,7 @@ def rebalance_health(changes: Sequence[tuple[float, np.ndarray, int, str]], now_
                      initial_LP: np.ndarray | None = None, expert_bytes: float | None = None) -> RebalanceHealth:
     """RebalanceHealth of `changes` (module docstring) at now_s; initial_LP: the layout before the first change
     (its moves are counted from it; None: the first change moves nothing)."""
-    kept = [c for c in changes if c[3] in ("engine", "apply")]
+    kept = sorted((c for c in changes if c[3] in ("engine", "apply")), key=lambda c: c[0])
     if not kept:
         return RebalanceHealth(0, None, 0.0, None, 0, 0.0 if expert_bytes else None, False)
     times_C = np.array([c[0] for c in kept], dtype=np.float64)

@@ -9,6 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
@@ -151,6 +152,10 @@ def test_the_grafana_dashboard_and_the_alerts_use_only_exported_metrics(redis_ur
 
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "names", steps=10, num_layers=2, num_experts=8, gpus=2)
+    swapped = np.array([[4, 5, 6, 7, 0, 1, 2, 3]] * 2, dtype=np.int32)
+    for step, time_s, layout_LP in ((3, 1000.0, swapped), (6, 1600.0, swapped[:, ::-1].copy())):
+        client.xadd(core.layouts_key("names"), core.encode_layout_record(core.LayoutRecord(
+            run="names", step=step, time_s=time_s, layout_LP=layout_LP, gpus=2, source="engine")))
     exporter = RunExporter(client, redis_url, ["names"])
     exporter.poll()
     registry = CollectorRegistry()

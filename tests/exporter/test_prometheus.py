@@ -94,7 +94,7 @@ def test_prometheus_scrapes_the_exporter_stores_the_overviews_numbers_and_fires_
         assert float(stored[0]["value"][1]) == pytest.approx(expected, rel=1e-9)
         groups = _get(prom_port, "/api/v1/rules")["groups"]
         assert {rule["name"] for group in groups for rule in group["rules"]} == {
-            "MoEBalancednessLow", "MoECollectorSilent", "MoEStepsDropped", "MoEStragglerStuck"}
+            "MoEBalancednessLow", "MoECollectorSilent", "MoEStepsDropped", "MoEStragglerStuck", "MoERebalancingStopped"}
         firing = _wait("MoEBalancednessLow to fire", lambda: [
             a for a in _get(prom_port, "/api/v1/alerts")["alerts"]
             if a["labels"]["alertname"] == "MoEBalancednessLow" and a["state"] == "firing"])
