@@ -54,6 +54,12 @@ def test_demo_live_in_chromium(demo, tmp_path):
             second = _metric_values(page)
         _shot(page, tmp_path, "overview")
         assert second != first, f"the overview numbers did not change between ticks: {first}"
+        # the first line in time: the demo declares DeepSeek-V3's expert sizes and the H100 SXM profile
+        page.get_by_text("The MoE layers lose", exact=False).first.wait_for(timeout=30_000)
+        page.get_by_text("predicted for H100 SXM, hidden 7168 x expert 2048", exact=False).wait_for(timeout=30_000)
+        page.set_viewport_size({"width": 1600, "height": 1000})
+        _shot(page, tmp_path, "overview-time")
+        page.set_viewport_size({"width": 1400, "height": 1000})
         assert page.get_by_text("Straggler:").count() >= 1
         for path, name in (("devices", "devices"), ("experts", "experts"), ("gpus", "gpus")):
             page.goto(f"{demo}/{path}")
