@@ -200,16 +200,19 @@ def layer_regimes(rows: RowTimes, ridge_tokens: float) -> LayerRegimes:
 
 
 def regime_rows(reg: LayerRegimes) -> list[dict[str, float | int | str]]:
-    """The Devices table: one row per layer."""
-    return [{"layer": layer, "active experts/GPU, max": float(reg.active_max_L[layer]),
-             "mean": float(reg.active_mean_L[layer]),
-             "max/mean": float(reg.active_max_L[layer] / reg.active_mean_L[layer]) if reg.active_mean_L[layer] > 0
-             else float("nan"),
-             "tokens per active expert": float(reg.tokens_per_active_L[layer]),
-             "regime": "idle" if not np.isfinite(reg.tokens_per_active_L[layer]) else
-             "memory-bound" if reg.memory_bound_L[layer] else "compute-bound",
-             "predicted µs/step": float(reg.layer_s_L[layer] * 1e6),
-             "waiting for the busiest": f"{reg.lost_share_L[layer]:.1%}"} for layer in range(reg.active_max_L.size)]
+    """The Devices table: one row per layer, rounded for reading."""
+    rows: list[dict[str, float | int | str]] = []
+    for layer in range(reg.active_max_L.size):
+        high, mean, per_active = (float(v) for v in (reg.active_max_L[layer], reg.active_mean_L[layer],
+                                                     reg.tokens_per_active_L[layer]))
+        regime = ("idle" if not math.isfinite(per_active) else
+                  "memory-bound" if reg.memory_bound_L[layer] else "compute-bound")
+        rows.append({"layer": layer, "active experts/GPU, max": round(high, 2), "mean": round(mean, 2),
+                     "max/mean": round(high / mean, 2) if mean > 0 else float("nan"),
+                     "tokens per active expert": round(per_active, 1), "regime": regime,
+                     "predicted µs/step": round(float(reg.layer_s_L[layer]) * 1e6, 1),
+                     "waiting for the busiest": f"{reg.lost_share_L[layer]:.1%}"})
+    return rows
 
 
 def regime_line(reg: LayerRegimes) -> str:
