@@ -17,7 +17,7 @@ from moe_monitor.planner.api import plan
 from moe_monitor.planner.io import load_counts, load_layout, write_json
 
 from .common import add_json, guarded, print_json
-from .timeflags import add_dims_flags
+from .timeflags import add_dims_flags, add_profile_flags, model_dims, run_profile
 
 
 def register(sub) -> None:
@@ -36,9 +36,12 @@ def register(sub) -> None:
     p.add_argument("--recent", type=int, default=16, help="newest windows balanced at once")
     p.add_argument("--objective", default="window", choices=OBJECTIVES,
                    help="window: balance the summed counts (default); tail: the per-step p99 of a trace or "
-                        "[T, L, E] counts under --dispatch")
-    _dispatch_flag(p, "dispatch the tail objective scores under (default even; other policies need "
-                      "--objective tail)")
+                        "[T, L, E] counts under --dispatch; time: the per-step p99 of the predicted MoE-layer "
+                        "time (docs/costmodel.md; needs the model's dimensions and --gpu-profile)")
+    _dispatch_flag(p, "dispatch the tail and time objectives score under (default even; other policies need "
+                      "--objective tail or time)")
+    add_dims_flags(p, time=True)
+    add_profile_flags(p, nodes=False)
     p.add_argument("--current", metavar="LAYOUT.json", help="current layout JSON: repair it within --moves moves")
     p.add_argument("--moves", type=int, help="move budget for --current, total over layers: one move = one "
                    "expert's weights (of one layer) copied onto a GPU that did not hold that expert")
@@ -120,12 +123,14 @@ def _command(p: argparse.ArgumentParser, run, report) -> None:
 
 
 def _run(args) -> dict:
-    steps = None
-    if args.objective == "tail":
+    steps = time_model = None
+    if args.objective in ("tail", "time"):
         from moe_monitor.planner.io import load_trace_steps
         from moe_monitor.planner.windows import split_windows
         steps = load_trace_steps(args.load)
         counts = split_windows(steps)
+        if args.objective == "time":
+            time_model = _time_model(args)
     else:
         counts = load_counts(args.load)
     if args.current is not None:
@@ -136,10 +141,30 @@ def _run(args) -> dict:
     else:
         res = plan(counts, args.gpus, args.redundant, nodes=args.nodes, groups=args.groups,
                    policy=args.policy, decay=args.decay, recent=args.recent, dispatch=args.dispatch,
-                   objective=args.objective, steps=steps)
+                   objective=args.objective, steps=steps, time_model=time_model)
         payload = res.to_json()
     write_json(args.out, payload)
     return payload
+
+
+def _time_model(args):
+    """The TimeModel of --objective time: the dimensions from the flags, else the trace's metadata; the profile
+    from --gpu-profile, else the metadata's; nodes: G over the profile's GPUs per node. ValueError naming what
+    is missing."""
+    from moe_monitor.core.costmodel import TimeModel
+    from moe_monitor.planner.timecost import NO_DIMS, NO_PROFILE
+
+    from .stepsource import trace_meta
+    from .timeflags import hint
+
+    meta = trace_meta(args.load)
+    dims, profile = model_dims(args, meta), run_profile(args, meta)
+    missing = [reason for reason, found in ((NO_DIMS, dims), (NO_PROFILE, profile)) if found is None]
+    if missing or dims is None or profile is None:
+        raise ValueError(f"--objective time: {', '.join(missing)}: {hint(missing)}")
+    per_node = profile.gpus_per_node
+    nodes = args.gpus // per_node if args.gpus >= per_node and args.gpus % per_node == 0 else 1
+    return TimeModel(dims, profile, args.gpus, nodes)
 
 
 def _print_summary(args, payload: dict) -> None:

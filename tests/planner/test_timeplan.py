@@ -2,6 +2,9 @@
 replicas where they cost the least time."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -60,3 +63,19 @@ def test_slowest_gpu_follows_the_dispatch_policy():
     assert replica_counts(layout_LP, 3)[0].tolist() == [2, 1, 1]
     assert rr[0, 0] == pytest.approx(even[0, 0], rel=0.01)   # both: two weight reads on the busiest GPU
     assert slowest_gpu_s(np.array([[[0.0, 3.0, 3.0]]]), layout_LP, 2, model)[0, 0] < even[0, 0]
+
+
+def test_plan_cli_objective_time_on_a_trace(tmp_path):
+    from tests.support.cli import in_process
+
+    sample = Path(__file__).resolve().parents[2] / "moe_monitor" / "traces" / "samples" / "demo.parquet"
+    out = tmp_path / "plan.json"
+    r = in_process("plan", "--load", sample, "--gpus", 32, "--redundant", 32, "--objective", "time",
+                   "--gpu-profile", "H100 SXM", "--hidden", 7168, "--moe-intermediate", 2048, "--weight-bytes", 1,
+                   "--dispatch", "round_robin", "--out", out)
+    assert r.returncode == 0, r.stderr
+    payload = json.loads(out.read_text())
+    assert payload["objective"] == "time" and len(payload["step_p99_moe_seconds_per_layer"]) == 4
+    assert sum(payload["time_layers_won"].values()) == 4
+    r = in_process("plan", "--load", sample, "--gpus", 32, "--redundant", 32, "--objective", "time", "--out", out)
+    assert r.returncode == 2 and "no GPU profile" in r.stderr
