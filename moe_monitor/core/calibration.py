@@ -88,10 +88,13 @@ def _solve(s_N: np.ndarray, m_N: np.ndarray) -> tuple[float, float, float]:
     return float(x), float(c), float((((x * s_N + c) - m_N) ** 2 * w2).sum())
 
 
-def fit_gemm(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int,
-             tile_tokens: int = 1) -> tuple[float, float, float]:
+def fit_gemm(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int, tile_tokens: int = 1,
+             form: str = "max") -> tuple[float, float, float]:
     """(hbm_bytes_per_s, flops_per_s, overhead_s) minimising the relative squared error of TimeModel's GEMM part
-    + overhead against compute_s_XLG (NaN or <= 0: not measured, left out). ValueError without a measured cell."""
+    + overhead against compute_s_XLG (NaN or <= 0: not measured, left out). form "sum": weight reads and FLOPs
+    added instead of overlapped (max), the diagnostic of where the model is wrong (compute_seconds predicts
+    with it). ValueError without a measured cell."""
+    join = _join(form)
     bytes_XLP, flops_XLP = slot_terms(dims, slot_tokens_XLP, tile_tokens)
     measured = np.asarray(compute_s_XLG, dtype=np.float64)
     if measured.shape != bytes_XLP.shape[:-1] + (gpus,):
@@ -105,7 +108,7 @@ def fit_gemm(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int,
     f_NS = flops_XLP.reshape(flops_XLP.shape[:-1] + (gpus, slots))[ok]
 
     def loss(log_r: float) -> tuple[float, float, float]:
-        return _solve(np.maximum(b_NS, np.exp(log_r) * f_NS).sum(-1), m_N)
+        return _solve(join(b_NS, np.exp(log_r) * f_NS).sum(-1), m_N)
 
     # r = bytes a FLOP costs as much time as: the ridge point t* = expert_bytes / (r x flops_per_token)
     per_token = dims.expert_bytes / dims.flops_per_token
@@ -126,6 +129,19 @@ def fit_gemm(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int,
     if not np.isfinite(total):
         raise ValueError("the compute times do not fit the cost model (no positive bandwidth)")
     return float(1.0 / x), float(1.0 / (np.exp(log_r) * x)), float(c)
+
+
+def _join(form: str):
+    if form not in ("max", "sum"):
+        raise ValueError(f"form must be max or sum, got {form!r}")
+    return np.maximum if form == "max" else np.add
+
+
+def compute_seconds(dims: ModelDims, slot_tokens_XLP, gpus: int, hbm_bytes_per_s: float, flops_per_s: float,
+                    overhead_s: float, tile_tokens: int = 1, form: str = "max") -> np.ndarray:
+    """float64 [X, L, G]: predicted compute seconds per GPU; form "max" is TimeModel's GEMM part + overhead."""
+    bytes_XLP, flops_XLP = slot_terms(dims, slot_tokens_XLP, tile_tokens)
+    return _per_gpu(_join(form)(bytes_XLP / hbm_bytes_per_s, flops_XLP / flops_per_s), gpus) + overhead_s
 
 
 def link_fit(dims: ModelDims, tokens_XLG, comm_s_XLG, compute_s_XLG, gpus: int) -> LinkFit | None:
@@ -158,7 +174,12 @@ def errors(model: TimeModel, slot_tokens_XLP, compute_s_XLG) -> FitErrors:
     """FitErrors of model's compute part (GEMMs + overhead, no dispatch or combine) against measured seconds
     [X, L, G] (NaN: not measured) on slot tokens [X, L, P]: held-out steps, or the fitted ones."""
     times = model.gpu_times(slot_tokens_XLP)
-    predicted = times.weights_s + times.flops_s + times.overhead_s
+    return score(times.weights_s + times.flops_s + times.overhead_s, times.tokens, compute_s_XLG)
+
+
+def score(predicted_s_XLG, tokens_XLG, compute_s_XLG) -> FitErrors:
+    """FitErrors of predicted seconds and token counts [X, L, G] against measured seconds [X, L, G]."""
+    predicted = np.asarray(predicted_s_XLG, dtype=np.float64)
     measured = np.asarray(compute_s_XLG, dtype=np.float64)
     if measured.shape != predicted.shape:
         raise ValueError(f"compute times {measured.shape} do not match the prediction {predicted.shape}")
@@ -168,7 +189,8 @@ def errors(model: TimeModel, slot_tokens_XLP, compute_s_XLG) -> FitErrors:
     truth = np.where(ok, measured, -np.inf).argmax(-1)[full]
     return FitErrors(
         cells=int(ok.sum()), median_rel=_q(rel, 50), p90_rel=_q(rel, 90), layer_cells=int(full.sum()),
-        straggler_time=_hits(predicted[full], truth), straggler_tokens=_hits(times.tokens[full], truth))
+        straggler_time=_hits(predicted[full], truth),
+        straggler_tokens=_hits(np.asarray(tokens_XLG, dtype=np.float64)[full], truth))
 
 
 def _q(values: np.ndarray, percent: float) -> float:

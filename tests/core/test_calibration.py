@@ -70,3 +70,16 @@ def test_link_fit_and_refusals():
         calibration.fit_profile(DIMS, tokens, np.full_like(measured, np.nan), 2)
     with pytest.raises(ValueError, match="split evenly"):
         calibration.fit_profile(DIMS, tokens, measured, 3)
+
+
+def test_compute_seconds_is_the_time_models_and_the_sum_form_fits_its_own_data():
+    tokens, _ = synthetic(30, seed=4)
+    times = TimeModel(DIMS, TRUE, 2).gpu_times(tokens)
+    np.testing.assert_allclose(
+        calibration.compute_seconds(DIMS, tokens, 2, TRUE.hbm, TRUE.peak_flops(4.0), TRUE.overhead_s),
+        times.weights_s + times.flops_s + times.overhead_s, rtol=1e-12)
+    added = calibration.compute_seconds(DIMS, tokens, 2, 10e9, 50e9, 1e-3, form="sum")
+    hbm, peak, overhead = calibration.fit_gemm(DIMS, tokens, added, 2, form="sum")
+    assert (hbm, peak, overhead) == pytest.approx((10e9, 50e9, 1e-3), rel=1e-3)
+    with pytest.raises(ValueError, match="form"):
+        calibration.fit_gemm(DIMS, tokens, added, 2, form="min")
