@@ -49,9 +49,9 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from moe_monitor.core.costmodel import time_model
     from moe_monitor.planner.diagnose import diagnose
     from moe_monitor.planner.io import load_layout
-    from moe_monitor.planner.timecost import time_model
     check_source_flags(args)
     src = read_live(args.redis, args.run, args.steps) if args.redis else read_trace(args.trace)
     counts = src.counts_TLE

@@ -149,22 +149,18 @@ def _run(args) -> dict:
 
 def _time_model(args):
     """The TimeModel of --objective time: the dimensions from the flags, else the trace's metadata; the profile
-    from --gpu-profile, else the metadata's; nodes: G over the profile's GPUs per node. ValueError naming what
-    is missing."""
-    from moe_monitor.core.costmodel import TimeModel
-    from moe_monitor.planner.timecost import NO_DIMS, NO_PROFILE
+    from --gpu-profile, else the metadata's; nodes: core.costmodel.default_nodes. ValueError naming what is
+    missing."""
+    from moe_monitor.core.costmodel import time_model
 
     from .stepsource import trace_meta
     from .timeflags import hint
 
     meta = trace_meta(args.load)
-    dims, profile = model_dims(args, meta), run_profile(args, meta)
-    missing = [reason for reason, found in ((NO_DIMS, dims), (NO_PROFILE, profile)) if found is None]
-    if missing or dims is None or profile is None:
-        raise ValueError(f"--objective time: {', '.join(missing)}: {hint(missing)}")
-    per_node = profile.gpus_per_node
-    nodes = args.gpus // per_node if args.gpus >= per_node and args.gpus % per_node == 0 else 1
-    return TimeModel(dims, profile, args.gpus, nodes)
+    found = time_model(model_dims(args, meta), run_profile(args, meta), args.gpus)
+    if isinstance(found, list):
+        raise ValueError(f"--objective time: {', '.join(found)}: {hint(found)}")
+    return found
 
 
 def _print_summary(args, payload: dict) -> None:

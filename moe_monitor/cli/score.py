@@ -63,8 +63,8 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
 
 
 def score(args: argparse.Namespace) -> int:
+    from moe_monitor.core.costmodel import time_model
     from moe_monitor.planner.io import load_layout
-    from moe_monitor.planner.timecost import time_model
     check_source_flags(args)
     if args.redis is not None:
         src = read_live(args.redis, args.run, args.steps)

@@ -9,6 +9,7 @@ import argparse
 from pathlib import Path
 
 from moe_monitor import core
+from moe_monitor.core import costmodel
 from moe_monitor.core.costmodel import ModelDims
 from moe_monitor.core.hardware import (
     GPU_PROFILES,
@@ -16,7 +17,6 @@ from moe_monitor.core.hardware import (
     GpuProfile,
     find_profile,
     parse_profile,
-    profile_for_device,
 )
 
 DIMS_HINT = "give --hidden H --moe-intermediate I (or counts whose run metadata has them)"
@@ -65,12 +65,7 @@ def run_profile(args: argparse.Namespace, meta: core.RunMeta | None, device_name
     Overview finds it), else None."""
     if getattr(args, "gpu_profile", None):
         return load_profile(args.gpu_profile)
-    if meta is not None and meta.gpu_profile:
-        try:
-            return find_profile(meta.gpu_profile)
-        except ValueError:
-            return None
-    return next((p for p in map(profile_for_device, device_names) if p is not None), None)
+    return costmodel.run_profile(meta, device_names)
 
 
 def model_dims(args: argparse.Namespace, meta: core.RunMeta | None) -> ModelDims | None:
@@ -94,8 +89,7 @@ def model_dims(args: argparse.Namespace, meta: core.RunMeta | None) -> ModelDims
 
 
 def hint(missing: list[str]) -> str:
-    from moe_monitor.planner.timecost import NO_DIMS
-    return "; ".join(DIMS_HINT if reason == NO_DIMS else PROFILE_HINT for reason in missing)
+    return "; ".join(DIMS_HINT if reason == costmodel.NO_DIMS else PROFILE_HINT for reason in missing)
 
 
 def _ms(seconds: float) -> str:

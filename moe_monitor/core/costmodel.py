@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hardware import GpuProfile
+from .hardware import GpuProfile, find_profile, profile_for_device
+
+NO_DIMS = "no model dimensions"
+NO_PROFILE = "no GPU profile"
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,94 @@ class TimeModel:
         return GpuTimes(weights_s, flops_s, tokens * self.comm_s_per_row, self.profile.overhead_s, active, tokens)
 
 
+def run_profile(meta, device_names=()) -> GpuProfile | None:
+    """The GPU profile of a run: its metadata's gpu_profile, else the first of its GPUs' NVML names the table
+    knows (core.hardware.profile_for_device), else None."""
+    declared = getattr(meta, "gpu_profile", "") if meta is not None else ""
+    if declared:
+        try:
+            return find_profile(declared)
+        except ValueError:
+            return None
+    return next((p for p in map(profile_for_device, device_names) if p is not None), None)
+
+
+def default_nodes(gpus: int, profile: GpuProfile) -> int:
+    """Nodes G GPUs span when nothing says: G / the profile's GPUs per node when that divides G, else 1."""
+    per_node = max(1, profile.gpus_per_node)
+    return gpus // per_node if gpus > per_node and gpus % per_node == 0 else 1
+
+
+def time_model(dims: ModelDims | None, profile: GpuProfile | None, gpus: int,
+               nodes: int | None = None) -> TimeModel | list[str]:
+    """The TimeModel of `gpus` GPUs over `nodes` nodes (None: default_nodes), or the reasons there is none
+    (NO_DIMS, NO_PROFILE)."""
+    missing = ([NO_DIMS] if dims is None else []) + ([NO_PROFILE] if profile is None else [])
+    if dims is None or profile is None:
+        return missing
+    return TimeModel(dims, profile, gpus, default_nodes(gpus, profile) if nodes is None else nodes)
+
+
 CAUSES = ("tokens", "active experts", "traffic", "slow GPU")
+
+
+@dataclass(frozen=True)
+class ReducedTimes:
+    """What a verdict needs of predicted times [T, L, G], per (step, layer): slowest_TL / mean_TL seconds of the
+    slowest and the mean GPU, busiest_TL (int64) the slowest; weights_excess_TL / flops_excess_TL /
+    comm_excess_TL its memory-bound, compute-bound and all-to-all seconds over the mean GPU's; flops_busiest_TL its
+    compute-bound seconds; active_busiest_TL / active_mean_TL / active_max_TL active slots; tokens_busiest_TL /
+    tokens_mean_TL tokens; memory_bound_TL active slots on GPUs below the ridge (NaN: no ridge given);
+    gpu_s_TG seconds summed over layers per GPU. The step window keeps these per row, not the [T, L, G] times."""
+
+    slowest_TL: np.ndarray
+    mean_TL: np.ndarray
+    busiest_TL: np.ndarray
+    weights_excess_TL: np.ndarray
+    flops_excess_TL: np.ndarray
+    comm_excess_TL: np.ndarray
+    flops_busiest_TL: np.ndarray
+    active_busiest_TL: np.ndarray
+    active_mean_TL: np.ndarray
+    active_max_TL: np.ndarray
+    tokens_busiest_TL: np.ndarray
+    tokens_mean_TL: np.ndarray
+    memory_bound_TL: np.ndarray
+    gpu_s_TG: np.ndarray
+
+    FIELDS_TL = ("slowest_TL", "mean_TL", "busiest_TL", "weights_excess_TL", "flops_excess_TL", "comm_excess_TL",
+                 "flops_busiest_TL", "active_busiest_TL", "active_mean_TL", "active_max_TL", "tokens_busiest_TL",
+                 "tokens_mean_TL", "memory_bound_TL")
+
+    def layer(self, layer: int) -> ReducedTimes:
+        """The same steps, one layer ([T, 1] each; gpu_s_TG, summed over every layer, unchanged)."""
+        return ReducedTimes(**{name: getattr(self, name)[:, layer:layer + 1] for name in self.FIELDS_TL},
+                            gpu_s_TG=self.gpu_s_TG)
+
+
+def reduce_times(times: GpuTimes, ridge_tokens: float | None = None) -> ReducedTimes:
+    """ReducedTimes of times [T, L, G] (TimeModel.gpu_times); ridge_tokens: TimeModel.ridge_tokens."""
+    total = times.total_s
+    if total.ndim != 3:
+        raise ValueError(f"times must be [steps, layers, GPUs], got {total.shape}")
+    busiest = total.argmax(-1)
+
+    def at_busiest(part: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(part, busiest[..., None], axis=-1)[..., 0]
+
+    active, tokens = times.active_slots, times.tokens
+    per_active = np.divide(tokens, active, out=np.zeros_like(tokens), where=active > 0)
+    memory_bound = (np.full(total.shape[:2], np.nan) if ridge_tokens is None
+                    else np.where(per_active < ridge_tokens, active, 0.0).sum(-1))
+    flops_busiest = at_busiest(times.flops_s)
+    return ReducedTimes(
+        slowest_TL=total.max(-1), mean_TL=total.mean(-1), busiest_TL=busiest.astype(np.int64),
+        weights_excess_TL=at_busiest(times.weights_s) - times.weights_s.mean(-1),
+        flops_excess_TL=flops_busiest - times.flops_s.mean(-1),
+        comm_excess_TL=at_busiest(times.comm_s) - times.comm_s.mean(-1), flops_busiest_TL=flops_busiest,
+        active_busiest_TL=at_busiest(active), active_mean_TL=active.mean(-1), active_max_TL=active.max(-1),
+        tokens_busiest_TL=at_busiest(tokens), tokens_mean_TL=tokens.mean(-1), memory_bound_TL=memory_bound,
+        gpu_s_TG=total.sum(-2))
 
 
 @dataclass(frozen=True)
@@ -143,7 +233,7 @@ class Verdict:
     GPU), lost_s per step (sum over layers of slowest minus mean: every other GPU waits that long), lost_share =
     lost_s / moe_s, gpu the one that holds layers back longest (None: no time lost), cause one of CAUSES
     (its largest excess over the mean GPU) and why (a sentence), speedup the MoE layers' if every GPU finished
-    at the mean; memory_bound_share: share of active slots below the ridge."""
+    at the mean; memory_bound_share: share of active slots below the ridge (NaN: no ridge given)."""
 
     moe_s: float
     lost_s: float
@@ -161,44 +251,41 @@ class Verdict:
 
 def verdict(times: GpuTimes, speed_G=None, ridge_tokens: float | None = None) -> Verdict:
     """The Verdict of times [T, L, G] (steps x layers x GPUs; a single step as [1, L, G])."""
-    total = times.total_s
-    if total.ndim != 3:
-        raise ValueError(f"times must be [steps, layers, GPUs], got {total.shape}")
-    steps = max(total.shape[0], 1)
-    slowest_TL = total.max(-1)
-    lost_TL = np.maximum(slowest_TL - total.mean(-1), 0.0)
-    moe_s, lost_s = float(slowest_TL.sum()) / steps, float(lost_TL.sum()) / steps
-    active = times.active_slots
-    tokens_per_active = np.divide(times.tokens, active, out=np.zeros_like(times.tokens), where=active > 0)
-    memory_bound_share = float("nan")
-    if ridge_tokens is not None and active.sum() > 0:
-        memory_bound_share = float(active[tokens_per_active < ridge_tokens].sum() / active.sum())
-    if lost_s <= 0 or total.shape[-1] < 2:
+    return verdict_of(reduce_times(times, ridge_tokens), speed_G)
+
+
+def verdict_of(reduced: ReducedTimes, speed_G=None) -> Verdict:
+    """The Verdict of reduced times; speed_G: each GPU's compute speed (None: 1), the "slow GPU" cause."""
+    steps = max(reduced.slowest_TL.shape[0], 1)
+    gpus = reduced.gpu_s_TG.shape[-1]
+    lost_TL = np.maximum(reduced.slowest_TL - reduced.mean_TL, 0.0)
+    moe_s, lost_s = float(reduced.slowest_TL.sum()) / steps, float(lost_TL.sum()) / steps
+    active = float(reduced.active_mean_TL.sum()) * gpus
+    memory_bound_share = float(reduced.memory_bound_TL.sum()) / active if active > 0 else float("nan")
+    if lost_s <= 0 or gpus < 2:
         return Verdict(moe_s, lost_s, 0.0, None, None, "every GPU finishes together", 1.0, memory_bound_share)
-    busiest_TL = total.argmax(-1)
-    lost_G = np.bincount(busiest_TL.ravel(), weights=lost_TL.ravel(), minlength=total.shape[-1])
+    lost_G = np.bincount(reduced.busiest_TL.ravel(), weights=lost_TL.ravel(), minlength=gpus)
     gpu = int(lost_G.argmax())
-    cells = busiest_TL == gpu
-    excess = {}
-    for name, part in (("active experts", times.weights_s), ("tokens", times.flops_s), ("traffic", times.comm_s)):
-        excess[name] = float((part[..., gpu] - part.mean(-1))[cells].sum())
-    if speed_G is not None and float(np.asarray(speed_G)[gpu]) < 1.0:
-        speed = float(np.asarray(speed_G)[gpu])
-        excess["slow GPU"] = float(times.flops_s[..., gpu][cells].sum() * (1.0 - speed))
+    cells = reduced.busiest_TL == gpu
+    excess = {name: float(part[cells].sum()) for name, part in (
+        ("active experts", reduced.weights_excess_TL), ("tokens", reduced.flops_excess_TL),
+        ("traffic", reduced.comm_excess_TL))}
+    speed = 1.0 if speed_G is None else float(np.asarray(speed_G)[gpu])
+    if speed < 1.0:
+        excess["slow GPU"] = float(reduced.flops_busiest_TL[cells].sum() * (1.0 - speed))
     cause = max(excess, key=lambda k: excess[k])
-    why = _why(cause, times, gpu, cells, speed_G)
-    return Verdict(moe_s, lost_s, lost_s / moe_s if moe_s > 0 else 0.0, gpu, cause, why,
-                   moe_s / max(moe_s - lost_s, 1e-30), memory_bound_share)
+    return Verdict(moe_s, lost_s, lost_s / moe_s if moe_s > 0 else 0.0, gpu, cause,
+                   _why(cause, reduced, cells, speed), moe_s / max(moe_s - lost_s, 1e-30), memory_bound_share)
 
 
-def _why(cause: str, times: GpuTimes, gpu: int, cells: np.ndarray, speed_G) -> str:
+def _why(cause: str, reduced: ReducedTimes, cells: np.ndarray, speed: float) -> str:
     """One sentence: the straggler's figure against the mean GPU's over the cells it is the busiest in."""
     if cause == "slow GPU":
-        return f"it computes at {float(np.asarray(speed_G)[gpu]):.0%} of its rated clock"
+        return f"it computes at {speed:.0%} of its rated clock"
     if cause == "active experts":
-        mine, mean = times.active_slots[..., gpu][cells].mean(), times.active_slots.mean(-1)[cells].mean()
+        mine, mean = reduced.active_busiest_TL[cells].mean(), reduced.active_mean_TL[cells].mean()
         return f"it runs {mine:.1f} active experts per layer against a mean of {mean:.1f} (weight reads bound them)"
-    mine, mean = times.tokens[..., gpu][cells].mean(), times.tokens.mean(-1)[cells].mean()
+    mine, mean = reduced.tokens_busiest_TL[cells].mean(), reduced.tokens_mean_TL[cells].mean()
     if cause == "tokens":
         return f"it computes {mine:,.0f} tokens per layer against a mean of {mean:,.0f}"
     return f"it receives {mine:,.0f} tokens per layer against a mean of {mean:,.0f} over the all-to-all"

@@ -1,6 +1,7 @@
 """The cost model (core.costmodel) over recorded per-step counts: the time verdict of a layout under a dispatch
 policy, in strict JSON for score, diagnose and the exporter, or why there is none (no model dimensions, no GPU
-profile: the token figures stand alone then). Pure numpy; docs/costmodel.md has the formula.
+profile: the token figures stand alone then; core.costmodel.time_model says which). Pure numpy;
+docs/costmodel.md has the formula.
 
 Shapes: T steps, L layers, E experts, P slots, G GPUs.
 """
@@ -10,29 +11,10 @@ import math
 
 import numpy as np
 
-from moe_monitor.core.costmodel import GpuTimes, ModelDims, TimeModel, Verdict, verdict
+from moe_monitor.core.costmodel import GpuTimes, TimeModel, Verdict, verdict
 from moe_monitor.core.dispatch import DispatchModel
-from moe_monitor.core.hardware import GpuProfile
 
-NO_DIMS = "no model dimensions"
-NO_PROFILE = "no GPU profile"
 MAX_TIME_CELLS = 1 << 21  # (step, layer, GPU) cells one verdict holds at most: older steps beyond are left out
-
-
-def default_nodes(gpus: int, profile: GpuProfile) -> int:
-    """Nodes G GPUs span when nothing says: G / the profile's GPUs per node when that divides G, else 1."""
-    per_node = max(1, profile.gpus_per_node)
-    return gpus // per_node if gpus > per_node and gpus % per_node == 0 else 1
-
-
-def time_model(dims: ModelDims | None, profile: GpuProfile | None, gpus: int,
-               nodes: int | None = None) -> TimeModel | list[str]:
-    """The TimeModel of `gpus` GPUs over `nodes` nodes (None: default_nodes), or the reasons there is none
-    (NO_DIMS, NO_PROFILE)."""
-    missing = ([NO_DIMS] if dims is None else []) + ([NO_PROFILE] if profile is None else [])
-    if dims is None or profile is None:
-        return missing
-    return TimeModel(dims, profile, gpus, default_nodes(gpus, profile) if nodes is None else nodes)
 
 
 def gpu_times_of(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str, model: TimeModel,

@@ -5,18 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from moe_monitor.core.costmodel import ModelDims, TimeModel, verdict
+from moe_monitor.core.costmodel import NO_DIMS, NO_PROFILE, ModelDims, TimeModel, default_nodes, time_model, verdict
 from moe_monitor.core.dispatch import DispatchModel
 from moe_monitor.core.hardware import GPU_PROFILES
-from moe_monitor.planner.timecost import (
-    NO_DIMS,
-    NO_PROFILE,
-    default_nodes,
-    gpu_times_of,
-    time_model,
-    time_payload,
-    time_verdict,
-)
+from moe_monitor.planner.timecost import gpu_times_of, time_payload, time_verdict
 
 DIMS = ModelDims(7168, 2048, 3, 1.0, 2.0)
 

@@ -1,10 +1,7 @@
-"""The pages' figures in time (core.costmodel): which TimeModel a run gets, the per-(row, layer) reductions of
-its predicted GPU times that the window keeps, core.costmodel.verdict computed from them, the Overview's first
-lines and each layer's regime. Pure: numpy only.
-
-The window keeps reductions, not [C, L, G] times, so a tick costs O(rows x layers) (the verdict over a
-600 x 58 x 32 view of times takes ~18 ms); tests/dashboard/test_analytics_timecost.py holds verdict_of equal
-to core.costmodel.verdict. Shape legend: T rows, L layers, G GPUs.
+"""The pages' figures in time (core.costmodel): which TimeModel a run gets, the Overview's first lines and each
+layer's regime, from the core.costmodel.ReducedTimes the window keeps per row (a tick costs O(rows x layers);
+the verdict over a 600 x 58 x 32 view of full times takes ~18 ms). Pure: numpy only.
+Shape legend: T rows, L layers, G GPUs.
 """
 from __future__ import annotations
 
@@ -14,113 +11,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from moe_monitor.core.costmodel import GpuTimes, ModelDims, TimeModel, Verdict
-from moe_monitor.core.hardware import GpuProfile, find_profile, profile_for_device
+from moe_monitor.core.costmodel import ModelDims, ReducedTimes, TimeModel, Verdict, run_profile, time_model
 
 MODEL_NOTE = "declare hidden_size, moe_intermediate_size and dtype_bytes in the run's metadata"
 PROFILE_NOTE = "set gpu_profile in the collector's options, or run where NVML names a GPU of the table"
 
 
 def time_model_for(meta, gpus: int, nodes: int, device_names: Iterable[str] = ()) -> tuple[TimeModel | None, str]:
-    """(the run's TimeModel, "") from its metadata's dimensions and gpu_profile, else the first NVML device
-    name of the table (core.hardware.profile_for_device); (None, what is missing: "no model dimensions",
-    "no GPU profile", "no model dimensions/GPU profile") otherwise."""
+    """(the run's TimeModel, "") from its metadata's dimensions and its GPU profile (core.costmodel.run_profile);
+    (None, what is missing: "no model dimensions", "no GPU profile", "no model dimensions/GPU profile")."""
     try:
         dims = None if meta is None else ModelDims.from_meta(meta)
     except ValueError:
         dims = None
-    profile: GpuProfile | None = None
-    declared = getattr(meta, "gpu_profile", "") if meta is not None else ""
-    if declared:
-        try:
-            profile = find_profile(declared)
-        except ValueError:
-            profile = None
-    else:
-        profile = next((p for p in map(profile_for_device, device_names) if p is not None), None)
-    missing = [what for what, known in (("model dimensions", dims), ("GPU profile", profile)) if known is None]
-    if missing or dims is None or profile is None:
-        return None, "no " + "/".join(missing)
     try:
-        return TimeModel(dims, profile, gpus, nodes), ""
+        found = time_model(dims, run_profile(meta, device_names), gpus, nodes)
     except ValueError as exc:
         return None, f"no time model ({exc})"
-
-
-@dataclass(frozen=True)
-class RowTimes:
-    """Per (row, layer), of predicted GPU times: slowest_TL / mean_TL seconds of the slowest and the mean GPU,
-    busiest_TL (int64) the slowest; weights_excess_TL / flops_excess_TL its memory- / compute-bound seconds over
-    the mean GPU's; active_busiest_TL / active_mean_TL / active_max_TL active slots; tokens_busiest_TL /
-    tokens_mean_TL tokens; memory_bound_TL active slots on GPUs below the ridge. gpu_s_TG: seconds summed
-    over layers per GPU."""
-
-    slowest_TL: np.ndarray
-    mean_TL: np.ndarray
-    busiest_TL: np.ndarray
-    weights_excess_TL: np.ndarray
-    flops_excess_TL: np.ndarray
-    active_busiest_TL: np.ndarray
-    active_mean_TL: np.ndarray
-    active_max_TL: np.ndarray
-    tokens_busiest_TL: np.ndarray
-    tokens_mean_TL: np.ndarray
-    memory_bound_TL: np.ndarray
-    gpu_s_TG: np.ndarray
-
-    FIELDS_TL = ("slowest_TL", "mean_TL", "busiest_TL", "weights_excess_TL", "flops_excess_TL", "active_busiest_TL",
-                 "active_mean_TL", "active_max_TL", "tokens_busiest_TL", "tokens_mean_TL", "memory_bound_TL")
-
-    def layer(self, layer: int) -> RowTimes:
-        """The same rows, one layer ([T, 1] each; gpu_s_TG that layer's seconds are not kept: unchanged)."""
-        return RowTimes(**{name: getattr(self, name)[:, layer:layer + 1] for name in self.FIELDS_TL},
-                        gpu_s_TG=self.gpu_s_TG)
-
-
-def reduce_times(times: GpuTimes, ridge_tokens: float) -> RowTimes:
-    """RowTimes of times [T, L, G] (core.costmodel.TimeModel.gpu_times of T rows)."""
-    total = times.total_s
-    busiest = total.argmax(-1)
-
-    def at_busiest(part: np.ndarray) -> np.ndarray:
-        return np.take_along_axis(part, busiest[..., None], axis=-1)[..., 0]
-
-    active, tokens = times.active_slots, times.tokens
-    per_active = np.divide(tokens, active, out=np.zeros_like(tokens), where=active > 0)
-    return RowTimes(
-        slowest_TL=total.max(-1), mean_TL=total.mean(-1), busiest_TL=busiest.astype(np.int64),
-        weights_excess_TL=at_busiest(times.weights_s) - times.weights_s.mean(-1),
-        flops_excess_TL=at_busiest(times.flops_s) - times.flops_s.mean(-1),
-        active_busiest_TL=at_busiest(active), active_mean_TL=active.mean(-1), active_max_TL=active.max(-1),
-        tokens_busiest_TL=at_busiest(tokens), tokens_mean_TL=tokens.mean(-1),
-        memory_bound_TL=np.where(per_active < ridge_tokens, active, 0.0).sum(-1), gpu_s_TG=total.sum(-2))
-
-
-def verdict_of(rows: RowTimes, comm_s_per_row: float, gpus: int) -> Verdict:
-    """core.costmodel.verdict(times, ridge_tokens=ridge) of the times rows reduces (no speed_G: no slow GPU)."""
-    steps = max(rows.slowest_TL.shape[0], 1)
-    lost_TL = np.maximum(rows.slowest_TL - rows.mean_TL, 0.0)
-    moe_s, lost_s = float(rows.slowest_TL.sum()) / steps, float(lost_TL.sum()) / steps
-    active = float(rows.active_mean_TL.sum()) * gpus
-    memory_bound_share = float(rows.memory_bound_TL.sum()) / active if active > 0 else float("nan")
-    if lost_s <= 0 or gpus < 2:
-        return Verdict(moe_s, lost_s, 0.0, None, None, "every GPU finishes together", 1.0, memory_bound_share)
-    lost_G = np.bincount(rows.busiest_TL.ravel(), weights=lost_TL.ravel(), minlength=gpus)
-    gpu = int(lost_G.argmax())
-    cells = rows.busiest_TL == gpu
-    comm_excess_TL = (rows.tokens_busiest_TL - rows.tokens_mean_TL) * comm_s_per_row
-    excess = {"active experts": float(rows.weights_excess_TL[cells].sum()),
-              "tokens": float(rows.flops_excess_TL[cells].sum()), "traffic": float(comm_excess_TL[cells].sum())}
-    cause = max(excess, key=lambda k: excess[k])
-    if cause == "active experts":
-        mine, mean = rows.active_busiest_TL[cells].mean(), rows.active_mean_TL[cells].mean()
-        why = f"it runs {mine:.1f} active experts per layer against a mean of {mean:.1f} (weight reads bound them)"
-    else:
-        mine, mean = rows.tokens_busiest_TL[cells].mean(), rows.tokens_mean_TL[cells].mean()
-        why = (f"it computes {mine:,.0f} tokens per layer against a mean of {mean:,.0f}" if cause == "tokens" else
-               f"it receives {mine:,.0f} tokens per layer against a mean of {mean:,.0f} over the all-to-all")
-    return Verdict(moe_s, lost_s, lost_s / moe_s if moe_s > 0 else 0.0, gpu, cause, why,
-                   moe_s / max(moe_s - lost_s, 1e-30), memory_bound_share)
+    if isinstance(found, list):
+        return None, "no " + "/".join(reason.removeprefix("no ") for reason in found)
+    return found, ""
 
 
 @dataclass(frozen=True)
@@ -186,7 +96,7 @@ class LayerRegimes:
     ridge_tokens: float
 
 
-def layer_regimes(rows: RowTimes, ridge_tokens: float) -> LayerRegimes:
+def layer_regimes(rows: ReducedTimes, ridge_tokens: float) -> LayerRegimes:
     """Each layer's active experts per GPU, regime (memory- vs compute-bound) and time over the rows."""
     active_L = rows.active_mean_TL.sum(0)
     per_active_L = np.divide(rows.tokens_mean_TL.sum(0), active_L, out=np.full(active_L.shape, np.nan),

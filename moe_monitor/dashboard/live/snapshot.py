@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from moe_monitor.core.costmodel import TimeModel
+from moe_monitor.core.costmodel import ReducedTimes, TimeModel, verdict_of
 from moe_monitor.dashboard.analytics.balance import (
     GpuWindowStats,
     LayerSpread,
@@ -28,7 +28,7 @@ from moe_monitor.dashboard.analytics.balance import (
 )
 from moe_monitor.dashboard.analytics.rollups import PerStepStats
 from moe_monitor.dashboard.analytics.series import rate_per_s
-from moe_monitor.dashboard.analytics.timecost import RowTimes, TimeHeadline, headline, verdict_of
+from moe_monitor.dashboard.analytics.timecost import TimeHeadline, headline
 from moe_monitor.dashboard.live.buckets import BucketWindow
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.layout_changes import LayoutMark, change_marks
@@ -41,7 +41,7 @@ class TimeFigures:
     predicted GPU times (every layer), headline the Overview's first lines (the chosen layer, or all)."""
 
     model: TimeModel
-    rows: RowTimes
+    rows: ReducedTimes
     headline: TimeHeadline
 
 
@@ -193,7 +193,7 @@ def in_time(window: StepWindow, view: WindowView, layout: ResolvedLayout, model:
     if rows is None:
         return None, f"no room for predicted times in {window.budget.describe()}"
     scoped = rows if layer is None else rows.layer(layer)
-    head = headline(verdict_of(scoped, model.comm_s_per_row, model.gpus), model, steps_per_s, tokens_per_s,
+    head = headline(verdict_of(scoped), model, steps_per_s, tokens_per_s,
                     layout.gpus_per_node, "" if layer is None else f"layer {layer}")
     if window.resolution_s:
         head = replace(head, label=f"{head.label}; each {bucket_name(window.resolution_s)} bucket as its mean step")

@@ -19,11 +19,10 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core import membudget
-from moe_monitor.core.costmodel import TimeModel
+from moe_monitor.core.costmodel import ReducedTimes, TimeModel, reduce_times
 from moe_monitor.core.loadmodel import gpu_weights, slot_weights, weighted_loads
 from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
-from moe_monitor.dashboard.analytics.timecost import RowTimes, reduce_times
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
 from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_counts
 
@@ -107,35 +106,35 @@ class _RowCache:
 
 @dataclass
 class _TimeCache:
-    """RowTimes of every ring row [C, ...] under one TimeModel, with the row version and layout key of each."""
+    """ReducedTimes of every ring row [C, ...] under one TimeModel, with the row version and layout key of each."""
 
     model: TimeModel
-    rows: RowTimes
+    rows: ReducedTimes
     version_C: np.ndarray
     key_C: np.ndarray
 
     @classmethod
     def empty(cls, model: TimeModel, capacity: int, num_layers: int) -> _TimeCache:
         per_TL = {name: np.zeros((capacity, num_layers), dtype=np.int64 if name == "busiest_TL" else np.float64)
-                  for name in RowTimes.FIELDS_TL}
-        return cls(model, RowTimes(**per_TL, gpu_s_TG=np.zeros((capacity, model.gpus))),
+                  for name in ReducedTimes.FIELDS_TL}
+        return cls(model, ReducedTimes(**per_TL, gpu_s_TG=np.zeros((capacity, model.gpus))),
                    np.full(capacity, -1, dtype=np.int64), np.zeros(capacity, dtype=np.int64))
 
     def fits(self, model: TimeModel) -> bool:
         old = self.model
         return (old.dims, old.profile, old.gpus, old.nodes) == (model.dims, model.profile, model.gpus, model.nodes)
 
-    def update(self, rows: np.ndarray, got: RowTimes) -> None:
-        for name in (*RowTimes.FIELDS_TL, "gpu_s_TG"):
+    def update(self, rows: np.ndarray, got: ReducedTimes) -> None:
+        for name in (*ReducedTimes.FIELDS_TL, "gpu_s_TG"):
             getattr(self.rows, name)[rows] = getattr(got, name)
 
-    def of(self, rows: np.ndarray) -> RowTimes:
-        return RowTimes(**{name: getattr(self.rows, name)[rows] for name in RowTimes.FIELDS_TL},
+    def of(self, rows: np.ndarray) -> ReducedTimes:
+        return ReducedTimes(**{name: getattr(self.rows, name)[rows] for name in ReducedTimes.FIELDS_TL},
                         gpu_s_TG=self.rows.gpu_s_TG[rows])
 
     @staticmethod
     def row_bytes(num_layers: int, gpus: int) -> int:
-        return num_layers * len(RowTimes.FIELDS_TL) * 8 + gpus * 8 + 16
+        return num_layers * len(ReducedTimes.FIELDS_TL) * 8 + gpus * 8 + 16
 
 
 @dataclass(frozen=True)
@@ -426,8 +425,8 @@ class StepWindow:
         return base_key, maps, keys[index_in_force(starts, self.step_C[rows]) + 1]  # -1: before every change
 
     def row_times(self, slots: np.ndarray, model: TimeModel, physical_to_logical_map,
-                  schedule: Sequence[LayoutChange] = ()) -> RowTimes | None:
-        """RowTimes (dashboard.analytics.timecost) of the given rows' predicted GPU times under model: each
+                  schedule: Sequence[LayoutChange] = ()) -> ReducedTimes | None:
+        """ReducedTimes (core.costmodel) of the given rows' predicted GPU times under model: each
         row's slot tokens under the layout in force at its step (even split), a rollup bucket's as its mean
         step. Recomputed only for rows that changed, whose layout changed, or all when the model did, a chunk
         of rows at a time (never a float copy of the whole ring). None when the budget cannot hold them."""
