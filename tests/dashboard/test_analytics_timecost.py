@@ -54,7 +54,7 @@ def _window(counts_TLE, steps_per_s=10.0) -> StepWindow:
 def test_known_counts_give_the_hand_worked_headline():
     # 2 GPUs, experts 0, 1 on GPU 0 and 2, 3 on GPU 1; every step GPU 0 runs 2 experts of 1 token, GPU 1 one of 2
     counts = np.array([[[1, 1, 2, 0]]] * 5)
-    window = _window(counts)
+    window = _window(counts, steps_per_s=5000.0)  # 200 us steps: the profile's hardware
     meta = _meta()
     layout = resolve_layout(meta, 1, 4)
     model, note = time_model_for(meta, layout.gpus, layout.nodes)
@@ -82,6 +82,8 @@ def test_known_counts_give_the_hand_worked_headline():
     assert head.light_tokens_per_s == pytest.approx(snap.tokens_per_s * step_s / (step_s - lost_s))
     assert head.light.startswith(f"The MoE layers would run {gpu0 / (gpu0 - lost_s):.2f}× faster if every GPU")
     assert head.label.startswith("predicted for H100 SXM, hidden 7168 x expert 2048 x 3 matrices, fp8 weights")
+    foreign = analyse(_window(counts, steps_per_s=10.0), layout, "both", time_model=model).time.headline
+    assert np.isnan(foreign.light_tokens_per_s) and "no tokens/s derived" in foreign.light  # 100 ms CPU steps
     regimes = layer_regimes(snap.time.rows, model.ridge_tokens)
     assert regimes.active_max_L.tolist() == [2.0] and regimes.active_mean_L.tolist() == [1.5]
     assert regimes.tokens_per_active_L.tolist() == [pytest.approx(4 / 3)] and regimes.memory_bound_L.tolist() == [True]

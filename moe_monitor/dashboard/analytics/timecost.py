@@ -14,6 +14,7 @@ import numpy as np
 from moe_monitor.core.costmodel import ModelDims, ReducedTimes, TimeModel, Verdict, run_profile, time_model
 
 MODEL_NOTE = "declare hidden_size, moe_intermediate_size and dtype_bytes in the run's metadata"
+FOREIGN_SHARE = 0.01  # predicted MoE time below this share of the measured step: the profile is not the hardware's
 PROFILE_NOTE = "set gpu_profile in the collector's options, or run where NVML names a GPU of the table"
 
 
@@ -70,7 +71,11 @@ def headline(verdict: Verdict, model: TimeModel, steps_per_s: float, tokens_per_
     light = f"{layers} would run {verdict.speedup:.2f}× faster if every GPU finished at the mean"
     light_tokens = float("nan")
     step_s = 1.0 / rate if math.isfinite(rate) else float("nan")
-    if not scope and tokens_per_s > 0 and math.isfinite(step_s) and verdict.lost_s < step_s:
+    if not scope and math.isfinite(step_s) and verdict.moe_s < FOREIGN_SHARE * step_s:
+        light += (f" (no tokens/s derived: the predicted MoE time, {_duration(verdict.moe_s)} per step, is under "
+                  f"{FOREIGN_SHARE:.0%} of the measured step, {_duration(step_s)}: the steps run on other hardware "
+                  "than the profile's).")
+    elif not scope and tokens_per_s > 0 and math.isfinite(step_s) and verdict.lost_s < step_s:
         light_tokens = tokens_per_s * step_s / (step_s - verdict.lost_s)
         light += f": {light_tokens:,.0f} tokens/s against {tokens_per_s:,.0f} measured."
     elif not scope and math.isfinite(step_s):
