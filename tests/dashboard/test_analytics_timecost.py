@@ -7,7 +7,14 @@ from moe_monitor import core
 from moe_monitor.core.costmodel import ModelDims, TimeModel, reduce_times, verdict, verdict_of
 from moe_monitor.core.hardware import GPU_PROFILES
 from moe_monitor.core.loadmodel import slot_weights
-from moe_monitor.dashboard.analytics.timecost import headline, layer_regimes, time_model_for, tokens_headline
+from moe_monitor.dashboard.analytics.timecost import (
+    balanced_backend_line,
+    headline,
+    layer_regimes,
+    router_skew,
+    time_model_for,
+    tokens_headline,
+)
 from moe_monitor.dashboard.live.buckets import BucketWindow
 from moe_monitor.dashboard.live.layout import resolve_layout
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
@@ -143,3 +150,16 @@ def test_no_time_lost_when_every_gpu_finishes_together():
     head = headline(v, model, 10.0, 100.0, 8)
     assert v.gpu is None and head.first.startswith("The MoE layers lose no time waiting for the busiest GPU")
     assert head.light == ""
+
+
+def test_an_engine_that_evens_gpu_tokens_reads_router_skew_and_active_experts():
+    counts_sum_LE = np.array([[8, 2, 1, 1], [0, 0, 0, 0], [3, 3, 3, 3]])
+    assert router_skew(counts_sum_LE) == pytest.approx((8 / 3 + 1) / 2)   # median of the busy layers
+    assert balanced_backend_line("even", 2.0, None) == "" and balanced_backend_line("round_robin", 2.0, None) == ""
+    line = balanced_backend_line("ideal", 1.83, None)
+    assert "evens GPU tokens by construction (dispatch ideal)" in line and "1.83×" in line
+    assert "declare the model's dimensions" in line
+    model = TimeModel(DSV3, H100, 2)
+    times = model.gpu_times(np.array([[[4.0, 4.0, 8.0, 0.0]]]))       # GPU 0: 2 active experts, GPU 1: 1
+    regimes = layer_regimes(reduce_times(times, model.ridge_tokens), model.ridge_tokens)
+    assert "active experts per GPU, max/mean 1.33" in balanced_backend_line("lp", 1.5, regimes)

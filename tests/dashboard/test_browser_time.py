@@ -23,10 +23,11 @@ WHY = "GPU 0 (node 0), because it runs 2.0 active experts per layer against a me
 LABEL = "predicted for H100 SXM, hidden 7168 x expert 2048 x 3 matrices, fp8 weights"
 
 
-def fill(url: str, steps: int = 12, declared: bool = True) -> None:
+def fill(url: str, steps: int = 12, declared: bool = True, dispatch: str = "even") -> None:
     sizes = dict(hidden_size=7168, moe_intermediate_size=2048, dtype_bytes=1, act_dtype_bytes=2,
                  gpu_profile="H100 SXM") if declared else {}
-    mon = ExpertLoadMonitor(2, 8, 2, redis_url=url, run=RUN, gpus=4, nodes=2, nvml=False, **sizes)
+    mon = ExpertLoadMonitor(2, 8, 2, redis_url=url, run=RUN, gpus=4, nodes=2, nvml=False, dispatch=dispatch,
+                            **sizes)
     for _ in range(steps):
         for layer in range(2):
             mon.record(layer, IDS)
@@ -42,6 +43,17 @@ def test_overview_first_line_in_time(redis_server, monkeypatch):
     assert first.startswith(f"**{FIRST} ") and WHY in first and "GPU-hours a day" in first, first
     assert "would run" in first and "× faster if every GPU finished at the mean" in first
     assert any(c.value.startswith(LABEL) for c in at.caption)
+
+
+def test_an_engine_that_evens_gpu_tokens_gets_router_skew_and_active_experts(redis_server, monkeypatch):
+    redis_server.client().flushdb()
+    fill(redis_server.url, dispatch="ideal")
+    at = run_app(redis_server.url, monkeypatch)
+    info = [i.value for i in at.info]
+    assert any("evens GPU tokens by construction (dispatch ideal)" in v and "max/mean 1.60" in v for v in info), info
+    redis_server.client().flushdb()
+    fill(redis_server.url)
+    assert not any("by construction" in i.value for i in run_app(redis_server.url, monkeypatch).info)
 
 
 def test_devices_active_experts_and_regimes(redis_server, monkeypatch):

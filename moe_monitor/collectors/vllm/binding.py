@@ -34,6 +34,7 @@ from .rules import (
 
 log = logging.getLogger("vllm.moe_monitor")
 VLLM_DISPATCH = "round_robin"  # vLLM's EPLB sends token i of an expert with r replicas to replica i mod r
+EXACT_BALANCE_BACKENDS = ("moonep",)  # all-to-all backends that give every GPU the same tokens: dispatch "ideal"
 BINDINGS: list[RunnerBinding] = []   # every live binding of this process (EPLB commits mark them)
 
 
@@ -124,7 +125,9 @@ class RunnerBinding:
         text_config = getattr(model, "hf_text_config", None)
         options: dict[str, Any] = dict(settings.options, rank=publishing.rank, world_size=publishing.world_size,
                                        scope=publishing.scope, gpus=publishing.gpus)
-        options.setdefault("dispatch", VLLM_DISPATCH)  # a setting the user passed wins
+        backend = str(getattr(config.parallel_config, "all2all_backend", "") or "")
+        # a setting the user passed wins
+        options.setdefault("dispatch", "ideal" if backend in EXACT_BALANCE_BACKENDS else VLLM_DISPATCH)
         initial = eplb_map(runner)
         if initial is not None and initial.shape[0] == len(layers):
             options.update(physical_to_logical_map=initial.tolist(), gpus=publishing.gpus)

@@ -141,6 +141,33 @@ def regime_line(reg: LayerRegimes) -> str:
             "expert's time is its weight reads, so a GPU's time follows its active experts more than its tokens.")
 
 
+BALANCED_BY_CONSTRUCTION = ("lp", "ideal")  # dispatch policies under which every GPU gets the mean tokens (or
+                                           # the fewest the replicas allow): GPU token balance says nothing
+
+
+def router_skew(counts_sum_LE: np.ndarray) -> float:
+    """The router's logical skew: max/mean tokens per expert over the window, median over layers with tokens
+    (NaN when none)."""
+    counts = np.asarray(counts_sum_LE, dtype=np.float64)
+    mean_L = counts.mean(-1)
+    busy = mean_L > 0
+    return float(np.median(counts.max(-1)[busy] / mean_L[busy])) if busy.any() else float("nan")
+
+
+def balanced_backend_line(dispatch: str, skew: float, regimes: LayerRegimes | None) -> str:
+    """For an engine whose dispatch evens GPU tokens by construction (BALANCED_BY_CONSTRUCTION), what to read
+    instead of GPU tokens; "" for any other dispatch."""
+    if dispatch not in BALANCED_BY_CONSTRUCTION:
+        return ""
+    text = (f"This engine evens GPU tokens by construction (dispatch {dispatch}): per-GPU tokens say nothing about "
+            f"the straggler. The router's skew is {skew:.2f}× (max/mean tokens per expert, median layer)")
+    if regimes is None:
+        return text + "; declare the model's dimensions and a GPU profile to see the time it costs."
+    busy = np.isfinite(regimes.tokens_per_active_L) & (regimes.active_mean_L > 0)
+    ratio = float(np.median(regimes.active_max_L[busy] / regimes.active_mean_L[busy])) if busy.any() else float("nan")
+    return text + f"; active experts per GPU, max/mean {ratio:.2f} (median layer); the time verdict above prices both."
+
+
 def tokens_headline(note: str, idle_share: float, straggler_gpu: int | None, ratio_to_mean: float,
                     gpus_per_node: int) -> tuple[str, str]:
     """(first line, what would put it in time) when there is no time model: note ("no model dimensions", ...)

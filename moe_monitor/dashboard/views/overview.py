@@ -9,7 +9,7 @@ import numpy as np
 import streamlit as st
 
 from moe_monitor.dashboard.analytics import alerts
-from moe_monitor.dashboard.analytics.timecost import tokens_headline
+from moe_monitor.dashboard.analytics.timecost import balanced_backend_line, layer_regimes, router_skew, tokens_headline
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_number
@@ -36,6 +36,7 @@ def live() -> None:
 def render(current: PageData) -> None:
     snap, watched = current.snapshot, current.watched
     time_lines(snap)
+    balanced_backend(current)
     row = snap.row_name
     latest = f"step {snap.latest_step}" if not snap.resolution_s else f"the {row} starting {snap.x_T[snap.latest]} UTC"
     cols = st.columns(4)
@@ -96,6 +97,16 @@ def time_lines(snap: Snapshot) -> None:
     head = snap.time.headline
     st.markdown(f"**{head.first}**" + (f"  \n{head.light}" if head.light else ""))
     st.caption(f"{head.label}. Token figures below.")
+
+
+def balanced_backend(current: PageData) -> None:
+    """For an engine that evens GPU tokens by construction: the router's skew and active experts instead."""
+    meta, snap = current.watched.source.meta(), current.snapshot
+    regimes = None if snap.time is None else layer_regimes(snap.time.rows, snap.time.model.ridge_tokens)
+    line = balanced_backend_line("even" if meta is None else meta.dispatch, router_skew(snap.view.counts_sum_LE),
+                                 regimes)
+    if line:
+        st.info(line)
 
 
 def per_step_section(snap: Snapshot) -> None:
