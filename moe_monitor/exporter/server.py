@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from moe_monitor import core
@@ -26,6 +25,7 @@ from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.analytics.timing import TimingSummary, summarise
 from moe_monitor.dashboard.live import sizing
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
+from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
 from moe_monitor.dashboard.live.steptails import live_tails
 from moe_monitor.dashboard.live.watched import WatchedRun
@@ -34,7 +34,6 @@ from moe_monitor.dashboard.whatif.advice import advice_on_window
 from moe_monitor.exporter.caps import DEFAULT_MAX_GPUS, DEFAULT_MAX_SERIES, MIN_MAX_SERIES, cap_series
 from moe_monitor.exporter.metrics import PHASES, gpu_series_dropped, run_families
 from moe_monitor.planner.advisor import DEFAULT_SUB_WINDOWS, DEFAULT_WINDOW, Advice
-from moe_monitor.planner.rebalances import RebalanceHealth, rebalance_health
 
 CATCH_UP_S = 1.0  # seconds a poll spends reading one run's backlog before it publishes
 log = logging.getLogger("moe-exporter")
@@ -217,10 +216,11 @@ class RunExporter:
             self._advise(name, watched, layout, snapshots)
             tails = _tails(name, watched, layout, snapshots)
         held = self._advice.get(name)
+        rebalance = rebalances_of(watched.source.meta(), watched.layouts.changes, time.time())
         families = run_families(name, snapshots, watched.steps_read, watched.dropped_steps, watched.bad_records,
                                 watched.source.health(), per_layer=self.per_layer, top_experts=self.top_experts,
                                 advice=None if held is None else held[1], timings=_timings(watched, snapshots),
-                                max_gpus=self.max_gpus, tails=tails, rebalance=_rebalances(watched))
+                                max_gpus=self.max_gpus, tails=tails, rebalance=rebalance)
         return families, gpu_series_dropped(snapshots, self.max_gpus)
 
     def _time_model(self, watched: WatchedRun, layout: ResolvedLayout) -> tuple[TimeModel | None, str]:
@@ -345,17 +345,6 @@ def _tails(name: str, watched: WatchedRun, layout: ResolvedLayout,
         except ValueError as exc:
             log.warning("run %s phase %s: no per-step figures: %s", name, phase, exc)
     return out
-
-
-def _rebalances(watched: WatchedRun) -> RebalanceHealth:
-    """The run's layout changes as rebalance health (planner.rebalances), moves counted from the metadata's
-    layout; the expert's bytes from its dimensions where the metadata has them."""
-    meta = watched.source.meta()
-    initial = None if meta is None else np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64)
-    dims = None if meta is None else ModelDims.from_meta(meta)
-    changes = [(c.time_s, c.layout_LP, c.gpus, c.source) for c in watched.layouts.changes if c.time_s is not None]
-    return rebalance_health(changes, time.time(), initial_LP=initial,
-                            expert_bytes=None if dims is None else dims.expert_bytes)
 
 
 def _timings(watched: WatchedRun, snapshots: dict[str, Snapshot | None]) -> dict[str, TimingSummary | None]:

@@ -56,6 +56,27 @@ def test_an_engine_that_evens_gpu_tokens_gets_router_skew_and_active_experts(red
     assert not any("by construction" in i.value for i in run_app(redis_server.url, monkeypatch).info)
 
 
+def test_overview_warns_when_rebalancing_stopped_while_imbalanced(redis_server, monkeypatch):
+    import time
+
+    import numpy as np
+
+    from moe_monitor import core
+
+    client = redis_server.client()
+    client.flushdb()
+    fill(redis_server.url)
+    now = time.time()
+    for k, step in enumerate((2, 4, 6)):   # every 10 minutes, the last an hour ago
+        layout_LP = np.roll(np.arange(8, dtype=np.int32), k + 1)[None].repeat(2, axis=0)
+        client.xadd(core.layouts_key(RUN), core.encode_layout_record(core.LayoutRecord(
+            run=RUN, step=step, time_s=now - 3600 - 600 * (2 - k), layout_LP=layout_LP, gpus=4, nodes=2)))
+    at = run_app(redis_server.url, monkeypatch)
+    warnings = [w.value for w in at.warning]
+    assert any(w.startswith("Rebalancing: 3 rebalances, the last 3,6") and "looks stopped (usually every 600 s)" in w
+               and "check the engine's rebalancer" in w for w in warnings), warnings
+
+
 def test_devices_active_experts_and_regimes(redis_server, monkeypatch):
     redis_server.client().flushdb()
     fill(redis_server.url)

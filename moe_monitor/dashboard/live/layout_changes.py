@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.costmodel import ModelDims
 from moe_monitor.core.timeline import MAX_CHANGES, LayoutTimeline, index_in_force
+from moe_monitor.planner.rebalances import RebalanceHealth, rebalance_health
 
 MARK_LABELS = {"engine": "engine rebalanced", "apply": "layout applied", "initial": "initial layout"}
 
@@ -137,3 +139,15 @@ def change_marks(schedule: Sequence[LayoutChange], step_T: np.ndarray, time_s_T:
             at = int(np.searchsorted(step_T, change.step, side="left"))
             marks.append(LayoutMark(change.step, float(time_s_T[at]), change.label))
     return marks
+
+
+def rebalances_of(meta: core.RunMeta | None, changes: Sequence[LayoutChange], now_s: float) -> RebalanceHealth:
+    """A run's layout changes as rebalance health (planner.rebalances): moves counted from the metadata's layout,
+    bytes from the expert's size where the metadata has the model's dimensions."""
+    initial = None if meta is None else np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64)
+    try:
+        dims = None if meta is None else ModelDims.from_meta(meta)
+    except ValueError:
+        dims = None
+    timed = [(c.time_s, c.layout_LP, c.gpus, c.source) for c in changes if c.time_s is not None]
+    return rebalance_health(timed, now_s, initial_LP=initial, expert_bytes=None if dims is None else dims.expert_bytes)

@@ -14,6 +14,7 @@ from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.layout import in_force_note
+from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
@@ -80,6 +81,7 @@ def render(current: PageData) -> None:
     if snap.per_step is not None:
         per_step_section(snap)
     st.markdown(in_force_note(snap.layout))
+    rebalance_line(current)
     _alert_line(current)
     health_panel(current)
 
@@ -132,6 +134,18 @@ def per_step_section(snap: Snapshot) -> None:
                                                    snap.x_title), key="overview_per_step")
     st.caption(f"{ps.steps:,} steps in {snap.view.num_steps:,} buckets. The GPU loads above are per step, each "
                "bucket's mean; balancedness of a bucket's sum reads higher than its steps' (the tail averages away).")
+
+
+def rebalance_line(current: PageData) -> None:
+    """Rebalance health from the run's layout changes; a warning when rebalancing looks stopped while the load
+    stays imbalanced (the rule of MoERebalancingStopped)."""
+    watched, snap = current.watched, current.snapshot
+    health = rebalances_of(watched.source.meta(), watched.layouts.changes, time.time())
+    text = f"Rebalancing: {health.sentence()}."
+    if health.stopped and snap.eta_step_mean.p50 < 0.8:
+        st.warning(text + f" Balancedness stays at {snap.eta_step_mean.p50:.2f}: check the engine's rebalancer.")
+    else:
+        st.caption(text)
 
 
 def _alert_line(current: PageData) -> None:
