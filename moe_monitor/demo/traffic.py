@@ -7,6 +7,7 @@ Drift: the bias slides between two orders of the experts (a triangle wave, perio
 the hot experts move visibly within a minute.
 Correlation: prompts come from a few "topics" (disjoint token ranges) and a batch holds one or two topics,
 so tokens of one step route alike, as real requests do.
+log_pop: a fixed log-popularity per expert instead (same in every layer, no drift; the cost-model bench's).
 """
 from __future__ import annotations
 
@@ -17,16 +18,19 @@ from .model import VOCAB
 
 class DriftingTraffic:
     def __init__(self, model, strength: float = 0.05, zipf_s: float = 1.1, drift_period_s: float = 60.0,
-                 topics: int = 8, seed: int = 0):
+                 topics: int = 8, seed: int = 0, log_pop=None):
         self.model, self.strength, self.period = model, strength, drift_period_s
         self.gen = torch.Generator().manual_seed(seed)
         self.routers = [layer.mlp.gate for layer in model.model.layers if hasattr(layer.mlp, "gate")]
         num_experts = self.routers[0].e_score_correction_bias.numel()
         rank = torch.arange(1, num_experts + 1, dtype=torch.float32)
-        log_pop = -zipf_s * torch.log(rank)
-        self.log_pop = log_pop - log_pop.mean()
+        zipf = -zipf_s * torch.log(rank)
+        self.log_pop = zipf - zipf.mean()
         self.orders = [(torch.randperm(num_experts, generator=self.gen), torch.randperm(num_experts, generator=self.gen))
                        for _ in self.routers]
+        if log_pop is not None:  # expert e gets log_pop[e] in every layer, at every time
+            self.log_pop = torch.as_tensor(log_pop, dtype=torch.float32)
+            self.orders = [(torch.arange(num_experts), torch.arange(num_experts)) for _ in self.routers]
         self.topic_ranges = torch.linspace(3, VOCAB, topics + 1).long()
 
     def drift_weight(self, t_s: float) -> float:

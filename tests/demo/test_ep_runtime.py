@@ -325,3 +325,34 @@ def test_grouped_experts_stack_once_and_read_only_active_experts():
     gate, up = torch.nn.functional.linear(x_RH, gate_up).chunk(2, dim=-1)
     torch.testing.assert_close(got, torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, down),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_model_dimensions_shapes_and_serial_compute(redis_url, tmp_path):
+    """A run of its own dimensions (16 experts, top-2, a fixed popularity: experts 2..7 never routed), step shapes
+    cycled (decode 3 x 1, prefill 1 x 8) and the ranks taking turns in the expert compute: the metadata declares
+    the dimensions, each step has its shape and phase, and the grouped experts give the single-process logits
+    within float rounding."""
+    shapes = ((3, 1), (1, 8))
+    cfg = EPConfig(ranks=2, steps=4, moe_layers=2, redis_url=redis_url, run="ep-dims", save_outputs=True, nvml=False,
+                   grouped_experts=True, serial_compute=True, hidden_size=96, moe_intermediate_size=48, num_experts=16,
+                   top_k=2, expert_log_pop=tuple([0.4] * 2 + [-20.0] * 6 + [0.0] * 8), shapes=shapes, strength=1.0)
+    results, outputs = _run(cfg, tmp_path)
+    model = build_model(2, cfg.seed, 96, 48, 16, 2)
+    model.set_experts_implementation("eager")
+    for rank, out in enumerate(outputs):
+        traffic = make_traffic(model, cfg, rank)
+        for step in range(cfg.steps):
+            traffic.apply(step * cfg.step_period_s)
+            tokens = traffic.prompts(*shapes[step % 2])
+            assert torch.equal(tokens, out["tokens"][step])
+            with torch.inference_mode():
+                logits = model(input_ids=tokens, use_cache=False).logits
+            torch.testing.assert_close(out["logits"][step], logits, rtol=1e-5, atol=1e-5)
+    steps, timings, _, meta = _published(redis_url, cfg.run)
+    assert (meta.hidden_size, meta.moe_intermediate_size, meta.num_experts, meta.top_k) == (96, 48, 16, 2)
+    assert (meta.dtype_bytes, meta.act_dtype_bytes, meta.expert_matrices) == (4, 4, 3)
+    assert {(rec.step, rec.phase, rec.tokens) for rec in steps} == {
+        (s, "decode" if s % 2 == 0 else "prefill", 3 if s % 2 == 0 else 8) for s in range(cfg.steps)}
+    assert sum(rec.counts_LE[:, 2:8].sum() for rec in steps) == 0
+    assert len(timings) == 2 * cfg.steps and all((t.compute_s_L > 0).all() for t in timings)
+    assert results[0]["steps"] == cfg.steps

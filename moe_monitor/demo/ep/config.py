@@ -31,6 +31,12 @@ class EPConfig:
     reproduces transformers' eager loop bit for bit but costs per group (the demo and bench use grouped).
     hidden_size / moe_intermediate_size / num_experts / top_k: the model's dimensions (demo.model.build_model;
     the defaults are the demo's tiny DeepSeek-V3), declared in the run's metadata for the cost model.
+    expert_log_pop: a fixed log-popularity per expert for the routers' bias (times strength; every layer, no
+    drift); None: the demo's Zipf-skewed drifting bias. shapes: (batch, seq_len) of each step, cycled (step s
+    runs shapes[s % len]: decode- and prefill-sized steps in one run); empty: batch x seq_len every step.
+    serial_compute: the ranks take turns in each layer's expert compute (a barrier between turns), so each
+    rank's compute is timed with the CPU's memory bandwidth to itself, as each GPU has its own HBM (the
+    cost-model bench); off: they compute at once.
     """
 
     ranks: int = 2
@@ -65,6 +71,9 @@ class EPConfig:
     moe_intermediate_size: int = 32
     num_experts: int = 256
     top_k: int = 8
+    expert_log_pop: tuple[float, ...] | None = None
+    shapes: tuple[tuple[int, int], ...] = ()
+    serial_compute: bool = False
 
     def check(self) -> EPConfig:
         """self, or ValueError naming the bad field."""
@@ -80,6 +89,10 @@ class EPConfig:
             raise ValueError("timing_toggle_every, auto_plan_at_step and auto_plan_redundant must be >= 0")
         if min(self.hidden_size, self.moe_intermediate_size, self.top_k) < 1 or self.top_k > self.num_experts:
             raise ValueError("hidden_size, moe_intermediate_size and top_k must be >= 1, top_k <= num_experts")
+        if any(min(shape) < 1 for shape in self.shapes):
+            raise ValueError("every (batch, seq_len) of shapes must be >= 1")
+        if self.expert_log_pop is not None and len(self.expert_log_pop) != self.num_experts:
+            raise ValueError(f"expert_log_pop needs {self.num_experts} values, got {len(self.expert_log_pop)}")
         return self
 
     @property

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from moe_monitor.collectors import ExpertLoadMonitor
@@ -46,6 +47,7 @@ class EPState:
     ranks: int
     timing: bool = True
     grouped: bool = False
+    serial_compute: bool = False
     current: Any = field(default_factory=_NoTimer)
 
 
@@ -64,13 +66,22 @@ class EPExperts(nn.Module):
         with timer.dispatch():
             dst_M = state.placement.destinations(layer, top_k_index)
             sent = dispatch(hidden_states, top_k_index, dst_M, state.ranks)
-        with timer.compute():
-            if state.grouped:
-                y_RH = state.store.compute_grouped(layer, sent.x_RH, sent.experts_R)
-            else:
-                y_RH = state.store.compute(layer, sent.x_RH, sent.experts_R, sent.kpos_R, sent.src_R)
+        if state.serial_compute:  # ranks take turns: each one's expert compute timed with the machine to itself
+            for turn in range(state.ranks):
+                if turn == dist.get_rank():
+                    y_RH = self._compute(sent, timer)
+                dist.barrier()
+        else:
+            y_RH = self._compute(sent, timer)
         with timer.combine():
             return combine(y_RH, sent, top_k_index, top_k_weights)
+
+    def _compute(self, sent, timer) -> torch.Tensor:
+        state, layer = self.state, self.layer
+        with timer.compute():
+            if state.grouped:
+                return state.store.compute_grouped(layer, sent.x_RH, sent.experts_R)
+            return state.store.compute(layer, sent.x_RH, sent.experts_R, sent.kpos_R, sent.src_R)
 
 
 class TimedMoE(nn.Module):

@@ -44,7 +44,8 @@ def prompt_seed(seed: int, rank: int) -> int:
 
 def make_traffic(model, cfg: EPConfig, rank: int) -> DriftingTraffic:
     """demo/traffic.py's skewed drifting traffic: routers tilted alike on every rank, prompts of the rank's own."""
-    traffic = DriftingTraffic(model, strength=cfg.strength, drift_period_s=cfg.drift_period_s, seed=cfg.seed)
+    traffic = DriftingTraffic(model, strength=cfg.strength, drift_period_s=cfg.drift_period_s, seed=cfg.seed,
+                              log_pop=cfg.expert_log_pop)
     traffic.gen = torch.Generator().manual_seed(prompt_seed(cfg.seed, rank))
     return traffic
 
@@ -97,7 +98,8 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
         moe_intermediate_size=int(config.moe_intermediate_size), dtype_bytes=4, expert_matrices=3,
         act_dtype_bytes=4, gpus=ranks, physical_to_logical_map=layout.tolist(), nvml=cfg.nvml,
         dispatch="round_robin")  # the runtime sends a token to replica (token index mod replicas)
-    state = EPState(placement, store, monitor, ranks, timing=cfg.timing, grouped=cfg.grouped_experts)
+    state = EPState(placement, store, monitor, ranks, timing=cfg.timing, grouped=cfg.grouped_experts,
+                    serial_compute=cfg.serial_compute)
     install(model, state)
     watcher = start_watcher(cfg, monitor, num_layers, num_experts) if rank == 0 and cfg.redis_url else None
     step_s: list[float] = []
@@ -140,7 +142,8 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
                                         "sent": moved.sent, "bytes_moved": moved.bytes_moved,
                                         "seconds": moved.seconds})
                 traffic.apply(step * cfg.step_period_s)
-                tokens = traffic.prompts(cfg.batch, cfg.seq_len)
+                batch, seq_len = cfg.shapes[step % len(cfg.shapes)] if cfg.shapes else (cfg.batch, cfg.seq_len)
+                tokens = traffic.prompts(batch, seq_len)
                 state.timing = cfg.timing and (not cfg.timing_toggle_every
                                                or (step // cfg.timing_toggle_every) % 2 == 0)
                 monitor.begin_step(tokens=tokens.numel())
@@ -148,7 +151,7 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
                 logits = model(input_ids=tokens, use_cache=False).logits
                 step_s.append(time.perf_counter() - begun)
                 timed.append(state.timing)
-                monitor.end_step(phase="prefill")
+                monitor.end_step(phase="decode" if seq_len == 1 else "prefill")
                 if cfg.save_outputs:
                     tokens_T.append(tokens)
                     logits_T.append(logits.clone())
@@ -164,8 +167,7 @@ def serve(rank: int, cfg: EPConfig) -> tuple[dict, dict | None]:
                "layout_LP": state.placement.layout_LP.tolist(), **plan_info}
     outputs = None
     if cfg.save_outputs:
-        outputs = {"tokens": torch.stack(tokens_T) if tokens_T else torch.empty(0),
-                   "logits": torch.stack(logits_T) if logits_T else torch.empty(0)}
+        outputs = {"tokens": _stacked(tokens_T), "logits": _stacked(logits_T)}
     return summary, outputs
 
 
@@ -194,6 +196,13 @@ def auto_plan(monitor: ExpertLoadMonitor, cfg: EPConfig, info: dict) -> np.ndarr
     result = planner.plan(counts_LE.numpy(), gpus=cfg.ranks, redundant=cfg.auto_plan_redundant)
     info.update(plan_counts_LE=counts_LE.tolist(), plan_layout_LP=np.asarray(result.layout_LP).tolist())
     return np.asarray(result.layout_LP, dtype=np.int64)
+
+
+def _stacked(tensors: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """One tensor [steps, ...] of the steps' tensors; the list itself when their shapes differ (cfg.shapes)."""
+    if not tensors:
+        return torch.empty(0)
+    return torch.stack(tensors) if len({t.shape for t in tensors}) == 1 else tensors
 
 
 def _jsonable(value):
