@@ -100,7 +100,7 @@ BENCH_BASELINE ?= 18fe328
 bench: venv
 	bash scripts/system-deps.sh
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
-	for b in collector step_boundary publishing capture_compiled dashboard planner dispatch diagnose traces ep wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
+	for b in collector step_boundary publishing capture_compiled dashboard planner dispatch diagnose traces ep costmodel wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
 	echo "== bench.vllm_plugin"; if [ -x $(ENGINES)/bin/python ]; then $(ENGINES)/bin/python -m bench.vllm_plugin || exit 1; \
 	else echo "  vLLM's CPU build is not installed: make $(ENGINES)/.installed, then make bench"; fi
 
