@@ -27,7 +27,8 @@ from . import (
 from .common import Parser
 
 # (module, its subcommands) in --help order: watch, record and replay, plan, score and diagnose, run the services
-COMMANDS = (dashboard, demo, record, replay, traces, planner, score, diagnose, calibrate, apply, aggregate, export, sglang, routed)
+COMMANDS = (dashboard, demo, record, replay, traces, planner, score, diagnose, calibrate, apply, aggregate, export,
+            sglang, routed)
 
 DESCRIPTION = """Live per-GPU load, drift and replica-layout planning for mixture-of-experts models served with
 expert parallelism. Collectors inside the model (transformers, vLLM plugin, SGLang bridge) write per-step expert
