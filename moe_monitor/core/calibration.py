@@ -2,10 +2,10 @@
 profile on held-out steps. Pure: numpy only. What `moe-monitor calibrate` and bench/costmodel.py run.
 
 The fit is of TimeModel's GEMM part plus its overhead: per (step, layer, GPU) cell, sum over active slots of
-max(bytes_s / hbm, flops_s / peak) + overhead, against the measured compute phase (TimingRecord.compute_s_L).
-For a ratio r = (1/peak) / (1/hbm) the cell is linear in (1/hbm, overhead): a weighted least squares solves it
-(relative error, overhead >= 0), and a log-space search over r finds the best. Dispatch and combine are fitted
-apart (link_fit). Shapes: X steps, L layers, P slots, G GPUs, S = P / G slots per GPU.
+max(bytes / hbm, flops / peak) (or their sum: GpuProfile.overlap False) + overhead, against the measured compute
+phase (TimingRecord.compute_s_L). For a ratio r = (1/peak) / (1/hbm) the cell is linear in (1/hbm, overhead): a
+weighted least squares solves it (relative error, overhead >= 0), and a log-space search over r finds the best;
+fit_profile keeps the form that fits better. Dispatch and combine are fitted apart (link_fit). Shapes: X steps, L layers, P slots, G GPUs, S = P / G slots per GPU.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .costmodel import ModelDims, TimeModel
+from .costmodel import ModelDims, TimeModel, slot_work
 from .hardware import GpuProfile, check_profile
 
 RIDGE_RANGE_TOKENS = (1e-3, 1e7)  # ridge points (tokens per expert) the search spans
@@ -60,16 +60,6 @@ class Calibration:
     link: LinkFit | None
 
 
-def slot_terms(dims: ModelDims, tokens_XLP, tile_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """(bytes_XLP, flops_XLP) float64: what each active slot reads (weights + activations, as
-    TimeModel.slot_seconds) and computes (tokens padded to the tile); 0 for an idle slot."""
-    t = np.asarray(tokens_XLP, dtype=np.float64)
-    active = t > 0
-    bytes_XLP = np.where(active, dims.expert_bytes + t * 2.0 * dims.hidden_size * dims.act_bytes, 0.0)
-    flops_XLP = np.ceil(t / tile_tokens) * tile_tokens * dims.flops_per_token
-    return bytes_XLP, flops_XLP
-
-
 def _per_gpu(values_XLP: np.ndarray, gpus: int) -> np.ndarray:
     return values_XLP.reshape(values_XLP.shape[:-1] + (gpus, values_XLP.shape[-1] // gpus)).sum(-1)
 
@@ -91,11 +81,10 @@ def _solve(s_N: np.ndarray, m_N: np.ndarray) -> tuple[float, float, float]:
 def fit_gemm(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int, tile_tokens: int = 1,
              form: str = "max") -> tuple[float, float, float]:
     """(hbm_bytes_per_s, flops_per_s, overhead_s) minimising the relative squared error of TimeModel's GEMM part
-    + overhead against compute_s_XLG (NaN or <= 0: not measured, left out). form "sum": weight reads and FLOPs
-    added instead of overlapped (max), the diagnostic of where the model is wrong (compute_seconds predicts
-    with it). ValueError without a measured cell."""
+    + overhead against compute_s_XLG (NaN or <= 0: not measured, left out). form "max": a slot's weight reads and
+    FLOPs overlap; "sum": they add (GpuProfile.overlap False). ValueError without a measured cell."""
     join = _join(form)
-    bytes_XLP, flops_XLP = slot_terms(dims, slot_tokens_XLP, tile_tokens)
+    bytes_XLP, flops_XLP = slot_work(dims, slot_tokens_XLP, tile_tokens)
     measured = np.asarray(compute_s_XLG, dtype=np.float64)
     if measured.shape != bytes_XLP.shape[:-1] + (gpus,):
         raise ValueError(f"compute times {measured.shape} do not match slot tokens {bytes_XLP.shape} on {gpus} GPUs")
@@ -135,13 +124,6 @@ def _join(form: str):
     if form not in ("max", "sum"):
         raise ValueError(f"form must be max or sum, got {form!r}")
     return np.maximum if form == "max" else np.add
-
-
-def compute_seconds(dims: ModelDims, slot_tokens_XLP, gpus: int, hbm_bytes_per_s: float, flops_per_s: float,
-                    overhead_s: float, tile_tokens: int = 1, form: str = "max") -> np.ndarray:
-    """float64 [X, L, G]: predicted compute seconds per GPU; form "max" is TimeModel's GEMM part + overhead."""
-    bytes_XLP, flops_XLP = slot_terms(dims, slot_tokens_XLP, tile_tokens)
-    return _per_gpu(_join(form)(bytes_XLP / hbm_bytes_per_s, flops_XLP / flops_per_s), gpus) + overhead_s
 
 
 def link_fit(dims: ModelDims, tokens_XLG, comm_s_XLG, compute_s_XLG, gpus: int) -> LinkFit | None:
@@ -207,13 +189,19 @@ def _hits(score_NG: np.ndarray, truth_N: np.ndarray) -> float:
 
 
 def fit_profile(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int, *, name: str = "calibrated",
-                source: str = "calibrated", tile_tokens: int = 1, comm_s_XLG=None) -> Calibration:
+                source: str = "calibrated", tile_tokens: int = 1, comm_s_XLG=None, form: str | None = None
+                ) -> Calibration:
     """A GpuProfile of achieved figures (flops_share = hbm_share = 1) fitted to measured compute seconds
-    [X, L, G] on slot tokens [X, L, P], one node of `gpus`; comm_s_XLG (dispatch + combine, optional) fits the
-    link apart (otherwise the link is UNFITTED_LINK_BYTES_PER_S, noted). ValueError without data to fit."""
+    [X, L, G] on slot tokens [X, L, P], one node of `gpus`; form "max" or "sum" (GpuProfile.overlap True or
+    False; None: the one with the lower median error on these steps); comm_s_XLG (dispatch + combine, optional)
+    fits the link apart (otherwise the link is UNFITTED_LINK_BYTES_PER_S, noted). ValueError without data."""
     if gpus < 1 or np.asarray(slot_tokens_XLP).shape[-1] % gpus:
         raise ValueError(f"slots must split evenly over {gpus} GPUs")
-    hbm, peak, overhead = fit_gemm(dims, slot_tokens_XLP, compute_s_XLG, gpus, tile_tokens)
+    if form is None:
+        fits = [fit_profile(dims, slot_tokens_XLP, compute_s_XLG, gpus, name=name, source=source,
+                            tile_tokens=tile_tokens, comm_s_XLG=comm_s_XLG, form=f) for f in ("max", "sum")]
+        return min(fits, key=lambda fit: fit.errors.median_rel)
+    hbm, peak, overhead = fit_gemm(dims, slot_tokens_XLP, compute_s_XLG, gpus, tile_tokens, form)
     link = None
     if comm_s_XLG is not None:
         tokens_XLG = _per_gpu(np.asarray(slot_tokens_XLP, dtype=np.float64), gpus)
@@ -228,6 +216,6 @@ def fit_profile(dims: ModelDims, slot_tokens_XLP, compute_s_XLG, gpus: int, *, n
         name=name, flops_per_s={str(int(width)) if width.is_integer() else repr(width): peak},
         hbm_bytes_per_s=hbm, nvlink_bytes_per_s=link_bytes, nic_bytes_per_s=link_bytes, gpus_per_node=int(gpus),
         overhead_s=overhead, tile_tokens=int(tile_tokens), flops_share=1.0, hbm_share=1.0, source=source,
-        notes=notes))
+        notes=notes, overlap=form == "max"))
     model = TimeModel(dims, profile, gpus)
     return Calibration(profile, errors(model, slot_tokens_XLP, compute_s_XLG), link)

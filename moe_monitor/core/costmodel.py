@@ -84,6 +84,14 @@ class GpuTimes:
         return self.weights_s + self.flops_s + self.comm_s + self.overhead_s
 
 
+def slot_work(dims: ModelDims, tokens_XLP, tile_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes_XLP, flops_XLP) float64: what each slot reads (its expert's weights and its tokens' activations in
+    and out; 0 for an idle slot) and computes (its tokens padded up to the GEMM tile)."""
+    t = np.asarray(tokens_XLP, dtype=np.float64)
+    bytes_XLP = np.where(t > 0, dims.expert_bytes + t * (2.0 * dims.hidden_size * dims.act_bytes), 0.0)
+    return bytes_XLP, np.ceil(t / tile_tokens) * tile_tokens * dims.flops_per_token
+
+
 class TimeModel:
     """Predicted MoE-layer time of `gpus` GPUs over `nodes` nodes for a model's dimensions on one GPU profile."""
 
@@ -109,15 +117,12 @@ class TimeModel:
         return f"{self.profile.name}, {self.dims.label()}"
 
     def slot_seconds(self, tokens_XLP) -> tuple[np.ndarray, np.ndarray]:
-        """(seconds, memory_bound) float64 / bool [..., L, P]: each slot's expert GEMM (0 for an idle slot)."""
-        t = np.asarray(tokens_XLP, dtype=np.float64)
-        tile = self.profile.tile_tokens
-        padded = np.ceil(t / tile) * tile
-        active = t > 0
-        act_read_s = t * (2.0 * self.dims.hidden_size * self.dims.act_bytes) / self.profile.hbm
-        memory_s = np.where(active, self.weight_read_s + act_read_s, 0.0)
-        flops_s = padded * (self.dims.flops_per_token / self.peak_flops)
-        return np.maximum(memory_s, flops_s), active & (memory_s >= flops_s)
+        """(seconds, memory_bound) float64 / bool [..., L, P]: each slot's expert GEMM (0 for an idle slot):
+        the max of its reads and FLOPs, or their sum where the profile's do not overlap."""
+        bytes_XLP, flops_XLP = slot_work(self.dims, tokens_XLP, self.profile.tile_tokens)
+        memory_s, flops_s = bytes_XLP / self.profile.hbm, flops_XLP / self.peak_flops
+        seconds = np.maximum(memory_s, flops_s) if self.profile.overlap else memory_s + flops_s
+        return seconds, (bytes_XLP > 0) & (memory_s >= flops_s)
 
     def gpu_times(self, slot_tokens_XLP, speed_G=None) -> GpuTimes:
         """Predicted times from tokens per slot [..., L, P] (a core.dispatch policy's slot_loads); speed_G: each

@@ -25,7 +25,9 @@ class GpuProfile:
     """One GPU model. flops_per_s: peak dense FLOP/s by weight bytes ("1" fp8, "2" bf16/fp16, "4" fp32);
     hbm_bytes_per_s: memory bandwidth; nvlink_bytes_per_s / nic_bytes_per_s: one direction, per GPU, inside a
     node / across nodes; gpus_per_node: the scale-up domain; overhead_s: fixed time per MoE layer;
-    tile_tokens: grouped-GEMM M tile; flops_share / hbm_share: achieved fractions of the peaks."""
+    tile_tokens: grouped-GEMM M tile; flops_share / hbm_share: achieved fractions of the peaks; overlap: a slot's
+    weight reads and FLOPs overlap (a GPU's grouped GEMM: max of the two) or add (False: a CPU's BLAS packs the
+    weights, then multiplies; `moe-monitor calibrate` picks the form that fits)."""
 
     name: str
     flops_per_s: dict[str, float]
@@ -39,6 +41,7 @@ class GpuProfile:
     hbm_share: float = ACHIEVED_HBM_SHARE
     source: str = "datasheet"
     notes: dict = field(default_factory=dict)
+    overlap: bool = True
 
     def peak_flops(self, weight_bytes: float) -> float:
         """Achieved FLOP/s of a GEMM whose weights have this many bytes per element (the narrowest dtype the GPU
@@ -125,8 +128,10 @@ def check_profile(profile: GpuProfile) -> GpuProfile:
     if not all(_positive(v) for v in numbers) or not all(_positive(_float(k)) for k in profile.flops_per_s):
         raise ValueError(f"GPU profile {profile.name!r}: every bandwidth, FLOP/s and share must be positive")
     if not (_non_negative(profile.overhead_s) and isinstance(profile.tile_tokens, int) and profile.tile_tokens >= 1
-            and isinstance(profile.gpus_per_node, int) and profile.gpus_per_node >= 1):
-        raise ValueError(f"GPU profile {profile.name!r}: overhead_s >= 0, tile_tokens and gpus_per_node >= 1")
+            and isinstance(profile.gpus_per_node, int) and profile.gpus_per_node >= 1
+            and isinstance(profile.overlap, bool)):
+        raise ValueError(f"GPU profile {profile.name!r}: overhead_s >= 0, tile_tokens and gpus_per_node >= 1, "
+                         "overlap true or false")
     return profile
 
 

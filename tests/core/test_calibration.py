@@ -72,14 +72,18 @@ def test_link_fit_and_refusals():
         calibration.fit_profile(DIMS, tokens, measured, 3)
 
 
-def test_compute_seconds_is_the_time_models_and_the_sum_form_fits_its_own_data():
-    tokens, _ = synthetic(30, seed=4)
-    times = TimeModel(DIMS, TRUE, 2).gpu_times(tokens)
-    np.testing.assert_allclose(
-        calibration.compute_seconds(DIMS, tokens, 2, TRUE.hbm, TRUE.peak_flops(4.0), TRUE.overhead_s),
-        times.weights_s + times.flops_s + times.overhead_s, rtol=1e-12)
-    added = calibration.compute_seconds(DIMS, tokens, 2, 10e9, 50e9, 1e-3, form="sum")
-    hbm, peak, overhead = calibration.fit_gemm(DIMS, tokens, added, 2, form="sum")
-    assert (hbm, peak, overhead) == pytest.approx((10e9, 50e9, 1e-3), rel=1e-3)
+def test_the_form_that_fits_is_kept():
+    """Times generated with reads and FLOPs added (a CPU's BLAS) fit the sum form; the max form's do not."""
+    tokens, _ = synthetic(60, seed=4)
+    adding = GpuProfile("cpu", {"4": 50e9}, 10e9, 1e10, 1e10, overhead_s=1e-3, tile_tokens=1, flops_share=1.0,
+                        hbm_share=1.0, overlap=False)
+    times = TimeModel(DIMS, adding, 2).gpu_times(tokens)
+    added = times.weights_s + times.flops_s + times.overhead_s
+    fitted = calibration.fit_profile(DIMS, tokens, added, 2)
+    assert not fitted.profile.overlap and fitted.errors.median_rel < 1e-3
+    assert (fitted.profile.hbm, fitted.profile.peak_flops(4.0)) == pytest.approx((10e9, 50e9), rel=1e-3)
+    forced = calibration.fit_profile(DIMS, tokens, added, 2, form="max")
+    assert forced.profile.overlap and forced.errors.median_rel > 10 * fitted.errors.median_rel
+    assert calibration.fit_profile(DIMS, *synthetic(60, seed=5), 2).profile.overlap  # the max form's own data
     with pytest.raises(ValueError, match="form"):
         calibration.fit_gemm(DIMS, tokens, added, 2, form="min")
