@@ -163,3 +163,15 @@ def test_an_engine_that_evens_gpu_tokens_reads_router_skew_and_active_experts():
     times = model.gpu_times(np.array([[[4.0, 4.0, 8.0, 0.0]]]))       # GPU 0: 2 active experts, GPU 1: 1
     regimes = layer_regimes(reduce_times(times, model.ridge_tokens), model.ridge_tokens)
     assert "active experts per GPU, max/mean 1.33" in balanced_backend_line("lp", 1.5, regimes)
+
+
+def test_whatif_in_time_prices_both_layouts_on_the_score_window():
+    from moe_monitor.dashboard.whatif.score import in_time, time_line
+
+    model = TimeModel(DSV3, H100, 2)
+    score_TLE = np.array([[[8.0, 8.0, 0.0, 0.0]]] * 4)      # experts 0, 1 both on GPU 0, or one on each
+    stacked, spread = np.array([[0, 1, 2, 3]]), np.array([[0, 2, 1, 3]])
+    before, after = in_time(stacked, spread, score_TLE, 2, model)
+    assert after.moe_s < before.moe_s and after.lost_s < before.lost_s and before.gpu == 0
+    line = time_line(before, after, model.label())
+    assert line.startswith("In time (predicted for H100 SXM") and f"{before.moe_s * 1e3:.3f} ms per step" in line

@@ -103,6 +103,7 @@ def test_page_plans_scores_and_offers_the_layout(filled, monkeypatch):
     traffic = [df.value for df in at.dataframe if "metric" in df.value.columns]  # beside the policies table
     assert len(traffic) == 1 and list(traffic[0]["metric"])[0] == "GPUs touched per token"
     assert any("Knee at R =" in c.value for c in at.caption)
+    assert any(c.value.startswith("In time: no GPU profile") for c in at.caption)  # the collector declared none
     assert not at.error
 
 

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from moe_monitor.core.costmodel import Verdict
 from moe_monitor.core.loadmodel import balancedness, gpu_weights, weighted_loads
 from moe_monitor.dashboard.analytics.balance import LayerSpread, across_layers
 from moe_monitor.dashboard.live.samples import SampledRows
+from moe_monitor.planner.timecost import time_verdict
 from moe_monitor.planner.windows import split_windows
 
 MAX_SAMPLE_ROWS = 4096
@@ -162,3 +164,21 @@ def score(layout_LP: ArrayLike, score_TLE: ArrayLike, gpus: int) -> Score:
     return Score(eta_sum_L=balancedness(loads_TLG.sum(0, dtype=np.float64)),
                  eta_step_TL=balancedness(loads_TLG), mean_load_LG=loads_TLG.mean(0, dtype=np.float64),
                  active_L=c.sum((0, 2)) > 0)
+
+
+def in_time(before_LP: ArrayLike, after_LP: ArrayLike, score_TLE: ArrayLike, gpus: int, model, dispatch: str = "even"
+            ) -> tuple[Verdict, Verdict]:
+    """(current, what-if) core.costmodel verdicts of two layouts on the score window's per-step counts under the
+    run's dispatch policy (planner.timecost.time_verdict: the same pricing as `moe-monitor score`)."""
+    c = np.asarray(score_TLE, dtype=np.float64)
+    return (time_verdict(c, np.asarray(before_LP), gpus, dispatch, model)[0],
+            time_verdict(c, np.asarray(after_LP), gpus, dispatch, model)[0])
+
+
+def time_line(before: Verdict, after: Verdict, label: str) -> str:
+    """One sentence: the MoE layers' predicted time per step and the wait for the busiest GPU, now and with the
+    what-if layout."""
+    change = after.moe_s / before.moe_s - 1.0 if before.moe_s > 0 else 0.0
+    return (f"In time (predicted for {label}): the MoE layers take {before.moe_s * 1e3:.3f} ms per step with the "
+            f"current layout, {after.moe_s * 1e3:.3f} ms with this one ({change:+.1%}); the wait for the busiest GPU "
+            f"goes from {before.lost_s * 1e3:.3f} to {after.lost_s * 1e3:.3f} ms per step.")

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.figures import whatif as whatif_figures
 from moe_monitor.dashboard.figures.units import format_bytes, format_number
 from moe_monitor.dashboard.live.layout import ResolvedLayout
@@ -109,6 +110,7 @@ def render(current: PageData) -> None:
     layer = controls.layer_picker(before)
     state.target = EditTarget(plan_key=plan_key, layer=layer, counts_LE=data.score_sum_LE, gpus=G, experts=E)
     _metrics(layout.layout_LP, session, before, after, data, sizes, sizes_note)
+    _time(current, layout, session, data)
     st.caption(f"Policy {result.policy} · {session.num_edits} manual edit(s). GPU load = tokens of each expert "
                "split evenly over its replicas (the EPLB assumption).")
     if isinstance(result, whatif_repair.Repaired):
@@ -180,6 +182,20 @@ def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_s
                    delta_color="inverse", help=f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per "
                    "expert (3 x hidden x moe_intermediate x dtype bytes)"
                    + (f" — {sizes_note}" if sizes_note else ""))
+
+
+def _time(current: PageData, layout: ResolvedLayout, session: edits.EditSession,
+          data: whatif_score.WhatIfData) -> None:
+    """The what-if in time (core.costmodel), when the run's cost model is known; else why not, in one line."""
+    meta = current.watched.source.meta()
+    model, note = time_model_for(meta, layout.gpus, layout.nodes, current.watched.gpus.names())
+    if model is None:
+        st.caption(f"In time: {note} (the figures above are in tokens).")
+        return
+    dispatch = getattr(meta, "dispatch", "even") if meta is not None else "even"
+    before, after = whatif_score.in_time(layout.layout_LP, session.current, data.score_TLE, layout.gpus, model,
+                                         dispatch)
+    st.markdown(whatif_score.time_line(before, after, model.label()))
 
 
 def _moves(layout: ResolvedLayout, data: whatif_score.WhatIfData, data_key: tuple, result: whatif_repair.Repaired,
