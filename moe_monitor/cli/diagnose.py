@@ -15,9 +15,9 @@ import argparse
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
-from .planner import _cost, _cost_flags
+from .planner import _cost_flags, token_cost
 from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, read_live, read_trace
-from .timeflags import add_profile_flags, hint, model_dims, run_profile, time_lines
+from .timeflags import hint, model_dims, run_profile, time_lines
 
 
 def register(sub) -> None:
@@ -42,8 +42,7 @@ def register(sub) -> None:
                         f"{DEFAULT_MAX_MOVES}, the advisor's)")
     p.add_argument("--hot-experts", type=int, help="size of a layer's hot set (default E / 16)")
     _cost_flags(p, "the run's metadata for the time figures (unknown without it), DeepSeek-V3's for the "
-                   "advisor's costs", time=True)
-    add_profile_flags(p)
+                   "advisor's costs", nodes=True)
     add_json(p)
     p.set_defaults(handler=lambda args: guarded(run, args))
 
@@ -77,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     nodes = args.nodes if args.nodes is not None else (
         src.meta.layout.nodes if src.meta is not None and src.meta.layout.gpus == gpus else None)
     model = time_model(model_dims(args, src.meta), run_profile(args, src.meta, src.device_names), gpus, nodes)
-    result = diagnose(counts, layout, gpus, redundant, every=args.every, dispatch=args.dispatch, cost=_cost(args),
+    result = diagnose(counts, layout, gpus, redundant, every=args.every, dispatch=args.dispatch, cost=token_cost(args),
                       hot_experts=args.hot_experts, notes=notes, max_moves=args.max_moves, time_model=model,
                       time_hint=hint(model if isinstance(model, list) else []))
     payload = result.to_json()

@@ -169,21 +169,38 @@ def _print_summary(args, payload: dict) -> None:
                                            for k, v in s.items()))
 
 
-def _cost_flags(p: argparse.ArgumentParser, dims_default: str = "DeepSeek-V3", time: bool = False) -> None:
-    """The advisor's cost flags and the model's dimensions (cli.timeflags; time: also the flags only the time
-    figures use)."""
+def _cost_flags(p: argparse.ArgumentParser, dims_default: str = "the trace's, else DeepSeek-V3",
+                nodes: bool = False) -> None:
+    """The advisor's cost flags, the model's dimensions and the GPU profile (cli.timeflags): with both known the
+    straggler is priced in predicted time (core.costmodel), otherwise in token-slots at --tflops."""
     from moe_monitor.planner.simulate import DEFAULT_LINK_GBPS, DEFAULT_TFLOPS
     p.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS,
                    help=f"link bandwidth in Gb/s (1e9 bits/s) shared by a migration's expert copies (default {DEFAULT_LINK_GBPS:g})")
     p.add_argument("--tflops", type=float, default=DEFAULT_TFLOPS,
                    help=f"effective expert TFLOP/s of one GPU: sets seconds per token-slot (default {DEFAULT_TFLOPS:g})")
-    add_dims_flags(p, dims_default, time=time)
+    add_dims_flags(p, dims_default, time=True)
+    add_profile_flags(p, nodes=nodes)
     p.add_argument("--step-seconds", type=float,
                    help="seconds of one step for step-time equivalents (default: the trace's balanced expert time)")
 
 
-def _cost(args):
-    """The advisor's CostModel of the dimensions given, DeepSeek-V3's where none is."""
+def _cost(args, gpus: int):
+    """The advisor's CostModel: in predicted time when the dimensions (flags, else the trace's metadata) and a GPU
+    profile (--gpu-profile, else the trace's) are known; else token-slots (token_cost)."""
+    from moe_monitor.core.costmodel import time_model
+    from moe_monitor.planner.simulate import CostModel
+
+    from .stepsource import trace_meta
+
+    meta = trace_meta(args.trace)
+    found = time_model(model_dims(args, meta), run_profile(args, meta), gpus)
+    if not isinstance(found, list):
+        return CostModel.in_time(found, link_gbps=args.link_gbps, step_seconds=args.step_seconds)
+    return token_cost(args)
+
+
+def token_cost(args):
+    """The advisor's CostModel in token-slots at --tflops, for the dimensions given (DeepSeek-V3's where none is)."""
     from moe_monitor.planner.simulate import CostModel
     from moe_monitor.planner.sizes import DEEPSEEK_V3
     return CostModel.for_sizes(args.hidden or DEEPSEEK_V3.hidden_size,
@@ -200,7 +217,7 @@ def _advise(args) -> dict:
     if (args.nodes is None) != (args.groups is None):
         raise ValueError("--nodes and --groups go together: give both or neither")
     sched = advise(counts, args.gpus, args.redundant, initial_LP=initial, every=args.every, window=args.window,
-                   horizon_steps=args.horizon, max_moves=args.max_moves, cost=_cost(args), nodes=args.nodes,
+                   horizon_steps=args.horizon, max_moves=args.max_moves, cost=_cost(args, args.gpus), nodes=args.nodes,
                    groups=args.groups, dispatch=args.dispatch)
     payload = sched.to_json()
     write_json(args.out, payload)
@@ -219,7 +236,8 @@ def _simulate(args) -> dict:
     from moe_monitor.planner.schedule import load_schedule
     from moe_monitor.planner.simulate import simulate
     counts = load_trace_steps(args.trace)
-    res = simulate(counts, load_schedule(args.schedule, args.gpus), _cost(args), dispatch=args.dispatch)
+    schedule = load_schedule(args.schedule, args.gpus)
+    res = simulate(counts, schedule, _cost(args, schedule.gpus), dispatch=args.dispatch)
     payload = res.to_json()
     if args.out is not None:
         write_json(args.out, payload)

@@ -23,7 +23,7 @@ from .api import plan
 from .loads import check_shape, duplicates_on_gpu, whole_number
 from .repair import experts_copied, repair_curve
 from .schedule import Change, Schedule
-from .simulate import CostModel, straggler_tokens
+from .simulate import CostModel
 from .windows import split_windows
 
 DEFAULT_EVERY = 250            # advisor: steps between decision points
@@ -93,9 +93,9 @@ def predicted_gain_seconds(recent_TLE: np.ndarray, current_LP: np.ndarray, candi
     """Straggler seconds the candidate saves over ``horizon_steps`` steps if the recent steps [T, L, E] repeat:
     (mean straggler seconds per step under current - under candidate) x horizon_steps, GPU loads under the
     ``dispatch`` policy (core.dispatch). Negative when worse."""
-    cur = straggler_tokens(recent_TLE, current_LP, gpus, dispatch).mean()
-    cand = straggler_tokens(recent_TLE, candidate_LP, gpus, dispatch).mean()
-    return float((cur - cand) * cost.seconds_per_token_slot * horizon_steps)
+    cur = cost.straggler_seconds(recent_TLE, current_LP, gpus, dispatch).mean()
+    cand = cost.straggler_seconds(recent_TLE, candidate_LP, gpus, dispatch).mean()
+    return float((cur - cand) * horizon_steps)
 
 
 def _candidate(recent: np.ndarray, cur: np.ndarray, gpus: int, redundant: int, sub_windows: int,
@@ -159,7 +159,7 @@ def advise(counts_TLE, gpus: int, redundant: int, initial_LP=None, every: int = 
                             "max_moves": max_moves, "sub_windows": sub_windows,
                             "seconds_per_token_slot": cost.seconds_per_token_slot, "link_gbps": cost.link_gbps,
                             "bytes_per_expert": cost.bytes_per_expert, "rejected_candidates": skipped,
-                            "dispatch": dispatch})
+                            "dispatch": dispatch, "pricing": cost.pricing})
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None 
     cur = validated_layout(current_LP, E, gpus)
     if cur.shape[0] != L:
         raise ValueError(f"current layout has {cur.shape[0]} layers, the counts have {L}")
-    step_s = float((gpu_loads_max(c, cur, gpus, dispatch)).mean() * cost.seconds_per_token_slot)
+    step_s = float(cost.busiest_seconds(c, cur, gpus, dispatch).mean())
     if not c.any() or max_moves == 0:
         return Advice(False, cur, 0, 0.0, 0.0, step_s, horizon_steps,
                       "no tokens in the window" if not c.any() else "no moves allowed")
@@ -245,9 +245,3 @@ def advise_now(window_counts_TLE, current_LP, gpus: int, cost: CostModel | None 
     return Advice(rebalance=bool(moves > 0 and gain > migration), layout_LP=np.asarray(lay, dtype=np.int64),
                   moves=int(moves), gain_s=float(gain), migration_s=float(migration), step_s=step_s,
                   horizon_steps=horizon_steps, reason=why)
-
-
-def gpu_loads_max(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str = "even") -> np.ndarray:
-    """Per step, the sum over layers of the busiest GPU's load in tokens, float64 [T] (counts [T, L, E]): the
-    expert time of a step in token-slots (balanced part + straggler part), under the ``dispatch`` policy."""
-    return straggler_tokens(counts_TLE, layout_LP, gpus, dispatch) + counts_TLE.sum((1, 2)) / gpus

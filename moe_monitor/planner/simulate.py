@@ -4,7 +4,8 @@
     migration_s    = experts_copied(A, B) * bytes_per_expert * 8 / (link_gbps * 1e9)    (serving waits)
 GPU loads: core.loadmodel's even split, or a ``dispatch`` policy's (core.dispatch). Defaults (CostModel) price
 DeepSeek-V3: 2.2e-7 s per token-slot, 88 MB per expert in bf16; step-time equivalents divide by the trace's mean
-perfectly balanced expert time per step. A schedule is changes (step, layout_LP), the first at step 0, steps
+perfectly balanced expert time per step. With a core.costmodel TimeModel (CostModel.in_time) the straggler is
+priced in predicted time instead: sum over layers of the slowest minus the mean GPU's seconds. A schedule is changes (step, layout_LP), the first at step 0, steps
 strictly increasing trace indices; a change is in force and paid from its step (planner/schedule.py).
 Shapes: T steps, L layers, E logical experts, P slots, G GPUs, C changes.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.core.counts import as_counts
 from moe_monitor.core.dispatch import DispatchModel, check_policy
 from moe_monitor.core.loadmodel import gpu_loads
@@ -49,6 +51,7 @@ class CostModel:
     bytes_per_expert: int = bytes_per_expert(DEEPSEEK_V3.hidden_size, DEEPSEEK_V3.moe_intermediate_size,
                                              DEEPSEEK_V3.dtype_bytes)
     step_seconds: float | None = None
+    time_model: TimeModel | None = None
 
     def __post_init__(self):
         _positive(self.seconds_per_token_slot, "seconds per token-slot")
@@ -68,9 +71,52 @@ class CostModel:
         return cls(seconds_per_token_slot=2 * 3 * hidden * moe_intermediate / (tflops * 1e12),
                    link_gbps=link_gbps, bytes_per_expert=bpe, step_seconds=step_seconds)
 
+    @classmethod
+    def in_time(cls, model: TimeModel, link_gbps: float = DEFAULT_LINK_GBPS,
+                step_seconds: float | None = None) -> CostModel:
+        """Prices in predicted time (core.costmodel): straggler seconds from the model, an expert's bytes from
+        its dimensions; seconds_per_token_slot is the model's FLOPs per token at its achieved peak."""
+        return cls(seconds_per_token_slot=model.dims.flops_per_token / model.peak_flops, link_gbps=link_gbps,
+                   bytes_per_expert=int(model.dims.expert_bytes), step_seconds=step_seconds, time_model=model)
+
+    @property
+    def pricing(self) -> str:
+        """What the straggler is priced in, for a report."""
+        if self.time_model is None:
+            return f"token-slots at {self.seconds_per_token_slot:.3g} s each"
+        return f"predicted time for {self.time_model.label()}"
+
     def migration_seconds(self, copies: int) -> float:
         """Seconds serving waits while ``copies`` experts move."""
         return copies * self.bytes_per_expert * 8 / (self.link_gbps * 1e9)
+
+    def straggler_seconds(self, counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int,
+                          dispatch: str = "even") -> np.ndarray:
+        """float64 [T]: per step, the seconds the other GPUs wait for the busiest (summed over layers)."""
+        if self.time_model is None:
+            return straggler_tokens(counts_TLE, layout_LP, gpus, dispatch) * self.seconds_per_token_slot
+        total_TL = _slowest_and_mean(counts_TLE, layout_LP, gpus, dispatch, self.time_model)
+        return np.maximum(total_TL[0] - total_TL[1], 0.0).sum(-1)
+
+    def busiest_seconds(self, counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int,
+                        dispatch: str = "even") -> np.ndarray:
+        """float64 [T]: per step, the busiest GPU's seconds summed over layers (the step's expert time)."""
+        if self.time_model is None:
+            busiest_tokens = straggler_tokens(counts_TLE, layout_LP, gpus, dispatch) + counts_TLE.sum((1, 2)) / gpus
+            return busiest_tokens * self.seconds_per_token_slot
+        return _slowest_and_mean(counts_TLE, layout_LP, gpus, dispatch, self.time_model)[0].sum(-1)
+
+
+def _slowest_and_mean(counts_TLE, layout_LP, gpus: int, dispatch: str, model: TimeModel) -> np.ndarray:
+    """float64 [2, T, L]: the slowest and the mean GPU's predicted seconds per step and layer."""
+    counts = np.asarray(counts_TLE, dtype=np.float64)
+    dispatcher = DispatchModel(layout_LP, counts.shape[2], gpus, dispatch)
+    out = np.empty((2,) + counts.shape[:2])
+    for a in range(0, counts.shape[0], dispatcher.steps_per_chunk):
+        total = model.gpu_times(dispatcher.slot_loads(counts[a:a + dispatcher.steps_per_chunk])).total_s
+        out[0, a:a + dispatcher.steps_per_chunk] = total.max(-1)
+        out[1, a:a + dispatcher.steps_per_chunk] = total.mean(-1)
+    return out
 
 
 def straggler_tokens(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str = "even") -> np.ndarray:
@@ -97,6 +143,7 @@ class SimResult:
     migration_s_C: np.ndarray
     step_seconds: float
     ignored_changes: int = 0
+    pricing: str = ""
 
     @property
     def straggler_s(self) -> float:
@@ -120,7 +167,8 @@ class SimResult:
                 "moves": self.moves, "straggler_s": self.straggler_s, "migration_s": self.migration_s,
                 "total_lost_s": self.total_s, "step_seconds": self.step_seconds,
                 "total_lost_steps": eq(self.total_s), "straggler_steps": eq(self.straggler_s),
-                "migration_steps": eq(self.migration_s), "ignored_changes": self.ignored_changes}
+                "migration_steps": eq(self.migration_s), "ignored_changes": self.ignored_changes,
+                "pricing": self.pricing}
 
     def to_json(self) -> dict:
         return {"summary": self.summary(),
@@ -147,7 +195,7 @@ def simulate(counts_TLE, schedule, cost: CostModel | None = None, gpus: int | No
     bounds = [ch.step for ch in applied] + [T]
     for k, ch in enumerate(applied):
         lay = np.asarray(ch.layout_LP, dtype=np.int64)
-        straggler[bounds[k]:bounds[k + 1]] = straggler_tokens(c[bounds[k]:bounds[k + 1]], lay, g, dispatch)
+        straggler[bounds[k]:bounds[k + 1]] = cost.straggler_seconds(c[bounds[k]:bounds[k + 1]], lay, g, dispatch)
         if k:
             m = experts_copied(np.asarray(applied[k - 1].layout_LP, dtype=np.int64), lay, g)
             moves.append(m)
@@ -155,7 +203,7 @@ def simulate(counts_TLE, schedule, cost: CostModel | None = None, gpus: int | No
     step_s = cost.step_seconds
     if step_s is None:
         step_s = float(c.sum((1, 2)).mean() / g * cost.seconds_per_token_slot)
-    return SimResult(straggler_s_T=straggler * cost.seconds_per_token_slot,
+    return SimResult(straggler_s_T=straggler,
                      change_steps_C=np.array([ch.step for ch in applied], dtype=np.int64),
                      moves_C=np.array(moves, dtype=np.int64), migration_s_C=np.array(migration),
-                     step_seconds=step_s, ignored_changes=len(sched.changes) - len(applied))
+                     step_seconds=step_s, ignored_changes=len(sched.changes) - len(applied), pricing=cost.pricing)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from moe_monitor.core.costmodel import ModelDims, TimeModel
+from moe_monitor.core.dispatch import DispatchModel
 from moe_monitor.core.hardware import GPU_PROFILES
 from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.planner.api import plan
@@ -79,3 +80,44 @@ def test_plan_cli_objective_time_on_a_trace(tmp_path):
     assert sum(payload["time_layers_won"].values()) == 4
     r = in_process("plan", "--load", sample, "--gpus", 32, "--redundant", 32, "--objective", "time", "--out", out)
     assert r.returncode == 2 and "no GPU profile" in r.stderr
+
+
+def test_simulator_and_advisor_price_the_straggler_in_predicted_time():
+    from moe_monitor.planner.advisor import advise_now
+    from moe_monitor.planner.simulate import CostModel, simulate
+
+    model = TimeModel(DSV3_FP8, GPU_PROFILES["H100 SXM"], gpus=2)
+    steps = _steps([60, 20, 20, 20, 0, 0, 0, 0], steps=12)
+    layout_LP = np.array([[0, 4, 5, 6, 1, 2, 3, 7]])     # the hot expert alone, three warm ones together
+    cost = CostModel.in_time(model)
+    result = simulate(steps, [(0, layout_LP)], cost, gpus=2)
+    total = model.gpu_times(DispatchModel(layout_LP, 8, 2).slot_loads(steps)).total_s
+    np.testing.assert_allclose(result.straggler_s_T, (total.max(-1) - total.mean(-1)).sum(-1))
+    assert result.summary()["pricing"].startswith("predicted time for H100 SXM")
+    assert cost.bytes_per_expert == DSV3_FP8.expert_bytes and cost.migration_seconds(1) > 0
+    tokens = simulate(steps, [(0, layout_LP)], CostModel(), gpus=2)
+    assert tokens.summary()["pricing"].startswith("token-slots")
+    # by tokens the two GPUs are even (60 / 60); in time GPU 1 runs three weight reads against one
+    assert tokens.straggler_s < 0.2 * result.straggler_s
+    # the advisor's candidates are token repairs; their gain and the step time are priced in time
+    skewed = _steps([60, 60, 20, 20, 0, 0, 0, 0], steps=12)
+    stacked = np.array([[0, 1, 4, 5, 2, 3, 6, 7]])
+    advice = advise_now(skewed, stacked, 2, cost, max_moves=4)
+    by_time = model.gpu_times(DispatchModel(stacked, 8, 2).slot_loads(skewed)).total_s
+    assert advice.moves > 0 and advice.step_s == pytest.approx(float(by_time.max(-1).sum(-1).mean()))
+    after = cost.straggler_seconds(skewed, advice.layout_LP, 2).mean()
+    before = cost.straggler_seconds(skewed, stacked, 2).mean()
+    assert advice.gain_s == pytest.approx((before - after) * advice.horizon_steps)
+
+
+def test_advise_cli_prices_in_time_with_a_profile(tmp_path):
+    from tests.support.cli import in_process
+
+    sample = Path(__file__).resolve().parents[2] / "moe_monitor" / "traces" / "samples" / "demo.parquet"
+    out = tmp_path / "schedule.json"
+    r = in_process("advise", "--trace", sample, "--gpus", 32, "--redundant", 32, "--gpu-profile", "H100 SXM",
+                   "--hidden", 7168, "--moe-intermediate", 2048, "--weight-bytes", 1, "--out", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["params"]["pricing"].startswith("predicted time for H100 SXM")
+    r = in_process("advise", "--trace", sample, "--gpus", 32, "--redundant", 32, "--out", out)
+    assert r.returncode == 0 and json.loads(out.read_text())["params"]["pricing"].startswith("token-slots")
