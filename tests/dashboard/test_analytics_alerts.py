@@ -23,6 +23,8 @@ def test_each_rule_fires_on_its_own_condition():
     assert "balancedness 0.300" in loud[0].detail and "120 s ago" in loud[1].detail
     unknown = alerts.evaluate(float("nan"), None, 0, None, None)
     assert not any(s.firing for s in unknown)  # no data is not an alert
+    replayed = alerts.evaluate(0.8, 454028.0, 0, 1.1, 0.3, recorded=True)
+    assert not replayed[1].firing and replayed[1].detail == "a recording: no live collector"
 
 
 def test_thresholds_are_the_yamls():

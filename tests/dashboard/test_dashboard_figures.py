@@ -61,3 +61,11 @@ def test_nvml_figure_keeps_gaps_and_panels():
     assert fig.data[names.index("total")].y[0] == 8.0 and fig.data[0].x[-1] == 0.0
     only_load = gpu_figures.nvml_figure([], np.array([1.0, 2.0]), np.array([3.0, 4.0]), "GPU 1")
     assert [t.name for t in only_load.data] == ["expert load"]
+
+
+def test_durations_in_words():
+    from moe_monitor.dashboard.figures.units import format_duration
+
+    assert [format_duration(s) for s in (0, 40, 150, 7200, 86400, 454028)] == [
+        "0 s", "40 s", "2.5 min", "2 h", "1 day", "5.3 days"]
+    assert format_duration(float("nan")) == format_duration(-1.0) == "unknown"

@@ -151,3 +151,11 @@ def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redi
     _ok(at.button(key="live_resume_button").click().run())
     assert _in_window(at) == 42  # nothing lost
     assert not any("Paused" in i.value for i in at.info)
+
+
+def test_a_recording_raises_no_live_collector_alert(replay_app):
+    """A replayed recording's collectors wrote long ago by this machine's clock: that is not a silent collector."""
+    at = replay_app
+    line = next(c.value for c in [*at.caption, *at.warning] if c.value.startswith("Alerts on this window"))
+    assert "MoECollectorSilent ok (a recording: no live collector)" in line
+    assert next(m for m in at.metric if m.label == "collector last wrote").value == "a recording"

@@ -24,17 +24,19 @@ class AlertStatus:
 
 
 def evaluate(eta_step_mean_p50: float, last_write_age_s: float | None, dropped_steps: int,
-             straggler_ratio: float | None, straggler_share: float | None) -> list[AlertStatus]:
+             straggler_ratio: float | None, straggler_share: float | None, recorded: bool = False) -> list[AlertStatus]:
     """The four rules on a window's numbers: balancedness (p50 over layers of the per-step mean), seconds since
     a collector last wrote (None: unknown), the collectors' dropped-step count, the straggler's load ratio to
-    the mean and the share of the window it was the busiest GPU (None: no straggler)."""
+    the mean and the share of the window it was the busiest GPU (None: no straggler). recorded: a replayed
+    recording, whose collectors are not live: the silence rule does not apply."""
     low = math.isfinite(eta_step_mean_p50) and eta_step_mean_p50 < BALANCEDNESS_LOW
-    silent = last_write_age_s is not None and last_write_age_s > COLLECTOR_SILENT_S
+    silent = not recorded and last_write_age_s is not None and last_write_age_s > COLLECTOR_SILENT_S
     stuck = (straggler_ratio is not None and straggler_share is not None and straggler_ratio > STRAGGLER_RATIO
              and straggler_share >= STRAGGLER_SHARE)
     return [
         AlertStatus("MoEBalancednessLow", low, f"balancedness {eta_step_mean_p50:.3f}, threshold {BALANCEDNESS_LOW}"),
-        AlertStatus("MoECollectorSilent", silent, "last write unknown" if last_write_age_s is None
+        AlertStatus("MoECollectorSilent", silent, "a recording: no live collector" if recorded
+                    else "last write unknown" if last_write_age_s is None
                     else f"last write {last_write_age_s:.0f} s ago, threshold {COLLECTOR_SILENT_S:.0f} s"),
         AlertStatus("MoEStepsDropped", dropped_steps > 0, f"{dropped_steps} steps dropped by the collectors"),
         AlertStatus("MoEStragglerStuck", stuck, "no straggler" if straggler_ratio is None else

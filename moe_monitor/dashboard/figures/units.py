@@ -1,6 +1,8 @@
-"""Units and number formatting shared by every page and figure: one way to write bytes (binary units) and
-one way to write a number that may be unknown (NaN)."""
+"""Units and number formatting shared by every page and figure: one way to write bytes (binary units), a
+duration in words, and a number that may be unknown (NaN)."""
 from __future__ import annotations
+
+import math
 
 GIB = float(1 << 30)
 BYTE_UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B"))
@@ -22,3 +24,16 @@ def format_bytes(n: float, sign: bool = False) -> str:
 def format_number(value: float, spec: str = ".3f") -> str:
     """value formatted with spec; "n/a" for NaN (a statistic with no data, e.g. eta of idle layers)."""
     return "n/a" if value != value else format(value, spec)
+
+
+DURATION_UNITS = ((86400.0, "day"), (3600.0, "h"), (60.0, "min"), (1.0, "s"))
+
+
+def format_duration(seconds: float) -> str:
+    """40 -> '40 s', 150 -> '2.5 min', 7200 -> '2 h', 454028 -> '5.3 days'; "unknown" for NaN or negative."""
+    if not math.isfinite(seconds) or seconds < 0:
+        return "unknown"
+    scale, unit = next((s, u) for s, u in DURATION_UNITS if seconds >= s or s == 1.0)
+    value = seconds / scale
+    text = f"{value:.0f}" if value >= 10 or value == int(value) else f"{value:.1f}"
+    return f"{text} {unit}{'s' if unit == 'day' and text != '1' else ''}"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from moe_monitor.dashboard.analytics.timecost import time_model_for
+from moe_monitor.dashboard.figures.units import format_duration
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
 from moe_monitor.dashboard.live.rollups import full_resolution_line
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
@@ -54,7 +55,7 @@ def ago(time_s: float | None) -> str:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time_s))
     except (OverflowError, OSError, ValueError):  # not a time this machine can show
         return "unknown"
-    return f"{stamp} ({seconds:.0f} s ago)" if seconds < 3 * 86400 else stamp
+    return f"{stamp} ({format_duration(seconds)} ago)"
 
 
 def no_redis_message(cfg: Settings, error: str) -> None:

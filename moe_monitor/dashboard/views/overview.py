@@ -12,7 +12,7 @@ from moe_monitor.dashboard.analytics import alerts
 from moe_monitor.dashboard.analytics.timecost import balanced_backend_line, layer_regimes, router_skew, tokens_headline
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
-from moe_monitor.dashboard.figures.units import format_number
+from moe_monitor.dashboard.figures.units import format_duration, format_number
 from moe_monitor.dashboard.live.layout import in_force_note
 from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot
@@ -69,7 +69,7 @@ def render(current: PageData) -> None:
                    help=f"{health.where}; poll round trip "
                         f"{'n/a' if health.latency_ms is None else f'{health.latency_ms:.1f} ms'}")
     cols[1].metric("poll round trip", "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms")
-    cols[2].metric("collector last wrote", _age(health.last_seen_s))
+    cols[2].metric("collector last wrote", _age(health.last_seen_s, _recorded(watched)))
     errors = [f"rank {rank}: {r.get('last_error')}" for rank, r in health.collectors.items() if r.get("last_error")]
     cols[3].metric("collector errors", str(len(errors)), help="; ".join(errors) or "none reported")
     if snap.straggler is not None:
@@ -140,7 +140,9 @@ def rebalance_line(current: PageData) -> None:
     """Rebalance health from the run's layout changes; a warning when rebalancing looks stopped while the load
     stays imbalanced (the rule of MoERebalancingStopped)."""
     watched, snap = current.watched, current.snapshot
-    health = rebalances_of(watched.source.meta(), watched.layouts.changes, time.time())
+    # a recording's "now" is its newest step, not this machine's clock
+    now_s = float(snap.view.time_s_T[-1]) if _recorded(watched) and snap.view.num_steps else time.time()
+    health = rebalances_of(watched.source.meta(), watched.layouts.changes, now_s)
     text = f"Rebalancing: {health.sentence()}."
     if health.stopped and snap.eta_step_mean.p50 < 0.8:
         st.warning(text + f" Balancedness stays at {snap.eta_step_mean.p50:.2f}: check the engine's rebalancer.")
@@ -156,7 +158,8 @@ def _alert_line(current: PageData) -> None:
     eta = snap.eta_step_mean.p50 if snap.per_step is None else snap.per_step.eta_p50
     statuses = alerts.evaluate(eta, None if last_seen is None else time.time() - last_seen,
                                watched.dropped_steps, snap.straggler.ratio_to_mean if snap.straggler else None,
-                               snap.straggler.busiest_share if snap.straggler else None)
+                               snap.straggler.busiest_share if snap.straggler else None,
+                               recorded=_recorded(watched))
     firing = [s for s in statuses if s.firing]
     text = " · ".join(f"{'**' + s.name + '** firing' if s.firing else s.name + ' ok'} ({s.detail})" for s in statuses)
     line = f"Alerts on this window (the rules of deploy/prometheus/alerts.yml): {text}"
@@ -166,8 +169,15 @@ def _alert_line(current: PageData) -> None:
         st.caption(line)
 
 
-def _age(time_s: float | None) -> str:
-    return "unknown" if time_s is None else f"{max(0.0, time.time() - time_s):.0f} s ago"
+def _recorded(watched) -> bool:
+    """Whether the run in view is a replayed recording (its collectors are not live)."""
+    return bool(getattr(watched.source, "recorded", False))
+
+
+def _age(time_s: float | None, recorded: bool = False) -> str:
+    if recorded:
+        return "a recording"
+    return "unknown" if time_s is None else f"{format_duration(max(0.0, time.time() - time_s))} ago"
 
 
 def _feed(watched) -> str:
