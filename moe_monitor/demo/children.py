@@ -3,7 +3,7 @@ redis-server, engine, aggregator and dashboard must not outlive a `make demo` ki
 
 Linux only (prctl PR_SET_PDEATHSIG); elsewhere the children are ordinary ones and the demo's own cleanup on
 Ctrl-C / SIGTERM still stops them. The death signal follows the thread that started the child: start them from
-the main thread."""
+the main thread. die_with() is the same request made from inside a child (the EP runtime's spawned ranks)."""
 from __future__ import annotations
 
 import ctypes
@@ -43,6 +43,16 @@ def die_with_parent_hook() -> Callable[[], None] | None:
             os._exit(1)
 
     return hook
+
+
+def die_with(parent_pid: int) -> None:
+    """In a child started another way (multiprocessing "spawn"): ask the kernel to SIGTERM this process when
+    the thread that started it dies; exit at once when parent_pid is already gone (no-op off Linux)."""
+    if _PRCTL is None:
+        return
+    _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def start_child(args: Sequence[str], **popen: Any) -> subprocess.Popen:

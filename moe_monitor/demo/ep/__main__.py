@@ -4,6 +4,7 @@ its own tokens). Without --redis the collectors count in memory only. Bad input:
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import warnings
 
@@ -62,6 +63,8 @@ def main(argv=None) -> int:
         return 2
     print(f"ep: {cfg.ranks} ranks, run {cfg.run!r}" + (f" -> {core.redact(cfg.redis_url)}" if cfg.redis_url else
                                                         " (in memory)"), flush=True)
+    # SIGTERM (the demo stopping, or dying) unwinds like Ctrl-C: launch() terminates the ranks on its way out
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         results = launch(cfg)
     except KeyboardInterrupt:
@@ -72,6 +75,10 @@ def main(argv=None) -> int:
         print(f"ep: rank {res['rank']}: {steps} steps, {mean_ms:.1f} ms/step, layouts applied live: "
               f"{[(a['from_step'], a['moves']) for a in res['applied']]}", flush=True)
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Spawning the ranks of an EP run: N processes (multiprocessing "spawn"), torch.distributed over gloo on a
 free loopback port, each running worker.run_rank; their result files are read back when all have ended.
 A rank that fails takes the others down (terminate, by their own process handles) and raises here with its
-traceback."""
+traceback; the ranks die with the launcher, SIGKILL included (demo.children.die_with)."""
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import socket
 import tempfile
 import time
@@ -35,8 +36,8 @@ def launch(cfg: EPConfig, result_dir: str | Path | None = None, timeout_s: float
     out.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=run_rank, args=(rank, cfg, port, str(out)), name=f"ep-rank{rank}", daemon=False)
-             for rank in range(cfg.ranks)]
+    procs = [ctx.Process(target=run_rank, args=(rank, cfg, port, str(out), os.getpid()), name=f"ep-rank{rank}",
+                         daemon=False) for rank in range(cfg.ranks)]
     for proc in procs:
         proc.start()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s

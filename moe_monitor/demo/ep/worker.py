@@ -57,9 +57,14 @@ def initial_layout(cfg: EPConfig, num_layers: int, num_experts: int) -> np.ndarr
     return np.tile(np.arange(num_experts, dtype=np.int64), (num_layers, 1))
 
 
-def run_rank(rank: int, cfg: EPConfig, port: int, result_dir: str) -> None:
+def run_rank(rank: int, cfg: EPConfig, port: int, result_dir: str, parent_pid: int | None = None) -> None:
     """Entry point of a spawned rank: writes rank{r}.json (summary) and, with save_outputs, rank{r}.pt; on a
-    failure rank{r}.error (the traceback) and a non-zero exit."""
+    failure rank{r}.error (the traceback) and a non-zero exit. parent_pid: the launcher, which this rank dies
+    with (SIGKILL included)."""
+    if parent_pid is not None:
+        from moe_monitor.demo.children import die_with
+
+        die_with(parent_pid)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     warnings.filterwarnings("ignore", category=UserWarning)
     out = Path(result_dir)
