@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,6 +77,14 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     """The dashboard here, the engine (a real vLLM in .venv-engines, or the EP runtime's ranks) in its own
     processes, publishing to the same Redis."""
     secret_file, apply = apply_setting(args.run) if args.engine == "ep" else (None, None)  # Apply: its own run
+    try:
+        return _serve(args, redis_url, stop, secret_file, apply)
+    finally:
+        if secret_file is not None:  # the secret and its folder do not outlive the demo
+            shutil.rmtree(os.path.dirname(secret_file), ignore_errors=True)
+
+
+def _serve(args, redis_url: str, stop: threading.Event, secret_file: str | None, apply: dict | None) -> int:
     cmd = engine_command(args, redis_url, secret_file)
     if cmd is None:
         return 2
@@ -88,6 +97,10 @@ def serve_engine(args, redis_url: str, stop: threading.Event) -> int:
     if dashboard is not None:
         print(f"demo: dashboard on http://127.0.0.1:{args.port} (run {args.run!r} appears once the engine is up)",
               flush=True)
+    if secret_file is not None:
+        print(f"demo: apply a layout from the command line (the secret lasts as long as the demo):\n"
+              f"  moe-monitor apply --redis {redis_url} --run {args.run} --layout planned.json "
+              f"--secret-file {secret_file} --wait-s 60", flush=True)
     try:
         while engine.poll() is None and not stop.is_set() and (dashboard is None or dashboard.poll() is None):
             time.sleep(0.5)
@@ -109,11 +122,13 @@ def run_demo(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     redis = dashboard = monitor = None
+    redis_dir = ""
     try:
         redis_url = args.redis
         if not redis_url:
             from moe_monitor.demo.localredis import RedisServer
-            redis = RedisServer(tempfile.mkdtemp(prefix="moe-demo-redis-"), own_session=True)
+            redis_dir = tempfile.mkdtemp(prefix="moe-demo-redis-")
+            redis = RedisServer(redis_dir, own_session=True)
             redis_url = redis.url
             print(f"demo: private redis-server on {redis_url}", flush=True)
         if args.engine != "transformers":
@@ -144,5 +159,6 @@ def run_demo(args: argparse.Namespace) -> int:
             dashboard.wait(10)
         if redis is not None:
             redis.stop()
+            shutil.rmtree(redis_dir, ignore_errors=True)
     return 0
 
