@@ -158,3 +158,10 @@ def test_a_monitor_takes_the_engines_publisher_numbering():
     for bad in ({"rank": 1}, {"rank": 4, "world_size": 4}, {"rank": -1, "world_size": 2}, {"scope": "all"}):
         with pytest.raises(ValueError):
             MonitorOptions(**bad)
+
+
+def test_fp8_quantized_experts_weigh_one_byte():
+    from moe_monitor.collectors.vllm.rules import weight_bytes
+
+    assert weight_bytes("fp8", 2) == 1 and weight_bytes("FBGEMM_FP8", 2) == 1
+    assert weight_bytes(None, 2) == 2 and weight_bytes("awq", 2) == 2 and weight_bytes("", 4) == 4

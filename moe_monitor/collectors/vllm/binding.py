@@ -30,6 +30,7 @@ from .rules import (
     publishing_rule,
     run_name_for,
     step_facts,
+    weight_bytes,
 )
 
 log = logging.getLogger("vllm.moe_monitor")
@@ -137,7 +138,8 @@ class RunnerBinding:
             run=settings.run or run_name_for(str(model_name)), layer_names=[name for name, _ in layers],
             model_name=str(model_name), hidden_size=int(moe[0].hidden_dim),
             moe_intermediate_size=int(getattr(text_config, "moe_intermediate_size", 0) or moe[0].intermediate_size),
-            dtype_bytes=int(model.dtype.itemsize), **options)
+            dtype_bytes=weight_bytes(getattr(model, "quantization", None), int(model.dtype.itemsize)),
+            act_dtype_bytes=int(model.dtype.itemsize), **options)
         scheduler = config.scheduler_config
         capture_max = getattr(config.compilation_config, "max_cudagraph_capture_size", None) or 0
         self.gate_T = torch.zeros(2 * max(int(scheduler.max_num_batched_tokens), int(capture_max), 1),

@@ -2,7 +2,8 @@
 
 Used by the package's register() and by binding.RunnerBinding: the settings from the environment
 (settings_from_env), which ranks publish under which numbering (publishing_rule), what a step holds
-(step_facts), which rows of a router's topk_ids [N, K] are this rank's tokens (local_span), and the plugin's
+(step_facts), which rows of a router's topk_ids [N, K] are this rank's tokens (local_span), the bytes of an
+expert weight under the model's quantization (weight_bytes), and the plugin's
 factor of vLLM's compile-cache key (graph_key, bind_cache_key). docs/vllm-parallel.md gives the parallel
 layouts these rules follow; docs/collectors.md the settings and why the compile-cache factor exists.
 """
@@ -65,6 +66,15 @@ def settings_from_env(env: Mapping[str, str]) -> PluginSettings:
     if trace:
         options["trace_path"] = trace
     return PluginSettings(url, run, options)
+
+
+FP8_QUANTIZATIONS = ("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors-fp8", "ptpc_fp8")  # 1-byte weights
+
+
+def weight_bytes(quantization: str | None, dtype_bytes: int) -> int:
+    """Bytes per expert weight for the cost model: 1 under an fp8 quantization (vLLM's model_config.quantization;
+    the model dtype then names the activations'), else the model dtype's."""
+    return 1 if (quantization or "").lower() in FP8_QUANTIZATIONS else int(dtype_bytes)
 
 
 def run_name_for(model_name: str) -> str:
