@@ -33,9 +33,15 @@ def _timing(run: str, step: int, rank: int, layer_s: float, instance: str = "") 
 
 
 def fill_run(url: str, run: str, steps: int = 20, timings: bool = True, instance: str = "i0",
-             layer_s=lambda step: 1e-3 * (1 + step % 3)) -> core.Redis:
+             layer_s=lambda step: 1e-3 * (1 + step % 3), follow_load: bool = False) -> core.Redis:
+    """A run of synthfill steps and (timings) their layer times: layer_s(step), or (follow_load) 1 ms + 1 us per
+    token of the step's busiest GPUs (each layer's, summed over layers; contiguous layout)."""
     client = core.connect(url, timeout_s=2.0)
-    synthfill.fill(client, run, steps=steps, num_layers=L, num_experts=E, gpus=G, world_size=R, instance=instance)
+    counts_T = synthfill.fill(client, run, steps=steps, num_layers=L, num_experts=E, gpus=G, world_size=R,
+                              instance=instance)
+    if follow_load:
+        busiest_T = [float(c.reshape(L, G, E // G).sum(-1).max(-1).sum()) for c in counts_T]
+        layer_s = lambda step: 1e-3 + 1e-6 * busiest_T[step]  # noqa: E731
     if timings:
         pipe = client.pipeline()
         for step in range(steps):
@@ -63,10 +69,19 @@ def test_time_page_with_timings(redis_url, monkeypatch):
     assert metrics["dispatch / layer time"] == "10.0%" and metrics["combine / layer time"] == "10.0%"
     assert metrics["achieved overlap"] == "0.000"  # layer = dispatch + compute + combine + 40 %: nothing hidden
     assert any("clipped to [0, 1]" in c.value for c in at.caption)
-    assert any("Straggler bound on measurements" in md.value and "R²" in md.value for md in at.markdown)
+    # layer times that cycle with the step, not the load: no line, and the page says why
+    assert not any("Straggler bound on measurements" in md.value for md in at.markdown)
+    assert any("do not explain the MoE time here (R² = " in c.value for c in at.caption)
     at.selectbox(key="time_layer").set_value(1).run()
     assert not at.exception and len(at.get("plotly_chart")) == 5
     assert not at.error
+
+
+def test_a_line_of_time_on_load_only_when_it_explains_the_time(redis_url, monkeypatch):
+    fill_run(redis_url, "follows", follow_load=True)
+    at = app(redis_url, monkeypatch, "page_files/time.py")
+    line = next(md.value for md in at.markdown if "Straggler bound on measurements" in md.value)
+    assert "2.000 µs per token of max GPU load + 2.000 ms, R² = 1.000" in line   # 1 us + 1 ms in each of 2 layers
 
 
 def test_time_page_without_timings_is_one_line(redis_url, monkeypatch):

@@ -14,6 +14,8 @@ from moe_monitor.dashboard.views import timeline
 from moe_monitor.dashboard.views.common import PageData, caption, poll_and_analyse
 from moe_monitor.dashboard.views.session import REFRESH_S
 
+MIN_FIT_R2 = 0.3  # a line of MoE time on the busiest GPU's tokens is reported only when it explains this much
+
 NO_TIMINGS = ("no layer timings: this run has no all-to-all (one process) or its engine does not time its "
               "layers")
 MEAN = "mean over layers"
@@ -89,9 +91,13 @@ def render(current: PageData) -> None:
     moe_s_T = timing.step_moe_time(view.layer_TRL)
     fit = timing.fit_line(load_T, moe_s_T)
     st.plotly_chart(time_figures.time_vs_load(load_T, moe_s_T, fit, view.step_T), key="time_vs_load")
-    if np.isfinite(fit.slope):
+    if np.isfinite(fit.slope) and fit.r2 >= MIN_FIT_R2:
         st.markdown(f"**Straggler bound on measurements:** MoE time ≈ {fit.slope * 1e6:.3f} µs per token of max GPU "
                     f"load + {fit.intercept * 1e3:.3f} ms, R² = {format_number(fit.r2)} over {fit.n} steps. GPU "
                     "load under the layout in force at each step, replicas sharing an expert's tokens evenly.")
+    elif np.isfinite(fit.slope):
+        st.caption(f"The busiest GPU's tokens do not explain the MoE time here (R² = {format_number(fit.r2)} over "
+                   f"{fit.n} steps, below {MIN_FIT_R2}): no line is given. Where weight reads bound the experts, "
+                   "time follows active experts more than tokens (the Overview's time figures).")
     else:
         st.caption(f"Too few timed steps with different loads for a line ({fit.n}).")
