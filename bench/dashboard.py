@@ -9,7 +9,8 @@ repeats and the figure payload per tick (bytes of the figures' JSON summed), plu
 (the first poll reading the whole 600-step backlog). Then, side by side on two more runs with the same
 traffic, overview ticks of a run whose engine rebalanced mid-window (a core.LayoutRecord in force from the
 middle of the window: the tick it arrives recomputes the rows from that step, the next ones only the new
-rows) against ticks of a run without layout changes.
+rows) against ticks of a run without layout changes; and overview ticks of a run priced in time (its metadata
+names a GPU profile) against the same traffic in tokens only.
 
     python -m bench.dashboard [--repeats 30] [--steps 600] [--layers 58] [--experts 256]
 """
@@ -33,6 +34,7 @@ from moe_monitor import core
 from moe_monitor.core.loadmodel import weighted_loads
 from moe_monitor.dashboard.analytics.balance import step_vs_window
 from moe_monitor.dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
+from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures import load as load_figures
@@ -98,23 +100,55 @@ def page_figures(page: str, watched: WatchedRun, snap) -> list:
 
 
 def tick(page: str, watched: WatchedRun) -> int:
-    """One server-side tick of a page; returns the figure payload in bytes."""
+    """One server-side tick of a page (in time where the run's metadata gives a cost model, as the pages do);
+    returns the figure payload in bytes."""
     watched.tick()
     window = watched.window
-    layout = resolve_layout(watched.source.meta(), window.num_layers, window.num_experts, watched.world_size,
+    meta = watched.source.meta()
+    layout = resolve_layout(meta, window.num_layers, window.num_experts, watched.world_size,
                             changes=watched.layouts.changes, at_step=window.newest_step)
-    snap = analyse(window, layout, "both", None)
+    model, note = time_model_for(meta, layout.gpus, layout.nodes, watched.gpus.names())
+    snap = analyse(window, layout, "both", None, time_model=model, time_note=note)
     # what st.plotly_chart does with each figure: to a dict, then plotly.io.to_json
     return sum(len(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
                for fig in page_figures(page, watched, snap))
 
 
-def run_meta(run: str, layers: int, experts: int, gpus: int) -> core.RunMeta:
-    """DeepSeek-V3-shaped metadata, contiguous layout."""
+def run_meta(run: str, layers: int, experts: int, gpus: int, gpu_profile: str = "") -> core.RunMeta:
+    """DeepSeek-V3-shaped metadata, contiguous layout; gpu_profile: a GPU the pages price time for ("": none,
+    figures in tokens)."""
     return core.RunMeta(run=run, model_name="deepseek-v3-shaped", layer_names=[f"layers.{i + 3}.mlp" for i in
                         range(layers)], num_experts=experts, top_k=8, hidden_size=7168, moe_intermediate_size=2048,
                         dtype_bytes=2, layout=core.Layout(gpus=gpus, nodes=max(1, gpus // 8),
-                                                          physical_to_logical_map=core.contiguous_layout(layers, experts)))
+                                                          physical_to_logical_map=core.contiguous_layout(layers, experts)),
+                        gpu_profile=gpu_profile)
+
+
+def in_time(client, url: str, args, gpus: int) -> None:
+    """Overview ticks side by side, alternating, on two runs with the same traffic: one whose metadata names a
+    GPU profile (the first line in time: per-row predicted times, the verdict), one in tokens only."""
+    writers, watched = {}, {}
+    for name, profile in (("tokens", ""), ("time", "H100 SXM")):
+        run = f"{RUN}-{name}"
+        client.set(core.meta_key(run), core.encode_meta(run_meta(run, args.layers, args.experts, gpus, profile)))
+        writers[name] = Writer(client, args.layers, args.experts, run=run)
+        writers[name].write(args.steps)
+        watched[name] = WatchedRun(RedisSource(client, url, run, args.steps), args.steps)
+        started = time.perf_counter()
+        tick("overview", watched[name])
+        if name == "time":
+            cold_ms = (time.perf_counter() - started) * 1e3
+    times_ms: dict[str, list[float]] = {"tokens": [], "time": []}
+    for _ in range(args.repeats):
+        for name in times_ms:
+            writers[name].write(NEW_STEPS_PER_TICK)
+            started = time.perf_counter()
+            tick("overview", watched[name])
+            times_ms[name].append((time.perf_counter() - started) * 1e3)
+    tokens, timed = statistics.median(times_ms["tokens"]), statistics.median(times_ms["time"])
+    print(f"side by side: an overview tick in time (H100 SXM profile: {NEW_STEPS_PER_TICK} new rows priced, the "
+          f"verdict over the window) {timed:.1f} ms against {tokens:.1f} ms in tokens only (ratio "
+          f"{timed / tokens:.2f}); the first tick in time, pricing the whole window, {cold_ms:.0f} ms")
 
 
 def rebalance(client, url: str, args, gpus: int) -> None:
@@ -192,6 +226,7 @@ def main() -> None:
         print(f"side by side: GPU loads of the whole window recomputed {full:.1f} ms; a whole overview tick, "
               f"which recomputes only the new rows, {tick_ms:.1f} ms (ratio {full / tick_ms:.2f})")
         rebalance(client, url, args, gpus)
+        in_time(client, url, args, gpus)
         exporter = RunExporter(client, url, [RUN], args.steps)
         exporter.poll()
         registry = CollectorRegistry()
