@@ -20,16 +20,9 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 from moe_monitor.dashboard.serve import streamlit_command
 from moe_monitor.demo.children import start_child
-
-# The model the tiny one stands in for, in the run's metadata: the cost model prices DeepSeek-V3's experts (FP8
-# weights, BF16 activations) on H100s, so the Overview's figures in time are "predicted for H100 SXM, ..."
-IMITATED_SIZES: dict[str, Any] = {"hidden_size": 7168, "moe_intermediate_size": 2048, "expert_matrices": 3, "dtype_bytes": 1,
-                  "act_dtype_bytes": 2}
-GPU_PROFILE = "H100 SXM"
 
 
 def start_dashboard(port: int, redis_url: str, apply: dict[str, str] | None = None) -> subprocess.Popen:
@@ -116,7 +109,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """The demo until Ctrl-C, SIGTERM or --seconds; args as `moe-monitor demo` parses them."""
     warnings.filterwarnings("ignore", category=UserWarning)
     from moe_monitor.collectors import attach
-    from moe_monitor.demo.model import build_model
+    from moe_monitor.demo.model import GPU_PROFILE, IMITATED_SIZES, build_model
     from moe_monitor.demo.traffic import DriftingTraffic, steps_forever
 
     stop = threading.Event()

@@ -41,7 +41,7 @@ def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop,
     import torch
 
     from moe_monitor.collectors import ExpertLoadMonitor
-    from moe_monitor.demo.model import build_model
+    from moe_monitor.demo.model import GPU_PROFILE, IMITATED_SIZES, build_model
     from moe_monitor.demo.traffic import DriftingTraffic
 
     torch.set_num_threads(1)
@@ -60,9 +60,8 @@ def serve_node(args: argparse.Namespace, ranks: list[int], start_s: float, stop,
     config = model.config
     monitors = [ExpertLoadMonitor(len(experts), config.n_routed_experts, config.num_experts_per_tok,
                                   redis_url=args.redis, run=args.run, layer_names=[name for name, _ in experts],
-                                  model_name=config.name_or_path, hidden_size=config.hidden_size,
-                                  moe_intermediate_size=config.moe_intermediate_size, dtype_bytes=2,
-                                  gpus=GPUS, nodes=NODES, rank=rank, world_size=args.ranks, nvml=False)
+                                  model_name=config.name_or_path, gpus=GPUS, nodes=NODES, rank=rank,
+                                  world_size=args.ranks, nvml=False, gpu_profile=GPU_PROFILE, **IMITATED_SIZES)
                 for rank in ranks]
     seqs = args.seqs_per_rank
     generator = torch.Generator().manual_seed(ranks[0])

@@ -30,6 +30,8 @@ def test_the_fleet_publishes_every_rank_of_every_step_and_the_aggregator_sums_th
                                 "--seconds", "200"], capture_output=True, text=True, timeout=240)
         assert fleet.returncode == 0, fleet.stderr[-2000:]
         client = core.connect(redis_url, timeout_s=2.0)
+        meta = core.decode_meta(client.get(core.meta_key("fleet")))  # priced as the model it stands in for
+        assert (meta.hidden_size, meta.dtype_bytes, meta.gpu_profile) == (7168, 1, "H100 SXM")
         state_key = core.aggregator_key("fleet") + ":state"
 
         def written() -> int:
