@@ -17,7 +17,7 @@ from moe_monitor.core.dispatch import DISPATCH_POLICIES
 from .common import add_json, guarded, print_json
 from .planner import _cost_flags, token_cost
 from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, read_live, read_trace
-from .timeflags import hint, model_dims, run_profile, time_lines
+from .timeflags import args_time_model, hint, time_lines
 
 
 def register(sub) -> None:
@@ -48,7 +48,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from moe_monitor.core.costmodel import time_model
     from moe_monitor.planner.diagnose import diagnose
     from moe_monitor.planner.io import load_layout
     check_source_flags(args)
@@ -73,9 +72,7 @@ def run(args: argparse.Namespace) -> int:
     redundant = args.redundant if args.redundant is not None else int(layout.shape[1] - E)
     if redundant == 0:
         notes.append("the re-plans get no redundant slots (pass --redundant R)")
-    nodes = args.nodes if args.nodes is not None else (
-        src.meta.layout.nodes if src.meta is not None and src.meta.layout.gpus == gpus else None)
-    model = time_model(model_dims(args, src.meta), run_profile(args, src.meta, src.device_names), gpus, nodes)
+    model = args_time_model(args, src.meta, gpus, src.device_names)
     result = diagnose(counts, layout, gpus, redundant, every=args.every, dispatch=args.dispatch, cost=token_cost(args),
                       hot_experts=args.hot_experts, notes=notes, max_moves=args.max_moves, time_model=model,
                       time_hint=hint(model if isinstance(model, list) else []))

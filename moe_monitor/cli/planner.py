@@ -17,7 +17,7 @@ from moe_monitor.planner.api import plan
 from moe_monitor.planner.io import load_counts, load_layout, write_json
 
 from .common import add_json, guarded, print_json
-from .timeflags import add_dims_flags, add_profile_flags, model_dims, run_profile
+from .timeflags import add_dims_flags, add_profile_flags, args_time_model
 
 
 def register(sub) -> None:
@@ -148,16 +148,12 @@ def _run(args) -> dict:
 
 
 def _time_model(args):
-    """The TimeModel of --objective time: the dimensions from the flags, else the trace's metadata; the profile
-    from --gpu-profile, else the metadata's; nodes: core.costmodel.default_nodes. ValueError naming what is
-    missing."""
-    from moe_monitor.core.costmodel import time_model
-
+    """The TimeModel of --objective time (cli.timeflags.args_time_model on the trace's metadata); ValueError
+    naming what is missing."""
     from .stepsource import trace_meta
     from .timeflags import hint
 
-    meta = trace_meta(args.load)
-    found = time_model(model_dims(args, meta), run_profile(args, meta), args.gpus)
+    found = args_time_model(args, trace_meta(args.load), args.gpus)
     if isinstance(found, list):
         raise ValueError(f"--objective time: {', '.join(found)}: {hint(found)}")
     return found
@@ -187,13 +183,11 @@ def _cost_flags(p: argparse.ArgumentParser, dims_default: str = "the trace's, el
 def _cost(args, gpus: int):
     """The advisor's CostModel: in predicted time when the dimensions (flags, else the trace's metadata) and a GPU
     profile (--gpu-profile, else the trace's) are known; else token-slots (token_cost)."""
-    from moe_monitor.core.costmodel import time_model
     from moe_monitor.planner.simulate import CostModel
 
     from .stepsource import trace_meta
 
-    meta = trace_meta(args.trace)
-    found = time_model(model_dims(args, meta), run_profile(args, meta), gpus)
+    found = args_time_model(args, trace_meta(args.trace), gpus)
     if not isinstance(found, list):
         return CostModel.in_time(found, link_gbps=args.link_gbps, step_seconds=args.step_seconds)
     return token_cost(args)

@@ -17,7 +17,7 @@ from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
 from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, load_steps, read_live, trace_meta
-from .timeflags import add_dims_flags, add_profile_flags, hint, model_dims, run_profile, time_lines
+from .timeflags import add_dims_flags, add_profile_flags, args_time_model, hint, time_lines
 
 
 def register(sub) -> None:
@@ -63,7 +63,6 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
 
 
 def score(args: argparse.Namespace) -> int:
-    from moe_monitor.core.costmodel import time_model
     from moe_monitor.planner.io import load_layout
     check_source_flags(args)
     if args.redis is not None:
@@ -81,10 +80,7 @@ def score(args: argparse.Namespace) -> int:
         raise ValueError(f"run {args.run!r} does not say its GPUs: give --gpus G")
     if args.layout is not None:
         layout = load_layout(args.layout)
-    nodes = args.nodes if args.nodes is not None else (
-        meta.layout.nodes if meta is not None and meta.layout.gpus == gpus else None)
-    model = time_model(model_dims(args, meta), run_profile(args, meta, names), gpus, nodes)
-    payload = score_payload(counts, layout, gpus, args.dispatch, model)
+    payload = score_payload(counts, layout, gpus, args.dispatch, args_time_model(args, meta, gpus, names))
     if args.json:
         print_json(payload)
     else:

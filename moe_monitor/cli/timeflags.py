@@ -88,6 +88,16 @@ def model_dims(args: argparse.Namespace, meta: core.RunMeta | None) -> ModelDims
                      float(act))
 
 
+def args_time_model(args: argparse.Namespace, meta: core.RunMeta | None, gpus: int,
+                    device_names=()) -> costmodel.TimeModel | list[str]:
+    """The TimeModel the flags and the run's metadata give (core.costmodel.time_model: dimensions from
+    model_dims, the profile from run_profile; nodes: --nodes, else the run's layout's when it is for these GPUs,
+    else the profile's default), or the reasons there is none."""
+    nodes = getattr(args, "nodes", None)
+    return costmodel.time_model(model_dims(args, meta), run_profile(args, meta, device_names), gpus,
+                                costmodel.run_nodes(meta, gpus) if nodes is None else nodes)
+
+
 def hint(missing: list[str]) -> str:
     return "; ".join(DIMS_HINT if reason == costmodel.NO_DIMS else PROFILE_HINT for reason in missing)
 

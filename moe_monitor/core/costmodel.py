@@ -58,8 +58,8 @@ class ModelDims:
         when hidden or expert size is unknown (0)."""
         if not (meta.hidden_size and meta.moe_intermediate_size and meta.dtype_bytes):
             return None
-        return cls(meta.hidden_size, meta.moe_intermediate_size, getattr(meta, "expert_matrices", 3) or 3,
-                   float(meta.dtype_bytes), float(getattr(meta, "act_dtype_bytes", 0) or meta.dtype_bytes))
+        return cls(meta.hidden_size, meta.moe_intermediate_size, meta.expert_matrices, float(meta.dtype_bytes),
+                   float(meta.act_dtype_bytes or meta.dtype_bytes))
 
 
 def _dtype(width: float) -> str:
@@ -145,13 +145,18 @@ class TimeModel:
 def run_profile(meta, device_names=()) -> GpuProfile | None:
     """The GPU profile of a run: its metadata's gpu_profile, else the first of its GPUs' NVML names the table
     knows (core.hardware.profile_for_device), else None."""
-    declared = getattr(meta, "gpu_profile", "") if meta is not None else ""
+    declared = "" if meta is None else meta.gpu_profile
     if declared:
         try:
             return find_profile(declared)
         except ValueError:
             return None
     return next((p for p in map(profile_for_device, device_names) if p is not None), None)
+
+
+def run_nodes(meta, gpus: int) -> int | None:
+    """The nodes the run's layout puts `gpus` GPUs on (None: no metadata, or its layout is for other GPUs)."""
+    return meta.layout.nodes if meta is not None and meta.layout.gpus == gpus else None
 
 
 def default_nodes(gpus: int, profile: GpuProfile) -> int:
@@ -179,8 +184,8 @@ class ReducedTimes:
     slowest and the mean GPU, busiest_TL (int64) the slowest; weights_excess_TL / flops_excess_TL /
     comm_excess_TL its memory-bound, compute-bound and all-to-all seconds over the mean GPU's; flops_busiest_TL its
     compute-bound seconds; active_busiest_TL / active_mean_TL / active_max_TL active slots; tokens_busiest_TL /
-    tokens_mean_TL tokens; memory_bound_TL active slots on GPUs below the ridge (NaN: no ridge given);
-    gpu_s_TG seconds summed over layers per GPU. The step window keeps these per row, not the [T, L, G] times."""
+    tokens_mean_TL tokens; memory_bound_TL active slots on GPUs below the ridge (NaN: no ridge given); gpus G.
+    The step window keeps these per row, not the [T, L, G] times."""
 
     slowest_TL: np.ndarray
     mean_TL: np.ndarray
@@ -195,16 +200,16 @@ class ReducedTimes:
     tokens_busiest_TL: np.ndarray
     tokens_mean_TL: np.ndarray
     memory_bound_TL: np.ndarray
-    gpu_s_TG: np.ndarray
+    gpus: int
 
     FIELDS_TL = ("slowest_TL", "mean_TL", "busiest_TL", "weights_excess_TL", "flops_excess_TL", "comm_excess_TL",
                  "flops_busiest_TL", "active_busiest_TL", "active_mean_TL", "active_max_TL", "tokens_busiest_TL",
                  "tokens_mean_TL", "memory_bound_TL")
 
     def layer(self, layer: int) -> ReducedTimes:
-        """The same steps, one layer ([T, 1] each; gpu_s_TG, summed over every layer, unchanged)."""
+        """The same steps, one layer ([T, 1] each)."""
         return ReducedTimes(**{name: getattr(self, name)[:, layer:layer + 1] for name in self.FIELDS_TL},
-                            gpu_s_TG=self.gpu_s_TG)
+                            gpus=self.gpus)
 
 
 def reduce_times(times: GpuTimes, ridge_tokens: float | None = None) -> ReducedTimes:
@@ -229,7 +234,7 @@ def reduce_times(times: GpuTimes, ridge_tokens: float | None = None) -> ReducedT
         comm_excess_TL=at_busiest(times.comm_s) - times.comm_s.mean(-1), flops_busiest_TL=flops_busiest,
         active_busiest_TL=at_busiest(active), active_mean_TL=active.mean(-1), active_max_TL=active.max(-1),
         tokens_busiest_TL=at_busiest(tokens), tokens_mean_TL=tokens.mean(-1), memory_bound_TL=memory_bound,
-        gpu_s_TG=total.sum(-2))
+        gpus=int(total.shape[-1]))
 
 
 @dataclass(frozen=True)
@@ -262,7 +267,7 @@ def verdict(times: GpuTimes, speed_G=None, ridge_tokens: float | None = None) ->
 def verdict_of(reduced: ReducedTimes, speed_G=None) -> Verdict:
     """The Verdict of reduced times; speed_G: each GPU's compute speed (None: 1), the "slow GPU" cause."""
     steps = max(reduced.slowest_TL.shape[0], 1)
-    gpus = reduced.gpu_s_TG.shape[-1]
+    gpus = reduced.gpus
     lost_TL = np.maximum(reduced.slowest_TL - reduced.mean_TL, 0.0)
     moe_s, lost_s = float(reduced.slowest_TL.sum()) / steps, float(lost_TL.sum()) / steps
     active = float(reduced.active_mean_TL.sum()) * gpus

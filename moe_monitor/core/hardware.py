@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from .fields import _json
 
@@ -133,11 +133,6 @@ def check_profile(profile: GpuProfile) -> GpuProfile:
         raise ValueError(f"GPU profile {profile.name!r}: overhead_s >= 0, tile_tokens and gpus_per_node >= 1, "
                          "overlap true or false")
     return profile
-
-
-def scaled(profile: GpuProfile, flops: float = 1.0, hbm: float = 1.0) -> GpuProfile:
-    """profile with its achieved FLOP/s and HBM bandwidth multiplied (a throttled clock, a what-if)."""
-    return replace(profile, flops_share=profile.flops_share * flops, hbm_share=profile.hbm_share * hbm)
 
 
 def _float(value) -> float:

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from moe_monitor import core
 from moe_monitor.core import membudget
-from moe_monitor.core.costmodel import ModelDims, TimeModel
+from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.core.hardware import GpuProfile
 from moe_monitor.core.steptails import StepTails
 from moe_monitor.dashboard.analytics.timecost import time_model_for
@@ -224,17 +224,10 @@ class RunExporter:
         return families, gpu_series_dropped(snapshots, self.max_gpus)
 
     def _time_model(self, watched: WatchedRun, layout: ResolvedLayout) -> tuple[TimeModel | None, str]:
-        """(the run's cost model, "") as the Overview finds it (dashboard.analytics.timecost.time_model_for) or
-        on --gpu-profile; (None, what is missing) otherwise."""
-        meta = watched.source.meta()
-        if self.gpu_profile is None:
-            return time_model_for(meta, layout.gpus, layout.nodes, watched.gpus.names())
-        try:
-            dims = None if meta is None else ModelDims.from_meta(meta)
-            return (None, "no model dimensions") if dims is None else (
-                TimeModel(dims, self.gpu_profile, layout.gpus, layout.nodes), "")
-        except ValueError as exc:
-            return None, f"no time model ({exc})"
+        """(the run's cost model, "") as the Overview finds it (dashboard.analytics.timecost.time_model_for), on
+        --gpu-profile when given; (None, what is missing) otherwise."""
+        return time_model_for(watched.source.meta(), layout.gpus, layout.nodes, watched.gpus.names(),
+                              self.gpu_profile)
 
     def _advise(self, name: str, watched: WatchedRun, layout: ResolvedLayout,
                 snapshots: dict[str, Snapshot | None]) -> None:

@@ -312,7 +312,7 @@ def diagnose(counts_TLE, current_LP, gpus: int, redundant: int, every: int = DEF
              time_hint: str = "") -> Diagnosis:
     """The whole diagnosis (module docstring) of counts [T, L, E] (T > every) under the layout in force
     current_LP [L, P] on ``gpus`` GPUs; re-plans get ``redundant`` slots per layer. time_model: a core.costmodel
-    TimeModel, or the reasons there is none (planner.timecost.time_model; None: no `time`). ValueError on bad
+    TimeModel, or the reasons there is none (core.costmodel.time_model; None: no `time`). ValueError on bad
     input."""
     c = as_counts(counts_TLE, "counts", ndim=(3,))
     every = whole_number(every, "every", 1)

@@ -13,7 +13,7 @@ from moe_monitor import core
 from moe_monitor.cli import main
 from moe_monitor.core.costmodel import ModelDims, TimeModel, verdict
 from moe_monitor.core.dispatch import DispatchModel
-from moe_monitor.core.hardware import GPU_PROFILES, scaled
+from moe_monitor.core.hardware import GPU_PROFILES
 from moe_monitor.traces.publish import RunPublisher
 from tests.support.livesteps import RANKS, E, G, L, counts_steps
 
@@ -75,7 +75,8 @@ def test_without_dimensions_or_profile_the_json_says_why(tmp_path, capsys, flags
 
 def test_a_profile_json_and_nodes(tmp_path, capsys):
     src, _ = decode_counts(tmp_path / "c.json")
-    fitted = dataclasses.replace(scaled(GPU_PROFILES["H100 SXM"], hbm=0.5), name="my H100", source="calibrated")
+    h100 = GPU_PROFILES["H100 SXM"]
+    fitted = dataclasses.replace(h100, hbm_share=h100.hbm_share * 0.5, name="my H100", source="calibrated")
     (tmp_path / "p.json").write_text(fitted.to_json())
     rc, out, err = cli(capsys, "score", "--load", src, "--gpus", 4, "--gpu-profile", tmp_path / "p.json", *DSV3,
                        "--nodes", 2, "--json")

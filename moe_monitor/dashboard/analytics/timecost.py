@@ -12,21 +12,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor.core.costmodel import ModelDims, ReducedTimes, TimeModel, Verdict, run_profile, time_model
+from moe_monitor.core.hardware import GpuProfile
 
 MODEL_NOTE = "declare hidden_size, moe_intermediate_size and dtype_bytes in the run's metadata"
 FOREIGN_SHARE = 0.01  # predicted MoE time below this share of the measured step: the profile is not the hardware's
 PROFILE_NOTE = "set gpu_profile in the collector's options, or run where NVML names a GPU of the table"
 
 
-def time_model_for(meta, gpus: int, nodes: int, device_names: Iterable[str] = ()) -> tuple[TimeModel | None, str]:
-    """(the run's TimeModel, "") from its metadata's dimensions and its GPU profile (core.costmodel.run_profile);
-    (None, what is missing: "no model dimensions", "no GPU profile", "no model dimensions/GPU profile")."""
+def time_model_for(meta, gpus: int, nodes: int | None, device_names: Iterable[str] = (),
+                   profile: GpuProfile | None = None) -> tuple[TimeModel | None, str]:
+    """(the run's TimeModel, "") from its metadata's dimensions and a GPU profile (given, else
+    core.costmodel.run_profile); (None, what is missing: "no model dimensions", "no GPU profile", "no model
+    dimensions/GPU profile")."""
     try:
         dims = None if meta is None else ModelDims.from_meta(meta)
     except ValueError:
         dims = None
     try:
-        found = time_model(dims, run_profile(meta, device_names), gpus, nodes)
+        found = time_model(dims, profile or run_profile(meta, device_names), gpus, nodes)
     except ValueError as exc:
         return None, f"no time model ({exc})"
     if isinstance(found, list):

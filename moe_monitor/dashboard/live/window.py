@@ -117,24 +117,24 @@ class _TimeCache:
     def empty(cls, model: TimeModel, capacity: int, num_layers: int) -> _TimeCache:
         per_TL = {name: np.zeros((capacity, num_layers), dtype=np.int64 if name == "busiest_TL" else np.float64)
                   for name in ReducedTimes.FIELDS_TL}
-        return cls(model, ReducedTimes(**per_TL, gpu_s_TG=np.zeros((capacity, model.gpus))),
-                   np.full(capacity, -1, dtype=np.int64), np.zeros(capacity, dtype=np.int64))
+        return cls(model, ReducedTimes(**per_TL, gpus=model.gpus), np.full(capacity, -1, dtype=np.int64),
+                   np.zeros(capacity, dtype=np.int64))
 
     def fits(self, model: TimeModel) -> bool:
         old = self.model
         return (old.dims, old.profile, old.gpus, old.nodes) == (model.dims, model.profile, model.gpus, model.nodes)
 
     def update(self, rows: np.ndarray, got: ReducedTimes) -> None:
-        for name in (*ReducedTimes.FIELDS_TL, "gpu_s_TG"):
+        for name in ReducedTimes.FIELDS_TL:
             getattr(self.rows, name)[rows] = getattr(got, name)
 
     def of(self, rows: np.ndarray) -> ReducedTimes:
         return ReducedTimes(**{name: getattr(self.rows, name)[rows] for name in ReducedTimes.FIELDS_TL},
-                        gpu_s_TG=self.rows.gpu_s_TG[rows])
+                            gpus=self.rows.gpus)
 
     @staticmethod
-    def row_bytes(num_layers: int, gpus: int) -> int:
-        return num_layers * len(ReducedTimes.FIELDS_TL) * 8 + gpus * 8 + 16
+    def row_bytes(num_layers: int) -> int:
+        return num_layers * len(ReducedTimes.FIELDS_TL) * 8 + 16
 
 
 @dataclass(frozen=True)
@@ -432,7 +432,7 @@ class StepWindow:
         of rows at a time (never a float copy of the whole ring). None when the budget cannot hold them."""
         slots = np.asarray(slots, dtype=np.int64)
         if self._times is None or not self._times.fits(model):
-            wanted = self.capacity * _TimeCache.row_bytes(self.num_layers, model.gpus)
+            wanted = self.capacity * _TimeCache.row_bytes(self.num_layers)
             if not self._reservation.resize_to(self._held_bytes + self._loads_bytes + wanted):
                 return None
             self._times, self._times_bytes = _TimeCache.empty(model, self.capacity, self.num_layers), wanted

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from moe_monitor.core.costmodel import run_nodes
 from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.whatif.traffic import run_sizes
 from moe_monitor.planner.advisor import DEFAULT_HORIZON, DEFAULT_MAX_MOVES, DEFAULT_WINDOW, Advice, advise_now
@@ -36,8 +37,7 @@ class AdvisedLayout:
 def cost_model(meta: Any, gpus: int, device_names: Iterable[str] = ()) -> CostModel:
     """The advisor's prices: in predicted time (the run's TimeModel, dashboard.analytics.timecost.time_model_for),
     else for the run's expert sizes (hidden, moe_intermediate, dtype bytes) in token-slots."""
-    nodes = meta.layout.nodes if meta is not None and meta.layout.gpus == gpus else 1
-    model, _ = time_model_for(meta, gpus, nodes, device_names)
+    model, _ = time_model_for(meta, gpus, run_nodes(meta, gpus), device_names)
     if model is not None:
         return CostModel.in_time(model)
     hidden, inter, dtype_bytes = run_sizes(meta)[0]
