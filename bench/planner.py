@@ -252,10 +252,9 @@ def time_goal(names, C, layers=16, steps=200):
     H100 SXM profile, round-robin tokens (whole tokens per replica): held-out p99 per layer of the slowest GPU's
     predicted seconds, summed over layers, mean over workloads. bound: the mean GPU under the EPLB layout."""
     from moe_monitor.core.costmodel import ModelDims, TimeModel
-    from moe_monitor.core.dispatch import DispatchModel
     from moe_monitor.core.hardware import GPU_PROFILES
     from moe_monitor.planner.synthetic import sampled_steps
-    from moe_monitor.planner.timeplan import slowest_gpu_s
+    from moe_monitor.planner.timecost import slowest_and_mean_s
 
     dims = ModelDims(7168, 2048, 3, weight_bytes=1.0, act_bytes=2.0)
     print("\ntime objective: decode steps from the real DeepSeek-V3 popularity, R=32, H100 SXM, fp8, round-robin;"
@@ -277,10 +276,9 @@ def time_goal(names, C, layers=16, steps=200):
                 tokens = plan(fit.sum(0), gpus, 32).layout_LP
                 timed = plan(fit.sum(0), gpus, 32, objective="time", steps=fit, time_model=model,
                              dispatch="round_robin").layout_LP
-                p99 = [np.percentile(slowest_gpu_s(held, lay, gpus, model, "round_robin"), 99, axis=0).sum()
-                       for lay in (eplb, tokens, timed)]
-                dispatcher = DispatchModel(eplb, pop.shape[1], gpus, "round_robin")
-                mean_TL = model.gpu_times(dispatcher.slot_loads(held)).total_s.mean(-1)
+                times = [slowest_and_mean_s(held, lay, gpus, "round_robin", model) for lay in (eplb, tokens, timed)]
+                p99 = [np.percentile(slowest_TL, 99, axis=0).sum() for slowest_TL, _ in times]
+                mean_TL = times[0][1]                     # the mean GPU under EPLB's layout
                 figs.append(p99 + [np.percentile(mean_TL, 99, axis=0).sum()])
             e, t, m, b = (np.mean(col) * 1e6 for col in zip(*figs))
             rows.append(m / e)

@@ -26,6 +26,7 @@ from .loads import CHUNK_STEPS
 from .repair import experts_copied
 from .schedule import as_schedule, check_schedule
 from .sizes import DEEPSEEK_V3
+from .timecost import slowest_and_mean_s
 
 __all__ = ["CostModel", "SimResult", "simulate", "straggler_tokens", "DEFAULT_TFLOPS", "DEFAULT_LINK_GBPS"]
 DEFAULT_TFLOPS = 400.0        # effective expert GEMM throughput behind the default seconds_per_token_slot
@@ -95,8 +96,8 @@ class CostModel:
         """float64 [T]: per step, the seconds the other GPUs wait for the busiest (summed over layers)."""
         if self.time_model is None:
             return straggler_tokens(counts_TLE, layout_LP, gpus, dispatch) * self.seconds_per_token_slot
-        total_TL = _slowest_and_mean(counts_TLE, layout_LP, gpus, dispatch, self.time_model)
-        return np.maximum(total_TL[0] - total_TL[1], 0.0).sum(-1)
+        slowest_TL, mean_TL = slowest_and_mean_s(counts_TLE, layout_LP, gpus, dispatch, self.time_model)
+        return np.maximum(slowest_TL - mean_TL, 0.0).sum(-1)
 
     def busiest_seconds(self, counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int,
                         dispatch: str = "even") -> np.ndarray:
@@ -104,19 +105,7 @@ class CostModel:
         if self.time_model is None:
             busiest_tokens = straggler_tokens(counts_TLE, layout_LP, gpus, dispatch) + counts_TLE.sum((1, 2)) / gpus
             return busiest_tokens * self.seconds_per_token_slot
-        return _slowest_and_mean(counts_TLE, layout_LP, gpus, dispatch, self.time_model)[0].sum(-1)
-
-
-def _slowest_and_mean(counts_TLE, layout_LP, gpus: int, dispatch: str, model: TimeModel) -> np.ndarray:
-    """float64 [2, T, L]: the slowest and the mean GPU's predicted seconds per step and layer."""
-    counts = np.asarray(counts_TLE, dtype=np.float64)
-    dispatcher = DispatchModel(layout_LP, counts.shape[2], gpus, dispatch)
-    out = np.empty((2,) + counts.shape[:2])
-    for a in range(0, counts.shape[0], dispatcher.steps_per_chunk):
-        total = model.gpu_times(dispatcher.slot_loads(counts[a:a + dispatcher.steps_per_chunk])).total_s
-        out[0, a:a + dispatcher.steps_per_chunk] = total.max(-1)
-        out[1, a:a + dispatcher.steps_per_chunk] = total.mean(-1)
-    return out
+        return slowest_and_mean_s(counts_TLE, layout_LP, gpus, dispatch, self.time_model)[0].sum(-1)
 
 
 def straggler_tokens(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str = "even") -> np.ndarray:

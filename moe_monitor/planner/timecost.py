@@ -8,6 +8,7 @@ Shapes: T steps, L layers, E experts, P slots, G GPUs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -17,16 +18,34 @@ from moe_monitor.core.dispatch import DispatchModel
 MAX_TIME_CELLS = 1 << 21  # (step, layer, GPU) cells one verdict holds at most: older steps beyond are left out
 
 
+def chunked_times(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str,
+                  model: TimeModel) -> Iterator[tuple[int, GpuTimes]]:
+    """(index of its first step, predicted times [t, L, G]) of counts [T, L, E] under layout_LP [L, P] and a
+    dispatch policy, DispatchModel.steps_per_chunk steps at a time (the slot loads' temporaries stay bounded)."""
+    counts = np.asarray(counts_TLE, dtype=np.float64)
+    dispatch_model = DispatchModel(layout_LP, counts.shape[2], gpus, dispatch)
+    chunk = dispatch_model.steps_per_chunk
+    for a in range(0, counts.shape[0], chunk):
+        yield a, model.gpu_times(dispatch_model.slot_loads(counts[a:a + chunk]))
+
+
+def slowest_and_mean_s(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str,
+                       model: TimeModel) -> np.ndarray:
+    """float64 [2, T, L]: the slowest and the mean GPU's predicted seconds of each step and layer."""
+    out = np.empty((2,) + np.shape(counts_TLE)[:2])
+    for a, times in chunked_times(counts_TLE, layout_LP, gpus, dispatch, model):
+        total = times.total_s
+        out[0, a:a + total.shape[0]], out[1, a:a + total.shape[0]] = total.max(-1), total.mean(-1)
+    return out
+
+
 def gpu_times_of(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, dispatch: str, model: TimeModel,
                  max_cells: int = MAX_TIME_CELLS) -> GpuTimes:
     """Predicted times [T', L, G] of the newest T' = min(T, max_cells // (L x G)) steps of counts [T, L, E]
-    under layout_LP [L, P] and a dispatch policy, DispatchModel.steps_per_chunk steps at a time."""
-    T, L, E = counts_TLE.shape
+    under layout_LP [L, P] and a dispatch policy (chunked_times)."""
+    T, L, _ = counts_TLE.shape
     keep = max(1, min(T, max_cells // max(1, L * gpus)))
-    counts = counts_TLE[T - keep:]
-    dispatch_model = DispatchModel(layout_LP, E, gpus, dispatch)
-    chunk = dispatch_model.steps_per_chunk
-    parts = [model.gpu_times(dispatch_model.slot_loads(counts[a:a + chunk])) for a in range(0, keep, chunk)]
+    parts = [times for _, times in chunked_times(counts_TLE[T - keep:], layout_LP, gpus, dispatch, model)]
     fields = ("weights_s", "flops_s", "comm_s", "active_slots", "tokens")
     joined = {name: np.concatenate([getattr(p, name) for p in parts]) for name in fields}
     return GpuTimes(overhead_s=model.profile.overhead_s, **joined)

@@ -11,30 +11,20 @@ from __future__ import annotations
 import numpy as np
 
 from moe_monitor.core.costmodel import TimeModel
-from moe_monitor.core.dispatch import DispatchModel, check_policy
+from moe_monitor.core.dispatch import check_policy
 
 from .pack import balanced_pack, expand_replicas, layout_from_bins
 from .replicas import refine_all
 from .robust import fit_robust, normalise
 from .tail import SWITCH_MARGIN, sample_steps
+from .timecost import slowest_and_mean_s
 
 SCORE_STEPS = 240   # held-out steps each candidate is scored on
 
 
-def slowest_gpu_s(steps_TLE, layout_LP, gpus: int, model: TimeModel, dispatch: str = "even") -> np.ndarray:
-    """float64 [T, L]: the slowest GPU's predicted seconds per step and layer under ``dispatch``."""
-    counts = np.asarray(steps_TLE, dtype=np.float64)
-    dispatcher = DispatchModel(layout_LP, counts.shape[2], gpus, dispatch)
-    chunk = dispatcher.steps_per_chunk
-    out = np.empty(counts.shape[:2])
-    for a in range(0, counts.shape[0], chunk):
-        out[a:a + chunk] = model.gpu_times(dispatcher.slot_loads(counts[a:a + chunk])).total_s.max(-1)
-    return out
-
-
 def time_p99(steps_TLE, layout_LP, gpus: int, model: TimeModel, dispatch: str = "even") -> np.ndarray:
     """Per layer, p99 over the steps of the slowest GPU's predicted seconds, float64 [L]."""
-    return np.percentile(slowest_gpu_s(steps_TLE, layout_LP, gpus, model, dispatch), 99, axis=0)
+    return np.percentile(slowest_and_mean_s(steps_TLE, layout_LP, gpus, dispatch, model)[0], 99, axis=0)
 
 
 def replica_seconds(steps_TLE, replicas_LE: np.ndarray, model: TimeModel) -> np.ndarray:

@@ -13,7 +13,8 @@ from moe_monitor.core.dispatch import DispatchModel
 from moe_monitor.core.hardware import GPU_PROFILES
 from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.planner.api import plan
-from moe_monitor.planner.timeplan import replicate_for_time, slowest_gpu_s, time_p99
+from moe_monitor.planner.timecost import slowest_and_mean_s
+from moe_monitor.planner.timeplan import replicate_for_time, time_p99
 
 DSV3_FP8 = ModelDims(7168, 2048, 3, weight_bytes=1.0, act_bytes=2.0)
 
@@ -60,10 +61,11 @@ def test_slowest_gpu_follows_the_dispatch_policy():
     model = TimeModel(DSV3_FP8, GPU_PROFILES["H100 SXM"], gpus=2)
     layout_LP = np.array([[0, 1, 0, 2]])            # expert 0 on both GPUs
     steps = np.array([[[1.0, 3.0, 3.0]]])           # round robin: expert 0's one token goes to GPU 0 only
-    even, rr = slowest_gpu_s(steps, layout_LP, 2, model), slowest_gpu_s(steps, layout_LP, 2, model, "round_robin")
+    even = slowest_and_mean_s(steps, layout_LP, 2, "even", model)[0]
+    rr = slowest_and_mean_s(steps, layout_LP, 2, "round_robin", model)[0]
     assert replica_counts(layout_LP, 3)[0].tolist() == [2, 1, 1]
     assert rr[0, 0] == pytest.approx(even[0, 0], rel=0.01)   # both: two weight reads on the busiest GPU
-    assert slowest_gpu_s(np.array([[[0.0, 3.0, 3.0]]]), layout_LP, 2, model)[0, 0] < even[0, 0]
+    assert slowest_and_mean_s(np.array([[[0.0, 3.0, 3.0]]]), layout_LP, 2, "even", model)[0][0, 0] < even[0, 0]
 
 
 def test_plan_cli_objective_time_on_a_trace(tmp_path):
