@@ -7,7 +7,7 @@ Input: changes ascending by time, each (time_s, layout_LP [L, P], gpus, source) 
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,9 +47,11 @@ class RebalanceHealth:
 
 
 def rebalance_health(changes: Sequence[tuple[float, np.ndarray, int, str]], now_s: float,
-                     initial_LP: np.ndarray | None = None, expert_bytes: float | None = None) -> RebalanceHealth:
+                     initial_LP: np.ndarray | None = None, expert_bytes: float | None = None,
+                     copied: Callable[[np.ndarray, np.ndarray, int], int] = experts_copied) -> RebalanceHealth:
     """RebalanceHealth of `changes` (module docstring) at now_s; initial_LP: the layout before the first change
-    (its moves are counted from it; None: the first change moves nothing)."""
+    (its moves are counted from it; None: the first change moves nothing); copied: experts_copied, or a reader's
+    memo of it (a live page asks every tick, about 1 ms a change at DeepSeek-V3's shape)."""
     kept = sorted((c for c in changes if c[3] in ("engine", "apply")), key=lambda c: c[0])
     if not kept:
         return RebalanceHealth(0, None, 0.0, None, 0, 0.0 if expert_bytes else None, False)
@@ -58,7 +60,7 @@ def rebalance_health(changes: Sequence[tuple[float, np.ndarray, int, str]], now_
     before = initial_LP
     for _, layout_LP, gpus, _ in kept:
         if before is not None and np.shape(before) == np.shape(layout_LP):
-            moves += experts_copied(before, layout_LP, gpus)
+            moves += copied(before, layout_LP, gpus)
         before = layout_LP
     last_age_s = max(0.0, now_s - float(times_C[-1]))
     interval_s = float(np.median(np.diff(times_C))) if times_C.size > 1 else None

@@ -238,3 +238,24 @@ def test_overview_and_devices_pages_show_the_change(redis_server, redis_url, mon
     specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
     marked = [s for s in specs if any(shape.get("x0") == 4 for shape in s["layout"].get("shapes", []))]
     assert len(marked) == 4 and all("engine rebalanced" in json.dumps(s["layout"]["annotations"]) for s in marked)
+
+
+def test_rebalance_health_of_a_run_counts_each_pair_of_layouts_once():
+    """rebalances_of (every tick of a live page) gives planner.rebalances' figures, remembering the expert
+    copies of each (before, after) pair of layouts by their keys instead of recounting them."""
+    from moe_monitor.dashboard.live import layout_changes
+    from moe_monitor.planner.rebalances import rebalance_health
+
+    meta = core.RunMeta(run="r", model_name="m", layer_names=["l0"], num_experts=4, top_k=1, hidden_size=8,
+                        moe_intermediate_size=4, dtype_bytes=1, layout=core.Layout(2, 1, [[0, 1, 2, 3]]))
+    swapped, back = np.array([[0, 2, 1, 3]]), np.array([[0, 1, 2, 3]])
+    changes = [LayoutChange.of(5, swapped, 2, 1, "engine", time_s=100.0),
+               LayoutChange.of(9, back, 2, 1, "engine", time_s=700.0)]
+    layout_changes._MOVES_MEMO.clear()
+    got = layout_changes.rebalances_of(meta, changes, now_s=1000.0)
+    want = rebalance_health([(c.time_s, c.layout_LP, c.gpus, c.source) for c in changes], 1000.0,
+                            initial_LP=np.array(meta.layout.physical_to_logical_map), expert_bytes=3 * 8 * 4)
+    assert got == want and got.moves == 4 and got.bytes_moved == 4 * 96
+    assert len(layout_changes._MOVES_MEMO) == 2               # initial -> swapped, swapped -> back
+    assert layout_changes.rebalances_of(meta, changes, now_s=1000.0) == got and len(layout_changes._MOVES_MEMO) == 2
+    assert layout_changes.rebalances_of(meta, [], now_s=1000.0).changes == 0

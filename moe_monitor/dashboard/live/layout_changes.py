@@ -17,6 +17,7 @@ from moe_monitor import core
 from moe_monitor.core.costmodel import ModelDims
 from moe_monitor.core.timeline import MAX_CHANGES, LayoutTimeline, index_in_force
 from moe_monitor.planner.rebalances import RebalanceHealth, rebalance_health
+from moe_monitor.planner.repair import experts_copied
 
 MARK_LABELS = {"engine": "engine rebalanced", "apply": "layout applied", "initial": "initial layout"}
 
@@ -141,13 +142,33 @@ def change_marks(schedule: Sequence[LayoutChange], step_T: np.ndarray, time_s_T:
     return marks
 
 
+MAX_MOVES_MEMO = 4096  # (layout before, layout after, GPUs) pairs whose expert copies rebalances_of remembers
+_MOVES_MEMO: dict[tuple[int, int, int], int] = {}
+
+
 def rebalances_of(meta: core.RunMeta | None, changes: Sequence[LayoutChange], now_s: float) -> RebalanceHealth:
-    """A run's layout changes as rebalance health (planner.rebalances): moves counted from the metadata's layout,
-    bytes from the expert's size where the metadata has the model's dimensions."""
+    """A run's layout changes as rebalance health (planner.rebalances): moves counted from the metadata's layout
+    (each pair of layouts once: by their keys), bytes from the expert's size where the metadata has the model's
+    dimensions. Every tick of a live page asks; without changes it costs nothing."""
+    timed = [(c.time_s, c.layout_LP, c.gpus, c.source) for c in changes if c.time_s is not None]
+    if not timed:
+        return rebalance_health([], now_s)
     initial = None if meta is None else np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64)
+    key_of = {id(c.layout_LP): c.key for c in changes}
+    if initial is not None:
+        key_of[id(initial)] = hash(initial.tobytes())
+
+    def copied(before: np.ndarray, after: np.ndarray, gpus: int) -> int:
+        pair = (key_of[id(before)], key_of[id(after)], gpus)
+        if pair not in _MOVES_MEMO:
+            if len(_MOVES_MEMO) >= MAX_MOVES_MEMO:
+                _MOVES_MEMO.clear()
+            _MOVES_MEMO[pair] = experts_copied(before, after, gpus)
+        return _MOVES_MEMO[pair]
+
     try:
         dims = None if meta is None else ModelDims.from_meta(meta)
     except ValueError:
         dims = None
-    timed = [(c.time_s, c.layout_LP, c.gpus, c.source) for c in changes if c.time_s is not None]
-    return rebalance_health(timed, now_s, initial_LP=initial, expert_bytes=None if dims is None else dims.expert_bytes)
+    return rebalance_health(timed, now_s, initial_LP=initial, expert_bytes=None if dims is None else dims.expert_bytes,
+                            copied=copied)

@@ -9,7 +9,13 @@ import numpy as np
 import streamlit as st
 
 from moe_monitor.dashboard.analytics import alerts
-from moe_monitor.dashboard.analytics.timecost import balanced_backend_line, layer_regimes, router_skew, tokens_headline
+from moe_monitor.dashboard.analytics.timecost import (
+    BALANCED_BY_CONSTRUCTION,
+    balanced_backend_line,
+    layer_regimes,
+    router_skew,
+    tokens_headline,
+)
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_duration, format_number
@@ -104,11 +110,10 @@ def time_lines(snap: Snapshot) -> None:
 def balanced_backend(current: PageData) -> None:
     """For an engine that evens GPU tokens by construction: the router's skew and active experts instead."""
     meta, snap = current.watched.source.meta(), current.snapshot
+    if meta is None or meta.dispatch not in BALANCED_BY_CONSTRUCTION:  # nothing to say: compute nothing
+        return
     regimes = None if snap.time is None else layer_regimes(snap.time.rows, snap.time.model.ridge_tokens)
-    line = balanced_backend_line("even" if meta is None else meta.dispatch, router_skew(snap.view.counts_sum_LE),
-                                 regimes)
-    if line:
-        st.info(line)
+    st.info(balanced_backend_line(meta.dispatch, router_skew(snap.view.counts_sum_LE), regimes))
 
 
 def per_step_section(snap: Snapshot) -> None:
