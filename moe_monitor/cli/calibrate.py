@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,10 +23,16 @@ from moe_monitor.core.assembly import Assembler
 from moe_monitor.core.calibration import Calibration, FitErrors, errors, fit_profile
 from moe_monitor.core.costmodel import ModelDims, TimeModel
 from moe_monitor.core.dispatch import DispatchModel
+from moe_monitor.core.timeline import index_in_force
+from moe_monitor.dashboard.sources.base import Batch
+from moe_monitor.dashboard.sources.streams import StreamEntry, pages_after
 
 from .common import add_json, guarded, print_json
 
+T = TypeVar("T")
 PAGE = 1000           # stream entries read at once
+READ_ENTRIES = 1 << 22  # entries of one stream read at most
+READ_BYTES = 1 << 30  # bytes of one stream read at most (the collectors' memory budget bounds a stream below it)
 DEFAULT_HOLDOUT = 0.25
 DEFAULT_WARMUP = 2    # first steps of the run left out (first-use allocations, lazily stacked weights)
 
@@ -66,21 +73,25 @@ class RunTimings:
     notes: list[str]
 
 
-def _entries(client, key: str) -> Iterator[list[tuple[bytes, dict]]]:
-    """A stream's entries, oldest first, a page at a time."""
-    after = b"-"
-    while True:
-        page = client.xrange(key, min=after, count=PAGE)
-        if not page:
-            return
-        yield page
-        last = page[-1][0]
-        after = b"(" + (last if isinstance(last, bytes) else str(last).encode())
-        if len(page) < PAGE:
-            return
+def _pages(client, key: str, notes: list[str]) -> Iterator[list[StreamEntry]]:
+    """A stream's entries, oldest first, in pages (dashboard.sources.streams.pages_after), READ_BYTES at most."""
+    flags = Batch()
+    yield from pages_after(client, key, b"0-0", READ_ENTRIES, PAGE, READ_BYTES, flags)
+    if flags.more:
+        notes.append(f"{key}: the oldest {READ_BYTES >> 20} MiB read, the newer entries left out")
 
 
-def _assembled(client, run: str, meta: core.RunMeta) -> dict[int, np.ndarray]:
+def _records(client, key: str, decode: Callable[[dict], T], notes: list[str]) -> Iterator[T]:
+    """The records of a stream that decode (the others are skipped)."""
+    for page in _pages(client, key, notes):
+        for _, fields in page:
+            try:
+                yield decode(fields)
+            except ValueError:
+                continue
+
+
+def _assembled(client, run: str, meta: core.RunMeta, notes: list[str]) -> dict[int, np.ndarray]:
     """step -> counts int64 [L, E] summed over every rank (core.assembly.Assembler); steps some rank is missing
     from are left out. The aggregator's sums when the run's raw step stream is empty."""
     assembler = Assembler(run)
@@ -93,7 +104,7 @@ def _assembled(client, run: str, meta: core.RunMeta) -> dict[int, np.ndarray]:
             if not rec.late and not rec.missing_ranks.size:
                 found[rec.step] = rec.counts_LE
 
-    for page in _entries(client, core.steps_key(run)):
+    for page in _pages(client, core.steps_key(run), notes):
         decoded = []
         for entry_id, fields in page:
             try:
@@ -103,14 +114,9 @@ def _assembled(client, run: str, meta: core.RunMeta) -> dict[int, np.ndarray]:
         keep(assembler.add(decoded, 0.0))
     keep(assembler.due(math.inf))
     if not found:
-        for page in _entries(client, core.aggregate_key(run)):
-            for _, fields in page:
-                try:
-                    agg = core.decode_aggregate(fields)
-                except ValueError:
-                    continue
-                if not agg.missing_ranks.size:
-                    found[agg.step] = agg.counts_LE
+        for agg in _records(client, core.aggregate_key(run), core.decode_aggregate, notes):
+            if not agg.missing_ranks.size:
+                found[agg.step] = agg.counts_LE
     return found
 
 
@@ -129,33 +135,25 @@ def read_run(url: str, run: str, steps: int = 0, warmup: int = 0) -> RunTimings:
         if dims is None:
             raise ValueError(f"run {run!r} does not declare its model dimensions (hidden_size, "
                              "moe_intermediate_size, dtype_bytes): nothing to fit")
-        timings: dict[tuple[int, int], core.TimingRecord] = {}
-        for page in _entries(client, core.timings_key(run)):
-            for _, fields in page:
-                try:
-                    rec = core.decode_timing(fields)
-                except ValueError:
-                    continue
-                timings[(rec.step, rec.rank)] = rec
+        notes: list[str] = []
+        timings = {(rec.step, rec.rank): rec for rec in _records(client, core.timings_key(run), core.decode_timing,
+                                                                 notes)}
         if not timings:
             raise ValueError(f"run {run!r} has no timing records (the collectors' time_layer): nothing to fit")
-        counts = _assembled(client, run, meta)
-        layouts = []
-        for page in _entries(client, core.layouts_key(run)):
-            for _, fields in page:
-                try:
-                    layouts.append(core.decode_layout_record(fields).validate(
-                        meta.num_experts, num_layers=len(meta.layer_names)))
-                except ValueError:
-                    continue
+        counts = _assembled(client, run, meta, notes)
+
+        def checked_layout(fields: dict) -> core.LayoutRecord:
+            return core.decode_layout_record(fields).validate(meta.num_experts, num_layers=len(meta.layer_names))
+
+        layouts = list(_records(client, core.layouts_key(run), checked_layout, notes))
     finally:
         client.close()
-    return _tables(meta, dims, counts, timings, layouts, steps, warmup)
+    return _tables(meta, dims, counts, timings, layouts, steps, warmup, notes)
 
 
 def _tables(meta: core.RunMeta, dims: ModelDims, counts: dict[int, np.ndarray],
             timings: dict[tuple[int, int], core.TimingRecord], layouts: list[core.LayoutRecord], steps: int,
-            warmup: int) -> RunTimings:
+            warmup: int, notes: list[str]) -> RunTimings:
     run, L, E, gpus = meta.run, len(meta.layer_names), meta.num_experts, meta.layout.gpus
     if meta.world_size != gpus:
         raise ValueError(f"run {run!r} has {meta.world_size} ranks on {gpus} GPUs: calibrate needs one rank per "
@@ -169,14 +167,13 @@ def _tables(meta: core.RunMeta, dims: ModelDims, counts: dict[int, np.ndarray],
     if not used:
         raise ValueError(f"run {run!r} has no step with counts from every rank and timing records of {L} layers")
     changes = sorted((rec for rec in layouts if rec.gpus == gpus), key=lambda rec: rec.step)
-    notes = [f"{len(layouts) - len(changes)} layout change(s) on other GPU counts left out"] if len(
-        changes) < len(layouts) else []
+    if len(changes) < len(layouts):
+        notes = notes + [f"{len(layouts) - len(changes)} layout change(s) on other GPU counts left out"]
     initial = np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64)
-    groups: dict[bytes, tuple[np.ndarray, list[int]]] = {}  # layout in force -> its steps
-    for step in used:
-        in_force = [rec for rec in changes if rec.step <= step]
-        layout = np.asarray(in_force[-1].layout_LP, dtype=np.int64) if in_force else initial
-        groups.setdefault(layout.tobytes() + bytes(str(layout.shape), "ascii"), (layout, []))[1].append(step)
+    groups: dict[int, tuple[np.ndarray, list[int]]] = {}  # index of the change in force (-1: the metadata's) -> steps
+    for step, k in zip(used, index_in_force([rec.step for rec in changes], used).tolist()):
+        layout = initial if k < 0 else np.asarray(changes[k].layout_LP, dtype=np.int64)
+        groups.setdefault(k, (layout, []))[1].append(step)
     slots = max(layout.shape[1] // gpus for layout, _ in groups.values())
     tokens: dict[int, np.ndarray] = {}
     for layout, group in groups.values():
