@@ -5,12 +5,11 @@ of active experts x tokens per expert, bf16 and fp8 where the device has it, wit
 torch._scaled_grouped_mm) where it runs, else a loop of matmuls (the output says which); L2 flushed before each
 timed call. Predicted: core.costmodel.TimeModel.slot_seconds summed over the active experts, for the device's
 profile (core.hardware.profile_for_device). Reports median and p90 |predicted - measured| / measured, and a
-profile fitted to the cells (core.calibration.fit_profile) when that module is there. JSON lines on stdout and
+profile fitted to the cells (core.calibration.fit_profile). JSON lines on stdout and
 in $OUT/gpu_costmodel.jsonl when OUT is set. Without CUDA it says "no CUDA device" and skips.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from moe_monitor.core import calibration
 from moe_monitor.core.costmodel import ModelDims, TimeModel
 from moe_monitor.core.hardware import GpuProfile, profile_for_device
 
@@ -147,12 +147,7 @@ def time_cell(gemms: ExpertGemms, experts: int, tokens: int, reps: int = REPS) -
 
 def fit_cells(dims: ModelDims, cells: list[dict], tile_tokens: int, name: str) -> dict:
     """A profile fitted to the measured cells by core.calibration.fit_profile (its errors on those cells, and on
-    the odd cells when fitted on the even ones); {"fit": None, "why": ...} when the module is not there."""
-    try:
-        calibration = importlib.import_module("moe_monitor.core.calibration")
-        fit = calibration.fit_profile
-    except (ImportError, AttributeError) as exc:
-        return {"fit": None, "why": f"core.calibration.fit_profile not available ({exc})"}
+    the odd cells when fitted on the even ones); {"fit": None, "why": ...} when the cells do not fit."""
     width = max(c["experts"] for c in cells)
 
     def arrays(chosen: list[dict]):
@@ -162,10 +157,10 @@ def fit_cells(dims: ModelDims, cells: list[dict], tile_tokens: int, name: str) -
         return tokens, np.array([[[c["measured_s"]]] for c in chosen])
 
     try:
-        whole = fit(dims, *arrays(cells), 1, name=name, tile_tokens=tile_tokens)
+        whole = calibration.fit_profile(dims, *arrays(cells), 1, name=name, tile_tokens=tile_tokens)
         out: dict = {"fit": json.loads(whole.profile.to_json()), "fitted_errors": whole.errors.to_json()}
         if len(cells) >= 4:
-            half = fit(dims, *arrays(cells[::2]), 1, name=name, tile_tokens=tile_tokens)
+            half = calibration.fit_profile(dims, *arrays(cells[::2]), 1, name=name, tile_tokens=tile_tokens)
             held = calibration.errors(TimeModel(dims, half.profile, 1), *arrays(cells[1::2]))
             out["held_out_errors"] = held.to_json()
         return out
