@@ -213,7 +213,7 @@ class RunExporter:
                                     watched.world_size, changes=watched.layouts.changes, at_step=window.newest_step)
             model, note = self._time_model(watched, layout)
             snapshots = {phase: analyse(window, layout, phase, time_model=model, time_note=note) for phase in PHASES}
-            self._advise(name, watched, layout, snapshots)
+            self._advise(name, watched, layout, snapshots, model)
             tails = _tails(name, watched, layout, snapshots)
         held = self._advice.get(name)
         rebalance = rebalances_of(watched.source.meta(), watched.layouts.changes, time.time())
@@ -230,9 +230,10 @@ class RunExporter:
                               self.gpu_profile)
 
     def _advise(self, name: str, watched: WatchedRun, layout: ResolvedLayout,
-                snapshots: dict[str, Snapshot | None]) -> None:
+                snapshots: dict[str, Snapshot | None], model: TimeModel | None = None) -> None:
         """The rebalance advisor's decision per phase on the window (a repair each: at most every
-        advise_every_s seconds per run; the gauges keep the last decision in between)."""
+        advise_every_s seconds per run; the gauges keep the last decision in between), priced in time under the
+        run's model when it has one."""
         held = self._advice.get(name)
         now = time.monotonic()
         if held is not None and now - held[0] < self.advise_every_s or watched.window is None:
@@ -259,7 +260,7 @@ class RunExporter:
                 continue
             try:
                 decisions[phase] = advice_on_window(window.counts_CLE[snap.view.slots_T[-steps:]], layout.layout_LP,
-                                                    layout.gpus, meta)
+                                                    layout.gpus, meta, model)
             except ValueError as exc:  # a layout the advisor cannot read: no gauge for that phase
                 log.warning("run %s phase %s: no rebalance advice: %s", name, phase, exc)
                 decisions[phase] = None

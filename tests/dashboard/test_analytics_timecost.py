@@ -175,3 +175,11 @@ def test_whatif_in_time_prices_both_layouts_on_the_score_window():
     assert after.moe_s < before.moe_s and after.lost_s < before.lost_s and before.gpu == 0
     line = time_line(before, after, model.label())
     assert line.startswith("In time (predicted for H100 SXM") and f"{before.moe_s * 1e3:.3f} ms per step" in line
+
+
+def test_the_whatif_advisor_prices_in_the_pages_time_model():
+    from moe_monitor.dashboard.whatif.advice import cost_model
+
+    model = TimeModel(DSV3, H100, 2)
+    assert cost_model(_meta(), model).pricing.startswith("predicted time for H100 SXM")
+    assert cost_model(_meta()).pricing.startswith("token-slots")

@@ -1,6 +1,6 @@
 """The rebalance advisor on the window in view, pure (no Streamlit): planner.advisor.advise_now on the newest
 steps of the window (at most planner.advisor.DEFAULT_WINDOW, the look-back the advisor's schedule uses),
-priced in predicted time where the run's cost model is known (planner.simulate.CostModel.in_time), else with
+priced in predicted time under the run's cost model where its pages have one (CostModel.in_time), else with
 the run's own expert sizes in token-slots (CostModel.for_sizes; DeepSeek-V3's where the metadata leaves them
 unknown), and the one line the What-if page shows.
 
@@ -8,14 +8,12 @@ Shape legend (README, Conventions): T steps, L layers, E logical experts, P slot
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from moe_monitor.core.costmodel import run_nodes
-from moe_monitor.dashboard.analytics.timecost import time_model_for
+from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.dashboard.whatif.traffic import run_sizes
 from moe_monitor.planner.advisor import DEFAULT_HORIZON, DEFAULT_MAX_MOVES, DEFAULT_WINDOW, Advice, advise_now
 from moe_monitor.planner.simulate import CostModel
@@ -34,23 +32,23 @@ class AdvisedLayout:
         return f"rebalance advisor ({self.moves} moves from the layout in force)"
 
 
-def cost_model(meta: Any, gpus: int, device_names: Iterable[str] = ()) -> CostModel:
-    """The advisor's prices: in predicted time (the run's TimeModel, dashboard.analytics.timecost.time_model_for),
-    else for the run's expert sizes (hidden, moe_intermediate, dtype bytes) in token-slots."""
-    model, _ = time_model_for(meta, gpus, run_nodes(meta, gpus), device_names)
-    if model is not None:
-        return CostModel.in_time(model)
+def cost_model(meta: Any, time_model: TimeModel | None = None) -> CostModel:
+    """The advisor's prices: in predicted time under the run's TimeModel (the one its pages use), else for the
+    run's expert sizes (hidden, moe_intermediate, dtype bytes) in token-slots."""
+    if time_model is not None:
+        return CostModel.in_time(time_model)
     hidden, inter, dtype_bytes = run_sizes(meta)[0]
     return CostModel.for_sizes(hidden, inter, dtype_bytes)
 
 
 def advice_on_window(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, meta: Any,
-                     horizon_steps: int = DEFAULT_HORIZON, max_moves: int = DEFAULT_MAX_MOVES,
-                     max_steps: int = DEFAULT_WINDOW) -> Advice:
-    """advise_now on the newest max_steps of counts [T, L, E] (oldest first) from the layout in force [L, P]."""
+                     time_model: TimeModel | None = None, horizon_steps: int = DEFAULT_HORIZON,
+                     max_moves: int = DEFAULT_MAX_MOVES, max_steps: int = DEFAULT_WINDOW) -> Advice:
+    """advise_now on the newest max_steps of counts [T, L, E] (oldest first) from the layout in force [L, P],
+    priced by cost_model(meta, time_model)."""
     counts_TLE = np.asarray(counts_TLE)
-    return advise_now(counts_TLE[-max_steps:], layout_LP, gpus, cost_model(meta, gpus), horizon_steps=horizon_steps,
-                      max_moves=max_moves)
+    return advise_now(counts_TLE[-max_steps:], layout_LP, gpus, cost_model(meta, time_model),
+                      horizon_steps=horizon_steps, max_moves=max_moves)
 
 
 def advice_line(advice: Advice) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from moe_monitor.dashboard.analytics.timecost import time_model_for
+from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.dashboard.figures import whatif as whatif_figures
 from moe_monitor.dashboard.figures.units import format_bytes, format_number
 from moe_monitor.dashboard.live.layout import ResolvedLayout
@@ -133,7 +133,8 @@ def _advisor(current: PageData, layout: ResolvedLayout, window: StepWindow, view
     with st.spinner("rebalance advisor ..."):
         try:
             advice = cached(state.advice, data_key, lambda: whatif_advice.advice_on_window(
-                window.counts_CLE[view.slots_T], layout.layout_LP, layout.gpus, meta), max_entries=4)
+                window.counts_CLE[view.slots_T], layout.layout_LP, layout.gpus, meta, _time_model(current)),
+                max_entries=4)
         except ValueError as exc:
             st.caption(f"Rebalance advisor: no decision on this window ({exc}).")
             return None
@@ -184,14 +185,21 @@ def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_s
                    + (f" — {sizes_note}" if sizes_note else ""))
 
 
+def _time_model(current: PageData) -> TimeModel | None:
+    """The run's cost model as this tick's snapshot found it (None: figures in tokens)."""
+    snap = current.snapshot
+    return None if snap is None or snap.time is None else snap.time.model
+
+
 def _time(current: PageData, layout: ResolvedLayout, session: edits.EditSession,
           data: whatif_score.WhatIfData) -> None:
     """The what-if in time (core.costmodel), when the run's cost model is known; else why not, in one line."""
-    meta = current.watched.source.meta()
-    model, note = time_model_for(meta, layout.gpus, layout.nodes, current.watched.gpus.names())
+    model = _time_model(current)
     if model is None:
-        st.caption(f"In time: {note} (the figures above are in tokens).")
+        note = current.snapshot.time_note if current.snapshot is not None else ""
+        st.caption(f"In time: {note or 'no time model'} (the figures above are in tokens).")
         return
+    meta = current.watched.source.meta()
     dispatch = getattr(meta, "dispatch", "even") if meta is not None else "even"
     before, after = whatif_score.in_time(layout.layout_LP, session.current, data.score_TLE, layout.gpus, model,
                                          dispatch)
