@@ -58,3 +58,22 @@ def test_prediction_and_errors():
     q = gpu_costmodel.quantiles([0.1, -0.2, 0.3, -0.05])
     assert q["cells"] == 4 and q["median_rel_error"] == pytest.approx(0.15) and q["median_signed_error"] == 0.025
     assert gpu_costmodel.quantiles([])["median_rel_error"] is None
+
+
+def test_a_crashing_check_is_a_fail_line_and_the_next_one_runs(monkeypatch, capsys):
+    from scripts import gpu_check
+    monkeypatch.setattr(gpu_check, "FAILED", [])
+    ran = []
+
+    def cuda_graph():
+        raise RuntimeError("no graphs here")
+
+    def after():
+        ran.append("after")
+        gpu_check.check("after", True)
+
+    for run in (cuda_graph, after):
+        gpu_check.section(run)
+    out = capsys.readouterr().out
+    assert "FAIL cuda_graph RuntimeError: no graphs here" in out and "PASS after" in out
+    assert ran == ["after"] and gpu_check.FAILED == ["cuda_graph"]
