@@ -3,8 +3,8 @@
 Times one MoE layer's expert GEMMs (gate+up, then down: DeepSeek-V3's hidden 7168, expert width 2048) for a grid
 of active experts x tokens per expert, bf16 and fp8 where the device has it, with torch._grouped_mm (fp8:
 torch._scaled_grouped_mm) where it runs, else a loop of matmuls (the output says which); L2 flushed before each
-timed call. Predicted: core.costmodel.TimeModel.slot_seconds summed over the active experts, for the device's
-profile (core.hardware.profile_for_device). Reports median and p90 |predicted - measured| / measured, and a
+timed call. Predicted: core.costmodel.TimeModel.slot_seconds summed over the active experts plus the per-layer
+overhead, for the device's profile (core.hardware.profile_for_device). Reports median and p90 |predicted - measured| / measured, and a
 profile fitted to the cells (core.calibration.fit_profile). JSON lines on stdout and
 in $OUT/gpu_costmodel.jsonl when OUT is set. Without CUDA it says "no CUDA device" and skips.
 """
@@ -43,9 +43,10 @@ def quantiles(rel_errors: list[float]) -> dict:
 
 
 def predicted_s(model: TimeModel, experts: int, tokens: int) -> float:
-    """The cost model's seconds of `experts` active experts with `tokens` each on one GPU (GEMMs only)."""
+    """The cost model's seconds of one GPU's layer holding `experts` active experts with `tokens` each and no
+    all-to-all: their slots plus the profile's fixed per-layer overhead (launches are part of what it covers)."""
     seconds, _ = model.slot_seconds(np.full((1, 1, experts), float(tokens)))
-    return float(seconds.sum())
+    return float(seconds.sum()) + model.profile.overhead_s
 
 
 class ExpertGemms:

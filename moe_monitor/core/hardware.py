@@ -15,7 +15,7 @@ from .fields import _json
 
 ACHIEVED_FLOPS_SHARE = 0.7  # of peak dense FLOP/s a tuned grouped GEMM reaches at large M
 ACHIEVED_HBM_SHARE = 0.8    # of spec HBM bandwidth a streaming weight read reaches
-DEFAULT_OVERHEAD_S = 30e-6  # per MoE layer: router, permute, launches, all-to-all latency (not bytes)
+DEFAULT_OVERHEAD_S = 45e-6  # per MoE layer: router, permute, launches, all-to-all latency (not bytes; docs/costmodel.md)
 DEFAULT_TILE_TOKENS = 64    # rows of a grouped GEMM's M tile: an expert's tokens are padded up to a multiple
 MAX_PROFILE_BYTES = 64 << 10
 
