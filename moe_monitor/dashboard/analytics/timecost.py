@@ -63,27 +63,27 @@ def headline(verdict: Verdict, model: TimeModel, steps_per_s: float, tokens_per_
                   f"{model.ridge_tokens:,.0f} tokens per expert)")
     if verdict.gpu is None:
         first = (f"{layers} {lose} no time waiting for the busiest GPU: {verdict.why} "
-                 f"({_duration(verdict.moe_s)} per step).")
+                 f"({duration_text(verdict.moe_s)} per step).")
         return TimeHeadline(verdict, first, "", label, 0.0, float("nan"))
     hours = verdict.gpu_hours_per_day(rate, model.gpus)
     per_day = f"{hours:,.1f} GPU-hours a day at this rate" if math.isfinite(hours) else "no step rate yet"
     gpu = verdict.gpu
-    first = (f"{layers} {lose} {_share(verdict.lost_share)} of {their} time waiting for the busiest GPU — "
-             f"{_duration(verdict.lost_s)} per step, {per_day} — GPU {gpu} (node {gpu // max(gpus_per_node, 1)}), "
+    first = (f"{layers} {lose} {share_text(verdict.lost_share)} of {their} time waiting for the busiest GPU — "
+             f"{duration_text(verdict.lost_s)} per step, {per_day} — GPU {gpu} (node {gpu // max(gpus_per_node, 1)}), "
              f"because {verdict.why}.")
     light = f"{layers} would run {verdict.speedup:.2f}× faster if every GPU finished at the mean"
     light_tokens = float("nan")
     step_s = 1.0 / rate if math.isfinite(rate) else float("nan")
     if not scope and math.isfinite(step_s) and verdict.moe_s < FOREIGN_SHARE * step_s:
-        light += (f" (no tokens/s derived: the predicted MoE time, {_duration(verdict.moe_s)} per step, is under "
-                  f"{FOREIGN_SHARE:.0%} of the measured step, {_duration(step_s)}: the steps run on other hardware "
+        light += (f" (no tokens/s derived: the predicted MoE time, {duration_text(verdict.moe_s)} per step, is under "
+                  f"{FOREIGN_SHARE:.0%} of the measured step, {duration_text(step_s)}: the steps run on other hardware "
                   "than the profile's).")
     elif not scope and tokens_per_s > 0 and math.isfinite(step_s) and verdict.lost_s < step_s:
         light_tokens = tokens_per_s * step_s / (step_s - verdict.lost_s)
         light += f": {light_tokens:,.0f} tokens/s against {tokens_per_s:,.0f} measured."
     elif not scope and math.isfinite(step_s):
-        light += (f" (no tokens/s at that speed: the predicted wait, {_duration(verdict.lost_s)}, is longer than "
-                  f"the measured step, {_duration(step_s)}).")
+        light += (f" (no tokens/s at that speed: the predicted wait, {duration_text(verdict.lost_s)}, is longer than "
+                  f"the measured step, {duration_text(step_s)}).")
     else:
         light += "."
     return TimeHeadline(verdict, first, light, label, hours, light_tokens)
@@ -175,7 +175,7 @@ def tokens_headline(note: str, idle_share: float, straggler_gpu: int | None, rat
                     gpus_per_node: int) -> tuple[str, str]:
     """(first line, what would put it in time) when there is no time model: note ("no model dimensions", ...)
     and the token figures (idle share = 1 - balancedness; the straggler's load over the mean)."""
-    idle = "n/a" if not math.isfinite(idle_share) else _share(idle_share)
+    idle = "n/a" if not math.isfinite(idle_share) else share_text(idle_share)
     first = f"{note[:1].upper()}{note[1:]}: figures in tokens — idle share {idle} (1 − balancedness, window mean)"
     if straggler_gpu is not None:
         first += (f"; the busiest GPU, GPU {straggler_gpu} (node {straggler_gpu // max(gpus_per_node, 1)}), "
@@ -184,11 +184,11 @@ def tokens_headline(note: str, idle_share: float, straggler_gpu: int | None, rat
     return first + ".", "For time figures: " + "; ".join(hints or [note]) + "."
 
 
-def _share(share: float) -> str:
+def share_text(share: float) -> str:
     return f"{share:.0%}" if share >= 0.1 else f"{share:.1%}"
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     """1.5 -> '1.50 s', 0.0123 -> '12.3 ms', 4e-5 -> '40 µs'."""
     if seconds >= 1:
         return f"{seconds:.2f} s"

@@ -1,0 +1,155 @@
+"""The Overview's answer, pure: which GPU holds the MoE layers back (or that none does persistently), what it
+costs, why, and what to do, in one sentence; and the per-GPU series its picture marks that GPU on.
+
+In time (a cost model): the GPU the layers wait for longest, and the series is each GPU's share of the wait.
+In tokens (no cost model): the straggler of the window's loads, and the series is each GPU's mean load.
+Thresholds in docs/dashboard.md ("The first screen"). Shape legend: T rows, L layers, E experts, G GPUs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from moe_monitor.core.costmodel import ReducedTimes, Verdict, verdict_of
+from moe_monitor.core.loadmodel import gpu_weights
+from moe_monitor.dashboard.analytics.balance import Straggler
+from moe_monitor.dashboard.analytics.timecost import duration_text, share_text
+
+MIN_RATIO = 1.05         # a token straggler carries at least this times the mean GPU's load ...
+CHANCE_MULTIPLE = 3.0    # ... and is the busiest GPU this many times as often as chance (1/G) would make it
+MIN_LOST_SHARE = 0.02    # in time: waiting under this share of MoE time is no straggler worth naming
+HOT_LISTED = 3           # experts named in the why
+
+
+@dataclass(frozen=True)
+class Hot:
+    """An expert of one layer on a GPU and its share of that GPU's tokens over the window."""
+
+    layer: int
+    expert: int
+    share: float
+
+
+@dataclass(frozen=True)
+class Answer:
+    """gpu: the straggler the picture marks (None: no persistent straggler); sentence: markdown, one line;
+    tone "ok" / "warn" / "bad"; series_G float [G] with its title and unit: what the picture draws."""
+
+    gpu: int | None
+    sentence: str
+    tone: str
+    series_G: np.ndarray
+    series_title: str
+    series_unit: str
+
+
+def fair_share(gpus: int) -> float:
+    """The busiest-share a straggler must reach: CHANCE_MULTIPLE / G, at most one half."""
+    return min(0.5, CHANCE_MULTIPLE / max(gpus, 1))
+
+
+def persistent(straggler: Straggler | None, gpus: int) -> bool:
+    """Whether a token straggler is one: MIN_RATIO times the mean load and busiest at least fair_share(G)."""
+    return (straggler is not None and straggler.ratio_to_mean >= MIN_RATIO
+            and straggler.busiest_share >= fair_share(gpus))
+
+
+def wait_by_gpu(rows: ReducedTimes) -> np.ndarray:
+    """float64 [G]: seconds per row the other GPUs wait for each GPU (slowest minus mean, charged to the slowest
+    of each (row, layer)); they sum to the verdict's lost_s."""
+    lost_TL = np.maximum(rows.slowest_TL - rows.mean_TL, 0.0)
+    steps = max(rows.slowest_TL.shape[0], 1)
+    return np.bincount(rows.busiest_TL.ravel(), weights=lost_TL.ravel(), minlength=rows.gpus)[:rows.gpus] / steps
+
+
+def hottest_on(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int, gpu: int, top: int = HOT_LISTED) -> list[Hot]:
+    """The experts that give GPU `gpu` most of its tokens (counts [L, E] summed over the window, replicas
+    sharing evenly), with their share of its tokens; [] when it has none."""
+    counts_LE = np.asarray(counts_LE, dtype=np.float64)
+    load_LE = counts_LE * gpu_weights(layout_LP, counts_LE.shape[1], gpus)[:, :, gpu]
+    total = float(load_LE.sum())
+    if total <= 0:
+        return []
+    flat = load_LE.ravel()
+    picked = np.argsort(-flat, kind="stable")[:top]
+    return [Hot(int(i // counts_LE.shape[1]), int(i % counts_LE.shape[1]), float(flat[i] / total))
+            for i in picked if flat[i] > 0]
+
+
+def answer(straggler: Straggler | None, gpus: int, gpus_per_node: int, idle_share: float,
+           hot: list[Hot], rows: ReducedTimes | None = None, steps_per_s: float = float("nan"),
+           advice: str = "", time_note: str = "") -> Answer:
+    """The answer of a window: rows, its predicted times (None: in tokens, time_note says why); straggler the
+    window's token straggler; hot the hottest experts of the GPU the answer names (hottest_on); advice the
+    advisor's line ("" while it has none)."""
+    if rows is not None:
+        return _in_time(verdict_of(rows), wait_by_gpu(rows), gpus, gpus_per_node, hot, steps_per_s, advice)
+    return _in_tokens(straggler, gpus, gpus_per_node, idle_share, hot, advice, time_note)
+
+
+def named_gpu(straggler: Straggler | None, gpus: int, rows: ReducedTimes | None) -> int | None:
+    """The GPU an answer would name before its why is known (its hottest experts are computed for it)."""
+    if rows is None:
+        return straggler.gpu if persistent(straggler, gpus) else None
+    verdict = verdict_of(rows)
+    if verdict.gpu is None or verdict.lost_share < MIN_LOST_SHARE:
+        return None
+    wait_G = wait_by_gpu(rows)
+    return verdict.gpu if wait_G[verdict.gpu] >= fair_share(gpus) * wait_G.sum() else None
+
+
+def _in_time(verdict: Verdict, wait_G: np.ndarray, gpus: int, per_node: int, hot: list[Hot], steps_per_s: float,
+             advice: str) -> Answer:
+    hours = verdict.gpu_hours_per_day(steps_per_s, gpus) if steps_per_s > 0 else float("nan")
+    cost = (f"{share_text(verdict.lost_share)} of MoE time waiting — {duration_text(verdict.lost_s)} per step"
+            + (f", {hours:,.1f} GPU-hours a day" if math.isfinite(hours) else ""))
+    title, unit = "Predicted wait for each GPU (ms per step)", "ms per step"
+    series = wait_G * 1e3
+    total = float(wait_G.sum())
+    gpu = verdict.gpu
+    share = float(wait_G[gpu] / total) if gpu is not None and total > 0 else 0.0
+    if gpu is None or verdict.lost_share < MIN_LOST_SHARE or share < fair_share(gpus):
+        spread = "" if gpu is None else f"; no GPU accounts for more than {share_text(float(wait_G.max() / total))} of it"
+        sentence = (f"**No persistent straggler**: the MoE layers lose {cost}{spread}. "
+                    f"{_to_do(advice)}")
+        return Answer(None, sentence, "ok" if verdict.lost_share < 0.1 else "warn", series, title, unit)
+    why = verdict.why + (f"; its hottest experts: {_hot(hot)}" if hot and verdict.cause != "slow GPU" else "")
+    sentence = (f"**{_gpu(gpu, per_node)} holds the MoE layers back**: they lose {cost}, "
+                f"{share_text(share)} of it waiting for this GPU. Why: {why}. {_to_do(advice)}")
+    return Answer(gpu, sentence, "bad" if verdict.lost_share >= 0.1 else "warn", series, title, unit)
+
+
+def _in_tokens(straggler: Straggler | None, gpus: int, per_node: int, idle_share: float, hot: list[Hot],
+               advice: str, time_note: str) -> Answer:
+    idle = "n/a" if not math.isfinite(idle_share) else share_text(idle_share)
+    note = f" (in tokens: {time_note})" if time_note else " (in tokens)"
+    title, unit = "Mean load of each GPU over the window", "tokens per step"
+    if not persistent(straggler, gpus):
+        near = ("" if straggler is None else f"; the busiest, {_gpu(straggler.gpu, per_node)}, carries "
+                f"{straggler.ratio_to_mean:.2f}× the mean and is busiest in {share_text(straggler.busiest_share)} of "
+                f"{straggler.basis}")
+        sentence = (f"**No persistent straggler**{note}: GPUs idle {idle} of the time waiting{near}. "
+                    f"{_to_do(advice)}")
+        return Answer(None, sentence, "ok" if not idle_share >= 0.2 else "warn", np.zeros(0), title, unit)
+    why = f"its hottest experts: {_hot(hot)}" if hot else "it holds more of the routed experts"
+    sentence = (f"**{_gpu(straggler.gpu, per_node)} holds the MoE layers back**{note}: busiest in "
+                f"{share_text(straggler.busiest_share)} of {straggler.basis} at {straggler.ratio_to_mean:.2f}× the "
+                f"mean load; GPUs idle {idle} of the time waiting. Why: {why}. {_to_do(advice)}")
+    return Answer(straggler.gpu, sentence, "bad" if idle_share >= 0.2 else "warn", np.zeros(0), title, unit)
+
+
+def _to_do(advice: str) -> str:
+    if not advice:
+        return "To do: the rebalance advisor is weighing the window."
+    return f"To do: {advice[:1].lower()}{advice[1:]}."
+
+
+def _hot(hot: list[Hot]) -> str:
+    return ", ".join(f"layer {h.layer} expert {h.expert} ({share_text(h.share)} of its tokens)" for h in hot)
+
+
+def _gpu(gpu: int, per_node: int) -> str:
+    return f"GPU {gpu} (node {gpu // max(per_node, 1)})"
+
