@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
-from tests.support.apptest import APP
+from tests.support.apptest import app_test
 
 RUN = "pages-run"
 
@@ -58,7 +58,7 @@ def expected(url: str, run: str, phase: str = "both") -> dict:
 
 def app(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = app_test().run()
     assert not at.exception, at.exception
     return at
 
@@ -74,11 +74,11 @@ def test_overview(filled, monkeypatch):
     assert metric(at, "bad records") == "0"
     assert metric(at, "source") == "ok" and metric(at, "collector errors") == "0"
     assert metric(at, "collector last wrote").endswith("s ago")
-    assert any(f"Straggler: GPU {want['straggler']} " in md.value and "(step, layer) pairs" in md.value
+    assert any(f"Busiest GPU over the window: GPU {want['straggler']} " in md.value and "(step, layer) pairs" in md.value
                for md in at.markdown)
-    assert len(at.get("plotly_chart")) == 1
+    assert len(at.get("plotly_chart")) == 2  # the answer's picture, the latest step's bars
     at.sidebar.selectbox(key="layer_choice").set_value("all layers (sum)").run()
-    assert any(f"Straggler: GPU {want['straggler_sum']} " in md.value and "GPU load of all layers summed" in md.value
+    assert any(f"Busiest GPU over the window: GPU {want['straggler_sum']} " in md.value and "GPU load of all layers summed" in md.value
                for md in at.markdown)
     assert any(f"{want['steps']} steps in window" in c.value for c in at.caption)
     assert not at.error

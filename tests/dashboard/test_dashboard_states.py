@@ -69,5 +69,5 @@ def test_trace_file_source(tmp_path, monkeypatch):
     at.sidebar.selectbox(key="trace_path").set_value(path.name).run()
     assert not at.exception, at.exception
     assert next(m.value for m in at.metric if m.label.startswith("balancedness now")) == f"{6 / 10:.3f}"
-    assert any("Straggler: GPU 0 (node 0)" in md.value for md in at.markdown)
+    assert any("Busiest GPU over the window: GPU 0 (node 0)" in md.value for md in at.markdown)
     assert any("replay finished" in md.value for md in at.markdown)

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
 from moe_monitor.core.steptails import step_tails
-from tests.support.apptest import APP
+from tests.support.apptest import app_test
 from tests.support.synthfill import fill, make_meta
 
 RUN = "tails-run"
@@ -30,7 +30,7 @@ def filled(redis_server):
 
 def _app(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = app_test().run()
     assert not at.exception, at.exception
     return at
 

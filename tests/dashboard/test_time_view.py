@@ -18,7 +18,7 @@ from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.dashboard.views.time import NO_TIMINGS
 from tests.support import synthfill
-from tests.support.apptest import APP
+from tests.support.apptest import app_test
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, G, R = 2, 8, 2, 2
@@ -53,7 +53,7 @@ def fill_run(url: str, run: str, steps: int = 20, timings: bool = True, instance
 
 def app(url: str, monkeypatch, page: str) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = app_test().run()
     assert not at.exception, at.exception
     at.switch_page(page).run()
     assert not at.exception, at.exception

@@ -15,7 +15,7 @@ from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.sources.trace import TraceSource
 from moe_monitor.dashboard.views import timeline
 from tests.support import synthfill
-from tests.support.apptest import APP
+from tests.support.apptest import app_test
 from tests.support.listsource import recording, write_jsonl
 
 WIDTH = 20
@@ -45,7 +45,7 @@ def replay_app(request, tmp_path, monkeypatch):
     write_jsonl(src, tmp_path / "rec.jsonl")
     monkeypatch.setenv("MOE_TRACE_DIR", str(tmp_path))
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test()
     at.session_state["source_kind"] = "Trace file"
     at.session_state["window_steps"] = WIDTH
     if request.param == "listsource":
@@ -137,7 +137,7 @@ def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redi
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "pause-run", steps=30, num_layers=2, num_experts=8, gpus=2)
     monkeypatch.setenv("REDIS_URL", redis_url)
-    at = _ok(AppTest.from_file(APP, default_timeout=60).run())
+    at = _ok(app_test().run())
     at.sidebar.selectbox(key="run").set_value("pause-run")
     _ok(at.run())
     assert _in_window(at) == 30

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
 from moe_monitor.planner.advisor import advise, advise_now
 from moe_monitor.planner.repair import experts_copied
 from moe_monitor.planner.simulate import CostModel
 from tests.support import synthfill
-from tests.support.apptest import APP
+from tests.support.apptest import app_test
 
 L, E, G = 4, 16, 4
 COST = CostModel.for_sizes(64, 32, 2)
@@ -67,7 +66,7 @@ def test_the_advisor_line_on_the_whatif_page(redis_url, monkeypatch, skewed):
     run = "advise-skewed" if skewed else "advise-balanced"
     _fill(client, run, skewed)
     monkeypatch.setenv("REDIS_URL", redis_url)
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test()
     at.session_state["run"] = run
     at.run()
     at.switch_page("page_files/whatif.py").run()

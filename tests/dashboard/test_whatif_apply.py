@@ -18,7 +18,7 @@ from moe_monitor.dashboard.sources import request_status
 from moe_monitor.dashboard.sources.apply_gate import ApplyGate, gate_from_env
 from moe_monitor.dashboard.sources.request_status import outcome
 from tests.support import synthfill
-from tests.support.apptest import APP, run_app
+from tests.support.apptest import app_test, run_app
 from tests.support.waiting import wait_until
 
 L, E, G, R = 2, 8, 2, 2
@@ -40,7 +40,7 @@ def _whatif(url: str, monkeypatch, runs: str | None = None, secret: str | None =
         else:
             monkeypatch.setenv(name, value)
     monkeypatch.delenv("MOE_APPLY_SECRET_FILE", raising=False)
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = app_test().run()
     assert not at.exception, at.exception
     if run is not None:
         at.selectbox(key="run").set_value(run).run()

@@ -16,6 +16,7 @@ from moe_monitor.planner.api import plan
 from moe_monitor.planner.edits import add_replica
 from moe_monitor.planner.io import load_counts
 from moe_monitor.planner.repair import experts_copied
+from tests.support.apptest import app_test
 
 APP = str(Path(__file__).resolve().parents[2] / "moe_monitor" / "dashboard" / "app.py")
 RUN = "whatif-run"
@@ -65,7 +66,7 @@ def expected(url: str, redundant: int, policy: str = "auto") -> dict:
 
 def page(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
-    at = AppTest.from_file(APP, default_timeout=60).run()
+    at = app_test().run()
     at.switch_page("page_files/whatif.py").run()
     assert not at.exception, at.exception
     return at

@@ -9,9 +9,17 @@ from streamlit.testing.v1 import AppTest
 APP = str(Path(__file__).resolve().parents[2] / "moe_monitor" / "dashboard" / "app.py")
 
 
-def run_app(url: str, monkeypatch, timeout_s: float = 60) -> AppTest:
+def app_test(phase: str = "both", timeout_s: float = 60) -> AppTest:
+    """app.py in AppTest, not yet run, with the sidebar's phase set (tests of other things fill runs that mix
+    prefill and decode and read every step: "both"; the app's own default is "auto")."""
+    at = AppTest.from_file(APP, default_timeout=timeout_s)
+    at.session_state["phase"] = phase
+    return at
+
+
+def run_app(url: str, monkeypatch, timeout_s: float = 60, phase: str = "both") -> AppTest:
     """app.py run once with REDIS_URL=url; asserts the run raised nothing."""
     monkeypatch.setenv("REDIS_URL", url)
-    at = AppTest.from_file(APP, default_timeout=timeout_s).run()
+    at = app_test(phase, timeout_s).run()
     assert not at.exception, at.exception
     return at

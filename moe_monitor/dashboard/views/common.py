@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from moe_monitor.dashboard.analytics import phases
 from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.figures.units import format_duration
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
@@ -21,6 +22,7 @@ from moe_monitor.dashboard.live.watched import RunView
 from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.views import timeline
 from moe_monitor.dashboard.views.session import (
+    RESOLVED_PHASE,
     STALE_AFTER_S,
     Settings,
     rollup_run_for,
@@ -45,6 +47,8 @@ class PageData:
     layout: ResolvedLayout | None
     snapshot: Snapshot | None
     resolution: str = ""
+    phase: str = "both"
+    phase_note: str = ""
 
 
 def ago(time_s: float | None) -> str:
@@ -137,13 +141,29 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
     except ValueError as exc:
         st.error(f"The layout does not fit this run: {exc}. Fix the override in the sidebar.")
         return None if require_steps else PageData(cfg, watched, None, None, resolution)
-    phase = "both" if window.resolution_s else cfg.phase  # a bucket sums the steps of every phase
+    phase, phase_note = shown_phase(cfg.phase, window)
     time_model, time_note = time_model_for(meta, layout.gpus, layout.nodes, watched.gpus.names())
     snap = analyse(window, layout, phase, cfg.layer, cfg.summed, time_model, time_note)
     if snap is None:
-        st.info(f"No {cfg.phase} steps in the window yet ({window.size} steps of other phases).")
-        return None if require_steps else PageData(cfg, watched, layout, None, resolution)
-    return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap, resolution=resolution)
+        st.info(f"No {phase} steps in the window yet ({window.size} steps of other phases).")
+        return None if require_steps else PageData(cfg, watched, layout, None, resolution, phase, phase_note)
+    return PageData(settings=cfg, watched=watched, layout=layout, snapshot=snap, resolution=resolution,
+                    phase=phase, phase_note=phase_note)
+
+
+def shown_phase(chosen: str, window) -> tuple[str, str]:
+    """(the phase filter the pages apply, a note on it): a rollup bucket sums every phase; "auto" is the phase
+    the window spends most of its time in (dashboard.analytics.phases), remembered for the timeline's buttons."""
+    if window.resolution_s:
+        return "both", "a bucket sums every phase"
+    if chosen != phases.AUTO:
+        st.session_state[RESOLVED_PHASE] = chosen
+        return chosen, ""
+    slots = window.ordered_slots()
+    seconds = phases.time_by_phase(window.time_s_C[slots], window.phase_C[slots])
+    phase = phases.main_phase(seconds)
+    st.session_state[RESOLVED_PHASE] = phase
+    return phase, f"auto: {phases.shares_line(seconds)} of the window's time"
 
 
 def _status_banners(cfg: Settings, watched: RunView) -> None:
@@ -196,7 +216,8 @@ def caption(data: PageData) -> None:
     if snap.resolution_s:
         rows = f"phase: both (a bucket sums every phase) · {snap.view.num_steps} buckets in window"
     else:
-        rows = f"phase: {cfg.phase} · {snap.view.num_steps} steps in window"
+        note = f" ({data.phase_note})" if data.phase_note else ""
+        rows = f"phase: {data.phase}{note} · {snap.view.num_steps} steps in window"
     st.caption(f"{what}{restart}{resolution} · {rows} · GPU load of "
                f"{snap.load_label} · layout: {data.layout.origin}, {data.layout.gpus} GPUs on "
                f"{data.layout.nodes} node(s), {data.layout.slots_per_gpu} slots/GPU · replicas share an "

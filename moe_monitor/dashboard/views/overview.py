@@ -1,5 +1,6 @@
-"""Overview: first, in time, what the busiest GPU costs (core.costmodel, or why not: then in tokens); then
-balancedness now and over the window, throughput, health, per-GPU bars, the straggler."""
+"""Overview: above the fold, the answer (which GPU holds the MoE layers back, what it costs in time, why, what
+the advisor would do) and its picture; one click down, every other figure: balancedness three ways, per-step
+tails, throughput, health, the latest step's bars, rebalances, the alert rules."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,7 @@ import numpy as np
 import streamlit as st
 
 from moe_monitor.dashboard.analytics import alerts
+from moe_monitor.dashboard.analytics import answer as answers
 from moe_monitor.dashboard.analytics.timecost import (
     BALANCED_BY_CONSTRUCTION,
     balanced_backend_line,
@@ -19,12 +21,15 @@ from moe_monitor.dashboard.analytics.timecost import (
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_duration, format_number
+from moe_monitor.dashboard.live import advice_worker
 from moe_monitor.dashboard.live.layout import in_force_note
 from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
+from moe_monitor.dashboard.whatif import advice as whatif_advice
+from moe_monitor.planner.advisor import DEFAULT_WINDOW
 
 
 def page() -> None:
@@ -41,49 +46,106 @@ def live() -> None:
 
 
 def render(current: PageData) -> None:
+    """The answer and its picture above the fold; every other figure one click down."""
+    first_screen(current)
+    balanced_backend(current)
+    _alert_line(current, first_screen=True)
+    with st.expander("Every figure: balancedness, per-step tails, throughput, health, alerts", expanded=False):
+        details(current)
+
+
+def first_screen(current: PageData) -> None:
+    """One sentence (which GPU, what it costs, why, what to do) and one picture (the series it talks about,
+    that GPU marked): dashboard.analytics.answer."""
+    snap, layout = current.snapshot, current.layout
+    rows = None if snap.time is None else (snap.time.rows if snap.layer is None else snap.time.rows.layer(snap.layer))
+    gpu = answers.named_gpu(snap.straggler, layout.gpus, rows)
+    hot = [] if gpu is None else answers.hottest_on(snap.view.counts_sum_LE, layout.layout_LP, layout.gpus, gpu)
+    said = answers.answer(snap.straggler, layout.gpus, layout.gpus_per_node, snap.idle_share, hot, rows,
+                          snap.steps_per_s, _advice(current), snap.time_note)
+    (st.success if said.tone == "ok" else st.warning)((":red[●] " if said.tone == "bad" else "") + said.sentence)
+    series = said.series_G if said.series_G.size else snap.stats.mean_G
+    unit = said.series_unit if said.series_G.size else snap.unit
+    st.plotly_chart(load_figures.answer_bars(series, said.gpu, said.series_title, unit, layout.gpus_per_node),
+                    key="overview_answer")
+    if snap.time is not None:
+        head = snap.time.headline
+        st.caption(" · ".join(part for part in (head.light, head.label) if part))
+    else:
+        st.caption(tokens_headline(snap.time_note or "no time model", snap.idle_share, None, float("nan"),
+                                   layout.gpus_per_node)[1])
+
+
+def _advice(current: PageData) -> str:
+    """The rebalance advisor's line for the window in view, computed off the page's thread (advice_worker);
+    "" until its first answer."""
+    snap, layout, window = current.snapshot, current.layout, current.watched.window
+    if snap.resolution_s or window is None:
+        return "the advisor reads single steps: open What-if at full resolution"
+    slots = snap.view.slots_T[-DEFAULT_WINDOW:]
+    counts_TLE, layout_LP = window.counts_CLE[slots].copy(), layout.layout_LP.copy()
+    meta, model, gpus = current.watched.source.meta(), None if snap.time is None else snap.time.model, layout.gpus
+
+    def compute() -> str:
+        advice = whatif_advice.advice_on_window(counts_TLE, layout_LP, gpus, meta, model)
+        if advice.moves == 0:
+            return f"nothing to do ({advice.reason})"
+        return whatif_advice.advice_line(advice) + " — What-if shows its layout"
+
+    key = (current.settings.monitor_key(), current.phase, layout.gpus, hash(layout.layout_LP.tobytes()))
+    return advice_worker.latest(key, compute)
+
+
+def details(current: PageData) -> None:
+    """The figures under the answer: the time lines, balancedness three ways, per-step tails, throughput,
+    health, the latest step's bars, rebalances and the alert rules."""
     snap, watched = current.snapshot, current.watched
     time_lines(snap)
-    balanced_backend(current)
     row = snap.row_name
     latest = f"step {snap.latest_step}" if not snap.resolution_s else f"the {row} starting {snap.x_T[snap.latest]} UTC"
+    good = " 1 is perfect; above 0.9 good; below 0.8 the GPUs wait a fifth of the time or more."
     cols = st.columns(4)
     cols[0].metric("balancedness now (p50 over layers)" if not snap.resolution_s else
                    "balancedness, latest bucket sum (p50 over layers)", format_number(snap.eta_now.p50),
                    help=f"eta = mean/max GPU load of {latest}; min {format_number(snap.eta_now.min)}, "
-                        f"p90 {format_number(snap.eta_now.p90)} across layers")
+                        f"p90 {format_number(snap.eta_now.p90)} across layers." + good)
     cols[1].metric(f"balancedness, window per-{row} mean (p50)", format_number(snap.eta_step_mean.p50),
                    help=f"per layer, the mean over {row}s of per-{row} eta; min {format_number(snap.eta_step_mean.min)}, "
-                        f"p90 {format_number(snap.eta_step_mean.p90)} across layers")
+                        f"p90 {format_number(snap.eta_step_mean.p90)} across layers. The figure to watch." + good)
     cols[2].metric("balancedness, window sum (p50)", format_number(snap.eta_window_sum.p50),
                    help=f"eta of loads summed over the window; min {format_number(snap.eta_window_sum.min)}, "
-                        f"p90 {format_number(snap.eta_window_sum.p90)}. A window sum hides the per-step tail.")
-    cols[3].metric("idle share (1 - eta, window mean)", format_number(snap.idle_share, ".1%"))
-    st.caption(f"Balancedness across layers — now: min {format_number(snap.eta_now.min)} · p50 {format_number(snap.eta_now.p50)} · "
-               f"p90 {format_number(snap.eta_now.p90)}; window (per-step mean): min {format_number(snap.eta_step_mean.min)} · "
-               f"p50 {format_number(snap.eta_step_mean.p50)} · p90 {format_number(snap.eta_step_mean.p90)}; window sum: "
-               f"min {format_number(snap.eta_window_sum.min)} · p50 {format_number(snap.eta_window_sum.p50)} · "
-               f"p90 {format_number(snap.eta_window_sum.p90)}")
+                        f"p90 {format_number(snap.eta_window_sum.p90)}. A window sum hides the per-step tail: it "
+                        "reads higher than the per-step mean.")
+    cols[3].metric("idle share (1 - eta, window mean)", format_number(snap.idle_share, ".1%"),
+                   help="share of MoE time the average GPU waits for the busiest one, in tokens: 0 is perfect, "
+                        "under 10% good, over 20% worth a new layout")
     steptails.overview_section(current)
     cols = st.columns(4)
     cols[0].metric("steps/s", format_number(snap.steps_per_s, ".2f"))
     cols[1].metric("tokens/s", format_number(snap.tokens_per_s, ",.0f"))
-    cols[2].metric("dropped steps (collectors)", f"{watched.dropped_steps:,}")
-    cols[3].metric("bad records skipped", f"{watched.notes().bad_records:,}")
+    cols[2].metric("dropped steps (collectors)", f"{watched.dropped_steps:,}",
+                   help="steps the collectors could not publish (their queue was full): 0 is right")
+    cols[3].metric("bad records skipped", f"{watched.notes().bad_records:,}", help="0 is right")
     health = watched.source.health()
     cols = st.columns(4)
     cols[0].metric("source", "ok" if health.reachable else "down",
                    help=f"{health.where}; poll round trip "
                         f"{'n/a' if health.latency_ms is None else f'{health.latency_ms:.1f} ms'}")
-    cols[1].metric("poll round trip", "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms")
-    cols[2].metric("collector last wrote", _age(health.last_seen_s, _recorded(watched)))
+    cols[1].metric("poll round trip", "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms",
+                   help="under 10 ms on one host is usual")
+    cols[2].metric("collector last wrote", _age(health.last_seen_s, _recorded(watched)),
+                   help="a live run writes every step: more than 15 s means it stopped")
     errors = [f"rank {rank}: {r.get('last_error')}" for rank, r in health.collectors.items() if r.get("last_error")]
     cols[3].metric("collector errors", str(len(errors)), help="; ".join(errors) or "none reported")
     if snap.straggler is not None:
         s = snap.straggler
-        st.markdown(f"**Straggler: {snap.gpu_name(s.gpu)}** — busiest GPU in {s.busiest_share:.0%} of the window's "
-                    f"{s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of {snap.load_label}).")
-    st.plotly_chart(load_figures.gpu_load_bars(snap.latest_G, snap.stats, None if snap.straggler is None
-                                          else snap.straggler.gpu, snap.unit), key="overview_bars")
+        st.markdown(f"**Busiest GPU over the window: {snap.gpu_name(s.gpu)}** — busiest in {s.busiest_share:.0%} of "
+                    f"the window's {s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of "
+                    f"{snap.load_label}).")
+    busiest_now = int(np.argmax(snap.latest_G)) if snap.latest_G.size and snap.latest_G.max() > 0 else None
+    st.plotly_chart(load_figures.gpu_load_bars(snap.latest_G, snap.stats, busiest_now, snap.unit),
+                    key="overview_bars")
+    st.caption("Red: the busiest GPU of the latest step (the bars); the markers are each GPU's window figures.")
     if snap.per_step is not None:
         per_step_section(snap)
     st.markdown(in_force_note(snap.layout))
@@ -155,8 +217,9 @@ def rebalance_line(current: PageData) -> None:
         st.caption(text)
 
 
-def _alert_line(current: PageData) -> None:
-    """The Prometheus alerting rules (deploy/prometheus/alerts.yml) judged on this window, in one line."""
+def _alert_line(current: PageData, first_screen: bool = False) -> None:
+    """The Prometheus alerting rules (deploy/prometheus/alerts.yml) judged on this window, in one line: a
+    warning on the first screen when one fires, else a caption under the details."""
     snap, watched = current.snapshot, current.watched
     last_seen = watched.source.health().last_seen_s
     # at a rollup resolution the rule's per-step balancedness comes from the buckets' per-step histograms
@@ -168,9 +231,9 @@ def _alert_line(current: PageData) -> None:
     firing = [s for s in statuses if s.firing]
     text = " · ".join(f"{'**' + s.name + '** firing' if s.firing else s.name + ' ok'} ({s.detail})" for s in statuses)
     line = f"Alerts on this window (the rules of deploy/prometheus/alerts.yml): {text}"
-    if firing:
+    if firing and first_screen:
         st.warning(line)
-    else:
+    elif not firing and not first_screen:
         st.caption(line)
 
 

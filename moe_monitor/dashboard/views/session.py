@@ -31,6 +31,7 @@ REDIS_RETRIES = 1
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 STALE_AFTER_S = 15.0
 REFRESH_S = 1.0
+RESOLVED_PHASE = "resolved_phase"  # session key: the phase filter the last tick applied ("auto" resolved)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class Settings:
     redis_url: str = DEFAULT_REDIS_URL
     run: str | None = None
     trace_path: str = ""
-    phase: str = "both"
+    phase: str = "auto"
     window_steps: int = 600
     layer: int | None = None
     summed: bool = False

@@ -62,8 +62,10 @@ def sidebar() -> Settings:
             sb.caption("No run in this Redis yet.")
     else:
         trace_path = _trace_controls(sb)
-    phase = sb.radio("Phase", ("both", "prefill", "decode", "train"), horizontal=True, key="phase",
-                     help="both: every step; train: training iterations (Megatron-Core, torchtitan)")
+    phase = sb.radio("Phase", ("auto", "decode", "prefill", "train", "both"), horizontal=True, key="phase",
+                     help="auto: the phase the window spends most of its time in (prefill and decode want "
+                          "different layouts); both: every step; train: training iterations (Megatron-Core, "
+                          "torchtitan)")
     window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
                                        key="window_steps"))
     resolution_s, span_s = _resolution_controls(sb, redis_url, run) if source == "Live Redis" else (0, 0)

@@ -26,7 +26,7 @@ def window_key(current: PageData) -> tuple:
     cfg, layout = current.settings, current.layout
     assert layout is not None
     span = moving_span(current) or (int(time.monotonic() // LIVE_REFRESH_S),)
-    return (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.layout_LP.tobytes()), *span)
+    return (cfg.monitor_key(), current.phase, layout.gpus, hash(layout.layout_LP.tobytes()), *span)
 
 
 def moving_span(current: PageData) -> tuple:

@@ -20,7 +20,7 @@ from moe_monitor.dashboard.live.pause import Paused
 from moe_monitor.dashboard.live.replay import RangeReplay
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.live.window import MAX_CAPACITY, MAX_WINDOW_BYTES
-from moe_monitor.dashboard.views.session import Settings, settings
+from moe_monitor.dashboard.views.session import RESOLVED_PHASE, Settings
 
 _STATE, _PAUSE, _NOTE, _FAILED = "timeline", "live_pause", "timeline_note", "timeline_failed"
 _PAUSE_ERROR = "live_pause_error"  # why the last pause was refused (shown once)
@@ -114,7 +114,7 @@ def _draw(state: _Replay, cfg: Settings) -> None:
                       label_visibility="collapsed", help="1x: the recording's own pace; 10x; max: as fast as "
                       "the page renders (a tenth of the window per frame)")
         cols[4].button("worst step", key="timeline_worst", on_click=_on_worst,
-                       help=f"Centre the window on the step with the lowest balancedness (phase: {cfg.phase})")
+                       help="Centre the window on the step with the lowest balancedness (of the phase in view)")
         cols[5].button("next rebalance", key="timeline_rebalance", on_click=_on_rebalance,
                        help="Centre the window on the next layout change (an engine rebalance or an applied layout)")
         note = st.session_state.pop(_NOTE, None)
@@ -174,7 +174,7 @@ def _on_worst() -> None:
     state = _state()
     if state is None:
         return
-    phase = settings().phase
+    phase = st.session_state.get(RESOLVED_PHASE, "both")
     index = playback.worst_index(state.replay.timeline, phase)
     if index is None:
         st.session_state[_NOTE] = f"No {phase} step with a known balancedness in the recording."

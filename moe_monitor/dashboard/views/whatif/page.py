@@ -57,7 +57,7 @@ def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindo
     """(key, the frozen fit and score windows); re-read only when settings, windows or the refresh count
     change."""
     cfg, watched = current.settings, current.watched
-    key = (cfg.monitor_key(), cfg.phase, layout.gpus, hash(layout.layout_LP.tobytes()), picks.fit, picks.unit,
+    key = (cfg.monitor_key(), current.phase, layout.gpus, hash(layout.layout_LP.tobytes()), picks.fit, picks.unit,
            picks.score_steps, picks.hold_out, state.refresh, *moving_span(current))
     if state.windows is None or state.windows[0] != key:
         data = whatif_score.fit_and_score_windows(
