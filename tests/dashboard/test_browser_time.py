@@ -19,7 +19,8 @@ from tests.support.browserkit import app_on_private_redis, chromium_page
 RUN = "time-run"
 IDS = torch.tensor([[0, 1]] * 8 + [[2, 4]] * 8 + [[6, 6]] * 4).reshape(-1, 2)  # expert 6: 8 of the 40 picks
 FIRST = "The MoE layers lose"
-WHY = "GPU 0 (node 0), because it runs 2.0 active experts per layer against a mean of 1.2"
+ANSWER = "GPU 0 (node 0) holds the MoE layers back"
+WHY = "Why: it runs 2.0 active experts per layer against a mean of 1.2"
 LABEL = "predicted for H100 SXM, hidden 7168 x expert 2048 x 3 matrices, fp8 weights"
 
 
@@ -39,10 +40,10 @@ def test_overview_first_line_in_time(redis_server, monkeypatch):
     redis_server.client().flushdb()
     fill(redis_server.url)
     at = run_app(redis_server.url, monkeypatch)
-    first = at.main.markdown[0].value
-    assert first.startswith(f"**{FIRST} ") and WHY in first and "GPU-hours a day" in first, first
-    assert "would run" in first and "× faster if every GPU finished at the mean" in first
-    assert any(c.value.startswith(LABEL) for c in at.caption)
+    first = at.warning[0].value  # the answer, above everything but the page's caption
+    assert first.removeprefix(":red[●] ").startswith(f"**{ANSWER}**: they lose ") and WHY in first and "GPU-hours a day" in first, first
+    assert any("× faster if every GPU finished at the mean" in c.value and LABEL in c.value for c in at.caption)
+    assert any(md.value.startswith(f"**{FIRST} ") for md in at.main.markdown)  # the details keep the long form
 
 
 def test_an_engine_that_evens_gpu_tokens_gets_router_skew_and_active_experts(redis_server, monkeypatch):
@@ -94,8 +95,11 @@ def test_overview_without_dimensions_says_so_in_tokens(redis_server, monkeypatch
     redis_server.client().flushdb()
     fill(redis_server.url, declared=False)
     at = run_app(redis_server.url, monkeypatch)
-    first = at.main.markdown[0].value
-    assert first.startswith("**No model dimensions/GPU profile: figures in tokens — idle share "), first
+    first = at.warning[0].value
+    assert first.removeprefix(":red[●] ").startswith(
+        "**GPU 0 (node 0) holds the MoE layers back** (in tokens: no model dimensions/GPU profile): busiest in "), first
+    assert any(md.value.startswith("**No model dimensions/GPU profile: figures in tokens — idle share ")
+               for md in at.main.markdown)
     assert any("hidden_size" in c.value and "gpu_profile" in c.value for c in at.caption)
 
 
@@ -109,11 +113,11 @@ def app_url(tmp_path: Path):
 def test_overview_first_line_in_time_in_chromium(app_url, tmp_path):
     with chromium_page(1600, 1000) as page:
         page.goto(app_url)
-        page.get_by_text(FIRST, exact=False).first.wait_for(timeout=90_000)
+        answer = page.locator('[data-testid="stAlert"]', has_text=ANSWER).first
+        answer.wait_for(timeout=90_000)
+        first = answer.inner_text()
+        assert first.removeprefix("● ").startswith(ANSWER) and WHY in first, first
         main = page.locator('[data-testid="stMain"]')
-        first = main.locator('[data-testid="stMarkdown"]').filter(
-            has_not=page.locator('[data-testid="stCaptionContainer"]')).first.inner_text()  # the captions above it
-        assert first.startswith(FIRST) and WHY in first, first
-        main.get_by_text(LABEL, exact=False).wait_for(timeout=30_000)
+        main.get_by_text(LABEL, exact=False).first.wait_for(timeout=30_000)
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(tmp_path / "overview-time.png"))

@@ -76,7 +76,7 @@ def test_overview(filled, monkeypatch):
     assert metric(at, "collector last wrote").endswith("s ago")
     assert any(f"Busiest GPU over the window: GPU {want['straggler']} " in md.value and "(step, layer) pairs" in md.value
                for md in at.markdown)
-    assert len(at.get("plotly_chart")) == 2  # the answer's picture, the latest step's bars
+    assert len(at.get("vega_lite_chart")) == 1 and len(at.get("plotly_chart")) == 1  # the answer; the latest step
     at.sidebar.selectbox(key="layer_choice").set_value("all layers (sum)").run()
     assert any(f"Busiest GPU over the window: GPU {want['straggler_sum']} " in md.value and "GPU load of all layers summed" in md.value
                for md in at.markdown)

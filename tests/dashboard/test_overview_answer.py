@@ -32,7 +32,8 @@ def test_a_straggler_is_named_first_with_its_experts_and_marked(redis_url, monke
     answer = at.warning[0].value
     assert "**GPU 0 (node 0) holds the MoE layers back**" in answer
     assert "layer 0 expert 0 (50% of its tokens)" in answer and "To do:" in answer
-    assert at.get("plotly_chart")[0].proto.spec and "Mean load of each GPU" in at.get("plotly_chart")[0].proto.spec
+    picture = at.get("vega_lite_chart")[0].proto
+    assert "Mean load of each GPU" in picture.spec  # the first chart: the answer's picture
     assert any("phase: decode (auto: decode 100% of the window's time)" in c.value for c in at.caption)
     assert at.expander[0].label.startswith("Every figure")  # the nine balance figures are one click down
     assert {m.label for m in at.main.metric} >= {"balancedness now (p50 over layers)", "steps/s"}

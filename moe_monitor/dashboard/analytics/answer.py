@@ -104,7 +104,7 @@ def _in_time(verdict: Verdict, wait_G: np.ndarray, gpus: int, per_node: int, hot
              advice: str) -> Answer:
     hours = verdict.gpu_hours_per_day(steps_per_s, gpus) if steps_per_s > 0 else float("nan")
     cost = (f"{share_text(verdict.lost_share)} of MoE time waiting — {duration_text(verdict.lost_s)} per step"
-            + (f", {hours:,.1f} GPU-hours a day" if math.isfinite(hours) else ""))
+            + (f", {_hours(hours)} GPU-hours a day" if math.isfinite(hours) else ""))
     title, unit = "Predicted wait for each GPU (ms per step)", "ms per step"
     series = wait_G * 1e3
     total = float(wait_G.sum())
@@ -138,6 +138,11 @@ def _in_tokens(straggler: Straggler | None, gpus: int, per_node: int, idle_share
                 f"{share_text(straggler.busiest_share)} of {straggler.basis} at {straggler.ratio_to_mean:.2f}× the "
                 f"mean load; GPUs idle {idle} of the time waiting. Why: {why}. {_to_do(advice)}")
     return Answer(straggler.gpu, sentence, "bad" if idle_share >= 0.2 else "warn", np.zeros(0), title, unit)
+
+
+def _hours(hours: float) -> str:
+    """1234.5 -> '1,234.5', 0.0123 -> '0.012' (two significant digits under one)."""
+    return f"{hours:,.1f}" if hours >= 1 else f"{hours:.2g}"
 
 
 def _to_do(advice: str) -> str:

@@ -41,26 +41,6 @@ def gpu_load_bars(latest_G: np.ndarray, stats: GpuWindowStats, straggler_gpu: in
                   xaxis=dict(range=[-0.5, latest_G.size - 0.5], dtick=1 if latest_G.size <= 32 else None))
 
 
-def answer_bars(series_G: np.ndarray, marked_gpu: int | None, title: str, unit: str, gpus_per_node: int) -> go.Figure:
-    """The Overview's picture: one bar per GPU of the series its sentence talks about, the named GPU in red,
-    the all-GPU mean as a line; GPU and node in the hover. Readable at 8 to 256 GPUs (ticks thin out)."""
-    values = np.asarray(series_G, dtype=np.float64)
-    gpus = np.arange(values.size, dtype=np.int32)
-    colours = np.where(gpus == (-1 if marked_gpu is None else marked_gpu), "#d62728", "#1f77b4")
-    nodes = gpus // max(gpus_per_node, 1)
-    traces = [dict(type="bar", x=gpus, y=f32(values), name=unit, marker=dict(color=list(colours)),
-                   customdata=nodes, hovertemplate="GPU %{x} (node %{customdata}): %{y:.3~g}<extra></extra>")]
-    mean = float(values.mean()) if values.size else 0.0
-    shapes = [dict(type="line", xref="paper", x0=0, x1=1, y0=mean, y1=mean, line=dict(color="#2ca02c", dash="dot"))]
-    notes = [dict(xref="paper", x=1, y=mean, text="mean", showarrow=False, xanchor="right", yanchor="bottom",
-                  font=dict(size=10, color="#2ca02c"))]
-    if marked_gpu is not None and 0 <= marked_gpu < values.size:
-        notes.append(dict(x=marked_gpu, y=float(values[marked_gpu]), text=f"GPU {marked_gpu}", showarrow=True,
-                          arrowhead=2, ax=0, ay=-24, font=dict(color="#d62728")))
-    return figure(traces, title, "GPU", unit, showlegend=False, shapes=shapes, annotations=notes, bargap=0.1,
-                  xaxis=dict(range=[-0.5, values.size - 0.5], dtick=1 if values.size <= 32 else None))
-
-
 def load_bands(step_T: np.ndarray, loads_TG: np.ndarray, unit: str, marks: Marks = (), x_title: str = "step") -> go.Figure:
     """Across GPUs, per step: max, p99 and mean GPU load (band from mean to max), downsampled by max."""
     traces = []

@@ -18,6 +18,7 @@ from moe_monitor.dashboard.analytics.timecost import (
     router_skew,
     tokens_headline,
 )
+from moe_monitor.dashboard.figures import answer as answer_figure
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures import rollups as rollup_figures
 from moe_monitor.dashboard.figures.units import format_duration, format_number
@@ -49,6 +50,7 @@ def render(current: PageData) -> None:
     """The answer and its picture above the fold; every other figure one click down."""
     first_screen(current)
     balanced_backend(current)
+    rebalance_line(current, first_screen=True)
     _alert_line(current, first_screen=True)
     with st.expander("Every figure: balancedness, per-step tails, throughput, health, alerts", expanded=False):
         details(current)
@@ -66,8 +68,9 @@ def first_screen(current: PageData) -> None:
     (st.success if said.tone == "ok" else st.warning)((":red[●] " if said.tone == "bad" else "") + said.sentence)
     series = said.series_G if said.series_G.size else snap.stats.mean_G
     unit = said.series_unit if said.series_G.size else snap.unit
-    st.plotly_chart(load_figures.answer_bars(series, said.gpu, said.series_title, unit, layout.gpus_per_node),
-                    key="overview_answer")
+    st.vega_lite_chart(answer_figure.answer_data(series, said.gpu, layout.gpus_per_node),
+                       answer_figure.answer_spec(said.series_title, unit), key="overview_answer",
+                       width="stretch")
     if snap.time is not None:
         head = snap.time.headline
         st.caption(" · ".join(part for part in (head.light, head.label) if part))
@@ -203,17 +206,18 @@ def per_step_section(snap: Snapshot) -> None:
                "bucket's mean; balancedness of a bucket's sum reads higher than its steps' (the tail averages away).")
 
 
-def rebalance_line(current: PageData) -> None:
-    """Rebalance health from the run's layout changes; a warning when rebalancing looks stopped while the load
-    stays imbalanced (the rule of MoERebalancingStopped)."""
+def rebalance_line(current: PageData, first_screen: bool = False) -> None:
+    """Rebalance health from the run's layout changes: a warning on the first screen when rebalancing looks
+    stopped while the load stays imbalanced (the rule of MoERebalancingStopped), else a caption in the details."""
     watched, snap = current.watched, current.snapshot
     # a recording's "now" is its newest step, not this machine's clock
     now_s = float(snap.view.time_s_T[-1]) if _recorded(watched) and snap.view.num_steps else time.time()
     health = rebalances_of(watched.source.meta(), watched.layouts.changes, now_s)
     text = f"Rebalancing: {health.sentence()}."
-    if health.stopped and snap.eta_step_mean.p50 < 0.8:
+    stopped = health.stopped and snap.eta_step_mean.p50 < 0.8
+    if stopped and first_screen:
         st.warning(text + f" Balancedness stays at {snap.eta_step_mean.p50:.2f}: check the engine's rebalancer.")
-    else:
+    elif not stopped and not first_screen:
         st.caption(text)
 
 
