@@ -45,7 +45,7 @@ def test_megatron_training_appears_live_as_train_steps(tmp_path: Path):
         with app_on_private_redis(tmp_path, start_training) as url, chromium_page(1500, 2200) as page:
             monitor = state["monitor"]
             page.goto(url)
-            page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+            page.locator('[data-testid="stVegaLiteChart"]').first.wait_for(timeout=120_000)  # the answer's picture
             page.get_by_text(RUN, exact=True).first.wait_for(timeout=30_000)
             page.locator('[data-testid="stSidebar"]').get_by_text("train", exact=True).click()
             page.get_by_text(re.compile(rf"phase: train · {BEFORE} steps in window")).wait_for(timeout=60_000)
