@@ -97,10 +97,13 @@ docs: venv
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
 BENCH_BASELINE ?= 18fe328
+# the main before this tree's pages changed: bench.pages shows each page's time to its first chart beside it
+PAGES_BASELINE ?= 3b17b8f
 bench: venv
-	bash scripts/system-deps.sh
+	bash scripts/system-deps.sh --with-browser
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
 	for b in collector step_boundary publishing capture_compiled dashboard planner dispatch diagnose traces ep costmodel wire aggregate_tick scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
+	echo "== bench.pages"; $(PY) -m bench.pages --baseline $(PAGES_BASELINE) || exit 1; \
 	echo "== bench.vllm_plugin"; if [ -x $(ENGINES)/bin/python ]; then $(ENGINES)/bin/python -m bench.vllm_plugin || exit 1; \
 	else echo "  vLLM's CPU build is not installed: make $(ENGINES)/.installed, then make bench"; fi
 

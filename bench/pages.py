@@ -1,0 +1,172 @@
+"""Each page's time to its first chart in headless Debian chromium, this tree beside the previous main.
+
+One private redis-server (never another Redis) holds a live run shaped like `make demo`'s (4 MoE layers x 256
+experts, top-8, 32 GPUs on 4 nodes, DeepSeek-V3's expert sizes on an H100 profile) that a writer thread keeps
+extending at 10 steps a second. The dashboard of this tree and the one of MOE_BENCH_BASELINE (or --baseline REV;
+git archive, bench/baseline.py) serve it side by side; for each repeat, each tree and each page, a new browser
+context opens the page and the time until a chart on screen has drawn is taken (a new session on a warm
+server). Medians of the repeats, interleaved. Then blank-chart frames over --watch-s seconds of live refresh per
+page (tests/dashboard/blankframes.py).
+
+    python -m bench.pages [--repeats 5] [--baseline REV] [--watch-s 10]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bench.baseline import REPO, child_cwd, child_env, imported_from, trees
+from bench.malloc_env import pin_malloc
+
+pin_malloc()
+
+import numpy as np
+
+from moe_monitor import core
+from moe_monitor.demo.localredis import RedisServer, free_port
+from tests.dashboard.blankframes import CHARTS, SAMPLER
+from tests.support.browserkit import CHROMIUM, CHROMIUM_ARGS, STREAMLIT_APP, wait_http
+
+RUN = "bench-pages"
+PAGES = ("overview", "devices", "experts", "gpus", "what-if")
+LAYERS, EXPERTS, TOP_K, GPUS, NODES = 4, 256, 8, 32, 4
+DRAWN = """(charts) => [...document.querySelectorAll(charts)].some(c => !c.closest('details:not([open])')
+    && c.getBoundingClientRect().height >= 20 && c.querySelector('.main-svg, canvas, svg.marks'))"""
+
+
+def write(url: str, stop: threading.Event) -> None:
+    """The run's metadata, then decode steps (a prefill step every tenth) at 10 a second until stop."""
+    client = core.connect(url)
+    client.set(core.meta_key(RUN), core.encode_meta(core.RunMeta(
+        run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"model.layers.{i + 1}.mlp" for i in range(LAYERS)],
+        num_experts=EXPERTS, top_k=TOP_K, hidden_size=7168, moe_intermediate_size=2048, dtype_bytes=1,
+        act_dtype_bytes=2, gpu_profile="H100 SXM",
+        layout=core.Layout(GPUS, NODES, core.contiguous_layout(LAYERS, EXPERTS)))))
+    rng = np.random.default_rng(0)
+    weights = rng.gamma(0.6, size=(LAYERS, EXPERTS))
+    weights /= weights.sum(axis=1, keepdims=True)
+    step = 0
+    while not stop.is_set():
+        tokens = 2048 if step % 10 == 0 else 64
+        counts = np.stack([rng.multinomial(tokens * TOP_K, w) for w in weights]).astype(np.int32)
+        client.xadd(core.steps_key(RUN), core.encode_step(core.StepRecord(
+            run=RUN, rank=0, world_size=1, step=step, time_s=time.time(), phase="prefill" if step % 10 == 0 else
+            "decode", tokens=tokens, counts_LE=counts)))
+        client.zadd(core.RUNS_KEY, {RUN: time.time()})
+        step += 1
+        stop.wait(0.1)
+
+
+def serve(root: Path | None, port: int, redis_url: str, log: Path) -> subprocess.Popen:
+    """The dashboard of the tree at root (None: this one) on port, reading redis_url."""
+    cwd = child_cwd(root)
+    if root is not None:
+        imported_from(root)
+        shutil.copytree(REPO / ".streamlit", cwd / ".streamlit", dirs_exist_ok=True)
+    app = str(cwd / "moe_monitor" / "dashboard" / "app.py")
+    args = [a if a != "moe_monitor/dashboard/app.py" else app for a in STREAMLIT_APP]
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, *args, "--server.port", str(port)], cwd=cwd,
+                                env={**child_env(), "REDIS_URL": redis_url}, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    wait_http(f"http://127.0.0.1:{port}/_stcore/health", 120, proc)
+    return proc
+
+
+def first_chart_s(browser, url: str) -> float:
+    """Seconds from asking for url in a new browser context until a chart on screen has drawn."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    try:
+        page = context.new_page()
+        began = time.perf_counter()
+        page.goto(url)
+        page.wait_for_function(DRAWN, arg=CHARTS, timeout=120_000)
+        return time.perf_counter() - began
+    finally:
+        context.close()
+
+
+def blank_frames(browser, url: str, watch_s: float) -> dict:
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(url)
+        page.wait_for_function(DRAWN, arg=CHARTS, timeout=120_000)
+        return page.evaluate(SAMPLER, int(watch_s * 1000))
+    finally:
+        context.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--baseline", default=os.environ.get("MOE_BENCH_BASELINE", ""))
+    parser.add_argument("--watch-s", type=float, default=10.0)
+    args = parser.parse_args()
+    if not Path(CHROMIUM).exists():
+        print(f"  no {CHROMIUM}: bash scripts/system-deps.sh --with-browser, then again")
+        return 0
+    from playwright.sync_api import sync_playwright
+
+    found = trees(args.baseline)
+    work = Path(__import__("tempfile").mkdtemp(prefix="bench-pages-"))
+    server, stop = RedisServer(work), threading.Event()
+    writer = threading.Thread(target=write, args=(server.url, stop), daemon=True)
+    procs: dict[str, subprocess.Popen] = {}
+    urls: dict[str, str] = {}
+    try:
+        writer.start()
+        for name, root in found.items():
+            port = free_port()
+            procs[name] = serve(root, port, server.url, work / f"{len(procs)}.log")
+            urls[name] = f"http://127.0.0.1:{port}"
+        time.sleep(3.0)  # the window fills with live steps
+        times: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in PAGES}
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            for name in found:  # warm-up: each server imports its pages once, untimed
+                for page in PAGES:
+                    first_chart_s(browser, f"{urls[name]}/{page}")
+            for _ in range(args.repeats):
+                for name in found:
+                    for page in PAGES:
+                        times[(name, page)].append(first_chart_s(browser, f"{urls[name]}/{page}"))
+            print(f"time to the first chart on screen, {LAYERS} layers x {EXPERTS} experts, {GPUS} GPUs, live at "
+                  f"10 steps/s, 1600x1000; median of {args.repeats} new sessions each (interleaved):")
+            names = list(found)
+            for page in PAGES:
+                medians = [statistics.median(times[(n, page)]) for n in names]
+                cells = [f"{n} {m:5.2f} s" for n, m in zip(names, medians)]
+                ratio = "" if len(names) < 2 else f"  ratio {medians[0] / medians[1]:.2f}"
+                print(f"  {page:9s} " + " · ".join(cells) + ratio)
+            print(f"blank-chart frames over {args.watch_s:.0f} s of live refresh (frames seen):")
+            for page in PAGES[:-1]:  # What-if does not refresh on its own
+                cells = []
+                for name in names:
+                    seen = blank_frames(browser, f"{urls[name]}/{page}", args.watch_s)
+                    cells.append(f"{name} {seen['blank']} of {seen['frames']}")
+                print(f"  {page:9s} " + " · ".join(cells))
+            browser.close()
+    finally:
+        stop.set()
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 15)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, 9)
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
