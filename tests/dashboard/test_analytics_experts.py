@@ -57,3 +57,11 @@ def test_rates():
     assert rate_per_s(times) == pytest.approx(1.5)  # 3 intervals in 2 s
     assert rate_per_s(times, np.array([100, 10, 20, 30])) == pytest.approx(30.0)  # first step's tokens precede t0
     assert math.isnan(rate_per_s(np.array([1.0])))
+
+
+def test_the_gpus_holding_an_expert():
+    from moe_monitor.dashboard.analytics.experts import gpus_holding
+
+    layout_LP = np.array([[0, 1, 2, 3, 0, 1], [3, 2, 1, 0, 3, 3]])  # 3 slots per GPU on 2 GPUs
+    assert gpus_holding(layout_LP, 2, 0, 0) == [0, 1] and gpus_holding(layout_LP, 2, 0, 2) == [0]
+    assert gpus_holding(layout_LP, 2, 1, 3) == [0, 1] and gpus_holding(layout_LP, 2, 1, 0) == [1]

@@ -110,14 +110,30 @@ def test_experts(filled, monkeypatch):
     at.switch_page("page_files/experts.py").run()
     assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) == 3  # layer x expert, expert x time, drift (staleness: on request)
-    top = at.dataframe[0].value
-    assert (int(top.iloc[0]["layer"]), int(top.iloc[0]["expert"])) == expected(filled, RUN)["hot"]
+    want = expected(filled, RUN)
+    assert any(h.value.startswith(f"The experts of GPU {want['straggler']} (node ") for h in at.subheader)
+    mine, top = at.dataframe[0].value, at.dataframe[1].value
+    assert 0 < mine["share of the GPU's tokens"].sum() <= 1.0 + 1e-9
+    layer, expert = want["hot"]
+    assert (int(top.iloc[0]["layer"]), int(top.iloc[0]["expert"])) == (layer, expert)
+    row = want["meta"].layout.physical_to_logical_map[layer]
+    per_gpu = len(row) // want["meta"].layout.gpus
+    assert top.iloc[0]["GPUs"] == ", ".join(str(g) for g in sorted({p // per_gpu for p, e in enumerate(row)
+                                                                     if e == expert}))
 
 
 def test_gpu_panel_without_nvidia_gpu(filled, monkeypatch):
     at = app(filled, monkeypatch)
     at.switch_page("page_files/gpus.py").run()
     assert not at.exception, at.exception
-    assert any("No NVIDIA GPU / NVML not available on the collector host" in w.value for w in at.warning)
-    assert metric(at, "GPU 0 (node 0) expert load").endswith("tokens")
+    nvml = [w.value for w in at.warning if "No NVIDIA GPU / NVML not available" in w.value]
+    assert len(nvml) == 1 and "(rank 0)" in nvml[0], nvml  # once for the run
+    straggler = expected(filled, RUN)["straggler"]
+    loads = [m for m in at.metric if m.label.endswith("expert load, latest step")]
+    assert len(loads) == 1 and loads[0].label.startswith(f"GPU {straggler} (") and loads[0].value.endswith("tokens")
     assert len(at.get("plotly_chart")) == 1
+    at.query_params["gpu"] = "1"  # the Overview's drill-down link
+    at.switch_page("page_files/gpus.py").run()
+    assert [m.label for m in at.metric if m.label.endswith("expert load, latest step")] == \
+        ["GPU 1 (node 0) expert load, latest step"]
+    assert at.number_input(key="gpu_panel_gpu").value == 1 and "gpu" not in at.query_params

@@ -41,6 +41,12 @@ def hot_experts(counts_LE: np.ndarray, top_n: int) -> list[dict]:
     return rows
 
 
+def gpus_holding(layout_LP: np.ndarray, gpus: int, layer: int, expert: int) -> list[int]:
+    """The GPUs that hold a slot of `expert` in `layer` (slot p is on GPU p // (P / gpus)), ascending."""
+    row = np.asarray(layout_LP)[layer]
+    return sorted({int(p) // (row.size // gpus) for p in np.flatnonzero(row == expert)})
+
+
 def dead_experts(counts_LE: np.ndarray) -> np.ndarray:
     """bool [L, E]: experts that got no token over the window, in layers that got tokens at all."""
     counts_LE = _check_LE(counts_LE)

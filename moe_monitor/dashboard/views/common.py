@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from moe_monitor.dashboard.analytics import answer as answers
 from moe_monitor.dashboard.analytics import phases
 from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.figures.units import format_duration
@@ -238,3 +239,23 @@ def missing_line(data: PageData) -> None:
     if snap.per_step is not None and snap.per_step.missing_rank_steps:
         st.warning(f"**{snap.per_step.missing_rank_steps:,} rank-step(s) missing** from the buckets in view: the "
                    f"aggregator wrote those steps without some ranks ({snap.per_step.late_rank_steps:,} folded in late).")
+
+
+def asked_gpu(widget_key: str) -> None:
+    """A `?gpu=N` link (the Overview's drill-down) sets the page's GPU widget once; the parameter is then
+    dropped, so the user's own choice holds."""
+    asked = st.query_params.get("gpu")
+    if asked is None:
+        return
+    del st.query_params["gpu"]
+    if asked.strip().isdigit():  # anything else is not a GPU number: the page keeps its choice
+        st.session_state[widget_key] = int(asked)
+
+
+def named_or_busiest(snap: Snapshot) -> int:
+    """The GPU the Overview's answer names (dashboard.analytics.answer), else the busiest on average."""
+    rows = None if snap.time is None else (snap.time.rows if snap.layer is None else snap.time.rows.layer(snap.layer))
+    named = answers.named_gpu(snap.straggler, snap.layout.gpus, rows)
+    if named is not None:
+        return named
+    return snap.straggler.gpu if snap.straggler is not None else 0

@@ -1,23 +1,29 @@
-"""Experts: layer x expert heatmap, expert x time heatmap of one layer, hot and dead experts, drift."""
+"""Experts: layer x expert heatmap, expert x time heatmap of one layer (the worst by default), the experts of
+one GPU (the straggler by default), hot experts with the GPUs and nodes that hold them, dead experts, drift."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from moe_monitor.dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
+from moe_monitor.dashboard.analytics.answer import hottest_on
+from moe_monitor.dashboard.analytics.experts import dead_experts, gpus_holding, hot_experts, js_divergence
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.views import timeline
-from moe_monitor.dashboard.views.common import PageData, poll_and_caption
+from moe_monitor.dashboard.views.common import PageData, asked_gpu, named_or_busiest, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
 from moe_monitor.dashboard.views.staleness import staleness_section
 
 
 def page() -> None:
     st.title("Experts")
-    c1, c2 = st.columns(2)
-    c1.number_input("layer for the expert x time heatmap", min_value=0, value=0, step=1, key="experts_layer")
+    asked_gpu("experts_gpu")
+    c1, c2, c3 = st.columns(3)
+    c1.number_input("layer for the expert x time heatmap (-1: the worst layer)", min_value=-1, value=-1, step=1,
+                    key="experts_layer")
     c2.number_input("top-N hot experts", min_value=1, max_value=200, value=10, step=1, key="experts_top_n")
+    c3.number_input("experts of GPU (-1: the GPU the Overview names)", min_value=-1, value=-1, step=1,
+                    key="experts_gpu")
     live()
 
 
@@ -25,24 +31,42 @@ def page() -> None:
 def live() -> None:
     current = poll_and_caption()
     if current is not None:
-        render(current, int(st.session_state.get("experts_layer", 0)), int(st.session_state.get("experts_top_n", 10)))
+        render(current, int(st.session_state.get("experts_layer", -1)), int(st.session_state.get("experts_top_n", 10)),
+               int(st.session_state.get("experts_gpu", -1)))
     timeline.keep_playing()
 
 
-def render(current: PageData, layer: int, top_n: int) -> None:
-    snap, window = current.snapshot, current.watched.window
+def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
+    """layer -1: the layer with the lowest balancedness over the window; gpu -1: the GPU the Overview names."""
+    snap, window, layout = current.snapshot, current.watched.window, current.layout
     counts_LE = snap.view.counts_sum_LE
+    if layer < 0:
+        with np.errstate(all="ignore"):
+            eta_L = np.nanmean(np.where(np.isfinite(snap.eta_TL), snap.eta_TL, np.nan), axis=0)
+        layer = int(np.nanargmin(eta_L)) if np.isfinite(eta_L).any() else 0
     layer = min(max(layer, 0), window.num_layers - 1)
+    gpu = named_or_busiest(snap) if gpu < 0 else min(gpu, layout.gpus - 1)
     st.plotly_chart(expert_figures.layer_expert_heatmap(counts_LE), key="experts_layer_expert")
     counts_TE = window.layer_counts(snap.view.slots_T, layer)
     st.plotly_chart(expert_figures.expert_time_heatmap(snap.x_T, counts_TE, layer, snap.axis_marks(), snap.x_title),
                     key="experts_time")
+    st.subheader(f"The experts of GPU {gpu} (node {layout.node_of(gpu)})")
+    mine = hottest_on(counts_LE, layout.layout_LP, layout.gpus, gpu, top_n)
+    st.dataframe(pd.DataFrame([{"layer": h.layer, "expert": h.expert, "share of the GPU's tokens": h.share}
+                               for h in mine], columns=["layer", "expert", "share of the GPU's tokens"])
+                 .style.format({"share of the GPU's tokens": "{:.1%}"}), hide_index=True)
     left, right = st.columns(2)
     with left:
         st.subheader(f"Top {top_n} hot experts")
         rows = hot_experts(counts_LE, top_n)
-        table = pd.DataFrame(rows, columns=["layer", "expert", "tokens", "share", "x_mean"])
-        st.dataframe(table.style.format({"share": "{:.1%}", "x_mean": "{:.2f}x"}), hide_index=True)
+        for row in rows:
+            held = gpus_holding(layout.layout_LP, layout.gpus, row["layer"], row["expert"])
+            row["GPUs"] = ", ".join(map(str, held))
+            row["nodes"] = ", ".join(map(str, sorted({layout.node_of(g) for g in held})))
+        table = pd.DataFrame(rows, columns=["layer", "expert", "tokens", "share", "x_mean", "GPUs", "nodes"])
+        table = table.rename(columns={"share": "share of the layer", "x_mean": "x the layer's mean expert"})
+        st.dataframe(table.style.format({"share of the layer": "{:.1%}", "x the layer's mean expert": "{:.2f}x"}),
+                     hide_index=True)
     with right:
         dead_LE = dead_experts(counts_LE)
         st.subheader(f"Dead experts: {int(dead_LE.sum())}")

@@ -15,13 +15,14 @@ import streamlit as st
 from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures.units import GIB
 from moe_monitor.dashboard.views import measured, timeline
-from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
+from moe_monitor.dashboard.views.common import PageData, ago, asked_gpu, named_or_busiest, poll_and_caption
 from moe_monitor.dashboard.views.session import REFRESH_S
 
 
 def page() -> None:
     st.title("GPU panel")
-    st.number_input("EP GPU", min_value=0, value=0, step=1, key="gpu_panel_gpu")
+    asked_gpu("gpu_panel_gpu")
+    st.number_input("EP GPU (-1: the GPU the Overview names)", min_value=-1, value=-1, step=1, key="gpu_panel_gpu")
     live()
 
 
@@ -29,19 +30,19 @@ def page() -> None:
 def live() -> None:
     current = poll_and_caption(require_steps=False)
     if current is not None:
-        render(current, int(st.session_state.get("gpu_panel_gpu", 0)))
+        render(current, int(st.session_state.get("gpu_panel_gpu", -1)))
     timeline.keep_playing()
 
 
 def render(current: PageData, gpu: int) -> None:
+    """gpu: the EP GPU to show; -1: the one the Overview names (else the busiest)."""
     history, snap = current.watched.gpus, current.snapshot
-    for (host, rank), report in sorted(history.unavailable.items()):
-        st.warning(f"**No NVIDIA GPU / NVML not available on the collector host `{host}`** (rank {rank}): "
-                   f"{report.reason or 'no reason given'} — reported {ago(report.time_s)}. Expert load is "
-                   "still shown; GPU readings appear when a collector runs on a host with NVIDIA GPUs.")
+    unavailable_line(history.unavailable)
     if not history.series and not history.unavailable:
         st.info("The collector has not sent any NVML sample for this run yet.")
     gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
+    if gpu < 0:
+        gpu = named_or_busiest(snap) if snap is not None else 0
     gpu = min(max(gpu, 0), gpus - 1)
     pairs, note = history.pairing(gpus, current.watched.world_size)
     device = pairs.get(gpu)
@@ -78,6 +79,21 @@ def render(current: PageData, gpu: int) -> None:
         st.plotly_chart(gpu_figures.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
                         key="gpu_panel_nvml")
     measured.section(current)  # only when the run has physical records (an engine's measured slot loads)
+
+
+def unavailable_line(unavailable: dict) -> None:
+    """One warning for every collector that reported no NVIDIA GPU / no NVML (host, rank -> report), however
+    many ranks: which hosts and ranks, the newest reason and when."""
+    if not unavailable:
+        return
+    hosts = sorted({host for host, _ in unavailable})
+    ranks = sorted(rank for _, rank in unavailable)
+    newest = max(unavailable.values(), key=lambda report: report.time_s)
+    shown = ", ".join(f"`{h}`" for h in hosts[:4]) + (f" and {len(hosts) - 4} more" if len(hosts) > 4 else "")
+    span = str(ranks[0]) if len(ranks) == 1 else f"{len(ranks)} ranks, {ranks[0]}-{ranks[-1]}"
+    st.warning(f"**No NVIDIA GPU / NVML not available** on {shown} (rank {span}): "
+               f"{newest.reason or 'no reason given'} — reported {ago(newest.time_s)}. Expert load is still shown; "
+               "GPU readings appear when a collector runs on a host with NVIDIA GPUs.")
 
 
 def reading(row: dict, name: str, spec: str, scale: float = 1.0) -> str:

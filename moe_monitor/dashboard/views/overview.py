@@ -77,6 +77,20 @@ def first_screen(current: PageData) -> None:
     else:
         st.caption(tokens_headline(snap.time_note or "no time model", snap.idle_share, None, float("nan"),
                                    layout.gpus_per_node)[1])
+    drill_down(said.gpu)
+
+
+def drill_down(gpu: int | None) -> None:
+    """Links to the named GPU on Devices, its experts on Experts and its NVML panel (the same three links,
+    without a GPU, when none is named: the page keeps its shape between ticks)."""
+    where = {} if gpu is None else {"gpu": str(gpu)}
+    name = "the GPUs" if gpu is None else f"GPU {gpu}"
+    cols = st.columns(3)
+    cols[0].page_link("page_files/devices.py", label=f"{name} over time (Devices)", query_params=where)
+    cols[1].page_link("page_files/experts.py", label=f"{name}'s experts (Experts)" if gpu is not None
+                      else "the experts (Experts)", query_params=where)
+    cols[2].page_link("page_files/gpus.py", label=f"{name}'s clocks and memory (GPU panel)" if gpu is not None
+                      else "clocks and memory (GPU panel)", query_params=where)
 
 
 def _advice(current: PageData) -> str:
