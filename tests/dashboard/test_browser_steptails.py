@@ -34,6 +34,9 @@ def app_url(tmp_path: Path):
 def test_overview_shows_the_per_step_tails_and_whatif_the_policies(app_url, tmp_path):
     with chromium_page(1500, 2600) as page:
         page.goto(f"{app_url}/overview")
+        page.locator('[data-testid="stSidebar"]').get_by_text("both", exact=True).click(timeout=90_000)  # every step
+        page.get_by_text("phase: both", exact=False).first.wait_for(timeout=30_000)
+        page.get_by_text("Every figure:", exact=False).first.click(timeout=90_000)  # one click down
         page.get_by_text("step imbalance p99").wait_for(timeout=90_000)
         page.get_by_text("expert skew p99").first.wait_for(timeout=30_000)
         page.get_by_text("Per-step figures under dispatch policy").wait_for(timeout=30_000)
