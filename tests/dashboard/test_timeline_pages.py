@@ -87,12 +87,16 @@ def test_jump_to_the_worst_step_and_to_the_next_rebalance(replay_app):
     first, last, steps = _window(at)
     assert first <= 70 <= last and steps == WIDTH and abs((first + last) / 2 - 70) <= 1
     assert any("Worst step: 70 (balancedness 0.250)" in c.value for c in at.caption)
+    _ok(at.run())  # a refresh: the answer stays until the next move
+    assert any("Worst step: 70 (balancedness 0.250)" in c.value for c in at.caption)
     _ok(at.button(key="timeline_rebalance").click().run())
     first, last, _ = _window(at)
     assert first < 90 <= last and any("in force from step 90" in c.value for c in at.caption)
     assert any("engine rebalance since step 90" in m.value for m in at.markdown)
     _ok(at.button(key="timeline_rebalance").click().run())
     assert any("No later layout change" in c.value for c in at.caption)
+    _ok(at.button(key="timeline_back").click().run())  # the next move ends it
+    assert not any("No later layout change" in c.value for c in at.caption)
 
 
 def test_the_worst_step_follows_the_phase_filter(replay_app):

@@ -28,6 +28,18 @@ def test_moves_keep_the_width_and_stay_inside_the_recording():
     assert playback.seek_steps(pb, tl, 0, 119, max_width=50).first == 70
 
 
+def test_a_window_as_wide_as_the_recording_still_moves():
+    tl = recording().timeline()  # 120 steps
+    pb = playback.initial(tl, 600)
+    assert (pb.first, pb.last) == (0, 119)  # the whole recording, as the window asks
+    assert (playback.shift(pb, 1, tl).first, playback.shift(pb, 1, tl).last) == (1, 119)  # its oldest step left
+    back = playback.shift(pb, -1, tl)
+    assert (back.first, back.last) == (0, 118) and (playback.shift(back, -1, tl).first, back.width) == (0, 119)
+    playing = playback.play(pb, tl)
+    assert playing.playing and (playing.first, playing.last) == (0, 59)  # half: room to move
+    assert playback.advance(playing, tl, 1e6).last > 59
+
+
 def test_worst_step_follows_the_phase_filter_and_rebalances_are_found():
     tl = recording(worst_step=70).timeline()
     assert playback.worst_index(tl, "both") == 70 and tl.balancedness_T[70] == pytest.approx(0.25)

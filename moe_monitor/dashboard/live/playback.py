@@ -69,8 +69,14 @@ def initial(timeline: TimelineLike, width: int) -> Playback:
 
 
 def shift(pb: Playback, by: int, timeline: TimelineLike) -> Playback:
-    """The range moved by `by` steps (negative: back), same width, clamped to the recording."""
-    first, last = clamp(pb.first + by, pb.width, _size(timeline))
+    """The range moved by `by` steps (negative: back), same width, clamped to the recording. A range that covers
+    the whole recording cannot move: its far end moves instead (forward drops its oldest steps, back its newest),
+    so a step button always does something."""
+    size = _size(timeline)
+    if pb.width >= size > 1 and by:
+        step = min(abs(int(by)), size - 1)
+        return replace(pb, first=step, last=size - 1) if by > 0 else replace(pb, first=0, last=size - 1 - step)
+    first, last = clamp(pb.first + by, pb.width, size)
     return replace(pb, first=first, last=last)
 
 
@@ -133,9 +139,12 @@ def centre_step(pb: Playback, timeline: TimelineLike) -> int:
 
 
 def play(pb: Playback, timeline: TimelineLike) -> Playback:
-    """Start playing (from the beginning when the range already ends at the recording's end)."""
-    if pb.last >= _size(timeline) - 1:
-        first, last = clamp(0, pb.width, _size(timeline))
+    """Start playing (from the beginning when the range already ends at the recording's end; a range that
+    covers the whole recording plays as its first half, which has room to move)."""
+    size = _size(timeline)
+    if pb.last >= size - 1:
+        width = (size + 1) // 2 if pb.width >= size > 1 else pb.width
+        first, last = clamp(0, width, size)
         pb = replace(pb, first=first, last=last)
     return replace(pb, playing=True)
 

@@ -68,6 +68,7 @@ def seekable_now(cfg: Settings, source) -> bool:
         st.session_state[_FAILED] = (key, time.monotonic(), str(exc))
         return False
     st.session_state.pop(_FAILED, None)
+    st.session_state.pop(_NOTE, None)  # another recording: the last one's answer is not about it
     st.session_state[_STATE] = _Replay(key, replay, playback.initial(replay.timeline, cfg.window_steps))
     return True
 
@@ -117,7 +118,7 @@ def _draw(state: _Replay, cfg: Settings) -> None:
                        help="Centre the window on the step with the lowest balancedness (of the phase in view)")
         cols[5].button("next rebalance", key="timeline_rebalance", on_click=_on_rebalance,
                        help="Centre the window on the next layout change (an engine rebalance or an applied layout)")
-        note = st.session_state.pop(_NOTE, None)
+        note = st.session_state.get(_NOTE)  # an answer stays until the next move
         if note:
             st.caption(note)
 
@@ -144,16 +145,19 @@ def _on_range(drawn: tuple[int, int]) -> None:
     state, value = _state(), st.session_state.get(range_key(drawn))
     if state is None or not value or _shown(state) != tuple(drawn):
         return
+    st.session_state.pop(_NOTE, None)
     state.pb = playback.seek_steps(state.pb, state.replay.timeline, value[0], value[1], state.replay.max_steps)
 
 
 def _on_shift(by: int) -> None:
+    st.session_state.pop(_NOTE, None)
     state = _state()
     if state is not None:
         state.pb = replace(playback.shift(state.pb, by, state.replay.timeline), playing=False)
 
 
 def _on_play() -> None:
+    st.session_state.pop(_NOTE, None)
     state = _state()
     if state is None:
         return
