@@ -86,3 +86,16 @@ def test_in_tokens_names_the_straggler_and_its_experts():
     assert "busiest in 95% of (step, layer) pairs at 1.80× the mean load" in got.sentence
     assert "layer 0 expert 1 (90% of its tokens), layer 0 expert 0 (10% of its tokens)" in got.sentence
     assert got.sentence.endswith("To do: not worth it yet (x).")
+
+
+def test_one_gpus_share_equals_the_load_models_weights():
+    from moe_monitor.core.loadmodel import gpu_weights
+    from moe_monitor.dashboard.analytics.answer import gpu_share
+
+    rng = np.random.default_rng(3)
+    L, E, G, per_gpu = 3, 16, 4, 6
+    layout_LP = np.stack([np.concatenate([rng.permutation(E), rng.choice(E, G * per_gpu - E, replace=False)])
+                          for _ in range(L)])
+    weights = gpu_weights(layout_LP, E, G)
+    for gpu in range(G):
+        np.testing.assert_allclose(gpu_share(layout_LP, E, G, gpu), weights[:, :, gpu], rtol=1e-6)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor.core.costmodel import ReducedTimes, Verdict, verdict_of
-from moe_monitor.core.loadmodel import gpu_weights
+from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.dashboard.analytics.balance import Straggler
 from moe_monitor.dashboard.analytics.timecost import duration_text, share_text
 
@@ -64,11 +64,24 @@ def wait_by_gpu(rows: ReducedTimes) -> np.ndarray:
     return np.bincount(rows.busiest_TL.ravel(), weights=lost_TL.ravel(), minlength=rows.gpus)[:rows.gpus] / steps
 
 
+def gpu_share(layout_LP: np.ndarray, num_experts: int, gpus: int, gpu: int) -> np.ndarray:
+    """float64 [L, E]: the share of each expert's tokens GPU `gpu` serves (core.loadmodel's even split over
+    replicas), from that GPU's slots alone: O(L x P), not the [L, E, G] weights of every GPU."""
+    lay = np.asarray(layout_LP, dtype=np.int64)
+    per_gpu = lay.shape[1] // gpus
+    replicas_LE = replica_counts(lay, num_experts)
+    share_LE = np.zeros((lay.shape[0], num_experts))
+    mine = lay[:, gpu * per_gpu:(gpu + 1) * per_gpu]
+    rows = np.repeat(np.arange(lay.shape[0]), mine.shape[1])
+    np.add.at(share_LE, (rows, mine.ravel()), 1.0 / replicas_LE[rows, mine.ravel()])
+    return share_LE
+
+
 def hottest_on(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int, gpu: int, top: int = HOT_LISTED) -> list[Hot]:
     """The experts that give GPU `gpu` most of its tokens (counts [L, E] summed over the window, replicas
     sharing evenly), with their share of its tokens; [] when it has none."""
     counts_LE = np.asarray(counts_LE, dtype=np.float64)
-    load_LE = counts_LE * gpu_weights(layout_LP, counts_LE.shape[1], gpus)[:, :, gpu]
+    load_LE = counts_LE * gpu_share(layout_LP, counts_LE.shape[1], gpus, gpu)
     total = float(load_LE.sum())
     if total <= 0:
         return []

@@ -20,7 +20,7 @@ _LOCK = threading.Lock()
 
 @dataclass
 class _Entry:
-    started_s: float = 0.0
+    started_s: float | None = None  # when its last computation started (None: never)
     running: Future | None = None
     result: str = ""
     error: str = ""
@@ -29,10 +29,12 @@ class _Entry:
 _ENTRIES: OrderedDict[tuple, _Entry] = OrderedDict()
 
 
-def latest(key: tuple, compute: Callable[[], str], now_s: float | None = None, every_s: float = EVERY_S) -> str:
-    """The newest finished answer of compute() for key ("" until the first one finishes), starting a new
-    computation in the background when none runs anywhere and this key's is older than every_s. compute must
-    hold its own copies of its inputs. A computation that raised answers "no advice (its error)"."""
+def latest(key: tuple, prepare: Callable[[], Callable[[], str]], now_s: float | None = None,
+           every_s: float = EVERY_S) -> str:
+    """The newest finished answer for key ("" until the first one finishes). When none runs anywhere and this
+    key's is older than every_s, prepare() is called here (it copies what the computation needs: only then)
+    and the computation it returns runs in the background. A computation that raised answers "no advice (its
+    error)"."""
     now_s = time.monotonic() if now_s is None else now_s
     with _LOCK:
         entry = _ENTRIES.pop(key, None) or _Entry()
@@ -42,9 +44,9 @@ def latest(key: tuple, compute: Callable[[], str], now_s: float | None = None, e
         if entry.running is not None and entry.running.done():
             _collect(entry)
         busy = any(e.running is not None for e in _ENTRIES.values())
-        if not busy and (entry.started_s == 0.0 or now_s - entry.started_s >= every_s):
+        if not busy and (entry.started_s is None or now_s - entry.started_s >= every_s):
             entry.started_s = now_s
-            entry.running = _POOL.submit(compute)
+            entry.running = _POOL.submit(prepare())
         return entry.result or (f"no advice ({entry.error})" if entry.error else "")
 
 

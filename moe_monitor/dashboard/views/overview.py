@@ -99,18 +99,21 @@ def _advice(current: PageData) -> str:
     snap, layout, window = current.snapshot, current.layout, current.watched.window
     if snap.resolution_s or window is None:
         return "the advisor reads single steps: open What-if at full resolution"
-    slots = snap.view.slots_T[-DEFAULT_WINDOW:]
-    counts_TLE, layout_LP = window.counts_CLE[slots].copy(), layout.layout_LP.copy()
     meta, model, gpus = current.watched.source.meta(), None if snap.time is None else snap.time.model, layout.gpus
 
-    def compute() -> str:
-        advice = whatif_advice.advice_on_window(counts_TLE, layout_LP, gpus, meta, model)
-        if advice.moves == 0:
-            return f"nothing to do ({advice.reason})"
-        return whatif_advice.advice_line(advice) + " — What-if shows its layout"
+    def prepare():  # on this thread, only when a new computation starts: the copies it works on
+        counts_TLE = window.counts_CLE[snap.view.slots_T[-DEFAULT_WINDOW:]]  # fancy indexing: a copy
+        layout_LP = layout.layout_LP.copy()
+
+        def compute() -> str:
+            advice = whatif_advice.advice_on_window(counts_TLE, layout_LP, gpus, meta, model)
+            if advice.moves == 0:
+                return f"nothing to do ({advice.reason})"
+            return whatif_advice.advice_line(advice) + " — What-if shows its layout"
+        return compute
 
     key = (current.settings.monitor_key(), current.phase, layout.gpus, hash(layout.layout_LP.tobytes()))
-    return advice_worker.latest(key, compute)
+    return advice_worker.latest(key, prepare)
 
 
 def details(current: PageData) -> None:
