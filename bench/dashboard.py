@@ -32,9 +32,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from moe_monitor import core
 from moe_monitor.core.loadmodel import weighted_loads
+from moe_monitor.dashboard.analytics import answer as answers
 from moe_monitor.dashboard.analytics.balance import step_vs_window
 from moe_monitor.dashboard.analytics.experts import dead_experts, hot_experts, js_divergence
 from moe_monitor.dashboard.analytics.timecost import time_model_for
+from moe_monitor.dashboard.figures import answer as answer_figure
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures import load as load_figures
@@ -76,9 +78,15 @@ class Writer:
 
 def page_figures(page: str, watched: WatchedRun, snap) -> list:
     """The figures a page builds per tick (as dashboard/views/<page>.py does)."""
-    if page == "overview":
-        return [load_figures.gpu_load_bars(snap.latest_G, snap.stats, snap.straggler.gpu if snap.straggler else None,
-                                      "tokens/step")]
+    if page == "overview":  # the answer (its advisor runs off the page's thread) and the details' bars
+        rows, layout = None if snap.time is None else snap.time.rows, snap.layout
+        gpu = answers.named_gpu(snap.straggler, layout.gpus, rows)
+        hot = [] if gpu is None else answers.hottest_on(snap.view.counts_sum_LE, layout.layout_LP, layout.gpus, gpu)
+        said = answers.answer(snap.straggler, layout.gpus, layout.gpus_per_node, snap.idle_share, hot, rows,
+                              snap.steps_per_s)
+        answer_figure.answer_data(said.series_G if said.series_G.size else snap.stats.mean_G, said.gpu,
+                                  layout.gpus_per_node)
+        return [load_figures.gpu_load_bars(snap.latest_G, snap.stats, int(np.argmax(snap.latest_G)), "tokens/step")]
     if page == "devices":
         return [load_figures.load_bands(snap.view.step_T, snap.loads_TG, "tokens/step"),
                 load_figures.gpu_time_heatmap(snap.view.step_T, snap.loads_TG, "tokens/step"),
