@@ -1,7 +1,7 @@
 """The Overview's first screen as a user sees it at 1600x1000 in headless Debian chromium, on a live run that
 keeps writing: the answer and its picture above the fold, the phase the run spends its time in shown by default,
 and not one frame with a blank chart over 30 s of refresh (the picture is a keyed Vega-Lite chart, updated in
-place). The screenshot lands in $MOE_DOCS_SCREENSHOTS when it names a folder (docs/img/overview.png)."""
+place). The screenshot lands in $MOE_DOCS_SCREENSHOTS when it names a folder (docs/img/first-screen.png)."""
 from __future__ import annotations
 
 import os
@@ -71,7 +71,7 @@ def test_the_answer_and_its_picture_are_above_the_fold_and_never_blank(live_app,
         page.get_by_text("phase: decode (auto: decode", exact=False).first.wait_for(timeout=30_000)
         for what, box in (("the answer", answer.bounding_box()), ("the picture", picture.bounding_box())):
             assert box is not None and box["y"] + box["height"] <= 1000, f"{what} ends below the fold: {box}"
-        shot = tmp_path / "overview.png"
+        shot = tmp_path / "first-screen.png"
         page.screenshot(path=str(shot), full_page=False)
         if os.environ.get("MOE_DOCS_SCREENSHOTS"):
             shutil.copy(shot, ROOT / os.environ["MOE_DOCS_SCREENSHOTS"] / shot.name)
