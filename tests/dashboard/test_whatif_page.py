@@ -193,3 +193,22 @@ def test_trace_of_the_run_loads_in_the_planner(filled, tmp_path):
     _, counts = stream(filled)
     assert windows.shape == (16, *counts.shape[1:]) and windows.sum() == counts.sum()
     assert (windows.sum(0) == counts.sum(0)).all()
+
+
+def test_a_flat_replica_budget_is_said_not_drawn_and_a_replan_says_it_is_not_the_advisor(redis_url, monkeypatch):
+    from tests.support import synthfill
+
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key("even"), core.encode_meta(synthfill.make_meta("even", 2, 8, gpus=4)))
+    counts = np.full((2, 8), 64, dtype=np.int32)  # every expert alike: no replica can lower the imbalance
+    for step in range(40):
+        client.xadd(core.steps_key("even"), core.encode_step(core.StepRecord(
+            run="even", rank=0, world_size=1, step=step, time_s=1000.0 + step, phase="decode", tokens=64,
+            counts_LE=counts)))
+    client.zadd(core.RUNS_KEY, {"even": 1040.0})
+    at = page(redis_url, monkeypatch)
+    assert any(c.value.startswith("Flat: every R from 0 to 8 plans to a mean imbalance of 1.000-1.000")
+               for c in at.caption), [c.value for c in at.caption]
+    assert not [c for c in at.get("plotly_chart") if "Replica budget" in c.proto.spec]
+    planner = [c.value for c in at.caption if "not the advisor's" in c.value]  # the re-plan copies, the advisor not
+    assert len(planner) == 1 and "moe-monitor advise" in planner[0], planner

@@ -101,6 +101,11 @@ def render(current: PageData) -> None:
             result = cached(state.plans, plan_key, lambda: plan(
                 data.fit_WLE, G, picks.redundant, nodes=plan_nodes, groups=groups, policy=picks.policy))
     session = state.session(plan_key, result.layout_LP, G)
+    copied = experts_copied(layout.layout_LP, result.layout_LP, G)
+    if advice is not None and not isinstance(result, whatif_advice.AdvisedLayout) and copied > advice.moves:
+        st.caption(f"The layout scored below is the planner's ({result.policy}: {copied:,} expert copies from the "
+                   f"layout in force), not the advisor's: the advisor above weighs what moves gain against the time "
+                   "serving waits for the copies, as `moe-monitor advise` does.")
     meta = current.watched.source.meta()
     sizes, sizes_note = whatif_traffic.run_sizes(meta)
     if sizes_note:
@@ -277,6 +282,9 @@ def _traffic(layout: ResolvedLayout, session: edits.EditSession, data: whatif_sc
                f"{layout.gpus // picks.nodes} GPUs; {source_note}.")
 
 
+FLAT_IMBALANCE = 0.005  # a replica-budget curve whose imbalance spans less than this is said, not drawn
+
+
 def _budget(data: whatif_score.WhatIfData, data_key: tuple, G: int, picks: Inputs, nodes: int | None,
             groups: int | None, sizes: tuple[int, int, int], state: WhatIfState) -> None:
     """Budget curve on the fit window's sum. The robust policy (several plans, seconds each at DeepSeek
@@ -289,6 +297,12 @@ def _budget(data: whatif_score.WhatIfData, data_key: tuple, G: int, picks: Input
         curve = cached(state.budget, key, lambda: replica_budget_curve(
             data.fit_WLE.sum(0), G, 2 * G, hidden, inter, dtype_bytes, policy, nodes, groups))
     knee = curve["rows"][curve["knee"]]
+    imbalance = [row["mean_imbalance"] for row in curve["rows"]]
+    if max(imbalance) - min(imbalance) < FLAT_IMBALANCE:
+        st.caption(f"Flat: every R from {curve['rows'][0]['redundant']} to {curve['rows'][-1]['redundant']} plans "
+                   f"to a mean imbalance of {min(imbalance):.3f}-{max(imbalance):.3f} on the fit window; redundant "
+                   "experts buy nothing here (no curve drawn).")
+        return
     st.plotly_chart(whatif_figures.budget_curve(curve["rows"], curve["knee"], picks.redundant), key="whatif_budget_fig")
     st.caption(f"Planned on the fit window (summed) with policy {policy}. Knee at R = {knee['redundant']}: imbalance "
                f"{knee['mean_imbalance']:.3f} for {format_bytes(knee['extra_bytes_per_gpu'], sign=True)} per GPU "
