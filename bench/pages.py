@@ -8,7 +8,7 @@ context opens the page and the time until a chart on screen has drawn is taken (
 server). Medians of the repeats, interleaved. Then blank-chart frames over --watch-s seconds of live refresh per
 page (tests/dashboard/blankframes.py).
 
-    python -m bench.pages [--repeats 5] [--baseline REV] [--watch-s 10]
+    python -m bench.pages [--repeats 5] [--baseline REV] [--watch-s 10] [--pages overview,devices]
 """
 from __future__ import annotations
 
@@ -109,7 +109,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline", default=os.environ.get("MOE_BENCH_BASELINE", ""))
     parser.add_argument("--watch-s", type=float, default=10.0)
+    parser.add_argument("--pages", default=",".join(PAGES), help="comma-separated, of " + ", ".join(PAGES))
     args = parser.parse_args()
+    pages = [p for p in args.pages.split(",") if p in PAGES]
     if not Path(CHROMIUM).exists():
         print(f"  no {CHROMIUM}: bash scripts/system-deps.sh --with-browser, then again")
         return 0
@@ -128,26 +130,26 @@ def main() -> int:
             procs[name] = serve(root, port, server.url, work / f"{len(procs)}.log")
             urls[name] = f"http://127.0.0.1:{port}"
         time.sleep(3.0)  # the window fills with live steps
-        times: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in PAGES}
+        times: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in pages}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             for name in found:  # warm-up: each server imports its pages once, untimed
-                for page in PAGES:
+                for page in pages:
                     first_chart_s(browser, f"{urls[name]}/{page}")
             for _ in range(args.repeats):
                 for name in found:
-                    for page in PAGES:
+                    for page in pages:
                         times[(name, page)].append(first_chart_s(browser, f"{urls[name]}/{page}"))
             print(f"time to the first chart on screen, {LAYERS} layers x {EXPERTS} experts, {GPUS} GPUs, live at "
                   f"10 steps/s, 1600x1000; median of {args.repeats} new sessions each (interleaved):")
             names = list(found)
-            for page in PAGES:
+            for page in pages:
                 medians = [statistics.median(times[(n, page)]) for n in names]
                 cells = [f"{n} {m:5.2f} s" for n, m in zip(names, medians)]
                 ratio = "" if len(names) < 2 else f"  ratio {medians[0] / medians[1]:.2f}"
                 print(f"  {page:9s} " + " · ".join(cells) + ratio)
             print(f"blank-chart frames over {args.watch_s:.0f} s of live refresh (frames seen):")
-            for page in PAGES[:-1]:  # What-if does not refresh on its own
+            for page in (p for p in pages if p != "what-if"):  # What-if does not refresh on its own
                 cells = []
                 for name in names:
                     seen = blank_frames(browser, f"{urls[name]}/{page}", args.watch_s)
