@@ -75,6 +75,25 @@ def test_time_page_with_timings(redis_url, monkeypatch):
     at.selectbox(key="time_layer").set_value(1).run()
     assert not at.exception and len(at.get("plotly_chart")) == 5
     assert not at.error
+    assert any(md.value.startswith("**Measured straggler: rank 0**") and "The Overview names GPU " in md.value
+               for md in at.markdown)  # every rank alike here: the first of the least waiting
+
+
+def test_the_measured_straggler_beside_the_overviews_by_one_rule():
+    from moe_monitor.dashboard.analytics.timing import measured_straggler
+    from moe_monitor.dashboard.views.time import straggler_line
+
+    assert measured_straggler(np.array([3e-3, 1e-3, np.nan])) == 1
+    assert measured_straggler(np.array([np.nan, np.nan])) is None
+    wait_R = np.array([3e-3, 1e-3, 2e-3])
+    agree = straggler_line(wait_R, named=1, gpus=3, in_time=True)
+    assert agree == ("**Measured straggler: rank 1**, waiting 1.500 ms less per step than the other ranks' mean. "
+                     "The Overview names GPU 1 (predicted by the cost model); they agree.")
+    assert straggler_line(wait_R, named=2, gpus=3, in_time=False).endswith(
+        "names GPU 2 (by tokens); they differ: the measurement holds what the prediction leaves out "
+        "(`moe-monitor calibrate` fits the profile to these timings).")
+    assert "ranks (3) are not GPUs (6) here" in straggler_line(wait_R, named=1, gpus=6, in_time=True)
+    assert straggler_line(np.full(2, np.nan), 0, 2, True).startswith("No rank's wait was measured")
 
 
 def test_a_line_of_time_on_load_only_when_it_explains_the_time(redis_url, monkeypatch):

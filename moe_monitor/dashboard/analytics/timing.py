@@ -123,6 +123,14 @@ def wait_per_rank(compute_TRL: ArrayLike, layer_TRL: ArrayLike) -> np.ndarray:
     return _nanmean(per_TR, axis=0)
 
 
+def measured_straggler(wait_R: ArrayLike) -> int | None:
+    """The rank the others wait for, by measurement: the one whose straggler wait (wait_per_rank) is least;
+    None when no rank was measured."""
+    wait_R = np.asarray(wait_R, dtype=np.float64)
+    finite = np.isfinite(wait_R)
+    return int(np.flatnonzero(finite)[np.argmin(wait_R[finite])]) if finite.any() else None
+
+
 def layer_seconds(layer_TRL: ArrayLike) -> tuple[float, float]:
     """(mean, p99) over the measured (step, layer) pairs of step_layer_time, seconds; NaN when none."""
     per_TL = step_layer_time(layer_TRL)

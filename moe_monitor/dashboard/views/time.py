@@ -11,7 +11,7 @@ from moe_monitor.dashboard.analytics import timing
 from moe_monitor.dashboard.figures import time as time_figures
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.views import timeline
-from moe_monitor.dashboard.views.common import PageData, caption, poll_and_analyse
+from moe_monitor.dashboard.views.common import PageData, caption, named_or_busiest, poll_and_analyse
 from moe_monitor.dashboard.views.session import REFRESH_S
 
 MIN_FIT_R2 = 0.3  # a line of MoE time on the busiest GPU's tokens is reported only when it explains this much
@@ -36,6 +36,22 @@ def live() -> None:
 
 def _ms(seconds: float) -> str:
     return "n/a" if not np.isfinite(seconds) else f"{seconds * 1e3:.3f} ms"
+
+
+def straggler_line(wait_R: np.ndarray, named: int, gpus: int, in_time: bool) -> str:
+    """The measured straggler beside the GPU the Overview names, by the same rule (the one the others wait
+    for): whether they agree, where ranks are GPUs."""
+    rank = timing.measured_straggler(wait_R)
+    if rank is None:
+        return "No rank's wait was measured: no straggler by measurement."
+    others = np.delete(wait_R, rank)
+    less = float(np.nanmean(others) - wait_R[rank]) if np.isfinite(others).any() else float("nan")
+    line = (f"**Measured straggler: rank {rank}**, waiting {_ms(less)} less per step than the other ranks' mean. "
+            f"The Overview names GPU {named} ({'predicted by the cost model' if in_time else 'by tokens'})")
+    if wait_R.size != gpus:
+        return line + f"; ranks ({wait_R.size}) are not GPUs ({gpus}) here, so the two are not compared."
+    return line + ("; they agree." if rank == named else "; they differ: the measurement holds what the "
+                   "prediction leaves out (`moe-monitor calibrate` fits the profile to these timings).")
 
 
 def _share(value: float) -> str:
@@ -84,9 +100,11 @@ def render(current: PageData) -> None:
     st.caption("Achieved overlap of a (step, rank, layer) = (compute + comm − layer) / min(compute, comm), comm = "
                "dispatch + combine, **clipped to [0, 1]**: 0 when the layer took compute + comm (nothing hidden), "
                "1 when it took only max(compute, comm). Shares are sums of the measured cells over the window.")
-    st.plotly_chart(time_figures.wait_bars(timing.wait_per_rank(view.compute_TRL, view.layer_TRL)), key="time_wait")
+    wait_R = timing.wait_per_rank(view.compute_TRL, view.layer_TRL)
+    st.plotly_chart(time_figures.wait_bars(wait_R), key="time_wait")
     st.caption("Straggler wait = the layer's time (its slowest rank) minus the rank's own expert compute: its "
                "all-to-alls and the time it waits for the others. The rank that waits least is the straggler.")
+    st.markdown(straggler_line(wait_R, named_or_busiest(snap), snap.layout.gpus, snap.time is not None))
     load_T = timing.max_gpu_load_per_step(snap.view.loads_TLG)
     moe_s_T = timing.step_moe_time(view.layer_TRL)
     fit = timing.fit_line(load_T, moe_s_T)
