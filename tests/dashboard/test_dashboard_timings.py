@@ -90,8 +90,15 @@ def test_before_after_exact():
     assert result.eta_before == pytest.approx(0.6) and result.eta_after == pytest.approx(0.9)
     assert (result.steps_before, result.steps_after) == (3, 3)
     assert result.layer_change_ratio == pytest.approx(-0.5)
+    # before: 3, 4, 5 (variance 1); after: 1, 2, 3 (variance 1): half-width 1.96 * sqrt(1/3 + 1/3)
+    assert result.layer_s_halfwidth == pytest.approx(1.96 * np.sqrt(2 / 3))
+    lo, hi = result.layer_change_interval
+    assert (lo, hi) == pytest.approx(((-2 - 1.96 * np.sqrt(2 / 3)) / 4, (-2 + 1.96 * np.sqrt(2 / 3)) / 4))
+    # eta before: 0.5, 0.5, 0.8 (variance 0.03); after: 0.9, 0.9 (its NaN left out; variance 0)
+    assert result.eta_halfwidth == pytest.approx(1.96 * np.sqrt(0.03 / 3))
     early = timing.before_after(step_T, layer_s_T, eta_T, change_step=0, steps=3)
     assert np.isnan(early.layer_s_before) and early.steps_before == 0
+    assert all(np.isnan(early.layer_change_interval))
     with pytest.raises(ValueError):
         timing.before_after(step_T, layer_s_T[:3], eta_T, 5, 3)
 
@@ -183,3 +190,18 @@ def test_trace_source_yields_timing_lines(tmp_path):
     watched = WatchedRun(TraceSource(str(path)), 10)
     watched.tick()
     assert watched.timings.aligned([0, 1, 2]).has_T.all()
+
+
+def test_a_change_within_noise_says_so():
+    from moe_monitor.dashboard.views.whatif.apply import change_line
+
+    rng = np.random.default_rng(0)
+    step_T = np.arange(128)
+    noisy = 1e-3 * (1 + 0.3 * rng.standard_normal(128))  # the same distribution either side of step 64
+    line = change_line(timing.before_after(step_T, noisy, np.full(128, 0.8), 64, 64))
+    assert "within noise: the interval holds no change" in line and "95% interval" in line
+    faster = change_line(timing.before_after(step_T, np.where(step_T < 64, 2e-3, 1e-3) + noisy * 0.01,
+                                             np.full(128, 0.8), 64, 64))
+    assert "faster, beyond noise" in faster
+    one_each = change_line(timing.before_after(np.arange(2), np.array([1e-3, 2e-3]), np.ones(2), 1, 64))
+    assert one_each.startswith("MoE time per step: too few timed steps")

@@ -159,7 +159,8 @@ def _eta(loads_LG: np.ndarray) -> float:
 
 def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
     """Steps 0..19, layer time 2 ms per layer before step 10, 1 ms from it; an "apply" change at step 10 to a
-    layout that swaps experts between the GPUs. The panel shows the means over 8 steps either side."""
+    layout that swaps experts between the GPUs. The panel shows the means over the 10 steps either side (up to
+    64) and the change with its interval."""
     client = fill_run(redis_url, "applied", layer_s=lambda step: 2e-3 if step < 10 else 1e-3)
     new_LP = np.tile(np.array([0, 4, 1, 5, 2, 6, 3, 7], dtype=np.int32), (L, 1))
     change = core.LayoutRecord(run="applied", step=10, time_s=time.time(), layout_LP=new_LP, gpus=G,
@@ -178,11 +179,13 @@ def test_before_after_panel_after_an_applied_change(redis_url, monkeypatch):
         return out
 
     old_LP = np.tile(np.arange(E), (L, 1))
-    eta_before = np.mean([_eta(loads(counts[s], old_LP)) for s in range(2, 10)])
-    eta_after = np.mean([_eta(loads(counts[s], new_LP)) for s in range(10, 18)])
+    eta_before = np.mean([_eta(loads(counts[s], old_LP)) for s in range(0, 10)])
+    eta_after = np.mean([_eta(loads(counts[s], new_LP)) for s in range(10, 20)])
     at = _whatif(redis_url, monkeypatch)
-    assert any("Layout applied at step 10" in md.value and "8 steps before and the 8 steps after" in md.value
+    assert any("Layout applied at step 10" in md.value and "10 steps before and the 10 steps after" in md.value
                for md in at.markdown)
+    assert any(c.value.startswith("MoE time per step -50.0% (95% interval -50.0% to -50.0%): faster, beyond noise")
+               for c in at.caption), [c.value for c in at.caption]
     metrics = {m.label: m for m in at.metric}
     assert metrics["MoE time per step, after"].value == "2.000 ms"  # 2 layers x 1 ms, slowest rank
     assert metrics["MoE time per step, after"].delta == "-50.0%"

@@ -194,7 +194,9 @@ def summarise(dispatch_TRL: ArrayLike, compute_TRL: ArrayLike, combine_TRL: Arra
 class BeforeAfter:
     """Measured means over the steps before and after a layout change: layer_s (the step's MoE time,
     step_moe_time) and balancedness (the step's mean over layers); steps_before / steps_after: how many steps
-    each side covers (unmeasured values among them are left out of its means)."""
+    each side covers (unmeasured values among them are left out of its means); layer_s_halfwidth /
+    eta_halfwidth: half the 95% interval of after - before (normal approximation of the difference of two means,
+    each side's sample variance; NaN when a side has fewer than two measured values)."""
 
     change_step: int
     layer_s_before: float
@@ -203,6 +205,17 @@ class BeforeAfter:
     eta_after: float
     steps_before: int
     steps_after: int
+    layer_s_halfwidth: float = float("nan")
+    eta_halfwidth: float = float("nan")
+
+    @property
+    def layer_change_interval(self) -> tuple[float, float]:
+        """The 95% interval of layer_change_ratio (NaN, NaN when unknown)."""
+        if not np.isfinite(self.layer_change_ratio) or not np.isfinite(self.layer_s_halfwidth):
+            return float("nan"), float("nan")
+        diff = self.layer_s_after - self.layer_s_before
+        return ((diff - self.layer_s_halfwidth) / self.layer_s_before,
+                (diff + self.layer_s_halfwidth) / self.layer_s_before)
 
     @property
     def layer_change_ratio(self) -> float:
@@ -230,11 +243,21 @@ def before_after(step_T: ArrayLike, layer_s_T: ArrayLike, eta_T: ArrayLike, chan
     sides = []
     for lo, hi in ((max(0, cut - steps), cut), (cut, min(step.size, cut + steps))):
         lay, et = layer[lo:hi], eta[lo:hi]
-        lay_ok, et_ok = lay[np.isfinite(lay)], et[np.isfinite(et)]
-        sides.append((float(lay_ok.mean()) if lay_ok.size else float("nan"),
-                      float(et_ok.mean()) if et_ok.size else float("nan"), int(hi - lo)))
-    (lb, eb, nb), (la, ea, na) = sides
-    return BeforeAfter(int(change_step), lb, la, eb, ea, nb, na)
+        sides.append((lay[np.isfinite(lay)], et[np.isfinite(et)], int(hi - lo)))
+    (lay_b, et_b, nb), (lay_a, et_a, na) = sides
+    return BeforeAfter(int(change_step), _mean(lay_b), _mean(lay_a), _mean(et_b), _mean(et_a), nb, na,
+                       _halfwidth(lay_b, lay_a), _halfwidth(et_b, et_a))
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if values.size else float("nan")
+
+
+def _halfwidth(before: np.ndarray, after: np.ndarray) -> float:
+    """Half the 95% interval of mean(after) - mean(before); NaN with fewer than two values on a side."""
+    if before.size < 2 or after.size < 2:
+        return float("nan")
+    return 1.96 * float(np.sqrt(before.var(ddof=1) / before.size + after.var(ddof=1) / after.size))
 
 
 def select_layer(times_TRL: ArrayLike, layer: int | None) -> np.ndarray:

@@ -27,7 +27,7 @@ from moe_monitor.dashboard.whatif import edits
 from moe_monitor.dashboard.whatif import score as whatif_score
 from moe_monitor.planner.repair import experts_copied
 
-APPLY_COMPARE_STEPS = 8  # steps before and after an applied change that the comparison averages
+APPLY_COMPARE_STEPS = 64  # steps before and after an applied change that the comparison averages (at most)
 STATUS_POLL_S = 1.0      # how often the page looks for the engine's answer while a request waits
 ANSWERS_POLL_S = 2.0     # how often the list of the engine's latest answers is read again
 
@@ -123,6 +123,7 @@ def _applied_panel(current: PageData, layout: ResolvedLayout, before: whatif_sco
     result = timing.before_after(step_T, moe_s_T, eta_T, change.step, APPLY_COMPARE_STEPS)
     st.markdown(f"**Layout applied at step {change.step}** (the run's layouts stream): mean over the "
                 f"{result.steps_before} steps before and the {result.steps_after} steps after it.")
+    st.caption(change_line(result))
     cols = st.columns(3)
     cols[0].metric("MoE time per step, after", _ms(result.layer_s_after),
                    delta=None if not np.isfinite(result.layer_change_ratio) else f"{result.layer_change_ratio:+.1%}",
@@ -136,6 +137,20 @@ def _applied_panel(current: PageData, layout: ResolvedLayout, before: whatif_sco
                    delta=f"{predicted - current_eta:+.3f}" if np.isfinite(predicted - current_eta) else None,
                    help=f"the What-if's per-step balancedness of this layout on {basis} (current layout: "
                         f"{format_number(current_eta)})")
+
+
+def change_line(result: timing.BeforeAfter) -> str:
+    """The measured change as a difference with its 95% interval, and whether it is more than noise."""
+    lo, hi = result.layer_change_interval
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return ("MoE time per step: too few timed steps on a side for an interval (two or more each); the "
+                "figures below are single means.")
+    verdict = ("within noise: the interval holds no change" if lo <= 0 <= hi else
+               "faster, beyond noise" if hi < 0 else "slower, beyond noise")
+    eta = (f"; balancedness {result.eta_after - result.eta_before:+.3f} (95%: ±{result.eta_halfwidth:.3f})"
+           if np.isfinite(result.eta_halfwidth) else "")
+    return (f"MoE time per step {result.layer_change_ratio:+.1%} (95% interval {lo:+.1%} to {hi:+.1%}): "
+            f"{verdict}{eta}. More steps after the change narrow it.")
 
 
 def _ms(seconds: float) -> str:
