@@ -69,3 +69,17 @@ def test_durations_in_words():
     assert [format_duration(s) for s in (0, 40, 150, 7200, 86400, 454028)] == [
         "0 s", "40 s", "2.5 min", "2 h", "1 day", "5.3 days"]
     assert format_duration(float("nan")) == format_duration(-1.0) == "unknown"
+
+
+def test_layer_and_gpu_axes_tick_whole_numbers_and_layers_are_not_joined():
+    from moe_monitor.dashboard.analytics.balance import step_vs_window
+    from moe_monitor.dashboard.figures import load
+
+    loads_TLG = np.random.default_rng(0).random((5, 3, 4))
+    svw = load.step_vs_window_figure(step_vs_window(loads_TLG))
+    assert svw.layout.xaxis.dtick == 1 and svw.layout.xaxis.tickformat == "d"
+    assert all(trace.mode == "markers" for trace in svw.data)
+    heat = load.layer_eta_heatmap(np.arange(5), np.full((5, 3), 0.8))
+    assert heat.layout.yaxis.dtick == 1 and heat.layout.yaxis.title.text == "layer"
+    wide = load.gpu_time_heatmap(np.arange(5), np.ones((5, 256)), "tokens")
+    assert wide.layout.yaxis.dtick is None and wide.layout.yaxis.tickformat == "d"

@@ -41,6 +41,11 @@ def gpu_load_bars(latest_G: np.ndarray, stats: GpuWindowStats, straggler_gpu: in
                   xaxis=dict(range=[-0.5, latest_G.size - 0.5], dtick=1 if latest_G.size <= 32 else None))
 
 
+def integer_axis(count: int) -> dict:
+    """An axis of layers or GPUs: whole-number ticks only (every one up to 32 of them)."""
+    return dict(tickformat="d", dtick=1) if count <= 32 else dict(tickformat="d")
+
+
 def load_bands(step_T: np.ndarray, loads_TG: np.ndarray, unit: str, marks: Marks = (), x_title: str = "step") -> go.Figure:
     """Across GPUs, per step: max, p99 and mean GPU load (band from mean to max), downsampled by max."""
     traces = []
@@ -68,7 +73,8 @@ def gpu_time_heatmap(step_T: np.ndarray, loads_TG: np.ndarray, unit: str, marks:
         traces = [dict(type="heatmap", z=small_ints((binned / width).T), x=axis_at(step_T, first),
                        y=np.arange(loads_TG.shape[1], dtype=np.int32), colorscale="Viridis",
                        colorbar=dict(title=dict(text=unit)))]
-    return figure(traces, f"Per-GPU load over time ({unit}, bin mean)", x_title, "GPU", **change_markers(marks))
+    return figure(traces, f"Per-GPU load over time ({unit}, bin mean)", x_title, "GPU",
+                  yaxis=integer_axis(loads_TG.shape[1]), **change_markers(marks))
 
 
 def layer_eta_heatmap(step_T: np.ndarray, eta_TL: np.ndarray, marks: Marks = (), x_title: str = "step") -> go.Figure:
@@ -80,16 +86,17 @@ def layer_eta_heatmap(step_T: np.ndarray, eta_TL: np.ndarray, marks: Marks = (),
                        x=axis_at(step_T, first), y=np.arange(eta_TL.shape[1], dtype=np.int32),
                        zmin=0, zmax=100, colorscale="RdYlGn", colorbar=dict(title=dict(text="eta %")))]
     return figure(traces, "Per-layer balancedness over time (eta %, bin min)", x_title, "layer",
-                  **change_markers(marks))
+                  yaxis=integer_axis(eta_TL.shape[1]), **change_markers(marks))
 
 
 def step_vs_window_figure(svw: StepVsWindow) -> go.Figure:
     """Per layer: window-sum imbalance beside the mean and p99 of per-step imbalance (max/mean)."""
     layers = np.arange(svw.window_sum_L.size, dtype=np.int32)
-    traces = [dict(type="scatter", x=layers, y=f32(values), name=name, mode="lines+markers")
+    traces = [dict(type="scatter", x=layers, y=f32(values), name=name, mode="markers", marker=dict(size=8))
               for name, values in (("window sum", svw.window_sum_L), ("per step, mean", svw.per_step_mean_L),
-                                   ("per step, p99", svw.per_step_p99_L))]
-    return figure(traces, "Imbalance (max/mean): per step vs window sum", "layer", "imbalance")
+                                   ("per step, p99", svw.per_step_p99_L))]  # layers are not a continuum: no lines
+    return figure(traces, "Imbalance (max/mean): per step vs window sum", "layer", "imbalance",
+                  xaxis=integer_axis(layers.size))
 
 
 def eta_over_time(step_T: np.ndarray, eta_TL: np.ndarray, marks: Marks = (), x_title: str = "step") -> go.Figure:
