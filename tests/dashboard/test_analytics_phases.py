@@ -33,3 +33,10 @@ def test_a_clock_that_goes_back_or_stands_still_counts_steps():
     assert got == {"decode": 2.0, "prefill": 1.0}
     back = time_by_phase(np.array([10.0, 9.0, 9.5]), _codes(["decode", "prefill", "prefill"]))
     assert back == pytest.approx({"decode": 0.25, "prefill": 0.5})  # the negative gap counts 0
+
+
+def test_the_phase_shown_does_not_flip_near_half_and_half():
+    near = {"decode": 10.0, "prefill": 11.0}
+    assert main_phase(near) == "prefill" and main_phase(near, previous="decode") == "decode"
+    assert main_phase({"decode": 10.0, "prefill": 13.0}, previous="decode") == "prefill"  # 10 < 0.8 x 13
+    assert main_phase({"mixed": 9.0, "decode": 1.0}, previous="decode") == "both"

@@ -1,7 +1,7 @@
 """The Overview's answer, pure: which GPU holds the MoE layers back (or that none does persistently), what it
 costs, why, and what to do, in one sentence; and the per-GPU series its picture marks that GPU on.
 
-In time (a cost model): the GPU the layers wait for longest, and the series is each GPU's share of the wait.
+In time (a cost model): the GPU the layers wait for longest, and the series is the wait charged to each GPU.
 In tokens (no cost model): the straggler of the window's loads, and the series is each GPU's mean load.
 Thresholds in docs/dashboard.md ("The first screen"). Shape legend: T rows, L layers, E experts, G GPUs.
 """

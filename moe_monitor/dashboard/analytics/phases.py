@@ -8,6 +8,7 @@ from moe_monitor import core
 
 AUTO = "auto"
 SINGLE = ("decode", "prefill", "train")  # the phases "auto" may choose; mixed and unknown steps mean "both"
+KEEP = 0.8  # the phase shown stays until another takes 1 / KEEP times its time
 
 
 def time_by_phase(time_s_T: np.ndarray, phase_code_T: np.ndarray) -> dict[str, float]:
@@ -26,12 +27,15 @@ def time_by_phase(time_s_T: np.ndarray, phase_code_T: np.ndarray) -> dict[str, f
     return {name: float(by_code[i]) for i, name in enumerate(core.PHASES) if by_code[i] > 0}
 
 
-def main_phase(seconds: dict[str, float]) -> str:
+def main_phase(seconds: dict[str, float], previous: str = "") -> str:
     """The phase with most of the time among SINGLE, "both" when mixed or unknown steps take more (or nothing
-    is known)."""
+    is known). previous (the last tick's answer) stays while it holds at least KEEP of the leader's time, so
+    a run near half and half does not flip the pages every tick."""
     if not seconds:
         return "both"
     name = max(seconds, key=lambda k: seconds[k])
+    if previous in SINGLE and seconds.get(previous, 0.0) >= KEEP * seconds[name]:
+        return previous
     return name if name in SINGLE else "both"
 
 

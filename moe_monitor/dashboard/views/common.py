@@ -162,7 +162,7 @@ def shown_phase(chosen: str, window) -> tuple[str, str]:
         return chosen, ""
     slots = window.ordered_slots()
     seconds = phases.time_by_phase(window.time_s_C[slots], window.phase_C[slots])
-    phase = phases.main_phase(seconds)
+    phase = phases.main_phase(seconds, st.session_state.get(RESOLVED_PHASE, ""))
     st.session_state[RESOLVED_PHASE] = phase
     return phase, f"auto: {phases.shares_line(seconds)} of the window's time"
 
