@@ -105,7 +105,7 @@ def answer(straggler: Straggler | None, gpus: int, gpus_per_node: int, idle_shar
 def named_gpu(straggler: Straggler | None, gpus: int, rows: ReducedTimes | None) -> int | None:
     """The GPU an answer would name before its why is known (its hottest experts are computed for it)."""
     if rows is None:
-        return straggler.gpu if persistent(straggler, gpus) else None
+        return straggler.gpu if straggler is not None and persistent(straggler, gpus) else None
     verdict = verdict_of(rows)
     if verdict.gpu is None or verdict.lost_share < MIN_LOST_SHARE:
         return None
@@ -139,7 +139,7 @@ def _in_tokens(straggler: Straggler | None, gpus: int, per_node: int, idle_share
     idle = "n/a" if not math.isfinite(idle_share) else share_text(idle_share)
     note = f" (in tokens: {time_note})" if time_note else " (in tokens)"
     title, unit = "Mean load of each GPU over the window", "tokens per step"
-    if not persistent(straggler, gpus):
+    if straggler is None or not persistent(straggler, gpus):
         near = ("" if straggler is None else f"; the busiest, {_gpu(straggler.gpu, per_node)}, carries "
                 f"{straggler.ratio_to_mean:.2f}× the mean and is busiest in {share_text(straggler.busiest_share)} of "
                 f"{straggler.basis}")

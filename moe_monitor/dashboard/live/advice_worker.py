@@ -52,6 +52,8 @@ def latest(key: tuple, prepare: Callable[[], Callable[[], str]], now_s: float | 
 
 def _collect(entry: _Entry) -> None:
     future, entry.running = entry.running, None
+    if future is None:
+        return
     try:
         entry.result, entry.error = future.result(), ""
     except Exception as exc:  # the advisor refused this window (ValueError) or failed: say so, keep the page
