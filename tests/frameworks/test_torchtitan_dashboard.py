@@ -36,7 +36,9 @@ def test_a_torchtitan_training_run_shows_live_with_phase_train(tmp_path: Path):
         with serving_app(port, tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url, \
                 chromium_page(1500, 1800) as page:
             page.goto(f"{url}/overview")
-            page.get_by_text(re.compile(rf"run {RUN} · .*phase: both · 2 steps in window")).wait_for(timeout=90_000)
+            page.get_by_text(re.compile(  # the default, auto, opens on the phase the run spends its time in
+                rf"run {RUN} · .*phase: train \(auto: train 100% of the window's time\) · 2 steps in window")
+            ).wait_for(timeout=90_000)
             page.locator('[data-testid="stSidebar"]').get_by_text("train", exact=True).click()
             page.get_by_text(re.compile(rf"run {RUN} · .*phase: train · 2 steps in window")).wait_for(timeout=60_000)
             tt.train(model, optimizers, iterations=3, micro_batches=1, seed=6)  # while the page is open
