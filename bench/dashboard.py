@@ -79,13 +79,13 @@ class Writer:
 def page_figures(page: str, watched: WatchedRun, snap) -> list:
     """The figures a page builds per tick (as dashboard/views/<page>.py does)."""
     if page == "overview":  # the answer (its advisor runs off the page's thread) and the details' bars
-        rows, layout = None if snap.time is None else snap.time.rows, snap.layout
-        gpu = answers.named_gpu(snap.straggler, layout.gpus, rows)
-        hot = [] if gpu is None else answers.hottest_on(snap.view.counts_sum_LE, layout.layout_LP, layout.gpus, gpu)
-        said = answers.answer(snap.straggler, layout.gpus, layout.gpus_per_node, snap.idle_share, hot, rows,
-                              snap.steps_per_s)
-        answer_figure.answer_data(said.series_G if said.series_G.size else snap.stats.mean_G, said.gpu,
-                                  layout.gpus_per_node)
+        layout = snap.layout
+        who = answers.named(snap.straggler, layout.gpus, snap.time_rows)
+        hot = [] if who.gpu is None else answers.hottest_on(snap.view.counts_sum_LE, layout.layout_LP, layout.gpus,
+                                                            who.gpu)
+        said = answers.answer(who, snap.straggler, layout.gpus, layout.gpus_per_node, snap.idle_share,
+                              snap.stats.mean_G, snap.unit, hot, snap.steps_per_s)
+        answer_figure.answer_data(said.series_G, said.gpu, layout.gpus_per_node)
         return [load_figures.gpu_load_bars(snap.latest_G, snap.stats, int(np.argmax(snap.latest_G)), "tokens/step")]
     if page == "devices":
         return [load_figures.load_bands(snap.view.step_T, snap.loads_TG, "tokens/step"),

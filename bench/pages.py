@@ -18,6 +18,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -118,7 +119,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     found = trees(args.baseline)
-    work = Path(__import__("tempfile").mkdtemp(prefix="bench-pages-"))
+    work = Path(tempfile.mkdtemp(prefix="bench-pages-"))
     server, stop = RedisServer(work), threading.Event()
     writer = threading.Thread(target=write, args=(server.url, stop), daemon=True)
     procs: dict[str, subprocess.Popen] = {}

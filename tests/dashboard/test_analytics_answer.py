@@ -10,7 +10,7 @@ from moe_monitor.dashboard.analytics.answer import (
     answer,
     fair_share,
     hottest_on,
-    named_gpu,
+    named,
     persistent,
     wait_by_gpu,
 )
@@ -53,9 +53,11 @@ def test_in_time_names_the_gpu_the_layers_wait_for_and_what_it_costs():
     rows = _rows(counts, layout_LP, G)
     wait_G = wait_by_gpu(rows)
     assert wait_G.argmax() == 2 and wait_G.sum() > 0
-    assert named_gpu(None, G, rows) == 2
+    who = named(None, G, rows)
+    assert who.gpu == 2
     hot = hottest_on(counts.sum(0), layout_LP, G, 2)
-    got = answer(None, G, 2, 0.3, hot, rows, steps_per_s=10.0, advice="rebalance now: 2 moves, predicted gain 9%")
+    got = answer(who, None, G, 2, 0.3, np.ones(G), "tokens", hot, steps_per_s=10.0,
+                 advice="rebalance now: 2 moves, predicted gain 9%")
     assert got.gpu == 2 and got.tone in ("warn", "bad")
     assert got.sentence.startswith("**GPU 2 (node 1) holds the MoE layers back**")
     assert "of MoE time waiting" in got.sentence and "GPU-hours a day" in got.sentence
@@ -70,18 +72,25 @@ def test_a_balanced_run_says_no_persistent_straggler():
     rng = np.random.default_rng(1)
     counts = rng.poisson(400, size=(T, L, E)).astype(np.float64)  # even routing: the busiest GPU changes
     rows = _rows(counts, layout_LP, G)
-    assert named_gpu(None, G, rows) is None
-    got = answer(Straggler(0, 1.01, 0.3), G, 2, 0.02, [], rows, steps_per_s=10.0)
+    who = named(Straggler(0, 1.01, 0.3), G, rows)
+    assert who.gpu is None and who.verdict is not None
+    got = answer(who, Straggler(0, 1.01, 0.3), G, 2, 0.02, np.ones(G), "tokens", [], steps_per_s=10.0)
     assert got.gpu is None and got.tone == "ok" and got.sentence.startswith("**No persistent straggler**")
     assert got.sentence.endswith("To do: the rebalance advisor is weighing the window.")
-    tokens = answer(Straggler(0, 1.01, 0.3), G, 2, 0.02, [], time_note="no model dimensions")
+    mean_G = np.array([101.0, 100.0, 99.0, 100.0])
+    tokens = answer(named(Straggler(0, 1.01, 0.3), G, None), Straggler(0, 1.01, 0.3), G, 2, 0.02, mean_G,
+                    "tokens/step", [], time_note="no model dimensions")
     assert tokens.gpu is None and "No persistent straggler** (in tokens: no model dimensions)" in tokens.sentence
+    np.testing.assert_array_equal(tokens.series_G, mean_G)  # in tokens, the picture is each GPU's mean load
+    assert tokens.series_unit == "tokens/step"
     assert "1.01× the mean" in tokens.sentence
 
 
 def test_in_tokens_names_the_straggler_and_its_experts():
     hot = hottest_on(np.array([[10, 90, 0, 0]]), np.array([[0, 1, 2, 3]]), 2, 0)
-    got = answer(Straggler(0, 1.8, 0.95, "(step, layer) pairs"), 2, 8, 0.4, hot, advice="not worth it yet (x)")
+    straggler = Straggler(0, 1.8, 0.95, "(step, layer) pairs")
+    got = answer(named(straggler, 2, None), straggler, 2, 8, 0.4, np.array([1.8, 0.2]), "tokens", hot,
+                 advice="not worth it yet (x)")
     assert got.gpu == 0 and got.tone == "bad"
     assert "busiest in 95% of (step, layer) pairs at 1.80× the mean load" in got.sentence
     assert "layer 0 expert 1 (90% of its tokens), layer 0 expert 0 (10% of its tokens)" in got.sentence

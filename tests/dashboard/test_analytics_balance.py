@@ -101,3 +101,11 @@ def test_snapshot_defaults_to_the_per_layer_view():
     np.testing.assert_allclose(per_layer.stats.max_G, [10, 10, 7])
     np.testing.assert_allclose(summed.loads_TG, [[20, 10, 21]])
     assert "busiest layer" in per_layer.load_label and summed.load_label == "all layers summed"
+
+
+def test_the_worst_layer_by_mean_balancedness_idle_layers_left_out():
+    from moe_monitor.dashboard.analytics.balance import worst_layer
+
+    eta_TL = np.array([[0.9, 0.5, np.nan], [0.7, 0.6, np.nan], [0.8, np.nan, np.nan]])
+    assert worst_layer(eta_TL) == 1  # means 0.8, 0.55, idle
+    assert worst_layer(np.full((2, 3), np.nan)) == 0

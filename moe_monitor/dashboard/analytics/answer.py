@@ -35,7 +35,8 @@ class Hot:
 @dataclass(frozen=True)
 class Answer:
     """gpu: the straggler the picture marks (None: no persistent straggler); sentence: markdown, one line;
-    tone "ok" / "warn" / "bad"; series_G float [G] with its title and unit: what the picture draws."""
+    tone "ok" / "warn" / "bad"; series_G float [G] with its title and unit: what the picture draws (in time
+    the wait charged to each GPU, in tokens each GPU's mean load)."""
 
     gpu: int | None
     sentence: str
@@ -91,66 +92,78 @@ def hottest_on(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int, gpu: int
             for i in picked if flat[i] > 0]
 
 
-def answer(straggler: Straggler | None, gpus: int, gpus_per_node: int, idle_share: float,
-           hot: list[Hot], rows: ReducedTimes | None = None, steps_per_s: float = float("nan"),
-           advice: str = "", time_note: str = "") -> Answer:
-    """The answer of a window: rows, its predicted times (None: in tokens, time_note says why); straggler the
-    window's token straggler; hot the hottest experts of the GPU the answer names (hottest_on); advice the
-    advisor's line ("" while it has none)."""
-    if rows is not None:
-        return _in_time(verdict_of(rows), wait_by_gpu(rows), gpus, gpus_per_node, hot, steps_per_s, advice)
-    return _in_tokens(straggler, gpus, gpus_per_node, idle_share, hot, advice, time_note)
+@dataclass(frozen=True)
+class Named:
+    """Which GPU an answer names (None: no persistent straggler), and in time what it was judged on: the
+    verdict and the wait charged to each GPU (wait_by_gpu, float [G]); both None in tokens."""
+
+    gpu: int | None
+    verdict: Verdict | None = None
+    wait_G: np.ndarray | None = None
 
 
-def named_gpu(straggler: Straggler | None, gpus: int, rows: ReducedTimes | None) -> int | None:
-    """The GPU an answer would name before its why is known (its hottest experts are computed for it)."""
+def named(straggler: Straggler | None, gpus: int, rows: ReducedTimes | None) -> Named:
+    """The GPU the answer names. In tokens (rows None): the window's straggler when persistent(). In time:
+    the verdict's GPU when the wait is at least MIN_LOST_SHARE of MoE time and that GPU accounts for at least
+    fair_share(G) of it."""
     if rows is None:
-        return straggler.gpu if straggler is not None and persistent(straggler, gpus) else None
-    verdict = verdict_of(rows)
-    if verdict.gpu is None or verdict.lost_share < MIN_LOST_SHARE:
-        return None
-    wait_G = wait_by_gpu(rows)
-    return verdict.gpu if wait_G[verdict.gpu] >= fair_share(gpus) * wait_G.sum() else None
+        return Named(straggler.gpu if straggler is not None and persistent(straggler, gpus) else None)
+    verdict, wait_G = verdict_of(rows), wait_by_gpu(rows)
+    total = float(wait_G.sum())
+    gpu = verdict.gpu
+    if gpu is None or verdict.lost_share < MIN_LOST_SHARE or total <= 0 or wait_G[gpu] < fair_share(gpus) * total:
+        gpu = None
+    return Named(gpu, verdict, wait_G)
 
 
-def _in_time(verdict: Verdict, wait_G: np.ndarray, gpus: int, per_node: int, hot: list[Hot], steps_per_s: float,
-             advice: str) -> Answer:
+def answer(who: Named, straggler: Straggler | None, gpus: int, gpus_per_node: int, idle_share: float,
+           mean_load_G: np.ndarray, load_unit: str, hot: list[Hot], steps_per_s: float = float("nan"),
+           advice: str = "", time_note: str = "") -> Answer:
+    """The answer of a window, from named() (in time when it holds a verdict); straggler the window's token
+    straggler, mean_load_G float [G] each GPU's mean load in load_unit (the picture in tokens); hot the named
+    GPU's hottest experts (hottest_on); advice the advisor's line ("" while it has none)."""
+    if who.verdict is not None and who.wait_G is not None:
+        return _in_time(who.gpu, who.verdict, who.wait_G, gpus_per_node, hot, steps_per_s, advice)
+    return _in_tokens(who.gpu, straggler, gpus_per_node, idle_share, mean_load_G, load_unit, hot, advice,
+                      time_note)
+
+
+def _in_time(gpu: int | None, verdict: Verdict, wait_G: np.ndarray, per_node: int, hot: list[Hot],
+             steps_per_s: float, advice: str) -> Answer:
+    gpus = wait_G.size
     hours = verdict.gpu_hours_per_day(steps_per_s, gpus) if steps_per_s > 0 else float("nan")
     cost = (f"{share_text(verdict.lost_share)} of MoE time waiting — {duration_text(verdict.lost_s)} per step"
             + (f", {_hours(hours)} GPU-hours a day" if math.isfinite(hours) else ""))
     title, unit = "Predicted wait for each GPU (ms per step)", "ms per step"
-    series = wait_G * 1e3
     total = float(wait_G.sum())
-    gpu = verdict.gpu
-    share = float(wait_G[gpu] / total) if gpu is not None and total > 0 else 0.0
-    if gpu is None or verdict.lost_share < MIN_LOST_SHARE or share < fair_share(gpus):
-        spread = "" if gpu is None else f"; no GPU accounts for more than {share_text(float(wait_G.max() / total))} of it"
-        sentence = (f"**No persistent straggler**: the MoE layers lose {cost}{spread}. "
-                    f"{_to_do(advice)}")
-        return Answer(None, sentence, "ok" if verdict.lost_share < 0.1 else "warn", series, title, unit)
+    if gpu is None:
+        spread = "" if total <= 0 else f"; no GPU accounts for more than {share_text(float(wait_G.max() / total))} of it"
+        sentence = f"**No persistent straggler**: the MoE layers lose {cost}{spread}. {_to_do(advice)}"
+        return Answer(None, sentence, "ok" if verdict.lost_share < 0.1 else "warn", wait_G * 1e3, title, unit)
     why = verdict.why + (f"; its hottest experts: {_hot(hot)}" if hot and verdict.cause != "slow GPU" else "")
     sentence = (f"**{_gpu(gpu, per_node)} holds the MoE layers back**: they lose {cost}, "
-                f"{share_text(share)} of it waiting for this GPU. Why: {why}. {_to_do(advice)}")
-    return Answer(gpu, sentence, "bad" if verdict.lost_share >= 0.1 else "warn", series, title, unit)
+                f"{share_text(float(wait_G[gpu] / total))} of it waiting for this GPU. Why: {why}. "
+                f"{_to_do(advice)}")
+    return Answer(gpu, sentence, "bad" if verdict.lost_share >= 0.1 else "warn", wait_G * 1e3, title, unit)
 
 
-def _in_tokens(straggler: Straggler | None, gpus: int, per_node: int, idle_share: float, hot: list[Hot],
-               advice: str, time_note: str) -> Answer:
+def _in_tokens(gpu: int | None, straggler: Straggler | None, per_node: int, idle_share: float,
+               mean_load_G: np.ndarray, load_unit: str, hot: list[Hot], advice: str, time_note: str) -> Answer:
     idle = "n/a" if not math.isfinite(idle_share) else share_text(idle_share)
     note = f" (in tokens: {time_note})" if time_note else " (in tokens)"
-    title, unit = "Mean load of each GPU over the window", "tokens per step"
-    if straggler is None or not persistent(straggler, gpus):
+    title, series = "Mean load of each GPU over the window", np.asarray(mean_load_G, dtype=np.float64)
+    if gpu is None or straggler is None:
         near = ("" if straggler is None else f"; the busiest, {_gpu(straggler.gpu, per_node)}, carries "
                 f"{straggler.ratio_to_mean:.2f}× the mean and is busiest in {share_text(straggler.busiest_share)} of "
                 f"{straggler.basis}")
         sentence = (f"**No persistent straggler**{note}: GPUs idle {idle} of the time waiting{near}. "
                     f"{_to_do(advice)}")
-        return Answer(None, sentence, "ok" if not idle_share >= 0.2 else "warn", np.zeros(0), title, unit)
+        return Answer(None, sentence, "ok" if not idle_share >= 0.2 else "warn", series, title, load_unit)
     why = f"its hottest experts: {_hot(hot)}" if hot else "it holds more of the routed experts"
-    sentence = (f"**{_gpu(straggler.gpu, per_node)} holds the MoE layers back**{note}: busiest in "
+    sentence = (f"**{_gpu(gpu, per_node)} holds the MoE layers back**{note}: busiest in "
                 f"{share_text(straggler.busiest_share)} of {straggler.basis} at {straggler.ratio_to_mean:.2f}× the "
                 f"mean load; GPUs idle {idle} of the time waiting. Why: {why}. {_to_do(advice)}")
-    return Answer(straggler.gpu, sentence, "bad" if idle_share >= 0.2 else "warn", np.zeros(0), title, unit)
+    return Answer(gpu, sentence, "bad" if idle_share >= 0.2 else "warn", series, title, load_unit)
 
 
 def _hours(hours: float) -> str:

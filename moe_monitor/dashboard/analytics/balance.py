@@ -165,3 +165,12 @@ def layer_straggler_of(busiest_TL: np.ndarray, busy_TL: np.ndarray, layer_sum_TG
     mean_G = layer_sum_TG.sum(axis=0) / (layer_sum_TG.shape[0] * num_layers)
     return Straggler(gpu=gpu, ratio_to_mean=float(mean_G[gpu] / mean_G.mean()),
                      busiest_share=float(wins_G[gpu] / busy_X.sum()), basis="(step, layer) pairs")
+
+
+def worst_layer(eta_TL: np.ndarray) -> int:
+    """The layer with the lowest mean per-step balancedness over the window (eta [T, L], NaN: idle); 0 when
+    every layer is idle."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # layers idle in every step stay NaN
+        eta_L = np.nanmean(np.asarray(eta_TL, dtype=np.float64), axis=0)
+    return int(np.nanargmin(eta_L)) if np.isfinite(eta_L).any() else 0

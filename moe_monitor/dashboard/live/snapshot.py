@@ -119,6 +119,14 @@ class Snapshot:
             return f"tokens/step{mean}"
         return f"tokens/step, all layers{mean}" if self.summed else f"tokens/step in its busiest layer{mean}"
 
+    @property
+    def time_rows(self) -> ReducedTimes | None:
+        """The predicted times of the view's rows for the layer in view (every layer unless one is chosen);
+        None without a cost model."""
+        if self.time is None:
+            return None
+        return self.time.rows if self.layer is None else self.time.rows.layer(self.layer)
+
     def gpu_name(self, gpu: int) -> str:
         return f"GPU {gpu} (node {self.layout.node_of(gpu)})"
 

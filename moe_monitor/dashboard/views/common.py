@@ -254,8 +254,7 @@ def asked_gpu(widget_key: str) -> None:
 
 def named_or_busiest(snap: Snapshot) -> int:
     """The GPU the Overview's answer names (dashboard.analytics.answer), else the busiest on average."""
-    rows = None if snap.time is None else (snap.time.rows if snap.layer is None else snap.time.rows.layer(snap.layer))
-    named = answers.named_gpu(snap.straggler, snap.layout.gpus, rows)
+    named = answers.named(snap.straggler, snap.layout.gpus, snap.time_rows).gpu
     if named is not None:
         return named
     return snap.straggler.gpu if snap.straggler is not None else 0

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from moe_monitor.dashboard.analytics.answer import hottest_on
+from moe_monitor.dashboard.analytics.balance import worst_layer
 from moe_monitor.dashboard.analytics.experts import dead_experts, gpus_holding, hot_experts, js_divergence
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.views import timeline
@@ -40,11 +41,7 @@ def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
     """layer -1: the layer with the lowest balancedness over the window; gpu -1: the GPU the Overview names."""
     snap, window, layout = current.snapshot, current.watched.window, current.layout
     counts_LE = snap.view.counts_sum_LE
-    if layer < 0:
-        with np.errstate(all="ignore"):
-            eta_L = np.nanmean(np.where(np.isfinite(snap.eta_TL), snap.eta_TL, np.nan), axis=0)
-        layer = int(np.nanargmin(eta_L)) if np.isfinite(eta_L).any() else 0
-    layer = min(max(layer, 0), window.num_layers - 1)
+    layer = worst_layer(snap.eta_TL) if layer < 0 else min(layer, window.num_layers - 1)
     gpu = named_or_busiest(snap) if gpu < 0 else min(gpu, layout.gpus - 1)
     st.plotly_chart(expert_figures.layer_expert_heatmap(counts_LE), key="experts_layer_expert")
     counts_TE = window.layer_counts(snap.view.slots_T, layer)

@@ -47,29 +47,30 @@ def live() -> None:
 
 
 def render(current: PageData) -> None:
-    """The answer and its picture above the fold; every other figure one click down."""
+    """The answer and its picture above the fold; every other figure one click down. The rebalance line and
+    the alert rules are judged once: a warning above when they call for one, a caption in the details else."""
+    rebalance, alert = rebalance_line(current), _alert_line(current)
     first_screen(current)
     balanced_backend(current)
-    rebalance_line(current, first_screen=True)
-    _alert_line(current, first_screen=True)
+    for text, warn in (rebalance, alert):
+        if warn:
+            st.warning(text)
     with st.expander("Every figure: balancedness, per-step tails, throughput, health, alerts", expanded=False):
-        details(current)
+        details(current, [text for text, warn in (rebalance, alert) if not warn])
 
 
 def first_screen(current: PageData) -> None:
     """One sentence (which GPU, what it costs, why, what to do) and one picture (the series it talks about,
     that GPU marked): dashboard.analytics.answer."""
     snap, layout = current.snapshot, current.layout
-    rows = None if snap.time is None else (snap.time.rows if snap.layer is None else snap.time.rows.layer(snap.layer))
-    gpu = answers.named_gpu(snap.straggler, layout.gpus, rows)
-    hot = [] if gpu is None else answers.hottest_on(snap.view.counts_sum_LE, layout.layout_LP, layout.gpus, gpu)
-    said = answers.answer(snap.straggler, layout.gpus, layout.gpus_per_node, snap.idle_share, hot, rows,
-                          snap.steps_per_s, _advice(current), snap.time_note)
+    who = answers.named(snap.straggler, layout.gpus, snap.time_rows)
+    hot = [] if who.gpu is None else answers.hottest_on(snap.view.counts_sum_LE, layout.layout_LP, layout.gpus,
+                                                        who.gpu)
+    said = answers.answer(who, snap.straggler, layout.gpus, layout.gpus_per_node, snap.idle_share,
+                          snap.stats.mean_G, snap.unit, hot, snap.steps_per_s, _advice(current), snap.time_note)
     (st.success if said.tone == "ok" else st.warning)((":red[●] " if said.tone == "bad" else "") + said.sentence)
-    series = said.series_G if said.series_G.size else snap.stats.mean_G
-    unit = said.series_unit if said.series_G.size else snap.unit
-    st.vega_lite_chart(answer_figure.answer_data(series, said.gpu, layout.gpus_per_node),
-                       answer_figure.answer_spec(said.series_title, unit), key="overview_answer",
+    st.vega_lite_chart(answer_figure.answer_data(said.series_G, said.gpu, layout.gpus_per_node),
+                       answer_figure.answer_spec(said.series_title, said.series_unit), key="overview_answer",
                        width="stretch")
     if snap.time is not None:
         head = snap.time.headline
@@ -116,9 +117,9 @@ def _advice(current: PageData) -> str:
     return advice_worker.latest(key, prepare)
 
 
-def details(current: PageData) -> None:
+def details(current: PageData, quiet_lines: list[str]) -> None:
     """The figures under the answer: the time lines, balancedness three ways, per-step tails, throughput,
-    health, the latest step's bars, rebalances and the alert rules."""
+    health, the latest step's bars, and (quiet_lines) rebalances and the alert rules when they do not warn."""
     snap, watched = current.snapshot, current.watched
     time_lines(snap)
     row = snap.row_name
@@ -169,8 +170,8 @@ def details(current: PageData) -> None:
     if snap.per_step is not None:
         per_step_section(snap)
     st.markdown(in_force_note(snap.layout))
-    rebalance_line(current)
-    _alert_line(current)
+    for line in quiet_lines:
+        st.caption(line)
     health_panel(current)
 
 
@@ -223,24 +224,22 @@ def per_step_section(snap: Snapshot) -> None:
                "bucket's mean; balancedness of a bucket's sum reads higher than its steps' (the tail averages away).")
 
 
-def rebalance_line(current: PageData, first_screen: bool = False) -> None:
-    """Rebalance health from the run's layout changes: a warning on the first screen when rebalancing looks
-    stopped while the load stays imbalanced (the rule of MoERebalancingStopped), else a caption in the details."""
+def rebalance_line(current: PageData) -> tuple[str, bool]:
+    """(rebalance health from the run's layout changes, whether to warn: rebalancing looks stopped while the
+    load stays imbalanced, the rule of MoERebalancingStopped)."""
     watched, snap = current.watched, current.snapshot
     # a recording's "now" is its newest step, not this machine's clock
     now_s = float(snap.view.time_s_T[-1]) if _recorded(watched) and snap.view.num_steps else time.time()
     health = rebalances_of(watched.source.meta(), watched.layouts.changes, now_s)
     text = f"Rebalancing: {health.sentence()}."
-    stopped = health.stopped and snap.eta_step_mean.p50 < 0.8
-    if stopped and first_screen:
-        st.warning(text + f" Balancedness stays at {snap.eta_step_mean.p50:.2f}: check the engine's rebalancer.")
-    elif not stopped and not first_screen:
-        st.caption(text)
+    if health.stopped and snap.eta_step_mean.p50 < 0.8:
+        return text + f" Balancedness stays at {snap.eta_step_mean.p50:.2f}: check the engine's rebalancer.", True
+    return text, False
 
 
-def _alert_line(current: PageData, first_screen: bool = False) -> None:
-    """The Prometheus alerting rules (deploy/prometheus/alerts.yml) judged on this window, in one line: a
-    warning on the first screen when one fires, else a caption under the details."""
+def _alert_line(current: PageData) -> tuple[str, bool]:
+    """(the Prometheus alerting rules of deploy/prometheus/alerts.yml judged on this window, in one line;
+    whether one fires)."""
     snap, watched = current.snapshot, current.watched
     last_seen = watched.source.health().last_seen_s
     # at a rollup resolution the rule's per-step balancedness comes from the buckets' per-step histograms
@@ -249,13 +248,8 @@ def _alert_line(current: PageData, first_screen: bool = False) -> None:
                                watched.dropped_steps, snap.straggler.ratio_to_mean if snap.straggler else None,
                                snap.straggler.busiest_share if snap.straggler else None,
                                recorded=_recorded(watched))
-    firing = [s for s in statuses if s.firing]
     text = " · ".join(f"{'**' + s.name + '** firing' if s.firing else s.name + ' ok'} ({s.detail})" for s in statuses)
-    line = f"Alerts on this window (the rules of deploy/prometheus/alerts.yml): {text}"
-    if firing and first_screen:
-        st.warning(line)
-    elif not firing and not first_screen:
-        st.caption(line)
+    return f"Alerts on this window (the rules of deploy/prometheus/alerts.yml): {text}", any(s.firing for s in statuses)
 
 
 def _recorded(watched) -> bool:
