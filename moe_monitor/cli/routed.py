@@ -1,28 +1,28 @@
 """moe-monitor routed --server URL --redis URL --run NAME --num-experts E (--prompts FILE | --listen HOST:PORT):
 the zero-plugin sampler. Reads the routed experts a vLLM or SGLang server started with
 --enable-return-routed-experts returns per request and publishes them as sampled steps
-(collectors/routed.py does the conversion).
+(collectors/routed.py does the conversion; cli/routed_proxy.py the HTTP side and its bounds).
 
---prompts FILE probes the server with each prompt every --every seconds (or --once); --listen H:P proxies
-clients' completions to --server, answers them unchanged and publishes their routing. Exit codes: 0 done or
-stopped, 1 (--once) the server or Redis failed, 2 bad settings. Docs: docs/vllm-parallel.md.
+--prompts FILE probes the server with each prompt every --every seconds (or --once); a bad answer is said and
+the next prompt goes on. --listen H:P proxies clients' requests to --server, answers them unchanged and
+publishes their routing. Exit codes: 0 done or stopped, 1 (--once) a prompt, the server or Redis failed, 2 bad
+settings. Docs: docs/vllm-parallel.md, bounds: docs/collectors.md.
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import signal
 import sys
 import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from moe_monitor import core
 
 from .common import add_redis, add_run, fail, guarded
+from .routed_proxy import ByteBudget, ProxyServer, ProxySettings, Upstream, fetch_json, parse_server
 
-SAMPLED_PATHS = ("/v1/completions", "/v1/chat/completions")
+MAX_ANSWER_BYTES = 64 << 20   # default cap of a request body and of a sampled response (--max-body-bytes)
 
 
 def register(sub) -> None:
@@ -53,6 +53,15 @@ def register(sub) -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens generated per probe (default 16)")
     parser.add_argument("--once", action="store_true", help="probe once, publish, exit")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="HTTP timeout towards the server")
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_ANSWER_BYTES, metavar="BYTES",
+                        help="the largest request body the proxy takes (413 beyond) and the largest response "
+                             "it samples (larger ones are relayed, not sampled); default 64 MiB")
+    parser.add_argument("--buffer-budget-bytes", type=int, default=256 << 20, metavar="BYTES",
+                        help="proxy: bytes all clients' buffered bodies may hold together (default 256 MiB)")
+    parser.add_argument("--max-clients", type=int, default=64, metavar="N",
+                        help="proxy: connections served at once; one more is answered 503 (default 64)")
+    parser.add_argument("--client-timeout-s", type=float, default=30.0, metavar="SECONDS",
+                        help="proxy: a client connection idle this long is closed (default 30)")
     parser.set_defaults(handler=lambda args: guarded(main, args))
 
 
@@ -61,15 +70,20 @@ def main(args: argparse.Namespace) -> int:
 
     if args.engine == "sglang" and (args.layers_total is None or args.top_k is None):
         return fail("--engine sglang needs --layers-total and --top-k (SGLang's rows are raw int32 bytes)")
-    server = args.server.rstrip("/")
+    for name in ("max_body_bytes", "buffer_budget_bytes", "max_clients"):
+        if getattr(args, name) < 1:
+            return fail(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 < args.client_timeout_s < 86400 or not 0 < args.timeout_s < 86400:
+        return fail("--timeout-s and --client-timeout-s are seconds, more than 0")
+    upstream = parse_server(args.server)
     core.check_run_name(args.run)
     sampler = RoutedSampler(args.redis, args.run, args.num_experts, engine=args.engine, layers=args.layers,
                             num_layers=args.layers_total, top_k=args.top_k, gpus=args.gpus,
                             model_name=args.model, sample_tokens=args.sample_tokens)
     try:
         if args.listen:
-            return proxy(args, server, sampler)
-        return probe(args, server, sampler)
+            return proxy(args, upstream, sampler)
+        return probe(args, upstream, sampler)
     finally:
         sampler.flush()
         sampler.close()
@@ -95,18 +109,11 @@ def read_prompts(path: str) -> list[str | list[int]]:
     return prompts
 
 
-def post_json(url: str, body: dict, timeout_s: float) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (the user's server URL)
-        return json.loads(response.read())
-
-
-def served_model(server: str, timeout_s: float) -> str:
-    with urllib.request.urlopen(f"{server}/v1/models", timeout=timeout_s) as response:  # noqa: S310
-        models = json.loads(response.read()).get("data") or []
-    if not models:
-        raise ValueError(f"{server}/v1/models lists no model: pass --model")
+def served_model(upstream: Upstream, timeout_s: float, max_bytes: int) -> str:
+    answer = fetch_json(upstream, "GET", "/v1/models", None, timeout_s, max_bytes)
+    models = answer.get("data") if isinstance(answer, dict) else None
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict) or "id" not in models[0]:
+        raise ValueError(f"{upstream.base}/v1/models lists no model: pass --model")
     return str(models[0]["id"])
 
 
@@ -121,106 +128,64 @@ def probe_body(engine: str, model: str, prompt: str | list[int], max_tokens: int
     return body
 
 
-def probe(args: argparse.Namespace, server: str, sampler) -> int:
+ANSWER_ERRORS = (OSError, http.client.HTTPException, ValueError, TypeError, KeyError, MemoryError, RecursionError)
+
+
+def probe(args: argparse.Namespace, upstream: Upstream, sampler) -> int:
+    """Probe rounds until stopped (or one with --once). A prompt whose answer fails or is unreadable is said and
+    counted; the round goes on with the next prompt."""
     prompts = read_prompts(args.prompts)
     stop = _stop_on_signals()
     model = args.model
-    failed = False
+    failed = bad_answers = 0
     while True:
-        failed = False
+        failed = 0
         try:
-            model = model or served_model(server, args.timeout_s)
-            for prompt in prompts:
-                sampler.add(post_json(f"{server}/v1/completions", probe_body(args.engine, model, prompt,
-                                                                               args.max_tokens), args.timeout_s))
-        except (OSError, urllib.error.URLError, json.JSONDecodeError) as exc:
-            failed = True
-            _say(f"the server did not answer: {exc}")
+            model = model or served_model(upstream, args.timeout_s, args.max_body_bytes)
+        except ANSWER_ERRORS as exc:
+            failed += 1
+            _say(f"the server did not name its model: {type(exc).__name__}: {str(exc)[:200]}")
+        for number, prompt in enumerate(prompts if model else [], start=1):
+            try:
+                sampler.add(fetch_json(upstream, "POST", "/v1/completions",
+                                       probe_body(args.engine, model, prompt, args.max_tokens), args.timeout_s,
+                                       args.max_body_bytes))
+            except ANSWER_ERRORS as exc:
+                failed += 1
+                _say(f"prompt {number}: {type(exc).__name__}: {str(exc)[:200]}")
+        bad_answers += failed
         if not sampler.flush():
-            failed = True
+            failed += 1
             _say(f"Redis: {sampler.last_error or 'records wait for the next round'}")
         if args.once or stop.wait(args.every):
             break
-    _say(f"{sampler.requests} requests, {sampler.published} records published, {sampler.dropped} dropped")
+    _say(f"{sampler.requests} requests, {bad_answers} bad answers, {sampler.published} records published, "
+         f"{sampler.dropped} dropped")
     return 1 if failed and args.once else 0
 
 
 # ---------------------------------------------------------------------------------------------- proxy mode
-def proxy(args: argparse.Namespace, server: str, sampler) -> int:
+def proxy(args: argparse.Namespace, upstream: Upstream, sampler) -> int:
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         return fail(f"--listen {args.listen!r} must be HOST:PORT")
-    lock = threading.Lock()
-    handler = _handler_class(server, args.engine, sampler, lock, args.timeout_s)
-    httpd = ThreadingHTTPServer((host, int(port)), handler)
-    httpd.daemon_threads = True
+    settings = ProxySettings(upstream, sampler.add, _say, sglang=args.engine == "sglang", timeout_s=args.timeout_s,
+                             client_timeout_s=args.client_timeout_s, max_body_bytes=args.max_body_bytes,
+                             budget=ByteBudget(args.buffer_budget_bytes))
+    httpd = ProxyServer((host.strip("[]"), int(port)), settings, args.max_clients)
     stop = _stop_on_signals()
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    _say(f"proxy on http://{host}:{httpd.server_address[1]} -> {server}, publishing run {sampler.run}")
+    _say(f"proxy on http://{host}:{httpd.server_address[1]} -> {upstream.base}, publishing run {sampler.run}")
     try:
         while not stop.wait(1.0):
-            with lock:
-                sampler.flush()
+            sampler.flush()
     finally:
         httpd.shutdown()
         httpd.server_close()
+    c = settings.counts
+    _say(f"{c.relayed} relayed, {c.sampled} sampled, not sampled: {c.too_large} too large, {c.busy} over the "
+         f"budget, {c.unreadable} unreadable; {c.clients_refused} clients and {c.requests_refused} requests refused")
     return 0
-
-
-def _handler_class(server: str, engine: str, sampler, lock: threading.Lock, timeout_s: float):
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format, *args):  # noqa: A002 (the base class's name)
-            pass
-
-        def do_GET(self):
-            self._relay(None)
-
-        def do_POST(self):
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length)
-            body = None
-            if self.path.split("?")[0] in SAMPLED_PATHS:
-                try:
-                    body = json.loads(raw)
-                except json.JSONDecodeError:
-                    body = None
-            if isinstance(body, dict) and not body.get("stream"):
-                if engine == "sglang":
-                    body["return_routed_experts"] = True
-                    raw = json.dumps(body).encode()
-            else:
-                body = None
-            self._relay(raw, sample=body is not None)
-
-        def _relay(self, raw: bytes | None, sample: bool = False) -> None:
-            headers = {k: v for k, v in self.headers.items()
-                       if k.lower() not in ("host", "content-length", "connection", "accept-encoding")}
-            request = urllib.request.Request(server + self.path, data=raw, method=self.command, headers=headers)
-            try:
-                response = urllib.request.urlopen(request, timeout=timeout_s)  # noqa: S310
-            except urllib.error.HTTPError as exc:
-                response = exc
-            except OSError as exc:
-                self.send_error(502, f"the server did not answer: {exc}")
-                return
-            with response:
-                payload = response.read()
-                self.send_response(response.status)
-                for key, value in response.headers.items():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            if sample and response.status == 200:
-                try:
-                    with lock:
-                        sampler.add(json.loads(payload))
-                except (ValueError, json.JSONDecodeError) as exc:
-                    _say(f"a response's routing was not read: {exc}")
-    return Handler
 
 
 def _stop_on_signals() -> threading.Event:

@@ -16,6 +16,7 @@ import binascii
 import collections
 import io
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,35 +36,50 @@ MAX_ROUTED_BYTES = 256 << 20  # a decoded routed_experts array larger than this 
 
 @dataclass(frozen=True)
 class RoutedRequest:
-    """One request's routing: ids_TLK int64 [T, L, K] logical expert ids; prompt_rows: how many of the T rows
-    are prompt tokens (-1: not known, the request is published as one "mixed" record)."""
+    """One request's routing: ids_TLK integer [T, L, K] logical expert ids (the engine's dtype, a view of the
+    decoded bytes); prompt_rows: how many of the T rows are prompt tokens (-1: not known, the request is
+    published as one "mixed" record)."""
 
     ids_TLK: np.ndarray
     prompt_rows: int
 
 
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
 def decode_vllm(text: object) -> np.ndarray:
-    """int64 [T, L, K] from vLLM's routed_experts (base64 of .npy bytes); ValueError when it is not that."""
+    """Integer [T, L, K] from vLLM's routed_experts (base64 of .npy bytes), a view of the decoded bytes;
+    ValueError when it is not that. The header is read first: an array it declares is never allocated, the
+    bytes that follow must hold exactly its shape."""
     raw = _b64(text)
+    stream = io.BytesIO(raw)
     try:
-        array = np.load(io.BytesIO(raw), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+        version = np.lib.format.read_magic(stream)
+        read_header = _NPY_HEADERS.get(version)
+        if read_header is None:
+            raise ValueError(f".npy version {version} (np.save writes 1.0 or 2.0)")
+        shape, fortran, dtype = read_header(stream)
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
         raise ValueError(f"routed_experts is not a .npy array: {exc}") from None
-    if array.ndim != 3 or array.dtype.kind not in "iu":
-        raise ValueError(f"routed_experts must be an integer array [tokens, layers, top_k], got {array.dtype} "
-                         f"{array.shape}")
-    return array.astype(np.int64)
+    if len(shape) != 3 or dtype.kind not in "iu":
+        raise ValueError(f"routed_experts must be an integer array [tokens, layers, top_k], got {dtype} {shape}")
+    declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    if declared != len(raw) - stream.tell():
+        raise ValueError(f"routed_experts declares {shape} {dtype} ({declared} bytes) but holds "
+                         f"{len(raw) - stream.tell()} bytes")
+    flat = np.frombuffer(raw, dtype=dtype, offset=stream.tell())
+    return flat.reshape(shape[::-1]).transpose(2, 1, 0) if fortran else flat.reshape(shape)
 
 
 def decode_sglang(text: object, num_layers: int, top_k: int) -> np.ndarray:
-    """int64 [T, L, K] from SGLang's routed_experts (base64 of raw int32 bytes [T, L, K]); ValueError when the
-    byte count is not a whole number of [L, K] int32 rows."""
+    """int32 [T, L, K] from SGLang's routed_experts (base64 of raw int32 bytes [T, L, K]), a view of the decoded
+    bytes; ValueError when the byte count is not a whole number of [L, K] int32 rows."""
     raw = _b64(text)
     row_bytes = num_layers * top_k * 4
     if row_bytes <= 0 or len(raw) % row_bytes:
         raise ValueError(f"routed_experts holds {len(raw)} bytes: not whole int32 rows of {num_layers} layers x "
                          f"top-{top_k} (check --layers-total and --top-k)")
-    return np.frombuffer(raw, dtype="<i4").reshape(-1, num_layers, top_k).astype(np.int64)
+    return np.frombuffer(raw, dtype="<i4").reshape(-1, num_layers, top_k)
 
 
 def _b64(text: object) -> bytes:
@@ -80,7 +96,8 @@ def _b64(text: object) -> bytes:
 def routed_requests(body: Mapping, engine: str, num_layers: int | None = None,
                     top_k: int | None = None) -> list[RoutedRequest]:
     """The requests' routing in one response body of `engine` (ENGINES); [] when it carries none. num_layers,
-    top_k: the shape of SGLang's rows (its bytes do not say it). ValueError for a field that is malformed."""
+    top_k: the shape of SGLang's rows (its bytes do not say it). ValueError for a body or field that is
+    malformed."""
     if engine == "vllm":
         return _vllm_requests(body)
     if engine == "sglang":
@@ -91,7 +108,11 @@ def routed_requests(body: Mapping, engine: str, num_layers: int | None = None,
 
 
 def _vllm_requests(body: Mapping) -> list[RoutedRequest]:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"a vLLM response body is a JSON object, got {type(body).__name__}")
     choices = body.get("choices") or []
+    if not isinstance(choices, list):
+        raise ValueError(f"a vLLM response's choices are a list, got {type(choices).__name__}")
     single = len(choices) == 1
     out = []
     for choice in choices:
@@ -107,6 +128,8 @@ def _sglang_requests(body: Mapping, num_layers: int, top_k: int) -> list[RoutedR
     items = body if isinstance(body, list) else [body]
     out = []
     for item in items:
+        if not isinstance(item, Mapping):
+            raise ValueError(f"an SGLang response is a JSON object (or a list of them), got {type(item).__name__}")
         ext, meta = item.get("sglext") or {}, item.get("meta_info") or {}
         text = ext.get("routed_experts") if isinstance(ext, Mapping) else None
         if text is None and isinstance(meta, Mapping):
@@ -157,12 +180,14 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
 
 def counts_of(ids_TMK: np.ndarray, num_experts: int) -> np.ndarray:
     """int32 [M, E]: tokens routed to each expert in each kept layer. ValueError for an id outside [0, E) (the
-    server's model has more experts than --num-experts says)."""
+    server's model has more experts than --num-experts says). One layer at a time: the only copy is one
+    layer's ids as intp."""
     if ids_TMK.size and (int(ids_TMK.min()) < 0 or int(ids_TMK.max()) >= num_experts):
         raise ValueError(f"expert id {int(ids_TMK.max())} is outside 0..{num_experts - 1}: is --num-experts right?")
-    num_layers = ids_TMK.shape[1]
-    cell = (np.arange(num_layers)[None, :, None] * num_experts + ids_TMK).ravel()
-    return np.bincount(cell, minlength=num_layers * num_experts).reshape(num_layers, num_experts).astype(np.int32)
+    counts_ME = np.zeros((ids_TMK.shape[1], num_experts), dtype=np.int32)
+    for m in range(ids_TMK.shape[1]):
+        counts_ME[m] = np.bincount(ids_TMK[:, m, :].ravel().astype(np.intp), minlength=num_experts)
+    return counts_ME
 
 
 def sampled_rows(ids_TMK: np.ndarray, sample_tokens: int) -> np.ndarray | None:
@@ -181,7 +206,9 @@ class RoutedSampler:
 
     The run's metadata is made from the first response that carries routing: L and K from its shape (SGLang:
     from num_layers / top_k), `layers` picks the MoE layers (parse_layers). Records wait in a queue of at most
-    QUEUE_RECORDS (the oldest dropped beyond, counted) until flush() lands them; a failed flush keeps them."""
+    QUEUE_RECORDS (the oldest dropped beyond, counted) until flush() lands them; a failed flush keeps them.
+    Thread-safe: add() from any number of threads (decoding and counting outside the lock), flush() from one;
+    the lock is held only to number and queue records, never across a decode or a Redis write."""
 
     def __init__(self, redis_url: str, run: str, num_experts: int, *, engine: str = "vllm", layers: str = "all",
                  num_layers: int | None = None, top_k: int | None = None, gpus: int | None = None,
@@ -207,32 +234,35 @@ class RoutedSampler:
         self.step = 0
         self.requests = self.published = self.dropped = 0
         self.last_error = ""
+        self._lock = threading.Lock()
 
     def add(self, body: Mapping, time_s: float | None = None) -> int:
         """Queue the step records of one response body; returns how many (0: it carried no routing)."""
         requests = routed_requests(body, self.engine, self.num_layers, self.top_k)
         made = 0
         for request in requests:
-            self._ensure_meta(request.ids_TLK.shape)
+            with self._lock:
+                self._ensure_meta(request.ids_TLK.shape)
             if request.ids_TLK.shape[1:] != self.shape_LK:
                 raise ValueError(f"routed_experts of shape {request.ids_TLK.shape} do not match the first "
                                  f"response's [tokens, {self.shape_LK[0]}, {self.shape_LK[1]}]")
             ids_TMK = request.ids_TLK[:, self.layers_M, :]
             parts = ([("mixed", ids_TMK)] if request.prompt_rows < 0 else
                      [("prefill", ids_TMK[:request.prompt_rows]), ("decode", ids_TMK[request.prompt_rows:])])
-            for phase, rows in parts:
-                if rows.shape[0]:
-                    self._queue(phase, rows, time.time() if time_s is None else time_s)
-                    made += 1
-            self.requests += 1
+            made_here = [(phase, rows.shape[0], counts_of(rows, self.num_experts),
+                          sampled_rows(rows, self.sample_tokens)) for phase, rows in parts if rows.shape[0]]
+            with self._lock:
+                for phase, tokens, counts_ME, sample_MNK in made_here:
+                    self._queue(phase, tokens, counts_ME, sample_MNK, time.time() if time_s is None else time_s)
+                self.requests += 1
+            made += len(made_here)
         return made
 
-    def _queue(self, phase: str, ids_TMK: np.ndarray, time_s: float) -> None:
+    def _queue(self, phase: str, tokens: int, counts_ME: np.ndarray, sample_MNK: np.ndarray | None,
+               time_s: float) -> None:
         record = core.StepRecord(
-            run=self.run, rank=0, world_size=1, step=self.step, time_s=time_s, phase=phase,
-            tokens=int(ids_TMK.shape[0]), counts_LE=counts_of(ids_TMK, self.num_experts),
-            sample_ids_LNK=sampled_rows(ids_TMK, self.sample_tokens), dropped_steps=self.dropped,
-            instance=self.instance)
+            run=self.run, rank=0, world_size=1, step=self.step, time_s=time_s, phase=phase, tokens=tokens,
+            counts_LE=counts_ME, sample_ids_LNK=sample_MNK, dropped_steps=self.dropped, instance=self.instance)
         self.step += 1
         self.queue.append(record)
         while len(self.queue) > QUEUE_RECORDS:
@@ -244,45 +274,55 @@ class RoutedSampler:
             return
         _, num_layers, top_k = shape_TLK
         self.layers_M = parse_layers(self.layers_spec, int(num_layers))
-        self.shape_LK = (int(num_layers), int(top_k))
         layout = core.Layout(self.gpus or core.default_gpus(self.num_experts), self.nodes,
                              core.contiguous_layout(len(self.layers_M), self.num_experts))
-        self.meta = core.RunMeta(
+        meta = core.RunMeta(
             run=self.run, model_name=self.model_name, layer_names=[f"model.layers.{i}" for i in self.layers_M],
             num_experts=self.num_experts, top_k=int(top_k), hidden_size=0, moe_intermediate_size=0, dtype_bytes=0,
             layout=layout, started_s=time.time(), host=socket.gethostname(),
             sample_tokens_per_layer=self.sample_tokens, instance=self.instance,
             extra={"source": "routed_experts", "engine": self.engine,
                    "sampled": "the requests one client saw, one record per request and phase"})
-        core.encode_meta(self.meta)  # a layout that cannot work raises here, not at the first write
+        core.encode_meta(meta)  # a layout that cannot work raises here, not at the first write
         maxlen = core.maxlen_for_budget(self.memory_budget_bytes, len(self.layers_M), self.num_experts,
                                         len(self.layers_M) * self.sample_tokens * int(top_k) * 2)
-        self.sink = RedisSink(self.redis_url, self.meta, maxlen, self.redis_timeout_s, self.memory_budget_bytes)
+        self.sink = RedisSink(self.redis_url, meta, maxlen, self.redis_timeout_s, self.memory_budget_bytes)
+        self.shape_LK = (int(num_layers), int(top_k))
+        self.meta = meta
 
     def flush(self) -> bool:
-        """Write the queued records; True when none is left. A failure is kept in last_error, never raised."""
-        if self.sink is None or not self.queue:
-            return not self.queue
-        batch = list(self.queue)
-        health = HealthReport(rank=0, dropped_steps=self.dropped, published_steps=self.published,
-                              queued=len(batch), last_error=self.last_error,
-                              extra={"routed_requests": self.requests})
+        """Write the queued records; True when none is left. A failure is kept in last_error, never raised.
+        One caller at a time (the lock is not held across the write: add() goes on meanwhile)."""
+        with self._lock:
+            if self.sink is None or not self.queue:
+                return not self.queue
+            batch = list(self.queue)
+            health = HealthReport(rank=0, dropped_steps=self.dropped, published_steps=self.published,
+                                  queued=len(batch), last_error=self.last_error,
+                                  extra={"routed_requests": self.requests})
         try:
             self.sink.write(batch, [], health)
         except PartialWrite as exc:
-            kept = [rec for i, rec in enumerate(batch) if i not in exc.landed]
-            self._landed(len(batch) - len(kept), kept, str(exc))
+            self._landed([rec for i, rec in enumerate(batch) if i in exc.landed], str(exc))
             return False
         except core.REDIS_ERRORS as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            with self._lock:
+                self.last_error = f"{type(exc).__name__}: {exc}"
             return False
-        self._landed(len(batch), [], "")
-        return True
+        self._landed(batch, "")
+        with self._lock:
+            return not self.queue
 
-    def _landed(self, count: int, kept: list[core.StepRecord], error: str) -> None:
-        self.published += count
-        self.queue = collections.deque(kept)
-        self.last_error = error
+    def _landed(self, landed: list[core.StepRecord], error: str) -> None:
+        """Take the records that landed off the queue (records queued meanwhile stay, in order); one that the
+        queue dropped while it was being written landed after all, and is no longer counted dropped."""
+        gone = {id(rec) for rec in landed}
+        with self._lock:
+            kept = collections.deque(rec for rec in self.queue if id(rec) not in gone)
+            self.dropped -= len(landed) - (len(self.queue) - len(kept))
+            self.published += len(landed)
+            self.queue = kept
+            self.last_error = error
 
     def close(self) -> None:
         if self.sink is not None:
