@@ -11,16 +11,17 @@ from .common import add_redis, add_run, guarded
 
 DESCRIPTION = "ask a running engine to switch to a layout."
 EPILOG = (  # argparse reflows it
-    'Reads a layout JSON as the planner writes it ({"physical_to_logical_map": [[...]]}), checks it against the '
-    "run's metadata (layers, experts, P a multiple of its GPUs), signs it (HMAC-SHA256 with the apply secret: "
+    'Reads a layout JSON as the planner writes it ({"physical_to_logical_map": [[...]]}; vLLM\'s -1 for an unused '
+    "slot and a list per GPU are read too), checks it against the run's metadata (layers, experts, P a multiple of its GPUs), signs it (HMAC-SHA256 with the apply secret: "
     "--secret-file, else $MOE_APPLY_SECRET_FILE, else $MOE_APPLY_SECRET; the engine checks it with the same secret) "
     "with an expiry (--ttl-s, default 120 s) and XADDs it at the run's next step (the newest step in its steps "
     "stream + 1) to the run's layout requests stream (a request, which no dashboard takes for a change). An engine "
     "that watches requests (the EP runtime of `moe-monitor demo --engine ep`) checks run, signature, expiry and "
     "size, moves the expert weights, switches all ranks at one step and publishes the change to the layouts "
     "stream, from the step the layout is really in force; either way it files its verdict on the run's request "
-    "status stream. --wait-s waits that long for the verdict and prints it (exit 0 applied, 1 refused or no "
-    "answer). The dashboard's What-if page sends the same request.")
+    "status stream, signed with the same secret. --wait-s waits that long for a verdict signed with the secret "
+    "and prints it (exit 0 applied, 1 refused or no signed answer; an unsigned or forged verdict is ignored). The "
+    "dashboard's What-if page sends the same request.")
 
 
 def register(sub) -> None:
@@ -44,7 +45,7 @@ def apply(args: argparse.Namespace) -> int:
     from moe_monitor.core.layout_requests import DEFAULT_TTL_S
     from moe_monitor.dashboard.sources.layout_request import request_layout
     from moe_monitor.dashboard.sources.request_status import find_status, outcome
-    from moe_monitor.planner import load_layout
+    from moe_monitor.planner.io import load_engine_layout
     core.check_run_name(args.run)
     if args.wait_s < 0:
         raise ValueError("--wait-s must be >= 0")
@@ -52,9 +53,13 @@ def apply(args: argparse.Namespace) -> int:
     if secret is None:
         raise ValueError(f"no apply secret: give --secret-file FILE, or set ${SECRET_FILE_ENV} or ${SECRET_ENV} "
                          "(the engine must have the same)")
-    layout_LP = load_layout(args.layout)
+    layout_LP, listed_gpus = load_engine_layout(args.layout)  # -1: an unused slot, as vLLM writes it
     client = core.connect(args.redis, timeout_s=2.0)
     try:
+        raw = client.get(core.meta_key(args.run)) if listed_gpus is not None else None
+        if raw is not None and core.decode_meta(raw).layout.gpus != listed_gpus:
+            raise ValueError(f"{args.layout}: lists {listed_gpus} GPUs, run {args.run!r} has "
+                             f"{core.decode_meta(raw).layout.gpus}")
         sent = request_layout(client, args.run, layout_LP, instance=f"apply-cli-{core.new_instance_id()}",
                               secret=secret, ttl_s=DEFAULT_TTL_S if args.ttl_s is None else args.ttl_s)
         record = sent.record
@@ -65,7 +70,8 @@ def apply(args: argparse.Namespace) -> int:
             return 0
         deadline = time.monotonic() + args.wait_s
         while True:
-            result = outcome(find_status(client, args.run, sent.request.nonce), record.step, sent.request.expires_s)
+            status = find_status(client, args.run, sent.request.nonce, secret)  # signed with it, or ignored
+            result = outcome(status, record.step, sent.request.expires_s)
             if result.final or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)

@@ -2,12 +2,15 @@
 $MOE_APPLY_SECRET_FILE), else $MOE_APPLY_SECRET itself. Never a command-line value: argv is visible to every user
 of the machine (ps) and lands in shell histories. Nothing here logs, prints or puts the secret in a message.
 
-The file holds the secret as text (one line; surrounding whitespace is dropped), e.g. made with
-`python -c "import secrets; print(secrets.token_hex(32))" > apply.key; chmod 600 apply.key`.
+The file holds the secret as text (one line; surrounding whitespace is dropped), at least MIN_SECRET_BYTES (32)
+bytes, and only its owner may read or write it (mode 600 or 400: any group or other permission bit is refused on
+POSIX), e.g. made with
+`(umask 077; python -c "import secrets; print(secrets.token_hex(32))" > apply.key)`.
 """
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,10 +22,18 @@ MAX_SECRET_FILE_BYTES = 4096
 
 
 def read_secret_file(path: str | os.PathLike) -> bytes:
-    """The secret in the file at path (whitespace around it dropped); ValueError when it cannot be read or is
-    shorter than MIN_SECRET_BYTES (the message names the path, never the content)."""
-    try:
-        with open(path, "rb") as handle:
+    """The secret in the file at path (whitespace around it dropped); ValueError when it cannot be read, when
+    it is not a regular file, when others may read or write it (the mode of the file opened, not of a name looked
+    up earlier), or when it is shorter than MIN_SECRET_BYTES (the message names the path, never the content)."""
+    try:  # O_NONBLOCK: a FIFO named by mistake is refused below instead of blocking the open
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+            info = os.fstat(handle.fileno())
+            mode = stat.S_IMODE(info.st_mode)
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"the apply secret file {str(path)!r} is not a regular file")
+            if os.name == "posix" and mode & 0o077:
+                raise ValueError(f"the apply secret file {str(path)!r} is open to others (mode {mode:03o}); make "
+                                 f"it private: chmod 600 {str(path)!r}")
             raw = handle.read(MAX_SECRET_FILE_BYTES + 1)
     except OSError as exc:
         raise ValueError(f"cannot read the apply secret file {str(path)!r}: {exc.strerror or type(exc).__name__}") \
@@ -32,7 +43,8 @@ def read_secret_file(path: str | os.PathLike) -> bytes:
     try:
         return check_secret(raw.strip())
     except ValueError:
-        raise ValueError(f"the apply secret in {str(path)!r} is shorter than {MIN_SECRET_BYTES} bytes") from None
+        raise ValueError(f"the apply secret in {str(path)!r} is shorter than {MIN_SECRET_BYTES} bytes (make one "
+                         "with: python -c \"import secrets; print(secrets.token_hex(32))\")") from None
 
 
 def load_secret(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> bytes | None:
@@ -48,4 +60,5 @@ def load_secret(path: str | os.PathLike | None = None, environ: Mapping[str, str
     try:
         return check_secret(text.encode())
     except ValueError:
-        raise ValueError(f"${SECRET_ENV} is shorter than {MIN_SECRET_BYTES} bytes") from None
+        raise ValueError(f"${SECRET_ENV} is shorter than {MIN_SECRET_BYTES} bytes (make one with: "
+                         "python -c \"import secrets; print(secrets.token_hex(32))\")") from None

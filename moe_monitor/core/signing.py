@@ -1,6 +1,7 @@
-"""Signing layout requests: HMAC-SHA256 (stdlib hmac) over a canonical encoding of what a request asks for, with a
-secret the dashboard server (and `moe-monitor apply`) shares with the runtime that moves experts. Pure functions:
-bytes and numbers in, bytes and booleans out; where the secret comes from is core/apply_secret.py's job.
+"""Signing layout requests and the runtime's verdicts on them: HMAC-SHA256 (stdlib hmac) over a canonical encoding
+of what a request asks for (or what a verdict says), with a secret the dashboard server (and `moe-monitor apply`)
+shares with the runtime that moves experts. Pure functions: bytes and numbers in, bytes and booleans out; where
+the secret comes from is core/apply_secret.py's job.
 
 Shape legend: L MoE layers, P physical slots.
 
@@ -8,7 +9,9 @@ The canonical encoding is a domain tag and then, each as its length (4 bytes, bi
 bytes: the run name (UTF-8), the shape "LxP", gpus, nodes, the step asked at, issued-at and expiry (unix s, as
 Python's repr of the float: it round-trips exactly, and the wire carries the same text), the nonce, and the
 SHA-256 of the map as little-endian int32 [L, P] row-major. A request that differs in any of them (another
-run, one slot, a later expiry) has another message, hence another signature.
+run, one slot, a later expiry) has another message, hence another signature. A verdict's encoding
+(canonical_status) is framed the same way under its own domain tag, so neither signature is ever valid for the
+other kind of message.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ import re
 import numpy as np
 
 DOMAIN = b"moe-monitor layout request v1"
+STATUS_DOMAIN = b"moe-monitor layout request status v1"
 SIGNATURE_HEX_CHARS = 64  # HMAC-SHA256, hex
-MIN_SECRET_BYTES = 16
+MIN_SECRET_BYTES = 32  # as many as the HMAC's output: a shorter secret is the weakest link
 _HEX_SIGNATURE = re.compile(f"[0-9a-f]{{{SIGNATURE_HEX_CHARS}}}")
 _MAP_DTYPE = np.dtype("<i4")
 
@@ -36,7 +40,20 @@ def canonical_request(run: str, layout_LP: np.ndarray, gpus: int, nodes: int, st
     parts = [run.encode(), f"{layout.shape[0]}x{layout.shape[1]}".encode(), str(int(gpus)).encode(),
              str(int(nodes)).encode(), str(int(step)).encode(), repr(float(issued_s)).encode(),
              repr(float(expires_s)).encode(), nonce.encode(), map_digest]
-    return DOMAIN + b"".join(len(part).to_bytes(4, "big") + part for part in parts)
+    return _framed(DOMAIN, parts)
+
+
+def canonical_status(run: str, request_id: str, nonce: str, verdict: str, detail: str, step: int, time_s: float,
+                     instance: str) -> bytes:
+    """The bytes a verdict's signature covers: STATUS_DOMAIN, then run, request entry id, nonce, verdict, detail,
+    step, time (repr of the float) and the runtime's instance id, each length-prefixed (module docstring)."""
+    parts = [run.encode(), request_id.encode(), nonce.encode(), verdict.encode(), detail.encode(),
+             str(int(step)).encode(), repr(float(time_s)).encode(), instance.encode()]
+    return _framed(STATUS_DOMAIN, parts)
+
+
+def _framed(domain: bytes, parts: list[bytes]) -> bytes:
+    return domain + b"".join(len(part).to_bytes(4, "big") + part for part in parts)
 
 
 def check_secret(secret: bytes) -> bytes:

@@ -1,6 +1,8 @@
 """Signed layout requests (core/signing.py, core/layout_requests.py, core/apply_secret.py, core/request_status.py):
 a request signed with the shared secret passes judge_request; any change to what it asks for (run, one slot,
-shape, expiry, nonce, issued-at), another secret, no signature, an expired one: refused with the right verdict."""
+shape, expiry, nonce, issued-at), another secret, no signature, an expired one: refused with the right verdict.
+A runtime's verdict is signed the same way (any changed field, another secret or none: not signed); the secret is
+at least 32 bytes and its file private to its owner."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,6 +31,8 @@ from moe_monitor.core.request_status import (
     LayoutRequestStatus,
     decode_request_status,
     encode_request_status,
+    sign_status,
+    status_signed,
 )
 
 SECRET = b"0123456789abcdef0123456789abcdef"
@@ -144,13 +148,18 @@ def test_signature_is_hmac_sha256_of_the_canonical_bytes():
     assert req.message().startswith(signing.DOMAIN)
     assert not signing.signature_ok(SECRET, req.message(), req.signature.upper())  # lowercase hex only
     assert not signing.signature_ok(SECRET, req.message(), "é" * 64)
-    with pytest.raises(ValueError, match="at least 16 bytes"):
+    with pytest.raises(ValueError, match="at least 32 bytes"):
         signing.sign(b"short", b"m")
 
 
+def _private(path, text: str):
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
 def test_secret_from_file_or_environment(tmp_path):
-    path = tmp_path / "apply.key"
-    path.write_text(SECRET.decode() + "\n")
+    path = _private(tmp_path / "apply.key", SECRET.decode() + "\n")
     assert apply_secret.load_secret(path, environ={}) == SECRET
     assert apply_secret.load_secret(None, environ={"MOE_APPLY_SECRET_FILE": str(path)}) == SECRET
     assert apply_secret.load_secret(None, environ={"MOE_APPLY_SECRET": SECRET.decode()}) == SECRET
@@ -158,7 +167,7 @@ def test_secret_from_file_or_environment(tmp_path):
     path.write_text("hunter2")
     with pytest.raises(ValueError) as short:
         apply_secret.load_secret(path, environ={})
-    assert "hunter2" not in str(short.value) and "shorter than 16" in str(short.value)
+    assert "hunter2" not in str(short.value) and "shorter than 32" in str(short.value)
     with pytest.raises(ValueError, match="cannot read"):
         apply_secret.load_secret(tmp_path / "missing", environ={})
     with pytest.raises(ValueError) as env_short:
@@ -171,9 +180,88 @@ def test_status_record_round_trip():
                                  time_s=time.time(), instance="rt")
     back = decode_request_status(encode_request_status(status))
     assert back == status and back.describe() == "applied at step 42"
+    signed = sign_status(status, SECRET)
+    back = decode_request_status(encode_request_status(signed))
+    assert back == signed and status_signed(back, SECRET) and len(back.signature) == 64
     refused = dataclasses.replace(status, verdict=REFUSED_EXPIRED, detail="it expired 3.0 s before", nonce="")
     assert decode_request_status(encode_request_status(refused)).describe() == "refused: expired (it expired 3.0 s before)"
     for bad in ({"verdict": "maybe"}, {"req": "x"}, {"nonce": "short"}, {"step": -1}):
         with pytest.raises(ValueError):
             decode_request_status(dict(encode_request_status(status), **bad))
     assert layout_request_status_key("prod") == "moe:{prod}:layout_request_status"
+
+
+def _status(**changes) -> LayoutRequestStatus:
+    base = LayoutRequestStatus(run="prod", request_id="1700000000000-0", nonce="b" * 32, verdict=APPLIED, step=42,
+                               time_s=NOW, detail="", instance="runtime-1")
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize("change", [
+    {"run": "staging"}, {"request_id": "1700000000000-1"}, {"nonce": "c" * 32}, {"verdict": REFUSED_EXPIRED},
+    {"detail": "x"}, {"step": 43}, {"time_s": NOW + 0.5}, {"instance": "runtime-2"}])
+def test_a_verdict_is_signed_and_any_changed_field_breaks_it(change):
+    """Issue 35 item 9: the status stream's verdicts (inst included) carry an HMAC a reader checks."""
+    signed = sign_status(_status(), SECRET)
+    fields = encode_request_status(signed)
+    assert status_signed(decode_request_status(fields), SECRET)
+    tampered = dataclasses.replace(signed, **change)
+    assert not status_signed(decode_request_status(encode_request_status(tampered)), SECRET)
+
+
+def test_unsigned_other_secret_and_cross_domain_verdicts_are_not_signed():
+    status = _status()
+    assert not status_signed(decode_request_status(encode_request_status(status)), SECRET)  # no "sig" at all
+    fields = {k: v for k, v in encode_request_status(status).items() if k != "sig"}  # an older writer
+    assert decode_request_status(fields).signature == "" and not status_signed(decode_request_status(fields), SECRET)
+    other = sign_status(status, b"another secret of 32 bytes......")
+    assert not status_signed(other, SECRET) and not status_signed(sign_status(status, SECRET), None)
+    assert sign_status(status, None).signature == ""
+    # a request's signature never verifies as a verdict's, whatever the fields say
+    req = _signed()
+    assert not status_signed(dataclasses.replace(status, signature=req.signature), SECRET)
+    assert status.message().startswith(signing.STATUS_DOMAIN) and not status.message().startswith(signing.DOMAIN)
+    long = sign_status(dataclasses.replace(status, detail="d" * 900), SECRET)  # cut as encoded, then signed
+    assert status_signed(decode_request_status(encode_request_status(long)), SECRET)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
+def test_a_secret_file_others_may_open_is_refused(tmp_path, mode):
+    """Issue 35 item 10: a group- or world-readable (or writable) secret file is refused, with one message that
+    names the file and the fix, never the secret."""
+    path = _private(tmp_path / "apply.key", SECRET.decode())
+    path.chmod(mode)
+    for load in (lambda: apply_secret.load_secret(path, environ={}),
+                 lambda: apply_secret.load_secret(None, environ={"MOE_APPLY_SECRET_FILE": str(path)})):
+        with pytest.raises(ValueError) as refused:
+            load()
+        message = str(refused.value)
+        assert f"mode {mode:03o}" in message and "chmod 600" in message and str(path) in message
+        assert SECRET.decode() not in message and "\n" not in message
+    path.chmod(0o400)
+    assert apply_secret.load_secret(path, environ={}) == SECRET
+
+
+def test_a_secret_under_32_bytes_is_refused_from_a_file_or_the_environment(tmp_path):
+    """Issue 35 item 10: 31 bytes (the old floor was 16) refused, 32 accepted."""
+    short = "k" * 31
+    path = _private(tmp_path / "apply.key", short + "\n")
+    with pytest.raises(ValueError) as refused:
+        apply_secret.load_secret(path, environ={})
+    assert "shorter than 32 bytes" in str(refused.value) and short not in str(refused.value)
+    with pytest.raises(ValueError, match="shorter than 32 bytes"):
+        apply_secret.load_secret(None, environ={"MOE_APPLY_SECRET": short})
+    with pytest.raises(ValueError, match="at least 32"):
+        sign_request(_record(), short.encode())
+    _private(path, short + "k\n")
+    assert apply_secret.load_secret(path, environ={}) == b"k" * 32
+    assert apply_secret.load_secret(None, environ={"MOE_APPLY_SECRET": short + "k"}) == b"k" * 32
+
+
+def test_a_secret_path_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path):
+    import os
+
+    fifo = tmp_path / "apply.fifo"
+    os.mkfifo(fifo, 0o600)  # opening it for reading would wait for a writer
+    with pytest.raises(ValueError, match="not a regular file"):
+        apply_secret.load_secret(fifo, environ={})
