@@ -17,6 +17,7 @@ import secrets
 from dataclasses import dataclass
 
 from .fields import _get, _text, _time
+from .keys import run_key
 from .layouts import LAYOUT_FIELDS, LayoutRecord, decode_layout_record, encode_layout_record
 from .request_status import REFUSED_EXPIRED, REFUSED_RUN, REFUSED_SIGNATURE
 from .signing import canonical_request, sign, signature_ok
@@ -26,6 +27,12 @@ DEFAULT_TTL_S = 120.0      # a request's lifetime unless its sender says otherwi
 MAX_TTL_S = 3600.0         # no runtime accepts a request that lives longer (expiry - issued-at)
 MAX_CLOCK_SKEW_S = 60.0    # a request issued further in the future than this (by the runtime's clock) is refused
 _NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+def seen_requests_key(run: str) -> str:
+    """Sorted set moe:{R}:layout_requests_seen: the nonces of the requests a runtime has judged for the run (score:
+    the request's expiry, unix s), so that a runtime that restarts still refuses a copy of one it judged."""
+    return run_key(run, "layout_requests_seen")
 
 
 @dataclass(frozen=True)

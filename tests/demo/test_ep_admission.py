@@ -1,8 +1,8 @@
 """Which layout requests the EP runtime takes (demo/ep/admission.py) and what its watch reports back
 (demo/ep/watch.py), against the tests' real redis-server: unsigned, expired, another run's, oversized, replayed,
-ill-fitting and malformed requests are refused and each is reported on the run's status stream; a good one is
-handed to the step loop, and "applied" is reported once the loop says so. The whole runtime (ranks, migration)
-is test_ep_runtime.py's."""
+ill-fitting and malformed requests are refused and each is reported on the run's status stream, signed; a good
+one is handed to the step loop, and "applied" is reported once the loop says so. A copy of a judged request
+XADDed again after the runtime restarts is refused. The whole runtime (ranks, migration) is test_ep_runtime.py's."""
 from __future__ import annotations
 
 import time
@@ -24,6 +24,7 @@ from moe_monitor.core.request_status import (
     REFUSED_SIZE,
     REFUSED_SUPERSEDED,
     decode_request_status,
+    status_signed,
 )
 from moe_monitor.dashboard.sources.request_status import find_status
 from moe_monitor.demo.ep.admission import NonceBook, RequestRules, judge_entry
@@ -114,11 +115,12 @@ def test_watcher_reports_every_refusal_and_the_applied_one(redis_url):
         admitted = taken[-1]
         assert admitted.request_id == good and watcher.take() is None
         assert admitted.layout_LP.dtype == np.int64 and admitted.layout_LP.shape == (L, E)
-        assert find_status(client, RUN, admitted.request.nonce) is None  # pending: no status yet
+        assert find_status(client, RUN, admitted.request.nonce, SECRET) is None  # pending: no status yet
         watcher.report_applied(admitted, from_step=8)
-        assert wait_until(lambda: find_status(client, RUN, admitted.request.nonce) is not None, 60)
-        status = find_status(client, RUN, admitted.request.nonce)
+        assert wait_until(lambda: find_status(client, RUN, admitted.request.nonce, SECRET) is not None, 60)
+        status = find_status(client, RUN, admitted.request.nonce, SECRET)
         assert status.verdict == APPLIED and status.describe() == "applied at step 8"
+        assert all(status_signed(s, SECRET) for s in _statuses(client))  # every verdict, refusals too
         assert watcher.refused == len(ids) and watcher.bad_records == 1
     finally:
         watcher.close()
@@ -140,3 +142,95 @@ def test_a_newer_request_supersedes_a_waiting_one(redis_url):
     finally:
         watcher.close()
         client.close()
+
+
+def _judged_or_taken(client, watcher: LayoutWatcher, request_id: str):
+    """The status filed for request_id, or "taken" when the watcher admitted it instead (what old code did)."""
+    found: list = []
+
+    def settled() -> bool:
+        found[:] = [s for s in _statuses(client) if s.request_id == request_id]
+        return bool(found) or watcher._newest is not None
+
+    assert wait_until(settled, 60)
+    return found[-1] if found else "taken"
+
+
+def _apply_once(redis_url: str, client, make_fields, instance: str) -> dict:
+    """A runtime (its watch) that admits the request make_fields() makes once it runs, applies it and stops; the
+    request's fields."""
+    watcher = LayoutWatcher(redis_url, RULES, instance, SECRET, poll_s=0.02)
+    try:
+        assert wait_until(lambda: watcher._last_id is not None, 60)
+        fields = make_fields()
+        client.xadd(core.layout_requests_key(RUN), fields)
+        taken: list = []
+        assert wait_until(lambda: taken.append(watcher.take()) or taken[-1] is not None, 60)
+        watcher.report_applied(taken[-1], from_step=4)
+    finally:
+        watcher.close()
+    return fields
+
+
+@pytest.mark.parametrize("issued", ["now", "ahead"])
+def test_a_request_replayed_after_the_runtime_restarts_is_refused(redis_url, issued):
+    """Issue 35 item 8: a signed request applied by one runtime, XADDed again (a copy read off the stream) after
+    that runtime restarted, within the request's lifetime, is refused "replayed" by the new one. "now": issued
+    before the restart (refused for that); "ahead": issued by a sender whose clock runs 30 s ahead (within the
+    60 s allowed), so after the restart by the runtime's clock: refused because the nonce was kept in Redis."""
+    client = core.connect(redis_url, timeout_s=2.0)
+    offset_s = {"now": 0.0, "ahead": 30.0}[issued]
+    fields = _apply_once(redis_url, client, lambda: _signed(_record(time_s=time.time() + offset_s), ttl_s=120.0),
+                         "runtime-before")
+    assert any(s.verdict == APPLIED for s in _statuses(client))
+    restarted = LayoutWatcher(redis_url, RULES, "runtime-after", SECRET, poll_s=0.02)
+    try:
+        assert wait_until(lambda: restarted._last_id is not None, 60)
+        replay = client.xadd(core.layout_requests_key(RUN), fields).decode()
+        status = _judged_or_taken(client, restarted, replay)
+        assert status != "taken", "the replayed request was admitted by the restarted runtime"
+        assert status.verdict == REFUSED_REPLAYED and status.instance == "runtime-after", status
+        assert status_signed(status, SECRET) and restarted.take() is None
+        fresh = client.xadd(core.layout_requests_key(RUN), _signed()).decode()  # a new request still goes through
+        taken: list = []
+        assert wait_until(lambda: taken.append(restarted.take()) or taken[-1] is not None, 60)
+        assert taken[-1].request_id == fresh
+    finally:
+        restarted.close()
+        client.close()
+
+
+def test_the_kept_nonces_are_bounded_and_hostile_members_are_skipped(redis_url):
+    """What the watch keeps in Redis: each judged nonce with its request's expiry, expired ones dropped, the key
+    itself expiring; members that are not nonces, or whose expiry lies beyond any request's lifetime, are not
+    read back."""
+    from moe_monitor.core.layout_requests import MAX_CLOCK_SKEW_S, MAX_TTL_S, seen_requests_key
+
+    client = core.connect(redis_url, timeout_s=2.0)
+    run = "ep-admit-kept"
+    rules = RequestRules(run=run, num_layers=L, num_experts=E, ranks=RANKS, max_slots_per_rank=16,
+                         max_replicas_per_expert=RANKS)
+    key, now, far, old, kept = seen_requests_key(run), time.time(), "d" * 32, "e" * 32, "f" * 32
+    client.zadd(key, {"not-a-nonce": now + 60, far: now + 10 * (MAX_TTL_S + MAX_CLOCK_SKEW_S), old: now - 1,
+                      kept: now + 60})
+    watcher = LayoutWatcher(redis_url, rules, "rt-kept", SECRET, poll_s=0.02)
+    try:
+        assert wait_until(lambda: watcher._last_id is not None, 60)
+        known = watcher._nonces._expires_s
+        assert set(known) == {kept} and known[kept] == now + 60
+        request = sign_request(_record(run=run), SECRET, 60.0)
+        client.xadd(core.layout_requests_key(run), encode_layout_request(request))
+        assert wait_until(lambda: client.zscore(key, request.nonce) is not None, 60)
+        assert client.zscore(key, request.nonce) == request.expires_s
+        assert client.zscore(key, old) is None  # expired: dropped on the save
+        assert 0 < client.ttl(key) <= MAX_TTL_S + MAX_CLOCK_SKEW_S + 1
+    finally:
+        watcher.close()
+        client.close()
+
+
+def test_a_request_issued_before_the_engine_started_is_a_replay():
+    book = NonceBook(since_s=time.time())
+    _, judged = judge_entry(_signed(_record(time_s=book.since_s - 5)), RULES, SECRET, time.time(), book)
+    assert judged.verdict == REFUSED_REPLAYED and "before this engine started" in judged.detail
+    assert judge_entry(_signed(_record(time_s=book.since_s + 0.001)), RULES, SECRET, time.time(), book)[1].ok

@@ -2,14 +2,15 @@
 0's watch thread, before any rank sees it. No torch, no I/O: fields in, a verdict out.
 
 In order: it decodes ("refused: malformed"); names this run, is signed with the shared secret and has not
-expired (core.layout_requests.judge_request: "another run" / "bad signature" / "expired"); its nonce is new
-("replayed"); slots per rank and replicas per expert within EPConfig.max_slots_per_rank /
+expired (core.layout_requests.judge_request: "another run" / "bad signature" / "expired"); it was issued after
+this engine started and its nonce is new ("replayed": NonceBook); slots per rank and replicas per expert within EPConfig.max_slots_per_rank /
 max_replicas_per_expert ("too large"); a layout of this model over these ranks ("does not fit").
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,23 +45,35 @@ class Admitted:
 
 
 class NonceBook:
-    """The nonces of signed requests already judged, each kept until its request expires (a copy XADDed again
-    within its lifetime is a replay); at most MAX_REMEMBERED_NONCES, the soonest to expire forgotten first."""
+    """What this engine counts as seen: every request issued before since_s (unix s, when it started watching:
+    made for an earlier engine, or a copy of one), and the nonces of signed requests already judged, each kept
+    until its request expires; at most `capacity`, the soonest to expire forgotten first. unsaved: the nonces
+    seen() noted that the watch has not yet persisted (restore() notes one read back from there)."""
 
-    def __init__(self, capacity: int = MAX_REMEMBERED_NONCES):
+    def __init__(self, capacity: int = MAX_REMEMBERED_NONCES, since_s: float = -math.inf):
         self._expires_s: dict[str, float] = {}
         self._capacity = capacity
+        self.since_s = since_s
+        self.unsaved: list[tuple[str, float]] = []
 
     def seen(self, nonce: str, expires_s: float, now_s: float) -> bool:
-        """Whether nonce was noted before (and has not expired); notes it otherwise."""
+        """Whether nonce was noted before (and has not expired); notes it (and adds it to unsaved) otherwise."""
         if nonce in self._expires_s:
             return True
+        self.restore(nonce, expires_s, now_s)
+        self.unsaved.append((nonce, expires_s))
+        del self.unsaved[:-self._capacity]
+        return False
+
+    def restore(self, nonce: str, expires_s: float, now_s: float) -> None:
+        """Note nonce as seen until expires_s, making room as seen() does."""
+        if nonce in self._expires_s:
+            return
         if len(self._expires_s) >= self._capacity:
             self._expires_s = {n: t for n, t in self._expires_s.items() if t > now_s}
             while len(self._expires_s) >= self._capacity:
                 del self._expires_s[min(self._expires_s, key=self._expires_s.__getitem__)]
         self._expires_s[nonce] = expires_s
-        return False
 
 
 def size_judgement(num_slots: int, rules: RequestRules, layout_LP: np.ndarray | None = None) -> Judgement:
@@ -101,6 +114,10 @@ def judge_entry(fields: dict, rules: RequestRules, secret: bytes | None, now_s: 
     judged = judge_request(request, rules.run, secret, now_s)
     if not judged.ok:
         return request, judged
+    if request.issued_s < nonces.since_s:
+        return request, Judgement(REFUSED_REPLAYED, f"it was issued {nonces.since_s - request.issued_s:.1f} s "
+                                                    "before this engine started: a request made for an earlier "
+                                                    "engine is not applied by a later one (send it again)")
     if nonces.seen(request.nonce, request.expires_s, now_s):
         return request, Judgement(REFUSED_REPLAYED, f"request {request.nonce} was read before")
     layout_LP = request.record.layout_LP

@@ -6,16 +6,24 @@ entry at start), judges each entry (admission.judge_entry), keeps the newest adm
 for the one it replaces) and writes refusals and "applied" to core.layout_request_status_key(run). The step loop
 calls take() and report() only (no I/O). Redis down: last_error kept, back off up to 2 s, go on. Requests of
 this runtime's own instance id are skipped.
+
+Replays: a request issued before the watch started is refused ("replayed": made for an earlier engine), and the
+nonces judged are kept in Redis (core.layout_requests.seen_requests_key, each until its request expires, at most
+admission.MAX_REMEMBERED_NONCES) and read back at start, so a copy XADDed again after a restart is refused even
+when the sender's clock ran ahead. Statuses are signed with the secret (core.request_status.sign_status).
 """
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 import time
 from collections.abc import Callable
 
 from moe_monitor import core
 from moe_monitor.core.keys import layout_request_status_key
+from moe_monitor.core.layout_requests import MAX_CLOCK_SKEW_S, MAX_TTL_S, seen_requests_key
 from moe_monitor.core.request_status import (
     APPLIED,
     REFUSED_STOPPING,
@@ -23,12 +31,14 @@ from moe_monitor.core.request_status import (
     STATUS_MAXLEN,
     LayoutRequestStatus,
     encode_request_status,
+    sign_status,
 )
 
-from .admission import Admitted, NonceBook, RequestRules, judge_entry
+from .admission import MAX_REMEMBERED_NONCES, Admitted, NonceBook, RequestRules, judge_entry
 
 log = logging.getLogger("moe_monitor.demo.ep")
 MAX_QUEUED_STATUSES = 1000  # statuses waiting for Redis; beyond this the oldest are dropped (and counted)
+_NONCE = re.compile(r"[0-9a-f]{32}")
 
 
 class LayoutWatcher:
@@ -42,10 +52,11 @@ class LayoutWatcher:
         self.rules = rules
         self._key = core.layout_requests_key(rules.run)
         self._status_key = layout_request_status_key(rules.run)
+        self._seen_key = seen_requests_key(rules.run)
         self._client = core.connect(redis_url, timeout_s=timeout_s, retries=0)
         self._own, self._secret, self._poll_s = own_instance, secret, poll_s
         self._current_step, self._clock = current_step, clock
-        self._nonces = NonceBook()
+        self._nonces = NonceBook(since_s=clock())
         self._newest: Admitted | None = None
         self._outbox: list[LayoutRequestStatus] = []
         self._lock = threading.Lock()
@@ -105,22 +116,50 @@ class LayoutWatcher:
             log.warning("ep: %d layout request statuses not written (%s)", len(self._outbox), type(exc).__name__)
 
     def _flush(self) -> None:
+        self._save_nonces()
         with self._lock:
             pending, self._outbox = self._outbox, []
         written = 0
         try:
             for status in pending:
-                self._client.xadd(self._status_key, encode_request_status(status), maxlen=STATUS_MAXLEN,
-                                  approximate=True)
+                self._client.xadd(self._status_key, encode_request_status(sign_status(status, self._secret)),
+                                  maxlen=STATUS_MAXLEN, approximate=True)
                 written += 1
         finally:
             if written < len(pending):
                 with self._lock:  # put back what was not written, in order
                     self._outbox[:0] = pending[written:]
 
+    def _save_nonces(self) -> None:
+        """The nonces judged since the last save into the run's seen set (module docstring); kept for a retry
+        when Redis fails."""
+        unsaved = self._nonces.unsaved
+        if not unsaved:
+            return
+        now = self._clock()
+        client = self._client
+        client.zadd(self._seen_key, dict(unsaved))
+        client.zremrangebyscore(self._seen_key, "-inf", now)
+        client.zremrangebyrank(self._seen_key, 0, -MAX_REMEMBERED_NONCES - 1)
+        client.expire(self._seen_key, int(MAX_TTL_S + MAX_CLOCK_SKEW_S) + 1)
+        del unsaved[:]
+
+    def _restore_nonces(self) -> None:
+        """The nonces an earlier watch of this run saved that have not expired, read back (malformed members and
+        expiries beyond any request's lifetime skipped; at most MAX_REMEMBERED_NONCES)."""
+        now = self._clock()
+        latest = now + MAX_TTL_S + MAX_CLOCK_SKEW_S
+        saved = self._client.zrangebyscore(self._seen_key, now, latest, start=0, num=MAX_REMEMBERED_NONCES,
+                                           withscores=True)
+        for member, expires_s in saved:
+            nonce = member.decode("ascii", "replace") if isinstance(member, bytes) else str(member)
+            if _NONCE.fullmatch(nonce) and math.isfinite(expires_s):
+                self._nonces.restore(nonce, float(expires_s), now)
+
     def _poll(self) -> None:
         client = self._client
-        if self._last_id is None:  # start after what is there now
+        if self._last_id is None:  # start after what is there now, knowing what earlier watches judged
+            self._restore_nonces()
             last = client.xrevrange(self._key, count=1)
             self._last_id = last[0][0] if last else b"0-0"
         replies = client.xread({self._key: self._last_id}, count=64)
