@@ -2,7 +2,9 @@
 (MOE_APPLY_RUNS + the apply secret, as `moe-monitor dashboard --apply-run RUN --apply-secret-file FILE` passes
 them); the confirmation names the run and the Redis (password redacted) and never carries over to another run;
 the page shows what the engine did with its request (a real LayoutWatcher of the EP runtime answering through
-the tests' real redis-server), and the network banner says visitors could apply. Rendered by AppTest."""
+the tests' real redis-server) and only what an engine holding the same secret signed (a forged "applied" or an
+engine with another secret is not believed), and the network banner says visitors could apply. Rendered by
+AppTest."""
 from __future__ import annotations
 
 import argparse
@@ -69,7 +71,7 @@ def test_apply_is_off_for_runs_not_listed_and_without_a_usable_secret(redis_url,
     assert "whatif_apply" not in _keys(at)
     at = _whatif(redis_url, monkeypatch, runs="unlisted", secret="hunter2")
     (line,) = [i.value for i in at.info if "Apply is off" in i.value]
-    assert "shorter than 16 bytes" in line and "hunter2" not in line
+    assert "shorter than 32 bytes" in line and "hunter2" not in line
     assert "whatif_apply" not in _keys(at)
     at = _whatif(redis_url, monkeypatch, runs="unlisted", secret=None)
     assert any("no apply secret" in i.value for i in at.info) and "whatif_apply" not in _keys(at)
@@ -108,12 +110,12 @@ def test_confirmation_names_run_and_redacted_redis_and_never_carries_over(tmp_pa
         server.stop()
 
 
-def _answer_with_watcher(url: str, run: str, secret: bytes):
+def _answer_with_watcher(url: str, run: str, secret: bytes, max_slots_per_rank: int = 64):
     """The EP runtime's own watch of run's requests (demo/ep/watch.py), judging with secret."""
     from moe_monitor.demo.ep.admission import RequestRules
     from moe_monitor.demo.ep.watch import LayoutWatcher
 
-    rules = RequestRules(run=run, num_layers=L, num_experts=E, ranks=G, max_slots_per_rank=64,
+    rules = RequestRules(run=run, num_layers=L, num_experts=E, ranks=G, max_slots_per_rank=max_slots_per_rank,
                          max_replicas_per_expert=G)
     watcher = LayoutWatcher(url, rules, "test-runtime", secret, current_step=lambda: 20, poll_s=0.02)
     assert wait_until(lambda: watcher._last_id is not None, 60)
@@ -133,14 +135,14 @@ def _last_request_line(at: AppTest) -> str:
     return lines[-1] if lines else ""
 
 
-@pytest.mark.parametrize("case", ["bad signature", "expired"])
+@pytest.mark.parametrize("case", ["too large", "expired"])
 def test_page_shows_the_engines_refusal(redis_url, monkeypatch, case):
     run = f"refused-{case.replace(' ', '-')}"
     client = _fill(redis_url, run)
     if case == "expired":
         monkeypatch.setenv("MOE_APPLY_TTL_S", "0.001")  # expired before any engine reads it
-    watcher = _answer_with_watcher(redis_url, run, b"the engine's other secret, 32 b." if case == "bad signature"
-                                   else SECRET.encode())
+    watcher = _answer_with_watcher(redis_url, run, SECRET.encode(), max_slots_per_rank=1 if case == "too large"
+                                   else 64)
     try:
         at = _apply(_whatif(redis_url, monkeypatch, runs=run))
         assert wait_until(lambda: client.xlen(core.keys.layout_request_status_key(run)) >= 1, 60)
@@ -151,6 +153,51 @@ def test_page_shows_the_engines_refusal(redis_url, monkeypatch, case):
     line = _last_request_line(at)
     assert line.startswith(f"Last request from this page: refused: {case} ("), line
     assert not any("requested at step" in s.value for s in at.success)
+
+
+def _forge_applied(client, run: str, secret: bytes | None) -> None:
+    """Once the page's request is in the stream: an "applied" status for it, signed with secret (None: unsigned),
+    as anyone who can XADD could write it."""
+    from moe_monitor.core.layout_requests import decode_layout_request
+    from moe_monitor.core.request_status import APPLIED, LayoutRequestStatus, encode_request_status, sign_status
+
+    assert wait_until(lambda: client.xlen(core.layout_requests_key(run)) >= 1, 60)
+    ((entry_id, fields),) = client.xrange(core.layout_requests_key(run))
+    request = decode_layout_request(fields)
+    forged = LayoutRequestStatus(run=run, request_id=entry_id.decode(), nonce=request.nonce, verdict=APPLIED,
+                                 step=request.record.step, time_s=time.time(), instance="forger")
+    client.xadd(core.keys.layout_request_status_key(run), encode_request_status(sign_status(forged, secret)))
+
+
+@pytest.mark.parametrize("writer", ["unsigned", "another secret"])
+def test_page_does_not_believe_a_forged_or_unverifiable_answer(redis_url, monkeypatch, writer):
+    """Issue 35 item 9: an "applied" written by someone without the secret (unsigned, or signed with another
+    one, as an engine holding another secret signs its refusals) is never shown as this request's answer nor in
+    the engine's latest answers; once the request expires the page says no engine answered with a signed
+    verdict."""
+    run = f"forged-{writer.replace(' ', '-')}"
+    client = _fill(redis_url, run)
+    monkeypatch.setenv("MOE_APPLY_TTL_S", "1.0")
+    monkeypatch.setattr(request_status, "ANSWER_GRACE_S", 0.5)
+    at = _apply(_whatif(redis_url, monkeypatch, runs=run))
+    _forge_applied(client, run, None if writer == "unsigned" else b"the engine's other secret, 32 b.")
+    at.run()
+    assert not at.exception, at.exception
+    assert "waiting for the engine" in _last_request_line(at), _last_request_line(at)
+    assert not any("applied" in s.value for s in at.success)
+    assert not any("applied at step" in m.value for m in at.markdown)  # the latest answers list leaves it out
+    assert wait_until(lambda: _expired(client, run), 60)
+    at.run()
+    line = _last_request_line(at)
+    assert "no engine answered with a verdict signed with this apply secret" in line, line
+    assert not any("applied" in s.value for s in at.success)
+
+
+def _expired(client, run: str) -> bool:
+    from moe_monitor.core.layout_requests import decode_layout_request
+
+    ((_, fields),) = client.xrange(core.layout_requests_key(run))
+    return time.time() > decode_layout_request(fields).expires_s + request_status.ANSWER_GRACE_S
 
 
 def test_page_says_when_no_engine_answered_before_expiry(redis_url, monkeypatch):
@@ -215,6 +262,7 @@ def test_dashboard_command_passes_the_setting_in_the_environment_only(tmp_path):
 
     key = tmp_path / "apply.key"
     key.write_text(SECRET)
+    key.chmod(0o600)
     inherited = {"MOE_APPLY_RUNS": "sneaky", "MOE_APPLY_SECRET": SECRET, "PATH": "/bin"}
     assert apply_env(_args(), inherited) == {"PATH": "/bin"}  # off: nothing inherited turns it on
     env = apply_env(_args(apply_run=["prod", "b"], apply_secret_file=str(key), apply_ttl_s=30.0), {"PATH": "/bin"})
