@@ -13,10 +13,18 @@ from __future__ import annotations
 import argparse
 
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
+from moe_monitor.core.layouts import check_engine_layout, has_unused, with_unused_as_expert
 
 from .common import add_json, guarded, print_json
 from .planner import _cost_flags, token_cost
-from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, read_live, read_trace
+from .stepsource import (
+    add_source_flags,
+    check_source_flags,
+    check_steps_shape,
+    contiguous_layout_LP,
+    read_live,
+    read_trace,
+)
 from .timeflags import args_time_model, hint, time_lines
 
 
@@ -49,15 +57,24 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from moe_monitor.planner.diagnose import diagnose
-    from moe_monitor.planner.io import load_layout
+    from moe_monitor.planner.io import load_engine_layout
     check_source_flags(args)
-    src = read_live(args.redis, args.run, args.steps) if args.redis else read_trace(args.trace)
+    given, given_gpus = load_engine_layout(args.layout) if args.layout else (None, None)
+    if args.redis:
+        src = read_live(args.redis, args.run, args.steps)
+    else:
+        gpus = args.gpus if args.gpus is not None else given_gpus
+        if gpus is not None:  # the shape before any count is read (a trace's metadata and timeline)
+            check_steps_shape(args.trace, gpus, given, replan=True, redundant=args.redundant)
+        src = read_trace(args.trace)
     counts = src.counts_TLE
     T, L, E = counts.shape
-    gpus = args.gpus if args.gpus is not None else src.gpus
+    gpus = args.gpus if args.gpus is not None else given_gpus if given_gpus is not None else src.gpus
     if gpus is None:
         raise ValueError("give --gpus G (the counts file holds no layout)")
-    layout = load_layout(args.layout) if args.layout else src.layout_LP
+    if given_gpus is not None and given_gpus != gpus:
+        raise ValueError(f"the layout lists {given_gpus} GPUs, --gpus says {gpus}")
+    layout = given if given is not None else src.layout_LP
     notes = list(src.notes)
     if layout is not None and args.layout is None and src.gpus != gpus:
         notes.append(f"the recorded layout is for {src.gpus} GPUs, not {gpus}: the contiguous layout is used")
@@ -70,6 +87,12 @@ def run(args: argparse.Namespace) -> int:
     if layout.shape[0] != L:
         raise ValueError(f"the layout has {layout.shape[0]} layers, the counts have {L}")
     redundant = args.redundant if args.redundant is not None else int(layout.shape[1] - E)
+    if has_unused(layout):  # an unused slot (-1) holds nothing: a phantom expert without tokens (core/layouts.py)
+        check_engine_layout(layout, E, gpus)
+        notes.append(f"{int((layout < 0).sum())} unused slot(s) (-1) hold nothing: scored as a phantom expert "
+                     "without tokens, which takes one slot of each re-plan")
+        counts, layout = with_unused_as_expert(counts, layout, gpus)
+        redundant = max(0, redundant - 1)
     if redundant == 0:
         notes.append("the re-plans get no redundant slots (pass --redundant R)")
     model = args_time_model(args, src.meta, gpus, src.device_names)

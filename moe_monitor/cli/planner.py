@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from moe_monitor.planner.api import plan
 from moe_monitor.planner.io import load_counts, load_layout, write_json
 
@@ -134,16 +136,37 @@ def _run(args) -> dict:
     else:
         counts = load_counts(args.load)
     if args.current is not None:
-        from moe_monitor.planner.repair import repair_plan
         if args.moves is None:
             raise ValueError("--current needs --moves K (expert moves allowed)")
-        payload = repair_plan(counts, load_layout(args.current), args.gpus, args.moves)
+        payload = _repair(counts, args)
     else:
         res = plan(counts, args.gpus, args.redundant, nodes=args.nodes, groups=args.groups,
                    policy=args.policy, decay=args.decay, recent=args.recent, dispatch=args.dispatch,
                    objective=args.objective, steps=steps, time_model=time_model)
         payload = res.to_json()
     write_json(args.out, payload)
+    return payload
+
+
+def _repair(counts, args) -> dict:
+    """repair_plan of the --current layout; one with unused slots (-1, vLLM's) or a list per GPU is repaired with
+    a phantom expert in its unused slots (core/layouts.py), which the repaired map gives back as -1."""
+    from moe_monitor.core.layouts import check_engine_layout, has_unused, unused_back, with_unused_as_expert
+    from moe_monitor.planner.io import load_engine_layout
+    from moe_monitor.planner.repair import repair_plan
+    current, listed_gpus = load_engine_layout(args.current)
+    if listed_gpus is not None and listed_gpus != args.gpus:
+        raise ValueError(f"--current lists {listed_gpus} GPUs, --gpus says {args.gpus}")
+    if not has_unused(current):
+        return repair_plan(counts, current, args.gpus, args.moves)
+    num_experts = counts.shape[-1]
+    check_engine_layout(current, num_experts, args.gpus)
+    padded, phantom = with_unused_as_expert(counts, current, args.gpus, distinct=True)
+    payload = repair_plan(padded, phantom, args.gpus, args.moves)
+    payload["physical_to_logical_map"] = unused_back(np.asarray(payload["physical_to_logical_map"]),
+                                                     num_experts).tolist()
+    payload["replica_counts"] = [row[:num_experts] for row in payload["replica_counts"]]
+    payload["unused_slots"] = int((current < 0).sum())
     return payload
 
 

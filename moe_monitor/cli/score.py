@@ -16,7 +16,15 @@ import numpy as np
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
 
 from .common import add_json, guarded, print_json
-from .stepsource import add_source_flags, check_source_flags, contiguous_layout_LP, load_steps, read_live, trace_meta
+from .stepsource import (
+    add_source_flags,
+    check_source_flags,
+    check_steps_shape,
+    contiguous_layout_LP,
+    load_steps,
+    read_live,
+    trace_meta,
+)
 from .timeflags import add_dims_flags, add_profile_flags, args_time_model, hint, time_lines
 
 
@@ -54,8 +62,14 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
         layout_LP = contiguous_layout_LP(L, E)
     elif layout_LP.shape[0] != L:
         raise ValueError(f"the layout has {layout_LP.shape[0]} layers, the counts have {L}")
+    from moe_monitor.core.layouts import check_engine_layout, has_unused, with_unused_as_expert
+    unused = int((np.asarray(layout_LP) < 0).sum()) if has_unused(layout_LP) else 0
+    slots = int(layout_LP.shape[1])
+    if unused:  # an unused slot (-1) holds nothing: a phantom expert without tokens (core/layouts.py)
+        check_engine_layout(layout_LP, E, gpus)
+        counts_TLE, layout_LP = with_unused_as_expert(counts_TLE, layout_LP, gpus)
     payload = step_tails(counts_TLE, layout_LP, gpus, dispatch).to_json()
-    payload.update(layers=int(L), experts=int(E), slots=int(layout_LP.shape[1]), gpus=int(gpus))
+    payload.update(layers=int(L), experts=int(E), slots=slots, gpus=int(gpus), unused_slots=unused)
     if time_model is not None:
         missing = [] if not isinstance(time_model, list) else time_model
         payload["time"] = time_payload(counts_TLE, layout_LP, gpus, dispatch, time_model, hint(missing))
@@ -63,23 +77,28 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
 
 
 def score(args: argparse.Namespace) -> int:
-    from moe_monitor.planner.io import load_layout
+    from moe_monitor.planner.io import load_engine_layout
     check_source_flags(args)
+    layout = layout_gpus = None
+    if args.layout is not None:  # read first: a bad layout is said before the counts are loaded
+        layout, layout_gpus = load_engine_layout(args.layout)
     if args.redis is not None:
         src = read_live(args.redis, args.run, args.steps)
-        counts, layout, gpus = src.counts_TLE, src.layout_LP, args.gpus if args.gpus is not None else src.gpus
-        if args.gpus is not None and args.gpus != src.gpus and args.layout is None:
-            layout = None  # the run's layout is for its own GPUs: contiguous over --gpus
+        counts, gpus = src.counts_TLE, args.gpus if args.gpus is not None else src.gpus
+        if args.layout is None:  # the run's layout is for its own GPUs: another --gpus scores contiguous
+            layout = src.layout_LP if args.gpus is None or args.gpus == src.gpus else None
         meta, names = src.meta, src.device_names
     else:
-        counts, layout, gpus = load_steps(args.load), None, args.gpus
+        gpus = args.gpus if args.gpus is not None else layout_gpus
         if gpus is None:
             raise ValueError("--load needs --gpus G")
+        check_steps_shape(args.load, gpus, layout)
+        counts = load_steps(args.load)
         meta, names = trace_meta(args.load), []
     if gpus is None:
         raise ValueError(f"run {args.run!r} does not say its GPUs: give --gpus G")
-    if args.layout is not None:
-        layout = load_layout(args.layout)
+    if layout_gpus is not None and layout_gpus != gpus:
+        raise ValueError(f"the layout lists {layout_gpus} GPUs, --gpus says {gpus}")
     payload = score_payload(counts, layout, gpus, args.dispatch, args_time_model(args, meta, gpus, names))
     if args.json:
         print_json(payload)

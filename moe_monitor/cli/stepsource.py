@@ -52,18 +52,34 @@ TRACE_SUFFIXES = (".parquet", ".arrows", ".jsonl", ".trace")
 
 
 def is_trace(path) -> bool:
-    """Whether the file is a project trace (a trace container, or a .json whose first line is a trace line)."""
-    from moe_monitor.planner.io import _is_trace_line
+    """Whether the file is a project trace (a trace container, or a .json that starts as a trace line: its first
+    bytes, never a whole line)."""
+    from moe_monitor.planner.io import looks_like_trace
     p = Path(path)
     if p.suffix.lower() in TRACE_SUFFIXES:
         return True
-    if p.suffix.lower() != ".json" or not p.is_file():
-        return False
-    try:
-        with p.open("r", encoding="utf-8") as handle:
-            return _is_trace_line(handle.readline())
-    except UnicodeDecodeError:
-        return False
+    return p.suffix.lower() == ".json" and p.is_file() and looks_like_trace(p)
+
+
+def check_steps_shape(path, gpus: int, layout_LP: np.ndarray | None = None, replan: bool = False,
+                      redundant: int | None = None) -> None:
+    """Before any count is loaded: a trace's steps x layers x experts within the decoded-bytes budget
+    (planner.io.check_counts_shape), its layers those of layout_LP, and with `replan` (diagnose) the planner's
+    size limit (planner.loads.check_size) for E + redundant slots (default: the layout's, else E). A counts file
+    is bounded by its own reader instead."""
+    from moe_monitor.planner.io import check_counts_shape, steps_shape
+    shape = steps_shape(path)
+    if shape is None:
+        return
+    steps, layers, num_experts = shape
+    check_counts_shape(Path(path).name, steps, layers, num_experts)
+    if layout_LP is not None and layout_LP.shape[0] != layers:
+        raise ValueError(f"the layout has {layout_LP.shape[0]} layers, the trace has {layers}")
+    if replan and gpus >= 1:
+        from moe_monitor.planner.loads import check_size
+        slots = num_experts + redundant if redundant is not None else \
+            int(layout_LP.shape[1]) if layout_LP is not None else num_experts
+        check_size(layers, num_experts, gpus, slots)
 
 
 def load_steps(path) -> np.ndarray:

@@ -13,8 +13,11 @@ from .common import add_json, guarded, print_json
 
 
 def register(sub) -> None:
-    inf = sub.add_parser("info", help="a trace's run, steps, ranks, time span, layouts and size",
-                         description="Describe a trace (.parquet, .arrows or JSON lines).")
+    inf = sub.add_parser("info", help="a trace's run, steps, ranks, time span, layouts and size; what convert "
+                                      "would make of any other input",
+                         description="Describe a trace (.parquet, .arrows or JSON lines), or any input convert reads "
+                                     "(SGLang dumps and logical_count JSON, TensorRT-LLM, UltraEP, Megatron, vLLM "
+                                     "EPLB load windows): its kind, shape, steps and what it would become.")
     inf.add_argument("path", metavar="FILE")
     add_max_decoded(inf)
     add_json(inf)
@@ -50,6 +53,19 @@ def add_max_decoded(p: argparse.ArgumentParser) -> None:
 
 def info(args: argparse.Namespace) -> int:
     from moe_monitor.core.tracefile import open_trace
+    from moe_monitor.traces.convert import describe
+    found = describe(args.path, max_decoded_bytes=decoded_budget_bytes(args.max_decoded_mib))
+    if found is not None:
+        if args.json:
+            print_json(found)
+            return 0
+        print(f"{found['path']}: {found['kind']}")
+        print(f"run {found['run']}: {found['model_name']}, {found['layers']} layers x {found['experts']} experts, "
+              f"{found['slots']} slots, top-{found['top_k']}, {found['gpus']} GPUs, {found['ranks']} rank(s)")
+        print(f"steps {found['steps']} ({found['first_step']}..{found['last_step']}), {found['records']} step "
+              f"records, {found['physical_records']} physical records")
+        print(f"convert makes {found['becomes']}")
+        return 0
     with open_trace(args.path, decoded_budget_bytes(args.max_decoded_mib)) as reader:
         found = reader.info()
         meta = reader.meta

@@ -1,9 +1,15 @@
 """LayoutRecord: a replica layout coming into force during a run (an engine's EPLB rebalance, a layout
-applied by hand), and its stream encoding (the map as raw little-endian int32 bytes).
+applied by hand), and its stream encoding (the map as raw little-endian int32 bytes); and the layouts engines
+write to files: vLLM's -1 (UNUSED, a physical slot holding no expert) and GPUs holding different numbers of slots.
 
 Shape legend: L MoE layers, P physical slots (slot p lives on GPU p // (P / gpus)), E logical experts.
 The run metadata holds the layout the run started with; a layout record says from which step (the run's
 step ids) a new physical_to_logical_map is in force, until the next record.
+
+A layout file's map is [L][P] (ids, -1 for an unused slot) or [L][G][slots of GPU g] (a list per GPU, of any
+lengths): engine_layout() makes both int64 [L, G * S] with -1 padding each GPU to S = its fullest GPU's slots.
+Scoring treats an unused slot as holding nothing: with_unused_as_expert() gives it a phantom expert E with no
+tokens (counts padded with one zero column), so every load model and dispatch policy reads it as it is.
 """
 from __future__ import annotations
 
@@ -11,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .fields import _instance, _int, _raw, _text, _time, _version
+from .fields import _instance, _int, _is_int, _json, _raw, _text, _time, _version
 from .keys import (
     COUNTS_DTYPE,
     MAX_CELLS,
     MAX_EXPERTS,
     MAX_LAYERS,
+    MAX_META_BYTES,
     MAX_SLOTS,
     MAX_STEP,
     MAX_WORLD,
@@ -30,6 +37,7 @@ from .meta import check_layout_map
 LAYOUT_SOURCES = ("initial", "engine", "apply")
 LAYOUT_FIELDS = ("v", "run", "inst", "rank", "step", "t", "L", "P", "gpus", "nodes", "source", "map")
 LAYOUT_DTYPE = COUNTS_DTYPE  # little-endian int32
+UNUSED = -1  # vLLM's id of a physical slot that holds no expert
 
 
 @dataclass(frozen=True)
@@ -62,14 +70,22 @@ class LayoutRecord:
     def num_slots(self) -> int:
         return int(self.layout_LP.shape[1])
 
-    def validate(self, num_experts: int, *, num_layers: int | None = None) -> LayoutRecord:
+    def validate(self, num_experts: int, *, num_layers: int | None = None, unused: bool = False) -> LayoutRecord:
         """self when the map fits a run of num_experts experts (and num_layers layers, when given): every
         expert 0..E-1 in every row and nothing else, P a multiple of gpus, gpus a multiple of nodes (the
-        check of core.Layout.validate); ValueError otherwise."""
+        check of core.Layout.validate); ValueError otherwise. unused=True also lets slots be UNUSED (-1): only
+        for readers that score with with_unused_as_expert()."""
         layout_LP = self.layout_LP
         if not isinstance(layout_LP, np.ndarray) or layout_LP.ndim != 2:
             raise ValueError("layout_LP must be a 2-D int array [layers, slots]")
         rows = layout_LP.shape[0] if num_layers is None else num_layers
+        if unused:
+            check_engine_layout(layout_LP, num_experts, self.gpus, rows)
+            if self.gpus % self.nodes:
+                raise ValueError(f"gpus={self.gpus} do not split evenly over nodes={self.nodes}")
+            return self
+        if layout_LP.size and layout_LP.min() < 0:
+            raise ValueError("the layout leaves slots unused (-1); this reader needs an expert in every slot")
         check_layout_map(layout_LP, self.gpus, self.nodes, rows, num_experts)
         return self
 
@@ -81,8 +97,8 @@ def encode_layout_record(rec: LayoutRecord) -> dict[str, bytes | str | int]:
     if layout_LP.ndim != 2 or layout_LP.dtype.kind not in "iu":
         raise ValueError(f"layout_LP must be a 2-D int array [layers, slots], got "
                          f"{layout_LP.dtype} {layout_LP.shape}")
-    if layout_LP.size and (layout_LP.min() < 0 or layout_LP.max() >= MAX_EXPERTS):
-        raise ValueError(f"layout_LP must hold expert ids 0..{MAX_EXPERTS - 1}")
+    if layout_LP.size and (layout_LP.min() < UNUSED or layout_LP.max() >= MAX_EXPERTS):
+        raise ValueError(f"layout_LP must hold expert ids 0..{MAX_EXPERTS - 1} (or {UNUSED}: an unused slot)")
     fields: dict[str, bytes | str | int] = {
         "v": SCHEMA_VERSION,
         "run": check_run_name(rec.run),
@@ -104,7 +120,7 @@ def encode_layout_record(rec: LayoutRecord) -> dict[str, bytes | str | int]:
 def decode_layout_record(fields: dict) -> LayoutRecord:
     """Stream entry fields (bytes or str keys) -> LayoutRecord. Raises ValueError (never another exception)
     on any malformed entry: wrong schema version, missing field, wrong byte length, an expert id outside
-    0..MAX_EXPERTS - 1, gpus not dividing P, nodes not dividing gpus, an unknown source, or a number outside
+    -1..MAX_EXPERTS - 1 (-1: an unused slot, which validate() refuses unless told), gpus not dividing P, nodes not dividing gpus, an unknown source, or a number outside
     the bounds in core/keys.py (L <= MAX_LAYERS, P <= MAX_SLOTS, L x P <= MAX_CELLS, step < MAX_STEP,
     rank < MAX_WORLD, |t| < MAX_TIME_S, instance id <= MAX_NAME_CHARS). Whether every expert has a slot is
     LayoutRecord.validate(num_experts)'s job."""
@@ -116,8 +132,8 @@ def decode_layout_record(fields: dict) -> LayoutRecord:
     if len(raw) != num_layers * num_slots * LAYOUT_DTYPE.itemsize:
         raise ValueError(f"map has {len(raw)} bytes, expected {num_layers}x{num_slots} int32")
     layout_LP = np.frombuffer(raw, dtype=LAYOUT_DTYPE).reshape(num_layers, num_slots)
-    if layout_LP.min() < 0 or layout_LP.max() >= MAX_EXPERTS:
-        raise ValueError(f"map holds expert ids outside 0..{MAX_EXPERTS - 1}")
+    if layout_LP.min() < UNUSED or layout_LP.max() >= MAX_EXPERTS:
+        raise ValueError(f"map holds expert ids outside 0..{MAX_EXPERTS - 1} (and {UNUSED}, an unused slot)")
     gpus = _int(fields, "gpus", 1, MAX_SLOTS + 1)
     nodes = _int(fields, "nodes", 1, MAX_SLOTS + 1)
     if num_slots % gpus:
@@ -133,3 +149,120 @@ def decode_layout_record(fields: dict) -> LayoutRecord:
         time_s=_time(fields, "t"), layout_LP=layout_LP, gpus=gpus, nodes=nodes, source=source,
         rank=_int(fields, "rank", 0, MAX_WORLD), instance=instance,
     )
+
+
+def engine_layout(rows, gpus: int | None = None) -> tuple[np.ndarray, int | None]:
+    """A physical_to_logical_map as engines write it -> (int64 [L, P] with UNUSED for an empty slot, the GPUs its
+    shape says or None). rows: [L][P] ids (-1 allowed), or [L][G][slots of GPU g] (a list per GPU, lengths may
+    differ: each GPU is padded with -1 to the fullest GPU's S, so P = G * S). gpus, when given, must match a
+    per-GPU map's G. Sizes are checked (core/keys.py bounds) before anything is built; ValueError otherwise."""
+    shape = "physical_to_logical_map must be [layers][slots] or [layers][GPUs][slots of the GPU]"
+    if not isinstance(rows, list) or not rows or len(rows) > MAX_LAYERS:
+        raise ValueError(f"{shape}, with 1..{MAX_LAYERS} layers")
+    if not all(isinstance(row, list) for row in rows):
+        raise ValueError(shape)
+    per_gpu = any(row and isinstance(row[0], list) for row in rows)
+    if not per_gpu:
+        widths = {len(row) for row in rows}
+        if len(widths) != 1:
+            raise ValueError(f"{shape}: layers hold {min(widths)}..{max(widths)} slots (pad a GPU's unused slots "
+                             f"with {UNUSED}, or give a list per GPU)")
+        width = widths.pop()
+        if not 1 <= width <= MAX_SLOTS or width * len(rows) > MAX_CELLS:
+            raise ValueError(f"{len(rows)} layers x {width} slots: 1..{MAX_SLOTS} slots a layer, {MAX_CELLS} in all")
+        flat = rows
+        found_gpus = None
+    else:
+        if not all(isinstance(g, list) for row in rows for g in row):
+            raise ValueError(f"{shape}: a layer mixes ids and per-GPU lists")
+        counts = {len(row) for row in rows}
+        if len(counts) != 1 or not 1 <= min(counts) <= MAX_SLOTS:
+            raise ValueError(f"{shape}: every layer needs the same number of GPUs (1..{MAX_SLOTS})")
+        found_gpus = counts.pop()
+        per = max(len(g) for row in rows for g in row)
+        if per < 1 or found_gpus * per > MAX_SLOTS or found_gpus * per * len(rows) > MAX_CELLS:
+            raise ValueError(f"{len(rows)} layers x {found_gpus} GPUs x {per} slots exceed {MAX_SLOTS} slots a "
+                             f"layer or {MAX_CELLS} in all")
+        flat = [[v for g in row for v in g + [UNUSED] * (per - len(g))] for row in rows]
+    if not all(_is_int(v) and UNUSED <= v < MAX_EXPERTS for row in flat for v in row):
+        raise ValueError(f"physical_to_logical_map must hold whole expert ids 0..{MAX_EXPERTS - 1} "
+                         f"({UNUSED}: an unused slot)")
+    if gpus is not None and found_gpus is not None and gpus != found_gpus:
+        raise ValueError(f"the map lists {found_gpus} GPUs, --gpus says {gpus}")
+    return np.asarray(flat, dtype=np.int64), found_gpus
+
+
+def parse_engine_layout_json(text: str | bytes) -> tuple[np.ndarray, int | None]:
+    """{"physical_to_logical_map": ...} (SGLang's, vLLM's with -1, or a list per GPU; at most MAX_META_BYTES) ->
+    engine_layout(map). ValueError (never another exception) otherwise."""
+    raw = _json(text, "layout file", MAX_META_BYTES)
+    rows = raw.get("physical_to_logical_map") if isinstance(raw, dict) else None
+    if rows is None:
+        raise ValueError('layout file needs {"physical_to_logical_map": [[slot experts of layer 0], ...]}')
+    return engine_layout(rows)
+
+
+def check_engine_layout(layout_LP, num_experts: int, gpus: int, num_layers: int | None = None) -> np.ndarray:
+    """int64 [L, P] when layout_LP fits num_experts on gpus GPUs: ids in -1..E-1, every expert 0..E-1 in some
+    slot of every layer, P a multiple of gpus (and L = num_layers, when given); ValueError otherwise."""
+    lay = np.asarray(layout_LP)
+    if lay.ndim != 2 or lay.dtype.kind not in "iu" or lay.shape[1] == 0:
+        raise ValueError(f"a layout is an int array [layers, slots], got {lay.dtype} {lay.shape}")
+    lay = lay.astype(np.int64)
+    if num_layers is not None and lay.shape[0] != num_layers:
+        raise ValueError(f"layout has {lay.shape[0]} layers, the model has {num_layers}")
+    if not 1 <= num_experts <= MAX_EXPERTS or not 1 <= gpus <= MAX_SLOTS or lay.shape[1] % gpus:
+        raise ValueError(f"{lay.shape[1]} slots do not split evenly over {gpus} GPUs")
+    if lay.min() < UNUSED or lay.max() >= num_experts:
+        raise ValueError(f"the layout names experts outside 0..{num_experts - 1} (and {UNUSED}, an unused slot)")
+    L = lay.shape[0]
+    used = lay >= 0
+    held_LE = np.bincount((lay + (np.arange(L)[:, None] * num_experts))[used], minlength=L * num_experts)
+    missing = np.flatnonzero(held_LE.reshape(L, num_experts).min(axis=1) == 0)
+    if missing.size:
+        layer = int(missing[0])
+        expert = int(np.argmin(held_LE.reshape(L, num_experts)[layer]))
+        raise ValueError(f"layer {layer}: expert {expert} has no slot (every expert 0..{num_experts - 1} needs one)")
+    return lay
+
+
+def has_unused(layout_LP) -> bool:
+    """Whether a layout leaves any slot UNUSED (-1)."""
+    lay = np.asarray(layout_LP)
+    return bool(lay.size and lay.min() < 0)
+
+
+def with_unused_as_expert(counts_XLE: np.ndarray, layout_LP: np.ndarray, gpus: int = 1, *,
+                          distinct: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, layout) a scorer or planner reads as they are, with UNUSED slots holding nothing: a -1 becomes a
+    phantom expert E (distinct: E + k for the k-th unused slot of its GPU, so no GPU holds one twice) and counts
+    [..., L, E] gain zero columns (a phantom gets no token under any dispatch policy). A phantom must have a slot
+    in every layer: a layer without enough unused slots gets one more slot per GPU holding phantom E (not with
+    `distinct`: ValueError). Unchanged when no slot is unused. Back: unused_back()."""
+    layout_LP = np.asarray(layout_LP, dtype=np.int64)
+    if not has_unused(layout_LP):
+        return counts_XLE, layout_LP
+    num_experts = counts_XLE.shape[-1]
+    L, P = layout_LP.shape
+    unused_LGS = (layout_LP < 0).reshape(L, gpus, P // gpus)
+    rank_LGS = np.cumsum(unused_LGS, axis=2) - 1  # k of each unused slot on its GPU
+    phantoms = int(rank_LGS.max()) + 1 if distinct else 1
+    ids_LP = (num_experts + (rank_LGS.reshape(L, P) if distinct else 0)) * np.ones((L, P), dtype=np.int64)
+    lay = np.where(layout_LP < 0, ids_LP, layout_LP)
+    held = np.stack([(lay == num_experts + k).any(axis=1) for k in range(phantoms)], axis=1)  # [L, phantoms]
+    if not held.all():
+        if distinct:
+            layer = int(np.flatnonzero(~held.all(axis=1))[0])
+            raise ValueError(f"layer {layer} has fewer unused slots (-1) per GPU than another layer: give every layer "
+                             "the same unused slots per GPU")
+        lay = np.concatenate([lay.reshape(L, gpus, P // gpus), np.full((L, gpus, 1), num_experts)], axis=2)
+        lay = lay.reshape(L, -1)
+    pad = [(0, 0)] * (counts_XLE.ndim - 1) + [(0, phantoms)]
+    return np.pad(counts_XLE, pad), lay
+
+
+def unused_back(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:
+    """A layout planned on with_unused_as_expert's counts, its phantom experts (E and above) written back as
+    UNUSED (-1)."""
+    layout_LP = np.asarray(layout_LP, dtype=np.int64)
+    return np.where(layout_LP >= num_experts, UNUSED, layout_LP)

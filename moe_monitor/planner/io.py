@@ -1,27 +1,35 @@
-"""Reading expert counts and writing layouts.
+"""Reading expert counts and layouts, and writing layouts.
 
 Inputs, [L, E] or [W, L, E] (W windows, oldest first): SGLang ``logical_count`` JSON (or a bare nested list), a
-``.pt`` file (``torch.load(weights_only=True)``, torch imported inside that loader only), or a project trace
-(steps summed over ranks, split into up to MAX_WINDOWS contiguous windows); others: ``register_loader(".suffix",
-fn)`` with ``fn(path) -> [L, E] | [T, L, E]``. Counts are checked by core.counts.as_counts; a malformed file
-gives one ValueError naming it. Output: strict JSON {"physical_to_logical_map": [[P ints] x L], ...}, which
-SGLang's --init-expert-location reads.
+``.pt`` file (``torch.load(weights_only=True)``, torch imported inside that loader only), vLLM's saved EPLB load
+window (``.safetensors``, core/eplb_window.py), or a project trace (steps summed over ranks, split into up to
+MAX_WINDOWS contiguous windows); others: ``register_loader(".suffix", fn)`` with ``fn(path) -> [L, E] | [T, L,
+E]``. Every input is bounded by the decoded-bytes budget (core/budget.py) before it is decoded: JSON by its worst
+case (core/jsonbudget.py), a trace by its steps x layers x experts (COUNTS_CELL_BYTES each). Counts are checked by
+core.counts.as_counts; a malformed file gives one ValueError naming it. Layouts: SGLang's map, vLLM's with -1
+(an unused slot) or a list per GPU (core.layouts.engine_layout). Output: strict JSON {"physical_to_logical_map":
+[[P ints] x L], ...}, which SGLang's --init-expert-location reads.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from moe_monitor import core
+from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
 from moe_monitor.core.counts import as_counts
+from moe_monitor.core.jsonbudget import numbers_array, read_bounded, read_head
+from moe_monitor.core.layouts import UNUSED, parse_engine_layout_json
 
 from .loads import CHUNK_STEPS, MAX_SLOTS
 from .windows import MAX_WINDOWS, split_windows
 
 _LOADERS: dict[str, Callable[[Path], object]] = {}
+COUNTS_CELL_BYTES = 24  # a cell of a trace's counts loaded: int64 sums, the float64 counts, one temporary
+_TRACE_HEAD = re.compile(rb'\s*\{\s*"kind"\s*:\s*"(meta|step|gpu|layout|timing)"')
 
 
 def register_loader(suffix: str, fn: Callable[[Path], object]) -> None:
@@ -32,8 +40,10 @@ def register_loader(suffix: str, fn: Callable[[Path], object]) -> None:
 def _from_obj(obj, path: Path):
     if isinstance(obj, dict):
         if "logical_count" not in obj:
-            raise ValueError(f"{path}: no 'logical_count' key (found: {', '.join(map(str, obj)) or 'none'})")
+            raise ValueError(f"{path}: no 'logical_count' key (found: {', '.join(map(str, list(obj)[:8])) or 'none'})")
         obj = obj["logical_count"]
+    if isinstance(obj, list) and not any(hasattr(x, "detach") for x in obj[:1]):
+        return numbers_array(obj, f"{path.name}: logical_count")
     return _tensors_to_arrays(obj, path)
 
 
@@ -50,21 +60,18 @@ def _tensors_to_arrays(obj, path: Path, depth: int = 0):
 
 
 def _load_json(path: Path):
+    if looks_like_trace(path):
+        return _load_trace(path)
     try:
-        with path.open("r", encoding="utf-8") as handle:
-            first = handle.readline()
-        if _is_trace_line(first):
-            return _load_trace(path)
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not UTF-8 text (a JSON file is text)") from None
-    except RecursionError:
-        raise ValueError(f"{path}: JSON nested too deeply (counts are [layers][experts] or "
-                         "[windows][layers][experts])") from None
-    except ValueError as exc:  # e.g. an integer literal longer than Python's limit on digits
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        obj = read_bounded(str(path), path.name, decoded_budget_bytes())
+    except ValueError as exc:
+        text = str(exc)
+        if " is not JSON: " not in text:
+            raise
+        detail = text.split(" is not JSON: ", 1)[1]
+        if "utf-8" in detail.lower():
+            raise ValueError(f"{path}: not UTF-8 text (a JSON file is text)") from None
+        raise ValueError(f"{path}: not valid JSON ({detail})") from None
     return _from_obj(obj, path)
 
 
@@ -74,12 +81,21 @@ def _load_pt(path: Path):
     return _from_obj(load_weights_only(str(path)), path)
 
 
+def _load_window(path: Path) -> np.ndarray:
+    """vLLM's saved EPLB load window: [L, E] or [W, L, E] counts (core/eplb_window.py)."""
+    from moe_monitor.core.eplb_window import read_window
+
+    return read_window(str(path), decoded_budget_bytes()).counts_XLE.astype(np.float64)
+
+
+def looks_like_trace(path) -> bool:
+    """Whether a file starts as a project trace's JSON line does ({"kind": "meta", ...}), from its first bytes."""
+    return _TRACE_HEAD.match(read_head(str(path), 256)) is not None
+
+
 def _is_trace_line(line: str) -> bool:
-    try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(obj, dict) and obj.get("kind") in ("meta", "step", "gpu")
+    """Whether a line starts as a trace line (its first bytes only; the line is never parsed here)."""
+    return _TRACE_HEAD.match(line[:256].encode("utf-8", "replace")) is not None
 
 
 def _load_trace(path: Path) -> np.ndarray:
@@ -96,6 +112,7 @@ register_loader(".parquet", _load_trace)
 register_loader(".arrows", _load_trace)
 register_loader(".pt", _load_pt)
 register_loader(".pth", _load_pt)
+register_loader(".safetensors", _load_window)
 
 
 def load_counts(path) -> np.ndarray:
@@ -109,24 +126,31 @@ def load_counts(path) -> np.ndarray:
     return as_counts(loader(p), f"{p.name}: logical_count", ndim=(2, 3))
 
 
-def load_layout(path) -> np.ndarray:
-    """A layout JSON ({"physical_to_logical_map": [[...]]}) as int64 [L, P]."""
+def load_layout(path, unused: bool = False) -> np.ndarray:
+    """A layout JSON ({"physical_to_logical_map": ...}) as int64 [L, P]: SGLang's [L][P], vLLM's with -1 (an
+    unused slot; refused unless `unused`, for readers that score it with core.layouts.with_unused_as_expert) or
+    a list per GPU [L][G][slots] (padded with -1). load_engine_layout also gives the GPUs a per-GPU map lists."""
+    return load_engine_layout(path, unused)[0]
+
+
+def load_engine_layout(path, unused: bool = True) -> tuple[np.ndarray, int | None]:
+    """(int64 [L, P] with -1 for an unused slot, the GPUs of a per-GPU map or None) of a layout JSON; ValueError
+    naming the file for anything else, and for -1 slots unless `unused`."""
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     try:
-        rows = core.parse_layout_json(p.read_bytes())
+        layout_LP, gpus = parse_engine_layout_json(p.read_bytes())
     except RecursionError:
         raise ValueError(f"{p}: layout JSON nested too deeply") from None
     except ValueError as exc:
         raise ValueError(f"{p}: {exc}") from None
-    if len({len(row) for row in rows}) != 1:
-        raise ValueError(f"{p}: physical_to_logical_map must have the same number of slots in every layer")
-    if not rows[0]:
-        raise ValueError(f"{p}: physical_to_logical_map has layers without slots")
-    if not all(type(v) is int and 0 <= v < MAX_SLOTS for row in rows for v in row):
+    if layout_LP.max() >= MAX_SLOTS:
         raise ValueError(f"{p}: physical_to_logical_map must hold whole expert ids 0..{MAX_SLOTS - 1}")
-    return np.asarray(rows, dtype=np.int64)
+    if not unused and layout_LP.min() == UNUSED:
+        raise ValueError(f"{p}: the layout leaves slots unused (-1) or GPUs with fewer slots; this command needs "
+                         "an expert in every slot (score, diagnose, plan --current and apply read such layouts)")
+    return layout_LP, gpus
 
 
 def write_json(path, payload: dict) -> None:
@@ -150,11 +174,7 @@ def load_trace_steps(path) -> np.ndarray:
         raise ValueError(f"{p}: {'not a regular file' if p.exists() else 'no such file'}")
     trace = p.suffix.lower() in (".jsonl", ".trace", ".parquet", ".arrows")
     if p.suffix.lower() == ".json":
-        try:
-            with p.open("r", encoding="utf-8") as handle:
-                trace = _is_trace_line(handle.readline())
-        except UnicodeDecodeError:
-            raise ValueError(f"{p}: not UTF-8 text (a JSON file is text)") from None
+        trace = looks_like_trace(p)
     if trace:
         return as_counts(_trace_counts(p), f"{p.name}: counts", ndim=(3,))
     counts = load_counts(p)
@@ -164,8 +184,31 @@ def load_trace_steps(path) -> np.ndarray:
     return counts
 
 
+def steps_shape(path) -> tuple[int, int, int] | None:
+    """(T steps, L layers, E experts) of a trace from its timeline and metadata, before any count is read; None
+    for a counts file (its shape is known once read, within the budget)."""
+    p = Path(path)
+    if not p.is_file():
+        return None
+    if p.suffix.lower() not in (".jsonl", ".trace", ".parquet", ".arrows") and not (
+            p.suffix.lower() == ".json" and looks_like_trace(p)):
+        return None
+    from moe_monitor.core.tracefile import open_trace  # pyarrow: only for a trace
+
+    with open_trace(p) as reader:
+        return int(reader.timeline().step_T.size), len(reader.meta.layer_names), int(reader.meta.num_experts)
+
+
+def check_counts_shape(name: str, steps: int, layers: int, num_experts: int, budget_bytes: int | None = None) -> None:
+    """ValueError when loading steps x layers x experts counts (COUNTS_CELL_BYTES a cell) is over the budget."""
+    budget = decoded_budget_bytes() if budget_bytes is None else budget_bytes
+    check_decoded(f"{name}: the counts of {steps} steps x {layers} layers x {num_experts} experts",
+                  steps * layers * num_experts * COUNTS_CELL_BYTES, budget)
+
+
 def _trace_counts(p: Path) -> np.ndarray:
-    """int64 [T, L, E] of a trace through tracefile.open_trace, ranks summed; ValueError on any bad record."""
+    """int64 [T, L, E] of a trace through tracefile.open_trace, ranks summed; ValueError on any bad record, or a
+    shape whose counts are over the decoded-bytes budget (checked before any step is read)."""
     from moe_monitor.core.tracefile import open_trace  # pyarrow: only for a trace
 
     with open_trace(p) as reader:
@@ -174,6 +217,7 @@ def _trace_counts(p: Path) -> np.ndarray:
             raise ValueError(f"{p.name}: {reader.bad_records} record(s) do not decode ({reader.last_error})")
         if steps_T.size == 0:
             raise ValueError(f"{p.name}: the trace holds no step lines")
+        check_counts_shape(p.name, steps_T.size, len(reader.meta.layer_names), reader.meta.num_experts)
         counts_TLE = np.zeros((steps_T.size, len(reader.meta.layer_names), reader.meta.num_experts), dtype=np.int64)
         for a in range(0, steps_T.size, CHUNK_STEPS):
             b = min(steps_T.size, a + CHUNK_STEPS) - 1

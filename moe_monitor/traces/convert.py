@@ -1,10 +1,11 @@
 """convert(IN, OUT) -> a .parquet or .arrows trace, from: a trace (JSON lines, .arrows, .parquet), an SGLang
 expert-distribution dump (.pt: stat, per_pass or per_token; torch imported only for them), an SGLang
 logical_count JSON ([L, E] or [T, L, E]), a TensorRT-LLM EXPERT_STATISTIC_PATH folder (traces/trtllm.py), an
-UltraEP trace (traces/ultraep.py: physical loads go to the physical sidecar) or Megatron-LM's tokens_per_expert
-logging (traces/megatron_tokens.py). Layer timings and physical records of a trace go along with their steps.
-Every input is refused before it is decoded when it decodes to more than the decoded-bytes budget
-(core/budget.py). What each input becomes: docs/traces.md.
+UltraEP trace (traces/ultraep.py: physical loads go to the physical sidecar), Megatron-LM's tokens_per_expert
+logging (traces/megatron_tokens.py) or vLLM's saved EPLB load window (core/eplb_window.py). Layer timings and
+physical records of a trace go along with their steps. describe(IN) says what convert would read and write
+(`moe-monitor info`). Every input is refused before it is decoded when what is built from it (its declared shape,
+not only its bytes) is over the decoded-bytes budget (core/budget.py). What each input becomes: docs/traces.md.
 """
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ from moe_monitor.core.tracefile.writers import open_writer
 
 CHUNK_STEPS = 512
 MAX_JSON_BYTES = 1 << 30
-JSON_OBJECT_BYTES = 8  # a byte of logical_count JSON ("0,") decoded: a list slot, then a numpy element
+# A cell of the [T, L, E] counts an importer builds: int64 sums, the float64 / int32 copies made on the way and
+# one chunk of step records (each step's int32 [L, E]); checked from the declared shape before building.
+CELL_BYTES = 24
 
 
 def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None, phase: str = "unknown",
@@ -34,30 +37,10 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
         raise ValueError("IN and OUT are the same file")
     open_writer_check(dst)
     budget = decoded_budget_bytes() if max_decoded_bytes is None else max_decoded_bytes
-    name = os.path.basename(os.path.normpath(src))
-    from .trtllm import is_statistic_folder
-    from .ultraep import find_manifest
-    manifest = find_manifest(src)
-    if manifest is not None:
-        meta, steps, physical = _ultraep_trace(manifest, run, gpus, top_k, budget)
+    found = open_import(src, run, gpus, phase, top_k, budget)
+    if found is not None:
+        _, meta, steps, physical = found
         return _write(dst, meta, [], ((records, []) for records in steps), [], physical)
-    if is_statistic_folder(src):
-        meta, steps = _trtllm_statistic(src, run, gpus, budget)
-        return _write(dst, meta, [], ((records, []) for records in steps), [])
-    from .megatron_tokens import looks_like_megatron_tokens, read_megatron_tokens
-    if looks_like_megatron_tokens(src):  # before the JSON-lines traces: both are .jsonl
-        meta, steps = read_megatron_tokens(src, run, gpus, budget, top_k=top_k)
-        return _write(dst, meta, [], ((records, []) for records in steps), [])
-    if os.path.isdir(src):
-        raise ValueError(f"{src}: a folder is read as a TensorRT-LLM EXPERT_STATISTIC_PATH (meta_info.json, "
-                         f"rank<r>.safetensors), an UltraEP trace (*.manifest.json) or Megatron's tokens_per_expert "
-                         f"logging (rank<r>.jsonl); it holds none of them")
-    if name.lower().endswith((".pt", ".pth")):
-        meta, steps = _sglang_dump(src, run, gpus, top_k, budget)
-        return _write(dst, meta, [], ((records, []) for records in steps), [])
-    if name.lower().endswith(".json") and _looks_like_logical_count(src):
-        meta, steps = _logical_count_json(src, run, gpus, phase, top_k, budget)
-        return _write(dst, meta, [], ((records, []) for records in steps), [])
     reader = open_trace(src, budget)
     try:
         tl = reader.timeline()
@@ -82,6 +65,59 @@ def convert(src: str, dst: str, run: str | None = None, gpus: int | None = None,
         return _write(dst, meta, layouts, chunks(), reader.gpu_samples(), physical)
     finally:
         reader.close()
+
+
+def open_import(src: str, run: str | None = None, gpus: int | None = None, phase: str = "unknown", top_k: int = 8,
+                budget: int | None = None):
+    """(kind, meta, step-record chunks, physical records) of an input convert imports (every kind but a trace),
+    None for a trace; ValueError for a folder of none of the kinds, or bad input."""
+    budget = decoded_budget_bytes() if budget is None else budget
+    name = os.path.basename(os.path.normpath(src))
+    from .trtllm import is_statistic_folder
+    from .ultraep import find_manifest
+    manifest = find_manifest(src)
+    if manifest is not None:
+        return ("UltraEP load trace", *_ultraep_trace(manifest, run, gpus, top_k, budget))
+    if is_statistic_folder(src):
+        return ("TensorRT-LLM expert statistic", *_trtllm_statistic(src, run, gpus, budget), [])
+    from .megatron_tokens import looks_like_megatron_tokens, read_megatron_tokens
+    if looks_like_megatron_tokens(src):  # before the JSON-lines traces: both are .jsonl
+        return ("Megatron tokens_per_expert", *read_megatron_tokens(src, run, gpus, budget, top_k=top_k), [])
+    if os.path.isdir(src):
+        raise ValueError(f"{src}: a folder is read as a TensorRT-LLM EXPERT_STATISTIC_PATH (meta_info.json, "
+                         f"rank<r>.safetensors), an UltraEP trace (*.manifest.json) or Megatron's tokens_per_expert "
+                         f"logging (rank<r>.jsonl); it holds none of them")
+    if name.lower().endswith((".pt", ".pth")):
+        return ("SGLang expert-distribution dump", *_sglang_dump(src, run, gpus, top_k, budget), [])
+    if name.lower().endswith(".safetensors") and os.path.isfile(src):
+        return ("vLLM EPLB load window", *_eplb_window(src, run, gpus, top_k, budget), [])
+    if name.lower().endswith(".json") and _looks_like_logical_count(src):
+        return ("SGLang logical_count JSON", *_logical_count_json(src, run, gpus, phase, top_k, budget), [])
+    return None
+
+
+def describe(src: str, top_k: int = 8, max_decoded_bytes: int | None = None) -> dict | None:
+    """What convert would read from src and write (None for a trace: its reader describes it): kind, the run's
+    layers, experts, slots, GPUs and ranks, steps and step ids, records, physical records. Reads src within the
+    same bounds as convert, keeps no record."""
+    found = open_import(src, top_k=top_k, budget=max_decoded_bytes)
+    if found is None:
+        return None
+    kind, meta, chunks, physical = found
+    steps: set[int] = set()
+    records = 0
+    for chunk in chunks:
+        records += len(chunk)
+        steps.update(rec.step for rec in chunk)
+    return {"path": src, "kind": kind, "run": meta.run, "model_name": meta.model_name,
+            "layers": len(meta.layer_names), "experts": meta.num_experts,
+            "slots": len(meta.layout.physical_to_logical_map[0]), "gpus": meta.layout.gpus,
+            "ranks": meta.world_size, "top_k": meta.top_k, "steps": len(steps),
+            "first_step": min(steps) if steps else None, "last_step": max(steps) if steps else None,
+            "records": records, "physical_records": len(physical),
+            "becomes": f"a trace of {len(steps)} steps x {len(meta.layer_names)} layers x {meta.num_experts} experts"
+                       + (f" and a physical sidecar of {len(physical)} records" if physical else ""),
+            "extra": {k: v for k, v in meta.extra.items() if isinstance(v, (str, int, float))}}
 
 
 def open_writer_check(dst: str) -> None:
@@ -164,15 +200,18 @@ def _steps_of(run: str, counts_TLE: np.ndarray, phases, tokens_T, rank: int = 0,
 
 
 def _logical_count_json(path: str, run: str | None, gpus: int | None, phase: str, top_k: int, budget: int):
+    from moe_monitor.core.counts import as_counts
+    from moe_monitor.core.jsonbudget import numbers_array, read_bounded
     size = os.path.getsize(path)
     if size > MAX_JSON_BYTES:
         raise ValueError(f"{path}: larger than {MAX_JSON_BYTES} bytes")
-    check_decoded(f"{path}: its numbers", size * JSON_OBJECT_BYTES, budget)
-    with open(path, "rb") as handle:
-        obj = core.parse_json(handle.read(), "logical_count JSON")
-    from moe_monitor.core.counts import as_counts
-    counts = as_counts(obj.get("logical_count") if isinstance(obj, dict) else None, f"{os.path.basename(path)}: logical_count",
-                       ndim=(2, 3))
+    name = f"{os.path.basename(path)}: logical_count"
+    obj = read_bounded(path, "logical_count JSON", budget)  # its worst case counted before json.loads
+    found = obj.get("logical_count") if isinstance(obj, dict) else None
+    if not isinstance(found, list):
+        raise ValueError(f"{name} must be a list [layers][experts] or [steps][layers][experts]")
+    counts = as_counts(numbers_array(found, name), name, ndim=(2, 3))
+    check_decoded(f"{name} {list(counts.shape)}", counts.size * CELL_BYTES, budget)
     if counts.ndim == 2:
         counts = counts[None]
     if (counts != np.round(counts)).any() or counts.max(initial=0) > np.iinfo(np.int32).max:
@@ -210,6 +249,24 @@ def _sglang_dump(path: str, run: str | None, gpus: int | None, top_k: int, budge
     meta = _meta_for(run or stem, "sglang stat dump", dump.num_layers, dump.num_experts, gpus, top_k,
                      extra={"source": "sglang stat dump", "file": os.path.basename(path)[:200]})
     return meta, _steps_of(meta.run, steps.counts_TLE, steps.phase_T, steps.tokens_T, time0_s=time0_s)
+
+
+def _eplb_window(path: str, run: str | None, gpus: int | None, top_k: int, budget: int):
+    """vLLM's saved EPLB load window -> (meta, step chunks): one step per window row ([W, L, E]; vLLM's ring
+    buffer order, not time order) or one step ([L, E], the window's sum); phase unknown, contiguous layout."""
+    from moe_monitor.core.eplb_window import read_window
+    from moe_monitor.core.sglang_records import tokens_from_counts
+    window = read_window(path, budget)
+    counts = window.counts_XLE if window.counts_XLE.ndim == 3 else window.counts_XLE[None]
+    check_decoded(f"{os.path.basename(path)}: {list(counts.shape)} counts", counts.size * CELL_BYTES, budget)
+    stem = os.path.basename(path).rsplit(".", 1)[0]
+    meta = _meta_for(run or _run_name(stem), "vllm eplb load window", counts.shape[1], counts.shape[2], gpus, top_k,
+                     extra={"source": "vllm global_expert_load_window", "file": os.path.basename(path)[:200],
+                            "tensor": window.tensor[:200], "other_tensors": [n[:200] for n in window.others[:16]],
+                            "rows": "window rows in vLLM's ring-buffer order" if window.counts_XLE.ndim == 3
+                            else "the window summed"})
+    return meta, _steps_of(meta.run, counts, ["unknown"] * counts.shape[0], tokens_from_counts(counts, top_k),
+                           time0_s=float(int(os.path.getmtime(path))))
 
 
 def _trtllm_statistic(folder: str, run: str | None, gpus: int | None, budget: int):

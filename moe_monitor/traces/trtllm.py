@@ -13,24 +13,21 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.budget import check_decoded
+from moe_monitor.core.safetensors import DTYPES, MAX_HEADER_BYTES, header_length, read_counts, read_index
 
 META_NAME = "meta_info.json"
 RANK_FILE = re.compile(r"rank(\d{1,6})\.safetensors")
 KEY = re.compile(r"(\d{1,18})_(\d{1,6})")
-MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit on a header
-HEADER_BYTE_COST = 16  # a byte of header JSON parsed: dicts, lists and strings of its entries
+HEADER_BYTE_COST = 16  # a byte of header JSON parsed, at least (each file's header: core/jsonbudget.py's worst case)
 MAX_JSON_BYTES = 16 << 20
 MAX_RANK_FILES = 4096
-# safetensors dtype names -> little-endian numpy dtypes of whole-number counts (no BF16: numpy has none)
-DTYPES = {"I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2",
-          "U8": "u1", "F64": "<f8", "F32": "<f4", "F16": "<f2"}
+CELL_BYTES = 24  # a cell of [T, L, E] built: the int64 sums, convert's int32 step records and their copies
 
 
 @dataclass(frozen=True)
@@ -83,16 +80,16 @@ def read_statistic(folder: str, budget_bytes: int) -> Statistic:
         raise ValueError(f"{folder}: {len(ranks)} rank files, at most {MAX_RANK_FILES} are read")
     files = {r: os.path.join(folder, f"rank{r}.safetensors") for r in ranks}
     check_decoded(f"{folder}: its safetensors headers (parsed at {HEADER_BYTE_COST} bytes a byte)",
-                  HEADER_BYTE_COST * sum(_header_bytes(p) for p in files.values()), budget_bytes)
-    index = {r: tensor_index(files[r], num_slots) for r in ranks}
+                  HEADER_BYTE_COST * sum(header_length(p) for p in files.values()), budget_bytes)
+    index = {r: tensor_index(files[r], num_slots, budget_bytes) for r in ranks}
     iters = sorted({t.iteration for ts in index.values() for t in ts})
     layers = sorted({t.layer for ts in index.values() for t in ts})
     if not iters:
         raise ValueError(f"{folder}: its rank files hold no tensor (no iteration was recorded)")
     core.check_sizes(len(layers), num_slots)
     declared = sum(t.stop - t.start for ts in index.values() for t in ts)
-    check_decoded(f"{folder}: its tensors and their [iterations x layers x experts] sum",
-                  declared + len(iters) * len(layers) * num_slots * 8, budget_bytes)
+    check_decoded(f"{folder}: its tensors and the [{len(iters)} iterations x {len(layers)} layers x {num_slots} "
+                  f"experts] built of them", declared + len(iters) * len(layers) * num_slots * CELL_BYTES, budget_bytes)
     _check_grid(folder, index, iters, layers)
     t_of = {it: i for i, it in enumerate(iters)}
     l_of = {layer: i for i, layer in enumerate(layers)}
@@ -108,86 +105,33 @@ def read_statistic(folder: str, budget_bytes: int) -> Statistic:
                      counts_TLE=counts_TLE, tokens_T=tokens_T, meta_info=meta_info)
 
 
-def _header_bytes(path: str) -> int:
-    """The header bytes a safetensors file can hold: the length its first 8 bytes declare, at most what the file
-    and MAX_HEADER_BYTES allow (a larger claim is tensor_index's error to name)."""
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-    declared = struct.unpack("<Q", head)[0] if len(head) == 8 else 0
-    return min(declared, _size(path) - 8, MAX_HEADER_BYTES) if declared else 0
-
-
-def tensor_index(path: str, num_slots: int) -> list[Tensor]:
-    """The tensors a safetensors file declares (its header only), each checked: key "{iter}_{layer}", shape
-    [num_slots], a count dtype, offsets inside the file. ValueError naming the file otherwise."""
+def tensor_index(path: str, num_slots: int, budget_bytes: int = 1 << 30) -> list[Tensor]:
+    """The tensors a safetensors file declares (its header only, core/safetensors.py: bounded, no two sharing
+    bytes), each checked: key "{iter}_{layer}", shape [num_slots]. ValueError naming the file otherwise."""
     name = os.path.basename(path)
-    size = _size(path)
-    with open(path, "rb") as handle:
-        head = handle.read(8)
-        if len(head) < 8:
-            raise ValueError(f"{name}: shorter than a safetensors header (truncated)")
-        (header_bytes,) = struct.unpack("<Q", head)
-        if header_bytes > MAX_HEADER_BYTES or 8 + header_bytes > size:
-            raise ValueError(f"{name}: declares a {header_bytes}-byte header in a {size}-byte file (truncated, or "
-                             f"not safetensors)")
-        header = core.parse_json(handle.read(header_bytes), f"{name}: its safetensors header")
-    if not isinstance(header, dict):
-        raise ValueError(f"{name}: its safetensors header is not a JSON object")
-    data0, out = 8 + header_bytes, []
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        out.append(_tensor(name, key, entry, num_slots, data0, size))
-    return sorted(out, key=lambda t: t.start)
-
-
-def _tensor(name: str, key: str, entry, num_slots: int, data0: int, size: int) -> Tensor:
-    where = f"{name}: tensor {key[:40]!r}"
-    m = KEY.fullmatch(key)
-    if m is None:
-        raise ValueError(f"{where}: not an \"{{iter}}_{{layer}}\" key (TensorRT-LLM's expert statistic)")
-    if not isinstance(entry, dict):
-        raise ValueError(f"{where}: its header entry is not an object")
-    dtype_name, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype_name not in DTYPES:
-        raise ValueError(f"{where}: dtype {str(dtype_name)[:10]!r} is not a count dtype ({', '.join(DTYPES)})")
-    if shape != [num_slots]:
-        raise ValueError(f"{where}: shape {str(shape)[:40]}, meta_info.json says [{num_slots}] (num_experts)")
-    dtype = np.dtype(DTYPES[dtype_name])
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
-            and 0 <= offsets[0] <= offsets[1]):
-        raise ValueError(f"{where}: data_offsets {str(offsets)[:40]} are not two increasing byte offsets")
-    start, stop = data0 + offsets[0], data0 + offsets[1]
-    if stop - start != num_slots * dtype.itemsize:
-        raise ValueError(f"{where}: {stop - start} bytes for [{num_slots}] {dtype_name}")
-    if stop > size:
-        raise ValueError(f"{where}: ends at byte {stop} of a {size}-byte file (truncated)")
-    return Tensor(iteration=int(m.group(1)), layer=int(m.group(2)), dtype=dtype, start=start, stop=stop)
+    entries, _ = read_index(path, budget_bytes)
+    out = []
+    for e in entries:
+        where = f"{name}: tensor {e.name[:40]!r}"
+        m = KEY.fullmatch(e.name)
+        if m is None:
+            raise ValueError(f"{where}: not an \"{{iter}}_{{layer}}\" key (TensorRT-LLM's expert statistic)")
+        if e.shape != (num_slots,):
+            raise ValueError(f"{where}: shape {list(e.shape)}, meta_info.json says [{num_slots}] (num_experts)")
+        out.append(Tensor(iteration=int(m.group(1)), layer=int(m.group(2)), dtype=e.dtype, start=e.start, stop=e.stop))
+    return out
 
 
 def _tensors(path: str, tensors: list[Tensor]):
     """(tensor, int64 [E] counts) for each declared tensor, read by its offsets; ValueError for a count that
     is negative, NaN or fractional, or bytes missing (a file cut short after it was indexed)."""
+    from moe_monitor.core.safetensors import Entry
     name = os.path.basename(path)
     with open(path, "rb") as handle:
         for t in tensors:
-            handle.seek(t.start)
-            raw = handle.read(t.stop - t.start)
-            if len(raw) != t.stop - t.start:
-                raise ValueError(f"{name}: tensor {t.iteration}_{t.layer} is cut short (truncated)")
-            values = np.frombuffer(raw, dtype=t.dtype)
-            where = f"{name}: tensor {t.iteration}_{t.layer}"
-            if values.dtype.kind == "f":
-                if not np.isfinite(values).all() or (values != np.floor(values)).any():
-                    raise ValueError(f"{where}: counts must be whole numbers (NaN, infinity or a fraction found)")
-                if values.max(initial=0) > np.iinfo(np.int32).max:
-                    raise ValueError(f"{where}: a count exceeds 2**31 tokens")
-            elif values.dtype.kind == "u" and values.max(initial=0) > np.iinfo(np.int32).max:
-                raise ValueError(f"{where}: a count exceeds 2**31 tokens")
-            counts = values.astype(np.int64)
-            if counts.min(initial=0) < 0:
-                raise ValueError(f"{where}: counts must not be negative")
-            yield t, counts
+            entry = Entry(name="", dtype=t.dtype, shape=((t.stop - t.start) // t.dtype.itemsize,), start=t.start,
+                          stop=t.stop)
+            yield t, read_counts(handle, entry, f"{name}: tensor {t.iteration}_{t.layer}")
 
 
 def _check_grid(folder: str, index: dict[int, list[Tensor]], iters: list[int], layers: list[int]) -> None:
