@@ -19,6 +19,7 @@ import numpy as np
 
 from .aggregates import AggregateRecord
 from .keys import check_run_name
+from .membudget import MemoryBudget, format_bytes
 from .restarts import Judgement, RankInstances, RetiredInstances, capped_world
 from .steps import StepRecord
 
@@ -39,8 +40,10 @@ class Counters:
     epochs: epochs opened (1 for a run whose collectors never restarted); rank_restarts: collector restarts of
     single ranks; held_records: records of restarted ranks given up (their step ids never met the others');
     world_claims: records claiming more ranks than the run metadata (counted under its world, or skipped when
-    their rank is beyond it); implausible_steps: step ids far beyond
-    their rank's newest."""
+    their rank is beyond it); implausible_steps: step ids far beyond their rank's newest; instance_conflicts:
+    two live collector instances of one rank (each said once); epochs_undone: new epochs undone because an
+    instance they retired kept writing; budget_writes: steps written before their deadline to stay within the
+    memory budget; over_budget: records skipped because not even one step of their shape fits the budget."""
 
     steps_written: int = 0
     rank_steps_missing: int = 0
@@ -55,6 +58,10 @@ class Counters:
     held_records: int = 0
     world_claims: int = 0
     implausible_steps: int = 0
+    instance_conflicts: int = 0
+    epochs_undone: int = 0
+    budget_writes: int = 0
+    over_budget: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -97,9 +104,10 @@ class _Bucket:
     total. counts_LE() gives the exact int64 [L, E] sum."""
 
     __slots__ = ("step", "first_seen_s", "world", "_total_LE", "_stage_LE", "_stage_bound", "ranks", "time_s",
-                 "phases", "scopes", "entry_ids")
+                 "phases", "scopes", "entry_ids", "rows")
 
-    def __init__(self, rec: StepRecord, entry_id: bytes, now_s: float):
+    def __init__(self, rec: StepRecord, entry_id: bytes, now_s: float, rows: int = 0):
+        self.rows = rows  # rows of the memory budget it holds (0: a late bucket, a temporary of one call)
         self.step = rec.step
         self.first_seen_s = now_s
         self.world = rec.world_size
@@ -129,6 +137,11 @@ class _Bucket:
         self.scopes.add(rec.scope)
         self.entry_ids.append(entry_id)
 
+    def folds(self, rec: StepRecord) -> bool:
+        """Whether adding rec makes the int64 total of this step exist (it did not before)."""
+        return self._total_LE is None and (
+            self._stage_bound + int(rec.counts_LE.max(initial=0)) > _INT32_MAX)
+
     def _fold(self) -> None:
         if self._total_LE is None:
             self._total_LE = self._stage_LE.astype(np.int64)
@@ -152,7 +165,7 @@ class Assembler:
     write order) and the counters."""
 
     def __init__(self, run: str, deadline_s: float = 2.0, max_pending_steps: int = 4096,
-                 remember_steps: int = 16_384):
+                 remember_steps: int = 16_384, budget: MemoryBudget | None = None):
         self.run = check_run_name(run)
         self.deadline_s = float(deadline_s)
         self.max_pending_steps = int(max_pending_steps)
@@ -171,6 +184,14 @@ class Assembler:
         self.last_missing: tuple[int, list[int]] | None = None  # (step, ranks) of the latest step written short
         self.last_problem = ""  # why the latest record was skipped (bad, stale, too old)
         self._pending: dict[int, _Bucket] = {}  # step -> bucket, in arrival order
+        self._before: tuple | None = None  # the epoch before the latest new one (to undo it)
+        # memory: a row is one int32 [L, E] (a pending step's stage, a held record; a step with an int64 total
+        # holds 3); rows are reserved from `budget`, at most max_rows of them (size_for())
+        self.budget = budget
+        self._reservation = budget.try_reserve(0) if budget is not None else None
+        self.max_rows: int | None = None
+        self._row_bytes = 0
+        self._rows = 0
 
     # --------------------------------------------------------------------------------------------- state
     @property
@@ -201,6 +222,7 @@ class Assembler:
         self.last_step = max(self.written, default=-1)
         self.counters = counters
         self.shape = None
+        self._before = None
         self.version += 1
 
     @property
@@ -315,11 +337,20 @@ class Assembler:
                 self.last_problem = f"step {step} rank {rank}: older than every step remembered (from {self.horizon})"
                 out.acks.append(entry_id)
                 return
-            bucket = self._pending[step] = _Bucket(rec, entry_id, now_s)
+            self._row_bytes = max(self._row_bytes, rec.counts_LE.size * 4)
+            if not self._reserve(1, out):
+                self._refuse(entry_id, rec, out)
+                return
+            bucket = self._pending[step] = _Bucket(rec, entry_id, now_s, rows=1)
         elif rank in bucket.ranks:
             self._duplicate(entry_id, out)
             return
         else:
+            if bucket.folds(rec):  # its int64 total: two rows more, others written early if they do not fit
+                self._rows += 2
+                bucket.rows += 2
+                while not self._fits(self._rows) and self._free_oldest(out, keep=bucket):
+                    pass
             bucket.add(rec, entry_id)
         touched[step] = bucket
 
@@ -330,69 +361,106 @@ class Assembler:
     def _current(self, entry_id: bytes, rec: StepRecord, now_s: float, out: Output,
                  late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> bool:
         """True when rec goes on into its step under the current epoch (the restart rule, core.restarts: a
-        new epoch is opened here when most ranks restarted); otherwise rec is consumed here (held, or acked
-        and counted)."""
+        new epoch is opened or undone here); otherwise rec is consumed here (held, or acked and counted)."""
         self._epoch_world = max(self._epoch_world, int(rec.world_size))
         rule = self.instances
-        before = rule.instance_of_rank.get(rec.rank)
-        said = rule.judge(rec.rank, rec.instance, rec.step, rec.time_s, self.meta_world or self._epoch_world)
-        if said is Judgement.CURRENT:
+        said = rule.judge(rec.rank, rec.instance, rec.step, rec.time_s, self.meta_world or self._epoch_world, now_s)
+        if said is Judgement.CURRENT and not (rule.dropped or rule.conflict):
             return True
         self.version += 1
-        if said is Judgement.STALE:
+        if rule.undone:
+            self._undo_epoch(out, late, touched)
+        if rule.conflict:
+            self.counters.instance_conflicts += 1
+            self.last_problem = rule.why
+        if rule.dropped:
+            dropped, rule.dropped = set(rule.dropped), []
+            self._give_up_held(lambda r: r.instance in dropped, out)
+        if rule.promoted is not None:
+            self.counters.rank_restarts += 1
+            self.last_problem = rule.why
+        promoted = rule.promoted
+        goes_on = False
+        if said is Judgement.CURRENT:
+            goes_on = True
+        elif said is Judgement.STALE:
             self.counters.stale_records += 1
             self._skip(entry_id, out, f"step {rec.step} {rule.why}")
         elif said is Judgement.IMPLAUSIBLE:
             self.counters.implausible_steps += 1
             self._skip(entry_id, out, f"rank {rec.rank}: {rule.why}")
-        elif said is Judgement.HELD:
-            if before != rec.instance:
-                self.counters.rank_restarts += 1
+        elif said is Judgement.PENDING:
+            if not rule.conflict:
                 self.last_problem = rule.why
             self._hold(entry_id, rec, out)
+        elif said is Judgement.HELD:
+            self._hold(entry_id, rec, out)
         elif said is Judgement.REJOINED:
-            if before != rec.instance:
-                self.counters.rank_restarts += 1
             self.last_problem = rule.why
-            self._give_up_held(rec.rank, out)
+            if promoted is None:  # a held rank caught up: its records held meanwhile are of steps long gone by
+                self._give_up_held(lambda r, rank=rec.rank: r.rank == rank, out)
+            goes_on = True
         elif said is Judgement.NEW_EPOCH:
             self._new_epoch(rec.instance, out, late, touched)
             self.last_problem = rule.why
-            held, self._held = self._held, {}
-            for held_id, held_rec in held.items():  # the restarted ranks' first records, into the new epoch
-                if rule.instance_of_rank.get(held_rec.rank) == held_rec.instance:
-                    self._place(held_id, held_rec, now_s, out, late, touched)
-                else:
-                    self.counters.held_records += 1
-                    out.acks.append(held_id)
+            promoted = None  # every held record whose instance now speaks goes in below
+            self._place_held(lambda r: rule.instance_of_rank.get(r.rank) == r.instance, now_s, out, late, touched,
+                             give_up_others=True)
+            goes_on = True
         elif self.epoch is None:  # FIRST, the run's first epoch
             self.epoch = rec.instance
             self.counters.epochs += 1
-        return said.counts
+            goes_on = True
+        else:
+            goes_on = True
+        if promoted is not None:  # a challenger took its rank: the records it wrote while waiting go back in
+            self._place_held(lambda r: r.instance == promoted, now_s, out, late, touched)
+        return goes_on
+
+    def _place_held(self, which, now_s: float, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket],
+                    give_up_others: bool = False) -> None:
+        """Place the held records `which` picks again (in arrival order); give_up_others: the rest are given up."""
+        held = list(self._held.items())
+        for held_id, _rec in held:
+            del self._held[held_id]
+        for held_id, held_rec in held:
+            self._unreserve(1)
+            if which(held_rec):
+                self._place(held_id, held_rec, now_s, out, late, touched)
+            elif give_up_others:
+                self.counters.held_records += 1
+                out.acks.append(held_id)
+            else:
+                self._hold(held_id, held_rec, out)
 
     def _skip(self, entry_id: bytes, out: Output, why: str) -> None:
         out.acks.append(entry_id)
         self.last_problem = why
 
     def _hold(self, entry_id: bytes, rec: StepRecord, out: Output) -> None:
-        """Keep a held rank's record (un-acked) for a new epoch; the oldest beyond MAX_HELD is given up."""
-        self._held[entry_id] = rec
-        while len(self._held) > MAX_HELD:
+        """Keep a record (un-acked) of a restarted rank or of an instance waiting to replace one; the oldest held
+        beyond MAX_HELD, or beyond what the memory budget holds, is given up (counted)."""
+        while len(self._held) >= MAX_HELD or (self._held and not self._reserve(1, out, free_pending=False)):
             oldest = next(iter(self._held))
             del self._held[oldest]
+            self._unreserve(1)
             self.counters.held_records += 1
             out.acks.append(oldest)
+        if not self._held and not self._reserve(1, out):
+            self._refuse(entry_id, rec, out)
+            return
+        self._held[entry_id] = rec
 
-    def _give_up_held(self, rank: int, out: Output) -> None:
-        """A rank rejoined: its held records (of steps long gone by) are consumed without a record."""
-        for held_id in [i for i, r in self._held.items() if r.rank == rank]:
+    def _give_up_held(self, which, out: Output) -> None:
+        """The held records `which` picks are consumed without a record (counted)."""
+        for held_id in [i for i, r in self._held.items() if which(r)]:
             del self._held[held_id]
+            self._unreserve(1)
             self.counters.held_records += 1
             out.acks.append(held_id)
 
-    def _new_epoch(self, instance: str, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
-        """Write what the old epoch has pending (steps, then late ranks) and start afresh under `instance` (the
-        rule already retired the old epoch's collector instances)."""
+    def _flush(self, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
+        """Write what the epoch has pending (steps, then late ranks)."""
         for bucket in sorted(self._pending.values(), key=lambda b: b.step):
             out.emitted.append(self._emit(bucket, late=False))
         for step in sorted(late):
@@ -400,6 +468,14 @@ class Assembler:
         self._pending.clear()
         late.clear()
         touched.clear()
+
+    def _new_epoch(self, instance: str, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
+        """Write what the old epoch has pending and start afresh under `instance` (the rule already retired the
+        old epoch's collector instances); the old epoch's state is kept should the new one be undone."""
+        self._flush(out, late, touched)
+        was_retired = self.epoch is None or self.epoch in self.retired
+        self._before = (self.epoch, self.written, self.horizon, self.last_step, self.shape, self._epoch_world,
+                        was_retired)
         if self.epoch is not None:
             self.retired.add(self.epoch)
         self.written, self.horizon, self.last_step, self.shape = {}, 0, -1, None
@@ -407,8 +483,87 @@ class Assembler:
         self.epoch = instance
         self.counters.epochs += 1
 
+    def _undo_epoch(self, out: Output, late: dict[int, _Bucket], touched: dict[int, _Bucket]) -> None:
+        """The rule undid the latest new epoch (an instance it retired writes newer steps): what the undone epoch
+        has pending is written under it, and the epoch before goes on where it was."""
+        self._flush(out, late, touched)
+        if self._before is None:  # restored since (a takeover): the rule's state alone goes back
+            return
+        epoch, self.written, self.horizon, self.last_step, self.shape, self._epoch_world, was_retired = self._before
+        self._before = None
+        if epoch is not None and not was_retired:
+            self.retired.discard(epoch)
+        self.epoch = epoch
+        self.counters.epochs_undone += 1
+
+    # --------------------------------------------------------------------------------------------- memory
+    def size_for(self, num_layers: int, num_experts: int, share_bytes: int | None) -> int:
+        """Size this run's rows for counts [num_layers, num_experts] (the run metadata's, at start) within
+        share_bytes (None: the budget's own bound only): pending steps and held records together at most
+        max_pending_steps + MAX_HELD, at most share_bytes of them. Returns the rows granted (0: not one step
+        fits; its records are then skipped, counted as over_budget, with one message)."""
+        self._row_bytes = max(self._row_bytes, int(num_layers) * int(num_experts) * 4, 1)
+        cap = self.max_pending_steps + MAX_HELD
+        if share_bytes is not None:
+            cap = min(cap, int(share_bytes) // self._row_bytes)
+        self.max_rows = cap
+        return cap
+
+    def _fits(self, rows: int) -> bool:
+        if self.max_rows is not None and rows > self.max_rows:
+            return False
+        return self._reservation is None or self._reservation.resize_to(rows * self._row_bytes)
+
+    def _reserve(self, rows: int, out: Output, free_pending: bool = True, keep: _Bucket | None = None) -> bool:
+        """Take rows for a new step or a held record; when they do not fit, the oldest pending steps are written
+        early with what they have (free_pending). False when they still do not fit."""
+        while not self._fits(self._rows + rows):
+            if not free_pending or not self._free_oldest(out, keep):
+                return False
+        self._rows += rows
+        return True
+
+    def _unreserve(self, rows: int) -> None:
+        self._rows = max(0, self._rows - rows)
+        if self._reservation is not None and self._reservation.nbytes > self._rows * self._row_bytes:
+            self._reservation.resize_to(self._rows * self._row_bytes)
+
+    def _free_oldest(self, out: Output, keep: _Bucket | None = None) -> bool:
+        """Write the oldest pending step (by arrival; not `keep`) with the ranks it has; False when none is."""
+        for step, bucket in self._pending.items():
+            if bucket is not keep:
+                del self._pending[step]
+                out.emitted.append(self._emit(bucket, late=False))
+                if not self.counters.budget_writes:
+                    self.last_problem = (f"step {step} written before its deadline with {len(bucket.ranks)} of "
+                                         f"{bucket.world} ranks: the steps waiting for their ranks fill {self._limit()}")
+                self.counters.budget_writes += 1
+                return True
+        return False
+
+    def _refuse(self, entry_id: bytes, rec: StepRecord, out: Output) -> None:
+        """Not one step of rec's shape fits: skipped, counted, said."""
+        self.counters.over_budget += 1
+        shape = list(rec.counts_LE.shape)
+        self._skip(entry_id, out, f"step {rec.step} rank {rec.rank}: counts {shape} "
+                                  f"({format_bytes(rec.counts_LE.size * 4)} a step) do not fit {self._limit()}: skipped")
+
+    def _limit(self) -> str:
+        if self.budget is None:
+            return f"the {self.max_rows} steps this run may hold"
+        cap = "" if self.max_rows is None else f"; this run may hold {self.max_rows} steps of {format_bytes(self._row_bytes)}"
+        return f"{self.budget.describe()}{cap}"
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes this assembler holds for pending steps and held records."""
+        return self._rows * self._row_bytes
+
     # --------------------------------------------------------------------------------------------- output
     def _emit(self, bucket: _Bucket, late: bool) -> Emitted:
+        if bucket.rows:
+            self._unreserve(bucket.rows)
+            bucket.rows = 0
         ranks = sorted(bucket.ranks)
         ranks_R = np.asarray(ranks, dtype=np.int64)
         values = [bucket.ranks[r] for r in ranks]

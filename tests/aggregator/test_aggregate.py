@@ -2,6 +2,7 @@
 two aggregators at once, a holder killed, Redis killed and restarted empty, collector restarts, the CLI."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -332,7 +333,9 @@ def test_writes_refused_by_a_full_redis_cost_one_message_and_lose_nothing(server
 def test_a_whole_job_restart_starts_a_new_epoch_once_most_ranks_restarted_and_loses_nothing(redis_url):
     client = core.connect(redis_url)
     old = [step_record("epochs", s, r, inst=f"old{r}") for s in range(5) for r in range(4) if (s, r) != (4, 3)]
-    new = [step_record("epochs", s, r, inst=f"new{r}") for s in range(3) for r in range(4)]
+    # the new job's collectors write 10 s after the old ones' last records (the old ones stopped)
+    new = [dataclasses.replace(step_record("epochs", s, r, inst=f"new{r}"), time_s=time.time() + 10)
+           for s in range(3) for r in range(4)]
     stale = step_record("epochs", 4, 3, inst="old3")
     publish(client, old + new[:4] + [stale] + new[4:])  # old3's step 4 arrives after rank 3 restarted too
     agg = aggregator(redis_url, "epochs", deadline_s=5.0)

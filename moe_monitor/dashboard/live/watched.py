@@ -334,18 +334,24 @@ class WatchedRun:
         self._retired_seen = -1
 
     def _current_epoch(self, rec: core.AggregateRecord) -> bool:
-        """True when rec is of the epoch being shown (the first one seen is adopted); a newer epoch restarts the
-        window; False for an epoch retired, or older than the one shown."""
+        """True when rec is of the epoch being shown (the first one seen is adopted); another epoch restarts the
+        window: a newer one, or one the assembler went back to (it undid the epoch shown: core.restarts);
+        False for a late entry of another epoch, and for an epoch retired or older than the one shown unless the
+        assembler of this feed speaks for it again."""
         if rec.instance == self.epoch:
             return True
-        if rec.instance in self.retired:
-            return False
         if self.epoch is None:
+            if rec.instance in self.retired:
+                return False
             self.epoch, self._epoch_started_s = rec.instance, float(rec.time_s)
             return True
-        if rec.time_s < self._epoch_started_s:  # an older epoch than the one shown
-            self.retired.add(rec.instance)
+        if rec.late:
             return False
+        back = self.feed == STEPS and self.assembler is not None and self.assembler.epoch == rec.instance
+        if not back and (rec.instance in self.retired or rec.time_s < self._epoch_started_s):
+            self.retired.add(rec.instance)  # an older epoch than the one shown
+            return False
+        self.retired.discard(rec.instance)
         self.retired.add(self.epoch)
         for change in self.layouts.changes:  # published by the collectors of the old epoch
             if change.time_s is not None and change.time_s <= self._epoch_newest_s:
