@@ -10,7 +10,6 @@ Shapes: T iterations, L MoE layers, E experts (E_local per rank). Format and cav
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -22,6 +21,11 @@ from moe_monitor.core.budget import check_decoded
 
 RANK_FILE = re.compile(r"rank(\d{1,6})\.jsonl")
 JSON_BYTE_COST = 8  # a byte of JSON decoded: a list slot, then a numpy element
+# A cell of what is built from the declared shape: each (iteration, rank) record's [L, E] as int64 then int32 in a
+# chunk of step records, and the int32 trace the readers then decode (the output must open within the budget).
+CELL_BYTES = 4
+CHUNK_CELL_BYTES = 16
+_HEAD = re.compile(rb'\s*\{\s*"(iter|block|layer|tpe|mtp_idx)"\s*:')
 MAX_LINE_BYTES = 64 << 20
 CHUNK_STEPS = 512
 _KEYS = ("iter", "block", "layer", "tpe")
@@ -29,20 +33,20 @@ LayerKey = tuple[str, int, int]  # (block, mtp_idx (-1 for the decoder), layer)
 
 
 def looks_like_megatron_tokens(path: str) -> bool:
-    """A rank{r}.jsonl (or any .jsonl) whose first line is a tokens-per-expert record, or a folder holding such
-    files. Reads at most the first line of one file."""
+    """A rank{r}.jsonl (or any .jsonl) that starts as a tokens-per-expert record (an object whose keys are
+    Megatron's: iter, block, layer, tpe), or a folder holding such files. Reads the first 4 KiB of one file,
+    never a whole line (a line of 65,536 experts is longer than any bound on a first line)."""
     if os.path.isdir(path):
         files = _rank_files(path)
         return bool(files) and looks_like_megatron_tokens(files[0][1])
     if not path.lower().endswith(".jsonl") or not os.path.isfile(path):
         return False
     with open(path, "rb") as handle:
-        head = handle.readline(1 << 16)
-    try:
-        first = json.loads(head)
-    except ValueError:
+        head = handle.read(4096)
+    if _HEAD.match(head) is None:
         return False
-    return isinstance(first, dict) and all(key in first for key in _KEYS)
+    keys = set(re.findall(rb'"([a-z_]{1,8})"\s*:', head.split(b"\n", 1)[0]))
+    return {key.encode() for key in _KEYS} <= keys
 
 
 def read_megatron_tokens(path: str, run: str | None, gpus: int | None, max_decoded_bytes: int, *,
@@ -58,6 +62,10 @@ def read_megatron_tokens(path: str, run: str | None, gpus: int | None, max_decod
         raise ValueError(f"top_k must be a whole number >= 1, got {top_k!r}")
     size = sum(_size(file) for _, file in files)
     check_decoded(f"{path}: its JSON lines", size * JSON_BYTE_COST, max_decoded_bytes)
+    for rank, file in files:
+        if rank >= core.MAX_WORLD:
+            raise ValueError(f"{os.path.basename(file)}: rank {rank} is not below {core.MAX_WORLD} (the readers' "
+                             "bound on a world)")
     per_rank = {rank: _read_file(file) for rank, file in files}
     widths = {width for _, width in per_rank.values() if width}
     if len(widths) > 1:
@@ -71,6 +79,11 @@ def read_megatron_tokens(path: str, run: str | None, gpus: int | None, max_decod
         raise ValueError(f"gpus (the expert-parallel size) must be a whole number >= 1, got {gpus!r}")
     num_experts = local * ep
     keys = sorted({key for records, _ in per_rank.values() for by_layer in records.values() for key in by_layer})
+    core.check_sizes(len(keys), num_experts)
+    records = sum(len(records) for records, _ in per_rank.values())
+    chunk = min(records, CHUNK_STEPS * len(per_rank))
+    check_decoded(f"{path}: {records} (iteration, rank) records of {len(keys)} layers x {num_experts} experts",
+                  (records * CELL_BYTES + chunk * CHUNK_CELL_BYTES) * len(keys) * num_experts, max_decoded_bytes)
     names = [f"decoder.layers.{layer}" if block == "decoder" else f"mtp.{mtp}.layers.{layer}"
              for block, mtp, layer in keys]
     stem = os.path.basename(os.path.dirname(os.path.abspath(path)) if os.path.isdir(path) else
@@ -83,7 +96,7 @@ def read_megatron_tokens(path: str, run: str | None, gpus: int | None, max_decod
         started_s=float(int(max(os.path.getmtime(file) for _, file in files))),
         extra={"source": "megatron --save-tokens-per-expert-interval", "file": os.path.basename(path)[:200],
                "expert_parallel": ep})
-    core.encode_meta(meta)
+    core.decode_meta(core.encode_meta(meta))  # the readers' bounds, before anything is written
     return meta, _chunks(meta, per_rank, keys, local, ep, top_k)
 
 
@@ -101,7 +114,8 @@ def _chunks(meta: core.RunMeta, per_rank: dict[int, tuple[dict[int, dict[LayerKe
                 counts_LE = np.zeros((len(keys), meta.num_experts), dtype=np.int64)
                 first = (rank % ep) * local
                 for key, counts_E in by_layer.items():
-                    counts_LE[row[key], first: first + local] = counts_E
+                    if counts_E.shape[0]:
+                        counts_LE[row[key], first: first + local] = counts_E
                 if counts_LE.max(initial=0) > np.iinfo(np.int32).max:
                     raise ValueError(f"iteration {it} of rank {rank}: a count above 2**31")
                 tokens = int((counts_LE.sum(axis=1).max() + top_k // 2) // top_k)
@@ -129,11 +143,7 @@ def _read_file(path: str) -> tuple[dict[int, dict[LayerKey, np.ndarray]], int]:
                     raise ValueError(f"{where}: {counts_ME.shape[1]} experts, earlier lines had {width}")
                 width = counts_ME.shape[1]
             records.setdefault(it, {})[key] = counts_ME.sum(axis=0) if counts_ME.shape[0] else np.zeros(0, np.int64)
-    for by_layer in records.values():  # a layer with no micro-batch: zeros of the file's width
-        for key, counts in by_layer.items():
-            if counts.shape[0] != width:
-                by_layer[key] = np.zeros(width, dtype=np.int64)
-    return records, width
+    return records, width  # a layer with no micro-batch keeps a [0] array: zeros in its step record
 
 
 def _parse_line(obj: object, where: str) -> tuple[int, LayerKey, np.ndarray]:

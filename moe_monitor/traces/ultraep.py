@@ -25,6 +25,11 @@ SCHEMA = "ultra_ep_trace_v1"
 MANIFEST_SUFFIX = ".manifest.json"
 MAX_JSON_BYTES = 1 << 20
 MAX_CHUNKS = 1 << 20
+# What a record builds, from the declared shapes (not the bytes: uint8 arrays deflate to nothing): its ids widened
+# to int64, concatenated, and the keys, sort and index arrays of np.unique; each load cell as int32 widened,
+# concatenated and taken into steps, then convert's step records.
+RECORD_BYTES = 128
+LOAD_CELL_BYTES = 16
 ARRAYS = ("layers", "virtual_layers", "microbatches", "pre_logical_loads", "post_physical_loads")
 MANIFEST_INTS = ("ep_size", "num_local_master_experts", "num_local_redundant_experts", "num_local_physical_experts",
                  "num_global_logical_experts", "num_global_physical_experts", "chunks", "dropped_records")
@@ -182,8 +187,10 @@ def read_trace(manifest_path: str, budget_bytes: int) -> Trace:
     files = chunk_files(man)
     indexes = [chunk_index(path, man) for path in files]
     declared = sum(size for index in indexes for _, _, size in index.values())
-    check_decoded(f"{os.path.basename(manifest_path)}: its chunks and the steps made of them", 2 * declared,
-                  budget_bytes)
+    records = sum(index["layers"][0][0] for index in indexes)
+    built = records * (RECORD_BYTES + LOAD_CELL_BYTES * (man.num_experts + man.num_slots))
+    check_decoded(f"{os.path.basename(manifest_path)}: its chunks ({records} records of {man.num_experts} experts and "
+                  f"{man.num_slots} slots) and the steps made of them", max(2 * declared, built), budget_bytes)
     parts = [_chunk_arrays(path, i, man) for i, path in enumerate(files)]
     layer_R = np.concatenate([p[0] for p in parts])
     mb_R = np.concatenate([p[1] for p in parts])
