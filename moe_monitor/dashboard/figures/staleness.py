@@ -1,4 +1,4 @@
-"""Plotly builder for the staleness curve (Experts and What-if pages): how a placement fitted at step t
+"""Vega-Lite chart of the staleness curve (Experts and What-if pages): how a placement fitted at step t
 degrades at t + delta, for the layout in force and for layouts planned on the window, one pair per phase.
 
 Shape legend: D deltas (steps after the fit).
@@ -8,28 +8,42 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 
-from moe_monitor.dashboard.figures.common import f32, figure
+from moe_monitor.dashboard.figures.common import Chart, chart, legend_colour, named
 from moe_monitor.dashboard.whatif.staleness import PhaseStaleness
 
-_COLOURS = {"prefill": "#1f77b4", "decode": "#d62728", "mixed": "#2ca02c", "unknown": "#7f7f7f"}
+COLOURS = {"prefill": "#1f77b4", "decode": "#d62728", "mixed": "#2ca02c", "unknown": "#7f7f7f"}
+KINDS = ("layout in force", "planned on the window")
 
 
-def staleness_curves(curves: Sequence[PhaseStaleness]):
+def staleness_curves(curves: Sequence[PhaseStaleness]) -> Chart:
     """Per phase: mean imbalance (max/mean GPU load, mean over layers) at delta steps after the fit, the layout
-    in force (solid) and layouts planned on the window (dotted, mean over the fits that reach delta)."""
-    traces = []
+    in force (solid) and layouts planned on the window (dotted, mean over the fits that reach delta). Dataset
+    "main": phase, kind, delta, imbalance (finite points only)."""
+    parts = []
     for item in curves:
-        colour = _COLOURS.get(item.phase, "#9467bd")
-        for curve, label, dash in ((item.in_force, "layout in force", "solid"),
-                                   (item.planned, "planned on the window", "dot")):
+        for curve, kind in ((item.in_force, KINDS[0]), (item.planned, KINDS[1])):
             if curve is None:
                 continue
             ok = np.isfinite(curve.mean_D)
-            if not ok.any():
-                continue
-            traces.append(dict(type="scatter", mode="lines", x=curve.deltas_D[ok].astype(np.int32),
-                               y=f32(curve.mean_D[ok]), name=f"{item.phase}: {label}",
-                               line=dict(color=colour, dash=dash, width=1.5)))
-    return figure(traces, "Placement staleness: imbalance at t + delta of a layout fitted at t",
-                  "delta (steps after the fit)", "imbalance (max/mean, mean over layers)")
+            parts.append(pd.DataFrame({"phase": item.phase, "kind": kind,
+                                       "delta": curve.deltas_D[ok].astype(np.int32),
+                                       "imbalance": np.asarray(curve.mean_D[ok], dtype=np.float32)}))
+    data = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        {"phase": pd.Series(dtype=object), "kind": pd.Series(dtype=object), "delta": pd.Series(dtype=np.int32),
+         "imbalance": pd.Series(dtype=np.float32)})
+    layers = [{"data": named("main"), "mark": {"type": "line", "strokeWidth": 1.5, "point": {"size": 16}},
+               "encoding": {"x": {"field": "delta", "type": "quantitative", "title": "delta (steps after the fit)",
+                                  "axis": {"format": "d"}},
+                            "y": {"field": "imbalance", "type": "quantitative", "scale": {"zero": False},
+                                  "title": "imbalance (max/mean, mean over layers)"},
+                            "color": {"field": "phase", "type": "nominal",
+                                      **legend_colour(list(COLOURS), list(COLOURS.values()), "phase")},
+                            "strokeDash": {"field": "kind", "type": "nominal",
+                                           **legend_colour(KINDS, [[1, 0], [2, 3]], None)},
+                            "detail": {"field": "kind"},
+                            "tooltip": [{"field": "phase"}, {"field": "kind", "title": "layout"},
+                                        {"field": "delta", "title": "steps after the fit"},
+                                        {"field": "imbalance", "title": "max/mean", "format": ".3f"}]}}]
+    return chart(layers, "Placement staleness: imbalance at t + delta of a layout fitted at t", main=data)

@@ -13,6 +13,7 @@ from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, poll_and_caption
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
 
@@ -32,10 +33,11 @@ def live() -> None:
 def render(current: PageData) -> None:
     snap = current.snapshot
     unit, marks, x_T, x_title = snap.unit, snap.axis_marks(), snap.x_T, snap.x_title
-    st.plotly_chart(load_figures.load_bands(x_T, snap.loads_TG, unit, marks, x_title), key="devices_bands")
-    st.plotly_chart(load_figures.gpu_time_heatmap(x_T, snap.loads_TG, unit, marks, x_title), key="devices_gpu_time")
-    st.plotly_chart(load_figures.eta_over_time(x_T, snap.eta_TL, marks, x_title), key="devices_eta_time")
-    st.plotly_chart(load_figures.layer_eta_heatmap(x_T, snap.eta_TL, marks, x_title), key="devices_layer_eta")
+    draw(load_figures.load_bands(x_T, snap.loads_TG, unit, marks, x_title), "devices_bands")
+    draw(load_figures.gpu_time_heatmap(x_T, snap.loads_TG, unit, marks, x_title, snap.layout.gpus_per_node),
+         "devices_gpu_time")
+    draw(load_figures.eta_over_time(x_T, snap.eta_TL, marks, x_title), "devices_eta_time")
+    draw(load_figures.layer_eta_heatmap(x_T, snap.eta_TL, marks, x_title), "devices_layer_eta")
     svw = step_vs_window(snap.view.loads_TLG)
     finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
     worst = float(finite.max()) if finite.size else float("nan")
@@ -46,7 +48,7 @@ def render(current: PageData) -> None:
                 "A window sum averages the tail away: the layer waits on each step's busiest GPU."
                 + ("" if not snap.resolution_s else " A bucket is a sum itself: the per-step tail is on the "
                    "Overview (from the buckets' per-step histograms)."))
-    st.plotly_chart(load_figures.step_vs_window_figure(svw), key="devices_step_vs_window")
+    draw(load_figures.step_vs_window_figure(svw), "devices_step_vs_window")
     steptails.devices_section(current)
     regimes_section(snap)
 

@@ -12,6 +12,7 @@ from moe_monitor.dashboard.analytics.experts import dead_experts, gpus_holding, 
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.views import timeline
 from moe_monitor.dashboard.views.common import PageData, asked_gpu, named_or_busiest, poll_and_caption
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 from moe_monitor.dashboard.views.staleness import staleness_section
 
@@ -41,12 +42,15 @@ def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
     """layer -1: the layer with the lowest balancedness over the window; gpu -1: the GPU the Overview names."""
     snap, window, layout = current.snapshot, current.watched.window, current.layout
     counts_LE = snap.view.counts_sum_LE
+    asked = layer
     layer = worst_layer(snap.eta_TL) if layer < 0 else min(layer, window.num_layers - 1)
     gpu = named_or_busiest(snap) if gpu < 0 else min(gpu, layout.gpus - 1)
-    st.plotly_chart(expert_figures.layer_expert_heatmap(counts_LE), key="experts_layer_expert")
+    draw(expert_figures.layer_expert_heatmap(counts_LE), "experts_layer_expert")
     counts_TE = window.layer_counts(snap.view.slots_T, layer)
-    st.plotly_chart(expert_figures.expert_time_heatmap(snap.x_T, counts_TE, layer, snap.axis_marks(), snap.x_title),
-                    key="experts_time")
+    st.caption(f"Below: layer {layer}" + (" (the lowest balancedness over the window; pick another above)"
+                                          if asked < 0 else ""))
+    draw(expert_figures.expert_time_heatmap(snap.x_T, counts_TE, layer, snap.axis_marks(), snap.x_title),
+         "experts_time")
     st.subheader(f"The experts of GPU {gpu} (node {layout.node_of(gpu)})")
     mine = hottest_on(counts_LE, layout.layout_LP, layout.gpus, gpu, top_n)
     st.dataframe(pd.DataFrame([{"layer": h.layer, "expert": h.expert, "share of the GPU's tokens": h.share}
@@ -78,7 +82,7 @@ def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
         half = snap.view.num_steps // 2
         older = window.sum_counts(snap.view.slots_T[:half])
         newer = counts_LE - older
-        st.plotly_chart(expert_figures.drift_bars(js_divergence(older, newer)), key="experts_drift")
+        draw(expert_figures.drift_bars(js_divergence(older, newer)), "experts_drift")
     # a placement-staleness curve plans layouts (about a second at DeepSeek-V3 size): asked for, not on every tick
     if st.toggle("Placement staleness", key="experts_staleness", value=False,
                  help="How fast the layout in force and layouts planned on this window degrade on later steps "

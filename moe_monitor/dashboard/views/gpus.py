@@ -16,6 +16,7 @@ from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures.units import GIB
 from moe_monitor.dashboard.views import measured, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, asked_gpu, named_or_busiest, poll_and_caption
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
 
@@ -71,13 +72,15 @@ def render(current: PageData, gpu: int) -> None:
     load_T = snap.loads_TG[:, gpu]
     st.metric(f"{snap.gpu_name(gpu)} expert load, latest {snap.row_name}", f"{float(load_T[snap.latest]):,.0f} tokens",
               help="sum over the GPU's slots of count / replicas (even split), for the layer choice in the sidebar")
-    title = f"{snap.gpu_name(gpu)}: expert load" + (f" and NVML device {device[1]} on {device[0]}"
-                                                      if rows and paired else "")
-    st.plotly_chart(gpu_figures.nvml_figure(rows if paired else [], snap.view.time_s_T, load_T, title,
-                                            snap.time_marks()), key="gpu_panel_fig")
+    # the GPU and device are said above (metric, caption): a title naming them would change with the named GPU
+    title = "The GPU's expert load" + (" and its NVML device's readings" if rows and paired else "")
+    for i, panel in enumerate(gpu_figures.nvml_charts(rows if paired else [], snap.view.time_s_T, load_T, title,
+                                                      snap.time_marks())):
+        draw(panel, f"gpu_panel_fig_{i}")
     if rows and not paired:
-        st.plotly_chart(gpu_figures.nvml_figure(rows, [], [], f"NVML device {device[1]} on {device[0]} (not paired)"),
-                        key="gpu_panel_nvml")
+        st.caption("The NVML device's readings (not paired with an EP GPU):")
+        for i, panel in enumerate(gpu_figures.nvml_charts(rows, [], [], "NVML device (not paired)")[1:]):
+            draw(panel, f"gpu_panel_nvml_{i}")
     measured.section(current)  # only when the run has physical records (an engine's measured slot loads)
 
 

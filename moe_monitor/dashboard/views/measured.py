@@ -18,6 +18,7 @@ from moe_monitor.dashboard.figures.measured import measured_figure
 from moe_monitor.dashboard.live.physical import MeasuredFeed
 from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.views.common import PageData
+from moe_monitor.dashboard.views.draw import draw
 
 COVERAGE_NOTE = 0.99  # below this share of a step's tokens in its physical records, the page says so
 
@@ -67,7 +68,7 @@ def section(current: PageData) -> None:
         st.caption(f"{len(reader.ring)} steps have physical records, none of them in view with every rank's yet.")
         return
     _metrics(result)
-    st.plotly_chart(measured_figure(result, snap.step_marks()), key="gpu_panel_measured")
+    draw(measured_figure(result, snap.step_marks()), "gpu_panel_measured")
     which = (f"layer {snap.layer}" if snap.layer is not None else "all layers summed" if snap.summed
              else "each layer's ratio, averaged over the layers that served tokens")
     notes = [f"{result.num_steps} of {view.num_steps} steps in view have every rank's physical record; {which}. "

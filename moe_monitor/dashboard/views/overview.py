@@ -28,6 +28,7 @@ from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 from moe_monitor.dashboard.whatif import advice as whatif_advice
 from moe_monitor.planner.advisor import DEFAULT_WINDOW
@@ -164,8 +165,8 @@ def details(current: PageData, quiet_lines: list[str]) -> None:
                     f"the window's {s.basis}, mean load {s.ratio_to_mean:.2f}x the all-GPU mean (GPU load of "
                     f"{snap.load_label}).")
     busiest_now = int(np.argmax(snap.latest_G)) if snap.latest_G.size and snap.latest_G.max() > 0 else None
-    st.plotly_chart(load_figures.gpu_load_bars(snap.latest_G, snap.stats, busiest_now, snap.unit),
-                    key="overview_bars")
+    draw(load_figures.gpu_load_bars(snap.latest_G, snap.stats, busiest_now, snap.unit, snap.layout.gpus_per_node),
+         "overview_bars")
     st.caption("Red: the busiest GPU of the latest step (the bars); the markers are each GPU's window figures.")
     if snap.per_step is not None:
         per_step_section(snap)
@@ -218,8 +219,9 @@ def per_step_section(snap: Snapshot) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # buckets whose layers are all idle stay NaN
         sum_eta_T = np.nanmedian(snap.eta_TL, axis=1) if snap.eta_TL.size else np.zeros(0)
-    st.plotly_chart(rollup_figures.per_step_figure(snap.x_T, ps, sum_eta_T, "tokens", snap.axis_marks(),
-                                                   snap.x_title), key="overview_per_step")
+    for i, panel in enumerate(rollup_figures.per_step_charts(snap.x_T, ps, sum_eta_T, "tokens", snap.axis_marks(),
+                                                             snap.x_title)):
+        draw(panel, f"overview_per_step_{i}")
     st.caption(f"{ps.steps:,} steps in {snap.view.num_steps:,} buckets. The GPU loads above are per step, each "
                "bucket's mean; balancedness of a bucket's sum reads higher than its steps' (the tail averages away).")
 

@@ -12,6 +12,7 @@ import streamlit as st
 
 from moe_monitor.dashboard.figures import staleness as staleness_figures
 from moe_monitor.dashboard.views.common import PageData
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.whatif.cache import cached
 from moe_monitor.dashboard.whatif.staleness import MAX_STEPS, staleness_in_view
 
@@ -58,7 +59,7 @@ def staleness_section(current: PageData) -> None:
     except ValueError as exc:
         st.caption(f"No staleness curve for this window: {exc}")
         return
-    st.plotly_chart(staleness_figures.staleness_curves(curves), key="staleness_fig")
+    draw(staleness_figures.staleness_curves(curves), "staleness_fig")
     st.caption(f"Placement staleness on the newest {min(view.num_steps, MAX_STEPS)} steps of the window, per phase: "
                "the layout in force from the step it took force (else the window's first step), and layouts "
                "planned (EPLB, same R) on the window's older steps, scored on every later step of their phase. "

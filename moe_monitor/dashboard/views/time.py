@@ -12,6 +12,7 @@ from moe_monitor.dashboard.figures import time as time_figures
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.views import timeline
 from moe_monitor.dashboard.views.common import PageData, caption, named_or_busiest, poll_and_analyse
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
 MIN_FIT_R2 = 0.3  # a line of MoE time on the busiest GPU's tokens is reported only when it explains this much
@@ -88,27 +89,26 @@ def render(current: PageData) -> None:
                    help="(compute + comm - layer) / min(compute, comm), comm = dispatch + combine, clipped to [0, 1]")
     cols[3].metric("layer time, mean", _ms(summary.layer_mean_s), help="per (step, layer), its slowest rank")
     cols[4].metric("layer time, p99", _ms(summary.layer_p99_s), help="per (step, layer), its slowest rank")
-    st.plotly_chart(time_figures.rank_breakdown(timing.mean_over(d_TR, 0), timing.mean_over(c_TR, 0),
-                                                timing.mean_over(b_TR, 0), timing.mean_over(l_TR, 0), what),
-                    key="time_ranks")
-    st.plotly_chart(time_figures.phases_over_steps(view.step_T, timing.mean_over(d_TR, 1), timing.mean_over(c_TR, 1),
-                                                   timing.mean_over(b_TR, 1), timing.max_over(l_TR, 1), what,
-                                                   snap.step_marks()), key="time_steps")
+    draw(time_figures.rank_breakdown(timing.mean_over(d_TR, 0), timing.mean_over(c_TR, 0), timing.mean_over(b_TR, 0),
+                                     timing.mean_over(l_TR, 0), what), "time_ranks")
+    draw(time_figures.phases_over_steps(view.step_T, timing.mean_over(d_TR, 1), timing.mean_over(c_TR, 1),
+                                        timing.mean_over(b_TR, 1), timing.max_over(l_TR, 1), what, snap.step_marks()),
+         "time_steps")
     share = timing.alltoall_share(view.dispatch_TRL, view.combine_TRL, view.layer_TRL)
     overlap_L, _ = timing.overlap(view.dispatch_TRL, view.compute_TRL, view.combine_TRL, view.layer_TRL)
-    st.plotly_chart(time_figures.share_by_layer(share, overlap_L), key="time_share")
+    draw(time_figures.share_by_layer(share, overlap_L), "time_share")
     st.caption("Achieved overlap of a (step, rank, layer) = (compute + comm − layer) / min(compute, comm), comm = "
                "dispatch + combine, **clipped to [0, 1]**: 0 when the layer took compute + comm (nothing hidden), "
                "1 when it took only max(compute, comm). Shares are sums of the measured cells over the window.")
     wait_R = timing.wait_per_rank(view.compute_TRL, view.layer_TRL)
-    st.plotly_chart(time_figures.wait_bars(wait_R), key="time_wait")
+    draw(time_figures.wait_bars(wait_R), "time_wait")
     st.caption("Straggler wait = the layer's time (its slowest rank) minus the rank's own expert compute: its "
                "all-to-alls and the time it waits for the others. The rank that waits least is the straggler.")
     st.markdown(straggler_line(wait_R, named_or_busiest(snap), snap.layout.gpus, snap.time is not None))
     load_T = timing.max_gpu_load_per_step(snap.view.loads_TLG)
     moe_s_T = timing.step_moe_time(view.layer_TRL)
     fit = timing.fit_line(load_T, moe_s_T)
-    st.plotly_chart(time_figures.time_vs_load(load_T, moe_s_T, fit, view.step_T), key="time_vs_load")
+    draw(time_figures.time_vs_load(load_T, moe_s_T, fit, view.step_T), "time_vs_load")
     if np.isfinite(fit.slope) and fit.r2 >= MIN_FIT_R2:
         st.markdown(f"**Straggler bound on measurements:** MoE time ≈ {fit.slope * 1e6:.3f} µs per token of max GPU "
                     f"load + {fit.intercept * 1e3:.3f} ms, R² = {format_number(fit.r2)} over {fit.n} steps. GPU "
