@@ -180,3 +180,74 @@ def test_a_columnar_upload_that_does_not_open_is_not_saved(folder, monkeypatch, 
     assert not at.exception, at.exception
     assert set(os.listdir(folder)) == before   # not even the hidden temporary file
     assert any("Not saved" in e.value for e in at.sidebar.error)
+
+
+PEAK_CHILD = r"""
+import json, sys
+n = int(sys.argv[1])
+data = b"[" + b"[]," * n + b"[]]"  # one line, no newline: a JSON list of n + 1 empty lists
+from moe_monitor.dashboard.views.sidebar import first_line_error
+
+def status(field):
+    with open("/proc/self/status") as s:
+        return next(int(line.split()[1]) for line in s if line.startswith(field)) / 1024
+
+with open("/proc/self/clear_refs", "w") as refs:
+    refs.write("5")  # the peak (VmHWM) starts again from now
+before = status("VmRSS")
+why = first_line_error(data)
+print(json.dumps({"why": why, "peak_growth_mib": status("VmHWM") - before}))
+"""
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="measures the peak through /proc")
+def test_the_servers_look_at_a_first_line_is_bounded():
+    """Issue 35 item 1: the server parsed an upload's whole first line (250 MiB of `[[],[],...]`: 6.8 GB,
+    32 s). It now looks at FIRST_LINE_LOOK_BYTES of it and leaves a longer line to the child. Here 8 MiB of
+    `[[],...]`, measured in a fresh interpreter: parsed, it costs about 220 MiB."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", PEAK_CHILD, str((8 << 20) // 3)], cwd=repo, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(repo)))
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["why"] == "" and out["peak_growth_mib"] < 16, out  # undecided here: the child answers
+
+
+def test_a_first_line_longer_than_a_trace_line_is_refused_by_the_check(tmp_path):
+    """Left to the child, a first line over core.MAX_TRACE_LINE_BYTES is refused there without parsing it (the
+    JSON-lines reader skipped it as one bad record, and the upload was kept as an empty trace)."""
+    from moe_monitor.core.tracefile.sandbox import check_in_child
+
+    path = tmp_path / "long.jsonl"
+    with open(path, "wb") as handle:
+        handle.write(b"[" + b"[]," * ((core.MAX_TRACE_LINE_BYTES + 3) // 3) + b"[]]")
+    why = check_in_child(path)
+    assert "first line is longer than" in why, why
+
+
+def test_an_upload_whose_first_line_is_long_is_checked_in_the_child(folder, monkeypatch):
+    """A first line past the server's look: the child says whether it is a trace line. A long list is not;
+    a run's metadata holding a wide layout (over 64 KiB) is, and the trace is kept."""
+    at = trace_app(monkeypatch)
+    before = set(os.listdir(folder))
+    at.sidebar.file_uploader(key="trace_upload").upload("t.jsonl", b"[" + b"[]," * 40_000 + b"[]]",
+                                                        "application/json").run()
+    assert not at.exception, at.exception
+    assert set(os.listdir(folder)) == before
+    assert any("Not saved" in e.value and "first line is not a trace line" in e.value for e in at.sidebar.error)
+    wide = synthfill.make_meta("wide", 64, 512, gpus=8)
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(wide)})]
+    assert len(lines[0]) > sidebar_module.FIRST_LINE_LOOK_BYTES
+    rec = core.StepRecord(run="wide", rank=0, world_size=1, step=0, time_s=1000.0, phase="decode", tokens=6,
+                          counts_LE=np.ones((64, 512), dtype=np.int32))
+    lines.append(core.trace_line("step", core.encode_step(rec)))
+    at.sidebar.file_uploader(key="trace_upload").upload("wide.jsonl", ("\n".join(lines) + "\n").encode(),
+                                                        "application/json").run()
+    assert not at.exception, at.exception
+    (saved,) = set(os.listdir(folder)) - before
+    assert at.sidebar.selectbox(key="trace_path").value == saved

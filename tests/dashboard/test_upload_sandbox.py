@@ -94,32 +94,72 @@ def test_the_check_takes_good_traces_and_says_why_for_others(tmp_path):
     assert "not a Parquet trace" in check_in_child(bad)
 
 
-def _save(root, text_steps: int = 3, name: str = "t.jsonl") -> str:
-    return uploads.save_upload(root, name, trace_text(text_steps).encode())
+def _save(root, text_steps: int = 3, name: str = "t.jsonl", own: set[str] | None = None) -> str:
+    """Save an upload as one session does (own: the session's uploads so far; the new one is added)."""
+    own = set() if own is None else own
+    saved = uploads.save_upload(root, name, trace_text(text_steps).encode(), own=own)
+    own.add(saved)
+    return saved
 
 
-def test_uploads_beyond_the_file_quota_replace_the_oldest(folder, monkeypatch):
+def test_uploads_beyond_the_file_quota_replace_the_sessions_oldest(folder, monkeypatch):
     monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
-    first = _save(folder)
+    mine: set[str] = set()
+    first = _save(folder, own=mine)
     os.utime(folder / first, (time.time() - 30,) * 2)
-    second = _save(folder)
+    second = _save(folder, own=mine)
     os.utime(folder / second, (time.time() - 20,) * 2)
-    third = _save(folder)
+    third = _save(folder, own=mine)
     assert sorted(n for n in os.listdir(folder) if uploads.is_upload(n)) == sorted([second, third])
     assert {"new.jsonl", "old.jsonl"} <= set(os.listdir(folder))  # recordings are never deleted
 
 
-def test_uploads_beyond_the_byte_quota_replace_the_oldest(folder, monkeypatch):
+def test_uploads_beyond_the_byte_quota_replace_the_sessions_oldest(folder, monkeypatch):
     size = len(trace_text(3).encode())
     monkeypatch.setattr(uploads, "UPLOAD_QUOTA_BYTES", int(size * 2.5))
-    first = _save(folder)
+    mine: set[str] = set()
+    first = _save(folder, own=mine)
     os.utime(folder / first, (time.time() - 30,) * 2)
-    second = _save(folder)
+    second = _save(folder, own=mine)
     os.utime(folder / second, (time.time() - 20,) * 2)
-    third = _save(folder)
+    third = _save(folder, own=mine)
     assert sorted(n for n in os.listdir(folder) if uploads.is_upload(n)) == sorted([second, third])
     with pytest.raises(ValueError, match="larger than the"):
-        uploads.save_upload(folder, "big.jsonl", trace_text(200).encode())
+        uploads.save_upload(folder, "big.jsonl", trace_text(200).encode(), own=mine)
+
+
+def test_one_sessions_uploads_never_delete_anothers(folder, monkeypatch):
+    """Issue 35 item 11: 32 uploads of one session deleted another's. Each session now replaces only its own
+    oldest; when the folder holds all it may, a new upload is refused and nothing of another session goes."""
+    monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
+    monkeypatch.setattr(uploads, "FOLDER_MAX_FILES", 4)
+    theirs: set[str] = set()
+    kept = _save(folder, own=theirs)
+    mine: set[str] = set()
+    for _ in range(5):
+        _save(folder, own=mine)
+    names = {n for n in os.listdir(folder) if uploads.is_upload(n)}
+    assert kept in names and len(names) == 3, names  # theirs, and the newest 2 of mine
+    third: set[str] = set()
+    _save(folder, own=third)
+    with pytest.raises(ValueError, match="the trace folder holds 4 uploads"):
+        _save(folder, own=set())  # a fourth session: the folder is full, nobody's upload is deleted
+    assert kept in os.listdir(folder) and len({n for n in os.listdir(folder) if uploads.is_upload(n)}) == 4
+
+
+def test_a_sessions_uploads_in_the_app_never_delete_another_sessions(folder, monkeypatch):
+    monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
+    theirs = trace_app(monkeypatch)
+    upload(theirs, "theirs.jsonl", trace_text(4).encode())
+    (kept,) = [n for n in os.listdir(folder) if uploads.is_upload(n)]
+    mine = trace_app(monkeypatch)
+    for steps in (5, 6, 7):
+        upload(mine, f"mine{steps}.jsonl", trace_text(steps).encode())
+        assert not refusals(mine)
+    names = {n for n in os.listdir(folder) if uploads.is_upload(n)}
+    assert kept in names and len(names) == 3, names
+    theirs.run()
+    assert theirs.sidebar.selectbox(key="trace_path").value == kept
 
 
 def test_old_uploads_and_half_written_ones_expire(folder):
@@ -146,3 +186,67 @@ def test_a_sessions_default_is_its_own_upload_or_the_newest_recording(folder, mo
     assert other.session_state["settings"].trace_path == "new.jsonl"
     mine.run()
     assert mine.sidebar.selectbox(key="trace_path").options[0] == saved
+
+
+def _checks_running() -> list[int]:
+    """Process ids of this process's children that are checking an upload (the sandbox module)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmd:
+                command = cmd.read()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"moe_monitor.core.tracefile.sandbox" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def _environ(pid: int) -> set[str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as env:
+            return {item.split(b"=", 1)[0].decode() for item in env.read().split(b"\0") if item}
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the checks from /proc")
+def test_checks_run_one_at_a_time_with_nothing_secret_in_their_environment(folder, monkeypatch):
+    """Issue 35 item 11: four checks ran at once (2.42 GB), each child with the server's Redis URL and apply
+    secret. Three sessions upload at the same moment: one child at a time, each without those variables."""
+    import threading
+
+    from moe_monitor.core.apply_secret import SECRET_ENV, SECRET_FILE_ENV
+
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")
+    monkeypatch.setenv(SECRET_ENV, "s" * 40)
+    monkeypatch.setenv(SECRET_FILE_ENV, str(folder / "secret"))
+    saved: list[str] = []
+    errors: list[BaseException] = []
+
+    def one(steps: int) -> None:
+        try:
+            saved.append(uploads.save_upload(folder, f"t{steps}.jsonl", trace_text(steps).encode()))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(steps,)) for steps in (3, 4, 5)]
+    for thread in threads:
+        thread.start()
+    most, seen_env = 0, []
+    while any(thread.is_alive() for thread in threads):  # sample the running checks until every upload is done
+        running = _checks_running()
+        most = max(most, len(running))
+        seen_env += [_environ(pid) for pid in running]
+        next(thread for thread in threads if thread.is_alive() or thread is threads[-1]).join(0.01)
+    for thread in threads:
+        thread.join()
+    assert not errors and len(saved) == 3, errors
+    assert seen_env, "no check was seen running"
+    assert most == 1, most  # UPLOAD_CHECKS_AT_ONCE
+    for names in seen_env:
+        assert not names & {"REDIS_URL", SECRET_ENV, SECRET_FILE_ENV}, sorted(names)

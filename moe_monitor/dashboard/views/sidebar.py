@@ -9,14 +9,13 @@ picker offers the folder's recordings and this session's own uploads. Docs: docs
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 from pathlib import Path
 
 import streamlit as st
 
 from moe_monitor import core
+from moe_monitor.core.tracefile import sandbox
 from moe_monitor.dashboard.views.session import (
     SAMPLE_PREFIX,
     Settings,
@@ -40,7 +39,7 @@ ALL_LAYERS = "all layers (sum)"
 TRACE_SUFFIXES = (".jsonl", ".trace", ".json", ".parquet", ".arrows")  # what the upload takes
 UPLOAD_CAP_MIB = 256          # largest trace upload (st.file_uploader's max_upload_size; server.maxUploadSize too)
 MAX_LISTED = 500              # newest trace files offered in the picker
-_TRACE_KINDS = ("meta", "step", "gpu")
+FIRST_LINE_LOOK_BYTES = 64 << 10  # of an upload's first line, looked at in the server (the child reads the rest)
 SIDECAR_SUFFIXES = (".side.jsonl", ".gpu.parquet", ".timings.parquet")  # parts of an .arrows / .parquet trace, not traces
 NO_SAMPLE = "(none)"
 
@@ -66,7 +65,7 @@ def sidebar() -> Settings:
                      help="auto: the phase the window spends most of its time in (prefill and decode want "
                           "different layouts); both: every step; train: training iterations (Megatron-Core, "
                           "torchtitan)")
-    window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=600, step=50,
+    window_steps = int(sb.number_input("Window (steps)", min_value=10, max_value=5000, value=sandbox.VIEW_STEPS, step=50,
                                        key="window_steps"))
     resolution_s, span_s = _resolution_controls(sb, redis_url, run) if source == "Live Redis" else (0, 0)
     layer_names = [PER_LAYER, ALL_LAYERS] + [f"layer {i}" for i in range(watched_layers())]
@@ -150,18 +149,10 @@ def trace_files(root: Path) -> list[str]:
 
 
 def first_line_error(data: bytes) -> str:
-    """'' when data starts like a trace (its first non-blank line a JSON object with a trace kind), else why not."""
-    first = re.search(rb"\S", data)  # in C: a file of blank lines costs no Python loop
-    if first is None:
-        return "it is empty"
-    end = data.find(b"\n", first.start())
-    try:
-        obj = json.loads(data[first.start():end if end >= 0 else len(data)])
-    except (ValueError, RecursionError):
-        return "its first line is not JSON"
-    if not isinstance(obj, dict) or obj.get("kind") not in _TRACE_KINDS:
-        return "its first line is not a trace line (a JSON object with kind meta, step or gpu)"
-    return ""
+    """'' when data starts like a trace (its first non-blank line a JSON object with a trace kind), else why
+    not. Only the first FIRST_LINE_LOOK_BYTES of that line are looked at (this runs in the server): a longer
+    line is left to the check in the child process, which reads up to a whole trace line."""
+    return sandbox.first_line_error(data, FIRST_LINE_LOOK_BYTES) or ""
 
 
 def _trace_controls(sb) -> str:
@@ -213,7 +204,7 @@ def _trace_upload(sb, root: Path) -> None:
                  "`collectors.record_trace(...)` or `trace_path=` write them, or a .parquet / .arrows trace.")
         return
     try:
-        name = save_upload(root, upload.name, data)
+        name = save_upload(root, upload.name, data, own=own_uploads())
     except ValueError as exc:   # it does not open as a trace, or opening it takes more than the check allows
         why = str(exc).removeprefix("the upload: ")
         sb.error(f"Not saved: the upload was refused ({why[:400]}).")
