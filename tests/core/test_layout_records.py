@@ -87,7 +87,7 @@ def test_validate_needs_every_expert_and_even_splits(changes, message):
     (dict(run="bad run"), "run name"),
     (dict(layout_LP=np.array([0, 1])), "2-D"),
     (dict(layout_LP=np.array([[0.5, 1.0]])), "2-D int"),
-    (dict(layout_LP=np.array([[-1, 0]])), "expert ids"),
+    (dict(layout_LP=np.array([[-2, 0]])), "expert ids"),
     (dict(layout_LP=np.array([[70000, 0]])), "expert ids"),
     (dict(layout_LP=np.zeros((0, 2), dtype=np.int32)), "below 1"),
 ])
@@ -102,7 +102,7 @@ def test_encode_refuses_what_a_reader_would_refuse(changes, message):
     ({b"P": b"65537"}, "not below 65537"),
     ({b"L": b"1024", b"P": b"65536"}, "exceeds"),
     ({b"map": b"\0" * 8}, "expected 2x6 int32"),
-    ({b"map": np.full((2, 6), -1, "<i4").tobytes()}, "outside 0..65535"),
+    ({b"map": np.full((2, 6), -2, "<i4").tobytes()}, "outside 0..65535"),
     ({b"map": np.full((2, 6), 65536, "<i4").tobytes()}, "outside 0..65535"),
     ({b"gpus": b"4"}, "do not split evenly over gpus=4"),
     ({b"gpus": b"0"}, "below 1"),
@@ -136,7 +136,7 @@ def _check_layout(fields) -> None:
     num_layers, num_slots = rec.layout_LP.shape
     assert 1 <= num_layers <= core.MAX_LAYERS and 1 <= num_slots <= core.MAX_SLOTS
     assert num_layers * num_slots <= core.MAX_CELLS and rec.layout_LP.dtype == np.int32
-    assert rec.layout_LP.min() >= 0 and rec.layout_LP.max() < core.MAX_EXPERTS
+    assert rec.layout_LP.min() >= -1 and rec.layout_LP.max() < core.MAX_EXPERTS  # -1: an unused slot
     assert num_slots % rec.gpus == 0 and rec.gpus % rec.nodes == 0 and rec.source in core.LAYOUT_SOURCES
     assert 0 <= rec.step < core.MAX_STEP and 0 <= rec.rank < core.MAX_WORLD and abs(rec.time_s) < core.MAX_TIME_S
     assert len(rec.instance) <= core.MAX_NAME_CHARS
@@ -231,6 +231,18 @@ def test_validate_of_arbitrary_maps(rows, experts, gpus):
         return
     assert all(sorted(set(row)) == list(range(experts)) for row in map_LP.tolist())
     assert width % gpus == 0
+
+
+def test_an_unused_slot_decodes_and_only_readers_that_score_it_take_it():
+    """vLLM's -1 (an unused slot) travels; validate() refuses it unless the reader scores it (unused=True)."""
+    rec = core.LayoutRecord(run="r", step=3, time_s=1.0, layout_LP=np.array([[0, 1, -1, 2]], dtype=np.int32), gpus=2)
+    back = core.decode_layout_record(core.encode_layout_record(rec))
+    np.testing.assert_array_equal(back.layout_LP, rec.layout_LP)
+    with pytest.raises(ValueError, match="unused"):
+        back.validate(3)
+    assert back.validate(3, unused=True) is back
+    with pytest.raises(ValueError, match="expert 3 has no slot"):
+        back.validate(4, unused=True)
 
 
 def test_hostile_sizes_are_refused_before_reading_the_map():
