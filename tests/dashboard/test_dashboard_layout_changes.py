@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 
@@ -189,14 +190,16 @@ def test_time_axis_figures_mark_each_change_in_view():
                load_figures.eta_over_time(step_T, eta_TL, marks),
                load_figures.layer_eta_heatmap(step_T, eta_TL, marks),
                expert_figures.expert_time_heatmap(step_T, np.ones((20, 4), dtype=np.int64), 0, marks)]
-    for fig in figures:
-        assert [(s.x0, s.x1, s.yref) for s in fig.layout.shapes] == [(12, 12, "paper"), (20, 20, "paper")]
-        assert [a.text for a in fig.layout.annotations] == ["engine rebalanced", "layout applied"]
-        assert not load_figures.load_bands(step_T, loads_TG, "tokens").layout.shapes
+    for chart in figures:  # a dashed rule and its label per change: rows of the chart's "marks" dataset
+        assert chart.data["marks"].to_dict("list") == {"x": [12.0, 20.0], "label": ["engine rebalanced",
+                                                                                   "layout applied"]}
+        rules = [layer for layer in chart.spec["layer"] if layer.get("data") == {"name": "marks"}]
+        assert [layer["mark"]["type"] for layer in rules] == ["rule", "text"]
+        assert rules[0]["encoding"]["x"]["field"] == "x" and rules[1]["encoding"]["text"] == {"field": "label"}
+    assert load_figures.load_bands(step_T, loads_TG, "tokens").data["marks"].empty
     rows = [{"time_s": 100.0 + i, "gpu_utilization_percent": 50} for i in range(5)]
-    fig = gpu_figures.nvml_figure(rows, np.arange(100.0, 105.0), np.ones(5), "GPU 0", [(102.0, "engine rebalanced")])
-    assert [(s.x0, s.yref) for s in fig.layout.shapes] == [(-2.0, "paper")]
-    assert "engine rebalanced" in [a.text for a in fig.layout.annotations]
+    panels = gpu_figures.nvml_charts(rows, np.arange(100.0, 105.0), np.ones(5), "GPU 0", [(102.0, "engine rebalanced")])
+    assert all(p.data["marks"].to_dict("list") == {"x": [-2.0], "label": ["engine rebalanced"]} for p in panels)
     schedule = (LayoutChange.of(0, CONTIGUOUS, 2, 1, "run metadata"), _change(3, SWAPPED), _change(40, SWAPPED))
     assert [(m.step, m.time_s, m.label) for m in change_marks(schedule, np.array([1, 2, 5, 6]),
                                                                np.array([10.0, 20.0, 50.0, 60.0]))] == [
@@ -235,9 +238,14 @@ def test_overview_and_devices_pages_show_the_change(redis_server, redis_url, mon
     assert any("layout: engine rebalance at step 4" in c.value for c in at.caption)
     at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
-    specs = [json.loads(chart.proto.spec) for chart in at.get("plotly_chart")]
-    marked = [s for s in specs if any(shape.get("x0") == 4 for shape in s["layout"].get("shapes", []))]
-    assert len(marked) == 4 and all("engine rebalanced" in json.dumps(s["layout"]["annotations"]) for s in marked)
+    marked = []
+    for chart in at.get("vega_lite_chart"):
+        marks = [d for d in chart.proto.datasets if d.name == "marks"]
+        rows = pa.ipc.open_stream(marks[0].data.data).read_all().to_pylist() if marks else []
+        if rows:
+            marked.append(rows)
+            assert '{"name": "marks"}' in json.dumps(json.loads(chart.proto.spec))
+    assert marked == [[{"x": 4.0, "label": "engine rebalanced"}]] * 4  # the four time charts of Devices
 
 
 def test_rebalance_health_of_a_run_counts_each_pair_of_layouts_once():

@@ -46,7 +46,7 @@ def test_measured_vs_estimated_on_the_gpu_panel(redis_server, monkeypatch):
     assert _metric(at, "measured, step 5") == "1.000"
     assert _metric(at, "what the balancer won") == "+0.333"
     assert any("6 of 6 steps in view have every rank's physical record" in c.value for c in at.caption)
-    assert len(at.get("plotly_chart")) == 2
+    assert len(at.get("vega_lite_chart")) == 2  # the expert load, measured vs estimated
     at.sidebar.selectbox(key="layer_choice").set_value("all layers (sum)").run()
     assert not at.exception, at.exception
     assert _metric(at, "what the balancer won") == "+0.333" and any("all layers summed" in c.value for c in at.caption)
@@ -58,4 +58,4 @@ def test_no_section_without_physical_records(redis_server, monkeypatch):
     at = run_app(redis_server.url, monkeypatch)
     at.switch_page("page_files/gpus.py").run()
     assert not at.exception, at.exception
-    assert not at.subheader and len(at.get("plotly_chart")) == 1
+    assert not at.subheader and len(at.get("vega_lite_chart")) == 1

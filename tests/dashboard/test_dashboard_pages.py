@@ -76,7 +76,7 @@ def test_overview(filled, monkeypatch):
     assert metric(at, "collector last wrote").endswith("s ago")
     assert any(f"Busiest GPU over the window: GPU {want['straggler']} " in md.value and "(step, layer) pairs" in md.value
                for md in at.markdown)
-    assert len(at.get("vega_lite_chart")) == 1 and len(at.get("plotly_chart")) == 1  # the answer; the latest step
+    assert len(at.get("vega_lite_chart")) == 2 and not at.get("plotly_chart")  # the answer; the latest step
     at.sidebar.selectbox(key="layer_choice").set_value("all layers (sum)").run()
     assert any(f"Busiest GPU over the window: GPU {want['straggler_sum']} " in md.value and "GPU load of all layers summed" in md.value
                for md in at.markdown)
@@ -101,7 +101,7 @@ def test_devices(filled, monkeypatch):
     at = app(filled, monkeypatch)
     at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) == 5
+    assert len(at.get("vega_lite_chart")) == 5 and not at.get("plotly_chart")
     assert any("Per-step vs window-sum imbalance" in md.value for md in at.markdown)
 
 
@@ -109,7 +109,7 @@ def test_experts(filled, monkeypatch):
     at = app(filled, monkeypatch)
     at.switch_page("page_files/experts.py").run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) == 3  # layer x expert, expert x time, drift (staleness: on request)
+    assert len(at.get("vega_lite_chart")) == 3  # layer x expert, expert x time, drift (staleness: on request)
     want = expected(filled, RUN)
     assert any(h.value.startswith(f"The experts of GPU {want['straggler']} (node ") for h in at.subheader)
     mine, top = at.dataframe[0].value, at.dataframe[1].value
@@ -131,7 +131,7 @@ def test_gpu_panel_without_nvidia_gpu(filled, monkeypatch):
     straggler = expected(filled, RUN)["straggler"]
     loads = [m for m in at.metric if m.label.endswith("expert load, latest step")]
     assert len(loads) == 1 and loads[0].label.startswith(f"GPU {straggler} (") and loads[0].value.endswith("tokens")
-    assert len(at.get("plotly_chart")) == 1
+    assert len(at.get("vega_lite_chart")) == 1  # the expert load alone: no NVML readings
     at.query_params["gpu"] = "1"  # the Overview's drill-down link
     at.switch_page("page_files/gpus.py").run()
     assert [m.label for m in at.metric if m.label.endswith("expert load, latest step")] == \

@@ -197,10 +197,10 @@ def test_pages_at_a_rollup_resolution_say_so_and_count_bad_entries(redis_url, mo
     labels = {m.label: m.value for m in at.metric}
     assert labels["per-step balancedness, median"] == f"{merged.eta_quantile(0.5):.3f}"
     assert labels["busiest GPU per step, peak"] == f"{merged.max_load_peak:,.0f}"
-    assert len(at.get("plotly_chart")) == 2  # the per-GPU bars and what the bucket sums hide (the answer: Vega-Lite)
+    assert len(at.get("vega_lite_chart")) == 4  # the answer, the per-GPU bars, what the bucket sums hide (2)
     at.switch_page("page_files/devices.py").run()
     assert not at.exception, at.exception
-    assert any(line in c.value for c in at.caption) and len(at.get("plotly_chart")) == 5
+    assert any(line in c.value for c in at.caption) and len(at.get("vega_lite_chart")) == 5
     assert any("Per-1-minute bucket vs window-sum imbalance" in md.value for md in at.markdown)
     at.switch_page("page_files/time.py").run()  # layer timings need single steps
     assert not at.exception, at.exception

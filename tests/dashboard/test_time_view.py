@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -63,8 +64,8 @@ def app(url: str, monkeypatch, page: str) -> AppTest:
 def test_time_page_with_timings(redis_url, monkeypatch):
     fill_run(redis_url, "timed")
     at = app(redis_url, monkeypatch, "page_files/time.py")
-    charts = at.get("plotly_chart")
-    assert len(charts) == 5
+    charts = at.get("vega_lite_chart")
+    assert len(charts) == 5 and not at.get("plotly_chart")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["dispatch / layer time"] == "10.0%" and metrics["combine / layer time"] == "10.0%"
     assert metrics["achieved overlap"] == "0.000"  # layer = dispatch + compute + combine + 40 %: nothing hidden
@@ -73,7 +74,7 @@ def test_time_page_with_timings(redis_url, monkeypatch):
     assert not any("Straggler bound on measurements" in md.value for md in at.markdown)
     assert any("do not explain the MoE time here (R² = " in c.value for c in at.caption)
     at.selectbox(key="time_layer").set_value(1).run()
-    assert not at.exception and len(at.get("plotly_chart")) == 5
+    assert not at.exception and len(at.get("vega_lite_chart")) == 5
     assert not at.error
     assert any(md.value.startswith("**Measured straggler: rank 0**") and "The Overview names GPU " in md.value
                for md in at.markdown)  # every rank alike here: the first of the least waiting
@@ -107,7 +108,7 @@ def test_time_page_without_timings_is_one_line(redis_url, monkeypatch):
     fill_run(redis_url, "untimed", timings=False)
     at = app(redis_url, monkeypatch, "page_files/time.py")
     assert [i.value for i in at.info] == [NO_TIMINGS]
-    assert not at.get("plotly_chart") and not at.main.metric and not at.main.caption and not at.main.markdown
+    assert not at.get("vega_lite_chart") and not at.main.metric and not at.main.caption and not at.main.markdown
 
 
 def test_time_page_marks_layout_changes(redis_url, monkeypatch):
@@ -116,8 +117,10 @@ def test_time_page_marks_layout_changes(redis_url, monkeypatch):
         np.arange(E, dtype=np.int32)[::-1], (L, 1)), gpus=G, nodes=1, source="apply", instance="i0")
     client.xadd(core.layouts_key("marked"), core.encode_layout_record(change))
     at = app(redis_url, monkeypatch, "page_files/time.py")
-    steps_fig = at.get("plotly_chart")[1].proto.spec
-    assert '"layout applied"' in steps_fig and '"x0":10' in steps_fig.replace(" ", "")
+    steps = at.get("vega_lite_chart")[1].proto
+    marks = next(d for d in steps.datasets if d.name == "marks")
+    rows = pa.ipc.open_stream(marks.data.data).read_all().to_pylist()
+    assert rows == [{"x": 10.0, "label": "layout applied"}] and '{"name":"marks"}' in steps.spec.replace(" ", "")
 
 
 def _whatif(url: str, monkeypatch) -> AppTest:
@@ -216,5 +219,5 @@ def test_ep_runtime_end_to_end_feeds_the_time_page(redis_url, monkeypatch):
     assert view.has_T.all() and view.num_ranks == 2
     assert np.isfinite(view.layer_TRL).all() and np.isfinite(view.compute_TRL).all()
     at = app(redis_url, monkeypatch, "page_files/time.py")
-    assert len(at.get("plotly_chart")) == 5 and not at.error
+    assert len(at.get("vega_lite_chart")) == 5 and not at.error
     assert time.monotonic() - started < 90

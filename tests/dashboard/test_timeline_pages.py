@@ -128,9 +128,9 @@ def test_play_advances_the_window(replay_app):
 def test_the_staleness_figure_on_experts_and_whatif(replay_app):
     at = replay_app
     _ok(at.switch_page("page_files/experts.py").run())
-    assert len(at.get("plotly_chart")) == 3 and not any("Placement staleness" in c.value for c in at.caption)
+    assert len(at.get("vega_lite_chart")) == 3 and not any("Placement staleness" in c.value for c in at.caption)
     _ok(at.toggle(key="experts_staleness").set_value(True).run())   # asked for: it costs a few plans
-    charts = at.get("plotly_chart")
+    charts = at.get("vega_lite_chart")
     assert len(charts) == 4
     assert any("Placement staleness" in c.value for c in at.caption)
     _ok(at.switch_page("page_files/whatif.py").run())
