@@ -6,7 +6,9 @@ replica-move refinement, then pair re-splits when S <= 8), "hierarchical" (group
 held-in pick of planner.heldin, else refined). Objectives: "window" (default), "tail" (planner.tail, per-step
 counts ``steps`` [T, L, E] under ``dispatch``) or "time" (planner.timeplan: the same steps priced by a
 core.costmodel.TimeModel). Predictions are on the target traffic (the counts, or the blend
-of windows); layers without traffic get a plain layout and imbalance 1.0. docs/planner.md.
+of windows); layers without traffic get a plain layout and imbalance 1.0. Bounds: the tightest proven lower
+bound per layer (planner.bounds; under the one-copy-per-GPU rule where the layout keeps it; the optimum where
+planner.exact proved it); the refined policy searches small layers exactly. docs/planner.md.
 """
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from moe_monitor.core.counts import as_counts
 from moe_monitor.core.dispatch import check_policy
 from moe_monitor.core.loadmodel import replica_counts, slot_weights
 
-from .bounds import best_bound, group_partition_bound
+from .bounds import best_bound, group_partition_bound, rule_bound
 from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
+from .exact import search_layers
 from .heldin import fit_heldin
 from .hierarchical import off_node_share, plan_hierarchical
-from .loads import check_shape, check_size, layer_imbalance
+from .loads import check_shape, check_size, duplicates_on_gpu, layer_imbalance
 from .pack import balanced_pack, expand_replicas, layout_from_bins, replicate_greedy
 from .pairs import MAX_SPLITS, num_splits, refine_pairs
 from .replicas import refine_all
@@ -39,7 +42,8 @@ PAIR_STOP_GAP = 1e-4        # pair re-splits stop once a layer is within this of
 class PlanResult:
     """A recommended layout with its predictions. Shapes: layout_LP [L, P], replicas_LE [L, E], the
     per-layer arrays [L]; ``worst_window_L`` only for windowed input, ``off_node_L`` only when nodes
-    are given."""
+    are given; ``optimal_L``: the layer's max load is proven minimal (it meets its bound); ``total_L``: the
+    target traffic per layer (max_load_L and bound_load_L in its units)."""
     policy: str
     layout_LP: np.ndarray
     replicas_LE: np.ndarray
@@ -58,6 +62,23 @@ class PlanResult:
     tail_p99_L: np.ndarray | None = None
     tail_wins: dict | None = None
     time_p99_s_L: np.ndarray | None = None
+    optimal_L: np.ndarray | None = None
+    total_L: np.ndarray | None = None
+
+    @property
+    def max_load_L(self) -> np.ndarray:
+        """The plan's max GPU load per layer on the target traffic (counts, or the blend's shares), [L]."""
+        return self.imbalance_L * self.mean_load_L
+
+    @property
+    def bound_load_L(self) -> np.ndarray:
+        """A proven lower bound on the max GPU load of any layout under the same rules, [L]."""
+        return self.bound_L * self.mean_load_L
+
+    @property
+    def mean_load_L(self) -> np.ndarray:
+        """Mean GPU load per layer (total / G; 1 / G for a layer without traffic), [L]."""
+        return self.total_L / self.gpus if self.total_L is not None else np.full(self.imbalance_L.shape, 1 / self.gpus)
 
     @property
     def gap_L(self) -> np.ndarray:
@@ -72,6 +93,8 @@ class PlanResult:
                "mean_lower_bound": float(self.bound_L[a].mean()),
                "max_gap_to_bound": float(self.gap_L[a].max()),
                "layers_with_traffic": int(self.active_L.sum())}
+        if self.optimal_L is not None:
+            out["layers_proven_optimal"] = int((self.optimal_L & self.active_L).sum())
         if self.off_node_L is not None:
             out["mean_off_node_share"] = float(self.off_node_L[a].mean())
         if self.worst_window_L is not None:
@@ -93,7 +116,11 @@ class PlanResult:
              "gap_to_bound": self.gap_L.round(6).tolist(),
              "replica_counts": self.replicas_LE.tolist(),
              "layers_with_traffic": self.active_L.tolist(),
+             "max_gpu_load": self.max_load_L.round(6).tolist(),
+             "lower_bound_max_gpu_load": self.bound_load_L.round(6).tolist(),
              "summary": self.summary()}
+        if self.optimal_L is not None:
+            d["proven_optimal"] = self.optimal_L.tolist()
         if self.nodes is not None:
             d.update(nodes=self.nodes, groups=self.groups)
         if self.group_floor_L is not None:
@@ -198,8 +225,20 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
             lay, time_p99, wins = fit_time(steps_TLE, gpus, redundant, lay, time_model, dispatch)
         else:
             lay, p99, wins = fit_tail(steps_TLE, gpus, redundant, lay, dispatch)
+    optimum = None
+    if policy == "refined" and not windowed and steps_TLE is None:
+        pre = layer_imbalance(target, lay, gpus) / best_bound(target, gpus, redundant) - 1
+        lay, optimum = search_layers(plan_in, lay, gpus, redundant, np.where(active, pre, 0.0))
     imb = layer_imbalance(target, lay, gpus)
     bound = best_bound(target, gpus, redundant)
+    keeps_rule = ~duplicates_on_gpu(lay, gpus)
+    bound = np.where(keeps_rule, np.maximum(bound, rule_bound(target, gpus, redundant)), bound)
+    total = target.sum(1)
+    if optimum is not None:
+        proven = active & keeps_rule & np.isfinite(optimum)
+        bound = np.where(proven, np.maximum(bound, np.nan_to_num(optimum) / np.where(active, total, 1.0) * gpus),
+                         bound)
+    optimal = imb <= bound * (1 + 1e-9)
     floor = off = None
     if nodes is not None and groups is not None:
         floor = group_partition_bound(target, gpus, nodes, groups)
@@ -211,4 +250,4 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
                       bound_L=bound, active_L=active, gpus=gpus, redundant=redundant,
                       nodes=nodes, groups=groups, group_floor_L=floor, off_node_L=off,
                       worst_window_L=worst, dispatch=dispatch, objective=objective, tail_p99_L=p99,
-                      tail_wins=wins, time_p99_s_L=time_p99)
+                      tail_wins=wins, time_p99_s_L=time_p99, optimal_L=optimal, total_L=total)

@@ -2,6 +2,7 @@
 every function returns float64 [L] (1.0 for layers without traffic).
 - fractional: 1 (perfectly divisible load);
 - replica: some GPU holds the heaviest replica, at best after greedy largest-per-replica replication;
+- rule: the same with at most G replicas per expert (no GPU holds two replicas of one expert);
 - slot (R = 0): among the k*G + 1 heaviest experts some GPU holds k + 1 (pigeonhole), plus S - k - 1 others;
 - cardinality (R = 0): the k heaviest experts on some j GPUs, with the j*S - k lightest, whatever j;
 - group partition (hierarchical): the best split of Q groups over M nodes leaves some node at least its
@@ -32,6 +33,17 @@ def replica_bound(counts_LE, gpus: int, redundant: int) -> np.ndarray:
     check_shape(E, gpus, redundant)
     rep = replicate_greedy(c, E + redundant)
     return np.maximum(1.0, _ratio((c / rep).max(1), c.sum(1), gpus))
+
+
+def rule_bound(counts_LE, gpus: int, redundant: int) -> np.ndarray:
+    """replica_bound under the planner's rule (no GPU holds two replicas of one expert, so at most G replicas
+    each): max(1, the smallest heaviest replica with at most G replicas per expert / mean GPU load), [L]. Not
+    a bound for layouts that break the rule (EPLB's may)."""
+    c = as_counts(counts_LE)
+    E = c.shape[1]
+    check_shape(E, gpus, redundant)
+    rep = replicate_greedy(c, E + redundant, max_replicas=gpus)
+    return np.maximum(replica_bound(c, gpus, redundant), _ratio((c / rep).max(1), c.sum(1), gpus))
 
 
 def slot_bound(counts_LE, gpus: int) -> np.ndarray:
