@@ -6,7 +6,7 @@ ranks of each step summed, 256 ranks present, skewed drifting counts of 64 token
 aggregator writes them) with the aggregator's lease held, then times, per tick, what the server does: the poll
 of the aggregate stream (5 new steps written before every tick, untimed), folding them into the window,
 resolving the layout, the Overview's analysis, and (--figures) the Overview's figures serialised as
-st.plotly_chart does. Prints the median and p90 over the repeats, the cold first tick (the 600-step backlog),
+st.vega_lite_chart does. Prints the median and p90 over the repeats, the cold first tick (the 600-step backlog),
 and side by side the cost of ingesting the same 5 steps as 5 x 256 per-rank records (what a dashboard sums
 itself without the aggregator).
 
@@ -109,13 +109,10 @@ def tick(watched: WatchedRun, figures: bool) -> dict[str, float]:
     snap = analyse(window, layout, "both", None)
     analysed = time.perf_counter()
     if figures:
-        import plotly.io
-        import plotly.tools
-
         from moe_monitor.dashboard.figures import load as load_figures
         fig = load_figures.gpu_load_bars(snap.latest_G, snap.stats, snap.straggler.gpu if snap.straggler else None,
                                          snap.unit)
-        plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False)
+        fig.payload_bytes()  # what st.vega_lite_chart serialises
     done = time.perf_counter()
     return {"poll+ingest": (polled - started) * 1e3, "layout+analyse": (analysed - polled) * 1e3,
             "figures": (done - analysed) * 1e3, "total": (done - started) * 1e3}

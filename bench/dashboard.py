@@ -3,8 +3,8 @@
 Starts its own redis-server on a free loopback port (never touches another Redis), fills one run with
 600 steps written by core.encode_step (DeepSeek-V3 shape, skewed counts, 32 GPUs contiguous), then for
 each page times what the server does per tick: poll Redis for the new entries (5 new steps written before
-every tick, untimed), fold them into the window, resolve the layout, analyse, build the page's plotly
-figures and serialise them as st.plotly_chart does (Figure.to_dict, plotly.io.to_json). Prints the median over the
+every tick, untimed), fold them into the window, resolve the layout, analyse, build the page's Vega-Lite
+charts and serialise them as st.vega_lite_chart does (spec JSON, datasets as Arrow IPC). Prints the median over the
 repeats and the figure payload per tick (bytes of the figures' JSON summed), plus the one-off cold start
 (the first poll reading the whole 600-step backlog). Then, side by side on two more runs with the same
 traffic, overview ticks of a run whose engine rebalanced mid-window (a core.LayoutRecord in force from the
@@ -26,8 +26,6 @@ from bench.malloc_env import pin_malloc
 pin_malloc()
 
 import numpy as np
-import plotly.io
-import plotly.tools
 from prometheus_client import CollectorRegistry, generate_latest
 
 from moe_monitor import core
@@ -104,7 +102,7 @@ def page_figures(page: str, watched: WatchedRun, snap) -> list:
     rows = [{"time_s": t, "gpu_utilization_percent": 90, "memory_used_bytes": 7e10, "memory_total_bytes": 8e10,
              "power_usage_w": 500.0, "power_limit_w": 700.0, "sm_clock_mhz": 1980, "temperature_c": 60}
             for t in snap.view.time_s_T[-300:]]  # NVML readings as a sampler would send them
-    return [gpu_figures.nvml_figure(rows, snap.view.time_s_T, snap.loads_TG[:, 0], "GPU 0")]
+    return gpu_figures.nvml_charts(rows, snap.view.time_s_T, snap.loads_TG[:, 0], "GPU 0")
 
 
 def tick(page: str, watched: WatchedRun) -> int:
@@ -117,9 +115,8 @@ def tick(page: str, watched: WatchedRun) -> int:
                             changes=watched.layouts.changes, at_step=window.newest_step)
     model, note = time_model_for(meta, layout.gpus, layout.nodes, watched.gpus.names())
     snap = analyse(window, layout, "both", None, time_model=model, time_note=note)
-    # what st.plotly_chart does with each figure: to a dict, then plotly.io.to_json
-    return sum(len(plotly.io.to_json(plotly.tools.return_figure_from_figure_or_data(fig, True), validate=False))
-               for fig in page_figures(page, watched, snap))
+    # what st.vega_lite_chart sends of each chart: its spec's JSON and its datasets as Arrow IPC
+    return sum(chart.payload_bytes() for chart in page_figures(page, watched, snap))
 
 
 def run_meta(run: str, layers: int, experts: int, gpus: int, gpu_profile: str = "") -> core.RunMeta:

@@ -112,7 +112,7 @@ def test_expert_time_heatmap_is_binned_under_the_cell_budget_and_keeps_totals():
     chart = expert_figures.expert_time_heatmap(np.arange(2500) + 7, counts_TE, layer=3)
     bins, cells = chart.data["bins"], chart.data["cells"]
     assert len(bins) == HEAT_COLUMNS and len(cells) == 64 * HEAT_COLUMNS <= HEAT_CELLS
-    assert cells["tokens"].dtype == np.uint32 and cells["bin"].dtype == np.uint16
+    assert cells["tokens"].dtype == np.uint16 and cells["bin"].dtype == np.uint16  # bin sums under 65,536
     assert int(cells["tokens"].sum()) == int(counts_TE.sum())
     assert bins["x"].iloc[0] == 7 and int(bins["steps"].sum()) == 2500 and (bins["layer"] == 3).all()
     assert (bins["x2"].to_numpy()[:-1] == bins["x"].to_numpy()[1:]).all() and bins["x2"].iloc[-1] == 2507
@@ -128,8 +128,8 @@ def test_layer_expert_heatmap_for_deepseek_and_a_larger_model():
     counts_LE = np.full((58, 256), 40_000, dtype=np.int64)
     chart = expert_figures.layer_expert_heatmap(counts_LE)
     cells = chart.data["cells"]
-    assert len(cells) == 58 * 256 <= HEAT_CELLS and cells["tokens"].dtype == np.uint32
-    assert chart.payload_bytes() < 58 * 256 * 8 + 8000  # a few bytes a cell
+    assert len(cells) == 58 * 256 <= HEAT_CELLS and cells["tokens"].dtype == np.uint16
+    assert chart.payload_bytes() < 58 * 256 * 5 + 8000  # 5 bytes a cell: uint16 layer, uint8 expert, uint16 tokens
     big = expert_figures.layer_expert_heatmap(np.ones((94, 512), dtype=np.int64))
     assert len(big.data["cells"]) == 94 * 256 and (big.data["cells"]["tokens"] == 2).all()  # pairs of experts summed
     assert "2 experts a column" in big.spec["title"]["text"]

@@ -19,6 +19,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import pyarrow as pa
 
+from moe_monitor.dashboard.analytics.series import small_ints
+
 MAX_COLUMNS = 1000  # time columns of a line chart
 HEAT_COLUMNS = 120  # time columns of a heatmap
 HEAT_CELLS = 30_000  # rects of a heatmap at most
@@ -162,13 +164,13 @@ def bins_data(x_T, first: np.ndarray, num_steps: int) -> pd.DataFrame:
 
 
 def heat_cells(values_BR: np.ndarray, row: str, value: str, dtype=np.float32) -> pd.DataFrame:
-    """The "cells" dataset of a heatmap from values [B bins, R rows]: bin, row index (named `row`), value."""
+    """The "cells" dataset of a heatmap from values [B bins, R rows]: bin, row index (named `row`), value as
+    dtype (an unsigned dtype: the smallest that holds the values, as analytics.series.small_ints)."""
     bins, rows = values_BR.shape
-    if np.dtype(dtype).kind == "u" and values_BR.size and np.nanmax(values_BR) > np.iinfo(dtype).max:
-        dtype = np.float64  # a sum too large for the integer type
+    values = np.asarray(values_BR, dtype=dtype) if np.dtype(dtype).kind != "u" else small_ints(values_BR)
     return pd.DataFrame({"bin": np.repeat(np.arange(bins, dtype=np.uint16), rows),
-                         row: np.tile(np.arange(rows, dtype=np.uint16), bins),
-                         value: np.asarray(values_BR, dtype=dtype).ravel()})
+                         row: np.tile(np.arange(rows, dtype=np.uint8 if rows <= 256 else np.uint16), bins),
+                         value: values.ravel()})
 
 
 def heat_layer(x_title: str, temporal: bool, row: dict, colour: dict, tooltip: list[dict]) -> dict:

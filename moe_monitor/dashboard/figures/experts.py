@@ -39,9 +39,8 @@ def layer_expert_heatmap(counts_LE: np.ndarray) -> Chart:
     group = max(1, math.ceil(num_layers * num_experts / HEAT_CELLS))
     starts = np.arange(0, num_experts, group)
     summed = np.add.reduceat(np.asarray(counts_LE, dtype=np.int64), starts, axis=1) if num_experts else counts_LE
-    data = pd.DataFrame({"layer": np.repeat(np.arange(num_layers, dtype=np.uint16), starts.size),
-                         "expert": np.tile(starts.astype(np.uint16), num_layers),
-                         "tokens": heat_cells(summed, "expert", "tokens", np.uint32)["tokens"]})
+    data = heat_cells(summed, "expert", "tokens", np.uint32).rename(columns={"bin": "layer"})
+    data["expert"] = starts.astype(data["expert"].dtype if num_experts <= 256 else np.uint16)[data["expert"]]
     what = "expert" if group == 1 else f"expert (first of {group})"
     layers = [{"data": named("cells"), "mark": {"type": "rect"},
                "encoding": {"x": whole_axis("expert", what, starts.size), "y": whole_axis("layer", "layer", num_layers),
