@@ -108,6 +108,7 @@ class ExpertLoadMonitor:
         self._timer = StepTimer(self.num_layers, self.device, opts.host_slots)  # time_layer(): per-step times
         self._free_slots = [self.counter.new_slot() for _ in range(opts.host_slots)] if sinks else []
         self.publisher = Publisher(sinks, self._decode, self._release, self.rank, opts.queue_steps,
+                                   queue_s=opts.queue_s, queue_bytes=opts.queue_bytes,
                                    flush_interval_s=opts.publish_interval_s, wake_at=max(1, opts.host_slots // 2),
                                    collector_health=self._collector_health,
                                    decode_timing=self._decode_timing) if sinks else None

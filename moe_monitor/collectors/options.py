@@ -2,7 +2,7 @@
 
     attach(model, redis_url=..., run=..., sample_tokens=0, nvml=False)       # overrides by name
     opts = MonitorOptions(gpus=32, nodes=4, trace_path="run.jsonl")
-    attach(model, redis_url=..., run=..., options=opts, queue_steps=4096)    # both: the names win
+    attach(model, redis_url=..., run=..., options=opts, queue_s=120)         # both: the names win
 
 Identity (run, Redis URL, device, model sizes) stays an explicit argument of ExpertLoadMonitor / attach.
 """
@@ -36,10 +36,16 @@ class MonitorOptions:
     gpus, nodes: the expert-parallel group the layout describes (gpus default: the world size when
         distributed, else the largest of 32, 16, 8, 4, 2, 1 that divides E).
     physical_to_logical_map: the current layout [L][P] (SGLang's name); default contiguous over gpus.
-    queue_steps: steps kept per sink while it is unreachable before the oldest are dropped (and counted). The
-        bound holds at any step rate: the publisher keeps taking steps off the host slots every
-        flush interval (and as soon as half of them are in use) while a sink backs off or hangs in a write;
-        only that sink's writes wait. A batch being written (at most 256 steps) is held on top of it.
+    queue_s, queue_bytes: what each sink keeps while it is unreachable, before the oldest are dropped (and
+        counted): the steps of the last queue_s seconds (at least the newest 1,024, whatever their age), so a
+        decode loop at 190 steps/s keeps as many seconds as one at 5; never more than queue_bytes of records
+        (each its counts and sampled rows plus ~1 kB; timings and physical counts get a quarter of it each:
+        at most 1.5 x queue_bytes a sink). 256 MiB holds 60 s of steps up to about 4 MB/s of records (L=58,
+        E=256 with 16 sampled tokens: 75 kB a step, 55 steps/s; beyond, fewer seconds). Figures:
+        docs/collectors.md. The bounds hold at any step rate: the publisher keeps taking steps off the host
+        slots every flush interval (and as soon as half of them are in use) while a sink backs off or hangs
+        in a write; only that sink's writes wait. A batch being written (at most 256 steps) is held on top.
+    queue_steps: a fixed number of steps instead of queue_s (None: by seconds); queue_bytes still applies.
     host_slots: host copies of the step buffer in flight to the publisher thread; a step that finds none
         free is dropped (and counted), never waited for. Each is the step's counts and sampled rows in int32
         (pinned memory on CUDA): 256 of DeepSeek-V3's 58 x 256 experts, 16 sampled tokens, take 256 x 89 kB, about
@@ -75,7 +81,9 @@ class MonitorOptions:
     gpus: int | None = None
     nodes: int = 1
     physical_to_logical_map: Sequence[Sequence[int]] | None = None
-    queue_steps: int = 1024
+    queue_s: float = 60.0
+    queue_bytes: int = 256 << 20
+    queue_steps: int | None = None
     host_slots: int = 256
     publish_interval_s: float = 0.25
     memory_budget_bytes: int = 256 << 20
@@ -92,8 +100,10 @@ class MonitorOptions:
 
     def __post_init__(self) -> None:
         for name, least in (("sample_tokens", 0), ("sample_every", 1), ("nodes", 1), ("queue_steps", 1),
-                            ("host_slots", 1), ("memory_budget_bytes", 1)):
+                            ("host_slots", 1), ("memory_budget_bytes", 1), ("queue_bytes", 1)):
             value = getattr(self, name)
+            if name == "queue_steps" and value is None:
+                continue
             if not _is_int(value) or value < least:
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
         if self.trace_max_bytes is not None and (not _is_int(self.trace_max_bytes) or self.trace_max_bytes < 1):
@@ -116,7 +126,7 @@ class MonitorOptions:
             raise ValueError(f"scope must be one of {core.SCOPES}, got {self.scope!r}")
         if not isinstance(self.nvml, bool):
             raise ValueError(f"nvml must be True or False, got {self.nvml!r}")
-        for name in ("nvml_interval_s", "redis_timeout_s", "publish_interval_s"):
+        for name in ("nvml_interval_s", "redis_timeout_s", "publish_interval_s", "queue_s"):
             value = getattr(self, name)
             if not _is_number(value) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

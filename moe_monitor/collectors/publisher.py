@@ -2,7 +2,8 @@
 
 Forward thread --submit(StepJob)--> inbox (bounded by the host slots) --> the publisher thread (no I/O): every
 flush_interval_s it waits for a slot's copy, decodes it, frees the slot and queues the StepRecord for every
-sink (at most queue_steps each: the oldest dropped and counted). Each sink has a writer thread that hands it
+sink (the steps of the last queue_s seconds, at least QUEUE_MIN_STEPS of them, or exactly queue_steps when
+given; never more than queue_bytes: the oldest dropped and counted). Each sink has a writer thread that hands it
 batches of at most `batch` records with the NVML samples and health report, and backs off (0.1 s doubling to
 2 s) while its writes fail. Layout changes (submit_layout), timings and physical counts (submit_physical) wait
 in queues of their own per sink. Used by collectors.monitor; the guarantees: docs/wire.md.
@@ -17,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.health import HealthReport
@@ -34,43 +37,67 @@ log = logging.getLogger("moe_monitor.collectors")
 T = TypeVar("T")
 
 
+QUEUE_MIN_STEPS = 1024        # the seconds rule keeps at least this many records, whatever their age
+RECORD_OVERHEAD_BYTES = 1024  # a queued record's Python objects besides its arrays (StepRecord: ~0.9 kB)
+
+
+def record_bytes(record: object) -> int:
+    """The memory a queued record holds: its arrays' bytes and RECORD_OVERHEAD_BYTES."""
+    held = RECORD_OVERHEAD_BYTES
+    for value in getattr(record, "__dict__", {}).values():
+        if isinstance(value, np.ndarray):
+            held += value.nbytes
+    return held
+
+
 @dataclass
 class RecordQueue(Generic[T]):
     """One kind of record (steps, layout changes, timing records, physical counts) on its way to one sink:
-    `waiting` (bounded: past `bound` the oldest are dropped and counted), `sending` (the batch being written now,
-    held on top of the bound), and the counts published and dropped. The publisher thread extends it, the sink's
-    writer takes a batch and settles it with the indices that landed: those count as published, the others go
-    back at the head (then the bound applies again). Every method is called under the owning Outbox's lock."""
+    `waiting` (bounded: past the bounds the oldest are dropped and counted), `sending` (the batch being written
+    now, held on top of the bounds), and the counts published and dropped. The publisher thread extends it, the
+    sink's writer takes a batch and settles it with the indices that landed: those count as published, the
+    others go back at the head (then the bounds apply again). Every method is called under the owning Outbox's
+    lock. Bounds: `bound` records (None: none); with keep_s, records more than keep_s seconds older than the
+    newest (their time_s) once more than `least` wait; and `max_bytes` of record_bytes() (None: none)."""
 
-    bound: int
+    bound: int | None
+    max_bytes: int | None = None
+    keep_s: float | None = None
+    least: int = QUEUE_MIN_STEPS
     waiting: collections.deque[T] = field(default_factory=collections.deque)
     sending: list[T] = field(default_factory=list)
     published: int = 0
     dropped: int = 0
+    held_bytes: int = 0   # record_bytes() of the waiting records (counted only under max_bytes)
 
     def __len__(self) -> int:
         """Records waiting or being written."""
         return len(self.waiting) + len(self.sending)
 
     def extend(self, records) -> None:
-        """Queue records at the tail; the oldest beyond the bound are dropped (counted)."""
+        """Queue records at the tail; the oldest beyond the bounds are dropped (counted)."""
+        records = list(records)
         self.waiting.extend(records)
+        if self.max_bytes is not None:
+            self.held_bytes += sum(record_bytes(rec) for rec in records)
         self._bound()
 
     def take(self, most: int | None = None) -> list[T]:
         """Move at most `most` (None: all) of the oldest waiting records into `sending` and return them."""
         count = len(self.waiting) if most is None else min(most, len(self.waiting))
-        self.sending = [self.waiting.popleft() for _ in range(count)]
+        self.sending = [self._pop() for _ in range(count)]
         return self.sending
 
     def settle(self, sent: list[T], landed) -> None:
         """The write of `sent` is over: the indices in `landed` are published; the rest go back at the head,
-        before anything queued meanwhile (then the bound applies)."""
+        before anything queued meanwhile (then the bounds apply)."""
         kept = [rec for i, rec in enumerate(sent) if i not in landed]
         self.published += len(sent) - len(kept)
         self.sending = []
         if kept:
             self.waiting.extendleft(reversed(kept))
+            if self.max_bytes is not None:
+                self.held_bytes += sum(record_bytes(rec) for rec in kept)
             self._bound()
 
     def drop_all(self) -> int:
@@ -79,11 +106,23 @@ class RecordQueue(Generic[T]):
         self.dropped += left
         self.waiting.clear()
         self.sending = []
+        self.held_bytes = 0
         return left
 
+    def _pop(self) -> T:
+        record = self.waiting.popleft()
+        if self.max_bytes is not None:
+            self.held_bytes -= record_bytes(record)
+        return record
+
     def _bound(self) -> None:
-        while len(self.waiting) > self.bound:
-            self.waiting.popleft()
+        waiting = self.waiting
+        while waiting and ((self.bound is not None and len(waiting) > self.bound)
+                           or (self.max_bytes is not None and self.held_bytes > self.max_bytes)
+                           or (self.keep_s is not None and len(waiting) > self.least
+                               and getattr(waiting[-1], "time_s", 0.0) - getattr(waiting[0], "time_s", 0.0)
+                               > self.keep_s)):
+            self._pop()
             self.dropped += 1
 
 
@@ -150,18 +189,24 @@ class Publisher:
     "collector_error", when not empty, also joins last_error)."""
 
     def __init__(self, sinks: Sequence[Sink], decode: Callable[[list[StepJob]], list[core.StepRecord]],
-                 release: Callable[[HostSlot], None], rank: int, queue_steps: int = 1024, batch: int = 256,
+                 release: Callable[[HostSlot], None], rank: int, queue_steps: int | None = 1024, batch: int = 256,
                  flush_interval_s: float = 0.1, wake_at: int | None = None,
                  collector_health: Callable[[], dict[str, object]] | None = None,
-                 decode_timing: Callable[[StepJob], core.TimingRecord | None] | None = None):
+                 decode_timing: Callable[[StepJob], core.TimingRecord | None] | None = None,
+                 queue_s: float = 60.0, queue_bytes: int | None = None):
         self._decode, self._release, self._rank = decode, release, rank
         self._batch, self._flush_interval_s = batch, flush_interval_s
         self._wake_at = wake_at or 0
         self._collector_health = collector_health
         self._decode_timing = decode_timing
-        self._outboxes = [Outbox(sink, RecordQueue(queue_steps), RecordQueue(MAX_LAYOUTS), RecordQueue(queue_steps),
-                                 physical=RecordQueue(queue_steps)) for sink in sinks]
-        self._physical = PhysicalInbox(queue_steps)
+        keep_s = None if queue_steps is not None else queue_s
+
+        def queue(share: int) -> RecordQueue:  # the steps' queue gets queue_bytes, timings and physical a 4th each
+            return RecordQueue(queue_steps, None if queue_bytes is None else max(1, queue_bytes // share), keep_s)
+
+        self._outboxes = [Outbox(sink, queue(1), RecordQueue(MAX_LAYOUTS), queue(4), physical=queue(4))
+                          for sink in sinks]
+        self._physical = PhysicalInbox(queue_steps or QUEUE_MIN_STEPS)
         self._inbox: collections.deque[StepJob] = collections.deque()
         self._layout_inbox: collections.deque[core.LayoutRecord] = collections.deque()
         self._samples: collections.deque[core.GpuSample] = collections.deque(maxlen=MAX_SAMPLES)
