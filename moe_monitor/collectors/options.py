@@ -40,8 +40,8 @@ class MonitorOptions:
         counted): the steps of the last queue_s seconds (at least the newest 1,024, whatever their age), so a
         decode loop at 190 steps/s keeps as many seconds as one at 5; never more than queue_bytes of records
         (each its counts and sampled rows plus ~1 kB; timings and physical counts get a quarter of it each:
-        at most 1.5 x queue_bytes a sink). 256 MiB holds 60 s of steps up to about 4 MB/s of records (L=58,
-        E=256 with 16 sampled tokens: 75 kB a step, 55 steps/s; beyond, fewer seconds). Figures:
+        at most 1.5 x queue_bytes a sink). 256 MiB holds 60 s of DeepSeek-V3-sized steps (L=58, E=256,
+        16 sampled tokens one step in 4: 64 kB a step) up to 70 steps/s, 22 s at 190 steps/s. Figures:
         docs/collectors.md. The bounds hold at any step rate: the publisher keeps taking steps off the host
         slots every flush interval (and as soon as half of them are in use) while a sink backs off or hangs
         in a write; only that sink's writes wait. A batch being written (at most 256 steps) is held on top.
