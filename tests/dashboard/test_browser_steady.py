@@ -93,6 +93,7 @@ def test_no_chart_blanks_over_30_s_of_live_refresh(live_app, page_name):
         if page_name != "gpus":
             page.get_by_text(f"layout: layout applied at step {CHANGE_AT}", exact=False).first.wait_for(timeout=120_000)
         seen = page.evaluate(SAMPLER, 30_000)
+        print(page_name, seen)  # frames seen, with -s
         assert seen["first"] >= PAGES[page_name] and seen["frames"] > 100, seen
         assert seen["blank"] == 0 and seen["fewer"] == 0, seen
         assert page.locator('[data-testid="stException"]').count() == 0
