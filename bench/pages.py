@@ -36,14 +36,15 @@ from tests.dashboard.blankframes import CHARTS, SAMPLER
 from tests.support.browserkit import CHROMIUM, CHROMIUM_ARGS, STREAMLIT_APP, wait_http
 
 RUN = "bench-pages"
-PAGES = ("overview", "devices", "experts", "gpus", "what-if")
+PAGES = ("overview", "devices", "experts", "gpus", "time", "what-if")
 LAYERS, EXPERTS, TOP_K, GPUS, NODES = 4, 256, 8, 32, 4
 DRAWN = """(charts) => [...document.querySelectorAll(charts)].some(c => !c.closest('details:not([open])')
     && c.getBoundingClientRect().height >= 20 && c.querySelector('.main-svg, canvas, svg.marks'))"""
 
 
 def write(url: str, stop: threading.Event) -> None:
-    """The run's metadata, then decode steps (a prefill step every tenth) at 10 a second until stop."""
+    """The run's metadata, then decode steps (a prefill step every tenth) and their layer timings at 10 a
+    second until stop."""
     client = core.connect(url)
     client.set(core.meta_key(RUN), core.encode_meta(core.RunMeta(
         run=RUN, model_name="deepseek-v3-shaped", layer_names=[f"model.layers.{i + 1}.mlp" for i in range(LAYERS)],
@@ -57,9 +58,14 @@ def write(url: str, stop: threading.Event) -> None:
     while not stop.is_set():
         tokens = 2048 if step % 10 == 0 else 64
         counts = np.stack([rng.multinomial(tokens * TOP_K, w) for w in weights]).astype(np.int32)
+        now = time.time()
         client.xadd(core.steps_key(RUN), core.encode_step(core.StepRecord(
-            run=RUN, rank=0, world_size=1, step=step, time_s=time.time(), phase="prefill" if step % 10 == 0 else
+            run=RUN, rank=0, world_size=1, step=step, time_s=now, phase="prefill" if step % 10 == 0 else
             "decode", tokens=tokens, counts_LE=counts)))
+        layer_s = np.full(LAYERS, 1e-4 * (1 + tokens / 64), dtype=np.float32)  # the Time page's layer timings
+        client.xadd(core.timings_key(RUN), core.encode_timing(core.TimingRecord(
+            run=RUN, rank=0, world_size=1, step=step, time_s=now, dispatch_s_L=layer_s * 0.1,
+            compute_s_L=layer_s * 0.5, combine_s_L=layer_s * 0.1, layer_s_L=layer_s)))
         client.zadd(core.RUNS_KEY, {RUN: time.time()})
         step += 1
         stop.wait(0.1)
