@@ -117,3 +117,31 @@ def shared_storage_dump(path: Path, records: int = 500, num_layers: int = 61, nu
             "last_physical_to_logical_map": layout_LP}
     torch.save(dump, path)
     return (records + 1) * num_layers * num_slots
+
+
+def late_sample_parquet(path: Path, heavy_rows: int = 3, tokens: int = 1 << 20, top_k: int = 32,
+                        num_layers: int = 2, num_experts: int = 8) -> int:
+    """A .parquet trace whose first step has no sample and whose next heavy_rows steps each hold a sample of
+    L x N x K int16 ids (128 MiB by default; zeros, a few KB on disk): a check that reads the first step only
+    sees none of them. One row group per step. Returns the sample bytes the rows declare."""
+    schema = trace_schema(num_layers, num_experts)
+    sample = np.zeros((num_layers, tokens, top_k), core.SAMPLE_DTYPE).tobytes()
+    with pq.ParquetWriter(str(path), schema, compression="zstd") as writer:
+        writer.write_table(pa.Table.from_batches([step_rows(schema, np.zeros(1, np.int64))]))
+        for step in range(1, heavy_rows + 1):
+            batch = step_rows(schema, np.array([step], np.int64), sample=sample, sample_nk=(tokens, top_k))
+            writer.write_table(pa.Table.from_batches([batch]))
+    return heavy_rows * len(sample)
+
+
+def late_sample_arrows(path: Path, heavy_rows: int = 3, tokens: int = 1 << 20, top_k: int = 32,
+                       num_layers: int = 2, num_experts: int = 8) -> int:
+    """late_sample_parquet as an .arrows recording (zstd-compressed IPC bodies, one record batch per step)."""
+    schema = trace_schema(num_layers, num_experts)
+    sample = np.zeros((num_layers, tokens, top_k), core.SAMPLE_DTYPE).tobytes()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(str(path), schema, options=options) as writer:
+        writer.write_batch(step_rows(schema, np.zeros(1, np.int64)))
+        for step in range(1, heavy_rows + 1):
+            writer.write_batch(step_rows(schema, np.array([step], np.int64), sample=sample, sample_nk=(tokens, top_k)))
+    return heavy_rows * len(sample)

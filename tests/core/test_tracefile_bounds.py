@@ -24,6 +24,7 @@ import pytest
 from moe_monitor import core
 from moe_monitor.core import tracefile
 from moe_monitor.core.budget import ENV_VAR, decoded_budget_bytes
+from moe_monitor.core.tracefile.sandbox import CHILD_ALLOCATOR
 from tests.core import hostile_traces as hostile
 from tests.support.synthfill import make_meta
 
@@ -47,6 +48,28 @@ try:
     elif action == "info":
         from moe_monitor.cli import main
         out["status"] = main(["info", path])
+    elif action == "view":  # what a dashboard session's first view of the trace costs (peak above the start)
+        from moe_monitor.dashboard.live.replay import RangeReplay
+        from moe_monitor.dashboard.sources.trace import TraceSource
+        def status(field):
+            with open("/proc/self/status") as lines:
+                return next(int(line.split()[1]) for line in lines if line.startswith(field)) / 1024
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # VmHWM starts again from here
+        base = status("VmRSS")
+        replay = RangeReplay(TraceSource(path), 600)
+        replay.show(max(0, replay.size - 600), replay.size - 1)
+        out["growth_mib"] = status("VmHWM") - base
+    elif action in ("seek", "poll"):  # the trace source under an address-space limit (sys.argv[3] MiB more)
+        import resource
+        from moe_monitor.dashboard.sources.trace import TraceSource
+        source = TraceSource(path)
+        with open("/proc/self/status") as lines:
+            mapped = next(int(line.split()[1]) for line in lines if line.startswith("VmSize")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + (int(sys.argv[3]) << 20), resource.RLIM_INFINITY))
+        batch = source.seek(0, 2) if action == "seek" else source.poll(2000)
+        out["error"] = batch.last_error if action == "seek" else source.health().error
+        out["steps"] = len(batch.steps)
     elif action == "dump":
         from moe_monitor.core.sglang_dumps import read_dump
         out["kind"] = type(read_dump(path, 1 << 30)).__name__
@@ -62,13 +85,14 @@ print(json.dumps(out))
 """
 
 
-def in_child(action: str, path: Path, budget_mib: float | None) -> dict:
+def in_child(action: str, path: Path, budget_mib: float | None, *extra: str) -> dict:
     """What `action` on path gave in a fresh interpreter (error message, peak RSS in MiB, status; stderr)."""
     env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
     if budget_mib is not None:
         env[ENV_VAR] = str(budget_mib)
     env["PYTHONPATH"] = str(REPO)
-    done = subprocess.run([sys.executable, "-c", CHILD, action, str(path)], env=env, capture_output=True,
+    env.update(CHILD_ALLOCATOR)  # allocators an address-space limit bites on, as the upload check runs
+    done = subprocess.run([sys.executable, "-c", CHILD, action, str(path), *extra], env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -135,6 +159,38 @@ def test_a_repeated_parquet_sample_under_a_raised_budget_decodes_once_per_row_gr
     hostile.big_sample_parquet(path, steps=128, tokens=16384)
     out = in_child("page", path, budget_mib=1024)
     assert out["error"] == "" and out["records"] == 128 and out["peak_rss_mib"] < PEAK_LIMIT_MIB, out
+
+
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="measures the peak through /proc")
+@pytest.mark.parametrize("builder", [hostile.late_sample_parquet, hostile.late_sample_arrows])
+def test_a_trace_the_budget_takes_costs_a_view_at_most_the_budget(tmp_path, builder):
+    """Issue 35 item 5: a sample cost a page about 4.7x the bytes its row declares and was counted 2x (.parquet)
+    or 1x (.arrows): 2 rows of 128 MiB samples passed the 1 GiB budget and cost a session 1.2 GB. Counted at
+    what reading it costs (columnar.SAMPLE_READ_COST), a file the budget takes costs a view at most the budget,
+    measured: 2 rows of 4 MiB are taken, 2 rows of 24 MiB (about 220 MiB to view) refused."""
+    budget_mib, seen = 128, set()
+    for tokens in (1 << 15, 196_608):  # 2 rows x L 2 x N x K 32 x 2 bytes: 4 MiB, 24 MiB a row
+        path = tmp_path / f"late-{tokens}.trace"
+        builder(path, heavy_rows=2, tokens=tokens)
+        out = in_child("view", path, budget_mib)
+        if out["error"]:
+            assert "with their samples decode to" in out["error"], out
+            seen.add("refused")
+        else:
+            assert out["growth_mib"] <= budget_mib, out
+            seen.add("taken")
+    assert seen == {"taken", "refused"}, seen
+
+
+@pytest.mark.parametrize("action", ["seek", "poll"])
+def test_a_read_past_the_memory_limit_is_the_readers_one_line_refusal(tmp_path, action):
+    """Issue 35 item 5: under an address-space limit a MemoryError escaped the trace source (it caught
+    ValueError only). A raised budget takes 2 rows of 64 MiB samples; 96 MiB of address space does not."""
+    path = tmp_path / "late.parquet"
+    hostile.late_sample_parquet(path, heavy_rows=2, tokens=1 << 19)
+    out = in_child(action, path, 4096, "96")
+    assert "more memory than this process may take" in out["error"], out
+    assert "\n" not in out["error"].strip()
 
 
 @pytest.mark.parametrize("buffered, budget_mib", [(100, 64), (400, None)])

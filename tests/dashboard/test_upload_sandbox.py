@@ -94,6 +94,21 @@ def test_the_check_takes_good_traces_and_says_why_for_others(tmp_path):
     assert "not a Parquet trace" in check_in_child(bad)
 
 
+@pytest.mark.parametrize("builder", [hostile.late_sample_parquet, hostile.late_sample_arrows])
+def test_the_check_reads_what_a_sessions_first_view_reads(tmp_path, monkeypatch, builder):
+    """Issue 35 item 5: the check read the timeline and the first step, the page the first 600 steps. A trace
+    whose first step has no sample and whose next two hold 64 MiB each (a budget raised to take them) opened
+    in the check; reading its view in the child now needs more than the child may take, and it is refused."""
+    path = tmp_path / "late.trace"
+    builder(path, heavy_rows=2, tokens=1 << 19)
+    monkeypatch.setenv(ENV_VAR, "4096")
+    why = check_in_child(path, 128 << 20)  # a MemoryError, or pyarrow aborting the child: refused either way
+    assert why.startswith("opening it") and "128 MiB of memory" in why, why
+    small = tmp_path / "small.trace"
+    builder(small, heavy_rows=2, tokens=1 << 12)  # the same shape with 512 KiB samples: kept
+    assert check_in_child(small, 128 << 20) == ""
+
+
 def _save(root, text_steps: int = 3, name: str = "t.jsonl", own: set[str] | None = None) -> str:
     """Save an upload as one session does (own: the session's uploads so far; the new one is added)."""
     own = set() if own is None else own

@@ -25,7 +25,7 @@ from moe_monitor import core
 from moe_monitor.core.budget import check_decoded, decoded_budget_bytes
 
 from .jsonl import read_side_jsonl
-from .reader import MAX_READ_BYTES, TraceReader, dedupe
+from .reader import MAX_READ_BYTES, TraceReader, dedupe, out_of_memory
 from .schema import STEP_COLUMNS, check_rows_per_step, decode_rows, parse_metadata, text_objects
 from .side import (
     META_TIMING_ROWS,
@@ -42,6 +42,9 @@ from .timeline import Timeline, good_rows, timeline_of_rows
 TIMELINE_COLUMNS = ("step", "rank", "world", "time_s", "phase", "tokens", "balancedness")
 ROW_COLUMNS = (*TIMELINE_COLUMNS, "instance")  # read at open: the timeline and the rows-per-step bound
 RECORD_OVERHEAD_BYTES = 512  # a decoded record's Python objects beyond its counts and sample
+# what reading a sample costs beyond its column's own bytes, per byte its row declares: the decompressed page,
+# the dictionary built from it, the record's copy and the check of its ids (measured 4.7-6x in all: docs/traces.md)
+SAMPLE_READ_COST = 5
 
 
 @dataclass
@@ -88,6 +91,13 @@ class ColumnarReader(TraceReader):
         if sum(p.decoded_bytes + p.rows * RECORD_OVERHEAD_BYTES for p in wanted) > MAX_READ_BYTES:
             raise ValueError(f"steps {first_step}..{last_step} decode to more than {MAX_READ_BYTES >> 30} GiB: "
                              "read a shorter range")
+        try:
+            return dedupe(self._decode(wanted, first_step, last_step))
+        except MemoryError:
+            raise out_of_memory(self.path, first_step, last_step) from None
+
+    def _decode(self, wanted: list[Piece], first_step: int, last_step: int) -> list[core.StepRecord]:
+        """The records of steps first_step..last_step in the pieces wanted (bad rows counted)."""
         out: list[core.StepRecord] = []
         for piece in wanted:
             data = piece.load()
@@ -102,7 +112,7 @@ class ColumnarReader(TraceReader):
                 if decoded.bad_records:
                     self.bad_records += decoded.bad_records
                     self.last_error = decoded.last_error
-        return dedupe(out)
+        return out
 
 
 def step_range(column) -> tuple[int, int]:
@@ -400,19 +410,25 @@ class IpcTraceReader(ColumnarReader):
         check_decoded(f"{path}: its record batches ({len(index.batches)})", index.decoded_bytes, budget)
         self._schema = index.schema
         self._feed = BatchFeed(data, index)
-        row_fields = [index.schema.get_field_index(name) for name in ROW_COLUMNS]
+        row_fields = [index.schema.get_field_index(name) for name in (*ROW_COLUMNS, "sample_n", "sample_k")]
         rows_feed = BatchFeed(data, index, row_fields)
         self._bad_batches: set[int] = set()
         self.pieces, row_batches = [], []
+        samples_cost = 0  # what reading the samples costs beyond their buffers (SAMPLE_READ_COST)
         for number, batch in enumerate(index.batches):
             small = self._small_columns(rows_feed, number, batch)
             if small is None:
                 continue
             row_batches.append(small)
             first, last = step_range(small.column("step"))
+            cost = int(sample_bytes_R(len(self.meta.layer_names), small.column("sample_n"),
+                                      small.column("sample_k")).sum()) * SAMPLE_READ_COST
+            samples_cost += cost
             self.pieces.append(Piece(batch.rows, first, last, functools.partial(self._load, number, batch),
-                                     decoded_bytes=batch.load_bytes))
+                                     decoded_bytes=batch.load_bytes + cost))
         rows_feed.close()
+        check_decoded(f"{path}: its record batches ({len(index.batches)}) with their samples",
+                      index.decoded_bytes + samples_cost, budget)
         read_order = pa.schema([index.schema.field(i) for i in sorted(row_fields)])
         self._set_rows(pa.Table.from_batches(row_batches, schema=read_order).select(list(ROW_COLUMNS)))
         side = read_side_jsonl(side_path(path), self.meta)
@@ -521,7 +537,8 @@ def _fixed_width(kind: pa.DataType) -> bool:
         return False
 
 
-def sample_bytes_R(num_layers: int, sample_n: pa.ChunkedArray, sample_k: pa.ChunkedArray) -> np.ndarray:
+def sample_bytes_R(num_layers: int, sample_n: pa.ChunkedArray | pa.Array,
+                   sample_k: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """int64 [R]: the sample bytes each row declares, L x sample_n x sample_k x 2 (0 where either is null;
     each clipped to its bound, core/keys.py: a row beyond them is a bad record, its sample never decoded)."""
     n = np.clip(sample_n.fill_null(0).to_numpy().astype(np.int64), 0, core.MAX_CELLS)
@@ -565,7 +582,8 @@ class ParquetTraceReader(ColumnarReader):
             raise ValueError(f"{path}: row group {group} declares {rows_G[group]} rows ({bytes_G[group]} bytes "
                              "decoded), more than a reader takes at once")
         rows = self._read_columns([*ROW_COLUMNS, "sample_n", "sample_k"])
-        bytes_G += per_group(sample_bytes_R(len(self.meta.layer_names), rows["sample_n"], rows["sample_k"]), rows_G)
+        sample_R = sample_bytes_R(len(self.meta.layer_names), rows["sample_n"], rows["sample_k"])
+        bytes_G += per_group(sample_R * SAMPLE_READ_COST, rows_G)
         check_decoded(f"{what} with their samples", int(bytes_G.sum()), budget)
         self._set_rows(rows.select(list(ROW_COLUMNS)))
         step_index = schema.get_field_index("step")

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from moe_monitor import core
 
-from .reader import MAX_READ_BYTES, TraceReader, dedupe
+from .reader import MAX_READ_BYTES, TraceReader, dedupe, out_of_memory
 from .schema import LayoutSchedule, check_rows_per_step, step_balancedness
 from .side import MAX_GPU_ROWS, GpuSamples, TimingRead, check_read_size
 from .timeline import Timeline, timeline_of_rows
@@ -325,6 +325,13 @@ class JsonlTraceReader(TraceReader):
         width = len(self.meta.layer_names) * self.meta.num_experts * 4
         if len(picked) * width > MAX_READ_BYTES:
             raise ValueError(f"steps {first_step}..{last_step} hold more than {MAX_READ_BYTES >> 30} GiB of counts")
+        try:
+            return dedupe(self._read_lines(picked))
+        except MemoryError:
+            raise out_of_memory(self.path, first_step, last_step) from None
+
+    def _read_lines(self, picked: np.ndarray) -> list[core.StepRecord]:
+        """The step records of the indexed rows picked (file order; a line that no longer decodes counted)."""
         out = []
         with open(self.path, "rb") as handle:
             for offset in sorted(int(o) for o in self._rows["offset"][picked]):
@@ -338,7 +345,7 @@ class JsonlTraceReader(TraceReader):
                     if isinstance(item, core.StepRecord):
                         out.append(item)
                     break
-        return dedupe(out)
+        return out
 
     def gpu_samples(self, t0_s: float = -np.inf, t1_s: float = np.inf) -> list[core.GpuSample]:
         return sorted((s for s in self._samples if t0_s <= s.time_s <= t1_s), key=lambda s: s.time_s)

@@ -19,6 +19,13 @@ from .timeline import Timeline
 MAX_READ_BYTES = 4 << 30  # bytes one read_steps call may decode, records included (a 4 GiB view is a mistake, not a page)
 
 
+def out_of_memory(path: str, first_step: int, last_step: int) -> ValueError:
+    """The one-line refusal of a read that ran out of memory (a MemoryError, e.g. under an address-space
+    limit), raised in its place; the MemoryError stays its context."""
+    return ValueError(f"{path}: steps {first_step}..{last_step} need more memory than this process may take "
+                      "(read a shorter range, or open the trace where more memory is free)")
+
+
 @dataclass(frozen=True)
 class TraceInfo:
     """What `moe-monitor info` prints."""

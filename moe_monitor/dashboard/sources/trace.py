@@ -45,6 +45,14 @@ def trace_file_in(root: str | os.PathLike[str], name: str) -> Path:
     return resolved
 
 
+def _one_line(exc: BaseException, what: str) -> str:
+    """A reader's refusal as one line: its ValueError's text; for a MemoryError (a read past what this process
+    may take, e.g. under an address-space limit) "<what> needs more memory than this process may take"."""
+    if isinstance(exc, MemoryError):
+        return f"{what} needs more memory than this process may take ({type(exc).__name__})"
+    return str(exc)
+
+
 class _NotRegular(OSError):
     pass
 
@@ -157,8 +165,8 @@ class TraceSource:
                 self._cursor.refresh(reader)
             self._meta = reader.meta
             chunk = self._cursor.next_chunk(max_entries)
-        except ValueError as exc:
-            self._error = str(exc)
+        except (ValueError, MemoryError) as exc:
+            self._error = _one_line(exc, f"{path}: reading it")
             self._finished = True
             return
         batch.steps, batch.layouts, batch.gpu_samples, batch.more = chunk.steps, chunk.layouts, chunk.gpu_samples, chunk.more
@@ -195,7 +203,10 @@ class TraceSource:
         reader = self._seekable_reader()
         if self._meta is None:
             self._meta = reader.meta
-        return reader.timeline()
+        try:
+            return reader.timeline()
+        except MemoryError as exc:
+            raise ValueError(_one_line(exc, f"{self.path}: its timeline")) from None
 
     def seek(self, first_step: int, last_step: int) -> Batch:
         """Every record of steps first_step..last_step (inclusive; every rank), their layer timings (every rank,
@@ -217,9 +228,9 @@ class TraceSource:
                 batch.last_error = reader.last_error
             if self._meta is None:
                 self._meta = reader.meta
-        except ValueError as exc:
+        except (ValueError, MemoryError) as exc:
             batch.bad_records += 1
-            batch.last_error = str(exc)
+            batch.last_error = _one_line(exc, f"{self.path}: steps {first_step}..{last_step}")
         return batch
 
     def _read(self, handle, max_entries: int, batch: Batch) -> None:
@@ -345,9 +356,9 @@ class TraceSource:
         """Decode one line that starts at byte `at` of the file into the batch (a bad line: one bad record)."""
         try:
             _, item = core.decode_trace_line(line)
-        except ValueError as exc:
+        except (ValueError, MemoryError) as exc:
             batch.bad_records += 1
-            batch.last_error = f"trace line at byte {at}: {exc}"
+            batch.last_error = f"trace line at byte {at}: {_one_line(exc, 'decoding it')}"
             return
         if isinstance(item, core.RunMeta):
             self._meta = item
