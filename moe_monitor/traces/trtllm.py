@@ -19,7 +19,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.budget import check_decoded
-from moe_monitor.core.safetensors import DTYPES, MAX_HEADER_BYTES, header_length, read_counts, read_index
+from moe_monitor.core.safetensors import header_length, read_counts, read_index
 
 META_NAME = "meta_info.json"
 RANK_FILE = re.compile(r"rank(\d{1,6})\.safetensors")
