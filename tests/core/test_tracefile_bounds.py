@@ -182,6 +182,23 @@ def test_a_trace_the_budget_takes_costs_a_view_at_most_the_budget(tmp_path, buil
     assert seen == {"taken", "refused"}, seen
 
 
+@pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="measures the peak through /proc")
+def test_a_json_line_that_would_build_far_more_than_its_bytes_is_a_bad_record(tmp_path):
+    """A JSON-lines trace with one line of 8 MiB of `[[],[],...]` (well under the line cap) passed the upload
+    check and cost each view about 24x its bytes to parse (a 24 MiB line: 770 MB, 14 s). Its brackets are
+    counted before it is parsed: one bad record, the view stays small."""
+    path = tmp_path / "heavy.jsonl"
+    lines = [core.trace_line("meta", {"meta": core.encode_meta(make_meta("b", L, E, 2, world_size=2))})]
+    lines += [core.trace_line("step", core.encode_step(rec)) for rec in _records(3, "only")]
+    heavy = '{"kind":"step","x":[' + "[]," * ((8 << 20) // 3) + "[]]}"
+    path.write_text("\n".join([*lines[:2], heavy, *lines[2:]]) + "\n")
+    out = in_child("view", path, None)
+    assert out["error"] == "" and out["growth_mib"] < 48, out
+    with tracefile.open_trace(path) as reader:
+        assert reader.timeline().num_steps == 3 and reader.bad_records == 1
+        assert "JSON lists and objects, more than" in reader.last_error
+
+
 @pytest.mark.parametrize("action", ["seek", "poll"])
 def test_a_read_past_the_memory_limit_is_the_readers_one_line_refusal(tmp_path, action):
     """Issue 35 item 5: under an address-space limit a MemoryError escaped the trace source (it caught

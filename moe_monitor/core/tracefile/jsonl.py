@@ -53,8 +53,28 @@ def iter_lines(handle: BinaryIO) -> Iterator[tuple[int, bytes | None]]:
         offset += len(raw)
 
 
+# what parsing one line may build, counted from its bytes (in C) before it is parsed: JSON lists and objects
+# (about 64 B each) and values (commas, about 40 B each); a trace line's largest, a layout of core.MAX_CELLS
+# expert ids, holds about MAX_CELLS values in MAX_LAYERS lists. A line of `[[],[],...]` built 24x its bytes.
+MAX_LINE_CONTAINERS = 1 << 16
+MAX_LINE_VALUES = 2 * core.MAX_CELLS + MAX_LINE_CONTAINERS
+
+
+def check_line_cost(raw: bytes) -> None:
+    """ValueError when parsing the line could build more than a trace line does: more than MAX_LINE_CONTAINERS
+    lists and objects or MAX_LINE_VALUES values (brackets and commas, strings' included: an upper bound)."""
+    containers = raw.count(b"[") + raw.count(b"{")
+    if containers > MAX_LINE_CONTAINERS:
+        raise ValueError(f"{containers} JSON lists and objects, more than the {MAX_LINE_CONTAINERS} a trace line holds")
+    values = raw.count(b",") + containers + 1
+    if values > MAX_LINE_VALUES:
+        raise ValueError(f"{values} JSON values, more than the {MAX_LINE_VALUES} a trace line holds")
+
+
 def decode_line(raw: bytes):
-    """core.decode_trace_line of a raw line; ValueError for anything malformed (not UTF-8 included)."""
+    """core.decode_trace_line of a raw line; ValueError for anything malformed (not UTF-8 included) or that
+    would build more than a trace line does (check_line_cost)."""
+    check_line_cost(raw)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from moe_monitor import core
 from moe_monitor.core import tracefile
+from moe_monitor.core.tracefile.jsonl import check_line_cost
 from moe_monitor.dashboard.sources.base import Batch, Health
 from moe_monitor.traces.cursor import Cursor
 
@@ -331,7 +332,14 @@ class TraceSource:
         return self._still_polls >= STALL_POLLS and time.monotonic() - self._grew_at >= self.stall_s
 
     def _take_raw(self, raw: bytes, batch: Batch) -> bool:
-        """Decode and take one line; False (and the source stops) when the file is not text."""
+        """Decode and take one line (one that would build more than a trace line does is a bad record:
+        tracefile.jsonl.check_line_cost); False (and the source stops) when the file is not text."""
+        try:
+            check_line_cost(raw)
+        except ValueError as exc:
+            batch.bad_records += 1
+            batch.last_error = f"trace line at byte {self._offset - len(raw)}: {exc}"
+            return True
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
