@@ -14,6 +14,7 @@ from moe_monitor.core.dispatch import DISPATCH_POLICIES, DispatchModel
 from moe_monitor.core.loadmodel import gpu_loads
 from moe_monitor.core.lpsplit import active_set_split
 from moe_monitor.planner.api import plan
+from tests.support.lp_cases import chain_counts, chain_layout, crowded_case, random_layout
 from tests.support.lp_reference import busiest_gpu_optimum
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3" / "decode_in1000out1000.json"
@@ -26,20 +27,6 @@ def deepseek_steps(steps: int, tokens: int, seed: int, layers: slice = slice(3, 
     p = popularity / popularity.sum(1, keepdims=True)
     rng = np.random.default_rng(seed)
     return np.stack([np.stack([rng.multinomial(tokens, row) for row in p]) for _ in range(steps)]).astype(np.float64)
-
-
-def random_layout(rng, layers: int, experts: int, gpus: int, redundant: int, allow_duplicates: bool) -> np.ndarray:
-    rows = []
-    for _ in range(layers):
-        extra = rng.choice(experts, size=redundant, replace=True, p=None)
-        slots = np.concatenate([np.arange(experts), extra])
-        for _ in range(100):
-            rng.shuffle(slots)
-            on_gpu = slots.reshape(gpus, -1)
-            if allow_duplicates or all(len(set(g)) == len(g) for g in on_gpu):
-                break
-        rows.append(slots.copy())
-    return np.stack(rows)
 
 
 @pytest.fixture(scope="module")
@@ -122,44 +109,19 @@ def test_lp_matches_a_general_lp_solver_on_random_layouts(seed):
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_lp_is_exact_on_small_layouts_with_many_replicas_ties_and_idle_experts(seed):
+def test_lp_is_exact_on_crowded_layouts_with_ties_and_idle_experts(seed):
     """Up to every expert replicated, duplicates on one GPU, equal counts (ties) and replicated experts without
     tokens, which must neither carry tokens nor link their GPUs."""
-    rng = np.random.default_rng(1000 + seed)
-    gpus, per_gpu = int(rng.integers(2, 9)), int(rng.integers(2, 5))
-    slots = gpus * per_gpu
-    experts = int(rng.integers(max(1, slots // 3), slots + 1))
-    layout = np.stack([rng.permutation(np.concatenate([np.arange(experts), rng.integers(0, experts, slots - experts)]))
-                       for _ in range(2)])
-    counts = np.stack([rng.gamma(0.5, 40, (2, experts)).round(), rng.integers(0, 4, (2, experts)).astype(float),
-                       np.full((2, experts), 7.0) * rng.integers(0, 2, (2, experts))])
+    layout, counts, gpus = crowded_case(seed)
     assert max(lp_gaps(counts, layout, gpus)) <= EXACT
-
-
-def chain_layout(gpus: int, ring: bool) -> np.ndarray:
-    """One layer: replicated expert g on GPUs g and g + 1 (g < G - 1, or every g mod G for a ring), then experts
-    of their own until each GPU has 4 slots."""
-    links = gpus if ring else gpus - 1
-    rows, own = [], links
-    for g in range(gpus):
-        row = [e for e in (g, g - 1) if 0 <= e < links] + ([gpus - 1] if ring and g == 0 else [])
-        while len(row) < 4:
-            row.append(own)
-            own += 1
-        rows.append(row)
-    return np.array([sum(rows, [])])
 
 
 @pytest.mark.parametrize("ring", [False, True])
 def test_lp_is_exact_along_chains_of_replicated_experts(ring):
     """The case water-filling converged slowly on: load pushed along a chain of 16 GPUs through 15 experts."""
     layout = chain_layout(16, ring)
-    experts = int(layout.max()) + 1
-    rng = np.random.default_rng(7)
-    counts = rng.gamma(2.0, 50.0, size=(6, 1, experts)).round()
-    counts[0, 0, :16] *= 10                                            # hot chain experts
-    counts[1, 0, 16:] = np.linspace(500, 0, experts - 16).round()      # fixed loads falling along the chain
-    counts[2, 0, :16] = 0                                              # an idle chain
+    counts = chain_counts(layout, 16)
+    experts = counts.shape[2]
     assert max(lp_gaps(counts, layout, 16)) <= EXACT
     busiest = DispatchModel(layout, experts, 16, "lp").gpu_loads(counts)[:, 0].max(-1)
     even = gpu_loads(counts, layout, 16)[:, 0].max(-1)
