@@ -4,8 +4,10 @@ it in the session (dashboard.views.session owns the state); pages read it with s
 
 Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (core.redact). Trace files are
 picked from the trace folder (session.trace_root()), never typed; an upload is checked in a child process under
-an address-space limit and saved there under a generated name (dashboard.views.uploads: quota, expiry). The
-picker offers the folder's recordings and this session's own uploads. Docs: docs/dashboard.md.
+an address-space limit (the server looks at FIRST_LINE_LOOK_BYTES of a JSON-lines upload's first line, no more)
+and saved there under a generated name (dashboard.views.uploads: one check at a time, per-session quota,
+expiry). The picker offers the folder's recordings and this session's own uploads. Docs: docs/dashboard.md,
+docs/traces.md ("Uploads").
 """
 from __future__ import annotations
 
