@@ -45,6 +45,7 @@ class Outbox:
     records: list[dict] = field(default_factory=list)
     rollups: list[tuple[int, int, dict]] = field(default_factory=list)
     acks: list[bytes] = field(default_factory=list)
+    nbytes: int = 0  # the encoded counts of the records and rollups (a wide run's read commits early past a bound)
 
     def sizes(self) -> tuple[int, int, int]:
         return len(self.records), len(self.rollups), len(self.acks)
@@ -52,9 +53,15 @@ class Outbox:
     def drop(self, sizes: tuple[int, int, int]) -> None:
         """Forget the first (records, rollups, acks): they landed."""
         del self.records[:sizes[0]], self.rollups[:sizes[1]], self.acks[:sizes[2]]
+        self.nbytes = sum(_counts_bytes(f) for f in self.records) + sum(_counts_bytes(f) for _, _, f in self.rollups)
 
     def __bool__(self) -> bool:
         return bool(self.records or self.rollups or self.acks)
+
+
+def _counts_bytes(fields: dict) -> int:
+    counts = fields.get("counts", b"")
+    return len(counts) if isinstance(counts, (bytes, bytearray, str)) else 0
 
 
 class Committer:
@@ -91,12 +98,15 @@ class Committer:
                 box.acks.extend(emitted.entry_ids)
                 continue
             box.records.append(fields)
+            box.nbytes += _counts_bytes(fields)
             box.acks.extend(emitted.entry_ids)
             rollups.add(emitted.record, now, wall)
         box.acks.extend(out.acks)
         for rollup in rollups.close_due(now, wall, assembler.oldest_pending_time_s()):
             try:
-                box.rollups.append((rollup.resolution_s, rollup.start_s, core.encode_rollup(rollup)))
+                fields = core.encode_rollup(rollup)
+                box.rollups.append((rollup.resolution_s, rollup.start_s, fields))
+                box.nbytes += _counts_bytes(fields)
             except ValueError as exc:  # a bucket beyond the format's bounds: reported, the others go on
                 self.report(f"rollup {rollup.resolution_s} s at {rollup.start_s} not written: {core.why(exc)}")
 

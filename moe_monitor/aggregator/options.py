@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from moe_monitor.core.membudget import AGGREGATOR_DEFAULT_BYTES, MAX_BUDGET_BYTES, MIN_BUDGET_BYTES
+
 GROUP = "moe-aggregate"  # the consumer group every aggregator of a run reads the steps stream in
 
 
@@ -24,6 +26,8 @@ class AggregateOptions:
     max_pending_steps: steps assembled at once (beyond: the oldest is written with what it has).
     remember_steps: written steps whose ranks are remembered (a rank arriving for an older step is dropped as
     too old: whether it was written cannot be told).
+    memory_budget_bytes: what the steps waiting for their ranks, the held records and the open rollup seconds
+    of every run one process aggregates may hold together (core.membudget; each run gets an equal share).
     """
 
     deadline_s: float = 2.0
@@ -39,6 +43,7 @@ class AggregateOptions:
     log_every_s: float = 5.0
     max_pending_steps: int = 4096
     remember_steps: int = 16_384
+    memory_budget_bytes: int = AGGREGATOR_DEFAULT_BYTES
 
     def __post_init__(self) -> None:
         def positive(name: str, value: float, low: float = 0.0, high: float = 1e9) -> None:
@@ -64,6 +69,7 @@ class AggregateOptions:
         positive("log_every_s", self.log_every_s, 0.0, 1e6)
         whole("max_pending_steps", self.max_pending_steps, 1, 1 << 20)
         whole("remember_steps", self.remember_steps, 16, 1 << 24)
+        whole("memory_budget_bytes", self.memory_budget_bytes, MIN_BUDGET_BYTES, MAX_BUDGET_BYTES)
         if self.block_ms / 1000 >= self.timeout_s:
             raise ValueError(f"block_ms ({self.block_ms}) must stay below the socket timeout ({self.timeout_s} s)")
 

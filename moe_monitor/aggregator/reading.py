@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -20,6 +20,7 @@ from .takeover import stream_entries
 META_REFRESH_S = 5.0  # the run metadata is read again this often
 LAYOUT_PAGE = 64  # layout entries a round (a 58 x 288 map is ~67 kB)
 MAX_WAITING_LAYOUTS = 64  # layout changes waiting for their collector instance's first step
+CHUNK_BYTES = 16 << 20  # decoded counts of one read handed to the assembler at once (a read of wide records)
 
 
 def text_of(value) -> str:
@@ -69,10 +70,14 @@ class RoundReader:
             self.last_read_id = entries[-1][0]
         return entries
 
-    def ingest(self, assembler: Assembler, entries: Sequence[tuple[bytes, dict]], now: float) -> Output:
-        """Decode entries (one that does not decode is counted and acked) and assemble them."""
+    def ingest(self, assembler: Assembler, entries: Sequence[tuple[bytes, dict]], now: float,
+               take: Callable[[Output], None] | None = None) -> Output:
+        """Decode entries (one that does not decode is counted and acked) and assemble them, CHUNK_BYTES of
+        decoded counts at a time; take: handed each chunk's output at once (the committer encodes the steps it
+        wrote, so a read of wide records never holds them all), else everything is returned."""
         out = Output()
         decoded: list[tuple[bytes, core.StepRecord]] = []
+        decoded_bytes = 0
         for entry_id, fields in entries:
             try:
                 rec = core.decode_step(fields)
@@ -82,6 +87,14 @@ class RoundReader:
                 out.extend(assembler.bad(entry_id, f"entry {entry_id.decode('ascii', 'replace')}: {core.why(exc)}"))
                 continue
             decoded.append((entry_id, rec))
+            decoded_bytes += rec.counts_LE.nbytes
+            if decoded_bytes >= CHUNK_BYTES:  # a read of wide records is assembled a chunk at a time
+                chunk = assembler.add(decoded, now)
+                if take is not None:
+                    take(chunk)
+                else:
+                    out.extend(chunk)
+                decoded, decoded_bytes = [], 0
         self.entries_in += len(entries)
         out.extend(assembler.add(decoded, now))
         return out
@@ -103,6 +116,10 @@ class RoundReader:
             return
         self.meta_shape = (len(meta.layer_names), meta.num_experts)
         assembler.meta_world = int(meta.world_size)
+        if assembler.size_for(*self.meta_shape) < 1:
+            assembler.last_problem = assembler.budget_problem = (
+                f"run metadata: counts {list(self.meta_shape)} need more than this run's share of the memory "
+                "budget for one step: its records are skipped (set --memory-budget)")
         book.set_base(meta.layout.physical_to_logical_map, meta.layout.gpus)
 
     def take_layouts(self, assembler: Assembler, book: LayoutBook, reply=None) -> bool:

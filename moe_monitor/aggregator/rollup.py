@@ -19,9 +19,11 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.loadmodel import balancedness, gpu_loads
+from moe_monitor.core.membudget import MemoryBudget
 
 from .layoutbook import LayoutBook
 
+CLOSE_COST = 4  # a second's rollup costs about 3x its steps' int64 [L, E] in temporaries (stack, loads)
 FUTURE_TOLERANCE_S = 5.0  # a step stamped further ahead of the wall clock counts as now
 MAX_OPEN_SECONDS = 600  # open 1 s buckets at most (beyond: the oldest closes)
 _PHASE_CODE = {name: code for code, name in enumerate(core.PHASES)}
@@ -112,8 +114,16 @@ def late_only_rollup(run: str, start_s: int, rec: core.AggregateRecord) -> core.
 class RollupBuilder:
     """Open 1 s and 60 s buckets of one run; add() aggregated records, close_due() the finished buckets."""
 
-    def __init__(self, run: str, book: LayoutBook, grace_s: float = 3.0):
+    def __init__(self, run: str, book: LayoutBook, grace_s: float = 3.0, budget: MemoryBudget | None = None,
+                 max_open_bytes: int | None = None):
+        """budget: the open seconds' steps reserve their bytes (CLOSE_COST times: closing one costs that) from it;
+        max_open_bytes: at most this many (beyond either, the oldest open second closes early: early_seconds)."""
         self.run = core.check_run_name(run)
+        self.budget, self.max_open_bytes = budget, max_open_bytes
+        self._reservation = budget.try_reserve(0) if budget is not None else None
+        self.open_bytes = 0  # int64 [L, E] of the open seconds' steps
+        self.early_seconds = 0
+        self._early: list[core.RollupRecord] = []  # closed early, emitted by the next close_due()
         self.book = book
         self.grace_s = float(grace_s)
         self.counters = RollupCounters()
@@ -167,29 +177,53 @@ class RollupBuilder:
         else:
             second.steps[key] = entry
             self._where[key] = start
+            self.open_bytes += entry.counts_LE.nbytes
         second.last_added_s = now_s
+        while self._seconds and not self._fits():  # over the budget: the oldest open second closes now
+            self._close_second(*next(iter(self._seconds.items())), self._early)
+            self.early_seconds += 1
+
+    def _fits(self) -> bool:
+        """Whether the open seconds' steps, with what closing one costs (CLOSE_COST times them), fit."""
+        held = self.open_bytes * CLOSE_COST
+        if self.max_open_bytes is not None and held > self.max_open_bytes:
+            return False
+        return self._reservation is None or self._reservation.resize_to(held)
+
+    def release(self) -> None:
+        """Give the open seconds' bytes back to the budget now (this builder is being dropped)."""
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation, self.max_open_bytes = None, 0
+
+    def _close_second(self, start: int, second: _Second, out: list[core.RollupRecord]) -> None:
+        """Close one open second: its rollup (to write unless someone did) and its part of its minute."""
+        del self._seconds[start]
+        self._closed[1] = max(self._closed[1], start)
+        for key, entry in second.steps.items():
+            self._where.pop(key, None)
+            self.open_bytes -= entry.counts_LE.nbytes
+        if self._reservation is not None:
+            self._reservation.resize_to(max(0, self.open_bytes) * CLOSE_COST)
+        record = self._second_rollup(start, list(second.steps.values()))
+        if record is None:
+            return
+        if start > self._written[1]:
+            out.append(record)
+            self.counters.buckets_1s += 1
+        self._to_minute(_as_minute(record), second.last_added_s, dropped=(record.steps, record.late_rank_steps))
 
     def close_due(self, now_s: float, wall_s: float, held_from_s: float = math.inf) -> list[core.RollupRecord]:
         """The buckets that closed, seconds first, each resolution in ascending start order. held_from_s: the
         earliest time of a step still assembling (it will land in the bucket of its time): no bucket that could
         hold it closes."""
-        out: list[core.RollupRecord] = []
+        out, self._early = self._early, []
         while self._seconds:
             start, second = next(iter(self._seconds.items()))
             if not (self._due(start, 1, second.last_added_s, now_s, wall_s) and held_from_s >= start + 1
                     or len(self._seconds) > MAX_OPEN_SECONDS):
                 break
-            del self._seconds[start]
-            self._closed[1] = max(self._closed[1], start)
-            for key in second.steps:
-                self._where.pop(key, None)
-            record = self._second_rollup(start, list(second.steps.values()))
-            if record is None:
-                continue
-            if start > self._written[1]:
-                out.append(record)
-                self.counters.buckets_1s += 1
-            self._to_minute(_as_minute(record), second.last_added_s, dropped=(record.steps, record.late_rank_steps))
+            self._close_second(start, second, out)
         first_open_second = next(iter(self._seconds), math.inf)
         for start in sorted(self._minutes):
             minute = self._minutes[start]

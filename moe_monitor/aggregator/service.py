@@ -11,9 +11,23 @@ import time
 from moe_monitor import core
 
 from .options import AggregateOptions
-from .worker import Aggregator, default_consumer
+from .worker import Aggregator, aggregator_budget, default_consumer
 
 MAX_RUNS = 1024  # runs one --all process aggregates
+MMAP_THRESHOLD_BYTES = 1 << 20  # arrays this large are mmapped and go back to the system when freed
+
+
+def steady_malloc() -> bool:
+    """Fix glibc's mmap threshold (its default rises after the first large frees, and the wide steps the
+    aggregator frees then stay in a fragmented heap: the process grew with every step of a stalled wide run
+    instead of staying within its budget). False where there is no glibc."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, MMAP_THRESHOLD_BYTES))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
 
 
 def serve(redis_url: str, run: str | None, options: AggregateOptions, stop: threading.Event, *,
@@ -21,10 +35,12 @@ def serve(redis_url: str, run: str | None, options: AggregateOptions, stop: thre
           duration_s: float | None = None) -> int:
     """Aggregate run (or, run None, every run of moe:runs written to within active_s, looked for every
     discover_s) until stop is set or duration_s passed. ValueError for a bad URL or run name."""
+    steady_malloc()
     client = core.connect(redis_url, timeout_s=options.timeout_s, retries=0)
     if run is not None:
         core.check_run_name(run)
     consumer = consumer or default_consumer()
+    budget = aggregator_budget(options.memory_budget_bytes)  # shared by every run, each an equal share
     workers: dict[str, Aggregator] = {}
     end = math.inf if duration_s is None else time.monotonic() + duration_s
     discover_at = -math.inf
@@ -36,9 +52,12 @@ def serve(redis_url: str, run: str | None, options: AggregateOptions, stop: thre
                 discover_at = time.monotonic() + discover_s
                 for name in active_runs(client, active_s):
                     if name not in workers and len(workers) < MAX_RUNS:
-                        workers[name] = Aggregator(redis_url, name, options, consumer=consumer, client=client)
+                        workers[name] = Aggregator(redis_url, name, options, consumer=consumer, client=client,
+                                                   budget=budget)
+                        for worker in workers.values():
+                            worker.set_share(budget.total_bytes // len(workers))
             elif run is not None and not workers:
-                workers[run] = Aggregator(redis_url, run, options, consumer=consumer, client=client)
+                workers[run] = Aggregator(redis_url, run, options, consumer=consumer, client=client, budget=budget)
             did = False
             for worker in list(workers.values()):
                 did = worker.step() or did

@@ -23,6 +23,7 @@ import redis
 
 from moe_monitor import core
 from moe_monitor.core.assembly import Assembler, Output, entry_id_key
+from moe_monitor.core.membudget import MemoryBudget, format_bytes
 
 from .commit import CommitResult, Committer
 from .layoutbook import LayoutBook
@@ -37,6 +38,14 @@ TRIM_EVERY_S = 1.0  # the steps stream is trimmed this often
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.1, 5.0
 REPORT_AGAIN_S = 30.0  # a Redis failure that goes on is reported again this often
 QUIET_LOG_EVERY = 12  # while nothing arrives, one progress line every this many intervals
+ROLLUP_SHARE = 4  # the open rollup seconds may hold 1/ROLLUP_SHARE of a run's share of the memory budget
+COMMIT_BYTES = 16 << 20  # a read whose written steps encode to more commits them before it goes on
+
+
+def aggregator_budget(total_bytes: int) -> MemoryBudget:
+    """The memory budget one aggregator process shares among its runs."""
+    return MemoryBudget(total_bytes, label="the aggregator's memory budget", shared_by="every run it aggregates",
+                        setting="set --memory-budget")
 
 
 def default_consumer() -> str:
@@ -58,9 +67,15 @@ class Aggregator:
     `entries_in` (stream entries consumed by this process), `commits`, `redis_errors`, `lag_entries`."""
 
     def __init__(self, url: str, run: str, options: AggregateOptions | None = None, *, consumer: str | None = None,
-                 client: core.Client | None = None, log: Callable[[str], None] | None = None):
+                 client: core.Client | None = None, log: Callable[[str], None] | None = None,
+                 budget: MemoryBudget | None = None, share_bytes: int | None = None):
+        """budget: the process's memory budget (shared by every run of `moe-monitor aggregate --all`; default:
+        one of options.memory_budget_bytes for this run alone); share_bytes: what this run may hold of it
+        (default: all of it)."""
         self.run = core.check_run_name(run)
         self.options = options or AggregateOptions()
+        self.budget = budget if budget is not None else aggregator_budget(self.options.memory_budget_bytes)
+        self.share_bytes = int(share_bytes if share_bytes is not None else self.budget.total_bytes)
         self.where = core.redact(url)
         self.client: core.Client = client if client is not None else core.connect(
             url, timeout_s=self.options.timeout_s, retries=0)
@@ -114,6 +129,7 @@ class Aggregator:
         return dict(self.counters.as_dict(), holder=self.holder, synced=self.synced, entries_in=self.entries_in,
                     commits=self.commits, redis_errors=self.redis_errors, lag_entries=self.lag_entries,
                     pending_steps=self.assembler.pending_steps, epoch=self.assembler.epoch,
+                    reserved_bytes=self.assembler.reserved_bytes + self.rollups.open_bytes,
                     buckets_1s=self.rollups.counters.buckets_1s, buckets_60s=self.rollups.counters.buckets_60s,
                     buffered=self.committer.outbox.sizes(), last_error=self.last_error)
 
@@ -138,6 +154,17 @@ class Aggregator:
         if now >= self._log_at:
             self._report(now)
         return did
+
+    def set_share(self, share_bytes: int) -> None:
+        """What this run may hold of the budget from now on (the service gives every run an equal share): the
+        steps waiting for their ranks and the held records (sized again from the run's [L, E] when known), and
+        the open rollup seconds (1/ROLLUP_SHARE of it)."""
+        self.share_bytes = int(share_bytes)
+        rollup_bytes = self.share_bytes // ROLLUP_SHARE
+        self.assembler.share_bytes = self.share_bytes - rollup_bytes
+        self.rollups.max_open_bytes = rollup_bytes
+        if self.assembler.max_rows is not None:
+            self.assembler.resize()
 
     def idle_wait_s(self) -> float:
         """How long a caller may sleep after a round that did nothing."""
@@ -184,9 +211,14 @@ class Aggregator:
     def _fresh(self) -> None:
         """Forget everything held in memory (a new holder starts from what Redis says)."""
         o = self.options
-        self.assembler = Assembler(self.run, o.deadline_s, o.max_pending_steps, o.remember_steps)
+        for old in (getattr(self, "assembler", None), getattr(self, "rollups", None)):
+            if old is not None:
+                old.release()  # its bytes go back to the budget now
+        self.assembler = Assembler(self.run, o.deadline_s, o.max_pending_steps, o.remember_steps, budget=self.budget)
         self.book = LayoutBook()
-        self.rollups = RollupBuilder(self.run, self.book, o.grace_s)
+        self.rollups = RollupBuilder(self.run, self.book, o.grace_s, budget=self.budget)
+        self.set_share(self.share_bytes)
+        self._budget_reported = 0
         self.reader.reset()
         self.committer.reset()
         self._trimmed_ms = 0
@@ -216,7 +248,7 @@ class Aggregator:
                       "deleted): made again")
             self._ensure_group()
             entries = []
-        out = self.reader.ingest(self.assembler, entries, now)
+        out = self.reader.ingest(self.assembler, entries, now, self._take(now))
         self.reader.place_layouts(self.assembler, self.book)  # changes waiting for an instance that showed up now
         if now >= self._reclaim_at:
             out.extend(self._reclaim(now))
@@ -231,6 +263,17 @@ class Aggregator:
         if now >= self._trim_at:
             self._trim(now)
         return bool(entries) or wrote
+
+    def _take(self, now: float) -> Callable[[Output], None]:
+        """What a read hands each chunk's output to: the committer's outbox (steps encoded at once)."""
+        def take(out: Output) -> None:
+            if not self.holder:  # the lease went with an early commit: the holder reads these entries again
+                return
+            self.committer.queue(out, now, self.assembler, self.rollups)
+            if self.committer.outbox.nbytes > COMMIT_BYTES:
+                self._commit(now)
+
+        return take
 
     def _block_ms(self, now: float) -> int | None:
         """XREADGROUP's BLOCK: up to block_ms, never past the next step's deadline; None: do not block."""
@@ -472,6 +515,11 @@ class Aggregator:
             step, ranks = self.assembler.last_missing
             line += f"; last step short: {step} without ranks {ranks}"
         self._log(line)
+        if c.budget_writes + c.over_budget > self._budget_reported:
+            self._log(f"aggregate {self.run}: {c.budget_writes} steps written before their deadline and "
+                      f"{c.over_budget} records skipped to stay within the memory budget ({format_bytes(self.share_bytes)} "
+                      f"for this run of {self.budget.describe()}); latest: {self.assembler.budget_problem}")
+            self._budget_reported = c.budget_writes + c.over_budget
         if c.bad_records > self._bad_reported:
             self._log(f"aggregate {self.run}: {c.bad_records - self._bad_reported} malformed entries acked and "
                       f"skipped since the last report ({c.bad_records} in all); latest: {self.assembler.last_problem}")

@@ -36,6 +36,9 @@ def register(sub) -> None:
     for name, text in OPTION_FLAGS:
         default = getattr(d, name)
         p.add_argument("--" + name.replace("_", "-"), type=type(default), default=default, help=text)
+    p.add_argument("--memory-budget", metavar="SIZE", default=None,
+                   help="memory every run's waiting steps, held records and open rollup seconds share, e.g. 1GiB "
+                        f"(default: {d.memory_budget_bytes >> 30}GiB)")
     p.add_argument("--consumer", default=None, help="consumer name (default: host-pid-random)")
     p.add_argument("--active-s", type=float, default=86_400.0,
                    help="--all: runs written to within this many seconds (%(default)s)")
@@ -47,7 +50,10 @@ def register(sub) -> None:
 def aggregate(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     from moe_monitor.aggregator.options import AggregateOptions
     from moe_monitor.aggregator.service import serve
+    from moe_monitor.core.membudget import parse_bytes
     flags = {name: getattr(args, name) for name, _ in OPTION_FLAGS}
+    if getattr(args, "memory_budget", None):
+        flags["memory_budget_bytes"] = parse_bytes(args.memory_budget, "--memory-budget")
     options = AggregateOptions(**{**flags, "block_ms": 0 if args.all else args.block_ms})
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():

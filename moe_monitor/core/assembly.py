@@ -190,6 +190,8 @@ class Assembler:
         self.budget = budget
         self._reservation = budget.try_reserve(0) if budget is not None else None
         self.max_rows: int | None = None
+        self.budget_problem = ""  # the latest step written early or record skipped for the budget
+        self.share_bytes: int | None = None  # this run's share of the budget (set by the aggregator)
         self._row_bytes = 0
         self._rows = 0
 
@@ -337,7 +339,8 @@ class Assembler:
                 self.last_problem = f"step {step} rank {rank}: older than every step remembered (from {self.horizon})"
                 out.acks.append(entry_id)
                 return
-            self._row_bytes = max(self._row_bytes, rec.counts_LE.size * 4)
+            if self._row_bytes < rec.counts_LE.size * 4:  # a shape larger than the metadata's: sized again
+                self.size_for(*rec.counts_LE.shape)
             if not self._reserve(1, out):
                 self._refuse(entry_id, rec, out)
                 return
@@ -497,15 +500,19 @@ class Assembler:
         self.counters.epochs_undone += 1
 
     # --------------------------------------------------------------------------------------------- memory
-    def size_for(self, num_layers: int, num_experts: int, share_bytes: int | None) -> int:
+    def size_for(self, num_layers: int, num_experts: int) -> int:
         """Size this run's rows for counts [num_layers, num_experts] (the run metadata's, at start) within
         share_bytes (None: the budget's own bound only): pending steps and held records together at most
         max_pending_steps + MAX_HELD, at most share_bytes of them. Returns the rows granted (0: not one step
         fits; its records are then skipped, counted as over_budget, with one message)."""
         self._row_bytes = max(self._row_bytes, int(num_layers) * int(num_experts) * 4, 1)
+        return self.resize()
+
+    def resize(self) -> int:
+        """size_for() again under the current share_bytes (the shape as known); returns the rows granted."""
         cap = self.max_pending_steps + MAX_HELD
-        if share_bytes is not None:
-            cap = min(cap, int(share_bytes) // self._row_bytes)
+        if self.share_bytes is not None and self._row_bytes:
+            cap = min(cap, int(self.share_bytes) // self._row_bytes)
         self.max_rows = cap
         return cap
 
@@ -534,9 +541,10 @@ class Assembler:
             if bucket is not keep:
                 del self._pending[step]
                 out.emitted.append(self._emit(bucket, late=False))
+                self.budget_problem = (f"step {step} written before its deadline with {len(bucket.ranks)} of "
+                                       f"{bucket.world} ranks: the steps waiting for their ranks fill {self._limit()}")
                 if not self.counters.budget_writes:
-                    self.last_problem = (f"step {step} written before its deadline with {len(bucket.ranks)} of "
-                                         f"{bucket.world} ranks: the steps waiting for their ranks fill {self._limit()}")
+                    self.last_problem = self.budget_problem
                 self.counters.budget_writes += 1
                 return True
         return False
@@ -545,14 +553,26 @@ class Assembler:
         """Not one step of rec's shape fits: skipped, counted, said."""
         self.counters.over_budget += 1
         shape = list(rec.counts_LE.shape)
-        self._skip(entry_id, out, f"step {rec.step} rank {rec.rank}: counts {shape} "
-                                  f"({format_bytes(rec.counts_LE.size * 4)} a step) do not fit {self._limit()}: skipped")
+        self.budget_problem = (f"step {rec.step} rank {rec.rank}: counts {shape} ({format_bytes(rec.counts_LE.size * 4)} "
+                               f"a step) do not fit {self._limit()}: skipped")
+        self._skip(entry_id, out, self.budget_problem)
 
     def _limit(self) -> str:
         if self.budget is None:
             return f"the {self.max_rows} steps this run may hold"
         cap = "" if self.max_rows is None else f"; this run may hold {self.max_rows} steps of {format_bytes(self._row_bytes)}"
         return f"{self.budget.describe()}{cap}"
+
+    def release(self) -> None:
+        """Give this assembler's bytes back to the budget now (it is being dropped)."""
+        if self._reservation is not None:
+            self._reservation.release()
+            self._reservation, self.max_rows = None, 0  # nothing more is taken by a dropped assembler
+
+    @property
+    def shape_bytes(self) -> int:
+        """Bytes of one int32 [L, E] of this run (0 before its shape is known)."""
+        return self._row_bytes
 
     @property
     def reserved_bytes(self) -> int:

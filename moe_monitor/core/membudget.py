@@ -21,6 +21,7 @@ from contextvars import ContextVar
 ENV_VAR = "MOE_MONITOR_MEMORY_BUDGET"
 DASHBOARD_DEFAULT_BYTES = 2 << 30  # a laptop's share for every dashboard session together
 EXPORTER_DEFAULT_BYTES = 1 << 30  # every run one exporter watches, together
+AGGREGATOR_DEFAULT_BYTES = 1 << 30  # every run one aggregator process sums: steps waiting, held records, rollups
 MIN_BUDGET_BYTES = 16 << 20
 MAX_BUDGET_BYTES = 1 << 50
 
