@@ -1,6 +1,7 @@
 """Dispatch-aware planning benchmark: per-step tails of layouts planned for the lp and even dispatch policies.
 
-Run: .venv/bin/python -m bench.dispatch   (re-execs itself with fixed glibc malloc settings)
+Run: .venv/bin/python -m bench.dispatch [--baseline REV] [--turns 3]   (re-execs itself with fixed glibc malloc
+settings)
 
 Traces: per-step counts sampled (numpy multinomial, planner.synthetic.sampled_steps) from the real DeepSeek-V3
 popularity of the 4 decode files in tests/data/sglang_deepseek_v3 (provenance: tests/data/README.md), MoE layers
@@ -15,11 +16,19 @@ scored on the next FIT_STEPS steps (held out).
 - beside (b), the noise floor of the even split: sampling noise alone, for a layout whose every GPU has the
   same mean and the same variance (a GPU's per-step variance is the sum over its slots of count / replicas^2,
   so the replica counts fix the total; equal shares of it are the best any layout does), Gaussian per GPU;
-- the lp solver's time (core.dispatch) for a 600-step window of all 58 MoE layers on 32 GPUs; goal <= 1 s.
+- the lp solver (core.dispatch, core.lpsplit): DispatchModel.gpu_loads of a 600-step window of all 58 MoE layers
+  on 32 GPUs (256 experts + 32 redundant slots, the default plan's layout), goal <= 1 s, beside the previous main
+  (BASELINE or --baseline REV, bench/baseline.py): each tree in a child process of its own, turns interleaved,
+  median of every timed call; and exactness: the busiest GPU against scipy's HiGHS (tests/support/lp_reference)
+  on sampled pairs of that window and on the stress layouts of tests/support/lp_cases (random, crowded with ties
+  and idle experts, chains and rings of replicated experts), as the largest absolute gap in tokens.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import numpy as np
 
+from bench.baseline import child_json, trees
 from moe_monitor.core.dispatch import DispatchModel
 from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.core.steptails import step_tails
@@ -42,6 +52,8 @@ DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G, R, TOP_K, RANKS = 32, 32, 8, 32
 LAYERS, FIT_STEPS, SEEDS = 12, 600, (0, 1)
 FIRST_MOE_LAYER = 3
+BASELINE = "2b041ee"   # the previous main, before issue 34 (water-filling lp, 3.4 s quiet on this VM)
+LP_CALLS, LP_TURNS, LP_SAMPLED_PAIRS = 3, 3, 200
 
 
 def decode_popularity() -> dict[str, np.ndarray]:
@@ -93,18 +105,95 @@ def case(name: str, popularity_LE: np.ndarray, seed: int) -> dict[str, float]:
     return row
 
 
-def lp_seconds(popularity_LE: np.ndarray) -> float:
-    """Seconds core.dispatch's lp takes for 600 steps x 58 layers x 32 GPUs (median of 3) on our lp layout."""
+def lp_cases(popularity_LE: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray, int, list]]:
+    """name -> (layout, counts [T, L, E], GPUs, the (step, layer) pairs checked against HiGHS). The first is the
+    timed case: 600 held-out steps of all 58 MoE layers on the default plan's layout."""
+    from tests.support.lp_cases import chain_counts, chain_layout, crowded_case, random_layout
     steps = trace(popularity_LE, 2 * FIT_STEPS, 7)
-    fit = steps[:FIT_STEPS]
-    layout = plan(split_windows(fit), G, R).layout_LP
-    model = DispatchModel(layout, fit.shape[2], G, "lp")
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        model.gpu_loads(steps[FIT_STEPS:])
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    layout = plan(split_windows(steps[:FIT_STEPS]), G, R).layout_LP
+    held = steps[FIT_STEPS:]
+    rng = np.random.default_rng(0)
+    sampled = sorted({(int(t), int(layer)) for t, layer in zip(rng.integers(0, FIT_STEPS, LP_SAMPLED_PAIRS),
+                                                                 rng.integers(0, held.shape[1], LP_SAMPLED_PAIRS))})
+
+    def every(counts):
+        return [(t, layer) for t in range(counts.shape[0]) for layer in range(counts.shape[1])]
+
+    cases = {"600 steps x 58 layers x 32 GPUs": (layout, held, G, sampled)}
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        lay = random_layout(rng, 4, 24, 6, redundant=12, allow_duplicates=seed % 2 == 1)
+        counts = rng.gamma(0.5, 40.0, size=(5, 4, 24)).round()
+        cases[f"random 24 experts on 6 GPUs, seed {seed}"] = (lay, counts, 6, every(counts))
+    for seed in range(40):
+        lay, counts, gpus = crowded_case(seed)
+        cases[f"crowded {seed}"] = (lay, counts, gpus, every(counts))
+    for ring in (False, True):
+        lay = chain_layout(16, ring)
+        counts = chain_counts(lay, 16)
+        cases["ring of 16 GPUs" if ring else "chain of 16 GPUs"] = (lay, counts, 16, every(counts))
+    return cases
+
+
+def lp_child(path: str) -> None:
+    """--child PATH: this process's moe_monitor on the cases saved at PATH; one JSON line: the timed case's
+    seconds per gpu_loads call (after one untimed call) and every case's busiest GPU on its checked pairs."""
+    saved = np.load(path, allow_pickle=True)
+    cases = saved["cases"].item()
+    out: dict = {"seconds": [], "busiest": {}}
+    for i, (name, (layout, counts, gpus, pairs)) in enumerate(cases.items()):
+        model = DispatchModel(layout, counts.shape[2], gpus, "lp")
+        loads = model.gpu_loads(counts)
+        if i == 0:
+            for _ in range(LP_CALLS):
+                t0 = time.perf_counter()
+                model.gpu_loads(counts)
+                out["seconds"].append(time.perf_counter() - t0)
+        out["busiest"][name] = [float(loads[t, layer].max()) for t, layer in pairs]
+    print(json.dumps(out))
+
+
+def lp_report(popularity_LE: np.ndarray, baseline: str, turns: int) -> tuple[float, float]:
+    """Prints the lp solver's time and exactness for this tree beside the baseline's; (this tree's median
+    seconds, its largest gap to HiGHS in tokens)."""
+    from tests.support.lp_reference import busiest_gpu_optimum
+    cases = lp_cases(popularity_LE)
+    optimum = {name: [busiest_gpu_optimum(counts[t, layer], layout[layer], gpus) for t, layer in pairs]
+               for name, (layout, counts, gpus, pairs) in cases.items()}
+    found = trees(baseline)
+    runs: dict[str, list[dict]] = {tree: [] for tree in found}
+    with tempfile.TemporaryDirectory(prefix="bench-dispatch-") as folder:
+        path = str(Path(folder) / "cases.npz")
+        np.savez(path, cases=np.array(cases, dtype=object))
+        for _ in range(turns):
+            for tree, root in found.items():
+                runs[tree].append(child_json("bench.dispatch", [path], root))
+    name0 = next(iter(cases))
+    layout0, counts0 = cases[name0][:2]
+    print(f"\nlp solver: DispatchModel(...).gpu_loads of {counts0.shape[0]} steps x {counts0.shape[1]} layers x {G} "
+          f"GPUs ({counts0.shape[2]} experts + {layout0.shape[1] - counts0.shape[2]} redundant slots); each tree in "
+          f"its own process, {turns} turns interleaved x {LP_CALLS} calls, median")
+    medians, gaps = {}, {}
+    for tree, got in runs.items():
+        medians[tree] = statistics.median(s for run in got for s in run["seconds"])
+        busiest = got[0]["busiest"]
+        gaps[tree] = {name: max(abs(b - o) for b, o in zip(busiest[name], optimum[name]))
+                      for name in cases}
+    for tree in runs:
+        print(f"  {tree:10s}  {medians[tree]:.3f} s")
+    if len(runs) > 1:
+        print(f"  {baseline} / this tree: {medians[baseline] / medians['this tree']:.1f}x")
+    groups = {"600-step case, sampled pairs": [name0],
+              "random layouts (6 seeds)": [n for n in cases if n.startswith("random")],
+              "crowded layouts: ties, idle experts (40)": [n for n in cases if n.startswith("crowded")],
+              "chains and rings of replicated experts": [n for n in cases if "16 GPUs" in n]}
+    print("  exactness: largest |busiest GPU - HiGHS optimum| in tokens (pairs checked)")
+    for label, names in groups.items():
+        n = sum(len(cases[name][3]) for name in names)
+        cells = "  ".join(f"{tree} {max(gaps[tree][name] for name in names):.2e}" for tree in runs)
+        print(f"    {label:42s} ({n:4d})  {cells}")
+    worst = max(gaps["this tree"].values())
+    return medians["this tree"], worst
 
 
 def verdict(ok: bool) -> str:
@@ -112,6 +201,15 @@ def verdict(ok: bool) -> str:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", metavar="REV", default=BASELINE,
+                        help="the revision whose lp solver is timed beside this tree's ('' for none)")
+    parser.add_argument("--turns", type=int, default=LP_TURNS, help="child processes per tree, interleaved")
+    parser.add_argument("--child", metavar="PATH", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        lp_child(args.child)
+        return
     pops = decode_popularity()
     t0 = time.perf_counter()
     print(f"per-step tails, {len(pops)} decode files x {len(SEEDS)} seeds, layers {FIRST_MOE_LAYER}.."
@@ -122,8 +220,8 @@ def main() -> None:
     worst_lp = max(r["tail-lp lp"] for r in rows)
     print("  mean over cases          " + "  ".join(f"{k} {v:.4f}" for k, v in mean.items()))
     less = 1 - (mean["tail even"] - 1) / (mean["eplb even"] - 1)
-    secs = lp_seconds(next(iter(pops.values())))
     print(f"  ({time.perf_counter() - t0:.0f} s)")
+    secs, gap = lp_report(next(iter(pops.values())), args.baseline, args.turns)
     print("\ngoals")
     print(f"  (a) lp dispatch on our layout, per-step p99 imbalance: mean {mean['tail-lp lp']:.4f}, worst case "
           f"{worst_lp:.4f} (EPLB's layout under lp {mean['eplb lp']:.4f})   goal <= 1.04   "
@@ -135,6 +233,7 @@ def main() -> None:
           f"{mean['even floor'] - 1:.4f} = {floor_less:.1%} less than EPLB at most (sampling noise of "
           f"{RANKS} x 64-256 tokens x top-{TOP_K} per step)")
     print(f"  lp solver, 600 steps x 58 layers x 32 GPUs: {secs:.2f} s   goal <= 1 s   {verdict(secs <= 1.0)}")
+    print(f"  lp exact: largest gap to HiGHS {gap:.1e} tokens   goal: rounding (<= 1e-6)   {verdict(gap <= 1e-6)}")
 
 
 if __name__ == "__main__":
