@@ -107,7 +107,7 @@ def make_room(root: Path, incoming_bytes: int, own: Collection[str] = ()) -> lis
     kept = [item for item in every if item[2].name not in gone]
     held = sum(b for _, b, _ in kept)
     if len(kept) + 1 > FOLDER_MAX_FILES or held + incoming_bytes > FOLDER_QUOTA_BYTES:
-        oldest_s = min(mtime for mtime, _, _ in kept)
+        oldest_s = min((mtime for mtime, _, _ in kept), default=time.time())
         wait_h = max(0.0, UPLOAD_MAX_AGE_S - (time.time() - oldest_s)) / 3600
         raise ValueError(f"the trace folder holds {len(kept)} uploads ({held >> 20:,} MiB), as many as all sessions "
                          f"may keep; the oldest expires in {wait_h:.1f} h (or copy the trace into the folder)")
