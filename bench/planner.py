@@ -1,17 +1,23 @@
-"""Planner benchmark: speed side by side with the EPLB-parity policy, fitted-window gaps, hierarchical
-numbers, leave-one-out held-out table on the 12 DeepSeek-V3 workloads, next-window drift scores, and a
+"""Planner benchmark: first the default's goals (the command a user runs, `moe-monitor plan` with no --policy),
+each beside its goal and beside the previous main (BASELINE, measured in a child process whose moe_monitor is
+that revision's, bench/baseline.py): leave-one-out over the 12 DeepSeek-V3 workloads, the margin against EPLB
+fitted on the last window under random-walk drift, the small cases of vLLM's EPLB tests (EPLB, ours, the
+optimum), and the tail objective's share of the gap from EPLB to the noise floor. Then: speed side by side
+with the EPLB-parity policy, fitted-window gaps, hierarchical numbers, leave-one-out held-out table on the 12 DeepSeek-V3 workloads, next-window drift scores, and a
 closing table of the issue's anchors (EPLB parity vs ours), and the rebalance advisor's goals: total time
 lost (straggler + migration, planner.simulate's cost model) of the advisor against static and periodic
 re-plans on drifting per-step traces, and next-window excess imbalance of the robust plan against EPLB fitted
 on the last window under random-walk drift.
 
-Run: .venv/bin/python -m bench.planner   (re-execs itself with fixed glibc malloc settings)
+Run: .venv/bin/python -m bench.planner [--baseline REV]   (re-execs itself with fixed glibc malloc settings)
 Held-out measure: per held-out file, mean over its 58 MoE layers of max/mean GPU load; then the mean
-and the worst across the 12 files. Ours: policy "robust" fitted on the 11 other files (each normalised);
+and the worst across the 12 files. Default: plan() with no policy, fitted on the 11 other files stacked as
+windows (each normalised per layer by the planner); robust: on the 11 other files (each normalised);
 EPLB: the EPLB-parity global policy fitted on the raw sum of the 11 other files. R = 32, G = 32.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -25,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import numpy as np
 
+from bench.baseline import child_json, export_package
+from moe_monitor.core.loadmodel import gpu_loads
 from moe_monitor.planner.advisor import advise, initial_layout, periodic_schedule, static_schedule
 from moe_monitor.planner.api import plan
 from moe_monitor.planner.bounds import best_bound, group_partition_bound
@@ -35,11 +43,184 @@ from moe_monitor.planner.synthetic import drifting_windows, skewed_counts
 
 DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G = 32
+BASELINE = "2b041ee"   # the previous main, before issue 34
+DRIFT_SEEDS = {"bench seeds 0-2": (0, 1, 2), "fresh seeds 10-12": (10, 11, 12)}
+# the inputs of vLLM's EPLB tests (tests/distributed/test_eplb_algo.py), as facts:
+# (name, weights [L][E], physical slots, groups, nodes, GPUs)
+SMALL_CASES = (
+    ("basic (DeepSeek's example)", [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
+                                    [20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27]], 16, 4, 2, 8),
+    ("equal weights", [[50] * 8], 8, 2, 2, 4),
+    ("extreme weight imbalance", [[1000, 1, 1, 1, 1, 1, 1, 1]], 12, 2, 2, 4),
+    ("multiple layers", [[10, 20, 30, 40, 50, 60], [60, 50, 40, 30, 20, 10], [25] * 6], 8, 2, 2, 4),
+    ("parameter validation", [[10, 20, 30, 40]], 8, 3, 2, 4),
+    ("small_scale_hierarchical", [[100, 50, 200, 75, 150, 25, 300, 80]], 12, 4, 2, 4),
+    ("global load balance fallback", [[10, 20, 30, 40, 50, 60]], 8, 3, 2, 4),
+    ("device compatibility", [[10, 20, 30, 40]], 6, 2, 1, 2),
+    ("additional cases 1", [[50, 100, 75, 120, 90, 60, 80, 110, 40, 70, 95, 85, 65, 55, 45, 35]], 24, 8, 4, 8),
+    ("additional cases 2", [[200, 150, 100, 50, 25, 12], [12, 25, 50, 100, 150, 200]], 10, 3, 1, 2),
+)
 
 
 def load():
     files = sorted(DATA.glob("*.json"))
     return [f.stem for f in files], np.array([json.loads(f.read_text())["logical_count"] for f in files], float)
+
+
+def default_figures(C) -> dict:
+    """The default's figures with whichever moe_monitor this process imports (this tree, or the baseline's in a
+    child): leave-one-out per held-out file, next-window excess per drift window, small cases' max GPU load per
+    layer. Only APIs the baseline has too."""
+    loo = [float(layer_imbalance(C[k], plan(np.delete(C, k, axis=0), G, 32).layout_LP, G).mean())
+           for k in range(C.shape[0])]
+    drift_ex = {}
+    for label, seeds in DRIFT_SEEDS.items():
+        ex = []
+        for seed in seeds:
+            c = drifting_windows(windows=12, layers=16, seed=seed)
+            ex += [float(layer_imbalance(c[t], plan(c[:t], G, 32).layout_LP, G).mean() - 1) for t in range(4, 12)]
+        drift_ex[label] = ex
+    small = {}
+    for name, w, slots, _, _, gpus in SMALL_CASES:
+        c = np.array(w, dtype=float)
+        small[name] = gpu_loads(c, plan(c, gpus, slots - c.shape[1]).layout_LP, gpus).max(-1).tolist()
+    return {"loo": loo, "drift": drift_ex, "small": small}
+
+
+def eplb_small(c, slots: int, groups: int, nodes: int, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """(max GPU load per layer, whether some GPU holds two copies of one expert) of EPLB as vLLM runs it:
+    hierarchical where groups split the experts and nodes split the groups, else global."""
+    from moe_monitor.planner.loads import duplicates_on_gpu
+    E = c.shape[1]
+    R = slots - E
+    if E % groups == 0 and groups % nodes == 0 and gpus % nodes == 0 and R % nodes == 0:
+        lay = eplb_hierarchical(c, gpus, R, nodes, groups)
+    else:
+        lay = eplb_global(c, gpus, R)
+    return gpu_loads(c, lay, gpus).max(-1), duplicates_on_gpu(lay, gpus)
+
+
+def default_goals(C, baseline: str) -> None:
+    """The default's goals, this tree beside the previous main (module docstring)."""
+    t0 = time.perf_counter()
+    now = default_figures(C)
+    t_now = time.perf_counter() - t0
+    prev, why = None, "not asked"
+    if baseline:
+        root, why = export_package(baseline)
+        if root is not None:
+            prev = child_json("bench.planner", [], root)
+    col = baseline if prev is not None else "previous main"
+
+    def old(key: str, fmt: str = ".4f", minus: float | None = None, label: str = "") -> str:
+        if prev is None:
+            return "n/a"
+        v = prev[key][label] if label else prev[key]
+        return format(np.mean(v) if minus is None else minus - np.mean(v), fmt)
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
+    loo = np.array(now["loo"])
+    rob, epl = [], []
+    for k in range(C.shape[0]):
+        train = np.delete(C, k, axis=0)
+        rob.append(layer_imbalance(C[k], plan(train, G, 32, policy="robust").layout_LP, G).mean())
+        epl.append(layer_imbalance(C[k], eplb_global(train.sum(0), G, 32), G).mean())
+    print("the default (`moe-monitor plan --load F --gpus 32 --redundant 32`, no --policy): its goals"
+          f"{'' if prev is not None else f' (previous main: {why})'}")
+    print(f"  {'figure':46s} {'this tree':>10s} {col:>13s}  goal")
+    print(f"  {'leave-one-out, mean over 12 files':46s} {loo.mean():10.4f} "
+          f"{old('loo'):>13s}  <= 1.03  {verdict(loo.mean() <= 1.03)}")
+    prev_worst = f"{np.max(prev['loo']):.4f}" if prev is not None else "n/a"
+    print(f"  {'leave-one-out, worst file':46s} {loo.max():10.4f} "
+          f"{prev_worst:>13s}  <= 1.08  {verdict(loo.max() <= 1.08)}")
+    print(f"    beside it: --policy robust {np.mean(rob):.4f} / {np.max(rob):.4f}, EPLB on the 11 files' sum "
+          f"{np.mean(epl):.4f} / {np.max(epl):.4f} (mean / worst)")
+    for label, seeds in DRIFT_SEEDS.items():
+        eplb_ex = []
+        for seed in seeds:
+            c = drifting_windows(windows=12, layers=16, seed=seed)
+            eplb_ex += [layer_imbalance(c[t], eplb_global(c[t - 1], G, 32), G).mean() - 1 for t in range(4, 12)]
+        base = float(np.mean(eplb_ex))
+        ours = float(np.mean(now["drift"][label]))
+        print(f"  {'drift ' + label + ': margin vs EPLB-last':46s} {base - ours:+10.4f} "
+              f"{old('drift', '+.4f', base, label):>13s}  >= 0  {verdict(ours <= base)}")
+        print(f"    next-window excess (max/mean - 1), {len(seeds)} seeds x 8 windows, 16 layers: default {ours:.4f}"
+              f", EPLB on the last window {base:.4f} ({1 - ours / base:+.1%} less); default lower on "
+              f"{np.mean(np.array(now['drift'][label]) < np.array(eplb_ex)):.0%} of the windows")
+    print(f"  ({t_now:.0f} s for this tree's default figures)")
+    small_cases(now, prev, col)
+
+
+def small_cases(now: dict, prev: dict | None, col: str) -> None:
+    """The table of vLLM's EPLB test inputs: EPLB (as vLLM runs it), ours (default) here and before, optimum."""
+    print("\nsmall cases from vLLM's EPLB tests: max GPU load per layer (one copy of an expert per GPU in ours)")
+    print(f"  {'case':34s} {'G':>2s} {'P':>3s} {'EPLB':>9s} {col:>13s} {'ours':>9s} {'optimum':>10s}  goal: ours <= EPLB "
+          "(where EPLB keeps one copy per GPU), = optimum")
+    fails = 0
+    for name, w, slots, groups, nodes, gpus in SMALL_CASES:
+        c = np.array(w, dtype=float)
+        eplb_max, dup = eplb_small(c, slots, groups, nodes, gpus)
+        res = plan(c, gpus, slots - c.shape[1])
+        for layer in range(c.shape[0]):
+            ours = now["small"][name][layer]
+            opt = (f"{res.max_load_L[layer]:.2f}" if res.optimal_L[layer]
+                   else f">={res.bound_load_L[layer]:.2f}")
+            ok = (dup[layer] or ours <= eplb_max[layer] * (1 + 1e-9)) and (
+                not res.optimal_L[layer] or ours <= res.max_load_L[layer] * (1 + 1e-9))
+            fails += not ok
+            label = name if c.shape[0] == 1 else f"{name} L{layer}"
+            prev_s = f"{prev['small'][name][layer]:.2f}" if prev is not None else "n/a"
+            print(f"  {label:34s} {gpus:2d} {slots:3d} {eplb_max[layer]:8.2f}{'*' if dup[layer] else ' '} "
+                  f"{prev_s:>13s} {ours:9.2f} {opt:>10s}  {'PASS' if ok else 'FAIL'}")
+    print(f"  * EPLB puts two copies of one expert on one GPU there (the planner's rule forbids it; its figure is "
+          f"then below what any layout under the rule reaches); {fails} case(s) fail")
+
+
+def tail_floor_share(files: int = 4, seeds: tuple[int, ...] = (0, 1)) -> None:
+    """The tail objective against its floor (issue 19's setting, bench.dispatch's traces: decode popularity,
+    12 MoE layers, 32 ranks x 64-256 tokens x top-8, fit on 600 steps, p99 of the next 600): under an even split,
+    the share of the gap from EPLB's p99 excess to the noise floor's that the tail layout closes; and the
+    two-phase case where planning for the tail pays (tests/planner/test_plan_dispatch.py's construction)."""
+    from bench.dispatch import FIT_STEPS, LAYERS, decode_popularity, even_noise_floor, p99, trace
+    from moe_monitor.planner.windows import split_windows
+
+    t0 = time.perf_counter()
+    rows = []
+    for pop in list(decode_popularity().values())[:files]:
+        for seed in seeds:
+            steps = trace(pop[:LAYERS], 2 * FIT_STEPS, seed)
+            fit, held = steps[:FIT_STEPS], steps[FIT_STEPS:]
+            tail = plan(split_windows(fit), G, 32, objective="tail", dispatch="even", steps=fit).layout_LP
+            rows.append((p99(held, eplb_global(fit.sum(0), G, 32), "even"), p99(held, tail, "even"),
+                         even_noise_floor(held, tail, seed)))
+    e, t, f = np.mean(rows, axis=0) - 1
+    share = (e - t) / (e - f) if e > f else float("nan")
+    print(f"\ntail objective under even split ({files} decode files x seeds {seeds}, as bench.dispatch): p99 excess EPLB {e:.4f}, tail "
+          f"layout {t:.4f}, noise floor {f:.4f}: closes {share:.0%} of the gap from EPLB to the floor   goal >= 80%"
+          f"   {'PASS' if share >= 0.8 else 'FAIL'}")
+    E, L, T, g = 64, 2, 240, 8
+    rng = np.random.default_rng(3)
+    pop2 = np.ones((T, L, E))
+    for step in range(T):
+        pop2[step, :, (step % 2) * 8:(step % 2) * 8 + 8] = 6.0
+    steps2 = np.stack([[rng.multinomial(40_000, q / q.sum()) for q in pop2[step]] for step in range(T)]).astype(float)
+    fit2, held2 = steps2[:160], steps2[160:]
+    from moe_monitor.core.steptails import step_tails
+
+    def p99_8(lay):
+        return step_tails(held2, lay, g, "even").imbalance_summary()["p99"]
+    window = p99_8(plan(split_windows(fit2), g, 8).layout_LP)
+    tail2 = p99_8(plan(split_windows(fit2), g, 8, objective="tail", steps=fit2).layout_LP)
+    print(f"  two alternating phases (64 experts, 8 GPUs, R=8): p99 {window:.2f} with the window layout, {tail2:.2f} "
+          f"with the tail layout  ({time.perf_counter() - t0:.0f} s)")
+
+
+def child_main() -> None:
+    """--child: the default's figures as one JSON line (run with the baseline's moe_monitor)."""
+    names, C = load()
+    print(json.dumps(default_figures(C[:, C[0].sum(1) > 0])))
 
 
 def speed(c, runs=9):
@@ -101,13 +282,14 @@ def hierarchical():
 
 def leave_one_out(names, C):
     C = C[:, C[0].sum(1) > 0]
-    print("\nleave-one-out, R=32, G=32: per held-out file, mean over 58 layers of max/mean (worst layer)")
+    print("\nleave-one-out, R=32, G=32: per held-out file, mean over 58 layers of max/mean (worst layer); ours: the "
+          "default")
     rows = []
     t0 = time.perf_counter()
     for k, n in enumerate(names):
         train = np.delete(C, k, axis=0)
         e = layer_imbalance(C[k], eplb_global(train.sum(0), G, 32), G)
-        o = layer_imbalance(C[k], plan(train, G, 32, policy="robust").layout_LP, G)
+        o = layer_imbalance(C[k], plan(train, G, 32).layout_LP, G)
         rows.append((e.mean(), e.max(), o.mean(), o.max()))
         print(f"  {n:24s} EPLB {e.mean():.4f} ({e.max():.3f})   ours {o.mean():.4f} ({o.max():.3f})")
     r = np.array(rows)
@@ -290,7 +472,17 @@ def time_goal(names, C, layers=16, steps=200):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--baseline", metavar="REV", default=BASELINE,
+                        help="the previous main the default's goals are printed beside ('' for none)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child_main()
+        return
     names, C = load()
+    default_goals(C[:, C[0].sum(1) > 0], args.baseline)
+    tail_floor_share()
     sp = speed(C[names.index("prefill_in1024")])
     fit = fitted(names, C)
     hier = hierarchical()

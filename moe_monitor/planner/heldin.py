@@ -1,13 +1,17 @@
-"""Pick the robust fit's blend by a rolling-origin backtest: which view of the past predicted the next window.
+"""The default's fit of windowed counts, chosen by a rolling-origin backtest: which view of the past predicted
+the next window.
 
-Under drift the newest window predicts the next one better than a blend of all of them (a random walk of
-popularity); under stationary traffic, or windows of unrelated workloads, the blend hedges better. ``fit_heldin``
-backtests each candidate fit (``candidates``) on up to ``MAX_FOLDS`` folds: fit on the windows before k, score on
-window k (mean over layers of max/mean GPU load), for the last folds k. A candidate other than the robust fit is
-taken only when it has the lowest mean over the folds AND beats the robust fit on at least ``AGREE`` of them;
-when the folds disagree, the robust fit (the fallback) is refitted on all windows. One window: the robust fit.
+Candidates (``candidates``): "newest", the newest window alone (what a re-plan on the last window does) with its
+GPUs' drift noise evened out (planner.variance, the drift measured between consecutive windows); "robust", the
+robust fit on all windows as asked; "recent", one that fades old windows fast. ``backtest``: each candidate is
+fitted on the windows before k and scored on window k (mean over layers of max/mean GPU load), for the last
+``MAX_FOLDS`` windows k. ``choose``: the newest-window fit stays unless a blend beats it by ``MARGIN`` on the
+mean over the folds (under drift the candidates differ by noise, and a blend of old windows is worse on
+average); among blends "recent" needs to beat the robust fit on ``AGREE`` of the folds, else the robust fit
+(the fallback when the folds disagree). The choice is refitted on all windows. One window: the robust fit.
+Measured figures: docs/planner.md.
 
-Shapes: counts_WLE [W, L, E] windows oldest..newest; layout_LP [L, E + R]; scores [N folds] or [N, L].
+Shapes: counts_WLE [W, L, E] windows oldest..newest; layout_LP [L, E + R]; scores [N folds, L'].
 """
 from __future__ import annotations
 
@@ -16,49 +20,56 @@ from collections.abc import Callable
 import numpy as np
 
 from .loads import layer_imbalance
-from .robust import fit_robust
+from .robust import fit_robust, normalise
+from .variance import drift_sigma, variance_swaps
 
 Fit = Callable[[np.ndarray, int, int], np.ndarray]
-MAX_FOLDS = 4        # folds of the rolling-origin backtest (the newest windows, each scored once)
-AGREE = 0.75         # share of folds on which a challenger must beat the robust fit
+MAX_FOLDS = 4         # folds of the rolling-origin backtest (the newest windows, each scored once)
+BACKTEST_LAYERS = 16  # layers the folds fit and score (evenly spaced; layers are fitted independently)
+MARGIN = 0.01         # mean max/mean a blend must gain over the newest-window fit in the folds
+AGREE = 0.75          # share of folds on which "recent" must beat the robust fit
 
 
 def _robust(decay: float, recent: int) -> Fit:
     return lambda c, gpus, redundant: fit_robust(c, gpus, redundant, decay=decay, recent=recent)
 
 
-def _newest(c: np.ndarray, gpus: int, redundant: int) -> np.ndarray:
-    """The robust fit on the newest window alone (its one scenario plus itself as the blend)."""
-    return fit_robust(c[-1:], gpus, redundant, recent=1)
+def fit_newest(counts_WLE: np.ndarray, gpus: int, redundant: int) -> np.ndarray:
+    """The robust fit on the newest window alone, then swaps that even out the GPUs' spread under the drift
+    seen between the windows (share_e moves by a factor exp(N(0, sigma**2)): variance sigma**2 share_e**2)."""
+    lay = fit_robust(counts_WLE[-1:], gpus, redundant, recent=1)
+    if counts_WLE.shape[0] < 2:
+        return lay
+    shares = normalise(counts_WLE)
+    sigma = drift_sigma(shares)
+    return variance_swaps(lay, shares[-1], sigma[:, None] ** 2 * shares[-1] ** 2, gpus)
 
 
 def candidates(decay: float, recent: int) -> dict[str, Fit]:
-    """The fits the backtest picks among, the fallback first: the robust fit as asked, one that fades old
-    windows fast, and the newest window alone."""
-    return {"robust": _robust(decay, recent), "recent": _robust(min(decay, 0.5), min(recent, 2)),
-            "newest": _newest}
+    """The fits the backtest picks among (module docstring)."""
+    return {"newest": fit_newest, "robust": _robust(decay, recent),
+            "recent": _robust(min(decay, 0.5), min(recent, 2))}
 
 
 def backtest(counts_WLE: np.ndarray, gpus: int, redundant: int, fits: dict[str, Fit],
              folds: int = MAX_FOLDS) -> dict[str, np.ndarray]:
-    """Per candidate, [N, L] per-layer imbalance on window k of the fit on windows < k, for the last
-    N = min(folds, W - 1) windows k (oldest fold first)."""
-    W = counts_WLE.shape[0]
+    """Per candidate, [N, L'] per-layer imbalance on window k of the fit on windows < k, for the last
+    N = min(folds, W - 1) windows k (oldest fold first), on L' <= BACKTEST_LAYERS evenly spaced layers."""
+    W, L = counts_WLE.shape[:2]
     ks = range(max(1, W - folds), W)
-    return {name: np.stack([layer_imbalance(counts_WLE[k], fit(counts_WLE[:k], gpus, redundant), gpus)
-                            for k in ks]) for name, fit in fits.items()}
+    c = counts_WLE[:, np.unique(np.linspace(0, L - 1, min(L, BACKTEST_LAYERS)).round().astype(int))]
+    return {name: np.stack([layer_imbalance(c[k], fit(c[:k], gpus, redundant), gpus) for k in ks])
+            for name, fit in fits.items()}
 
 
-def choose(scores: dict[str, np.ndarray], agree: float = AGREE) -> str:
-    """The candidate to refit: the lowest mean over folds, unless it beats the first (fallback) candidate
-    on fewer than ``agree`` of the folds (scores [N] or [N, L]: layers are averaged)."""
-    per_fold = {n: s.mean(1) if s.ndim == 2 else s for n, s in scores.items()}
-    fallback = next(iter(per_fold))
-    best = min(per_fold, key=lambda n: float(per_fold[n].mean()))       # ties: the fallback (first)
-    if best == fallback:
-        return best
-    wins = float((per_fold[best] < per_fold[fallback]).mean())
-    return best if wins >= agree and per_fold[best].mean() < per_fold[fallback].mean() else fallback
+def choose(scores: dict[str, np.ndarray], margin: float = MARGIN, agree: float = AGREE) -> str:
+    """The candidate to refit from the backtest's scores (module docstring)."""
+    fold = {n: s.mean(1) for n, s in scores.items()}                  # [N] per candidate
+    mean = {n: float(f.mean()) for n, f in fold.items()}
+    blend = min(("robust", "recent"), key=lambda n: mean[n])            # ties: the robust fit
+    if blend == "recent" and (fold["recent"] < fold["robust"]).mean() < agree:
+        blend = "robust"
+    return blend if mean[blend] < mean["newest"] - margin else "newest"
 
 
 def fit_heldin(counts_WLE, gpus: int, redundant: int, decay: float = 1.0, recent: int = 16,

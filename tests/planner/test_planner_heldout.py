@@ -22,16 +22,17 @@ def load_all():
     return c[:, c[0].sum(1) > 0]
 
 
-def test_leave_one_out_beats_eplb():
+def test_leave_one_out_default_meets_its_goal_and_beats_eplb():
+    """The default (no policy), as `moe-monitor plan` runs it: mean <= 1.03, worst <= 1.08 (issue 34)."""
     C = load_all()
     G, R = 32, 32
     ours, eplb = [], []
     for k in range(0, C.shape[0], 2):           # every other held-out file keeps the test fast
         train = np.delete(C, k, axis=0)
-        ours.append(layer_imbalance(C[k], plan(train, G, R, policy="robust").layout_LP, G).mean())
+        ours.append(layer_imbalance(C[k], plan(train, G, R).layout_LP, G).mean())
         eplb.append(layer_imbalance(C[k], eplb_global(train.sum(0), G, R), G).mean())
     ours, eplb = np.array(ours), np.array(eplb)
-    assert ours.mean() < 1.04 and ours.max() < 1.08
+    assert ours.mean() <= 1.03 and ours.max() <= 1.08
     assert eplb.mean() > 1.12
     assert (ours < eplb).all()
 
