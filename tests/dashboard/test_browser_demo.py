@@ -64,7 +64,7 @@ def test_demo_live_in_chromium(demo, tmp_path):
         assert page.get_by_text("Busiest GPU over the window:").count() >= 1
         for path, name in (("devices", "devices"), ("experts", "experts"), ("gpus", "gpus")):
             page.goto(f"{demo}/{path}")
-            page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+            page.locator('[data-testid="stVegaLiteChart"] canvas').first.wait_for(timeout=60_000)  # a chart drawn
             page.wait_for_timeout(1500)
             assert page.locator('[data-testid="stException"]').count() == 0, f"{name} shows a traceback"
             _shot(page, tmp_path, name)
