@@ -185,14 +185,15 @@ def _active_step(fixed, count, gpu, real, share, free, tol, G):
     rows = np.arange(h)
     k = free.sum(-1)
     kinv = np.where(k > 0, 1.0 / np.maximum(k, 1), 0.0)
-    cell = ((rows[:, None, None] * F + np.arange(F)[None, :, None]) * G + gpu)[free]
-    edge = np.bincount(cell, minlength=h * F * G).reshape(h, F, G)
-    edge_k = np.bincount(cell, weights=np.broadcast_to(kinv[..., None], free.shape)[free],
-                         minlength=h * F * G).reshape(h, F, G)
-    laplacian = -np.matmul(edge_k.transpose(0, 2, 1), edge)        # [h, G, G]: Laplacian of the free split
+    # the Laplacian over GPUs of the free split [h, G, G]: diag(free shares on g) - sum_f kinv_f 1_f 1_f^T
+    both = free[..., :, None] & free[..., None, :]
+    cell = (rows[:, None, None, None] * G + gpu[..., :, None]) * G + gpu[..., None, :]
+    laplacian = -np.bincount(cell[both], weights=np.broadcast_to(kinv[..., None, None], both.shape)[both],
+                             minlength=h * G * G).reshape(h, G, G)
     group = _pair_groups(laplacian != 0)
-    idx = np.arange(G)
-    laplacian[:, idx, idx] += edge.sum(1) + (group == idx)          # one GPU a group grounded: nonsingular
+    at_gpu = (rows[:, None, None] * G + gpu)[free]
+    degree = np.bincount(at_gpu, minlength=h * G).reshape(h, G)
+    laplacian.reshape(h, G * G)[:, ::G + 1] += degree + (group == np.arange(G))   # one GPU a group grounded
     cell_g = (rows[:, None] * (G + 1) + group).ravel()
     size = np.bincount(cell_g, minlength=h * (G + 1))
     total = np.bincount(cell_g, weights=fixed.ravel(), minlength=h * (G + 1))
@@ -201,8 +202,7 @@ def _active_step(fixed, count, gpu, real, share, free, tol, G):
                          minlength=h * (G + 1))
     level = (total / np.maximum(size, 1)).reshape(h, G + 1)
     level_G = np.take_along_axis(level, group, 1)
-    load_G = fixed + np.bincount((rows[:, None, None] * G + gpu)[free], weights=share[free],
-                                 minlength=h * G).reshape(h, G)
+    load_G = fixed + np.bincount(at_gpu, weights=share[free], minlength=h * G).reshape(h, G)
     potential = np.linalg.solve(laplacian, (level_G - load_G)[..., None])[..., 0]
     at_edge = np.take_along_axis(potential, gpu.reshape(h, -1), 1).reshape(h, F, R)
     mean_f = np.where(free, at_edge, 0.0).sum(-1) * kinv
@@ -225,11 +225,10 @@ def _pair_groups(linked_HGG: np.ndarray) -> np.ndarray:
     [h, G, G], symmetric): transitive closure (Warshall) on bit sets, 64 GPUs a word."""
     h, G = linked_HGG.shape[:2]
     words = -(-G // 64)
+    padded = np.zeros((h, G, 64 * words), dtype=bool)
+    padded[:, :, :G] = linked_HGG
+    reach = np.packbits(padded, axis=-1, bitorder="little").view("<u8").astype(np.uint64)   # [h, G, words]
     bit = np.uint64(1) << np.arange(64, dtype=np.uint64)
-    reach = np.empty((h, G, words), dtype=np.uint64)
-    for w in range(words):
-        part = linked_HGG[:, :, 64 * w:64 * (w + 1)]
-        reach[:, :, w] = (part * bit[:part.shape[2]]).sum(-1, dtype=np.uint64)
     idx = np.arange(G)
     reach[:, idx, idx // 64] |= bit[idx % 64]
     for k in range(G):
