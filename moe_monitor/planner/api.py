@@ -2,10 +2,10 @@
 
 Policies (POLICIES): "eplb" (EPLB parity), "refined" (replicate by largest per-replica load, pack, swap and
 replica-move refinement, then pair re-splits when S <= 8), "hierarchical" (groups -> nodes, spares anywhere),
-"robust" (balanced on all given windows at once), "auto" (hierarchical with nodes/groups, else for [W, L, E] the
-held-in pick of planner.heldin, else refined). Objectives: "window" (default), "tail" (planner.tail, per-step
-counts ``steps`` [T, L, E] under ``dispatch``) or "time" (planner.timeplan: the same steps priced by a
-core.costmodel.TimeModel). Predictions are on the target traffic (the counts, or the blend
+"robust" (balanced on all given windows at once), "auto" (hierarchical with nodes/groups, else for [W, L, E]
+the pick of planner.heldin's rolling-origin backtest, else refined). Objectives: "window" (default), "tail"
+(planner.tail, per-step counts ``steps`` [T, L, E] under ``dispatch``) or "time" (planner.timeplan: the same
+steps priced by a core.costmodel.TimeModel). Predictions are on the target traffic (the counts, or the blend
 of windows); layers without traffic get a plain layout and imbalance 1.0. Bounds: the tightest proven lower
 bound per layer (planner.bounds; under the one-copy-per-GPU rule where the layout keeps it; the optimum where
 planner.exact proved it); the refined policy searches small layers exactly. docs/planner.md.

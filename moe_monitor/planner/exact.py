@@ -20,6 +20,7 @@ import numpy as np
 MAX_EXPERTS = 24       # layers with more experts are left to the heuristics (bounds only)
 MAX_VECTORS = 20_000   # replica vectors below the incumbent tried per layer (more: the first ones, unproven)
 BUDGET = 200_000       # search nodes per layer before giving up (unproven)
+PLAN_BUDGET = 4_000_000  # search nodes and replica vectors per plan, all layers together (bounds the plan's time)
 REL_EPS = 1e-9         # loads within this relative margin count as equal
 
 
@@ -117,10 +118,11 @@ class _Search:
         return np.array(where) if rec(0) else None
 
 
-def exact_layer(weight_E, gpus: int, redundant: int, incumbent: float | None = None,
-                budget: int = BUDGET) -> tuple[np.ndarray | None, float, bool]:
+def exact_layer(weight_E, gpus: int, redundant: int, incumbent: float | None = None, budget: int = BUDGET,
+                max_vectors: int = MAX_VECTORS) -> tuple[np.ndarray | None, float, bool, int]:
     """(layout [P] or None when nothing beats ``incumbent``, its max GPU load (or the incumbent), proven
-    optimal) for one layer (module docstring). Without an incumbent the search starts from the total load."""
+    optimal, work done: nodes + vectors) for one layer (module docstring). Without an incumbent the search
+    starts from the total load."""
     w = np.asarray(weight_E, dtype=np.float64)
     E = w.size
     P = E + redundant
@@ -130,7 +132,7 @@ def exact_layer(weight_E, gpus: int, redundant: int, incumbent: float | None = N
     search = _Search(gpus, S, budget)
     vectors, complete = [], True
     for r in _replica_vectors(w, P, min(gpus, P), best):
-        if len(vectors) == MAX_VECTORS:
+        if len(vectors) == max_vectors:
             complete = False
             break
         vectors.append((packing_bound(np.repeat(w / r, r), gpus), r))
@@ -151,8 +153,8 @@ def exact_layer(weight_E, gpus: int, redundant: int, incumbent: float | None = N
             gpu_of[order] = where
             best_layout = ids[np.argsort(gpu_of * P + np.arange(P), kind="stable")]
         if search.left < 0:
-            return best_layout, best, False
-    return best_layout, best, complete
+            return best_layout, best, False, budget + len(vectors)
+    return best_layout, best, complete, budget - search.left + len(vectors)
 
 
 def small_enough(num_experts: int, gpus: int, redundant: int) -> bool:
@@ -164,11 +166,13 @@ def small_enough(num_experts: int, gpus: int, redundant: int) -> bool:
 SEARCH_GAP = 0.01      # a layer too large for the exact search is still searched when its gap is above this
 
 
-def search_layers(counts_LE, layout_LP, gpus: int, redundant: int, gap_L) -> tuple[np.ndarray, np.ndarray]:
+def search_layers(counts_LE, layout_LP, gpus: int, redundant: int, gap_L,
+                  plan_budget: int = PLAN_BUDGET) -> tuple[np.ndarray, np.ndarray]:
     """(layout [L, P] with every searched layer at its best packing found, the proven optimum max GPU load
-    per layer [L], NaN where not proven). Searched: layers with traffic that are small_enough, or have at
-    most MAX_EXPERTS experts and a gap to their bound above SEARCH_GAP; the layout's own max load is the
-    incumbent, so a layer never gets worse."""
+    per layer [L], NaN where not proven). Searched, in layer order while ``plan_budget`` lasts: layers with
+    traffic that are small_enough, or have at most MAX_EXPERTS experts and a gap to their bound above
+    SEARCH_GAP (with a tenth of the vectors and budget); the layout's own max load is the incumbent, so a layer
+    never gets worse."""
     c = np.asarray(counts_LE, dtype=np.float64)
     lay = np.array(layout_LP, dtype=np.int64)
     L, E = c.shape
@@ -178,13 +182,19 @@ def search_layers(counts_LE, layout_LP, gpus: int, redundant: int, gap_L) -> tup
     small = small_enough(E, gpus, redundant)
     if not small and E > MAX_EXPERTS:
         return lay, optimum_L
+    left = plan_budget
     for layer in range(L):
         w = c[layer]
+        if left <= 0:
+            break
         if w.sum() <= 0 or not (small or gap_L[layer] > SEARCH_GAP):
             continue
         current = float(np.bincount(np.arange(P) // S, weights=w[lay[layer]] / np.bincount(
             lay[layer], minlength=E)[lay[layer]], minlength=gpus).max())
-        found, best, proven = exact_layer(w, gpus, redundant, incumbent=current)
+        share = 1 if small else 10
+        found, best, proven, work = exact_layer(w, gpus, redundant, incumbent=current,
+                                                budget=min(BUDGET // share, left), max_vectors=MAX_VECTORS // share)
+        left -= work
         if found is not None:
             lay[layer] = found
         if proven:

@@ -66,7 +66,7 @@ def test_small_scale_hierarchical_reaches_250():
 @pytest.mark.parametrize("w,gpus,slots", [([10, 20, 30, 40], 4, 8), ([5, 1, 9, 3, 7], 3, 6),
                                           ([100, 50, 200, 75, 150], 3, 6), ([4, 4, 1, 1], 2, 6)])
 def test_exact_matches_brute_force(w, gpus, slots):
-    layout, best, proven = exact_layer(np.array(w, float), gpus, slots - len(w))
+    layout, best, proven, _ = exact_layer(np.array(w, float), gpus, slots - len(w))
     assert proven
     assert best == pytest.approx(brute_force(w, gpus, slots))
     lay = check_layout(layout[None], len(w), gpus)
@@ -108,6 +108,14 @@ def test_bounds_hold_for_random_layouts_and_json_reports_them():
         if duplicates_on_gpu(lay.reshape(3, 9), 3).any():
             continue
         assert (gpu_loads(c, lay.reshape(3, 9), 3).max(-1) >= res.bound_load_L * (1 - 1e-9)).all()
+
+
+def test_a_plan_of_many_hard_layers_stays_within_its_search_budget():
+    """16 experts with 8 spares: too many replica vectors to prove; the search spends a bounded budget."""
+    c = np.random.default_rng(0).lognormal(0, 1.2, (40, 16)) * 1000
+    res = plan(c, 8, 8)
+    check_layout(res.layout_LP, 16, 8)
+    assert (res.bound_load_L <= res.max_load_L * (1 + 1e-9)).all()
 
 
 def test_large_layers_are_bounded_not_searched():
