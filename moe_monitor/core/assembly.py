@@ -400,8 +400,10 @@ class Assembler:
             self._hold(entry_id, rec, out)
         elif said is Judgement.REJOINED:
             self.last_problem = rule.why
-            if promoted is None:  # a held rank caught up: its records held meanwhile are of steps long gone by
-                self._give_up_held(lambda r, rank=rec.rank: r.rank == rank, out)
+            if promoted is None:  # a held rank caught up: its held records of steps still assembling go in, the
+                lowest = min(self._pending, default=rec.step)  # older ones are of steps long gone by
+                self._give_up_held(lambda r, rank=rec.rank: r.rank == rank and r.step < lowest, out)
+                self._place_held(lambda r, rank=rec.rank: r.rank == rank, now_s, out, late, touched)
             goes_on = True
         elif said is Judgement.NEW_EPOCH:
             self._new_epoch(rec.instance, out, late, touched)

@@ -136,3 +136,17 @@ def test_the_page_goes_back_to_the_collectors_that_kept_writing_after_an_undone_
     view = watched.window.view("both", synthfill_layout(), 4)
     assert view.step_T[-1] == 29, watched.last_error
     assert all(watched.window.ranks_C[slot] == WORLD for slot in watched.window.ordered_slots()[-19:])
+
+
+def test_a_restarted_rank_one_step_behind_the_others_loses_none_of_its_steps():
+    """A rank restarted with step ids from the shared clock whose first step is one behind the others' newest:
+    held for one record, then it rejoins, and the record held meanwhile goes into its step (still assembling)."""
+    s = Stream()
+    t = s.run_steps(0, 9, 100.0)
+    s.feed([rec(10, r, f"a{r}", t + 0.1) for r in (0, 1, 2)] + [rec(11, r, f"a{r}", t + 0.2) for r in (0, 1, 2)],
+           t + 0.2)
+    s.feed([rec(10, 3, "b3", t + 3.0), rec(11, 3, "b3", t + 3.1)], t + 3.1)  # rank 3 back after 3 s
+    s.feed([rec(12, r, f"a{r}" if r < 3 else "b3", t + 3.2) for r in range(WORLD)], t + 3.2)
+    s.feed([], t + 10)
+    assert all(s.steps.get(step) == set(range(WORLD)) for step in (10, 11, 12)), s.steps
+    assert s.assembler.counters.held_records == 0
