@@ -134,12 +134,12 @@ class _LpTables:
         Q = max((s.size for s in self.slots_L), default=0)
         column_LQ, weight_LQ = np.zeros((L, Q), dtype=np.int64), np.zeros((L, Q))
         for layer, found in enumerate(spans):
-            share_of = {}
+            share_of: dict[tuple[int, int], tuple[int, float]] = {}   # (expert, GPU) -> (share, slot's part)
             for f, (expert, span_gpus, span_mult) in enumerate(found):
                 self.expert_LF[layer, f], self.real_LF[layer, f] = expert, True
                 gpu_LFR[layer, f, :len(span_gpus)] = span_gpus
-                for r, (g, m) in enumerate(zip(span_gpus, span_mult)):
-                    share_of[expert, g] = (f * R + r, 1.0 / m)
+                for r, (on_gpu, slots_there) in enumerate(zip(span_gpus, span_mult)):
+                    share_of[expert, on_gpu] = (f * R + r, 1.0 / slots_there)
             for q, slot in enumerate(self.slots_L[layer]):
                 column_LQ[layer, q], weight_LQ[layer, q] = share_of[int(layout_LP[layer, slot]), int(gpu_P[slot])]
         # counts [E] -> the split's inputs: each fixed expert's tokens onto its GPU, then the replicated experts'
