@@ -44,5 +44,5 @@ def test_drift_sigma_ignores_a_one_off_shift():
     shares = np.exp(np.stack(w))
     shares /= shares.sum(-1, keepdims=True)
     sigma = drift_sigma(shares)
-    assert sigma.shape == (2,) and ((sigma > 0.1) & (sigma < 0.2)).all()
+    assert sigma.shape == (2,) and ((sigma > 0.07) & (sigma < 0.15)).all()   # the drift step is 0.1; the shift 3
     assert drift_sigma(shares[:1]).tolist() == [0.0, 0.0]
