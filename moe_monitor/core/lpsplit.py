@@ -23,6 +23,7 @@ import numpy as np
 LP_EXACT_TOLERANCE = 1e-9  # a share or optimality condition may miss by this much x the pair's largest input
 LP_MAX_ACTIVE_STEPS = 4    # x F x R active-set steps at most (each removes or adds one share; 18,000 random pairs
                            # needed at most 32 steps in all)
+ACTIVE_BATCH = 512         # pairs the active-set method holds at once (tens of kB each at G = F = 32)
 PRODUCT_MACS = 1 << 18     # multiply-adds of one matrix product at most (steps go in blocks): a threaded BLAS keeps
                            # a product this small on one core, and threads lose on a busy machine (10x on 2 cores)
 
@@ -135,18 +136,25 @@ def _full_split_map(gpu_FR: np.ndarray, gpus: int) -> np.ndarray:
 def active_set_split(fixed_HG: np.ndarray, count_HF: np.ndarray, gpu_HFR: np.ndarray, gpus: int,
                      target_HFR: np.ndarray | None = None) -> np.ndarray:
     """Shares float64 [H, F, R] at the lp optimum of H pairs by the active-set method (see the module), from the
-    even split; target_HFR: the full split of these pairs when known (the first step's target). A pair still open
-    after LP_MAX_ACTIVE_STEPS x F x R steps keeps its last split, feasible but not proven optimal (never seen in
-    the tests, the fuzzing or the bench)."""
+    even split, ACTIVE_BATCH pairs at a time; target_HFR: the full split of these pairs when known (the first
+    step's target). A pair still open after LP_MAX_ACTIVE_STEPS x F x R steps keeps its last split, feasible but
+    not proven optimal (never seen in the tests, the fuzzing or the bench)."""
+    H = gpu_HFR.shape[0]
+    share_HFR = np.zeros(gpu_HFR.shape)
+    for start in range(0, H, ACTIVE_BATCH):
+        part = slice(start, min(H, start + ACTIVE_BATCH))
+        share_HFR[part] = _active_set(fixed_HG[part], count_HF[part], gpu_HFR[part], gpus,
+                                      None if target_HFR is None else target_HFR[part])
+    return share_HFR
+
+
+def _active_set(fixed_HG, count_HF, gpu_HFR, G, target_HFR):
     H, F, R = gpu_HFR.shape
-    G = gpus
     real = gpu_HFR < G
     gpu = np.where(real, gpu_HFR, 0)
     share = np.where(real, (count_HF / np.maximum(real.sum(-1), 1))[..., None], 0.0)
     free = real & (count_HF > 0)[..., None]
     tol_H = _tolerance(np.concatenate([fixed_HG, count_HF], axis=1))
-    if H == 0:
-        return share
     if target_HFR is not None:
         share, free, _ = _step_towards(share, free, np.where(free, target_HFR, 0.0), tol_H)
     todo = np.arange(H)
