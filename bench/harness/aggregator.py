@@ -21,12 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def start_aggregator(url: str, run: str, log_path: Path, wait_s: float = 90.0,
-                     options: Sequence[str] = ()) -> subprocess.Popen:
-    """Starts `moe-monitor aggregate --redis URL --run RUN [options]` (stdout and
+                     options: Sequence[str] = (), all_runs: bool = False) -> subprocess.Popen:
+    """Starts `moe-monitor aggregate --redis URL --run RUN [options]` (all_runs: `--all` instead of `--run RUN`;
+    RUN must then be in moe:runs) (stdout and
     stderr to log_path) and waits up to wait_s until it has created its consumer group on the run's steps stream (XINFO
     GROUPS lists one) or has died. Returns the process; RuntimeError when it exits before its group appears."""
     log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 (the child's log, closed with it)
-    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", url, "--run", run, *options],
+    which = ["--all"] if all_runs else ["--run", run]
+    proc = subprocess.Popen([sys.executable, "-m", "moe_monitor", "aggregate", "--redis", url, *which, *options],
                             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     log.close()
     client = core.connect(url, timeout_s=5.0)

@@ -56,12 +56,16 @@ class Deployment:
     stop() lets every rank write up to a common last step and drains the aggregator."""
 
     def __init__(self, url: str, run: str, ranks: int, steps_per_s: float, tmp: Path, processes: int = 2,
-                 tokens_per_rank: int = 64, lease_s: float = 5.0, exporter: bool = True):
+                 tokens_per_rank: int = 64, lease_s: float = 5.0, exporter: bool = True,
+                 aggregate_all: bool = False, memory_budget: str | None = None):
+        """aggregate_all: the aggregator serves every run of the Redis (`--all`), memory_budget its
+        --memory-budget."""
         if ranks < 2:
             raise ValueError(f"need at least 2 ranks (one of them alone in its process), got {ranks}")
         self.url, self.run, self.ranks, self.steps_per_s = url, core.check_run_name(run), ranks, steps_per_s
         self.tmp, self.processes, self.tokens, self.lease_s = tmp, processes, tokens_per_rank, lease_s
         self.with_exporter = exporter
+        self.aggregate_all, self.memory_budget = aggregate_all, memory_budget
         self.solo_rank = ranks - 1
         self.ctx = context()
         self.clock = Clock(self.ctx, steps_per_s)
@@ -107,8 +111,14 @@ class Deployment:
 
     def start_aggregator(self) -> None:
         self.aggregators += 1
+        options = ["--lease-s", f"{self.lease_s:g}"]
+        if self.memory_budget:
+            options += ["--memory-budget", self.memory_budget]
+        if self.aggregate_all:  # every run of moe:runs, this one listed first so that it is found at once
+            self.client.zadd(core.RUNS_KEY, {self.run: time.time()})
+            options += ["--discover-s", "1"]
         self.aggregator = start_aggregator(self.url, self.run, self.tmp / f"aggregator-{self.aggregators}.log",
-                                           options=["--lease-s", f"{self.lease_s:g}"])
+                                           options=options, all_runs=self.aggregate_all)
 
     def kill_aggregator(self) -> None:
         """SIGKILL the aggregator (nothing committed, nothing released)."""
@@ -143,6 +153,27 @@ class Deployment:
         self.groups.append(self.solo)
         self.solo.wait_loaded()
         return self.solo.wait_ready()
+
+    # ------------------------------------------------------------------ other groups of ranks
+    def restart_group(self, index: int) -> tuple[tuple[int, ...], int]:
+        """SIGKILL the index-th group of ranks (not the solo rank) and start its ranks again as new collector
+        instances (step ids going on from the clock); returns (its ranks, its first step)."""
+        group = [g for g in self.groups if g is not self.solo][index]
+        group.kill()
+        ranks = group.config.ranks
+        health = self.client.hgetall(core.health_key(self.run))
+        first = group.first_step or 0
+        for rank in ranks:
+            raw = health.get(str(rank).encode())
+            report = decode_health_report(raw) if raw else {}
+            self.segments.append(Segment(rank, f"{group.config.label} (SIGKILLed)", first,
+                                         int(report.get("published_steps", 0)), "health"))
+        self.groups.remove(group)
+        label = f"{group.config.label}r"
+        fresh = RankGroup(self.ctx, self._config(ranks, label, None), self.clock).start()
+        self.groups.insert(index, fresh)
+        fresh.wait_loaded()
+        return ranks, fresh.wait_ready()
 
     # ------------------------------------------------------------------ the clock and what was read
     def due(self) -> int:
@@ -245,9 +276,11 @@ class Deployment:
         return progress(self.client, self.run)
 
     # ------------------------------------------------------------------ counting
-    def tally(self, lo: int, hi: int, vanished: list[AggEntry] | None = None) -> Tally:
-        """What was written and read of the step ids [lo, hi): entries in `vanished` (read, then gone from the
-        stream) do not count as read."""
+    def tally(self, lo: int, hi: int, vanished: list[AggEntry] | None = None,
+              ranks: tuple[int, ...] | None = None) -> Tally:
+        """What was written and read of the step ids [lo, hi) (of `ranks` only, when given): entries in
+        `vanished` (read, then gone from the stream) do not count as read."""
+        keep = (1 << self.ranks) - 1 if ranks is None else sum(1 << r for r in ranks)
         assert self.tail is not None
         gone = {e.entry_id for e in vanished or []}
         read_by_step: dict[int, int] = {}
@@ -256,10 +289,12 @@ class Deployment:
             if entry.entry_id in gone or not lo <= entry.step < hi:
                 continue
             have = read_by_step.get(entry.step, 0)
-            twice += bin(have & entry.ranks).count("1")
-            read_by_step[entry.step] = have | entry.ranks
+            twice += bin(have & entry.ranks & keep).count("1")
+            read_by_step[entry.step] = have | (entry.ranks & keep)
         written_by_step: dict[int, int] = {}
         for seg in self.segments:
+            if not keep >> seg.rank & 1:
+                continue
             for step in range(max(lo, seg.first), min(hi, seg.first + seg.published)):
                 written_by_step[step] = written_by_step.get(step, 0) | (1 << seg.rank)
         written = sum(bin(mask).count("1") for mask in written_by_step.values())

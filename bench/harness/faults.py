@@ -1,7 +1,8 @@
-"""bench.faults' suite: six faults (NAMES) against a Deployment (deployment.py), one after another, each once the
+"""bench.faults' suite: eight faults (NAMES) against a Deployment (deployment.py), one after another, each once the
 previous one has recovered (run_faults); per fault, what was written and read over its span of step ids, how long
 the aggregate, the page and the exporter took to be current again (recover) and what the page said; the table
-(print_table). run_suite runs faults 1, 2, 3, 5 and 6 on one private redis-server and 4 on a private cluster.
+(print_table). run_suite runs faults 1, 2, 3, 5, 6 and 7 on one private redis-server, 4 on a private cluster and
+8 on a redis-server of its own (its aggregator serves every run, `--all`, with a memory budget).
 Used by bench/faults.py and tests/bench/test_faults_short.py; docs/scaling.md ("Faults") says what each fault does.
 """
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from bench.harness.deployment import Deployment, Tally
 from bench.harness.probes import PageSaid, said, wait_for
 from bench.harness.target import start_redis
@@ -26,8 +29,12 @@ from moe_monitor.core.health import decode_health_report
 
 NAMES = {1: "SIGKILL a rank, restart it", 2: "SIGKILL the aggregator mid-commit, restart it",
          3: "steal the aggregator lease, then DEL it", 4: "cluster master failover",
-         5: "SIGSTOP Redis, then SIGCONT", 6: "trace disk full"}
-SINGLE = (1, 2, 3, 5, 6)  # the faults of the single-Redis run, in this order
+         5: "SIGSTOP Redis, then SIGCONT", 6: "trace disk full",
+         7: "rolling restart of more than half the ranks", 8: "another run stalls with a wide [L, E]"}
+SINGLE = (1, 2, 3, 5, 6, 7)  # the faults of the single-Redis run, in this order
+WIDE_L, WIDE_E, WIDE_WORLD = 16, 65_536, 4  # fault 8's run: 4 MiB a step as int32, rank 0 of 4 only
+WIDE_BUDGET = "256MiB"  # fault 8's aggregator --memory-budget
+WIDE_SLACK_MIB = 256  # what the aggregator may grow beyond its budget (a wide run's metadata, one read's chunk)
 RECOVER_S = 120.0  # far past what a loaded 2-core machine needs: it bounds a failure, it is not a goal
 SETTLE_S = 2.0
 IN_FLIGHT_S = 3.0  # the aggregator's 2 s deadline and a flush: steps due this long before a fault are its too
@@ -50,7 +57,9 @@ class Outcome:
     also: dict[str, Callable[[], bool]] = field(default_factory=dict)
     deliberate: str = ""
     problems: list[str] = field(default_factory=list)
+    later: Callable[[], str] | None = None  # a fact read once the fault recovered
     begin_step: int = 0  # the step due when it began
+    kept_ranks: tuple[int, ...] = ()  # ranks that stayed up: each of their rank-steps must be read
 
 
 @dataclass
@@ -180,6 +189,102 @@ def fault_disk(d: Deployment, echo, full_s: float) -> Outcome:
     return out
 
 
+def fault_rolling(d: Deployment, echo) -> Outcome:
+    """Every process but the last ordinary one restarted, one after another, then the solo rank: more than half
+    the ranks come back as new collector instances (step ids going on from the clock); the others stay up."""
+    began = time.monotonic()
+    stale_before = int(d.progress().get("stale_records", 0) or 0)
+    restarted: list[int] = []
+    first = d.due()
+    ordinary = len([g for g in d.groups if g is not d.solo])
+    for index in range(ordinary - 1):
+        ranks, first = d.restart_group(index)
+        restarted += ranks
+        time.sleep(RESTART_DOWN_S)
+    d.kill_solo()
+    time.sleep(RESTART_DOWN_S)
+    first = d.restart_solo()
+    restarted.append(d.solo_rank)
+    out = Outcome(7, began, d.clock.time_of(first), first, full=True)
+    out.kept_ranks = tuple(r for r in range(d.ranks) if r not in restarted)
+    out.facts.append(f"{len(restarted)} of {d.ranks} ranks SIGKILLed and restarted as new collector instances, one "
+                     f"process after another ({out.ended - began:.1f} s); the other {len(out.kept_ranks)} (ranks "
+                     f"{', '.join(map(str, out.kept_ranks[:3]))}, ..., {out.kept_ranks[-1]}) stayed up")
+    if len(restarted) * 2 <= d.ranks:
+        out.problems.append(f"only {len(restarted)} of {d.ranks} ranks restarted: use --processes 3 or more")
+
+    def no_stale() -> bool:
+        return int(d.progress().get("stale_records", 0) or 0) == stale_before
+
+    out.also["no record of a live instance stale"] = no_stale
+    return out
+
+
+def _status_mib(pid: int, key: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) >> 10
+    return None
+
+
+def fault_wide(d: Deployment, echo, stall_s: float) -> Outcome:
+    """A second run of the same Redis whose ranks stall: metadata [16, 65536] of 4 ranks, rank 0's records only
+    (all zeros) at the deployment's pace for stall_s, so that every step waits for its deadline; the aggregator
+    (`--all`, one budget for both runs) must stay within its budget and the deployment's run go on."""
+    from moe_monitor.aggregator.progress import decode_progress, state_key
+
+    run = f"{d.run}-wide"
+    meta = core.RunMeta(run=run, model_name="wide", layer_names=[f"layers.{i}.mlp" for i in range(WIDE_L)],
+                        num_experts=WIDE_E, top_k=8, hidden_size=64, moe_intermediate_size=32, dtype_bytes=2,
+                        layout=core.Layout(gpus=4, nodes=1,
+                                           physical_to_logical_map=core.contiguous_layout(WIDE_L, WIDE_E)),
+                        world_size=WIDE_WORLD, started_s=time.time(), host="bench", instance="wide0")
+    assert d.aggregator is not None
+    pid = d.aggregator.pid
+    rss0 = _status_mib(pid, "VmRSS")
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # its peak resident set starts from now
+    d.client.set(core.meta_key(run), core.encode_meta(meta))
+    zeros = np.zeros((WIDE_L, WIDE_E), dtype=np.int32)
+    began = time.monotonic()
+    step = 0
+    while time.monotonic() - began < stall_s:
+        rec = core.StepRecord(run=run, rank=0, world_size=WIDE_WORLD, step=step, time_s=time.time(), phase="decode",
+                              tokens=1, counts_LE=zeros, instance="wide0")
+        d.client.xadd(core.steps_key(run), core.encode_step(rec))
+        d.client.zadd(core.RUNS_KEY, {run: time.time()})
+        step += 1
+        time.sleep(max(0.0, began + step / d.steps_per_s - time.monotonic()))
+    out = Outcome(8, began, time.monotonic(), d.due())
+    budget_mib = int(WIDE_BUDGET.removesuffix("MiB"))
+    out.facts.append(f"run {run!r}: {step} records of rank 0 of {WIDE_WORLD}, counts [{WIDE_L}, {WIDE_E}] (4 MiB a "
+                     f"step as int32; {step * 8} MiB if every step waited for its deadline), {stall_s:g} s")
+
+    def wide_read() -> bool:
+        c = decode_progress(d.client.hgetall(state_key(run))).counters
+        return c.steps_written + c.over_budget >= step
+
+    out.also["the wide run aggregated"] = wide_read
+    out.facts.append(f"the aggregator's resident set before: {rss0} MiB")
+
+    def said() -> str:
+        c = decode_progress(d.client.hgetall(state_key(run))).counters
+        peak = _status_mib(pid, "VmHWM")
+        if peak is None or rss0 is None:
+            out.problems.append("the aggregator's resident set could not be read (/proc)")
+        elif peak - rss0 > budget_mib + WIDE_SLACK_MIB:
+            out.problems.append(f"the aggregator grew {peak - rss0} MiB: more than its budget {WIDE_BUDGET} + "
+                                f"{WIDE_SLACK_MIB} MiB")
+        return (f"the aggregator's peak resident set {peak} MiB ({'?' if peak is None or rss0 is None else peak - rss0}"
+                f" MiB more; budget {WIDE_BUDGET}); the wide run: {c.steps_written} steps written, "
+                f"{c.budget_writes} of them before their deadline to stay within the budget, {c.rank_steps_missing} "
+                f"rank-steps missing, {c.over_budget} records skipped")
+
+    out.later = said
+    return out
+
+
 def fault_failover(d: Deployment, echo, cluster) -> Outcome:
     began = time.monotonic()
     old, new = cluster.kill_master_of(core.steps_key(d.run))
@@ -246,6 +351,8 @@ def run_faults(d: Deployment, faults: list[int], echo, run_fault: Callable[[int]
         out.facts.append(f"the writers: {failed:,} failed writes (each kept its batch and retried it), {dropped:,} "
                          "steps dropped (by their health reports)")
         out.facts.append("the aggregator: " + progress_delta(state, d.progress()))
+        if out.later is not None:
+            out.facts.append(out.later())
         page = said(d.page.looks if d.page else [], out.began - 1.0, until, out.ended, out.began)
         rows.append(Row(out, 0, 0, recovery, page,
                         d.exporter.said(out.began - 1.0, until, out.ended) if d.exporter else "exporter: off"))
@@ -273,6 +380,12 @@ def run_faults(d: Deployment, faults: list[int], echo, run_fault: Callable[[int]
                                       f"{tail.errors} failed reads (last: {tail.last_error[:120]!r})")
     for row in rows:
         row.tally = d.tally(row.lo, row.hi, vanished)
+        if row.outcome.kept_ranks:  # every rank-step of the ranks that stayed up must have been read
+            kept = d.tally(row.lo, row.hi, vanished, ranks=row.outcome.kept_ranks)
+            row.outcome.facts.append(f"the {len(row.outcome.kept_ranks)} ranks that stayed up: written "
+                                     f"{kept.written:,}, read {kept.read:,}, lost {kept.lost:,}")
+            if kept.lost or kept.read != kept.written:
+                row.outcome.problems.append(f"{kept.lost:,} rank-steps of ranks that stayed up were not read")
         for step in sorted({step for step, _ in row.tally.lost_sample})[:3]:
             held = [e for e in tail.snapshot() if e.step == step] if tail is not None else []
             row.outcome.facts.append(
@@ -370,6 +483,8 @@ def run_suite(faults: list[int], ranks: int = 32, steps_per_s: float = 20.0, pro
                 return fault_lease(d, echo)
             if fault == 5:
                 return fault_stall(d, echo, server.proc.pid, stall_s)
+            if fault == 7:
+                return fault_rolling(d, echo)
             return fault_disk(d, echo, disk_full_s)
 
         try:
@@ -391,6 +506,20 @@ def run_suite(faults: list[int], ranks: int = 32, steps_per_s: float = 20.0, pro
             d.close()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server.proc.pid, signal.SIGCONT)
+            server.stop()
+    if 8 in faults:
+        folder = tmp / "wide"
+        folder.mkdir(parents=True, exist_ok=True)
+        server = start_redis(str(folder), 1 << 30, "noeviction")
+        d = Deployment(server.url, "faults", ranks, steps_per_s, folder, processes, lease_s=lease_s,
+                       exporter=exporter, aggregate_all=True, memory_budget=WIDE_BUDGET)
+        echo(f"== one private redis-server, the aggregator with --all --memory-budget {WIDE_BUDGET}: {ranks} ranks x "
+             f"{steps_per_s:g} steps/s, fault 8")
+        try:
+            suite.rows += run_faults(d, [8], echo, lambda fault: fault_wide(d, echo, stall_s))
+            suite.stranded += d.stranded
+        finally:
+            d.close()
             server.stop()
     if 4 in faults:
         from moe_monitor.demo.localcluster import LocalCluster
