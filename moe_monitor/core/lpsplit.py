@@ -9,9 +9,11 @@ over them share one level, the mean of their fixed load and those experts' token
   at its mean and the split is the least change from the even split that reaches it: a linear map of the step's
   fixed loads and counts, built per layer at init, one matmul per layer for all steps. Exact where no share comes
   out negative (94% of sampled DeepSeek-V3 decode steps and layers on the default plan's layout).
-- the other pairs: an active-set method (Lawson-Hanson) from the even split: a share that would go negative
-  leaves the split, a GPU below its expert's level joins it, until the optimality conditions hold (1-2 steps for
-  90% of those pairs; each step solves a Laplacian over the GPUs per pair).
+- the other pairs: an active-set method: a share that would go negative leaves the split, an idle GPU below its
+  expert's level joins it, until the optimality conditions hold. Each step solves a Laplacian over the GPUs per
+  pair. The first LP_BLOCK_STEPS steps change every such share at once (2-4 steps for most pairs, even where every
+  pair of a skewed step needs this path); pairs still open then go on one share a step from a feasible split
+  (Lawson-Hanson), which ends.
 
 Shapes: T steps, L layers, B or H (step, layer) pairs, G GPUs, F replicated experts of a layer, R the most GPUs
 one expert spans (gpu_LFR pads with G), K = G + F inputs of the linear map.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 LP_EXACT_TOLERANCE = 1e-9  # a share or optimality condition may miss by this much x the pair's largest input
+LP_BLOCK_STEPS = 8         # active-set steps that change many shares at once, before the one-share steps
 LP_MAX_ACTIVE_STEPS = 4    # x F x R active-set steps at most (each removes or adds one share; 18,000 random pairs
                            # needed at most 32 steps in all)
 ACTIVE_BATCH = 512         # pairs the active-set method holds at once (tens of kB each at G = F = 32)
@@ -155,14 +158,15 @@ def _active_set(fixed_HG, count_HF, gpu_HFR, G, target_HFR):
     share = np.where(real, (count_HF / np.maximum(real.sum(-1), 1))[..., None], 0.0)
     free = real & (count_HF > 0)[..., None]
     tol_H = _tolerance(np.concatenate([fixed_HG, count_HF], axis=1))
-    if target_HFR is not None:
-        share, free, _ = _step_towards(share, free, np.where(free, target_HFR, 0.0), tol_H)
+    if target_HFR is not None:   # the full split's negative shares leave at once (as a block step)
+        free &= ~(target_HFR < -tol_H[:, None, None])
+        share = np.where(free, (count_HF / np.maximum(free.sum(-1), 1))[..., None], 0.0)
     todo = np.arange(H)
-    for _ in range(LP_MAX_ACTIVE_STEPS * F * R):
+    for step in range(LP_BLOCK_STEPS + LP_MAX_ACTIVE_STEPS * F * R):
         if todo.size == 0:
             break
         s_share, s_free, finished = _active_step(fixed_HG[todo], count_HF[todo], gpu[todo], real[todo],
-                                                 share[todo], free[todo], tol_H[todo], G)
+                                                 share[todo], free[todo], tol_H[todo], G, step < LP_BLOCK_STEPS)
         share[todo], free[todo] = s_share, s_free
         todo = todo[~finished]
     return share
@@ -187,8 +191,10 @@ def _step_towards(share, free, target, tol):
     return share, free, blocked
 
 
-def _active_step(fixed, count, gpu, real, share, free, tol, G):
-    """One active-set step for h pairs: (shares, free edges, finished [h])."""
+def _active_step(fixed, count, gpu, real, share, free, tol, G, block):
+    """One active-set step for h pairs: (shares, free edges, finished [h]). block: change every share that breaks
+    an optimality condition at once and restart from the even split over the free shares (fast, may cycle);
+    otherwise one share, keeping the shares feasible (Lawson-Hanson: finite)."""
     h, F, R = gpu.shape
     rows = np.arange(h)
     k = free.sum(-1)
@@ -215,17 +221,25 @@ def _active_step(fixed, count, gpu, real, share, free, tol, G):
     at_edge = np.take_along_axis(potential, gpu.reshape(h, -1), 1).reshape(h, F, R)
     mean_f = np.where(free, at_edge, 0.0).sum(-1) * kinv
     target = np.where(free, share + at_edge - mean_f[..., None], 0.0)
-    share, new_free, blocked = _step_towards(share, free, target, tol)
-    # pairs at their free set's optimum: an expert's idle GPU below its level joins the split
     level_edge = np.take_along_axis(level_G, gpu.reshape(h, -1), 1).reshape(h, F, R)
     expert_level = np.where(free, level_edge, -np.inf).max(-1)
     idle = real & ~free & (count > 0)[..., None]
-    excess = np.where(idle, expert_level[..., None] - level_edge, -np.inf).reshape(h, -1)
-    worst = excess.argmax(-1)
-    joins = ~blocked & (excess[rows, worst] > tol)
-    j = np.flatnonzero(joins)
+    excess = np.where(idle, expert_level[..., None] - level_edge, -np.inf)     # > 0: an idle GPU below the level
+    if block:   # every share that would go negative leaves, every idle GPU below its expert's level joins
+        leaves = free & (target < -tol[:, None, None])
+        joins = excess > tol[:, None, None]
+        done = ~(leaves | joins).reshape(h, -1).any(-1)
+        new_free = (free & ~leaves) | joins
+        even = np.where(new_free, (count / np.maximum(new_free.sum(-1), 1))[..., None], 0.0)
+        return np.where(done[:, None, None], np.maximum(target, 0.0), even), new_free, done
+    share, new_free, blocked = _step_towards(share, free, target, tol)
+    # pairs at their free set's optimum: an expert's idle GPU below its level joins the split
+    flat_excess = excess.reshape(h, -1)
+    worst = flat_excess.argmax(-1)
+    joins_one = ~blocked & (flat_excess[rows, worst] > tol)
+    j = np.flatnonzero(joins_one)
     new_free.reshape(h, -1)[j, worst[j]] = True
-    return share, new_free, ~blocked & ~joins
+    return share, new_free, ~blocked & ~joins_one
 
 
 def _pair_groups(linked_HGG: np.ndarray) -> np.ndarray:

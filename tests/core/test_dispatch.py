@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from moe_monitor.core import lpsplit
 from moe_monitor.core.dispatch import DISPATCH_POLICIES, DispatchModel
 from moe_monitor.core.loadmodel import gpu_loads
 from moe_monitor.core.lpsplit import active_set_split
@@ -126,6 +127,16 @@ def test_lp_is_exact_along_chains_of_replicated_experts(ring):
     busiest = DispatchModel(layout, experts, 16, "lp").gpu_loads(counts)[:, 0].max(-1)
     even = gpu_loads(counts, layout, 16)[:, 0].max(-1)
     assert (busiest <= even + 1e-9).all() and busiest[0] < even[0] - 100   # the hot chain spreads its load
+
+
+def test_one_share_active_steps_alone_are_exact(monkeypatch):
+    """The active set's finite fallback (one share a step, Lawson-Hanson) without the block steps before it."""
+    monkeypatch.setattr(lpsplit, "LP_BLOCK_STEPS", 0)
+    for seed in range(12):
+        layout, counts, gpus = crowded_case(seed)
+        assert max(lp_gaps(counts, layout, gpus)) <= EXACT
+    layout = chain_layout(16, ring=True)
+    assert max(lp_gaps(chain_counts(layout, 16), layout, 16)) <= EXACT
 
 
 def test_lp_is_exact_beyond_64_gpus():
