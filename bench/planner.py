@@ -174,8 +174,8 @@ def small_cases(now: dict, prev: dict | None, col: str) -> None:
             prev_s = f"{prev['small'][name][layer]:.2f}" if prev is not None else "n/a"
             print(f"  {label:34s} {gpus:2d} {slots:3d} {eplb_max[layer]:8.2f}{'*' if dup[layer] else ' '} "
                   f"{prev_s:>13s} {ours:9.2f} {opt:>10s}  {'PASS' if ok else 'FAIL'}")
-    print(f"  * EPLB puts two copies of one expert on one GPU there (the planner's rule forbids it; its figure is "
-          f"then below what any layout under the rule reaches); {fails} case(s) fail")
+    print(f"  * EPLB puts two copies of one expert on one GPU there, which the planner's rule forbids: ours is held to "
+          f"the optimum there, not to EPLB; {fails} case(s) fail")
 
 
 def tail_floor_share(files: int = 4, seeds: tuple[int, ...] = (0, 1)) -> None:
