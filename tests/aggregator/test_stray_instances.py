@@ -150,3 +150,17 @@ def test_a_restarted_rank_one_step_behind_the_others_loses_none_of_its_steps():
     s.feed([], t + 10)
     assert all(s.steps.get(step) == set(range(WORLD)) for step in (10, 11, 12)), s.steps
     assert s.assembler.counters.held_records == 0
+
+
+def test_the_page_says_a_conflict_of_instances_once(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    t0 = time.time() - 60
+    fill_ranks(client, "sc", 10, 0, t0, meta=True)
+    watched = WatchedRun(RedisSource(client, redis_url, "sc", window_steps=100), window_steps=100, deadline_s=0.0)
+    watched.tick()
+    synthfill.fill(client, "sc", steps=1, world_size=WORLD, ranks=[1], instance="stray1", time0_s=t0 + 1.0,
+                   meta=False)
+    fill_ranks(client, "sc", 5, 10, t0 + 1.0)
+    watched.tick()
+    assert "both write" in watched.last_error and "stray1" in watched.last_error
+    assert watched.bad_records == 0

@@ -255,8 +255,8 @@ class WatchedRun:
         self._held_given_up += now.held_records - before.held_records
         bad = (now.bad_records - before.bad_records) + (now.implausible_steps - before.implausible_steps) \
             + (now.too_old - before.too_old)
-        if bad or now.world_claims != before.world_claims:
-            self.last_error = assembler.last_problem or self.last_error
+        if bad or now.world_claims != before.world_claims or now.instance_conflicts != before.instance_conflicts:
+            self.last_error = assembler.last_problem or self.last_error  # a conflict of instances: said once
         self._counted = dataclasses.replace(now)
         held = assembler.held_ranks
         self.held_note = "" if not held else (
