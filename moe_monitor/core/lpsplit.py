@@ -200,9 +200,8 @@ def _active_step(fixed, count, gpu, real, share, free, tol, G, block):
     k = free.sum(-1)
     kinv = np.where(k > 0, 1.0 / np.maximum(k, 1), 0.0)
     # the Laplacian over GPUs of the free split [h, G, G]: diag(free shares on g) - sum_f kinv_f 1_f 1_f^T
-    both = free[..., :, None] & free[..., None, :]
-    cell = (rows[:, None, None, None] * G + gpu[..., :, None]) * G + gpu[..., None, :]
-    laplacian = -np.bincount(cell[both], weights=np.broadcast_to(kinv[..., None, None], both.shape)[both],
+    hi, fi, r1, r2 = np.nonzero(free[..., :, None] & free[..., None, :])
+    laplacian = -np.bincount((hi * G + gpu[hi, fi, r1]) * G + gpu[hi, fi, r2], weights=kinv[hi, fi],
                              minlength=h * G * G).reshape(h, G, G)
     group = _pair_groups(laplacian != 0)
     at_gpu = (rows[:, None, None] * G + gpu)[free]
@@ -253,7 +252,8 @@ def _pair_groups(linked_HGG: np.ndarray) -> np.ndarray:
     bit = np.uint64(1) << np.arange(64, dtype=np.uint64)
     idx = np.arange(G)
     reach[:, idx, idx // 64] |= bit[idx % 64]
-    for k in range(G):
+    linked = np.flatnonzero(linked_HGG.any(axis=(0, 1)))    # a GPU no pair links to anything closes nothing
+    for k in linked:
         holds = (reach[:, :, k // 64] >> np.uint64(k % 64)) & np.uint64(1)
         reach |= holds[..., None] * reach[:, k:k + 1, :]
     first_word = (reach != 0).argmax(-1)
