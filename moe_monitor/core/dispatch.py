@@ -7,7 +7,8 @@ a policy (pages, exporter, planner, advisor, score, diagnose) asks `DispatchMode
   vector, solved exactly (core.lpsplit);
 - ``ideal``: every GPU at the layer's mean (the bound of any policy).
 Shapes: T steps, L layers, E experts, P slots, G GPUs, S = P / G, F replicated experts of a layer (<= F_MAX),
-R the most GPUs one expert spans.
+R the most GPUs one expert spans. A slot holding -1 (vLLM's unused slot) serves nothing under every policy but
+``ideal`` (which spreads the layer's tokens over all slots: every GPU at the mean).
 """
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ def check_policy(policy: str) -> str:
 class DispatchModel:
     """Slot and GPU loads of steps under one layout and one policy. Built once per layout; pure numpy.
 
-    layout_LP: the physical_to_logical_map, int [L, P] (checked by core.loadmodel.validated_layout).
+    layout_LP: the physical_to_logical_map, int [L, P] (checked by core.loadmodel.validated_layout; -1: an
+    unused slot).
     """
 
     def __init__(self, layout_LP, num_experts: int, gpus: int, policy: str = "even"):
         self.policy = check_policy(policy)
-        self.layout_LP = validated_layout(layout_LP, num_experts, gpus)
+        self.layout_LP = validated_layout(layout_LP, num_experts, gpus, unused=True)
+        self.unused_LP = self.layout_LP < 0
         self.num_experts, self.gpus = int(num_experts), int(gpus)
         L, P = self.layout_LP.shape
         self.slots_per_gpu = P // gpus
@@ -61,11 +64,13 @@ class DispatchModel:
         if self.policy == "even":
             return slot_weights(counts, self.layout_LP)
         if self.policy == "round_robin":
-            lay = np.broadcast_to(self.layout_LP, counts.shape[:2] + self.layout_LP.shape[1:])
+            lay = np.broadcast_to(np.maximum(self.layout_LP, 0), counts.shape[:2] + self.layout_LP.shape[1:])
             c = np.take_along_axis(counts, lay, axis=2)
             r = np.take_along_axis(np.broadcast_to(self.replicas_LE, counts.shape), lay, axis=2)
             base = np.floor(c / r)
-            return base + (self._rank_LP < np.rint(c - base * r))
+            slot_TLP = base + (self._rank_LP < np.rint(c - base * r))
+            slot_TLP[:, self.unused_LP] = 0.0
+            return slot_TLP
         if self.policy == "ideal":
             per_slot = counts.sum(axis=2, keepdims=True) / self.layout_LP.shape[1]
             return np.broadcast_to(per_slot, counts.shape[:2] + self.layout_LP.shape[1:]).copy()
@@ -115,7 +120,7 @@ class _LpTables:
             experts, starts = np.unique(layout_LP[layer][order], return_index=True)
             bounds = list(starts[1:]) + [P]
             for expert, a, b in zip(experts, starts, bounds):
-                if b - a < 2:
+                if b - a < 2 or expert < 0:  # one slot, or the unused slots (-1)
                     continue
                 g, mult = np.unique(gpu_P[order[a:b]], return_counts=True)
                 if g.size > 1:
@@ -129,7 +134,7 @@ class _LpTables:
         self.real_LF = np.zeros((L, F), dtype=bool)
         gpu_LFR = np.full((L, F, R), gpus, dtype=np.int64)
         self.layout_LP, self.gpu_P = layout_LP, gpu_P
-        self.flexible_LP = np.take_along_axis(flexible_LE, layout_LP, axis=1)
+        self.flexible_LP = np.take_along_axis(flexible_LE, np.maximum(layout_LP, 0), axis=1) & (layout_LP >= 0)
         self.slots_L = [np.flatnonzero(row) for row in self.flexible_LP]   # the flexible slots, the columns
         Q = max((s.size for s in self.slots_L), default=0)
         column_LQ, weight_LQ = np.zeros((L, Q), dtype=np.int64), np.zeros((L, Q))
@@ -145,7 +150,7 @@ class _LpTables:
         # counts [E] -> the split's inputs: each fixed expert's tokens onto its GPU, then the replicated experts'
         self.input_map_LEK = np.zeros((L, num_experts, gpus + F))
         for layer in range(L):
-            fixed = ~self.flexible_LP[layer]
+            fixed = ~self.flexible_LP[layer] & (layout_LP[layer] >= 0)
             self.input_map_LEK[layer, layout_LP[layer][fixed], gpu_P[fixed]] = 1.0
             self.input_map_LEK[layer, self.expert_LF[layer], gpus + np.arange(F)] = self.real_LF[layer]
         if F:

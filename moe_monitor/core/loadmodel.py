@@ -6,7 +6,8 @@ steps under one layout) give the same loads (even split across replicas); ``bala
 where every GPU is idle.
 
 Shape legend: L layers, E logical experts, P physical slots, G GPUs, S = P // G slots per GPU, T steps, X any
-leading axes; ``layout_LP[l, p]`` = logical expert of slot p, which lives on GPU ``p // S``.
+leading axes; ``layout_LP[l, p]`` = logical expert of slot p, which lives on GPU ``p // S``, or -1 (vLLM's
+unused slot, core.layouts.UNUSED): it holds nothing, counts as no replica and serves no token.
 """
 from __future__ import annotations
 
@@ -14,22 +15,35 @@ import numpy as np
 
 
 def replica_counts(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:
-    """Replicas per logical expert, int64 [L, E]."""
+    """Replicas per logical expert, int64 [L, E] (an unused slot, -1, is no replica)."""
     layout_LP = np.asarray(layout_LP, dtype=np.int64)
     L = layout_LP.shape[0]
     offs = (np.arange(L, dtype=np.int64) * num_experts)[:, None]
-    return np.bincount((layout_LP + offs).ravel(), minlength=L * num_experts).reshape(L, num_experts)
+    ids = layout_LP + offs
+    ids = ids[layout_LP >= 0] if _has_unused(layout_LP) else ids.ravel()
+    return np.bincount(ids, minlength=L * num_experts).reshape(L, num_experts)
+
+
+def _has_unused(layout_LP: np.ndarray) -> bool:
+    return bool(layout_LP.size) and int(layout_LP.min()) < 0
 
 
 def slot_weights(counts_LE: np.ndarray, layout_LP: np.ndarray) -> np.ndarray:
-    """Per-slot load count[e] / replicas[e]: [L, P], or [X, L, P] for counts [X, L, E] (steps or windows)."""
+    """Per-slot load count[e] / replicas[e]: [L, P], or [X, L, P] for counts [X, L, E] (steps or windows); 0 in
+    an unused slot (-1)."""
     E = counts_LE.shape[-1]
+    layout_LP = np.asarray(layout_LP, dtype=np.int64)
     rep_LE = replica_counts(layout_LP, E)
     per_rep = counts_LE / np.maximum(rep_LE, 1)
+    unused = _has_unused(layout_LP)
+    lay = np.maximum(layout_LP, 0) if unused else layout_LP
     if per_rep.ndim == 2:
-        return np.take_along_axis(per_rep, layout_LP, axis=1)
-    return np.take_along_axis(per_rep, np.broadcast_to(layout_LP, per_rep.shape[:2] + layout_LP.shape[1:]),
-                              axis=2)
+        w = np.take_along_axis(per_rep, lay, axis=1)
+    else:
+        w = np.take_along_axis(per_rep, np.broadcast_to(lay, per_rep.shape[:2] + lay.shape[1:]), axis=2)
+    if unused:
+        w[..., layout_LP < 0] = 0.0
+    return w
 
 
 def gpu_loads(counts_LE: np.ndarray, layout_LP: np.ndarray, gpus: int) -> np.ndarray:
@@ -58,10 +72,10 @@ def imbalance(loads_XG) -> np.ndarray:
     return 1.0 / balancedness(loads_XG)
 
 
-def validated_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
+def validated_layout(layout_LP, num_experts: int, gpus: int, *, unused: bool = False) -> np.ndarray:
     """physical_to_logical_map [L][P] (lists or array) -> int64 [L, P]. ValueError when it is not a
-    rectangular integer table, names experts outside [0, E), leaves an expert without a slot, or P does not
-    split evenly over `gpus`."""
+    rectangular integer table, names experts outside [0, E) (unused=True: also -1, an unused slot), leaves an
+    expert without a slot, or P does not split evenly over `gpus`."""
     try:
         lay = np.asarray(layout_LP)
     except (TypeError, ValueError) as exc:
@@ -75,8 +89,11 @@ def validated_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
     lay = lay.astype(np.int64)
     if gpus < 1 or lay.shape[1] % gpus:
         raise ValueError(f"{lay.shape[1]} slots per layer do not split evenly over {gpus} GPUs")
-    if lay.min() < 0 or lay.max() >= num_experts:
-        raise ValueError(f"physical_to_logical_map names experts outside 0..{num_experts - 1}")
+    if lay.min() < (-1 if unused else 0) or lay.max() >= num_experts:
+        if not unused and lay.min() == -1 and lay.max() < num_experts:
+            raise ValueError("the layout leaves slots unused (-1); this reader needs an expert in every slot")
+        raise ValueError(f"physical_to_logical_map names experts outside 0..{num_experts - 1}"
+                         + (" (and -1, an unused slot)" if unused else ""))
     rep_LE = replica_counts(lay, num_experts)
     if np.any(rep_LE == 0):
         layer, expert = np.argwhere(rep_LE == 0)[0]
@@ -86,14 +103,16 @@ def validated_layout(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
 
 def gpu_weights(layout_LP, num_experts: int, gpus: int) -> np.ndarray:
     """float32 [L, E, G]: share of expert e's tokens that GPU g serves in layer l (even split over its
-    replicas); every (l, e) row sums to 1. The layout is checked by validated_layout()."""
-    lay = validated_layout(layout_LP, num_experts, gpus)
+    replicas); every (l, e) row sums to 1. The layout is checked by validated_layout(); an unused slot (-1)
+    serves nothing."""
+    lay = validated_layout(layout_LP, num_experts, gpus, unused=True)
     rep_LE = replica_counts(lay, num_experts)
     L, P = lay.shape
     gpu_P = np.arange(P) // (P // gpus)
     flat = (np.arange(L)[:, None] * num_experts + lay) * gpus + gpu_P[None, :]
-    share_LP = 1.0 / np.take_along_axis(rep_LE, lay, axis=1)
-    weights = np.bincount(flat.ravel(), weights=share_LP.ravel(), minlength=L * num_experts * gpus)
+    used = lay >= 0
+    share_LP = 1.0 / np.take_along_axis(rep_LE, np.maximum(lay, 0), axis=1)
+    weights = np.bincount(flat[used], weights=share_LP[used], minlength=L * num_experts * gpus)
     return weights.reshape(L, num_experts, gpus).astype(np.float32)
 
 
