@@ -225,7 +225,7 @@ def test_unsigned_other_secret_and_cross_domain_verdicts_are_not_signed():
     assert status_signed(decode_request_status(encode_request_status(long)), SECRET)
 
 
-@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660])
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660], ids=lambda m: f"{m:03o}")
 def test_a_secret_file_others_may_open_is_refused(tmp_path, mode):
     """Issue 35 item 10: a group- or world-readable (or writable) secret file is refused, with one message that
     names the file and the fix, never the secret."""
