@@ -22,7 +22,7 @@ from moe_monitor.core.loadmodel import replica_counts, slot_weights
 
 from .bounds import best_bound, group_partition_bound, rule_bound
 from .eplb_ref import check_hierarchy, eplb_global, eplb_hierarchical, group_to_node
-from .exact import search_layers
+from .exact import MAX_EXPERTS, search_layers
 from .heldin import fit_heldin
 from .hierarchical import off_node_share, plan_hierarchical
 from .loads import check_shape, check_size, duplicates_on_gpu, layer_imbalance
@@ -226,7 +226,7 @@ def plan(counts, gpus: int, redundant: int, nodes: int | None = None, groups: in
         else:
             lay, p99, wins = fit_tail(steps_TLE, gpus, redundant, lay, dispatch)
     optimum = None
-    if policy == "refined" and not windowed and steps_TLE is None:
+    if policy == "refined" and not windowed and steps_TLE is None and E <= MAX_EXPERTS:
         pre = layer_imbalance(target, lay, gpus) / best_bound(target, gpus, redundant) - 1
         lay, optimum = search_layers(plan_in, lay, gpus, redundant, np.where(active, pre, 0.0))
     imb = layer_imbalance(target, lay, gpus)
