@@ -53,7 +53,7 @@ G, R, TOP_K, RANKS = 32, 32, 8, 32
 LAYERS, FIT_STEPS, SEEDS = 12, 600, (0, 1)
 FIRST_MOE_LAYER = 3
 BASELINE = "2b041ee"   # the previous main, before issue 34 (water-filling lp, 3.4 s quiet on this VM)
-LP_CALLS, LP_TURNS, LP_SAMPLED_PAIRS = 3, 3, 200
+LP_CALLS, LP_TURNS, LP_SAMPLED_PAIRS, LP_TIMED = 3, 3, 200, 2
 
 
 def decode_popularity() -> dict[str, np.ndarray]:
@@ -106,8 +106,10 @@ def case(name: str, popularity_LE: np.ndarray, seed: int) -> dict[str, float]:
 
 
 def lp_cases(popularity_LE: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray, int, list]]:
-    """name -> (layout, counts [T, L, E], GPUs, the (step, layer) pairs checked against HiGHS). The first is the
-    timed case: 600 held-out steps of all 58 MoE layers on the default plan's layout."""
+    """name -> (layout, counts [T, L, E], GPUs, the (step, layer) pairs checked against HiGHS). The first two are
+    timed: 600 held-out steps of all 58 MoE layers on the default plan's layout (the goal's case), and 600 tiny
+    decode steps (64 tokens x top-8 a step, most replicated experts idle or nearly: the exact path's worst
+    regime among real-shaped steps) on the same layout."""
     from tests.support.lp_cases import chain_counts, chain_layout, crowded_case, random_layout
     steps = trace(popularity_LE, 2 * FIT_STEPS, 7)
     layout = plan(split_windows(steps[:FIT_STEPS]), G, R).layout_LP
@@ -119,7 +121,9 @@ def lp_cases(popularity_LE: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarra
     def every(counts):
         return [(t, layer) for t in range(counts.shape[0]) for layer in range(counts.shape[1])]
 
-    cases = {"600 steps x 58 layers x 32 GPUs": (layout, held, G, sampled)}
+    tiny = sampled_steps(popularity_LE, FIT_STEPS, np.full(FIT_STEPS, 64), top_k=TOP_K, seed=8)
+    cases = {"600 steps x 58 layers x 32 GPUs": (layout, held, G, sampled),
+             "600 tiny steps (64 tokens)": (layout, tiny, G, sampled)}
     for seed in range(6):
         rng = np.random.default_rng(seed)
         lay = random_layout(rng, 4, 24, 6, redundant=12, allow_duplicates=seed % 2 == 1)
@@ -136,19 +140,20 @@ def lp_cases(popularity_LE: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarra
 
 
 def lp_child(path: str) -> None:
-    """--child PATH: this process's moe_monitor on the cases saved at PATH; one JSON line: the timed case's
+    """--child PATH: this process's moe_monitor on the cases saved at PATH; one JSON line: the timed cases'
     seconds per gpu_loads call (after one untimed call) and every case's busiest GPU on its checked pairs."""
     saved = np.load(path, allow_pickle=True)
     cases = saved["cases"].item()
-    out: dict = {"seconds": [], "busiest": {}}
+    out: dict = {"seconds": {}, "busiest": {}}
     for i, (name, (layout, counts, gpus, pairs)) in enumerate(cases.items()):
         model = DispatchModel(layout, counts.shape[2], gpus, "lp")
         loads = model.gpu_loads(counts)
-        if i == 0:
+        if i < LP_TIMED:
+            out["seconds"][name] = []
             for _ in range(LP_CALLS):
                 t0 = time.perf_counter()
                 model.gpu_loads(counts)
-                out["seconds"].append(time.perf_counter() - t0)
+                out["seconds"][name].append(time.perf_counter() - t0)
         out["busiest"][name] = [float(loads[t, layer].max()) for t, layer in pairs]
     print(json.dumps(out))
 
@@ -168,22 +173,26 @@ def lp_report(popularity_LE: np.ndarray, baseline: str, turns: int) -> tuple[flo
         for _ in range(turns):
             for tree, root in found.items():
                 runs[tree].append(child_json("bench.dispatch", [path], root))
-    name0 = next(iter(cases))
-    layout0, counts0 = cases[name0][:2]
+    names = list(cases)
+    layout0, counts0 = cases[names[0]][:2]
     print(f"\nlp solver: DispatchModel(...).gpu_loads of {counts0.shape[0]} steps x {counts0.shape[1]} layers x {G} "
           f"GPUs ({counts0.shape[2]} experts + {layout0.shape[1] - counts0.shape[2]} redundant slots); each tree in "
           f"its own process, {turns} turns interleaved x {LP_CALLS} calls, median")
-    medians, gaps = {}, {}
+    medians: dict[str, dict[str, float]] = {}
+    gaps = {}
     for tree, got in runs.items():
-        medians[tree] = statistics.median(s for run in got for s in run["seconds"])
+        medians[tree] = {name: statistics.median(s for run in got for s in run["seconds"][name])
+                         for name in names[:LP_TIMED]}
         busiest = got[0]["busiest"]
-        gaps[tree] = {name: max(abs(b - o) for b, o in zip(busiest[name], optimum[name]))
-                      for name in cases}
-    for tree in runs:
-        print(f"  {tree:10s}  {medians[tree]:.3f} s")
-    if len(runs) > 1:
-        print(f"  {baseline} / this tree: {medians[baseline] / medians['this tree']:.1f}x")
+        gaps[tree] = {name: max(abs(b - o) for b, o in zip(busiest[name], optimum[name])) for name in cases}
+    for name in names[:LP_TIMED]:
+        cells = "   ".join(f"{tree} {medians[tree][name]:.3f} s" for tree in runs)
+        ratio = (f"   {baseline} / this tree: {medians[baseline][name] / medians['this tree'][name]:.1f}x"
+                 if len(runs) > 1 else "")
+        print(f"  {name:34s} {cells}{ratio}")
+    name0 = names[0]
     groups = {"600-step case, sampled pairs": [name0],
+              "600 tiny steps, sampled pairs": [names[1]],
               "random layouts (6 seeds)": [n for n in cases if n.startswith("random")],
               "crowded layouts: ties, idle experts (40)": [n for n in cases if n.startswith("crowded")],
               "chains and rings of replicated experts": [n for n in cases if "16 GPUs" in n]}
@@ -193,7 +202,7 @@ def lp_report(popularity_LE: np.ndarray, baseline: str, turns: int) -> tuple[flo
         cells = "  ".join(f"{tree} {max(gaps[tree][name] for name in names):.2e}" for tree in runs)
         print(f"    {label:42s} ({n:4d})  {cells}")
     worst = max(gaps["this tree"].values())
-    return medians["this tree"], worst
+    return medians["this tree"][name0], worst
 
 
 def verdict(ok: bool) -> str:
