@@ -215,11 +215,18 @@ def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys, monkeypatch):
     assert cli_main(["apply", "--redis", redis_url, "--run", "no-such-run", "--layout", str(layout_file)]) == 2
     short = tmp_path / "short.key"
     short.write_text("hunter2")
+    short.chmod(0o600)
     assert cli_main(["apply", "--redis", redis_url, "--run", "r", "--layout", str(layout_file), "--secret-file",
                      str(short)]) == 2
+    shared = tmp_path / "shared.key"
+    shared.write_text(APPLY_SECRET)
+    shared.chmod(0o644)
+    assert cli_main(["apply", "--redis", redis_url, "--run", "r", "--layout", str(layout_file), "--secret-file",
+                     str(shared)]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "no metadata" in err and "no apply secret" in err
-    assert "shorter than 16 bytes" in err and "hunter2" not in err
+    assert "shorter than 32 bytes" in err and "hunter2" not in err
+    assert "open to others (mode 644)" in err and APPLY_SECRET not in err
 
 
 def test_runtime_refuses_and_reports_bad_requests_then_applies_a_good_one(redis_url, tmp_path):
