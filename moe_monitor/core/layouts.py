@@ -266,3 +266,16 @@ def unused_back(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:
     UNUSED (-1)."""
     layout_LP = np.asarray(layout_LP, dtype=np.int64)
     return np.where(layout_LP >= num_experts, UNUSED, layout_LP)
+
+
+def unused_for_copies(before_LP, after_LP, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two layouts as planner.repair.experts_copied reads them when either leaves slots UNUSED: -1 becomes a
+    phantom expert (an id above both layouts' experts) that every GPU held before (before gains one slot per GPU
+    holding it), so emptying a slot copies nothing and filling one copies its expert. Unchanged otherwise."""
+    a, b = np.asarray(before_LP, dtype=np.int64), np.asarray(after_LP, dtype=np.int64)
+    if not (has_unused(a) or has_unused(b)) or a.ndim != 2 or gpus < 1 or a.shape[1] % gpus:
+        return a, b
+    phantom = int(max(a.max(initial=0), b.max(initial=0))) + 1
+    L = a.shape[0]
+    a = np.concatenate([np.where(a < 0, phantom, a).reshape(L, gpus, -1), np.full((L, gpus, 1), phantom)], axis=2)
+    return a.reshape(L, -1), np.where(b < 0, phantom, b)

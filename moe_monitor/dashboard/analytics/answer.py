@@ -74,7 +74,9 @@ def gpu_share(layout_LP: np.ndarray, num_experts: int, gpus: int, gpu: int) -> n
     share_LE = np.zeros((lay.shape[0], num_experts))
     mine = lay[:, gpu * per_gpu:(gpu + 1) * per_gpu]
     rows = np.repeat(np.arange(lay.shape[0]), mine.shape[1])
-    np.add.at(share_LE, (rows, mine.ravel()), 1.0 / replicas_LE[rows, mine.ravel()])
+    experts, used = mine.ravel(), mine.ravel() >= 0   # -1: an unused slot serves nothing
+    rows, experts = rows[used], experts[used]
+    np.add.at(share_LE, (rows, experts), 1.0 / replicas_LE[rows, experts])
     return share_LE
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from moe_monitor import core
+from moe_monitor.core.layouts import check_engine_layout, has_unused
 from moe_monitor.dashboard.live.layout_changes import LayoutChange, in_force
 
 _ORIGIN = {"engine": "engine rebalance", "apply": "layout applied", "initial": "initial layout record"}
@@ -87,7 +88,10 @@ def resolve_layout(meta: core.RunMeta | None, num_layers: int, num_experts: int,
     if per_node < 1 or use_gpus % per_node:
         raise ValueError(f"{use_gpus} GPUs do not split into nodes of {per_node}")
     layout = core.Layout(gpus=use_gpus, nodes=use_gpus // per_node, physical_to_logical_map=rows)
-    layout.validate(num_layers, num_experts)
+    if uploaded is not None and has_unused(rows):  # vLLM's -1, an unused slot: it serves nothing
+        check_engine_layout(np.asarray(rows), num_experts, use_gpus, num_layers)
+    else:
+        layout.validate(num_layers, num_experts)
     overridden = uploaded is not None or use_gpus != base_gpus
     usable = [] if overridden else [c for c in changes if c.gpus == use_gpus]
     if not usable:

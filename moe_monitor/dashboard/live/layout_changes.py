@@ -15,6 +15,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.costmodel import ModelDims
+from moe_monitor.core.layouts import unused_for_copies
 from moe_monitor.core.timeline import MAX_CHANGES, LayoutTimeline, index_in_force
 from moe_monitor.planner.rebalances import RebalanceHealth, rebalance_health
 from moe_monitor.planner.repair import experts_copied
@@ -77,7 +78,7 @@ def change_from_record(rec: core.LayoutRecord, num_layers: int, num_experts: int
         raise ValueError("layout time is not a finite time")
     if not isinstance(rec.instance, str) or len(rec.instance) > core.MAX_NAME_CHARS:
         raise ValueError(f"collector instance id must be text of at most {core.MAX_NAME_CHARS} characters")
-    rec.validate(num_experts, num_layers=num_layers)
+    rec.validate(num_experts, num_layers=num_layers, unused=True)  # -1: an unused slot (vLLM's), it serves nothing
     return LayoutChange.of(step, rec.layout_LP, rec.gpus, rec.nodes, rec.source, time_s,
                            rec.instance)
 
@@ -163,7 +164,7 @@ def rebalances_of(meta: core.RunMeta | None, changes: Sequence[LayoutChange], no
         if pair not in _MOVES_MEMO:
             if len(_MOVES_MEMO) >= MAX_MOVES_MEMO:
                 _MOVES_MEMO.clear()
-            _MOVES_MEMO[pair] = experts_copied(before, after, gpus)
+            _MOVES_MEMO[pair] = experts_copied(*unused_for_copies(before, after, gpus), gpus)
         return _MOVES_MEMO[pair]
 
     try:

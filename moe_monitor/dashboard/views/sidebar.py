@@ -16,7 +16,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from moe_monitor import core
+from moe_monitor.core.layouts import parse_engine_layout_json
 from moe_monitor.core.tracefile import sandbox
 from moe_monitor.dashboard.views.session import (
     SAMPLE_PREFIX,
@@ -226,12 +226,32 @@ def _layout_controls(sb) -> tuple[int | None, int | None, tuple[tuple[int, ...],
         per_node = int(st.number_input("GPUs per node", min_value=0, max_value=4096, value=0, step=1,
                                        key="gpus_per_node_override"))
         upload = st.file_uploader('Layout JSON ({"physical_to_logical_map": [[...]]})', type=["json"],
-                                  key="layout_upload")
+                                  key="layout_upload", help="SGLang's or vLLM's map ([layers][slots], -1 for an "
+                                  "unused slot), or a list per GPU ([layers][GPUs][slots of the GPU])")
         uploaded = None
         if upload is not None:
             try:
-                uploaded = tuple(tuple(row) for row in core.parse_layout_json(upload.getvalue()))
-                st.caption(f"Using {upload.name}: {len(uploaded)} layers x {len(uploaded[0])} slots.")
+                uploaded, listed_gpus, note = read_uploaded_layout(upload.getvalue(), gpus or None)
+                gpus = gpus or listed_gpus or 0
+                st.caption(f"Using {upload.name}: {note}.")
             except ValueError as exc:
                 st.error(str(exc))
     return gpus or None, per_node or None, uploaded
+
+
+def read_uploaded_layout(data: bytes, gpus: int | None = None
+                         ) -> tuple[tuple[tuple[int, ...], ...], int | None, str]:
+    """An uploaded layout JSON (core.layouts.parse_engine_layout_json: SGLang's map, vLLM's with -1 for an unused
+    slot, or a list per GPU) -> (rows [L][P] with -1 padding, the GPUs a per-GPU list names or None, a note on
+    its shape). ValueError when it does not parse, or names other GPUs than `gpus` (the sidebar's, when set)."""
+    layout_LP, listed_gpus = parse_engine_layout_json(data)
+    if gpus is not None and listed_gpus is not None and gpus != listed_gpus:
+        raise ValueError(f"the layout lists {listed_gpus} GPUs, the sidebar says {gpus}")
+    rows = tuple(tuple(int(v) for v in row) for row in layout_LP.tolist())
+    unused = int((layout_LP < 0).sum())
+    note = f"{layout_LP.shape[0]} layers x {layout_LP.shape[1]} slots"
+    if listed_gpus is not None:
+        note += f" on {listed_gpus} GPUs"
+    if unused:
+        note += f", {unused} unused (-1)"
+    return rows, listed_gpus, note

@@ -7,7 +7,9 @@ selected GPU to another) applied to the session (apply_action) gives a new sessi
 edited one; undo gives the session without its newest edit.
 
 Shape legend (README, Conventions): L layers, E logical experts, P slots, G GPUs, S slots per GPU. Layouts
-are physical_to_logical_map arrays int64 [L, P] (slot p on GPU p // S, S = P / G).
+are physical_to_logical_map arrays int64 [L, P] (slot p on GPU p // S, S = P / G); -1 is an unused slot (vLLM's):
+an edit fills it first (add: the new replica goes there; move: the replica moves into it, leaving its old slot
+unused), and the export keeps it.
 """
 from __future__ import annotations
 
@@ -86,15 +88,45 @@ def apply_action(session: EditSession, action: Action, counts_LE: ArrayLike) -> 
     replaces (the lightest per-replica load). ValueError (the session unchanged) when the edit is impossible."""
     if action.kind not in ACTIONS:
         raise ValueError(f"unknown edit '{action.kind}' (choose from {', '.join(ACTIONS)})")
-    if action.kind == "add":
+    if action.kind == "move" and action.dst_gpu is None:
+        raise ValueError("a move needs a destination GPU")
+    new = _into_unused_slot(session.current, action, session.gpus)
+    if new is None and action.kind == "add":
         new = add_replica(session.current, counts_LE, action.layer, action.expert, action.gpu, session.gpus)
-    else:
-        if action.dst_gpu is None:
-            raise ValueError("a move needs a destination GPU")
+    elif new is None:
         new = move_replica(session.current, counts_LE, action.layer, action.expert, action.gpu,
                            action.dst_gpu, session.gpus)
     return EditSession(key=session.key, gpus=session.gpus, history=session.history + (new,),
                        log=session.log + (action.describe(),))
+
+
+def _into_unused_slot(layout_LP: np.ndarray, action: Action, gpus: int) -> np.ndarray | None:
+    """The edit done into an unused slot (-1) of the GPU that gets the replica, or None when that GPU has none
+    (planner.edits then replaces or swaps a slot). ValueError when the edit is impossible."""
+    layer, expert = action.layer, action.expert
+    if not 0 <= layer < layout_LP.shape[0]:
+        raise ValueError(f"layer {layer} out of range 0..{layout_LP.shape[0] - 1}")
+    gets = action.gpu if action.kind == "add" else action.dst_gpu
+    S = layout_LP.shape[1] // gpus
+    if gets is None or not 0 <= gets < gpus or expert < 0:
+        return None  # planner.edits names what is wrong
+    row = layout_LP[layer]
+    free = np.flatnonzero(row[gets * S:(gets + 1) * S] < 0)
+    if free.size == 0:
+        return None
+    if np.any(row[gets * S:(gets + 1) * S] == expert):
+        raise ValueError(f"GPU {gets} already holds expert {expert}")
+    lay = np.array(layout_LP, dtype=np.int64)
+    if action.kind == "move":
+        if not 0 <= action.gpu < gpus or action.gpu == gets:
+            return None
+        held = np.flatnonzero(row[action.gpu * S:(action.gpu + 1) * S] == expert)
+        if held.size == 0:
+            raise ValueError(f"GPU {action.gpu} holds no replica of expert {expert}")
+        lay[layer, action.gpu * S + held[0]] = -1
+    lay[layer, gets * S + free[0]] = expert
+    lay.setflags(write=False)
+    return lay
 
 
 def undo(session: EditSession) -> EditSession:
@@ -158,12 +190,14 @@ def gpu_experts(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, gpu: int
     rep = replica_counts(lay[layer:layer + 1], c.shape[1])[0]
     rows = [{"slot": int(p), "expert": int(lay[layer, p]), "replicas": int(rep[lay[layer, p]]),
              "tokens": float(c[layer, lay[layer, p]]), "load": float(c[layer, lay[layer, p]] / rep[lay[layer, p]])}
+            if lay[layer, p] >= 0 else {"slot": int(p), "expert": -1, "replicas": 0, "tokens": 0.0, "load": 0.0}
             for p in range(gpu * S, (gpu + 1) * S)]
     return sorted(rows, key=lambda r: (-r["load"], r["slot"]))
 
 
 def layout_json(layout_LP: ArrayLike) -> str:
-    """SGLang --init-expert-location JSON: {"physical_to_logical_map": [[P ints] x L]}."""
+    """SGLang --init-expert-location JSON: {"physical_to_logical_map": [[P ints] x L]} (-1 for an unused slot, as
+    vLLM writes it)."""
     lay = np.asarray(layout_LP, dtype=np.int64)
     if lay.ndim != 2:
         raise ValueError(f"layout must be [layers, slots], got shape {lay.shape}")

@@ -2,7 +2,9 @@
 (planner.repair, migration-aware greedy) instead of a full re-plan, and the moves-vs-imbalance curve to pick a
 budget from. One move = one expert's weights (of one layer) copied onto a GPU that did not hold it
 (planner.repair.experts_copied). The current layout's slots are kept. Imbalance is predicted on the fit window,
-mean over layers with tokens. Docs: docs/dashboard.md, "What-if".
+mean over layers with tokens. A current layout with unused slots (-1, vLLM's) is repaired with each -1 as a
+phantom zero-token expert (core.layouts.with_unused_as_expert) and written back as -1. Docs: docs/dashboard.md,
+"What-if".
 
 Shape legend (README, Conventions): W windows of summed steps, L layers, E logical experts, P slots.
 fit_WLE [W, L, E] float fit windows, current_LP int [L, P].
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from moe_monitor.planner.repair import repair_curve
+from moe_monitor.core.layouts import has_unused, unused_back, unused_for_copies, with_unused_as_expert
+from moe_monitor.planner.repair import experts_copied, repair_curve
 
 CURVE_MOVES_PER_LAYER = 4        # the curve reaches at least this many moves per layer
 
@@ -42,8 +45,12 @@ def repair(fit_WLE: ArrayLike, current_LP: ArrayLike, gpus: int, budget: int) ->
     """The best layout the greedy repair reaches from current_LP within `budget` moves (>= 1)."""
     if budget < 1:
         raise ValueError(f"move budget must be >= 1, got {budget}")
-    lay, curve = repair_curve(fit_WLE, current_LP, gpus, int(budget))
-    lay = np.array(lay, dtype=np.int64)
+    fit = np.asarray(fit_WLE, dtype=np.float64)
+    num_experts = fit.shape[-1]
+    if has_unused(current_LP):   # each -1 a phantom expert with no tokens, one per unused slot of a GPU
+        fit, current_LP = with_unused_as_expert(fit, current_LP, gpus, distinct=True)
+    lay, curve = repair_curve(fit, current_LP, gpus, int(budget))
+    lay = unused_back(lay, num_experts)
     lay.flags.writeable = False
     rows = tuple({"moves": int(m), "mean_imbalance": mi, "worst_imbalance": wi} for m, mi, wi in curve)
     return Repaired(layout_LP=lay, budget=int(budget), curve=rows)
@@ -53,3 +60,9 @@ def curve_horizon(num_layers: int, budget: int) -> int:
     """Moves the page's curve spans: CURVE_MOVES_PER_LAYER per layer, or the budget when larger (so the
     curve is computed once per window, not once per budget picked)."""
     return max(int(budget), CURVE_MOVES_PER_LAYER * int(num_layers))
+
+
+def moves_between(before_LP: ArrayLike, after_LP: ArrayLike, gpus: int) -> int:
+    """planner.repair.experts_copied from one layout to another, either of which may leave slots unused (-1):
+    emptying a slot copies nothing, filling one copies its expert (core.layouts.unused_for_copies)."""
+    return experts_copied(*unused_for_copies(before_LP, after_LP, gpus), gpus)

@@ -24,8 +24,8 @@ from moe_monitor.dashboard.views.session import shown_url
 from moe_monitor.dashboard.views.whatif import controls
 from moe_monitor.dashboard.views.whatif.controls import Requested, WhatIfState
 from moe_monitor.dashboard.whatif import edits
+from moe_monitor.dashboard.whatif import repair as whatif_repair
 from moe_monitor.dashboard.whatif import score as whatif_score
-from moe_monitor.planner.repair import experts_copied
 
 APPLY_COMPARE_STEPS = 64  # steps before and after an applied change that the comparison averages (at most)
 STATUS_POLL_S = 1.0      # how often the page looks for the engine's answer while a request waits
@@ -49,7 +49,7 @@ def apply_section(current: PageData, layout: ResolvedLayout, session: edits.Edit
         state.apply_target = controls.ApplyTarget(
             client, cfg.redis_url, str(cfg.run), layout_LP, hash(np.asarray(layout_LP, dtype=np.int64).tobytes()),
             controls.confirm_key(cfg.redis_url, str(cfg.run), layout_LP),
-            experts_copied(layout.layout_LP, layout_LP, layout.gpus), after.step_balancedness,
+            whatif_repair.moves_between(layout.layout_LP, layout_LP, layout.gpus), after.step_balancedness,
             before.step_balancedness)
         controls.apply_buttons(st.container(), state.apply_target, shown_url(cfg.redis_url))
         _recent_answers(client, str(cfg.run))

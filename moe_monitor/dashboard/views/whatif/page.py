@@ -34,7 +34,6 @@ from moe_monitor.planner.advisor import DEFAULT_MAX_MOVES, DEFAULT_WINDOW, Advic
 from moe_monitor.planner.api import PlanResult, plan
 from moe_monitor.planner.bounds import best_bound
 from moe_monitor.planner.budget import bytes_per_expert, replica_budget_curve
-from moe_monitor.planner.repair import experts_copied
 
 UNIT = "tokens/step"
 MOVES_LABEL = "moves (expert copies onto GPUs)"  # what planner.repair.experts_copied counts
@@ -101,7 +100,7 @@ def render(current: PageData) -> None:
             result = cached(state.plans, plan_key, lambda: plan(
                 data.fit_WLE, G, picks.redundant, nodes=plan_nodes, groups=groups, policy=picks.policy))
     session = state.session(plan_key, result.layout_LP, G)
-    copied = experts_copied(layout.layout_LP, result.layout_LP, G)
+    copied = whatif_repair.moves_between(layout.layout_LP, result.layout_LP, G)
     if advice is not None and not isinstance(result, whatif_advice.AdvisedLayout) and copied > advice.moves:
         st.caption(f"The layout scored below is the planner's ({result.policy}: {copied:,} expert copies from the "
                    f"layout in force), not the advisor's: the advisor above weighs what moves gain against the time "
@@ -158,12 +157,13 @@ def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_s
              sizes_note: str | None) -> None:
     G = session.gpus
     active = before.active_L
-    redundant = session.current.shape[1] - data.num_experts  # the what-if layout's R (a repair keeps the current R)
+    # the what-if layout's R (a repair keeps the current R); an unused slot (-1) counts as one: a looser true bound
+    redundant = session.current.shape[1] - data.num_experts
     bound = best_bound(data.score_sum_LE.astype(np.float64), G, redundant)
     moe_layers = max(1, int(active.sum()))
     bpe = bytes_per_expert(*sizes)
     mem = [lay.shape[1] // G * moe_layers * bpe for lay in (before_LP, session.current)]
-    moves = experts_copied(before_LP, session.current, G)
+    moves = whatif_repair.moves_between(before_LP, session.current, G)
     cols = st.columns(6)
     cols[0].metric("balancedness (score window)", format_number(after.balancedness),
                    delta=f"{after.balancedness - before.balancedness:+.3f} vs current {format_number(before.balancedness)}",
@@ -250,7 +250,8 @@ def _bars_and_edits(session: edits.EditSession, before: whatif_score.Score, afte
         st.caption("Edits: " + " · ".join(session.log))
     st.download_button("Download layout (SGLang JSON)", edits.layout_json(session.current),
                        file_name="expert_layout.json", mime="application/json", key="whatif_download",
-                       help="{\"physical_to_logical_map\": [[E + R ints] x L]} for sglang --init-expert-location")
+                       help="{\"physical_to_logical_map\": [[E + R ints] x L]} for sglang --init-expert-location "
+                            "(-1: an unused slot, as vLLM writes it)")
 
 
 def _traffic(layout: ResolvedLayout, session: edits.EditSession, data: whatif_score.WhatIfData, data_key: tuple,
