@@ -5,6 +5,7 @@ one is handed to the step loop, and "applied" is reported once the loop says so.
 XADDed again after the runtime restarts is refused. The whole runtime (ranks, migration) is test_ep_runtime.py's."""
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -37,6 +38,9 @@ RULES = RequestRules(run=RUN, num_layers=L, num_experts=E, ranks=RANKS, max_slot
                      max_replicas_per_expert=RANKS)
 
 
+UNUSED_MAP = np.tile(np.array([0, 1, 2, 3, -1, 4, 5, 6, 7, -1]), (L, 1))  # vLLM's -1: a slot with no expert
+
+
 def _record(layout_LP=None, run: str = RUN, time_s: float | None = None, gpus: int = RANKS) -> core.LayoutRecord:
     layout = np.tile(np.arange(E, dtype=np.int32)[::-1], (L, 1)) if layout_LP is None else layout_LP
     return core.LayoutRecord(run=run, step=3, time_s=time.time() if time_s is None else time_s,
@@ -60,6 +64,7 @@ def _cases() -> dict[str, tuple[dict, str]]:
         "too many slots": (_signed(_record(wide)), REFUSED_SIZE),
         "too many replicas": (_signed(_record(hot)), REFUSED_SIZE),
         "does not fit": (_signed(_record(missing)), REFUSED_FIT),
+        "unused slots": (_signed(_record(UNUSED_MAP)), REFUSED_FIT),
         "other gpus": (_signed(_record(gpus=1)), REFUSED_FIT),
         "malformed": ({**_signed(), "map": b"\x00"}, REFUSED_MALFORMED),
         "other secret": (encode_layout_request(sign_request(_record(), b"x" * 32)), REFUSED_SIGNATURE),
@@ -234,3 +239,31 @@ def test_a_request_issued_before_the_engine_started_is_a_replay():
     _, judged = judge_entry(_signed(_record(time_s=book.since_s - 5)), RULES, SECRET, time.time(), book)
     assert judged.verdict == REFUSED_REPLAYED and "before this engine started" in judged.detail
     assert judge_entry(_signed(_record(time_s=book.since_s + 0.001)), RULES, SECRET, time.time(), book)[1].ok
+
+
+def test_apply_cli_sends_a_vllm_layout_and_shows_the_runtimes_refusal(redis_url, tmp_path, capsys):
+    """`moe-monitor apply` reads a layout with -1 (an unused slot) and sends it; this runtime holds an expert in
+    every slot, so its watch refuses it "does not fit" with one message, which the command prints."""
+    from moe_monitor.cli import main as cli_main
+    from tests.support.synthfill import make_meta
+
+    client = core.connect(redis_url, timeout_s=2.0)
+    client.set(core.meta_key(RUN), core.encode_meta(make_meta(RUN, L, E, gpus=RANKS)))
+    key = tmp_path / "apply.key"
+    key.write_bytes(SECRET)
+    key.chmod(0o600)
+    layout = tmp_path / "vllm.json"
+    layout.write_text(json.dumps({"physical_to_logical_map": UNUSED_MAP.tolist()}))
+    watcher = LayoutWatcher(redis_url, RULES, "runtime-instance", SECRET, current_step=lambda: 5, poll_s=0.02)
+    try:
+        assert wait_until(lambda: watcher._last_id is not None, 60)
+        code = cli_main(["apply", "--redis", redis_url, "--run", RUN, "--layout", str(layout), "--secret-file",
+                         str(key), "--wait-s", "60"])
+        out = capsys.readouterr().out
+        assert code == 1 and f"layout [{L} x 10] requested" in out, out
+        assert "4 slot(s) unused (-1)" in out.splitlines()[-1] and "refused" in out.splitlines()[-1], out
+        (status,) = _statuses(client)
+        assert status.verdict == REFUSED_FIT and status_signed(status, SECRET) and watcher.take() is None
+    finally:
+        watcher.close()
+        client.close()

@@ -51,7 +51,7 @@ def request_layout(client, run: str, layout_LP, instance: str, secret: bytes,
     record = core.LayoutRecord(run=run, step=next_step(client, run), time_s=time.time(),
                                layout_LP=np.asarray(layout_LP, dtype=np.int32),
                                gpus=meta.layout.gpus, nodes=meta.layout.nodes, source="apply", instance=instance)
-    record.validate(meta.num_experts, num_layers=len(meta.layer_names))
+    record.validate(meta.num_experts, num_layers=len(meta.layer_names), unused=True)  # -1: the engine judges it
     request = sign_request(record, secret, ttl_s)
     entry_id = client.xadd(core.layout_requests_key(run), encode_layout_request(request), maxlen=REQUESTS_MAXLEN,
                            approximate=True)

@@ -4,7 +4,8 @@
 In order: it decodes ("refused: malformed"); names this run, is signed with the shared secret and has not
 expired (core.layout_requests.judge_request: "another run" / "bad signature" / "expired"); it was issued after
 this engine started and its nonce is new ("replayed": NonceBook); slots per rank and replicas per expert within EPConfig.max_slots_per_rank /
-max_replicas_per_expert ("too large"); a layout of this model over these ranks ("does not fit").
+max_replicas_per_expert ("too large"); a layout of this model over these ranks ("does not fit"; so is a
+layout with unused slots, vLLM's -1: every slot of this runtime holds an expert).
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots.
 """
@@ -84,7 +85,7 @@ def size_judgement(num_slots: int, rules: RequestRules, layout_LP: np.ndarray | 
         return Judgement(REFUSED_SIZE, f"{num_slots} slots put {per_rank} on a rank; this engine holds at most "
                                        f"{rules.max_slots_per_rank} per rank")
     if layout_LP is not None and layout_LP.size:
-        replicas = max(int(np.bincount(row).max()) for row in layout_LP)
+        replicas = max(int(np.bincount(row[row >= 0]).max(initial=0)) for row in layout_LP)  # -1: an unused slot
         if replicas > rules.max_replicas_per_expert:
             return Judgement(REFUSED_SIZE, f"an expert has {replicas} replicas in a layer; this engine allows at "
                                            f"most {rules.max_replicas_per_expert}")
@@ -96,6 +97,10 @@ def fit_judgement(request: LayoutRequest, rules: RequestRules) -> Judgement:
     record = request.record
     if record.gpus != rules.ranks:
         return Judgement(REFUSED_FIT, f"the layout is for {record.gpus} GPUs, this engine has {rules.ranks} ranks")
+    unused = int((record.layout_LP < 0).sum())
+    if unused:
+        return Judgement(REFUSED_FIT, f"the layout leaves {unused} slot(s) unused (-1); this EP runtime holds an "
+                                      "expert in every slot: give each one a replica")
     try:
         core.check_layout_map(record.layout_LP, rules.ranks, 1, rules.num_layers, rules.num_experts)
     except ValueError as exc:
