@@ -3,9 +3,9 @@
 
 In order: it decodes ("refused: malformed"); names this run, is signed with the shared secret and has not
 expired (core.layout_requests.judge_request: "another run" / "bad signature" / "expired"); it was issued after
-this engine started and its nonce is new ("replayed": NonceBook); slots per rank and replicas per expert within EPConfig.max_slots_per_rank /
-max_replicas_per_expert ("too large"); a layout of this model over these ranks ("does not fit"; so is a
-layout with unused slots, vLLM's -1: every slot of this runtime holds an expert).
+this engine started and its nonce is new ("replayed": NonceBook); slots per rank and replicas per expert within
+EPConfig.max_slots_per_rank / max_replicas_per_expert ("too large"); a layout of this model over these ranks
+("does not fit"; so is a layout with unused slots, vLLM's -1: every slot of this runtime holds an expert).
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots.
 """
