@@ -69,6 +69,8 @@ def test_pages_and_the_whatif_read_an_engine_layout_with_unused_slots(vllm_run, 
         at.switch_page(f"page_files/{page}.py").run()
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
+    assert not any("Rebalance advisor: no decision" in c.value for c in at.caption)
+    assert any("Rebalance advisor:" in m.value for m in [*at.success, *at.info])   # it decided on the -1 layout
     state = at.session_state[STATE_KEY]
     planned = state.sessions[state.target.plan_key].current     # a full re-plan (R = 4): no unused slot
     assert planned.shape == (L, E + 4) and planned.min() >= 0
@@ -140,3 +142,15 @@ def test_whatif_edits_fill_unused_slots_first_and_count_moves():
     rows = edits.gpu_experts(VLLM_MAP, counts_LE, 0, 0, G)
     assert rows[-1] == {"slot": 2, "expert": -1, "replicas": 0, "tokens": 0.0, "load": 0.0}
     assert json.loads(edits.layout_json(moved))["physical_to_logical_map"] == moved.tolist()
+
+
+def test_the_advisor_advises_on_a_layout_with_unused_slots():
+    from moe_monitor.dashboard.whatif.advice import advice_on_window
+
+    counts_TLE = np.zeros((32, L, E))
+    counts_TLE[:, :, 4] = 400.0             # expert 4 hot: GPU 2 (4, 5, -1) is the straggler of layer 0
+    counts_TLE += 10.0
+    advice = advice_on_window(counts_TLE, VLLM_MAP, G, None)
+    assert advice.layout_LP.shape == VLLM_MAP.shape and advice.layout_LP.min() == -1 and advice.moves >= 1
+    check_engine_layout(advice.layout_LP, E, G, L)
+    assert advice.layout_LP.tolist() != VLLM_MAP.tolist()

@@ -2,18 +2,20 @@
 steps of the window (at most planner.advisor.DEFAULT_WINDOW, the look-back the advisor's schedule uses),
 priced in predicted time under the run's cost model where its pages have one (CostModel.in_time), else with
 the run's own expert sizes in token-slots (CostModel.for_sizes; DeepSeek-V3's where the metadata leaves them
-unknown), and the one line the What-if page shows.
+unknown), and the one line the What-if page shows. A layout with unused slots (-1) is advised on with phantom
+zero-token experts (core.layouts.with_unused_as_expert) and its layout written back with -1.
 
 Shape legend (README, Conventions): T steps, L layers, E logical experts, P slots.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from moe_monitor.core.costmodel import TimeModel
+from moe_monitor.core.layouts import has_unused, unused_back, with_unused_as_expert
 from moe_monitor.dashboard.whatif.traffic import run_sizes
 from moe_monitor.planner.advisor import DEFAULT_HORIZON, DEFAULT_MAX_MOVES, DEFAULT_WINDOW, Advice, advise_now
 from moe_monitor.planner.simulate import CostModel
@@ -46,9 +48,14 @@ def advice_on_window(counts_TLE: np.ndarray, layout_LP: np.ndarray, gpus: int, m
                      max_moves: int = DEFAULT_MAX_MOVES, max_steps: int = DEFAULT_WINDOW) -> Advice:
     """advise_now on the newest max_steps of counts [T, L, E] (oldest first) from the layout in force [L, P],
     priced by cost_model(meta, time_model)."""
-    counts_TLE = np.asarray(counts_TLE)
-    return advise_now(counts_TLE[-max_steps:], layout_LP, gpus, cost_model(meta, time_model),
-                      horizon_steps=horizon_steps, max_moves=max_moves)
+    counts_TLE = np.asarray(counts_TLE)[-max_steps:]
+    num_experts = counts_TLE.shape[-1]
+    unused = has_unused(layout_LP)
+    if unused:   # vLLM's -1: a phantom zero-token expert per unused slot of a GPU, written back as -1
+        counts_TLE, layout_LP = with_unused_as_expert(counts_TLE, layout_LP, gpus, distinct=True)
+    advice = advise_now(counts_TLE, layout_LP, gpus, cost_model(meta, time_model),
+                        horizon_steps=horizon_steps, max_moves=max_moves)
+    return replace(advice, layout_LP=unused_back(advice.layout_LP, num_experts)) if unused else advice
 
 
 def advice_line(advice: Advice) -> str:
