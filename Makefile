@@ -96,9 +96,9 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
-BENCH_BASELINE ?= 18fe328
+BENCH_BASELINE ?= 2b041ee
 # the main before this tree's pages changed: bench.pages shows each page's time to its first chart beside it
-PAGES_BASELINE ?= 3b17b8f
+PAGES_BASELINE ?= 2b041ee
 bench: venv
 	bash scripts/system-deps.sh --with-browser
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
