@@ -80,7 +80,7 @@ class LayoutBook:
             if cached is not None:
                 return cached, gpus
             try:
-                return self._keep((key, num_experts), validated_layout(layout, num_experts, gpus)), gpus
+                return self._keep((key, num_experts), validated_layout(layout, num_experts, gpus, unused=True)), gpus
             except ValueError:
                 pass  # it does not fit this run's experts: the default below
         gpus = core.default_gpus(num_experts, world)

@@ -157,7 +157,7 @@ class RoundReader:
                 self.waiting.append(rec)
                 continue
             try:
-                rec.validate(shape[1], num_layers=shape[0])
+                rec.validate(shape[1], num_layers=shape[0], unused=True)
             except ValueError as exc:
                 self.layout_problems += 1
                 assembler.last_problem = f"layout change from step {rec.step}: {core.why(exc)}"

@@ -116,7 +116,7 @@ def merge_aggregates(pending: list[core.StepRecord], aggregates: list[core.Aggre
 
 def _fits(rec: core.LayoutRecord, meta: core.RunMeta) -> bool:
     try:
-        rec.validate(meta.num_experts, num_layers=len(meta.layer_names))
+        rec.validate(meta.num_experts, num_layers=len(meta.layer_names), unused=True)
     except ValueError:
         return False
     return True

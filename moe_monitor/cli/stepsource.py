@@ -189,7 +189,7 @@ def read_live(url: str, run: str, steps: int) -> Source:
     valid: list[core.LayoutRecord] = []
     for change in layouts:
         with contextlib.suppress(ValueError):       # a change that does not fit the run: left out
-            valid.append(change.validate(meta.num_experts, num_layers=len(meta.layer_names)))
+            valid.append(change.validate(meta.num_experts, num_layers=len(meta.layer_names), unused=True))
     before = [change for change in valid if change.step <= kept[0]][-1:]
     src = Source(counts, np.asarray(meta.layout.physical_to_logical_map, dtype=np.int64), meta.layout.gpus,
                  [f"live run {run}: steps {kept[0]}..{kept[-1]}"], meta, sorted(names))

@@ -209,7 +209,7 @@ class ExpertLoadMonitor:
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step < core.MAX_STEP:
             raise ValueError(f"from_step must be a step id 0..{core.MAX_STEP - 1}, got {from_step!r}")
         layout_LP = core.check_layout_map(layout_LP, gpus, self.meta.layout.nodes, self.num_layers,
-                                          self.num_experts)
+                                          self.num_experts, unused=True)  # vLLM's -1: an unused slot
         record = core.LayoutRecord(run=self.run, step=int(step), time_s=time.time(),
                                    layout_LP=layout_LP.astype(np.int32), gpus=int(gpus),
                                    nodes=self.meta.layout.nodes, source=source, rank=self.rank,

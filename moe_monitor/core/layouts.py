@@ -73,20 +73,15 @@ class LayoutRecord:
     def validate(self, num_experts: int, *, num_layers: int | None = None, unused: bool = False) -> LayoutRecord:
         """self when the map fits a run of num_experts experts (and num_layers layers, when given): every
         expert 0..E-1 in every row and nothing else, P a multiple of gpus, gpus a multiple of nodes (the
-        check of core.Layout.validate); ValueError otherwise. unused=True also lets slots be UNUSED (-1): only
-        for readers that score with with_unused_as_expert()."""
+        check of core.Layout.validate); ValueError otherwise. unused=True also lets slots be UNUSED (-1), for
+        readers that read them (core.loadmodel and every dispatch policy do)."""
         layout_LP = self.layout_LP
         if not isinstance(layout_LP, np.ndarray) or layout_LP.ndim != 2:
             raise ValueError("layout_LP must be a 2-D int array [layers, slots]")
         rows = layout_LP.shape[0] if num_layers is None else num_layers
-        if unused:
-            check_engine_layout(layout_LP, num_experts, self.gpus, rows)
-            if self.gpus % self.nodes:
-                raise ValueError(f"gpus={self.gpus} do not split evenly over nodes={self.nodes}")
-            return self
-        if layout_LP.size and layout_LP.min() < 0:
+        if not unused and layout_LP.size and layout_LP.min() < 0:
             raise ValueError("the layout leaves slots unused (-1); this reader needs an expert in every slot")
-        check_layout_map(layout_LP, self.gpus, self.nodes, rows, num_experts)
+        check_layout_map(layout_LP, self.gpus, self.nodes, rows, num_experts, unused=unused)
         return self
 
 
@@ -208,22 +203,8 @@ def check_engine_layout(layout_LP, num_experts: int, gpus: int, num_layers: int 
     lay = np.asarray(layout_LP)
     if lay.ndim != 2 or lay.dtype.kind not in "iu" or lay.shape[1] == 0:
         raise ValueError(f"a layout is an int array [layers, slots], got {lay.dtype} {lay.shape}")
-    lay = lay.astype(np.int64)
-    if num_layers is not None and lay.shape[0] != num_layers:
-        raise ValueError(f"layout has {lay.shape[0]} layers, the model has {num_layers}")
-    if not 1 <= num_experts <= MAX_EXPERTS or not 1 <= gpus <= MAX_SLOTS or lay.shape[1] % gpus:
-        raise ValueError(f"{lay.shape[1]} slots do not split evenly over {gpus} GPUs")
-    if lay.min() < UNUSED or lay.max() >= num_experts:
-        raise ValueError(f"the layout names experts outside 0..{num_experts - 1} (and {UNUSED}, an unused slot)")
-    L = lay.shape[0]
-    used = lay >= 0
-    held_LE = np.bincount((lay + (np.arange(L)[:, None] * num_experts))[used], minlength=L * num_experts)
-    missing = np.flatnonzero(held_LE.reshape(L, num_experts).min(axis=1) == 0)
-    if missing.size:
-        layer = int(missing[0])
-        expert = int(np.argmin(held_LE.reshape(L, num_experts)[layer]))
-        raise ValueError(f"layer {layer}: expert {expert} has no slot (every expert 0..{num_experts - 1} needs one)")
-    return lay
+    rows = lay.shape[0] if num_layers is None else num_layers
+    return check_layout_map(lay, gpus, 1, rows, num_experts, unused=True).astype(np.int64)
 
 
 def has_unused(layout_LP) -> bool:

@@ -80,12 +80,13 @@ class Layout:
         return self
 
 
-def check_layout_map(rows, gpus, nodes, num_layers, num_experts) -> np.ndarray:
+def check_layout_map(rows, gpus, nodes, num_layers, num_experts, *, unused: bool = False) -> np.ndarray:
     """The one check of a replica layout (Layout.validate and core.LayoutRecord.validate): rows, a
     physical_to_logical_map [L][P] as nested lists or an int array, fits a run of num_layers x num_experts
     on gpus GPUs in nodes nodes: L rows of P slots each, P a multiple of gpus, gpus a multiple of nodes, every
-    expert 0..E-1 in every row and nothing else. Returns the map as an int array [L, P]; ValueError
-    otherwise. Sizes are checked against the bounds in core/keys.py before anything is allocated."""
+    expert 0..E-1 in every row and nothing else (unused=True: also -1, a slot that holds no expert). Returns the
+    map as an int array [L, P]; ValueError otherwise. Sizes are checked against the bounds in core/keys.py
+    before anything is allocated."""
     num_layers, num_experts, _ = check_sizes(num_layers, num_experts)
     if not (_in_range(_index_or_none(gpus), 1, MAX_SLOTS) and _in_range(_index_or_none(nodes), 1, MAX_SLOTS)) \
             or gpus % nodes:
@@ -113,11 +114,18 @@ def check_layout_map(rows, gpus, nodes, num_layers, num_experts) -> np.ndarray:
         bad_L = np.ones(num_layers, dtype=bool)
     else:
         sorted_LP = np.sort(layout_LP, axis=1)
-        distinct_L = 1 + np.count_nonzero(np.diff(sorted_LP, axis=1), axis=1)
-        bad_L = (sorted_LP[:, 0] < 0) | (sorted_LP[:, -1] >= num_experts) | (distinct_L != num_experts)
+        gap_L = sorted_LP[:, 0] < 0  # a row with an unused slot: -1 is one more distinct value
+        distinct_L = 1 + np.count_nonzero(np.diff(sorted_LP, axis=1), axis=1) - (gap_L if unused else 0)
+        bad_L = (sorted_LP[:, 0] < (-1 if unused else 0)) | (sorted_LP[:, -1] >= num_experts) \
+            | (distinct_L != num_experts)
     if bad_L.any():
-        raise ValueError(f"layer {int(np.argmax(bad_L))}: every expert 0..{num_experts - 1} needs a slot, "
-                         "and only those")
+        layer = int(np.argmax(bad_L))
+        row = layout_LP[layer] if num_slots else np.zeros(0, dtype=np.int64)
+        inside = not row.size or (row.min() >= (-1 if unused else 0) and row.max() < num_experts)
+        what = (f"expert {int(np.argmin(np.bincount(row[row >= 0], minlength=num_experts)))} has no slot"
+                if inside else "names an id outside the experts")
+        raise ValueError(f"layer {layer}: {what} (every expert 0..{num_experts - 1} needs a slot, and only those"
+                         + (", or -1 for an unused slot)" if unused else ")"))
     return layout_LP
 
 

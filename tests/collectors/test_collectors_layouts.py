@@ -141,7 +141,7 @@ def test_a_rotated_trace_file_starts_with_the_layout_in_force(tmp_path):
 
 def test_publish_layout_checks_the_map_and_never_waits(redis_server, redis_url):
     mon = ExpertLoadMonitor(2, 4, 1, redis_url=redis_url, run="checks", gpus=2, nvml=False, sample_tokens=0)
-    for bad, message in ((np.array([[0, 1, 2, 2], [0, 1, 2, 3]]), "layer 0: every expert 0..3"),
+    for bad, message in ((np.array([[0, 1, 2, 2], [0, 1, 2, 3]]), "layer 0: expert 3 has no slot"),
                          (np.array([[0, 1, 2, 3]]), "layout has 1 layers, the model has 2"),
                          (np.array([[0, 1, 2, 3, 0], [0, 1, 2, 3, 1]]), "do not split evenly over 2 GPUs"),
                          (np.array([[0, 1, 2, 4], [0, 1, 2, 3]]), "every expert"),
@@ -157,6 +157,10 @@ def test_publish_layout_checks_the_map_and_never_waits(redis_server, redis_url):
         mon.publish_layout(NEW_LP, gpus=0)
     mon.publish_layout(torch.tensor([[3, 2, 1, 0], [0, 1, 2, 3]]), from_step=7, gpus=4)  # a tensor, 4 GPUs
     assert mon.last_layout is not None and (mon.last_layout.step, mon.last_layout.gpus) == (7, 4)
+    with pytest.raises(ValueError, match="layer 0: expert 3 has no slot"):
+        mon.publish_layout(np.array([[0, 1, 2, -1], [0, 1, 2, 3]]))  # -1 is an unused slot, not an expert
+    mon.publish_layout(np.array([[0, 1, -1, 2, 3, -1], [0, 1, 2, 3, 0, 1]]), from_step=8)  # vLLM's -1: fine
+    assert mon.last_layout.layout_LP[0].tolist() == [0, 1, -1, 2, 3, -1]
     mon.close()
     with pytest.raises(RuntimeError, match="after close"):
         mon.publish_layout(NEW_LP)

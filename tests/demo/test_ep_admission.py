@@ -64,7 +64,6 @@ def _cases() -> dict[str, tuple[dict, str]]:
         "too many slots": (_signed(_record(wide)), REFUSED_SIZE),
         "too many replicas": (_signed(_record(hot)), REFUSED_SIZE),
         "does not fit": (_signed(_record(missing)), REFUSED_FIT),
-        "unused slots": (_signed(_record(UNUSED_MAP)), REFUSED_FIT),
         "other gpus": (_signed(_record(gpus=1)), REFUSED_FIT),
         "malformed": ({**_signed(), "map": b"\x00"}, REFUSED_MALFORMED),
         "other secret": (encode_layout_request(sign_request(_record(), b"x" * 32)), REFUSED_SIGNATURE),
@@ -241,9 +240,11 @@ def test_a_request_issued_before_the_engine_started_is_a_replay():
     assert judge_entry(_signed(_record(time_s=book.since_s + 0.001)), RULES, SECRET, time.time(), book)[1].ok
 
 
-def test_apply_cli_sends_a_vllm_layout_and_shows_the_runtimes_refusal(redis_url, tmp_path, capsys):
-    """`moe-monitor apply` reads a layout with -1 (an unused slot) and sends it; this runtime holds an expert in
-    every slot, so its watch refuses it "does not fit" with one message, which the command prints."""
+def test_apply_cli_sends_a_vllm_layout_and_the_runtime_admits_it(redis_url, tmp_path, capsys):
+    """`moe-monitor apply` reads a layout with -1 (an unused slot) and sends it; the runtime's watch admits it
+    (an unused slot holds no expert: it fits), the runtime reports it applied, and the command prints that."""
+    import threading
+
     from moe_monitor.cli import main as cli_main
     from tests.support.synthfill import make_meta
 
@@ -255,15 +256,24 @@ def test_apply_cli_sends_a_vllm_layout_and_shows_the_runtimes_refusal(redis_url,
     layout = tmp_path / "vllm.json"
     layout.write_text(json.dumps({"physical_to_logical_map": UNUSED_MAP.tolist()}))
     watcher = LayoutWatcher(redis_url, RULES, "runtime-instance", SECRET, current_step=lambda: 5, poll_s=0.02)
+    taken: list = []
+
+    def runtime() -> None:  # what a rank-0 loop does: take the admitted layout, apply it, report it
+        if wait_until(lambda: taken.append(watcher.take()) or taken[-1] is not None, 60):
+            watcher.report_applied(taken[-1], 7)
+
+    side = threading.Thread(target=runtime, daemon=True)
     try:
         assert wait_until(lambda: watcher._last_id is not None, 60)
+        side.start()
         code = cli_main(["apply", "--redis", redis_url, "--run", RUN, "--layout", str(layout), "--secret-file",
                          str(key), "--wait-s", "60"])
         out = capsys.readouterr().out
-        assert code == 1 and f"layout [{L} x 10] requested" in out, out
-        assert "4 slot(s) unused (-1)" in out.splitlines()[-1] and "refused" in out.splitlines()[-1], out
+        side.join(60)
+        assert code == 0 and f"layout [{L} x 10] requested" in out and "applied" in out.splitlines()[-1], out
+        np.testing.assert_array_equal(taken[-1].layout_LP, UNUSED_MAP)
         (status,) = _statuses(client)
-        assert status.verdict == REFUSED_FIT and status_signed(status, SECRET) and watcher.take() is None
+        assert status.verdict == "applied" and status.step == 7 and status_signed(status, SECRET)
     finally:
         watcher.close()
         client.close()

@@ -147,12 +147,25 @@ def _launch_in_thread(cfg: EPConfig, tmp_path) -> tuple[threading.Thread, dict]:
     return thread, box
 
 
-def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
+def _with_unused(layout_LP: np.ndarray) -> np.ndarray:
+    """layout_LP with the last replica of each replicated expert emptied (-1, vLLM's unused slot)."""
+    out = layout_LP.copy()
+    for row in out:
+        for expert in np.flatnonzero(loadmodel.replica_counts(row[None], NUM_EXPERTS)[0] > 1):
+            row[np.flatnonzero(row == expert)[-1]] = -1
+    return out
+
+
+@pytest.mark.parametrize("kind", ["full", "unused"])
+def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path, kind):
+    """A layout applied live through the CLI: a planner's (every slot holds an expert), or one with unused slots
+    (-1), which every rank applies the same way: an unused slot holds no weights and serves no token."""
     initial = _replica_layout(1, 4, 32)
-    target = _replica_layout(2, 4, 32)
+    target = _replica_layout(2, 4, 32) if kind == "full" else _with_unused(_replica_layout(2, 4, 32))
+    assert (target < 0).any() == (kind == "unused")
     secret_file = _secret_file(tmp_path)
     cfg = EPConfig(ranks=4, layout=initial.tolist(), steps=80, sync_every=2, stop_after_apply_steps=3,
-                   min_step_interval_s=0.2, redis_url=redis_url, run="ep-four", save_outputs=True, nvml=False,
+                   min_step_interval_s=0.2, redis_url=redis_url, run=f"ep-four-{kind}", save_outputs=True, nvml=False,
                    apply_secret_file=secret_file)
     layout_file = tmp_path / "target.json"
     layout_file.write_text(json.dumps({"physical_to_logical_map": target.tolist()}))
@@ -199,7 +212,7 @@ def test_four_ranks_replicas_and_live_apply(redis_url, tmp_path):
     assert len(layouts) == len(marked), "a request must never show as a layout change"
     assert len(marked) == 1 and marked[0].source == "apply" and marked[0].step == from_step
     assert marked[0].gpus == 4
-    np.testing.assert_array_equal(marked[0].validate(NUM_EXPERTS).layout_LP, target)
+    np.testing.assert_array_equal(marked[0].validate(NUM_EXPERTS, unused=True).layout_LP, target)
 
 
 def test_apply_cli_refuses_bad_input(redis_url, tmp_path, capsys, monkeypatch):

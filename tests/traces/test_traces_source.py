@@ -88,3 +88,38 @@ def test_arrows_recording_rotates_and_recovers_like_jsonl(tmp_path):
     assert list(reader.timeline().step_T) == list(range(8)) and not reader.truncated
     assert all(same(a, b) for a, b in zip(reader.read_steps(0, 7), recs[:8]))
     assert isinstance(reader.read_steps(0, 0)[0], core.StepRecord)
+
+
+@pytest.mark.parametrize("name", ["t.parquet", "t.arrows", "t.jsonl"])
+def test_a_vllm_layout_with_unused_slots_is_read_from_every_container(tmp_path, name):
+    """An engine rebalance whose map leaves slots unused (vLLM's -1) is a layout change in every container, and
+    the aggregator's layout book keeps it (an unused slot serves no token)."""
+    from moe_monitor.aggregator.layoutbook import LayoutBook
+    from tests.traces import test_traces_format as fmt
+
+    L, E, G = fmt.L, fmt.E, fmt.G
+    unused_LP = np.tile(np.array([0, 1, 2, 3, -1, 4, 5, 6, 7, -1], dtype=np.int32), (L, 1))  # 5 slots a GPU
+    rec = core.LayoutRecord(run="tr", step=20, time_s=1020.0, layout_LP=unused_LP, gpus=G, source="engine")
+    recs = fmt.records()
+    path = tmp_path / name
+    if name.endswith(".jsonl"):
+        lines = [core.trace_line("meta", {"meta": core.encode_meta(fmt.make_meta("tr", L, E, G, world_size=2))})]
+        lines += [core.trace_line("step", core.encode_step(r)) for r in recs[:40]]
+        lines += [core.trace_line("layout", core.encode_layout_record(rec))]
+        lines += [core.trace_line("step", core.encode_step(r)) for r in recs[40:]]
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        writer = tracefile.open_writer(path, fmt.make_meta("tr", L, E, G, world_size=2))
+        writer.write(recs[:40], [])
+        writer.add_layouts([rec])
+        writer.write(recs[40:], [])
+        writer.close()
+    batch = TraceSource(name, root=tmp_path).seek(22, 24)
+    assert batch.bad_records == 0, batch.last_error
+    (got,) = batch.layouts
+    np.testing.assert_array_equal(got.layout_LP, unused_LP)
+    book = LayoutBook()
+    book.add("epoch", 20, got.layout_LP, G)
+    ((at_T, kept_LP, gpus),) = book.layouts("epoch", np.array([21, 22]), L, E, world=2)
+    assert at_T.tolist() == [0, 1] and gpus == G
+    np.testing.assert_array_equal(kept_LP, unused_LP)  # kept, not the contiguous default

@@ -198,7 +198,7 @@ def read_side_jsonl(path: str, meta: core.RunMeta) -> SideRecords:
                     continue  # a timing line: indexed, decoded when its steps are read
                 _, item = decode_line(raw)
                 if isinstance(item, core.LayoutRecord):
-                    out.layouts.append(item.validate(meta.num_experts, num_layers=len(meta.layer_names)))
+                    out.layouts.append(item.validate(meta.num_experts, num_layers=len(meta.layer_names), unused=True))
                 elif isinstance(item, core.GpuSample):
                     if len(out.samples) >= MAX_GPU_ROWS:
                         raise ValueError(f"more than {MAX_GPU_ROWS} NVML samples")
@@ -307,7 +307,7 @@ class JsonlTraceReader(TraceReader):
 
     def _add_layout(self, rec: core.LayoutRecord) -> None:
         if self._meta is not None:
-            rec = rec.validate(self._meta.num_experts, num_layers=len(self._meta.layer_names))
+            rec = rec.validate(self._meta.num_experts, num_layers=len(self._meta.layer_names), unused=True)
         self.layouts.append(rec)
         self.layouts.sort(key=lambda r: r.step)
         if self._schedule is not None:

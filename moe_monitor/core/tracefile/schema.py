@@ -112,7 +112,7 @@ def parse_layout_lines(text: bytes, meta: core.RunMeta) -> tuple[list[core.Layou
             kind, rec = core.decode_trace_line(line.decode("utf-8"))
             if not isinstance(rec, core.LayoutRecord):
                 raise ValueError(f"a {kind} line among the layout records")
-            out.append(rec.validate(meta.num_experts, num_layers=len(meta.layer_names)))
+            out.append(rec.validate(meta.num_experts, num_layers=len(meta.layer_names), unused=True))
         except (ValueError, UnicodeDecodeError):
             bad += 1
     return sorted(out, key=lambda rec: rec.step), bad

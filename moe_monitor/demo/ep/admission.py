@@ -5,7 +5,7 @@ In order: it decodes ("refused: malformed"); names this run, is signed with the 
 expired (core.layout_requests.judge_request: "another run" / "bad signature" / "expired"); it was issued after
 this engine started and its nonce is new ("replayed": NonceBook); slots per rank and replicas per expert within
 EPConfig.max_slots_per_rank / max_replicas_per_expert ("too large"); a layout of this model over these ranks
-("does not fit"; so is a layout with unused slots, vLLM's -1: every slot of this runtime holds an expert).
+("does not fit"; vLLM's -1, a slot holding no expert, fits).
 
 Shape legend (README, Conventions): L MoE layers, E logical experts, P physical slots.
 """
@@ -97,12 +97,8 @@ def fit_judgement(request: LayoutRequest, rules: RequestRules) -> Judgement:
     record = request.record
     if record.gpus != rules.ranks:
         return Judgement(REFUSED_FIT, f"the layout is for {record.gpus} GPUs, this engine has {rules.ranks} ranks")
-    unused = int((record.layout_LP < 0).sum())
-    if unused:
-        return Judgement(REFUSED_FIT, f"the layout leaves {unused} slot(s) unused (-1); this EP runtime holds an "
-                                      "expert in every slot: give each one a replica")
     try:
-        core.check_layout_map(record.layout_LP, rules.ranks, 1, rules.num_layers, rules.num_experts)
+        core.check_layout_map(record.layout_LP, rules.ranks, 1, rules.num_layers, rules.num_experts, unused=True)
     except ValueError as exc:
         return Judgement(REFUSED_FIT, str(exc))
     return Judgement("")

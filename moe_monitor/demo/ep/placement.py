@@ -19,17 +19,18 @@ from moe_monitor import core
 
 
 class Placement:
-    """layout_LP int [L, P] over `ranks` ranks; ValueError unless every expert 0..E-1 has a slot in every layer
-    and P is a multiple of ranks."""
+    """layout_LP int [L, P] over `ranks` ranks (-1: a slot that holds no expert); ValueError unless every expert
+    0..E-1 has a slot in every layer and P is a multiple of ranks."""
 
     def __init__(self, layout_LP, ranks: int, num_experts: int):
-        layout = core.check_layout_map(layout_LP, ranks, 1, len(layout_LP), num_experts)
+        layout = core.check_layout_map(layout_LP, ranks, 1, len(layout_LP), num_experts, unused=True)
         self.layout_LP = np.asarray(layout, dtype=np.int64)
         self.ranks, self.num_experts = ranks, num_experts
         self.num_layers, self.num_slots = self.layout_LP.shape
         self.slots_per_rank = self.num_slots // ranks
-        by_expert_LP = np.argsort(self.layout_LP, axis=1, kind="stable")  # slot ids, expert-major, slot order
-        count_LE = np.stack([np.bincount(row, minlength=num_experts) for row in self.layout_LP])
+        expert_LP = np.where(self.layout_LP < 0, num_experts, self.layout_LP)  # unused slots sort last
+        by_expert_LP = np.argsort(expert_LP, axis=1, kind="stable")  # slot ids, expert-major, slot order
+        count_LE = np.stack([np.bincount(row, minlength=num_experts + 1)[:num_experts] for row in expert_LP])
         first_LE = np.cumsum(count_LE, axis=1) - count_LE
         self.replica_count_LE = torch.from_numpy(count_LE.astype(np.int64))
         self.replica_first_LE = torch.from_numpy(first_LE.astype(np.int64))
@@ -43,7 +44,7 @@ class Placement:
     def experts_on(self, rank: int, layer: int) -> list[int]:
         """Sorted distinct experts rank holds in layer."""
         s = self.slots_per_rank
-        return sorted({int(e) for e in self.layout_LP[layer, rank * s:(rank + 1) * s]})
+        return sorted({int(e) for e in self.layout_LP[layer, rank * s:(rank + 1) * s] if e >= 0})
 
     def holders(self, layer: int, expert: int) -> list[int]:
         """Sorted distinct ranks holding expert in layer."""
