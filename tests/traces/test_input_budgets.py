@@ -124,3 +124,25 @@ def test_info_describes_what_convert_reads(tmp_path, capsys, make, kind):
     assert main(["info", str(path), "--json"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["kind"] == kind and described["steps"] >= 1 and "becomes" in described, described
+
+
+def test_info_describes_sglang_dumps_and_a_tensorrt_llm_folder(tmp_path, capsys):
+    """The two kinds left out above: SGLang's recorder dumps (.pt, weights-only) and a TensorRT-LLM statistic
+    folder; each is described with its shape and steps, as `convert` would read it."""
+    import torch
+
+    from moe_monitor.cli import main
+    from tests.collectors.test_sglang_bridge import save_stat
+    from tests.traces.test_import_trtllm import ITERS, LAYERS, SLOTS, folder
+
+    logical_TLE = np.random.default_rng(0).integers(0, 9, size=(4, 3, 8))
+    stat = save_stat(tmp_path, 1.0, logical_TLE, dtype=torch.int32)
+    assert main(["info", str(stat), "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert "SGLang" in described["kind"] and described["steps"] == 4, described
+    assert (described["layers"], described["experts"]) == (3, 8) and "becomes" in described, described
+    trt, _, _ = folder(tmp_path)
+    assert main(["info", str(trt), "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert "TensorRT-LLM" in described["kind"] and described["steps"] == ITERS, described
+    assert (described["layers"], described["experts"]) == (len(LAYERS), SLOTS), described
