@@ -200,14 +200,11 @@ def tail_floor_share(files: int = 4, seeds: tuple[int, ...] = (0, 1)) -> None:
     print(f"\ntail objective under even split ({files} decode files x seeds {seeds}, as bench.dispatch): p99 excess EPLB {e:.4f}, tail "
           f"layout {t:.4f}, noise floor {f:.4f}: closes {share:.0%} of the gap from EPLB to the floor   goal >= 80%"
           f"   {'PASS' if share >= 0.8 else 'FAIL'}")
-    E, L, T, g = 64, 2, 240, 8
-    rng = np.random.default_rng(3)
-    pop2 = np.ones((T, L, E))
-    for step in range(T):
-        pop2[step, :, (step % 2) * 8:(step % 2) * 8 + 8] = 6.0
-    steps2 = np.stack([[rng.multinomial(40_000, q / q.sum()) for q in pop2[step]] for step in range(T)]).astype(float)
-    fit2, held2 = steps2[:160], steps2[160:]
     from moe_monitor.core.steptails import step_tails
+    from tests.support.synthfill import alternating_phases
+
+    g, steps2 = 8, alternating_phases()
+    fit2, held2 = steps2[:160], steps2[160:]
 
     def p99_8(lay):
         return step_tails(held2, lay, g, "even").imbalance_summary()["p99"]

@@ -17,6 +17,7 @@ from moe_monitor.planner.simulate import simulate
 from moe_monitor.planner.synthetic import sampled_steps
 from moe_monitor.planner.windows import split_windows
 from tests.support.cli import in_process as cli
+from tests.support.synthfill import alternating_phases
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "sglang_deepseek_v3"
 G, R = 8, 8
@@ -54,12 +55,7 @@ def test_lp_plan_scores_better_under_lp_than_the_even_plan(steps_TLE):
 def test_tail_objective_lowers_the_per_step_p99_where_the_window_cannot_see_it():
     """Two alternating phases, each with its own 8 hot experts: their sum is flat, so any layout balances the
     window, but a layout that puts hot experts of one phase together has a busy GPU every step."""
-    E, L, T = 64, 2, 240
-    rng = np.random.default_rng(3)
-    pop = np.ones((T, L, E))
-    for t in range(T):
-        pop[t, :, (t % 2) * 8:(t % 2) * 8 + 8] = 6.0
-    steps = np.stack([[rng.multinomial(40_000, p / p.sum()) for p in pop[t]] for t in range(T)]).astype(float)
+    steps = alternating_phases()
     fit, held = steps[:160], steps[160:]
     window = plan(split_windows(fit), G, 8).layout_LP
     tail = plan(split_windows(fit), G, 8, objective="tail", steps=fit).layout_LP

@@ -87,3 +87,15 @@ def fill_skewed(client, run: str, steps: int = 20, num_layers: int = 2, num_expe
                               phase="decode", tokens=tokens, counts_LE=counts)
         client.xadd(core.steps_key(run), core.encode_step(rec))
     client.zadd(core.RUNS_KEY, {run: now})
+
+
+def alternating_phases(steps: int = 240, num_layers: int = 2, num_experts: int = 64, tokens: int = 40_000,
+                       seed: int = 3) -> np.ndarray:
+    """float [T, L, E]: two phases that alternate step by step, each with its own 8 hot experts (6x the others):
+    their sum is flat, so any layout balances the window, while a layout that puts one phase's hot experts
+    together has a busy GPU every step (the tail objective's case)."""
+    rng = np.random.default_rng(seed)
+    pop_TLE = np.ones((steps, num_layers, num_experts))
+    for t in range(steps):
+        pop_TLE[t, :, (t % 2) * 8:(t % 2) * 8 + 8] = 6.0
+    return np.stack([[rng.multinomial(tokens, p / p.sum()) for p in pop_TLE[t]] for t in range(steps)]).astype(float)
