@@ -162,6 +162,24 @@ def test_one_sessions_uploads_never_delete_anothers(folder, monkeypatch):
     assert kept in os.listdir(folder) and len({n for n in os.listdir(folder) if uploads.is_upload(n)}) == 4
 
 
+def test_an_upload_the_folder_refuses_deletes_none_of_the_sessions_own(folder, monkeypatch):
+    """A session at its own quota whose new upload the full folder refuses keeps its oldest upload: deletions are
+    decided first and made only once the new one fits the folder too."""
+    monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
+    monkeypatch.setattr(uploads, "FOLDER_MAX_FILES", 4)
+    theirs: set[str] = set()
+    _save(folder, own=theirs)
+    _save(folder, own=theirs)
+    mine: set[str] = set()
+    _save(folder, own=mine)
+    _save(folder, own=mine)  # at its own quota: a third would replace the first
+    before = {n for n in os.listdir(folder) if uploads.is_upload(n)}
+    monkeypatch.setattr(uploads, "FOLDER_MAX_FILES", 3)  # the folder is full even with that one gone
+    with pytest.raises(ValueError, match="the trace folder holds"):
+        _save(folder, own=mine)
+    assert {n for n in os.listdir(folder) if uploads.is_upload(n)} == before
+
+
 def test_a_sessions_uploads_in_the_app_never_delete_another_sessions(folder, monkeypatch):
     monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
     theirs = trace_app(monkeypatch)

@@ -99,19 +99,17 @@ def make_room(root: Path, incoming_bytes: int, own: Collection[str] = ()) -> lis
     FOLDER_QUOTA_BYTES (another session's uploads stay until they expire)."""
     every = _uploads(root)
     mine = [item for item in every if item[2].name in own]
-    gone = []
+    doomed = []  # decided first, deleted only once the new upload is known to fit the folder too
     while mine and (len(mine) + 1 > UPLOAD_MAX_FILES or sum(b for _, b, _ in mine) + incoming_bytes > UPLOAD_QUOTA_BYTES):
-        _, _, oldest = mine.pop(0)
-        if _remove(oldest):
-            gone.append(oldest.name)
-    kept = [item for item in every if item[2].name not in gone]
+        doomed.append(mine.pop(0)[2])
+    kept = [item for item in every if item[2] not in doomed]
     held = sum(b for _, b, _ in kept)
     if len(kept) + 1 > FOLDER_MAX_FILES or held + incoming_bytes > FOLDER_QUOTA_BYTES:
         oldest_s = min((mtime for mtime, _, _ in kept), default=time.time())
         wait_h = max(0.0, UPLOAD_MAX_AGE_S - (time.time() - oldest_s)) / 3600
         raise ValueError(f"the trace folder holds {len(kept)} uploads ({held >> 20:,} MiB), as many as all sessions "
                          f"may keep; the oldest expires in {wait_h:.1f} h (or copy the trace into the folder)")
-    return gone
+    return [path.name for path in doomed if _remove(path)]
 
 
 def _remove(path: Path) -> bool:
