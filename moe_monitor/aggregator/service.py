@@ -14,6 +14,7 @@ from .options import AggregateOptions
 from .worker import Aggregator, aggregator_budget, default_consumer
 
 MAX_RUNS = 1024  # runs one --all process aggregates
+IDLE_SHARE = 16  # a run no longer written to keeps this fraction of an equal share (service.share_budget)
 MMAP_THRESHOLD_BYTES = 1 << 20  # arrays this large are mmapped and go back to the system when freed
 
 
@@ -50,12 +51,12 @@ def serve(redis_url: str, run: str | None, options: AggregateOptions, stop: thre
         while not stop.is_set() and time.monotonic() < end:
             if run is None and time.monotonic() >= discover_at:
                 discover_at = time.monotonic() + discover_s
-                for name in active_runs(client, active_s):
+                found = active_runs(client, active_s)
+                for name in found:
                     if name not in workers and len(workers) < MAX_RUNS:
                         workers[name] = Aggregator(redis_url, name, options, consumer=consumer, client=client,
                                                    budget=budget)
-                        for worker in workers.values():
-                            worker.set_share(budget.total_bytes // len(workers))
+                share_budget(workers, set(found), budget.total_bytes)
             elif run is not None and not workers:
                 workers[run] = Aggregator(redis_url, run, options, consumer=consumer, client=client, budget=budget)
             did = False
@@ -69,6 +70,17 @@ def serve(redis_url: str, run: str | None, options: AggregateOptions, stop: thre
             worker.close()
         client.close()
     return 0
+
+
+def share_budget(workers: dict[str, Aggregator], active: set[str], total_bytes: int) -> None:
+    """An equal share of the budget for each run written to lately; a run that stopped keeps 1/IDLE_SHARE of
+    it (what it still holds drains as its waiting steps are written), so runs that ended never starve live ones."""
+    live = [name for name in workers if name in active] or list(workers)
+    share = total_bytes // max(1, len(live))
+    for name, worker in workers.items():
+        want = share if name in live else share // IDLE_SHARE
+        if worker.share_bytes != want:
+            worker.set_share(want)
 
 
 def active_runs(client, active_s: float) -> list[str]:

@@ -75,3 +75,27 @@ def test_a_stalled_wide_run_stays_within_its_share_and_another_run_keeps_aggrega
     assert peak << 20 < BUDGET + SLACK, f"the process grew {peak} MiB"
     print(f"the process grew {peak} MiB at most (budget {format_bytes(BUDGET)}; {WIDE_STEPS} wide steps waiting "
           f"would hold {format_bytes(WIDE_STEPS * WIDE_L * WIDE_E * 4)})")
+
+
+def test_runs_that_stopped_give_their_share_back(redis_url):
+    """The budget is shared by the runs written to lately: a run that stopped keeps 1/IDLE_SHARE of a share, so
+    a hundred runs that came and went never leave a live run a hundredth of the budget."""
+    from moe_monitor.aggregator.service import IDLE_SHARE, share_budget
+    from moe_monitor.aggregator.worker import Aggregator, aggregator_budget
+
+    client = core.connect(redis_url)
+    budget = aggregator_budget(BUDGET)
+    workers = {name: Aggregator(redis_url, name, options(memory_budget_bytes=BUDGET), client=client, budget=budget)
+               for name in ("a", "b", "c", "d")}
+    try:
+        share_budget(workers, {"a", "b", "c", "d"}, budget.total_bytes)
+        assert {w.share_bytes for w in workers.values()} == {BUDGET // 4}
+        share_budget(workers, {"d"}, budget.total_bytes)  # a, b and c stopped
+        assert workers["d"].share_bytes == BUDGET
+        assert [workers[n].share_bytes for n in "abc"] == [BUDGET // IDLE_SHARE] * 3
+        share_budget(workers, set(), budget.total_bytes)  # none written to lately: every run an equal share
+        assert {w.share_bytes for w in workers.values()} == {BUDGET // 4}
+    finally:
+        for worker in workers.values():
+            worker.close()
+        client.close()
