@@ -48,6 +48,8 @@ class Upstream:
         """The request target sent upstream for a client's `path`; ValueError unless it is a path ("/...")."""
         if not path.startswith("/") or any(c in path for c in " \t\r\n\x00"):
             raise ValueError("the request target must be a path starting with /")
+        if any(part in (".", "..") for part in path.split("?", 1)[0].split("/")):
+            raise ValueError("the request target may not hold . or .. segments")
         return self.prefix + path
 
     def connect(self, timeout_s: float) -> http.client.HTTPConnection:
@@ -141,6 +143,19 @@ class ProxyCounts:
     clients_refused: int = 0
     requests_refused: int = 0
     said: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, name: str) -> None:
+        """One more of `name` (handler threads count at once: under the lock)."""
+        with self.lock:
+            setattr(self, name, getattr(self, name) + 1)
+
+    def first(self, kind: str) -> bool:
+        """Whether `kind` is seen for the first time (and now marked seen)."""
+        with self.lock:
+            new = kind not in self.said
+            self.said.add(kind)
+            return new
 
 
 @dataclass
@@ -157,8 +172,7 @@ class ProxySettings:
     parse_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def say_once(self, kind: str, line: str) -> None:
-        if kind not in self.counts.said:
-            self.counts.said.add(kind)
+        if self.counts.first(kind):
             self.say(line + " (said once; counted at exit)")
 
 
@@ -177,7 +191,7 @@ class ProxyServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            self.settings.counts.clients_refused += 1
+            self.settings.counts.add("clients_refused")
             with contextlib.suppress(OSError):
                 request.settimeout(0)
                 request.send(BUSY)
@@ -209,6 +223,9 @@ class ProxyHandler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self):
+        if self.headers.get("Transfer-Encoding") or (self.headers.get("Content-Length") or "0").strip() != "0":
+            self._refuse(400, "a GET request carries no body here")  # unread, it would be read as the next request
+            return
         self._relay(None)
 
     def do_POST(self):
@@ -249,7 +266,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         return int(text)
 
     def _refuse(self, status: int, reason: str) -> None:
-        self.settings.counts.requests_refused += 1
+        self.settings.counts.add("requests_refused")
         self.close_connection = True
         with contextlib.suppress(OSError):
             self.send_error(status, reason)
@@ -288,12 +305,12 @@ class ProxyHandler(BaseHTTPRequestHandler):
         settings = self.settings
         want = length if length is not None else settings.max_body_bytes
         if want > settings.max_body_bytes:
-            settings.counts.too_large += 1
+            settings.counts.add("too_large")
             settings.say_once("large", f"a response of {want} bytes was relayed, not sampled (over "
                                        f"--max-body-bytes {settings.max_body_bytes})")
             return 0
         if not settings.budget.take(want):
-            settings.counts.busy += 1
+            settings.counts.add("busy")
             settings.say_once("busy", "a response was relayed, not sampled: the buffer budget is in use")
             return 0
         return want
@@ -306,13 +323,16 @@ class ProxyHandler(BaseHTTPRequestHandler):
         try:
             self.send_response(response.status, response.reason)
             for key, value in response.getheaders():
-                if key.lower() not in HOP_HEADERS:
+                if key.lower() not in HOP_HEADERS and key.lower() not in ("server", "date"):  # send_response's own
                     self.send_header(key, value)
-            chunked = length is None
+            chunked = length is None and self.request_version != "HTTP/1.0"
             if chunked:
                 self.send_header("Transfer-Encoding", "chunked")
-            else:
+            elif length is not None:
                 self.send_header("Content-Length", str(length))
+            else:                                   # an HTTP/1.0 client: the body ends when the connection does
+                self.close_connection = True
+                self.send_header("Connection", "close")
             self.end_headers()
             while True:
                 try:
@@ -326,7 +346,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
                 if kept is not None:
                     if len(kept) + len(chunk) > reserved:
                         kept = None
-                        self.settings.counts.too_large += 1
+                        self.settings.counts.add("too_large")
                     else:
                         kept += chunk
             if chunked:
@@ -335,7 +355,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         except OSError:                            # the client went away or stalled past its timeout
             self.close_connection = True
             return None
-        self.settings.counts.relayed += 1
+        self.settings.counts.add("relayed")
         return kept
 
     def _sample(self, body: bytearray) -> None:
@@ -343,7 +363,7 @@ class ProxyHandler(BaseHTTPRequestHandler):
         try:
             with settings.parse_lock:            # one parse at a time: what it builds stays a few x the body
                 settings.sample(parse_sampled(body))
-            settings.counts.sampled += 1
+            settings.counts.add("sampled")
         except (ValueError, TypeError, KeyError, MemoryError, RecursionError) as exc:
-            settings.counts.unreadable += 1
+            settings.counts.add("unreadable")
             settings.say(f"a response's routing was not read: {type(exc).__name__}: {str(exc)[:200]}")

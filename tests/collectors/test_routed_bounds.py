@@ -43,7 +43,7 @@ def hostile_npy_b64(shape=(1 << 40, 1, 1)) -> str:
 class Upstream:
     """A real HTTP server: /v1/models, /v1/completions answered as vLLM does (prompt "hostile": a hostile .npy;
     "huge:N": a JSON body of N bytes, streamed), GET /big?n=N (N bytes, streamed), GET /internal-secret (the
-    secret an SSRF would read; every request to it is kept in `secret_hits`)."""
+    secret an SSRF would read; every request to it is kept in `secret_hits`), GET /chunked (no length)."""
 
     def __init__(self):
         self.engine = types.SimpleNamespace(engine="vllm", sent=[])
@@ -89,6 +89,13 @@ class Upstream:
                     self._send(json.dumps({"data": [{"id": "tiny-moe"}]}).encode())
                 elif self.path.startswith("/big?n="):
                     self._stream(b"", int(self.path.split("=")[1]), b"")
+                elif self.path == "/chunked":  # no length: the proxy must frame it for its client
+                    self.send_response(200)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for piece in (b"first-", b"second"):
+                        self.wfile.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+                    self.wfile.write(b"0\r\n\r\n")
                 elif self.path == "/internal-secret":
                     upstream.secret_hits.append(dict(self.headers))
                     self._send(b"SECRET-TOKEN-42")
@@ -293,3 +300,27 @@ def test_the_probe_goes_on_past_a_bad_answer(upstream, redis_url, tmp_path, caps
     assert "prompt 1: ValueError: routed_experts declares" in err
     steps = steps_of(core.connect(redis_url), "probe-bad")
     assert [(s.phase, s.tokens) for s in steps] == [("prefill", 3), ("decode", 2), ("prefill", 2), ("decode", 2)]
+
+
+def test_http10_clients_bodies_on_get_and_dot_segments(upstream, redis_url):
+    """An answer without a length reaches an HTTP/1.0 client unframed (the connection ends it) and an HTTP/1.1
+    client chunked; a GET that declares a body is refused (its bytes would be read as the next request); a target
+    with a .. segment is refused and never leaves the --server prefix."""
+    proxy = Proxy(upstream.url, redis_url, "framing")
+    try:
+        old = proxy.raw(b"GET /chunked HTTP/1.0\r\nHost: x\r\n\r\n")
+        head, _, body = old.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"chunked" not in head.lower() and body == b"first-second", old
+        assert head.lower().count(b"\r\ndate:") == 1, head  # the upstream's Date is not sent twice
+        new = proxy.raw(b"GET /chunked HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, body = new.partition(b"\r\n\r\n")
+        assert b"transfer-encoding: chunked" in head.lower() and body == b"6\r\nfirst-\r\n6\r\nsecond\r\n0\r\n\r\n"
+        smuggled = proxy.raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 42\r\n\r\n"
+                             b"GET /internal-secret HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert smuggled.startswith(b"HTTP/1.1 400") and b"SECRET" not in smuggled, smuggled[:200]
+        for target in ("/v1/../internal-secret", "/./internal-secret"):
+            answer = proxy.raw(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            assert answer.startswith(b"HTTP/1.1 400"), (target, answer[:200])
+    finally:
+        proxy.stop()
+    assert upstream.secret_hits == []
