@@ -61,7 +61,7 @@ def decode_vllm(text: object) -> np.ndarray:
         shape, fortran, dtype = read_header(stream)
     except (ValueError, OSError, EOFError, SyntaxError, TypeError) as exc:
         raise ValueError(f"routed_experts is not a .npy array: {exc}") from None
-    if len(shape) != 3 or dtype.kind not in "iu":
+    if len(shape) != 3 or dtype.kind not in "iu" or min(shape) < 0:
         raise ValueError(f"routed_experts must be an integer array [tokens, layers, top_k], got {dtype} {shape}")
     declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
     if declared != len(raw) - stream.tell():

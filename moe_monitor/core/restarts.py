@@ -144,7 +144,7 @@ class RankInstances:
         self.undone = False
         self.conflict = False
         self._before: _Before | None = None
-        self._stopped: tuple[float, float, bool] | None = None  # (time_s, now_s, answer) of the last look
+        self._stopped: tuple | None = None  # (time_s, now_s, held, ranks: the look's key; answer) of the last look
         self._at = (0.0, 0.0)  # (time_s, now_s) of the record being judged
 
     def restore(self, instance_of_rank: Mapping[int, str], retired: Iterable[str], held: Iterable[int] = ()) -> None:
@@ -313,15 +313,16 @@ class RankInstances:
         """Most ranks restarted (more than half the world) and every other rank's instance stopped writing."""
         if len(self.held) * 2 <= max(int(world), len(self.instance_of_rank)):
             return False
-        if self._stopped is not None and self._stopped[:2] == (time_s, now_s):
-            return self._stopped[2]
+        key = (time_s, now_s, len(self.held), len(self.instance_of_rank))  # a rank held since: look again
+        if self._stopped is not None and self._stopped[0] == key:
+            return self._stopped[1]
         answer = True
         for rank, instance in self.instance_of_rank.items():
             if rank not in self.held and not self._writer_of(rank, instance, -1, time_s, now_s).silent(
                     time_s, now_s, self.silence_s):
                 answer = False
                 break
-        self._stopped = (time_s, now_s, answer)
+        self._stopped = (key, answer)
         return answer
 
     def _new_epoch(self, rank: int, instance: str) -> Judgement:

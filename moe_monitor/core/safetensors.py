@@ -8,6 +8,7 @@ decoded-bytes budget (core/jsonbudget.py) before it is parsed.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class Entry:
 
     @property
     def cells(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        return math.prod(self.shape)  # exact: an int64 product of a hostile shape wraps
 
 
 def header_length(path: str) -> int:

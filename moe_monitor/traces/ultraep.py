@@ -10,6 +10,7 @@ Shape legend: R records, T microbatches (steps), L layers, E logical experts, P 
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import zipfile
@@ -155,7 +156,7 @@ def chunk_index(path: str, man: Manifest) -> dict[str, tuple[tuple[int, ...], np
                         raise ValueError(f"{name}: {key} is a .npy of version {version}")
                 if dtype.hasobject:
                     raise ValueError(f"{name}: {key} holds Python objects (never unpickled)")
-                cells = int(np.prod(shape, dtype=np.int64)) if shape else 1
+                cells = math.prod(shape)  # exact: an int64 product wraps
                 if cells * dtype.itemsize > info.file_size:
                     raise ValueError(f"{name}: {key} declares {tuple(shape)} {dtype} in {info.file_size} bytes")
                 out[key] = (tuple(int(n) for n in shape), dtype, int(info.file_size))
