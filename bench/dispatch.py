@@ -52,7 +52,7 @@ DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G, R, TOP_K, RANKS = 32, 32, 8, 32
 LAYERS, FIT_STEPS, SEEDS = 12, 600, (0, 1)
 FIRST_MOE_LAYER = 3
-BASELINE = "2b041ee"   # the previous main, before issue 34 (water-filling lp, 3.4 s quiet on this VM)
+BASELINE = "2b041ee"   # the previous main (its lp dispatch water-filled)
 LP_CALLS, LP_TURNS, LP_SAMPLED_PAIRS, LP_TIMED = 3, 3, 200, 2
 
 

@@ -1,4 +1,4 @@
-"""Peak memory of the inputs issue 35 item 3 named, each run as `moe-monitor` in a child process (ru_maxrss of
+"""Peak memory of small inputs that declare far more than their bytes (one per importer), each run as `moe-monitor` in a child process (ru_maxrss of
 the child, resource.getrusage), at the default decoded-bytes budget (1 GiB). Generated here, never stored.
 
     .venv/bin/python -m bench.input_budgets [--small]

@@ -43,7 +43,7 @@ from moe_monitor.planner.synthetic import drifting_windows, skewed_counts
 
 DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G = 32
-BASELINE = "2b041ee"   # the previous main, before issue 34
+BASELINE = "2b041ee"   # the previous main
 DRIFT_SEEDS = {"bench seeds 0-2": (0, 1, 2), "fresh seeds 10-12": (10, 11, 12)}
 # the inputs of vLLM's EPLB tests (tests/distributed/test_eplb_algo.py), as facts:
 # (name, weights [L][E], physical slots, groups, nodes, GPUs)
@@ -179,7 +179,7 @@ def small_cases(now: dict, prev: dict | None, col: str) -> None:
 
 
 def tail_floor_share(files: int = 4, seeds: tuple[int, ...] = (0, 1)) -> None:
-    """The tail objective against its floor (issue 19's setting, bench.dispatch's traces: decode popularity,
+    """The tail objective against its floor (bench.dispatch's setting and traces: decode popularity,
     12 MoE layers, 32 ranks x 64-256 tokens x top-8, fit on 600 steps, p99 of the next 600): under an even split,
     the share of the gap from EPLB's p99 excess to the noise floor's that the tail layout closes; and the
     two-phase case where planning for the tail pays (tests/planner/test_plan_dispatch.py's construction)."""

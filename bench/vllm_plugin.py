@@ -1,5 +1,5 @@
 """The vLLM plugin's cost on a real vLLM (its CPU build, in .venv-engines): tokens/s with the plugin over the same
-engine without it, on the tiny Qwen3-MoE of the engine tests (issue 20: >= 0.97).
+engine without it, on the tiny Qwen3-MoE of the engine tests (goal: >= 0.97).
 
     python -m bench.vllm_plugin [--baseline REV] [--rounds 30] [--mode compiled|eager] [--profile]
 

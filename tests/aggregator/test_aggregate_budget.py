@@ -1,4 +1,4 @@
-"""Issue 35 item 2: the aggregator's memory budget. A run whose ranks stall with a wide [L, E] (records of rank 0
+"""The aggregator's memory budget. A run whose ranks stall with a wide [L, E] (records of rank 0
 only, each step waiting for its deadline) holds at most its share of the budget: the oldest waiting steps are
 written early with the ranks they have, and said; another run served by the same process keeps aggregating.
 Against a real redis-server; the peak is the process's resident set (VmHWM, reset first), as the issue measured."""

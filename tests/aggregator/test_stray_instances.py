@@ -1,4 +1,4 @@
-"""Issue 35 item 4: records under new collector instance ids that stop at once (strays) never silence the
+"""Records under new collector instance ids that stop at once (strays) never silence the
 collectors that keep writing, for the Assembler (the aggregator's and the reader's) and for the dashboard's
 reader over a real redis-server; a new epoch whose retired instances keep writing is undone."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`moe-monitor apply --wait-s` believes only a verdict signed with its apply secret (issue 35 item 9): an
+"""`moe-monitor apply --wait-s` believes only a verdict signed with its apply secret: an
 "applied" XADDed by someone without the secret (unsigned, or signed with another one) leaves it waiting and it
 exits 1; the EP runtime's own watch, holding the same secret, answers with a signed "applied" and it exits 0.
 Against the tests' real redis-server, the CLI in this process; the forger and the watch in threads."""

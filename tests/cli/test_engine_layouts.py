@@ -1,5 +1,5 @@
-"""Issue 34 item 4 (layouts engines write: vLLM's -1 for an unused slot, a list per GPU) in score, diagnose and
-plan --current, and issue 35 item 12 (score and diagnose check a trace's shape before loading it). Every expected
+"""Layouts engines write (vLLM's -1 for an unused slot, a list per GPU) in score, diagnose and plan --current,
+and score and diagnose checking a trace's shape before loading it. Every expected
 figure is worked out here with numpy from the counts and the slots, never read back from the code under test."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Megatron-Core hook's counting (collectors/megatron.py) on router outputs Megatron's own routers do not make
-(issue 35, item 14), published to the tests' private Redis and read back.
+"""The Megatron-Core hook's counting (collectors/megatron.py) on router outputs Megatron's own routers do not make,
+published to the tests' private Redis and read back.
 
 Megatron-Core is not installed here (it lives in .venv-frameworks): the test puts in sys.modules the two names the
 collector imports from it, a `Router` module class and `parallel_state` not initialised. Each router returns a

@@ -1,4 +1,4 @@
-"""The outage queue is sized in seconds of steps within a byte bound (issue 35, "Also"): a fast decode loop keeps
+"""The outage queue is sized in seconds of steps within a byte bound: a fast decode loop keeps
 as many seconds of history while Redis is down as a slow one, and never more than queue_bytes of records."""
 from __future__ import annotations
 

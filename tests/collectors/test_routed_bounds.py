@@ -1,5 +1,5 @@
-"""The routed-experts proxy and probe (`moe-monitor routed`) under hostile and clumsy inputs (issue 35, items 6, 7
-and 13): a request target that names another port, large upstream answers, idle clients past the limit, a .npy
+"""The routed-experts proxy and probe (`moe-monitor routed`) under hostile and clumsy inputs: a request
+target that names another port, large upstream answers, idle clients past the limit, a .npy
 header that declares terabytes, a probe answer that is malformed. The proxy runs as its own process (as an
 operator runs it) in front of a real HTTP server; peak memory is the proxy's VmHWM from /proc.
 """

@@ -46,7 +46,7 @@ def test_most_ranks_restarting_open_a_new_epoch_once_the_others_stopped():
 
 
 def test_stray_records_of_most_ranks_never_stop_the_ranks_that_keep_writing():
-    """Issue 35 item 4: one record each for ranks 0, 1, 2 of 4 at step 0 under new instance ids, while the real
+    """One record each for ranks 0, 1, 2 of 4 at step 0 under new instance ids, while the real
     collectors keep writing at 10 steps/s: every later record of theirs counts, and the strays wait."""
     rule = RankInstances(max_retired=64)
     for rank in range(4):

@@ -201,7 +201,7 @@ def _status(**changes) -> LayoutRequestStatus:
     {"run": "staging"}, {"request_id": "1700000000000-1"}, {"nonce": "c" * 32}, {"verdict": REFUSED_EXPIRED},
     {"detail": "x"}, {"step": 43}, {"time_s": NOW + 0.5}, {"instance": "runtime-2"}])
 def test_a_verdict_is_signed_and_any_changed_field_breaks_it(change):
-    """Issue 35 item 9: the status stream's verdicts (inst included) carry an HMAC a reader checks."""
+    """The status stream's verdicts (inst included) carry an HMAC a reader checks."""
     signed = sign_status(_status(), SECRET)
     fields = encode_request_status(signed)
     assert status_signed(decode_request_status(fields), SECRET)
@@ -227,7 +227,7 @@ def test_unsigned_other_secret_and_cross_domain_verdicts_are_not_signed():
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o660], ids=lambda m: f"{m:03o}")
 def test_a_secret_file_others_may_open_is_refused(tmp_path, mode):
-    """Issue 35 item 10: a group- or world-readable (or writable) secret file is refused, with one message that
+    """A group- or world-readable (or writable) secret file is refused, with one message that
     names the file and the fix, never the secret."""
     path = _private(tmp_path / "apply.key", SECRET.decode())
     path.chmod(mode)
@@ -243,7 +243,7 @@ def test_a_secret_file_others_may_open_is_refused(tmp_path, mode):
 
 
 def test_a_secret_under_32_bytes_is_refused_from_a_file_or_the_environment(tmp_path):
-    """Issue 35 item 10: 31 bytes (the old floor was 16) refused, 32 accepted."""
+    """31 bytes (the old floor was 16) refused, 32 accepted."""
     short = "k" * 31
     path = _private(tmp_path / "apply.key", short + "\n")
     with pytest.raises(ValueError) as refused:

@@ -164,7 +164,7 @@ def test_a_repeated_parquet_sample_under_a_raised_budget_decodes_once_per_row_gr
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="measures the peak through /proc")
 @pytest.mark.parametrize("builder", [hostile.late_sample_parquet, hostile.late_sample_arrows])
 def test_a_trace_the_budget_takes_costs_a_view_at_most_the_budget(tmp_path, builder):
-    """Issue 35 item 5: a sample cost a page about 4.7x the bytes its row declares and was counted 2x (.parquet)
+    """A sample cost a page about 4.7x the bytes its row declares and was counted 2x (.parquet)
     or 1x (.arrows): 2 rows of 128 MiB samples passed the 1 GiB budget and cost a session 1.2 GB. Counted at
     what reading it costs (columnar.SAMPLE_READ_COST), a file the budget takes costs a view at most the budget,
     measured: 2 rows of 4 MiB are taken, 2 rows of 24 MiB (about 220 MiB to view) refused."""
@@ -201,7 +201,7 @@ def test_a_json_line_that_would_build_far_more_than_its_bytes_is_a_bad_record(tm
 
 @pytest.mark.parametrize("action", ["seek", "poll"])
 def test_a_read_past_the_memory_limit_is_the_readers_one_line_refusal(tmp_path, action):
-    """Issue 35 item 5: under an address-space limit a MemoryError escaped the trace source (it caught
+    """Under an address-space limit a MemoryError escaped the trace source (it caught
     ValueError only). A raised budget takes 2 rows of 64 MiB samples; 96 MiB of address space does not."""
     path = tmp_path / "late.parquet"
     hostile.late_sample_parquet(path, heavy_rows=2, tokens=1 << 19)

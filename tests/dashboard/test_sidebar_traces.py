@@ -202,7 +202,7 @@ print(json.dumps({"why": why, "peak_growth_mib": status("VmHWM") - before}))
 
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="measures the peak through /proc")
 def test_the_servers_look_at_a_first_line_is_bounded():
-    """Issue 35 item 1: the server parsed an upload's whole first line (250 MiB of `[[],[],...]`: 6.8 GB,
+    """The server parsed an upload's whole first line (250 MiB of `[[],[],...]`: 6.8 GB,
     32 s). It now looks at FIRST_LINE_LOOK_BYTES of it and leaves a longer line to the child. Here 8 MiB of
     `[[],...]`, measured in a fresh interpreter: parsed, it costs about 220 MiB."""
     import json

@@ -96,7 +96,7 @@ def test_the_check_takes_good_traces_and_says_why_for_others(tmp_path):
 
 @pytest.mark.parametrize("builder", [hostile.late_sample_parquet, hostile.late_sample_arrows])
 def test_the_check_reads_what_a_sessions_first_view_reads(tmp_path, monkeypatch, builder):
-    """Issue 35 item 5: the check read the timeline and the first step, the page the first 600 steps. A trace
+    """The check read the timeline and the first step, the page the first 600 steps. A trace
     whose first step has no sample and whose next two hold 64 MiB each (a budget raised to take them) opened
     in the check; reading its view in the child now needs more than the child may take, and it is refused."""
     path = tmp_path / "late.trace"
@@ -144,7 +144,7 @@ def test_uploads_beyond_the_byte_quota_replace_the_sessions_oldest(folder, monke
 
 
 def test_one_sessions_uploads_never_delete_anothers(folder, monkeypatch):
-    """Issue 35 item 11: 32 uploads of one session deleted another's. Each session now replaces only its own
+    """32 uploads of one session deleted another's. Each session now replaces only its own
     oldest; when the folder holds all it may, a new upload is refused and nothing of another session goes."""
     monkeypatch.setattr(uploads, "UPLOAD_MAX_FILES", 2)
     monkeypatch.setattr(uploads, "FOLDER_MAX_FILES", 4)
@@ -249,7 +249,7 @@ def _environ(pid: int) -> set[str]:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads the checks from /proc")
 def test_checks_run_one_at_a_time_with_nothing_secret_in_their_environment(folder, monkeypatch):
-    """Issue 35 item 11: four checks ran at once (2.42 GB), each child with the server's Redis URL and apply
+    """Four checks ran at once (2.42 GB), each child with the server's Redis URL and apply
     secret. Three sessions upload at the same moment: one child at a time, each without those variables."""
     import threading
 

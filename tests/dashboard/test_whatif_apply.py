@@ -171,7 +171,7 @@ def _forge_applied(client, run: str, secret: bytes | None) -> None:
 
 @pytest.mark.parametrize("writer", ["unsigned", "another secret"])
 def test_page_does_not_believe_a_forged_or_unverifiable_answer(redis_url, monkeypatch, writer):
-    """Issue 35 item 9: an "applied" written by someone without the secret (unsigned, or signed with another
+    """An "applied" written by someone without the secret (unsigned, or signed with another
     one, as an engine holding another secret signs its refusals) is never shown as this request's answer nor in
     the engine's latest answers; once the request expires the page says no engine answered with a signed
     verdict."""

@@ -178,7 +178,7 @@ def _apply_once(redis_url: str, client, make_fields, instance: str) -> dict:
 
 @pytest.mark.parametrize("issued", ["now", "ahead"])
 def test_a_request_replayed_after_the_runtime_restarts_is_refused(redis_url, issued):
-    """Issue 35 item 8: a signed request applied by one runtime, XADDed again (a copy read off the stream) after
+    """A signed request applied by one runtime, XADDed again (a copy read off the stream) after
     that runtime restarted, within the request's lifetime, is refused "replayed" by the new one. "now": issued
     before the restart (refused for that); "ahead": issued by a sender whose clock runs 30 s ahead (within the
     60 s allowed), so after the restart by the runtime's clock: refused because the nonce was kept in Redis."""

@@ -23,7 +23,7 @@ def load_all():
 
 
 def test_leave_one_out_default_meets_its_goal_and_beats_eplb():
-    """The default (no policy), as `moe-monitor plan` runs it: mean <= 1.03, worst <= 1.08 (issue 34)."""
+    """The default (no policy), as `moe-monitor plan` runs it: mean <= 1.03, worst <= 1.08."""
     C = load_all()
     G, R = 32, 32
     ours, eplb = [], []

@@ -1,5 +1,5 @@
-"""Small generated inputs that cost far more than their bytes (issue 35 item 3) and files engines write (issue 34
-item 4): written by tests and by the peak-memory measurements in docs/traces.md. Nothing here is a fixture file."""
+"""Small generated inputs that cost far more than their bytes, and files engines write: written by tests and by the
+peak-memory measurements in docs/traces.md. Nothing here is a fixture file."""
 from __future__ import annotations
 
 import json

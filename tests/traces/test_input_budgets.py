@@ -1,4 +1,4 @@
-"""Issue 35 items 3 and 15: importers count what they build from the declared shape, JSON by its worst case; the
+"""Importers count what they build from the declared shape, JSON by its worst case; the
 Megatron importer checks its metadata with the readers' bounds and detects its files from their first bytes.
 Each input is small and generated (tests/traces/hostile_inputs.py); each test failed on the code before."""
 from __future__ import annotations
