@@ -1,5 +1,6 @@
-"""Peak memory of small inputs that declare far more than their bytes (one per importer), each run as `moe-monitor` in a child process (ru_maxrss of
-the child, resource.getrusage), at the default decoded-bytes budget (1 GiB). Generated here, never stored.
+"""Peak memory of small inputs that declare far more than their bytes (one per importer), each run as `moe-monitor`
+in a child process (ru_maxrss of the child, resource.getrusage), at the default decoded-bytes budget (1 GiB).
+Generated here, never stored.
 
     .venv/bin/python -m bench.input_budgets [--small]
 
