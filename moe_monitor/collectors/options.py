@@ -40,9 +40,7 @@ class MonitorOptions:
         counted): the steps of the last queue_s seconds (at least the newest 1,024, whatever their age), so a
         decode loop at 190 steps/s keeps as many seconds as one at 5; never more than queue_bytes of records
         (each its counts and sampled rows plus ~1 kB; timings and physical counts get a quarter of it each:
-        at most 1.5 x queue_bytes a sink). 256 MiB holds 60 s of DeepSeek-V3-sized steps (L=58, E=256,
-        16 sampled tokens one step in 4: 64 kB a step) up to 70 steps/s, 22 s at 190 steps/s. Figures:
-        docs/collectors.md. The bounds hold at any step rate: the publisher keeps taking steps off the host
+        at most 1.5 x queue_bytes a sink); what that holds at DeepSeek-V3's size: docs/collectors.md. The bounds hold at any step rate: the publisher keeps taking steps off the host
         slots every flush interval (and as soon as half of them are in use) while a sink backs off or hangs
         in a write; only that sink's writes wait. A batch being written (at most 256 steps) is held on top.
     queue_steps: a fixed number of steps instead of queue_s (None: by seconds); queue_bytes still applies.

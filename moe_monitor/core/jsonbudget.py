@@ -3,8 +3,7 @@ trace line: logical_count JSON, the planner's counts files, safetensors headers,
 
 json.loads builds Python objects: a list or dict is 56-64 bytes plus an 8-byte slot in its parent, a number
 or string 24-60 bytes. The cost of raw JSON is bounded by CONTAINER_BYTES per "[" or "{" plus BYTE_COST per
-byte, measured worst cases: "[]," 25 B/byte (counted 40), "[[]]," 35 (45), eight-deep nesting 44 (50), numbers
-4-12 (16). Figures and the command: docs/traces.md, "What a file may decode to".
+byte, both above the measured worst cases (docs/traces.md, "What a file may decode to").
 """
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """The lp dispatch policy solved exactly: per step and layer, the split of each replicated expert's tokens over the
-GPUs it spans that gives the minimum-norm GPU-load vector (it minimises the busiest GPU, then the next; the
-reachable load vectors form a base polytope). docs/definitions.md.
-
-At the optimum every expert sends tokens only to its least-loaded GPUs, and GPUs linked by experts that split
-over them share one level, the mean of their fixed load and those experts' tokens. Two paths:
-
-- full split: every replicated expert keeps tokens on every GPU it spans. Each connected group of GPUs then sits
-  at its mean and the split is the least change from the even split that reaches it: a linear map of the step's
-  fixed loads and counts, built per layer at init, one matmul per layer for all steps. Exact where no share comes
-  out negative (94% of sampled DeepSeek-V3 decode steps and layers on the default plan's layout).
-- the other pairs: an active-set method: a share that would go negative leaves the split, an idle GPU below its
-  expert's level joins it, until the optimality conditions hold. Each step solves a Laplacian over the GPUs per
-  pair. The first LP_BLOCK_STEPS steps change every such share at once (2-4 steps for most pairs, even where every
-  pair of a skewed step needs this path); pairs still open then go on one share a step from a feasible split
-  (Lawson-Hanson), which ends.
+GPUs it spans that gives the minimum-norm GPU-load vector (the busiest GPU minimised first, then the next). At the
+optimum an expert sends tokens only to its least-loaded GPUs. Two paths: the full split (every replicated expert
+on every GPU it spans: a linear map per layer, one matmul for all steps, exact where no share is negative), and
+an active-set method for the other (step, layer) pairs, LP_BLOCK_STEPS block steps then one share a step
+(Lawson-Hanson). The method and its measured figures: docs/definitions.md.
 
 Shapes: T steps, L layers, B or H (step, layer) pairs, G GPUs, F replicated experts of a layer, R the most GPUs
 one expert spans (gpu_LFR pads with G), K = G + F inputs of the linear map.
@@ -24,11 +14,10 @@ import numpy as np
 
 LP_EXACT_TOLERANCE = 1e-9  # a share or optimality condition may miss by this much x the pair's largest input
 LP_BLOCK_STEPS = 8         # active-set steps that change many shares at once, before the one-share steps
-LP_MAX_ACTIVE_STEPS = 4    # x F x R active-set steps at most (each removes or adds one share; 18,000 random pairs
-                           # needed at most 32 steps in all)
+LP_MAX_ACTIVE_STEPS = 4    # x F x R active-set steps at most (each removes or adds one share)
 ACTIVE_BATCH = 512         # pairs the active-set method holds at once (tens of kB each at G = F = 32)
 PRODUCT_MACS = 1 << 18     # multiply-adds of one matrix product at most (steps go in blocks): a threaded BLAS keeps
-                           # a product this small on one core, and threads lose on a busy machine (10x on 2 cores)
+                           # a product this small on one core (threads lose on a busy machine)
 
 
 class LpSplit:
