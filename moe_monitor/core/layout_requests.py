@@ -12,7 +12,6 @@ Shape legend: L MoE layers, P physical slots.
 from __future__ import annotations
 
 import math
-import re
 import secrets
 from dataclasses import dataclass
 
@@ -20,13 +19,12 @@ from .fields import _get, _text, _time
 from .keys import run_key
 from .layouts import LAYOUT_FIELDS, LayoutRecord, decode_layout_record, encode_layout_record
 from .request_status import REFUSED_EXPIRED, REFUSED_RUN, REFUSED_SIGNATURE
-from .signing import canonical_request, sign, signature_ok
+from .signing import canonical_request, is_nonce, sign, signature_ok
 
 REQUEST_FIELDS = (*LAYOUT_FIELDS, "exp", "nonce", "sig")
 DEFAULT_TTL_S = 120.0      # a request's lifetime unless its sender says otherwise
 MAX_TTL_S = 3600.0         # no runtime accepts a request that lives longer (expiry - issued-at)
 MAX_CLOCK_SKEW_S = 60.0    # a request issued further in the future than this (by the runtime's clock) is refused
-_NONCE = re.compile(r"[0-9a-f]{32}")
 
 
 def seen_requests_key(run: str) -> str:
@@ -96,9 +94,9 @@ def decode_layout_request(fields: dict) -> LayoutRequest:
         raise ValueError(f"a layout request has source 'apply', not {record.source!r}")
     if _get(fields, "sig") is None:
         nonce = _text(fields, "nonce", max_chars=64) if _get(fields, "nonce") is not None else ""
-        return LayoutRequest(record, math.nan, nonce if _NONCE.fullmatch(nonce) else "", "")
+        return LayoutRequest(record, math.nan, nonce if is_nonce(nonce) else "", "")
     nonce = _text(fields, "nonce", max_chars=64)
-    if not _NONCE.fullmatch(nonce):
+    if not is_nonce(nonce):
         raise ValueError("field 'nonce' must be 32 lowercase hex characters")
     signature = _text(fields, "sig", max_chars=128)
     return LayoutRequest(record, _time(fields, "exp"), nonce, signature)

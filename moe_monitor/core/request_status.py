@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .fields import _get, _instance, _int, _text, _time, _version
 from .keys import MAX_STEP, SCHEMA_VERSION, check_run_name
-from .signing import canonical_status, sign, signature_ok
+from .signing import canonical_status, is_nonce, sign, signature_ok
 
 APPLIED = "applied"
 REFUSED_EXPIRED = "refused: expired"
@@ -35,7 +35,6 @@ STATUS_FIELDS = ("v", "run", "req", "nonce", "verdict", "detail", "step", "t", "
 STATUS_MAXLEN = 1000  # the status stream is trimmed (approximately) to this many entries
 MAX_DETAIL_CHARS = 500
 _ENTRY_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
-_NONCE = re.compile(r"(?:[0-9a-f]{32})?")
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ def decode_request_status(fields: dict) -> LayoutRequestStatus:
     if not _ENTRY_ID.fullmatch(request_id):
         raise ValueError(f"field 'req' is not a stream entry id: {request_id[:41]!r}")
     nonce = _text(fields, "nonce", max_chars=32)
-    if not _NONCE.fullmatch(nonce):
+    if nonce and not is_nonce(nonce):
         raise ValueError("field 'nonce' must be 32 lowercase hex characters or empty")
     verdict = _text(fields, "verdict", max_chars=32)
     if verdict not in VERDICTS:

@@ -26,8 +26,14 @@ STATUS_DOMAIN = b"moe-monitor layout request status v1"
 SIGNATURE_HEX_CHARS = 64  # HMAC-SHA256, hex
 MIN_SECRET_BYTES = 32  # as many as the HMAC's output: a shorter secret is the weakest link
 _HEX_SIGNATURE = re.compile(f"[0-9a-f]{{{SIGNATURE_HEX_CHARS}}}")
+_NONCE = re.compile(r"[0-9a-f]{32}")
 _MAP_DTYPE = np.dtype("<i4")
 
+
+
+def is_nonce(text: str) -> bool:
+    """Whether text is a layout request's nonce: 32 lowercase hex characters (16 random bytes)."""
+    return _NONCE.fullmatch(text) is not None
 
 def canonical_request(run: str, layout_LP: np.ndarray, gpus: int, nodes: int, step: int, issued_s: float,
                       expires_s: float, nonce: str) -> bytes:

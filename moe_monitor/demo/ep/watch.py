@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -33,12 +32,12 @@ from moe_monitor.core.request_status import (
     encode_request_status,
     sign_status,
 )
+from moe_monitor.core.signing import is_nonce
 
 from .admission import MAX_REMEMBERED_NONCES, Admitted, NonceBook, RequestRules, judge_entry
 
 log = logging.getLogger("moe_monitor.demo.ep")
 MAX_QUEUED_STATUSES = 1000  # statuses waiting for Redis; beyond this the oldest are dropped (and counted)
-_NONCE = re.compile(r"[0-9a-f]{32}")
 
 
 class LayoutWatcher:
@@ -153,7 +152,7 @@ class LayoutWatcher:
                                            withscores=True)
         for member, expires_s in saved:
             nonce = member.decode("ascii", "replace") if isinstance(member, bytes) else str(member)
-            if _NONCE.fullmatch(nonce) and math.isfinite(expires_s):
+            if is_nonce(nonce) and math.isfinite(expires_s):
                 self._nonces.restore(nonce, float(expires_s), now)
 
     def _poll(self) -> None:
