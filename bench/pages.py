@@ -5,8 +5,9 @@ experts, top-8, 32 GPUs on 4 nodes, DeepSeek-V3's expert sizes on an H100 profil
 extending at 10 steps a second. The dashboard of this tree and the one of MOE_BENCH_BASELINE (or --baseline REV;
 git archive, bench/baseline.py) serve it side by side; for each repeat, each tree and each page, a new browser
 context opens the page and the time until a chart on screen has drawn is taken (a new session on a warm
-server). Medians of the repeats, interleaved. Then blank-chart frames over --watch-s seconds of live refresh per
-page (tests/dashboard/blankframes.py).
+server). Medians of the repeats, interleaved, beside the floor: a bare Streamlit page with one small live
+Vega-Lite chart (what Streamlit and chromium take before a page of ours does anything). Then blank-chart frames
+over --watch-s seconds of live refresh per page (tests/dashboard/blankframes.py).
 
     python -m bench.pages [--repeats 5] [--baseline REV] [--watch-s 10] [--pages overview,devices]
 """
@@ -38,6 +39,16 @@ from tests.support.browserkit import CHROMIUM, CHROMIUM_ARGS, STREAMLIT_APP, wai
 RUN = "bench-pages"
 PAGES = ("overview", "devices", "experts", "gpus", "time", "what-if")
 LAYERS, EXPERTS, TOP_K, GPUS, NODES = 4, 256, 8, 32, 4
+FLOOR_APP = """import numpy as np, pandas as pd, streamlit as st
+st.title("Floor")
+@st.fragment(run_every=1.0)
+def live():
+    data = pd.DataFrame({"gpu": np.arange(32), "value": np.random.rand(32)})
+    st.vega_lite_chart(data, {"mark": "bar", "encoding": {"x": {"field": "gpu", "type": "ordinal"},
+                                                        "y": {"field": "value", "type": "quantitative"}}},
+                       width="stretch")
+live()
+"""  # the floor: a bare Streamlit page whose only content is one small live Vega-Lite chart
 DRAWN = """(charts) => [...document.querySelectorAll(charts)].some(c => !c.closest('details:not([open])')
     && c.getBoundingClientRect().height >= 20 && c.querySelector('.main-svg, canvas, svg.marks'))"""
 
@@ -69,6 +80,17 @@ def write(url: str, stop: threading.Event) -> None:
         client.zadd(core.RUNS_KEY, {RUN: time.time()})
         step += 1
         stop.wait(0.1)
+
+
+def serve_floor(work: Path, port: int) -> subprocess.Popen:
+    """FLOOR_APP served on port: what Streamlit and chromium take before any page of ours does anything."""
+    (work / "floor.py").write_text(FLOOR_APP)
+    args = [a if a != "moe_monitor/dashboard/app.py" else str(work / "floor.py") for a in STREAMLIT_APP]
+    with open(work / "floor.log", "w") as out:
+        proc = subprocess.Popen([sys.executable, *args, "--server.port", str(port)], cwd=work, env=child_env(),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_http(f"http://127.0.0.1:{port}/_stcore/health", 120, proc)
+    return proc
 
 
 def serve(root: Path | None, port: int, redis_url: str, log: Path) -> subprocess.Popen:
@@ -136,14 +158,19 @@ def main() -> int:
             port = free_port()
             procs[name] = serve(root, port, server.url, work / f"{len(procs)}.log")
             urls[name] = f"http://127.0.0.1:{port}"
+        port = free_port()
+        procs["floor"] = serve_floor(work, port)
+        floor_url, floor_s = f"http://127.0.0.1:{port}/", []
         time.sleep(3.0)  # the window fills with live steps
         times: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in pages}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            first_chart_s(browser, floor_url)
             for name in found:  # warm-up: each server imports its pages once, untimed
                 for page in pages:
                     first_chart_s(browser, f"{urls[name]}/{page}")
             for _ in range(args.repeats):
+                floor_s.append(first_chart_s(browser, floor_url))
                 for name in found:
                     for page in pages:
                         times[(name, page)].append(first_chart_s(browser, f"{urls[name]}/{page}"))
@@ -155,6 +182,8 @@ def main() -> int:
                 cells = [f"{n} {m:5.2f} s" for n, m in zip(names, medians)]
                 ratio = "" if len(names) < 2 else f"  ratio {medians[0] / medians[1]:.2f}"
                 print(f"  {page:9s} " + " · ".join(cells) + ratio)
+            print(f"  the floor: a bare Streamlit page with one small live Vega-Lite chart {statistics.median(floor_s):5.2f} s"
+                  "  (goal for each page: 2 s)")
             print(f"blank-chart frames over {args.watch_s:.0f} s of live refresh (frames seen):")
             for page in (p for p in pages if p != "what-if"):  # What-if does not refresh on its own
                 cells = []
