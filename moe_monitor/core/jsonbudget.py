@@ -54,7 +54,8 @@ def read_head(path: str, size: int = 4096) -> bytes:
 def numbers_array(obj: list, name: str) -> np.ndarray:
     """Nested lists of numbers [L][E] or [W][L][E] -> float64 array, checked level by level with generators
     (never a list of every child, as a walk with a stack would build: a file of [] x 30M is 30M entries)."""
-    shape, item = [], obj
+    shape: list[int] = []
+    item = obj
     while isinstance(item, list):
         if len(shape) == 3:
             raise ValueError(f"{name} must be [layers][experts] or [windows][layers][experts]: lists nest deeper "

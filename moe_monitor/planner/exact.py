@@ -76,7 +76,7 @@ class _Search:
         I = load.size
         gpu_load = [0.0] * G
         used = [0] * G
-        holds = [set() for _ in range(G)]
+        holds: list[set[int]] = [set() for _ in range(G)]
         where = [-1] * I
         suffix = np.concatenate([np.cumsum(load[::-1])[::-1], [0.0]]).tolist()
         lim = target * (1 - REL_EPS)
@@ -130,7 +130,8 @@ def exact_layer(weight_E, gpus: int, redundant: int, incumbent: float | None = N
     best = float(w.sum()) + 1.0 if incumbent is None else float(incumbent)
     best_layout = None
     search = _Search(gpus, S, budget)
-    vectors, complete = [], True
+    vectors: list[tuple[float, np.ndarray]] = []
+    complete = True
     for r in _replica_vectors(w, P, min(gpus, P), best):
         if len(vectors) == max_vectors:
             complete = False
