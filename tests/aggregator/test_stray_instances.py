@@ -94,9 +94,7 @@ def test_the_page_follows_the_honest_collectors_past_stray_records(redis_url):
     fill_ranks(client, "st", 10, 0, t0, meta=True)
     watched = WatchedRun(RedisSource(client, redis_url, "st", window_steps=100), window_steps=100, deadline_s=0.0)
     watched.tick()
-    for rank in range(3):
-        synthfill.fill(client, "st", steps=1, world_size=WORLD, ranks=[rank], instance=f"stray{rank}",
-                       time0_s=t0 + 1.0, meta=False)
+    write_strays(client, "st", t0 + 1.0)
     fill_ranks(client, "st", 30, 10, t0 + 1.0)
     while watched.tick().more:
         pass
@@ -108,6 +106,13 @@ def test_the_page_follows_the_honest_collectors_past_stray_records(redis_url):
 
 def synthfill_layout():
     return [list(range(16))] * 4
+
+
+def write_strays(client, run: str, time_s: float) -> None:
+    """One record at step 0 for each of ranks 0, 1, 2 under new instance ids stray<rank>, and nothing more."""
+    for rank in range(3):
+        synthfill.fill(client, run, steps=1, world_size=WORLD, ranks=[rank], instance=f"stray{rank}",
+                       time0_s=time_s, meta=False)
 
 
 def fill_ranks(client, run: str, steps: int, first_step: int, time0_s: float, meta: bool = False) -> None:
@@ -125,9 +130,7 @@ def test_the_page_goes_back_to_the_collectors_that_kept_writing_after_an_undone_
     fill_ranks(client, "su", 10, 0, t0, meta=True)
     watched = WatchedRun(RedisSource(client, redis_url, "su", window_steps=100), window_steps=100, deadline_s=0.0)
     watched.tick()
-    for rank in range(3):
-        synthfill.fill(client, "su", steps=1, world_size=WORLD, ranks=[rank], instance=f"stray{rank}",
-                       time0_s=t0 + 31.0, meta=False)
+    write_strays(client, "su", t0 + 31.0)
     watched.tick()
     assert watched.restarts == 1  # it did look like most ranks restarted
     fill_ranks(client, "su", 20, 10, t0 + 31.1)
