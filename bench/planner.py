@@ -45,7 +45,7 @@ DATA = ROOT / "tests" / "data" / "sglang_deepseek_v3"
 G = 32
 BASELINE = "2b041ee"   # the previous main
 DRIFT_SEEDS = {"bench seeds 0-2": (0, 1, 2), "fresh seeds 10-12": (10, 11, 12)}
-# the inputs of vLLM's EPLB tests (tests/distributed/test_eplb_algo.py), as facts:
+# the inputs of vLLM's EPLB unit tests, as facts:
 # (name, weights [L][E], physical slots, groups, nodes, GPUs)
 SMALL_CASES = (
     ("basic (DeepSeek's example)", [[90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],

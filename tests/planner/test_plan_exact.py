@@ -1,6 +1,6 @@
 """Replica counts searched exactly on small layers, and bounds that hold (planner.exact, plan's per-layer
-max_gpu_load / lower_bound_max_gpu_load / proven_optimal). Small cases: inputs of vLLM's EPLB tests
-(tests/distributed/test_eplb_algo.py there), written here as facts; optima checked by brute force."""
+max_gpu_load / lower_bound_max_gpu_load / proven_optimal). Small cases: inputs of vLLM's EPLB unit tests,
+written here as facts; optima checked by brute force."""
 from __future__ import annotations
 
 import itertools
