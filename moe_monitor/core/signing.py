@@ -3,15 +3,8 @@ of what a request asks for (or what a verdict says), with a secret the dashboard
 shares with the runtime that moves experts. Pure functions: bytes and numbers in, bytes and booleans out; where
 the secret comes from is core/apply_secret.py's job.
 
-Shape legend: L MoE layers, P physical slots.
-
-The canonical encoding is a domain tag and then, each as its length (4 bytes, big-endian) followed by its
-bytes: the run name (UTF-8), the shape "LxP", gpus, nodes, the step asked at, issued-at and expiry (unix s, as
-Python's repr of the float: it round-trips exactly, and the wire carries the same text), the nonce, and the
-SHA-256 of the map as little-endian int32 [L, P] row-major. A request that differs in any of them (another
-run, one slot, a later expiry) has another message, hence another signature. A verdict's encoding
-(canonical_status) is framed the same way under its own domain tag, so neither signature is ever valid for the
-other kind of message.
+The canonical encodings (canonical_request, canonical_status: length-prefixed fields under a domain tag of
+each kind): docs/ep-runtime.md, "What is signed". Shape legend: L MoE layers, P physical slots.
 """
 from __future__ import annotations
 

@@ -1,15 +1,10 @@
 """The default's fit of windowed counts, chosen by a rolling-origin backtest: which view of the past predicted
 the next window.
 
-Candidates (``candidates``): "newest", the newest window alone (what a re-plan on the last window does) with its
-GPUs' drift noise evened out (planner.variance, the drift measured between consecutive windows); "robust", the
-robust fit on all windows as asked; "recent", one that fades old windows fast. ``backtest``: each candidate is
-fitted on the windows before k and scored on window k (mean over layers of max/mean GPU load), for the last
-``MAX_FOLDS`` windows k. ``choose``: the newest-window fit stays unless a blend beats it by ``MARGIN`` on the
-mean over the folds (under drift the candidates differ by noise, and a blend of old windows is worse on
-average); among blends "recent" needs to beat the robust fit on ``AGREE`` of the folds, else the robust fit
-(the fallback when the folds disagree). The choice is refitted on all windows. One window: the robust fit.
-Measured figures: docs/planner.md.
+Candidates: "newest" (the last window, its GPUs' drift noise evened out), "robust" (all windows), "recent" (old
+windows faded fast). ``backtest`` fits each on the windows before k and scores it on k, for the last MAX_FOLDS
+windows; ``choose`` keeps "newest" unless a blend beats it by MARGIN, and falls back to "robust" when the folds
+disagree. The rule, why, and its figures: docs/planner.md, "The default on windows".
 
 Shapes: counts_WLE [W, L, E] windows oldest..newest; layout_LP [L, E + R]; scores [N folds, L'].
 """

@@ -2,15 +2,9 @@
 dashboard's trace upload): whatever the file makes a reader allocate, the server process never pays for it.
 
 check_in_child(path) runs `python -m moe_monitor.core.tracefile.sandbox PATH` with a timeout, an environment
-holding nothing of the server's own (child_env: no Redis URL, no apply secret) and allocators that map what
-they allocate (CHILD_ALLOCATOR). The child imports what a read needs, limits its address space (RLIMIT_AS) to
-what it has mapped so far plus address_bytes, checks a JSON-lines file's first line (first_line_error, at most
-one trace line's bytes), then opens the trace as a replay would (open_trace, with the decoded-bytes budget of
-core/budget.py from the same environment; TraceReader.info) and reads what a session's first view reads
-(read_view: the first and the newest view_steps steps, their timings, layouts and NVML samples). It prints
-one JSON line: {"steps": T} or {"error": why, "kind": ...}. A file is refused when it is not a trace (the
-reader's ValueError), reading it needs more than the limit (a MemoryError, or the child killed), or it takes
-longer than the timeout.
+holding nothing secret (child_env) and an address-space limit; the child reads what a session's first view reads
+(read_view) and prints one JSON line, {"steps": T} or {"error": why, "kind": ...}. What it checks and why:
+docs/traces.md, "Uploads".
 """
 from __future__ import annotations
 

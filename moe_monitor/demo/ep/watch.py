@@ -1,16 +1,11 @@
 """Rank 0's watch of the run's layout requests: signed "apply" requests (moe-monitor apply, the dashboard) arrive
 here without the EP steps ever waiting on Redis, and every request read gets its fate written back.
 
-A daemon thread reads core.layout_requests_key(run) every poll_s (XREAD without BLOCK, from the stream's last
-entry at start), judges each entry (admission.judge_entry), keeps the newest admitted one ("refused: superseded"
-for the one it replaces) and writes refusals and "applied" to core.layout_request_status_key(run). The step loop
-calls take() and report() only (no I/O). Redis down: last_error kept, back off up to 2 s, go on. Requests of
-this runtime's own instance id are skipped.
-
-Replays: a request issued before the watch started is refused ("replayed": made for an earlier engine), and the
-nonces judged are kept in Redis (core.layout_requests.seen_requests_key, each until its request expires, at most
-admission.MAX_REMEMBERED_NONCES) and read back at start, so a copy XADDed again after a restart is refused even
-when the sender's clock ran ahead. Statuses are signed with the secret (core.request_status.sign_status).
+A daemon thread polls core.layout_requests_key(run) (XREAD without BLOCK), judges each entry
+(admission.judge_entry), keeps the newest admitted one and writes signed verdicts to
+core.layout_request_status_key(run); the nonces it judged go to core.layout_requests.seen_requests_key and are
+read back at start, so a replay after a restart is refused. The step loop calls take() and report() only (no
+I/O); Redis down: last_error kept, back off up to 2 s, go on. The rules: docs/ep-runtime.md.
 """
 from __future__ import annotations
 
