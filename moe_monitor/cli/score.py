@@ -62,14 +62,11 @@ def score_payload(counts_TLE: np.ndarray, layout_LP: np.ndarray | None, gpus: in
         layout_LP = contiguous_layout_LP(L, E)
     elif layout_LP.shape[0] != L:
         raise ValueError(f"the layout has {layout_LP.shape[0]} layers, the counts have {L}")
-    from moe_monitor.core.layouts import check_engine_layout, has_unused, with_unused_as_expert
-    unused = int((np.asarray(layout_LP) < 0).sum()) if has_unused(layout_LP) else 0
-    slots = int(layout_LP.shape[1])
-    if unused:  # an unused slot (-1) holds nothing: a phantom expert without tokens (core/layouts.py)
-        check_engine_layout(layout_LP, E, gpus)
-        counts_TLE, layout_LP = with_unused_as_expert(counts_TLE, layout_LP, gpus)
+    from moe_monitor.core.layouts import check_engine_layout
+    layout_LP = check_engine_layout(layout_LP, E, gpus)  # -1, an unused slot, serves nothing under every policy
     payload = step_tails(counts_TLE, layout_LP, gpus, dispatch).to_json()
-    payload.update(layers=int(L), experts=int(E), slots=slots, gpus=int(gpus), unused_slots=unused)
+    payload.update(layers=int(L), experts=int(E), slots=int(layout_LP.shape[1]), gpus=int(gpus),
+                   unused_slots=int((layout_LP < 0).sum()))
     if time_model is not None:
         missing = [] if not isinstance(time_model, list) else time_model
         payload["time"] = time_payload(counts_TLE, layout_LP, gpus, dispatch, time_model, hint(missing))
