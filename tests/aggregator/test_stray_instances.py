@@ -89,11 +89,7 @@ def test_a_new_epoch_opened_during_a_pause_is_undone_when_the_collectors_go_on()
 def test_the_page_follows_the_honest_collectors_past_stray_records(redis_url):
     """The dashboard's reader (per-rank feed, its in-process Assembler) over a real Redis: world 4 at 10
     steps/s, strays for ranks 0, 1, 2 at step 0, the real collectors keep writing: the page's newest step goes on."""
-    client = core.connect(redis_url, timeout_s=2.0)
-    t0 = time.time() - 60
-    fill_ranks(client, "st", 10, 0, t0, meta=True)
-    watched = WatchedRun(RedisSource(client, redis_url, "st", window_steps=100), window_steps=100, deadline_s=0.0)
-    watched.tick()
+    client, watched, t0 = watched_run(redis_url, "st", time.time() - 60)
     write_strays(client, "st", t0 + 1.0)
     fill_ranks(client, "st", 30, 10, t0 + 1.0)
     while watched.tick().more:
@@ -102,6 +98,15 @@ def test_the_page_follows_the_honest_collectors_past_stray_records(redis_url):
     assert view.step_T[-1] == 39 and watched.restarts == 0, watched.last_error
     assert watched.skipped_old_records == 0
     assert all(watched.window.ranks_C[slot] == WORLD for slot in watched.window.ordered_slots()[-30:])
+
+
+def watched_run(redis_url: str, run: str, t0: float):
+    """(client, the dashboard's reader of `run`, t0) after 10 steps of every rank written from t0 and read once."""
+    client = core.connect(redis_url, timeout_s=2.0)
+    fill_ranks(client, run, 10, 0, t0, meta=True)
+    watched = WatchedRun(RedisSource(client, redis_url, run, window_steps=100), window_steps=100, deadline_s=0.0)
+    watched.tick()
+    return client, watched, t0
 
 
 def synthfill_layout():
@@ -125,11 +130,7 @@ def fill_ranks(client, run: str, steps: int, first_step: int, time0_s: float, me
 def test_the_page_goes_back_to_the_collectors_that_kept_writing_after_an_undone_epoch(redis_url):
     """The collectors pause 30 s; strays of 3 of 4 ranks arrive meanwhile and open a new epoch; the collectors
     go on: the reader's epoch is undone and the page shows their steps again."""
-    client = core.connect(redis_url, timeout_s=2.0)
-    t0 = time.time() - 120
-    fill_ranks(client, "su", 10, 0, t0, meta=True)
-    watched = WatchedRun(RedisSource(client, redis_url, "su", window_steps=100), window_steps=100, deadline_s=0.0)
-    watched.tick()
+    client, watched, t0 = watched_run(redis_url, "su", time.time() - 120)
     write_strays(client, "su", t0 + 31.0)
     watched.tick()
     assert watched.restarts == 1  # it did look like most ranks restarted
