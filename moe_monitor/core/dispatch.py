@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .keys import DISPATCH_POLICIES
 from .loadmodel import gpu_loads, replica_counts, slot_weights, validated_layout
 from .lpsplit import LpSplit, layer_products
 
-DISPATCH_POLICIES = ("even", "round_robin", "lp", "ideal")
 CHUNK_BYTES = 64 << 20  # a reader solves at most this many bytes of [steps, L, P] float64 at once (steps_per_chunk)
 TEMPORARIES = 6         # [steps, L, P] float64 arrays a slot_loads call holds at its peak (counts, shares, slots)
 

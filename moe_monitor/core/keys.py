@@ -12,6 +12,8 @@ RUNS_KEY = f"{KEY_PREFIX}:runs"
 # "train": one training iteration (forward and backward of every micro-batch), from the training collectors.
 PHASES = ("prefill", "decode", "mixed", "unknown", "train")
 LEGACY_PHASE_COUNT = 4  # rollups written before "train" count 4 phases
+# How an engine shares an expert's tokens among its replicas (core.dispatch computes each; the metadata names one).
+DISPATCH_POLICIES = ("even", "round_robin", "lp", "ideal")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 COUNTS_DTYPE = np.dtype("<i4")
 SAMPLE_DTYPE = np.dtype("<i2")

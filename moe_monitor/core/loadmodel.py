@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .meta import check_layout_map
+
 
 def replica_counts(layout_LP: np.ndarray, num_experts: int) -> np.ndarray:
     """Replicas per logical expert, int64 [L, E] (an unused slot, -1, is no replica)."""
@@ -73,9 +75,9 @@ def imbalance(loads_XG) -> np.ndarray:
 
 
 def validated_layout(layout_LP, num_experts: int, gpus: int, *, unused: bool = False) -> np.ndarray:
-    """physical_to_logical_map [L][P] (lists or array) -> int64 [L, P]. ValueError when it is not a
-    rectangular integer table, names experts outside [0, E) (unused=True: also -1, an unused slot), leaves an
-    expert without a slot, or P does not split evenly over `gpus`."""
+    """physical_to_logical_map [L][P] (lists or array) -> int64 [L, P]: core.meta.check_layout_map on one node,
+    L being the map's own, after integral floats become ints. ValueError as that check says (unused=True: -1
+    is an unused slot)."""
     try:
         lay = np.asarray(layout_LP)
     except (TypeError, ValueError) as exc:
@@ -87,18 +89,9 @@ def validated_layout(layout_LP, num_experts: int, gpus: int, *, unused: bool = F
             not np.issubdtype(lay.dtype, np.number) or not np.all(np.equal(np.mod(lay, 1), 0))):
         raise ValueError("physical_to_logical_map holds non-integer expert ids")
     lay = lay.astype(np.int64)
-    if gpus < 1 or lay.shape[1] % gpus:
-        raise ValueError(f"{lay.shape[1]} slots per layer do not split evenly over {gpus} GPUs")
-    if lay.min() < (-1 if unused else 0) or lay.max() >= num_experts:
-        if not unused and lay.min() == -1 and lay.max() < num_experts:
-            raise ValueError("the layout leaves slots unused (-1); this reader needs an expert in every slot")
-        raise ValueError(f"physical_to_logical_map names experts outside 0..{num_experts - 1}"
-                         + (" (and -1, an unused slot)" if unused else ""))
-    rep_LE = replica_counts(lay, num_experts)
-    if np.any(rep_LE == 0):
-        layer, expert = np.argwhere(rep_LE == 0)[0]
-        raise ValueError(f"layer {layer}: expert {expert} has no slot in the layout")
-    return lay
+    if not unused and lay.min() == -1 and lay.max() < num_experts:
+        raise ValueError("the layout leaves slots unused (-1); this reader needs an expert in every slot")
+    return check_layout_map(lay, gpus, 1, lay.shape[0], num_experts, unused=unused)
 
 
 def gpu_weights(layout_LP, num_experts: int, gpus: int) -> np.ndarray:

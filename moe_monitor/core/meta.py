@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .dispatch import DISPATCH_POLICIES
 from .fields import _in_range, _is_int, _json
 from .keys import (
+    DISPATCH_POLICIES,
     MAX_CELLS,
     MAX_EXPERTS,
     MAX_LAYERS,
@@ -122,8 +122,10 @@ def check_layout_map(rows, gpus, nodes, num_layers, num_experts, *, unused: bool
         layer = int(np.argmax(bad_L))
         row = layout_LP[layer] if num_slots else np.zeros(0, dtype=np.int64)
         inside = not row.size or (row.min() >= (-1 if unused else 0) and row.max() < num_experts)
+        low = -1 if unused else 0
+        outside = row[(row < low) | (row >= num_experts)] if row.size else row
         what = (f"expert {int(np.argmin(np.bincount(row[row >= 0], minlength=num_experts)))} has no slot"
-                if inside else "names an id outside the experts")
+                if inside else f"names expert {int(outside[0])}, outside 0..{num_experts - 1}")
         raise ValueError(f"layer {layer}: {what} (every expert 0..{num_experts - 1} needs a slot, and only those"
                          + (", or -1 for an unused slot)" if unused else ")"))
     return layout_LP

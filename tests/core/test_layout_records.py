@@ -63,7 +63,7 @@ def test_key_and_exports():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(layout_LP=np.array([[0, 1, 2, 2, 0, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: expert 3 has no slot"),
-    (dict(layout_LP=np.array([[0, 1, 2, 3, 4, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: names an id outside"),
+    (dict(layout_LP=np.array([[0, 1, 2, 3, 4, 1], [3, 2, 1, 0, 2, 3]])), "layer 0: names expert 4, outside 0..3"),
     (dict(gpus=4), "do not split evenly over 4 GPUs"),
     (dict(gpus=2, nodes=3), "multiple of nodes"),
 ])
