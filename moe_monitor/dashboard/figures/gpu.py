@@ -10,8 +10,22 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from moe_monitor.dashboard.figures.common import BLUE, GREY, Chart, chart, f32, marks_data, marks_layers, named
+from moe_monitor.dashboard.figures.common import (
+    BLUE,
+    GREY,
+    HEAT_COLUMNS,
+    RED,
+    Chart,
+    chart,
+    f32,
+    heat_cells,
+    legend_colour,
+    marks_data,
+    marks_layers,
+    named,
+)
 from moe_monitor.dashboard.figures.units import GIB
+from moe_monitor.dashboard.live.gpu_history import GpuGrid
 
 PANELS = (  # (title, [(field, scale, series name, dashed)])
     ("expert load (tokens/step)", []),
@@ -71,3 +85,122 @@ def nvml_charts(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray,
                             PANEL_PX + 90 if i == 0 else PANEL_PX, **{source: load if i == 0 else nvml},
                             span=span, marks=marked))
     return charts
+
+
+# The all-GPU view: per NVML field a GPU x time heatmap, and the latest readings against each GPU's expert load.
+HEAT_PANELS = (  # (field, title, unit, scale, tooltip format)
+    ("sm_clock_mhz", "SM clock", "MHz", 1.0, ",.0f"),
+    ("power_usage_w", "power", "W", 1.0, ",.0f"),
+    ("temperature_c", "temperature", "C", 1.0, ".0f"),
+    ("gpu_utilization_percent", "utilisation (time-based)", "%", 1.0, ".0f"),
+    ("memory_used_bytes", "memory used", "GiB", GIB, ",.1f"),
+)
+NVML_HEAT_CELLS = 15_000  # rects of one NVML heatmap at most (five are drawn): 256 GPUs get 58 time bins
+ROW_PX, MAX_ROWS_PX = 18, 520  # a heatmap row's height while the rows fit in MAX_ROWS_PX
+NAMED = "the GPU the Overview names"
+
+
+def grid_bins(rows: int) -> int:
+    """Time bins of the all-GPU heatmaps for `rows` rows: at most HEAT_COLUMNS, rows x bins <= NVML_HEAT_CELLS."""
+    return max(1, min(HEAT_COLUMNS, NVML_HEAT_CELLS // max(rows, 1)))
+
+
+def _where(grid: GpuGrid) -> list[str]:
+    return ["no NVML device paired" if d is None else f"{d[0]} #{d[1]}" for d in grid.device_R]
+
+
+def nvml_heatmaps(grid: GpuGrid, marked_row: int | None) -> list[Chart]:
+    """One GPU x time heatmap per HEAT_PANELS field (rows: grid.names_R; columns: the grid's time bins, seconds
+    before the newest reading; colour: the bin mean, no rect where no reading). marked_row: the row outlined
+    in red (the GPU the Overview names; None: none). The spec depends on the rows' names only. Datasets:
+    "bins" (bin, x, x2, frm, to), "rows" (row, name, where), "cells" (bin, row, value), "marked" (name)."""
+    rows = len(grid.names_R)
+    newest = grid.newest_s if grid.edges_s.size else 0.0
+    edges = f32(grid.edges_s - newest)
+    bins = pd.DataFrame({"bin": np.arange(max(edges.size - 1, 0), dtype=np.uint16), "x": edges[:-1], "x2": edges[1:]})
+    named_rows = pd.DataFrame({"row": np.arange(rows, dtype=np.uint16), "name": pd.Series(grid.names_R, dtype=object),
+                               "where": pd.Series(_where(grid), dtype=object)})
+    marked = pd.DataFrame({"name": pd.Series([] if marked_row is None else [grid.names_R[marked_row]], dtype=object)})
+    x = {"field": "x", "type": "quantitative", "title": X_TITLE, "scale": {"nice": False}}
+    y = {"field": "name", "type": "ordinal", "title": None, "scale": {"domain": list(grid.names_R)},
+         "axis": {"labelOverlap": True, **({"labelFontSize": 9} if rows > 64 else {})}}
+    height = max(ROW_PX, min(rows * ROW_PX, MAX_ROWS_PX))
+    charts = []
+    for field, title, unit, scale, fmt in HEAT_PANELS:
+        values_BR = grid.mean_MRB[grid.field(field)].T / scale
+        cells = heat_cells(values_BR, "row", "value")
+        cells["row"] = cells["row"].astype(np.uint16)
+        rect = {"data": named("cells"),
+                "transform": [{"lookup": "bin", "from": {"data": named("bins"), "key": "bin", "fields": ["x", "x2"]}},
+                              {"lookup": "row", "from": {"data": named("rows"), "key": "row",
+                                                         "fields": ["name", "where"]}},
+                              {"filter": "isValid(datum.value) && isFinite(datum.value)"}],
+                "mark": {"type": "rect"},
+                "encoding": {"x": x, "x2": {"field": "x2"}, "y": y,
+                             "color": {"field": "value", "type": "quantitative", "scale": {"scheme": "viridis"},
+                                       "legend": {"title": unit}},
+                             "tooltip": [{"field": "name", "title": "row"}, {"field": "where", "title": "NVML device"},
+                                         {"field": "x", "title": "from (s before the newest reading)",
+                                          "format": ".1f"},
+                                         {"field": "x2", "title": "to", "format": ".1f"},
+                                         {"field": "value", "title": f"{title} ({unit}, bin mean)",
+                                          "type": "quantitative", "format": fmt}]}}
+        outline = {"data": named("marked"), "mark": {"type": "rect", "filled": False, "stroke": RED,
+                                                     "strokeWidth": 2},
+                   "encoding": {"y": y, "x": {"value": 0}, "x2": {"value": "width"},
+                                "tooltip": [{"field": "name", "title": NAMED}]}}
+        charts.append(chart([rect, outline], f"{title} ({unit}, bin mean)", height,
+                            bins=bins, rows=named_rows, cells=cells, marked=marked))
+    return charts
+
+
+def latest_against_load(grid: GpuGrid, load_G: np.ndarray, marked_gpu: int | None, unit: str) -> Chart:
+    """Each EP GPU's latest SM clock against its expert load (load_G [G], e.g. the window mean), marked_gpu in
+    red and labelled: a GPU with low clocks and high load sits bottom right. Rows without a reading are left
+    out. Dataset "main": name, where, load, sm_clock, power, temperature, util, memory, series."""
+    table = latest_table(grid, load_G, marked_gpu, unit)
+    data = pd.DataFrame({"name": table["GPU"].astype(object), "where": table["NVML device"].astype(object),
+                         "load": f32(table[f"expert load ({unit})"]), "sm_clock": f32(table["SM clock MHz"]),
+                         "power": f32(table["power W"]), "temperature": f32(table["temperature C"]),
+                         "util": f32(table["utilisation %"]), "memory": f32(table["memory used GiB"]),
+                         "series": np.where(table["named"], NAMED, "other GPUs").astype(object)})
+    data = data[np.isfinite(data["sm_clock"].to_numpy()) & np.isfinite(data["load"].to_numpy())]
+    x = {"field": "load", "type": "quantitative", "title": f"expert load ({unit})", "scale": {"zero": False}}
+    y = {"field": "sm_clock", "type": "quantitative", "title": "latest SM clock (MHz)", "scale": {"zero": False}}
+    tip = [{"field": "name", "title": "EP GPU"}, {"field": "where", "title": "NVML device"},
+           {"field": "load", "title": f"expert load ({unit})", "format": ",.1f"},
+           *({"field": f, "title": t, "format": fmt} for f, t, fmt in (
+               ("sm_clock", "SM clock MHz", ",.0f"), ("power", "power W", ",.0f"), ("temperature", "temperature C",
+                                                                                   ".0f"),
+               ("util", "utilisation % (time-based)", ".0f"), ("memory", "memory used GiB", ",.1f")))]
+    points = {"data": named("main"), "mark": {"type": "point", "filled": True, "size": 70, "opacity": 0.8},
+              "encoding": {"x": x, "y": y, "color": {"field": "series", "type": "nominal",
+                                                     **legend_colour(["other GPUs", NAMED], [BLUE, RED])},
+                           "tooltip": tip}}
+    label = {"data": named("main"), "transform": [{"filter": f"datum.series == '{NAMED}'"}],
+             "mark": {"type": "text", "align": "left", "dx": 7, "color": RED, "fontWeight": "bold"},
+             "encoding": {"x": x, "y": y, "text": {"field": "name"}}}
+    return chart([points, label], "Latest SM clock against expert load, per EP GPU", 300, main=data)
+
+
+def latest_table(grid: GpuGrid, load_G: np.ndarray | None, marked_gpu: int | None, unit: str) -> pd.DataFrame:
+    """One row per row of the grid: its newest NVML reading beside its EP GPU's expert load (load_G [G], in
+    unit; NaN for a device paired with none; None: no load column), the GPU the Overview names first
+    ("named"), then by expert load, highest first."""
+    gpu_R = grid.gpu_R
+    latest = {title: grid.latest_MR[grid.field(field)] / scale for field, title, scale in (
+        ("sm_clock_mhz", "SM clock MHz", 1.0), ("power_usage_w", "power W", 1.0),
+        ("temperature_c", "temperature C", 1.0), ("gpu_utilization_percent", "utilisation %", 1.0),
+        ("memory_used_bytes", "memory used GiB", GIB))}
+    age = grid.newest_s - grid.latest_s_R if grid.edges_s.size else np.full(gpu_R.size, np.nan)
+    table = pd.DataFrame({"named": gpu_R == (-2 if marked_gpu is None else marked_gpu), "GPU": grid.names_R,
+                          "NVML device": _where(grid)})
+    load_R = np.full(gpu_R.size, np.nan)
+    if load_G is not None:
+        load_G = np.asarray(load_G, dtype=np.float64)
+        on = (gpu_R >= 0) & (gpu_R < load_G.size)
+        load_R[on] = load_G[gpu_R[on]]
+        table[f"expert load ({unit})"] = load_R
+    table = table.assign(**latest, **{"reading age s": age})
+    order = np.lexsort((-np.nan_to_num(load_R, nan=-np.inf), ~table["named"].to_numpy()))
+    return table.iloc[order].reset_index(drop=True)

@@ -1,5 +1,7 @@
-"""GPU panel: NVML readings of each device beside the expert load of the same GPU, or the collector's
-"no NVIDIA GPU / NVML not available" report when that is what it sent.
+"""GPU panel: every GPU's NVML readings at a glance (a GPU x time heatmap per reading, the GPU the Overview
+names outlined; each GPU's latest reading against its expert load), then one GPU in detail beside its expert
+load (the named GPU unless another is chosen or linked), or the collector's "no NVIDIA GPU / NVML not
+available" report when that is what it sent.
 
 Matching: by the rank that sent the readings (EP GPU g = rank g when there is one GPU per rank, i.e.
 world_size == gpus and each rank reports one device). Otherwise NVML devices are shown by host and index,
@@ -14,16 +16,18 @@ import streamlit as st
 
 from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures.units import GIB
+from moe_monitor.dashboard.live.gpu_history import GpuHistory, gpu_grid, grid_rows
 from moe_monitor.dashboard.views import measured, timeline
 from moe_monitor.dashboard.views.common import PageData, ago, asked_gpu, named_or_busiest, poll_and_caption
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
+HEATMAP_COLUMNS = 2  # the per-reading heatmaps side by side
+
 
 def page() -> None:
     st.title("GPU panel")
     asked_gpu("gpu_panel_gpu")
-    st.number_input("EP GPU (-1: the GPU the Overview names)", min_value=-1, value=-1, step=1, key="gpu_panel_gpu")
     live()
 
 
@@ -31,21 +35,64 @@ def page() -> None:
 def live() -> None:
     current = poll_and_caption(require_steps=False)
     if current is not None:
-        render(current, int(st.session_state.get("gpu_panel_gpu", -1)))
+        render(current)
     timeline.keep_playing()
 
 
-def render(current: PageData, gpu: int) -> None:
-    """gpu: the EP GPU to show; -1: the one the Overview names (else the busiest)."""
+def render(current: PageData) -> None:
+    """Every GPU, then the one chosen in the number input (-1: the one the Overview names, else the busiest)."""
     history, snap = current.watched.gpus, current.snapshot
     unavailable_line(history.unavailable)
     if not history.series and not history.unavailable:
         st.info("The collector has not sent any NVML sample for this run yet.")
     gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
-    if gpu < 0:
-        gpu = named_or_busiest(snap) if snap is not None else 0
-    gpu = min(max(gpu, 0), gpus - 1)
+    named = named_or_busiest(snap) if snap is not None else None
     pairs, note = history.pairing(gpus, current.watched.world_size)
+    if history.series:
+        every_gpu(current, history, gpus, pairs, note, named)
+        st.subheader("One GPU")
+    st.number_input("EP GPU (-1: the GPU the Overview names)", min_value=-1, value=-1, step=1, key="gpu_panel_gpu")
+    gpu = int(st.session_state.get("gpu_panel_gpu", -1))
+    if gpu < 0:
+        gpu = named if named is not None else 0
+    one_gpu(current, min(max(gpu, 0), gpus - 1), pairs, note)
+
+
+def every_gpu(current: PageData, history: GpuHistory, gpus: int, pairs: dict, note: str, named: int | None) -> None:
+    """The all-GPU view: the latest readings against expert load (a chart and a table), then per reading a
+    GPU x time heatmap; the GPU the Overview names is outlined in red where it is a row."""
+    snap = current.snapshot
+    rows = grid_rows(pairs, history.devices(), gpus)
+    grid = gpu_grid(history.readings(), rows, gpu_figures.grid_bins(len(rows)))
+    marked = next((r for r, (gpu, _) in enumerate(rows) if named is not None and gpu == named), None)
+    st.subheader("Every GPU")
+    paired = "EP GPUs, each beside the NVML device its rank reported" if pairs else \
+        f"NVML devices by host and index ({note or 'no pairing claimed'})"
+    outlined = f"; red outline: GPU {named}, {gpu_figures.NAMED}" if marked is not None else (
+        f"; GPU {named}, {gpu_figures.NAMED}, has no row here: no NVML device is paired with an EP GPU"
+        if named is not None else "")
+    bins = max(grid.edges_s.size - 1, 0)
+    span = f"the last {grid.edges_s[-1] - grid.edges_s[0]:,.0f} s in {bins} equal time bins" if bins else "no time"
+    st.caption(f"Rows: {paired}{outlined}. Columns: {span}, each the mean of the readings in it (no colour: no "
+               "reading). NVML utilisation is the share of time a kernel ran, not SM occupancy.")
+    if snap is not None and pairs:
+        load_G, unit = snap.stats.mean_G, f"{snap.unit}, window mean"
+        left, right = st.columns(2)
+        with left:
+            draw(gpu_figures.latest_against_load(grid, load_G, named, unit), "gpu_panel_latest")
+        right.dataframe(gpu_figures.latest_table(grid, load_G, named, unit),
+                        hide_index=True, height=340, key="gpu_panel_table")
+    else:
+        st.dataframe(gpu_figures.latest_table(grid, None, None, ""), hide_index=True, height=340,
+                     key="gpu_panel_table")
+    columns = st.columns(HEATMAP_COLUMNS)
+    for i, heat in enumerate(gpu_figures.nvml_heatmaps(grid, marked)):
+        draw(heat, f"gpu_panel_heat_{i}", columns[i % HEATMAP_COLUMNS])
+
+
+def one_gpu(current: PageData, gpu: int, pairs: dict, note: str) -> None:
+    """One EP GPU: its NVML device's latest readings and their history beside its expert load."""
+    history, snap = current.watched.gpus, current.snapshot
     device = pairs.get(gpu)
     if device is None and history.series:
         st.caption(note or f"EP GPU {gpu}: no rank sent NVML readings for it; devices listed by host and index.")
