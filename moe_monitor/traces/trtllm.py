@@ -19,7 +19,7 @@ import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core.budget import check_decoded
-from moe_monitor.core.safetensors import header_length, read_counts, read_index
+from moe_monitor.core.safetensors import Entry, header_length, read_counts, read_index
 
 META_NAME = "meta_info.json"
 RANK_FILE = re.compile(r"rank(\d{1,6})\.safetensors")
@@ -32,13 +32,11 @@ CELL_BYTES = 24  # a cell of [T, L, E] built: the int64 sums, convert's int32 st
 
 @dataclass(frozen=True)
 class Tensor:
-    """One declared tensor of a rank file: key "{iter}_{layer}", dtype, absolute byte range [start, stop)."""
+    """One declared tensor of a rank file: key "{iter}_{layer}", and where its counts lie (core.safetensors)."""
 
     iteration: int
     layer: int
-    dtype: np.dtype
-    start: int
-    stop: int
+    entry: Entry
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ def read_statistic(folder: str, budget_bytes: int) -> Statistic:
     if not iters:
         raise ValueError(f"{folder}: its rank files hold no tensor (no iteration was recorded)")
     core.check_sizes(len(layers), num_slots)
-    declared = sum(t.stop - t.start for ts in index.values() for t in ts)
+    declared = sum(t.entry.stop - t.entry.start for ts in index.values() for t in ts)
     check_decoded(f"{folder}: its tensors and the [{len(iters)} iterations x {len(layers)} layers x {num_slots} "
                   f"experts] built of them", declared + len(iters) * len(layers) * num_slots * CELL_BYTES, budget_bytes)
     _check_grid(folder, index, iters, layers)
@@ -118,20 +116,17 @@ def tensor_index(path: str, num_slots: int, budget_bytes: int = 1 << 30) -> list
             raise ValueError(f"{where}: not an \"{{iter}}_{{layer}}\" key (TensorRT-LLM's expert statistic)")
         if e.shape != (num_slots,):
             raise ValueError(f"{where}: shape {list(e.shape)}, meta_info.json says [{num_slots}] (num_experts)")
-        out.append(Tensor(iteration=int(m.group(1)), layer=int(m.group(2)), dtype=e.dtype, start=e.start, stop=e.stop))
+        out.append(Tensor(iteration=int(m.group(1)), layer=int(m.group(2)), entry=e))
     return out
 
 
 def _tensors(path: str, tensors: list[Tensor]):
     """(tensor, int64 [E] counts) for each declared tensor, read by its offsets; ValueError for a count that
     is negative, NaN or fractional, or bytes missing (a file cut short after it was indexed)."""
-    from moe_monitor.core.safetensors import Entry
     name = os.path.basename(path)
     with open(path, "rb") as handle:
         for t in tensors:
-            entry = Entry(name="", dtype=t.dtype, shape=((t.stop - t.start) // t.dtype.itemsize,), start=t.start,
-                          stop=t.stop)
-            yield t, read_counts(handle, entry, f"{name}: tensor {t.iteration}_{t.layer}")
+            yield t, read_counts(handle, t.entry, f"{name}: tensor {t.iteration}_{t.layer}")
 
 
 def _check_grid(folder: str, index: dict[int, list[Tensor]], iters: list[int], layers: list[int]) -> None:
