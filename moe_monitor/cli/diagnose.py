@@ -89,10 +89,16 @@ def run(args: argparse.Namespace) -> int:
     redundant = args.redundant if args.redundant is not None else int(layout.shape[1] - E)
     if has_unused(layout):  # an unused slot (-1) holds nothing: a phantom expert without tokens (core/layouts.py)
         check_engine_layout(layout, E, gpus)
-        notes.append(f"{int((layout < 0).sum())} unused slot(s) (-1) hold nothing: scored as a phantom expert "
-                     "without tokens, which takes one slot of each re-plan")
-        counts, layout = with_unused_as_expert(counts, layout, gpus)
-        redundant = max(0, redundant - 1)
+        unused = int((layout < 0).sum())
+        try:  # a phantom per unused slot of a GPU, so repairs may fill them (no GPU holds one expert twice)
+            counts, layout = with_unused_as_expert(counts, layout, gpus, distinct=True)
+        except ValueError:  # layers differ in unused slots per GPU: one phantom; such layers are not repaired
+            counts, layout = with_unused_as_expert(counts, layout, gpus)
+            notes.append("layers differ in unused slots per GPU: where a GPU has two, repairs leave the layer as it is")
+        phantoms = counts.shape[-1] - E
+        notes.append(f"{unused} unused slot(s) (-1) hold nothing: scored as {phantoms} phantom expert(s) without "
+                     f"tokens, which take {phantoms} slot(s) of each re-plan")
+        redundant = max(0, redundant - phantoms)
     if redundant == 0:
         notes.append("the re-plans get no redundant slots (pass --redundant R)")
     model = args_time_model(args, src.meta, gpus, src.device_names)

@@ -133,3 +133,21 @@ def test_score_a_layer_without_unused_slots_beside_one_with_them(tmp_path, capsy
     rc, out, err = run(capsys, "score", "--load", counts, "--layout", path, "--gpus", 3, "--json")
     assert rc == 0, err
     assert json.loads(out)["per_step_imbalance"]["max"] == pytest.approx(imbalance_by_hand(COUNTS, layout, 3).max())
+
+
+def test_diagnose_repairs_a_layout_whose_gpu_leaves_two_slots_unused(tmp_path, capsys):
+    """GPU 2 leaves two slots unused in each layer. One phantom expert in both put it twice on that GPU, and the
+    repair held every such layer as it was (0 copies); a phantom per unused slot of a GPU lets the repair fill
+    them with copies of the hot expert, and lowers its imbalance below the layout in force's."""
+    rng = np.random.default_rng(0)
+    counts = rng.integers(1, 50, size=(40, 2, 6))
+    counts[:, :, 0] *= 5  # expert 0 is hot
+    trace = write_json(tmp_path / "c.json", counts.tolist())
+    layout = write_json(tmp_path / "l.json", {"physical_to_logical_map": [[0, 1, 2, 3, 4, 5, -1, -1, 0],
+                                                                          [0, 1, 2, 3, 4, 5, 0, -1, -1]]})
+    rc, out, err = run(capsys, "diagnose", "--trace", trace, "--layout", layout, "--gpus", 3, "--every", 10, "--json")
+    assert rc == 0, err
+    got = {c["name"]: c for c in json.loads(out)["candidates"]}
+    assert got["ours_repair"]["moves"] > 0, got["ours_repair"]
+    assert got["ours_repair"]["per_step_imbalance_p99"] < got["in_force"]["per_step_imbalance_p99"]
+    assert any("2 phantom expert(s)" in n for n in json.loads(out)["notes"])
