@@ -100,8 +100,10 @@ def test_page_plans_scores_and_offers_the_layout(filled, monkeypatch):
     assert f"vs current {want['eta_current']:.3f}" in metric(at, "balancedness (score window)").delta
     assert any(f"Policy {want['planned'].policy} · 0 manual edit(s)" in c.value for c in at.caption)
     assert downloaded(at) == served(layout_text(want["planned"].layout_LP))
-    assert len(at.get("plotly_chart")) == 2        # before/after bars, budget curve
-    assert len(at.get("vega_lite_chart")) == 1     # placement staleness (Vega-Lite, as on Experts)
+    assert not at.get("plotly_chart")              # every chart is Vega-Lite
+    charts = [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
+    assert len(charts) == 3, charts                # before/after bars, budget curve, placement staleness
+    assert any("current vs what-if" in t for t in charts) and any("Replica budget" in t for t in charts)
     traffic = [df.value for df in at.dataframe if "metric" in df.value.columns]  # beside the policies table
     assert len(traffic) == 1 and list(traffic[0]["metric"])[0] == "GPUs touched per token"
     assert any("Knee at R =" in c.value for c in at.caption)
@@ -177,7 +179,7 @@ def test_move_budget_repairs_the_current_layout(filled, monkeypatch):
     # one definition of a move: the page's metric, the repair's curve and its budget agree
     assert shown == experts_copied(current, repaired, 4) == curve[-1][0] <= 2 < full
     assert at.selectbox(key="whatif_r").disabled and at.selectbox(key="whatif_policy").disabled
-    assert len(at.get("plotly_chart")) == 3        # + the moves-vs-imbalance curve
+    assert len(at.get("vega_lite_chart")) == 4     # + the moves-vs-imbalance curve
     assert any(c.value.startswith(f"Move budget 2: {shown} moves used") for c in at.caption)
     assert any("Policy repair of the current layout (<= 2 moves)" in c.value for c in at.caption)
     assert "for R = 0:" in metric(at, "best possible with R (lower bound)").help   # the repair keeps R = 0
@@ -210,6 +212,6 @@ def test_a_flat_replica_budget_is_said_not_drawn_and_a_replan_says_it_is_not_the
     at = page(redis_url, monkeypatch)
     assert any(c.value.startswith("Flat: every R from 0 to 8 plans to a mean imbalance of 1.000-1.000")
                for c in at.caption), [c.value for c in at.caption]
-    assert not [c for c in at.get("plotly_chart") if "Replica budget" in c.proto.spec]
+    assert not [c for c in at.get("vega_lite_chart") if "Replica budget" in c.proto.spec]
     planner = [c.value for c in at.caption if "not the advisor's" in c.value]  # the re-plan copies, the advisor not
     assert len(planner) == 1 and "moe-monitor advise" in planner[0], planner

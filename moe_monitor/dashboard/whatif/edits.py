@@ -2,7 +2,7 @@
 history (the one undo of the page), and the page's clicks turned into edits.
 
 A click on a GPU bar selects that GPU (clicked_gpu); a click on one of its expert bars selects the expert
-(clicked_expert); an Action (add a replica of the expert on a GPU, or move the expert's replica from the
+(clicked_expert), both read from the Vega-Lite selection event; an Action (add a replica of the expert on a GPU, or move the expert's replica from the
 selected GPU to another) applied to the session (apply_action) gives a new session whose current layout is the
 edited one; undo gives the session without its newest edit.
 
@@ -25,6 +25,7 @@ from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.planner.edits import add_replica, move_replica
 
 ACTIONS = ("add", "move")
+GPU_PARAM, EXPERT_PARAM = "pick_gpu", "pick_expert"  # the bars' point selections (figures.whatif)
 
 
 @dataclass(frozen=True)
@@ -136,45 +137,36 @@ def undo(session: EditSession) -> EditSession:
     return EditSession(key=session.key, gpus=session.gpus, history=session.history[:-1], log=session.log[:-1])
 
 
-def _first_point(event: Any) -> Mapping[str, Any] | None:
-    """The first selected point of a st.plotly_chart selection event (or its 'selection' part)."""
+def _picked(event: Any, param: str, field: str, limit: int) -> int | None:
+    """The field's value of the first point a st.vega_lite_chart selection event holds under the point selection
+    param ({"selection": {param: [{field: value}, ...]}}, or its "selection" part), as an int in 0..limit-1; None
+    for no or an odd selection."""
     if not isinstance(event, Mapping) or not event:
         return None
     selection = event.get("selection", event)
-    points = selection.get("points") if isinstance(selection, Mapping) else None
+    points = selection.get(param) if isinstance(selection, Mapping) else None
     point = points[0] if isinstance(points, (list, tuple)) and points else None
-    return point if isinstance(point, Mapping) else None
-
-
-def _point_int(point: Mapping[str, Any] | None, limit: int) -> int | None:
-    """customdata[0] (else x) of a clicked point rounded to an int in 0..limit-1, None otherwise."""
-    if point is None:
-        return None
-    data = point.get("customdata")
-    if isinstance(data, Mapping):  # a typed-array row comes back as {"0": value}
-        data = [data[k] for k in sorted(data, key=str)]
-    value: Any = data[0] if isinstance(data, (list, tuple)) and data else data
-    if value is None:
-        value = point.get("x")
+    value = point.get(field) if isinstance(point, Mapping) else None
+    if isinstance(value, (list, tuple)):  # a point selection's store form: {field: [value]}
+        value = value[0] if value else None
     try:
-        number = int(round(float(value)))
+        number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return number if 0 <= number < limit else None
+    if not number.is_integer() or not 0 <= number < limit:
+        return None
+    return int(number)
 
 
 def clicked_gpu(event: Any, gpus: int) -> int | None:
-    """GPU index of a click on a per-GPU bar chart (customdata[0], else x rounded: grouped bars sit off
-    the integer), None for no/odd selection."""
-    return _point_int(_first_point(event), gpus)
+    """GPU of a click on the per-GPU bars (GPU_PARAM's "gpu"), None for no or an odd selection."""
+    return _picked(event, GPU_PARAM, "gpu", gpus)
 
 
 def clicked_expert(event: Any, num_experts: int) -> int | None:
-    """Logical expert of a click on a GPU's expert bars (customdata[0]), None for no/odd selection."""
-    point = _first_point(event)
-    if point is None or point.get("customdata") is None:
-        return None
-    return _point_int(point, num_experts)
+    """Logical expert of a click on a GPU's expert bars (EXPERT_PARAM's "expert"), None for no or
+    an odd selection."""
+    return _picked(event, EXPERT_PARAM, "expert", num_experts)
 
 
 def gpu_experts(layout_LP: ArrayLike, counts_LE: ArrayLike, layer: int, gpu: int, gpus: int) -> list[dict]:

@@ -5,22 +5,24 @@ it through page_state() only. It holds the frozen windows, the caches, the edit 
 act on (EditTarget, set by the page on every run) and the message a callback leaves for the next run.
 
 Every widget whose value the page or a callback reads is drawn here, under its own key (whatif_<name>, the
-keys the tests drive): the planning inputs, the layer picker, the clickable bars (a GPU bar, an expert bar), the
-GPU / expert / target pickers and the edit buttons; page.py draws only display elements (and the download). Callbacks run before the rerun, so an edit shows at once. The pure logic
-they call lives in dashboard.whatif.edits.
+keys the tests drive): the planning inputs, the layer picker, the clickable Vega-Lite bars (a GPU bar, an expert
+bar: a point selection each, read by the on_select callbacks), the GPU / expert / target pickers and the edit
+buttons; page.py draws only display elements (and the download). Callbacks run before the rerun, so an edit shows
+at once. The pure logic they call lives in dashboard.whatif.edits.
 """
 from __future__ import annotations
 
 import hashlib
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
 
 from moe_monitor import core
+from moe_monitor.dashboard.figures.common import Chart
 from moe_monitor.dashboard.whatif import edits
 from moe_monitor.dashboard.whatif.score import Score, WhatIfData
 from moe_monitor.planner.api import POLICIES
@@ -97,7 +99,8 @@ class WhatIfState:
     refresh: "Re-read the window" clicks (part of the frozen windows' key); windows: (key, the frozen fit and
     score windows); plans / traffic / budget: dashboard.whatif.cache stores of plans and repairs, traffic
     summaries and replica-budget curves; sessions: the edit session of each plan key; target: what the edit
-    callbacks act on; message: ("ok" | "error", text) a callback leaves for the next run to show once."""
+    callbacks act on; message: ("ok" | "error", text) a callback leaves for the next run to show once; owner: this
+    session's name in dashboard.live.plan_worker (what it asks for is computed there, off the page's thread)."""
 
     refresh: int = 0
     windows: tuple[tuple, WhatIfData] | None = None
@@ -115,6 +118,7 @@ class WhatIfState:
     apply_note: tuple[str, str] | None = None  # ("ok" | "error", text) of the last request, kept until replaced
     outcomes: dict[str, tuple[str, str]] = field(default_factory=dict)  # nonce -> final ("ok" | "error", text)
     tails: dict[tuple, Any] = field(default_factory=dict)  # (window, layout, policy) -> core.steptails.StepTails
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def session(self, plan_key: tuple, planned_LP: np.ndarray, gpus: int) -> edits.EditSession:
         """The edit session of a plan, started on its planned layout the first time."""
@@ -220,9 +224,10 @@ def picked_gpu(gpus: int, experts: int) -> int | None:
     return None if gpu is None else int(gpu)
 
 
-def gpu_bars(fig: go.Figure) -> None:
-    """The before/after per-GPU bars; a click selects that GPU."""
-    st.plotly_chart(fig, key=_GPU_BARS, on_select=on_gpu_click, selection_mode="points")
+def gpu_bars(container: DeltaGenerator, bars: Chart) -> None:
+    """The before/after per-GPU bars (Vega-Lite); a click selects that GPU."""
+    container.vega_lite_chart(bars.spec_with_data(), key=_GPU_BARS, width="stretch", on_select=on_gpu_click,
+                              selection_mode=[edits.GPU_PARAM])
 
 
 def edit_controls(gpus: int, experts: int, lightest_gpu: int, num_edits: int) -> tuple[int | None, int | None]:
@@ -241,9 +246,10 @@ def edit_controls(gpus: int, experts: int, lightest_gpu: int, num_edits: int) ->
     return (None if gpu is None else int(gpu)), (None if expert is None else int(expert))
 
 
-def expert_bars(container: DeltaGenerator, fig: go.Figure) -> None:
-    """The picked GPU's expert bars; a click selects that expert."""
-    container.plotly_chart(fig, key=_EXPERT_BARS, on_select=on_expert_click, selection_mode="points")
+def expert_bars(container: DeltaGenerator, bars: Chart) -> None:
+    """The picked GPU's expert bars (Vega-Lite); a click selects that expert."""
+    container.vega_lite_chart(bars.spec_with_data(), key=_EXPERT_BARS, width="stretch", on_select=on_expert_click,
+                              selection_mode=[edits.EXPERT_PARAM])
 
 
 # ------------------------------------------------------------------------------------------ callbacks

@@ -9,16 +9,23 @@ lays the page out.
 Shape legend (README, Conventions): T steps, W windows, L layers, E logical experts, P slots, G GPUs."""
 from __future__ import annotations
 
+import hashlib
+import time
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.dashboard.figures import whatif as whatif_figures
 from moe_monitor.dashboard.figures.units import format_bytes, format_number
+from moe_monitor.dashboard.live import plan_worker
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.window import StepWindow, WindowView
 from moe_monitor.dashboard.views.common import PageData, caption, poll_and_analyse
+from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.staleness import moving_span, staleness_section
 from moe_monitor.dashboard.views.whatif import controls
 from moe_monitor.dashboard.views.whatif.apply import apply_section
@@ -82,89 +89,287 @@ def render(current: PageData) -> None:
                                                                    else "hold-out is off)")) if data.overlap else "")
                  + (f" · {newer} newer steps arrived since" if newer > 0 else ""))
     controls.refresh_button(right)
-    advice = _advisor(current, layout, window, view, data_key, state)
-    groups = picks.groups or None
-    plan_nodes = picks.nodes if groups else None
-    result: whatif_repair.Repaired | PlanResult | whatif_advice.AdvisedLayout
-    if advice is not None and advice.moves > 0 and state.show_advice == data_key:
-        plan_key: tuple = (data_key, "advisor", advice.moves)
-        result = whatif_advice.AdvisedLayout(advice.layout_LP, advice.moves)
-    elif picks.move_budget > 0:
-        plan_key = (data_key, "repair", picks.move_budget)
-        with st.spinner("repairing the current layout ..."):
-            result = cached(state.plans, plan_key, lambda: whatif_repair.repair(data.fit_WLE, layout.layout_LP, G,
-                                                                                picks.move_budget))
-    else:
-        plan_key = (data_key, picks.redundant, plan_nodes, groups, picks.policy)
-        with st.spinner("planning ..."):
-            result = cached(state.plans, plan_key, lambda: plan(
-                data.fit_WLE, G, picks.redundant, nodes=plan_nodes, groups=groups, policy=picks.policy))
-    session = state.session(plan_key, result.layout_LP, G)
-    copied = whatif_repair.moves_between(layout.layout_LP, result.layout_LP, G)
-    if advice is not None and not isinstance(result, whatif_advice.AdvisedLayout) and copied > advice.moves:
-        st.caption(f"The layout scored below is the planner's ({result.policy}: {copied:,} expert copies from the "
-                   f"layout in force), not the advisor's: the advisor above weighs what moves gain against the time "
-                   "serving waits for the copies, as `moe-monitor advise` does.")
+    advisor_box = st.empty()
     meta = current.watched.source.meta()
     sizes, sizes_note = whatif_traffic.run_sizes(meta)
     if sizes_note:
         st.info(f"Bytes and memory below use {sizes_note}.")
     before = whatif_score.score(layout.layout_LP, data.score_TLE, G)
-    after = whatif_score.score(session.current, data.score_TLE, G)
     layer = controls.layer_picker(before)
-    state.target = EditTarget(plan_key=plan_key, layer=layer, counts_LE=data.score_sum_LE, gpus=G, experts=E)
-    _metrics(layout.layout_LP, session, before, after, data, sizes, sizes_note)
-    _time(current, layout, session, data)
-    st.caption(f"Policy {result.policy} · {session.num_edits} manual edit(s). GPU load = tokens of each expert "
-               "split evenly over its replicas (the EPLB assumption).")
-    if isinstance(result, whatif_repair.Repaired):
-        _moves(layout, data, data_key, result, state)
-    _bars_and_edits(session, before, after, data, layer, state)
-    policies_section(layout.layout_LP, session.current, data.score_TLE, G, data_key, state.tails,
-                     getattr(meta, "dispatch", "even") if meta is not None else "even")
-    apply_section(current, layout, session, before, after, data, state)
-    _traffic(layout, session, data, data_key, picks, sizes, state)
-    _budget(data, data_key, G, picks, plan_nodes, groups, sizes, state)
+    metrics_box, notes_box, bars_box, plan_box = st.empty(), st.container(), st.empty(), st.container()
+    jobs = _Jobs(current, layout, window, view, data, data_key, picks, state)
+    looked = jobs.look()
+    if looked.waiting:  # what needs no plan first: the current layout's figures
+        _metrics(metrics_box, layout.layout_LP, None, before, None, data, sizes, sizes_note, jobs.redundant)
+        draw(whatif_figures.before_after_bars(
+            before.mean_load_LG[layer], None, None, f"Layer {layer}: mean GPU load per step, current layout "
+            "(the what-if layout's beside it once planned)", UNIT), "whatif_bars_current", bars_box)
+    _budget(data, data_key, G, picks, jobs.plan_nodes, jobs.groups, sizes, state)
     st.subheader("Placement staleness")
     staleness_section(current)
+    settled, advisor_drawn = _settle(jobs, looked, advisor_box, notes_box)
+    if settled is None or settled.result is None:  # still planning: _poll_plan reruns the page once it is done
+        return
+    if not advisor_drawn:
+        _advisor_line(advisor_box, settled, data_key, state, view.num_steps)
+    looked, result = settled, settled.result
+    plan_key = jobs.plan_key(result)
+    session = state.session(plan_key, result.layout_LP, G)
+    after = whatif_score.score(session.current, data.score_TLE, G)
+    state.target = EditTarget(plan_key=plan_key, layer=layer, counts_LE=data.score_sum_LE, gpus=G, experts=E)
+    _metrics(metrics_box, layout.layout_LP, session, before, after, data, sizes, sizes_note, jobs.redundant)
+    with notes_box:
+        copied = whatif_repair.moves_between(layout.layout_LP, result.layout_LP, G)
+        advice = looked.advice
+        if advice is not None and not isinstance(result, whatif_advice.AdvisedLayout) and copied > advice.moves:
+            st.caption(f"The layout scored below is the planner's ({result.policy}: {copied:,} expert copies from "
+                       f"the layout in force), not the advisor's: the advisor above weighs what moves gain against "
+                       "the time serving waits for the copies, as `moe-monitor advise` does.")
+        _time(current, layout, session, data)
+        st.caption(f"Policy {result.policy} · {session.num_edits} manual edit(s). GPU load = tokens of each expert "
+                   "split evenly over its replicas (the EPLB assumption).")
+        if isinstance(result, whatif_repair.Repaired) and looked.curve is not None:
+            _moves(layout, looked.curve, result)
+    with plan_box:
+        _bars_and_edits(bars_box, session, before, after, data, layer, state)
+        policies_section(layout.layout_LP, session.current, data.score_TLE, G, data_key, state.tails,
+                         getattr(meta, "dispatch", "even") if meta is not None else "even")
+        apply_section(current, layout, session, before, after, data, state)
+        _traffic(layout, session, data, data_key, picks, sizes, state)
 
 
-def _advisor(current: PageData, layout: ResolvedLayout, window: StepWindow, view: WindowView, data_key: tuple,
-             state: WhatIfState) -> Advice | None:
-    """The rebalance advisor's decision on the window in view (planner.advisor.advise_now: computed once per
-    frozen window, cached), in one line, with the button that shows its layout in the editor."""
-    meta = current.watched.source.meta()
-    with st.spinner("rebalance advisor ..."):
+# ------------------------------------------------------------------------------ the plan, off the page's thread
+POLL_S = 0.25      # how often the page looks at the planner's progress while it waits
+MAX_WAIT_S = 30.0  # then this run ends and _poll_plan looks every FRAGMENT_POLL_S, rerunning the page once ready
+FRAGMENT_POLL_S = 1.0
+
+Result = whatif_repair.Repaired | PlanResult | whatif_advice.AdvisedLayout
+
+
+@dataclass(frozen=True)
+class Looked:
+    """What the page has so far: the advisor's decision (None: none on this window, or not yet), its refusal, the
+    layout to score (None: not yet), the repair's moves curve, and the computations it still waits for."""
+
+    advice: Advice | None
+    advice_error: str
+    advice_done: bool
+    result: Result | None
+    curve: whatif_repair.Repaired | None
+    waiting: tuple[tuple[tuple, plan_worker.Answer], ...]
+
+
+def _digest(array: np.ndarray) -> str:
+    """An identity of an array's values: shape, dtype and a hash of its bytes."""
+    a = np.ascontiguousarray(array)
+    return f"{a.shape}{a.dtype}" + hashlib.blake2b(a.tobytes(), digest_size=16).hexdigest()
+
+
+class _Jobs:
+    """The advisor's decision and the layout to score on the frozen windows: from the page's caches when computed
+    before, else asked of dashboard.live.plan_worker (keyed on what each depends on, so any session asking the
+    same gets the same computation; this session's owner names, so a key it left is dropped)."""
+
+    def __init__(self, current: PageData, layout: ResolvedLayout, window: StepWindow, view: WindowView,
+                 data: whatif_score.WhatIfData, data_key: tuple, picks: Inputs, state: WhatIfState):
+        self.current, self.layout, self.window, self.view = current, layout, window, view
+        self.data, self.data_key, self.picks, self.state = data, data_key, picks, state
+        self.groups = picks.groups or None
+        self.plan_nodes = picks.nodes if self.groups else None
+        self.repairing = picks.move_budget > 0
+        slots = layout.layout_LP.shape[1]
+        # the what-if layout's R: a repair and the advisor keep the current slots
+        self.redundant = slots - data.num_experts if self.repairing or state.show_advice == data_key else \
+            picks.redundant
+        fit, lay = _digest(data.fit_WLE), _digest(layout.layout_LP)
+        model = _time_model(current)
+        meta = current.watched.source.meta()
+        prices = (model.label(), model.gpus, model.nodes) if model is not None else whatif_traffic.run_sizes(meta)[0]
+        self.advice_key = ("advice", current.settings.monitor_key(), current.phase, data.as_of_step, lay,
+                           layout.gpus, prices)
+        self.plan_worker_key = ("plan", fit, layout.gpus, picks.redundant, self.plan_nodes, self.groups, picks.policy)
+        self.horizon = whatif_repair.curve_horizon(data.num_layers, picks.move_budget)
+        self.repair_worker_key = ("repair", fit, lay, layout.gpus, picks.move_budget)
+        self.curve_worker_key = ("repair", fit, lay, layout.gpus, self.horizon)
+
+    def owner(self, what: str) -> tuple[str, str]:
+        return self.state.owner, what
+
+    def plan_key(self, result: Result | None = None) -> tuple:
+        """The page's key of the layout scored: its edit session's name and its place in the page's cache."""
+        if isinstance(result, whatif_advice.AdvisedLayout):
+            return self.data_key, "advisor", result.moves
+        if self.repairing:
+            return self.data_key, "repair", self.picks.move_budget
+        return self.data_key, self.picks.redundant, self.plan_nodes, self.groups, self.picks.policy
+
+    def _from(self, store: dict, key: tuple, worker_key: tuple, owner: tuple, prepare, max_entries: int = 8):
+        """(value, None) from store[key], kept there once the worker answered (a ValueError too, raised here as
+        cached() does), or (None, the worker's answer) while it computes."""
+        if key not in store:
+            answer = plan_worker.ask(worker_key, prepare, owner)
+            if not answer.done:
+                return None, answer
+            if answer.error is not None and not isinstance(answer.error, ValueError):
+                raise answer.error
+            cached(store, key, lambda: answer.error or answer.value, max_entries=max_entries)
+        plan_worker.release(owner)  # the page's cache holds it now
+        value = store[key]
+        if isinstance(value, ValueError):
+            raise value
+        return value, None
+
+    def look(self) -> Looked:
+        waiting: list[tuple[tuple, plan_worker.Answer]] = []
+        advice, advice_error, advice_done = None, "", True
         try:
-            advice = cached(state.advice, data_key, lambda: whatif_advice.advice_on_window(
-                window.counts_CLE[view.slots_T], layout.layout_LP, layout.gpus, meta, _time_model(current)),
-                max_entries=4)
+            advice, answer = self._from(self.state.advice, self.data_key, self.advice_key, self.owner("advice"),
+                                        self._prepare_advice, max_entries=4)
+            if answer is not None:
+                waiting.append((self.advice_key, answer))
+                advice_done = False
         except ValueError as exc:
-            st.caption(f"Rebalance advisor: no decision on this window ({exc}).")
-            return None
-    left, right = st.columns([4, 1])
-    line = whatif_advice.advice_line(advice)
-    text = (f"**Rebalance advisor: {line}.** On the newest {min(view.num_steps, DEFAULT_WINDOW):,} steps of the "
-            f"window, repair within {DEFAULT_MAX_MOVES} moves, as `moe-monitor advise` decides (straggler "
-            "time saved if the window repeats, against the time serving waits for the copies).")
-    (left.success if advice.rebalance else left.info)(text)
-    controls.advice_buttons(right, data_key, state.show_advice == data_key, advice.moves)
-    return advice
+            advice_error = str(exc)
+        result: Result | None = None
+        curve = None
+        if self.state.show_advice == self.data_key and (not advice_done or advice is not None and advice.moves > 0):
+            if advice is not None:
+                result = whatif_advice.AdvisedLayout(advice.layout_LP, advice.moves)
+            return Looked(advice, advice_error, advice_done, result, None, tuple(waiting))
+        fit, lay, G = self.data.fit_WLE, self.layout.layout_LP, self.layout.gpus
+        if self.repairing:
+            budget, horizon = self.picks.move_budget, self.horizon
+            result, answer = self._from(self.state.plans, (self.data_key, "repair", budget), self.repair_worker_key,
+                                        self.owner("plan"), lambda: lambda: whatif_repair.repair(fit, lay, G, budget))
+            curve, curve_answer = self._from(self.state.plans, (self.data_key, "repair", horizon),
+                                             self.curve_worker_key, self.owner("curve"),
+                                             lambda: lambda: whatif_repair.repair(fit, lay, G, horizon))
+            waiting += [(k, a) for k, a in ((self.repair_worker_key, answer), (self.curve_worker_key, curve_answer))
+                        if a is not None]
+        else:
+            picks, nodes, groups = self.picks, self.plan_nodes, self.groups
+            result, answer = self._from(self.state.plans, self.plan_key(),
+                                        self.plan_worker_key, self.owner("plan"),
+                                        lambda: lambda: plan(fit, G, picks.redundant, nodes=nodes, groups=groups,
+                                                             policy=picks.policy))
+            plan_worker.release(self.owner("curve"))
+            if answer is not None:
+                waiting.append((self.plan_worker_key, answer))
+        return Looked(advice, advice_error, advice_done, result, curve, tuple(waiting))
+
+    def _prepare_advice(self):
+        """The advisor's inputs, copied when first asked: the window's steps up to the frozen windows' newest (the
+        newest DEFAULT_WINDOW of them), the layout in force, the run's metadata and cost model."""
+        view, data = self.view, self.data
+        slots = view.slots_T[view.step_T <= data.as_of_step][-DEFAULT_WINDOW:]
+        counts_TLE = self.window.counts_CLE[slots]
+        layout_LP, gpus = self.layout.layout_LP.copy(), self.layout.gpus
+        meta, model = self.current.watched.source.meta(), _time_model(self.current)
+        return lambda: whatif_advice.advice_on_window(counts_TLE, layout_LP, gpus, meta, model)
 
 
-def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_score.Score,
-             after: whatif_score.Score, data: whatif_score.WhatIfData, sizes: tuple[int, int, int],
-             sizes_note: str | None) -> None:
-    G = session.gpus
+def _settle(jobs: _Jobs, looked: Looked, advisor_box: DeltaGenerator, notes_box: DeltaGenerator
+            ) -> tuple[Looked | None, bool]:
+    """(what the page has once nothing is waited for, whether the advisor's line is drawn): waits on this run while
+    plan_worker's thread computes; a line says how long and on what, and every look draws, so a click stops this
+    run at once. The advisor's line is drawn as soon as it is decided. After MAX_WAIT_S the run ends (None) and
+    _poll_plan reruns the page when the answers are in."""
+    line = notes_box.empty()
+    advisor_drawn = False
+    deadline = time.monotonic() + MAX_WAIT_S
+    while looked.waiting:
+        if looked.advice_done and not advisor_drawn:
+            _advisor_line(advisor_box, looked, jobs.data_key, jobs.state, jobs.view.num_steps)
+            advisor_drawn = True
+        elif not looked.advice_done:
+            advisor_box.caption("Rebalance advisor: deciding … (" + _since(looked.waiting[0][1]) + ")")
+        line.caption(_waiting_line(looked))
+        if time.monotonic() >= deadline:
+            with notes_box:
+                _poll_plan(tuple(key for key, _ in looked.waiting))
+            return None, advisor_drawn
+        time.sleep(POLL_S)
+        looked = jobs.look()
+    line.empty()
+    return looked, advisor_drawn
+
+
+def _since(answer: plan_worker.Answer) -> str:
+    return f"{time.monotonic() - answer.asked_s:.1f} s" + (
+        f", {answer.ahead} computation(s) ahead of it" if answer.ahead else "")
+
+
+def _waiting_line(looked: Looked) -> str:
+    what = {"advice": "the rebalance advisor", "plan": "planning", "repair": "repairing the current layout"}
+    keys = [key for key, _ in looked.waiting]
+    names = [what[key[0]] for key in keys]
+    if "repair" in names:
+        names = [what["repair"] + (" and its moves curve" if names.count("repair") > 1 else "")]
+    oldest = min((answer for _, answer in looked.waiting), key=lambda a: a.asked_s)
+    return f"{' · '.join(dict.fromkeys(names))} … {_since(oldest)} (the current layout's figures are shown meanwhile)"
+
+
+@st.fragment(run_every=FRAGMENT_POLL_S)
+def _poll_plan(keys: tuple) -> None:
+    """After MAX_WAIT_S: a line with the time waited, every FRAGMENT_POLL_S, until every key is answered (or gone:
+    the page asks again), then the page again."""
+    answers = [plan_worker.peek(key) for key in keys]
+    waited = [a for a in answers if a is not None and not a.done]
+    if len(waited) < len(answers):
+        st.rerun(scope="app")
+    st.caption("still computing … " + _since(min(waited, key=lambda a: a.asked_s)) + "; the page shows the plan "
+               "when it is ready")
+
+
+def _advisor_line(box: DeltaGenerator, looked: Looked, data_key: tuple, state: WhatIfState, steps: int) -> None:
+    """The rebalance advisor's decision on the window in view (planner.advisor.advise_now: computed once per frozen
+    window), in one line, with the button that shows its layout in the editor."""
+    with box.container():
+        if looked.advice is None:
+            st.caption(f"Rebalance advisor: no decision on this window ({looked.advice_error}).")
+            return
+        left, right = st.columns([4, 1])
+        line = whatif_advice.advice_line(looked.advice)
+        text = (f"**Rebalance advisor: {line}.** On the newest {min(steps, DEFAULT_WINDOW):,} steps of the "
+                f"window, repair within {DEFAULT_MAX_MOVES} moves, as `moe-monitor advise` decides (straggler "
+                "time saved if the window repeats, against the time serving waits for the copies).")
+        (left.success if looked.advice.rebalance else left.info)(text)
+        controls.advice_buttons(right, data_key, state.show_advice == data_key, looked.advice.moves)
+
+
+def _metrics(box: DeltaGenerator, before_LP: np.ndarray, session: edits.EditSession | None,
+             before: whatif_score.Score, after: whatif_score.Score | None, data: whatif_score.WhatIfData,
+             sizes: tuple[int, int, int], sizes_note: str | None, pending_redundant: int) -> None:
+    """The metrics row of the what-if layout against the current one; before the plan (session None) the current
+    layout's figures, the what-if's R (pending_redundant) for the bound."""
+    G = before.mean_load_LG.shape[1]
     active = before.active_L
     # the what-if layout's R (a repair keeps the current R); an unused slot (-1) counts as one: a looser true bound
-    redundant = session.current.shape[1] - data.num_experts
+    redundant = session.current.shape[1] - data.num_experts if session is not None else pending_redundant
     bound = best_bound(data.score_sum_LE.astype(np.float64), G, redundant)
     moe_layers = max(1, int(active.sum()))
     bpe = bytes_per_expert(*sizes)
-    mem = [lay.shape[1] // G * moe_layers * bpe for lay in (before_LP, session.current)]
+    mem = [lay.shape[1] // G * moe_layers * bpe for lay in (before_LP, session.current if session else before_LP)]
+    cols = box.container().columns(6)
+    bound_value = format_number(before.mean_over_active_layers(1.0 / bound))
+    bound_help = (f"mean over layers of 1 / (lower bound on imbalance) for R = {redundant}: the same average as the "
+                  "balancedness beside it, so no layout can score above it")
+    memory_help = (f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per expert (3 x hidden x "
+                   "moe_intermediate x dtype bytes)" + (f" — {sizes_note}" if sizes_note else ""))
+    if session is None or after is None:
+        current = "current layout (the what-if layout's once planned)"
+        cols[0].metric("balancedness (score window), current", format_number(before.balancedness),
+                       help=f"{current}: mean over layers with tokens of mean/max GPU load, loads summed over the "
+                            f"score window (p50 over layers {format_number(before.sum_spread.p50)})")
+        cols[1].metric("per-step balancedness, current", format_number(before.step_balancedness),
+                       help=f"{current}: mean of each step's mean/max over the (step, layer) pairs with tokens = 1 - "
+                            "the Overview's idle share")
+        cols[2].metric("best possible with R (lower bound)", bound_value, help=bound_help)
+        cols[3].metric("worst layer imbalance, current", format_number(before.worst_imbalance), help=current)
+        cols[4].metric(MOVES_LABEL, "…", help="once planned")
+        cols[5].metric("expert memory per GPU, current", format_bytes(mem[0]), help=memory_help)
+        return
     moves = whatif_repair.moves_between(before_LP, session.current, G)
-    cols = st.columns(6)
     cols[0].metric("balancedness (score window)", format_number(after.balancedness),
                    delta=f"{after.balancedness - before.balancedness:+.3f} vs current {format_number(before.balancedness)}",
                    help="mean over layers with tokens of mean/max GPU load, loads summed over the score window "
@@ -174,9 +379,7 @@ def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_s
                    help="mean of each step's mean/max over the (step, layer) pairs with tokens, as the Overview "
                         "(idle pairs left out; current layout: 1 - this = the Overview's idle share; p50 over "
                         f"layers {format_number(before.step_spread.p50)})")
-    cols[2].metric("best possible with R (lower bound)", format_number(before.mean_over_active_layers(1.0 / bound)),
-                   help=f"mean over layers of 1 / (lower bound on imbalance) for R = {redundant}: the same "
-                        "average as the balancedness beside it, so no layout can score above it")
+    cols[2].metric("best possible with R (lower bound)", bound_value, help=bound_help)
     cols[3].metric("worst layer imbalance", format_number(after.worst_imbalance),
                    delta=f"{after.worst_imbalance - before.worst_imbalance:+.3f}", delta_color="inverse")
     cols[4].metric(MOVES_LABEL, f"{moves:,}",
@@ -185,9 +388,7 @@ def _metrics(before_LP: np.ndarray, session: edits.EditSession, before: whatif_s
                         f"moves-vs-imbalance curve count the same way. {format_bytes(bpe)} per move, "
                         f"{format_bytes(moves * bpe)} in all.")
     cols[5].metric("expert memory per GPU", format_bytes(mem[1]), delta=format_bytes(mem[1] - mem[0], sign=True),
-                   delta_color="inverse", help=f"slots per GPU x {moe_layers} MoE layers x {bpe:,} bytes per "
-                   "expert (3 x hidden x moe_intermediate x dtype bytes)"
-                   + (f" — {sizes_note}" if sizes_note else ""))
+                   delta_color="inverse", help=memory_help)
 
 
 def _time_model(current: PageData) -> TimeModel | None:
@@ -211,27 +412,24 @@ def _time(current: PageData, layout: ResolvedLayout, session: edits.EditSession,
     st.markdown(whatif_score.time_line(before, after, model.label()))
 
 
-def _moves(layout: ResolvedLayout, data: whatif_score.WhatIfData, data_key: tuple, result: whatif_repair.Repaired,
-           state: WhatIfState) -> None:
-    """The moves-vs-imbalance curve of the repair (computed once per window up to a horizon, cached)."""
-    horizon = whatif_repair.curve_horizon(data.num_layers, result.budget)
-    with st.spinner("moves-vs-imbalance curve ..."):
-        curve = cached(state.plans, (data_key, "repair", horizon),
-                       lambda: whatif_repair.repair(data.fit_WLE, layout.layout_LP, layout.gpus, horizon))
-    st.plotly_chart(whatif_figures.moves_curve(curve.curve, result.curve[-1]), key="whatif_moves_fig")
+def _moves(layout: ResolvedLayout, curve: whatif_repair.Repaired, result: whatif_repair.Repaired) -> None:
+    """The moves-vs-imbalance curve of the repair (computed once per window up to a horizon)."""
+    draw(whatif_figures.moves_curve(curve.curve, result.curve[-1]), "whatif_moves_fig")
     st.caption(f"Move budget {result.budget}: {result.moves_used} moves used, imbalance "
                f"{result.curve[0]['mean_imbalance']:.3f} -> {result.curve[-1]['mean_imbalance']:.3f} (fit window, "
                f"mean over layers with tokens). The repair keeps the current {layout.layout_LP.shape[1]} slots per "
                "layer: R, groups and policy do not apply; set the budget to 0 for a full re-plan.")
 
 
-def _bars_and_edits(session: edits.EditSession, before: whatif_score.Score, after: whatif_score.Score,
-                    data: whatif_score.WhatIfData, layer: int, state: WhatIfState) -> None:
+def _bars_and_edits(bars_box: DeltaGenerator, session: edits.EditSession, before: whatif_score.Score,
+                    after: whatif_score.Score, data: whatif_score.WhatIfData, layer: int, state: WhatIfState) -> None:
+    """The before/after bars (into bars_box: where the current layout's stood while planning), then the edit
+    controls, the picked GPU's experts and the download."""
     G, E = session.gpus, data.num_experts
     gpu = controls.picked_gpu(G, E)
-    fig = whatif_figures.before_after_bars(before.mean_load_LG[layer], after.mean_load_LG[layer], gpu,
-                                           f"Layer {layer}: mean GPU load per step, current vs what-if", UNIT)
-    controls.gpu_bars(fig)
+    controls.gpu_bars(bars_box, whatif_figures.before_after_bars(
+        before.mean_load_LG[layer], after.mean_load_LG[layer], gpu,
+        f"Layer {layer}: mean GPU load per step, current vs what-if", UNIT))
     message = state.pop_message()
     if message:
         (st.success if message[0] == "ok" else st.error)(message[1])
@@ -304,7 +502,7 @@ def _budget(data: whatif_score.WhatIfData, data_key: tuple, G: int, picks: Input
                    f"to a mean imbalance of {min(imbalance):.3f}-{max(imbalance):.3f} on the fit window; redundant "
                    "experts buy nothing here (no curve drawn).")
         return
-    st.plotly_chart(whatif_figures.budget_curve(curve["rows"], curve["knee"], picks.redundant), key="whatif_budget_fig")
+    draw(whatif_figures.budget_curve(curve["rows"], curve["knee"], picks.redundant), "whatif_budget_fig")
     st.caption(f"Planned on the fit window (summed) with policy {policy}. Knee at R = {knee['redundant']}: imbalance "
                f"{knee['mean_imbalance']:.3f} for {format_bytes(knee['extra_bytes_per_gpu'], sign=True)} per GPU "
                f"({curve['bytes_per_expert']:,} bytes per expert, {curve['moe_layers']} MoE layers).")
