@@ -96,7 +96,8 @@ HEAT_PANELS = (  # (field, title, unit, scale, tooltip format)
     ("memory_used_bytes", "memory used", "GiB", GIB, ",.1f"),
 )
 NVML_HEAT_CELLS = 15_000  # rects of one NVML heatmap at most (five are drawn): 256 GPUs get 58 time bins
-ROW_PX, MAX_ROWS_PX = 18, 520  # a heatmap row's height while the rows fit in MAX_ROWS_PX
+ROW_PX, MIN_ROWS_PX, MAX_ROWS_PX = 20, 72, 520  # a heatmap row's height while its rows fit in MAX_ROWS_PX
+CHROME_PX = 120  # title, time axis and its title: Streamlit fits the whole chart, not its plot, into the height
 NAMED = "the GPU the Overview names"
 
 
@@ -124,7 +125,7 @@ def nvml_heatmaps(grid: GpuGrid, marked_row: int | None) -> list[Chart]:
     x = {"field": "x", "type": "quantitative", "title": X_TITLE, "scale": {"nice": False}}
     y = {"field": "name", "type": "ordinal", "title": None, "scale": {"domain": list(grid.names_R)},
          "axis": {"labelOverlap": True, **({"labelFontSize": 9} if rows > 64 else {})}}
-    height = max(ROW_PX, min(rows * ROW_PX, MAX_ROWS_PX))
+    plot_px = max(MIN_ROWS_PX, min(rows * ROW_PX, MAX_ROWS_PX))
     charts = []
     for field, title, unit, scale, fmt in HEAT_PANELS:
         values_BR = grid.mean_MRB[grid.field(field)].T / scale
@@ -138,7 +139,7 @@ def nvml_heatmaps(grid: GpuGrid, marked_row: int | None) -> list[Chart]:
                 "mark": {"type": "rect"},
                 "encoding": {"x": x, "x2": {"field": "x2"}, "y": y,
                              "color": {"field": "value", "type": "quantitative", "scale": {"scheme": "viridis"},
-                                       "legend": {"title": unit}},
+                                       "legend": {"title": unit, "gradientLength": plot_px - 20}},
                              "tooltip": [{"field": "name", "title": "row"}, {"field": "where", "title": "NVML device"},
                                          {"field": "x", "title": "from (s before the newest reading)",
                                           "format": ".1f"},
@@ -149,7 +150,7 @@ def nvml_heatmaps(grid: GpuGrid, marked_row: int | None) -> list[Chart]:
                                                      "strokeWidth": 2},
                    "encoding": {"y": y, "x": {"value": 0}, "x2": {"value": "width"},
                                 "tooltip": [{"field": "name", "title": NAMED}]}}
-        charts.append(chart([rect, outline], f"{title} ({unit}, bin mean)", height,
+        charts.append(chart([rect, outline], f"{title} ({unit}, bin mean)", plot_px + CHROME_PX,
                             bins=bins, rows=named_rows, cells=cells, marked=marked))
     return charts
 
@@ -158,9 +159,9 @@ def latest_against_load(grid: GpuGrid, load_G: np.ndarray, marked_gpu: int | Non
     """Each EP GPU's latest SM clock against its expert load (load_G [G], e.g. the window mean), marked_gpu in
     red and labelled: a GPU with low clocks and high load sits bottom right. Rows without a reading are left
     out. Dataset "main": name, where, load, sm_clock, power, temperature, util, memory, series."""
-    table = latest_table(grid, load_G, marked_gpu, unit)
+    table = latest_table(grid, load_G, marked_gpu)
     data = pd.DataFrame({"name": table["GPU"].astype(object), "where": table["NVML device"].astype(object),
-                         "load": f32(table[f"expert load ({unit})"]), "sm_clock": f32(table["SM clock MHz"]),
+                         "load": f32(table[LOAD]), "sm_clock": f32(table["SM clock MHz"]),
                          "power": f32(table["power W"]), "temperature": f32(table["temperature C"]),
                          "util": f32(table["utilisation %"]), "memory": f32(table["memory used GiB"]),
                          "series": np.where(table["named"], NAMED, "other GPUs").astype(object)})
@@ -175,7 +176,8 @@ def latest_against_load(grid: GpuGrid, load_G: np.ndarray, marked_gpu: int | Non
                ("util", "utilisation % (time-based)", ".0f"), ("memory", "memory used GiB", ",.1f")))]
     points = {"data": named("main"), "mark": {"type": "point", "filled": True, "size": 70, "opacity": 0.8},
               "encoding": {"x": x, "y": y, "color": {"field": "series", "type": "nominal",
-                                                     **legend_colour(["other GPUs", NAMED], [BLUE, RED])},
+                                                     **legend_colour(["other GPUs", NAMED], [BLUE, RED],
+                                                                   legend={"orient": "bottom", "title": None, "labelLimit": 400})},
                            "tooltip": tip}}
     label = {"data": named("main"), "transform": [{"filter": f"datum.series == '{NAMED}'"}],
              "mark": {"type": "text", "align": "left", "dx": 7, "color": RED, "fontWeight": "bold"},
@@ -183,16 +185,18 @@ def latest_against_load(grid: GpuGrid, load_G: np.ndarray, marked_gpu: int | Non
     return chart([points, label], "Latest SM clock against expert load, per EP GPU", 300, main=data)
 
 
-def latest_table(grid: GpuGrid, load_G: np.ndarray | None, marked_gpu: int | None, unit: str) -> pd.DataFrame:
-    """One row per row of the grid: its newest NVML reading beside its EP GPU's expert load (load_G [G], in
-    unit; NaN for a device paired with none; None: no load column), the GPU the Overview names first
-    ("named"), then by expert load, highest first."""
+LOAD = "expert load"
+READINGS = (  # (field, table column, scale)
+    ("sm_clock_mhz", "SM clock MHz", 1.0), ("power_usage_w", "power W", 1.0), ("temperature_c", "temperature C", 1.0),
+    ("gpu_utilization_percent", "utilisation %", 1.0), ("memory_used_bytes", "memory used GiB", GIB))
+
+
+def latest_table(grid: GpuGrid, load_G: np.ndarray | None, marked_gpu: int | None) -> pd.DataFrame:
+    """One row per row of the grid: "named" (the GPU the Overview names), "GPU", "NVML device", LOAD (its EP
+    GPU's expert load from load_G [G]; NaN for a device paired with none; no such column when load_G is None),
+    its newest NVML reading (READINGS) and "reading age s" (before the newest reading of any device). The
+    named GPU first, then by expert load, highest first."""
     gpu_R = grid.gpu_R
-    latest = {title: grid.latest_MR[grid.field(field)] / scale for field, title, scale in (
-        ("sm_clock_mhz", "SM clock MHz", 1.0), ("power_usage_w", "power W", 1.0),
-        ("temperature_c", "temperature C", 1.0), ("gpu_utilization_percent", "utilisation %", 1.0),
-        ("memory_used_bytes", "memory used GiB", GIB))}
-    age = grid.newest_s - grid.latest_s_R if grid.edges_s.size else np.full(gpu_R.size, np.nan)
     table = pd.DataFrame({"named": gpu_R == (-2 if marked_gpu is None else marked_gpu), "GPU": grid.names_R,
                           "NVML device": _where(grid)})
     load_R = np.full(gpu_R.size, np.nan)
@@ -200,7 +204,9 @@ def latest_table(grid: GpuGrid, load_G: np.ndarray | None, marked_gpu: int | Non
         load_G = np.asarray(load_G, dtype=np.float64)
         on = (gpu_R >= 0) & (gpu_R < load_G.size)
         load_R[on] = load_G[gpu_R[on]]
-        table[f"expert load ({unit})"] = load_R
-    table = table.assign(**latest, **{"reading age s": age})
+        table[LOAD] = load_R
+    for field, column, scale in READINGS:
+        table[column] = grid.latest_MR[grid.field(field)] / scale
+    table["reading age s"] = grid.newest_s - grid.latest_s_R if grid.edges_s.size else np.nan
     order = np.lexsort((-np.nan_to_num(load_R, nan=-np.inf), ~table["named"].to_numpy()))
     return table.iloc[order].reset_index(drop=True)

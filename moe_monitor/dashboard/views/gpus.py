@@ -77,17 +77,31 @@ def every_gpu(current: PageData, history: GpuHistory, gpus: int, pairs: dict, no
                "reading). NVML utilisation is the share of time a kernel ran, not SM occupancy.")
     if snap is not None and pairs:
         load_G, unit = snap.stats.mean_G, f"{snap.unit}, window mean"
-        left, right = st.columns(2)
+        left, right = st.columns([2, 3])
         with left:
             draw(gpu_figures.latest_against_load(grid, load_G, named, unit), "gpu_panel_latest")
-        right.dataframe(gpu_figures.latest_table(grid, load_G, named, unit),
-                        hide_index=True, height=340, key="gpu_panel_table")
+        latest_table(right, gpu_figures.latest_table(grid, load_G, named), unit)
     else:
-        st.dataframe(gpu_figures.latest_table(grid, None, None, ""), hide_index=True, height=340,
-                     key="gpu_panel_table")
+        latest_table(st, gpu_figures.latest_table(grid, None, None), "")
     columns = st.columns(HEATMAP_COLUMNS)
     for i, heat in enumerate(gpu_figures.nvml_heatmaps(grid, marked)):
         draw(heat, f"gpu_panel_heat_{i}", columns[i % HEATMAP_COLUMNS])
+
+
+SHORT = {"NVML device": "device", "SM clock MHz": "SM MHz", "power W": "power W", "temperature C": "temp C",
+         "utilisation %": "util %", "memory used GiB": "mem GiB"}  # the table's headers, narrow enough to fit
+
+
+def latest_table(container, table, unit: str) -> None:
+    """The latest readings, a row per GPU (the named one first), numbers at the precision NVML gives."""
+    number = st.column_config.NumberColumn
+    container.dataframe(table, hide_index=True, height=340, key="gpu_panel_table", column_config={
+        "named": st.column_config.CheckboxColumn("named", help=gpu_figures.NAMED, width="small"),
+        "NVML device": st.column_config.TextColumn(SHORT["NVML device"], help="NVML device: host #index"),
+        gpu_figures.LOAD: number("load", format="%.1f", help=f"expert load, {unit}"),
+        **{column: number(SHORT[column], format="%.1f" if column.endswith("GiB") else "%.0f", help=column)
+           for _, column, _ in gpu_figures.READINGS},
+        "reading age s": number("age s", format="%.1f", help="seconds before the newest reading of any device")})
 
 
 def one_gpu(current: PageData, gpu: int, pairs: dict, note: str) -> None:
