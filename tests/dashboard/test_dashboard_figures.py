@@ -3,6 +3,7 @@ updated in place, never re-created), datasets holding the right values, heatmaps
 gaps for values NVML could not read, tooltips that say what a cell is."""
 import json
 from pathlib import Path
+from typing import Any
 
 import altair
 import jsonschema
@@ -42,11 +43,14 @@ def per_step_stats(T, seed):
                         missing_rank_steps=0, late_rank_steps=0)
 
 
-def every_chart(T: int, seed: int, first_step: int = 0, marks=()):
-    """Every builder of the live pages on T steps of random data: (name, Chart)."""
+def every_chart(T: int, seed: int, first_step: int = 0, marks=(), hole_after: int | None = None):
+    """Every builder of the live pages on T steps of random data: (name, Chart); hole_after: steps after that
+    many are 1000 later (a hole)."""
     rng = np.random.default_rng(seed)
     loads_TLG = rng.random((T, 3, 4)) * 100
     loads_TG, eta_TL, step_T = loads_TLG.sum(axis=1), balancedness(loads_TLG), np.arange(T) + first_step
+    if hole_after is not None:
+        step_T[hole_after:] += 1000
     share = AllToAllShare(rng.random(3), rng.random(3), rng.random(3), 0.1, 0.1, 0.2)
     curve = StalenessCurve(np.zeros(1), np.arange(1, 6), rng.random((1, 5)), rng.random(5) + 1, np.ones(5))
     measured = MeasuredVsEstimated(step_T, rng.random(T) + 1, rng.random(T) + 1, rng.random(T), np.ones(T))
@@ -236,3 +240,52 @@ def test_layer_and_gpu_axes_are_whole_numbers_and_layers_are_not_joined():
                                                                                     "labelOverlap": True}}
     step_axis = load_figures.load_bands(np.arange(5), np.ones((5, 2)), "t").spec["layer"][1]["encoding"]["x"]
     assert step_axis["axis"] == {"format": "d"}
+
+
+STEP_LINES = ("bands", "eta time", "phases", "measured", "per step 0", "per step 1")  # lines over steps or time
+
+
+def _line_layers(spec: dict, inherited: dict[str, Any] | None = None):
+    """Each line-mark layer of a spec (nested layers included), with the encoding it inherits merged in."""
+    encoding = {**(inherited or {}), **spec.get("encoding", {})}
+    mark = spec.get("mark")
+    if (mark.get("type") if isinstance(mark, dict) else mark) == "line":
+        yield spec, encoding
+    for child in spec.get("layer", []):
+        yield from _line_layers(child, encoding)
+
+
+def _detail_fields(encoding: dict) -> list[str]:
+    detail = encoding.get("detail", [])
+    return [d["field"] for d in (detail if isinstance(detail, list) else [detail])]
+
+
+def test_lines_over_steps_break_at_a_hole_and_only_there():
+    regular = dict(every_chart(300, seed=3))
+    holed = dict(every_chart(300, seed=3, hole_after=120))
+    for name in STEP_LINES:
+        lines = list(_line_layers(regular[name].spec))
+        assert lines and all("segment" in _detail_fields(enc) for _, enc in lines), name  # each line by segment
+        assert json.dumps(regular[name].spec) == json.dumps(holed[name].spec), name  # the break is data
+        main, broken = regular[name].data["main"], holed[name].data["main"]
+        assert int(main["segment"].max()) == 0 and not main["dot"].any(), name
+        assert list(np.flatnonzero(np.diff(broken["segment"].to_numpy()))) == [119], name
+        layers = json.dumps(regular[name].spec)
+        assert '"filter": "datum.dot"' in layers, name  # lone or sparse steps drawn as points
+
+
+def test_a_staleness_curve_breaks_where_its_deltas_have_no_value():
+    mean_D = np.linspace(1.1, 1.5, 80)
+    mean_D[30:50] = np.nan  # no fit reaches these deltas in this phase
+    curve = StalenessCurve(np.zeros(1), np.arange(1, 81), mean_D[None, :], mean_D, np.ones(80))
+    chart = staleness_figures.staleness_curves([PhaseStaleness("decode", curve, None, 80)])
+    main = chart.data["main"]
+    assert len(main) == 60 and list(main["segment"].unique()) == [0, 1] and not main["dot"].any()
+    assert _detail_fields(next(_line_layers(chart.spec))[1]) == ["kind", "segment"]
+
+
+def test_no_field_name_that_vega_reads_as_a_path():
+    for name, chart in every_chart(40, seed=4):
+        for frame in chart.data.values():
+            bad = [c for c in frame.columns if set(str(c)) & set("'\".[]\\")]
+            assert not bad, (name, bad)  # Vega reads "a.b" and "a'b" as access paths: the chart would not draw

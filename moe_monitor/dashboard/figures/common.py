@@ -120,16 +120,32 @@ def legend_colour(domain: Sequence[str], colours: Sequence[str], title: str | No
             **extra}
 
 
+SEGMENT = {"field": "segment", "type": "nominal"}  # a line's parts between gaps (figures.gaps), drawn apart
+DOT_PX = 20  # area of the point drawn at a lone or sparse row
+
+
 def folded_lines(names: Sequence[str], colours: Sequence[str], x: dict, y: dict, dashed: Sequence[str] = (),
                  data: str = "main") -> dict:
-    """One line per column `names` of dataset `data` (folded to series, value), colours and dashes fixed."""
+    """One line per column `names` of dataset `data` (folded to series, value), colours and dashes fixed; a line
+    is broken between the dataset's segments and its "dot" rows are drawn as points (figures.gaps.with_gaps)."""
+    colour = legend_colour(names, colours)
+    colour["legend"]["symbolType"] = "stroke"  # a line's legend, whatever the points beside it
     return {"data": named(data), "transform": [{"fold": list(names), "as": ["series", "value"]}],
-            "mark": {"type": "line", "strokeWidth": 1.5},
             "encoding": {"x": x, "y": {"field": "value", "type": "quantitative", **y},
-                         "color": {"field": "series", "type": "nominal", **legend_colour(names, colours)},
-                         "strokeDash": {"field": "series", "type": "nominal", "legend": None,
-                                        "scale": {"domain": list(names),
-                                                  "range": [[4, 3] if n in dashed else [1, 0] for n in names]}}}}
+                         "color": {"field": "series", "type": "nominal", **colour}},
+            "layer": [{"mark": {"type": "line", "strokeWidth": 1.5},
+                       "encoding": {"detail": SEGMENT,
+                                    "strokeDash": {"field": "series", "type": "nominal", "legend": None,
+                                                   "scale": {"domain": list(names),
+                                                             "range": [[4, 3] if n in dashed else [1, 0]
+                                                                       for n in names]}}}},
+                      dots_layer()]}
+
+
+def dots_layer(**mark) -> dict:
+    """The points of a line layer's "dot" rows (its data and encoding inherited from the enclosing layer)."""
+    return {"transform": [{"filter": "datum.dot"}],
+            "mark": {"type": "point", "filled": True, "size": DOT_PX, "opacity": 1, **mark}}
 
 
 def hover_rule(x: dict, tooltip: list[dict], data: str = "main", param: str = "hover") -> dict:

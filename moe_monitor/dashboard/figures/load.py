@@ -24,6 +24,7 @@ from moe_monitor.dashboard.figures.common import (
     MAX_COLUMNS,
     ORANGE,
     RED,
+    SEGMENT,
     Chart,
     Marks,
     axis_at,
@@ -44,6 +45,7 @@ from moe_monitor.dashboard.figures.common import (
     time_x,
     whole_axis,
 )
+from moe_monitor.dashboard.figures.gaps import with_gaps
 
 BARS = ("latest step", "latest step, busiest", "window mean", "window p99", "window max")
 
@@ -86,16 +88,18 @@ def line_chart(x_T, first: np.ndarray, series: dict[str, np.ndarray], colours: d
                x_title: str, y: dict, marks: Marks, dashed: tuple[str, ...] = (), band: tuple[str, str] | None = None,
                unit: str = "", fmt: str = ",.3~f") -> Chart:
     """Lines over time of a few series (name -> values at the binned columns), folded from dataset "main"
-    (x and one column per series); band: (low, high) series filled between; a hover rule lists every series."""
+    (x, one column per series, segment and dot: figures.gaps); band: (low, high) series filled between; a hover
+    rule lists every series."""
     temporal = is_temporal(x_T)
     x = time_x(x_title, temporal)
     names = list(series)
-    data = pd.DataFrame({"x": axis_at(x_T, first), **{name: f32(values) for name, values in series.items()}})
+    data = with_gaps(pd.DataFrame({"x": axis_at(x_T, first), **{n: f32(values) for n, values in series.items()}}),
+                     names)
     layers: list[dict] = []
     if band is not None:
         layers.append({"data": named("main"), "mark": {"type": "area", "opacity": 0.15, "color": colours[band[1]]},
                        "encoding": {"x": x, "y": {"field": band[0], "type": "quantitative"},
-                                    "y2": {"field": band[1]}}})
+                                    "y2": {"field": band[1]}, "detail": SEGMENT}})
     layers.append(folded_lines(names, [colours[n] for n in names], x, y, dashed))
     suffix = f" ({unit})" if unit else ""
     layers.append(hover_rule(x, [time_tooltip(x_title, temporal),

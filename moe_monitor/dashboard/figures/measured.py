@@ -26,16 +26,17 @@ from moe_monitor.dashboard.figures.common import (
     time_tooltip,
     time_x,
 )
+from moe_monitor.dashboard.figures.gaps import with_gaps
 
-SERIES = ("even-split estimate", "measured (engine's balancer)")
+SERIES = ("even-split estimate", "measured (engine balancer)")  # no quote or dot: Vega reads a field as a path
 
 
 def measured_figure(result: MeasuredVsEstimated, marks: Sequence[tuple[float, str]] = ()) -> Chart:
     """Two lines over step id (estimated and measured imbalance) and the won difference as bars on their own
     right-hand axis; marks: (step, label) of each layout change. Dataset "main": x (step), estimated, measured,
-    won."""
-    data = pd.DataFrame({"x": np.asarray(result.step_T, dtype=np.int64), SERIES[0]: f32(result.estimated_T),
-                         SERIES[1]: f32(result.measured_T), "won": f32(result.won_T)})
+    won, segment and dot (figures.gaps)."""
+    data = with_gaps(pd.DataFrame({"x": np.asarray(result.step_T, dtype=np.int64), SERIES[0]: f32(result.estimated_T),
+                                   SERIES[1]: f32(result.measured_T), "won": f32(result.won_T)}), SERIES)
     x = time_x("step", False)
     lines = folded_lines(SERIES, [BLUE, ORANGE], x, {"title": "busiest GPU / mean", "scale": {"zero": False}},
                          (SERIES[0],))

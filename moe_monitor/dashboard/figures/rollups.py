@@ -32,6 +32,7 @@ from moe_monitor.dashboard.figures.common import (
     time_tooltip,
     time_x,
 )
+from moe_monitor.dashboard.figures.gaps import with_gaps
 
 ETA = ("per step: median", "per step: worst {pct}%", "bucket sum (p50 over layers)")
 LOAD = ("busiest GPU, mean per step", "busiest GPU, peak", "mean GPU, per step")
@@ -43,8 +44,8 @@ def per_step_charts(x_T: np.ndarray, stats: PerStepStats, sum_eta_T: np.ndarray,
     median and the tail quantile of its per-(step, layer) histogram, beside the balancedness of the bucket's sum
     (sum_eta_T [T], p50 across layers) that hides them. Bottom: the busiest GPU's load per step (the bucket's
     mean, and its peak as points) and the mean GPU's, in `unit`. More than MAX_COLUMNS buckets are binned,
-    keeping the worst value of each bin (lowest balancedness, highest load). Dataset "main": x and a column per
-    series (named as in the legend)."""
+    keeping the worst value of each bin (lowest balancedness, highest load). Dataset "main": x, a column per
+    series (named as in the legend), segment and dot (figures.gaps: lines break where buckets are missing)."""
     series_TX = np.stack([1.0 - stats.eta_p50_T, 1.0 - stats.eta_tail_T, 1.0 - np.asarray(sum_eta_T, dtype=np.float64),
                           stats.busiest_mean_T, stats.busiest_peak_T, stats.mean_load_T], axis=1) \
         if stats.eta_p50_T.size else np.zeros((0, 6))
@@ -52,7 +53,8 @@ def per_step_charts(x_T: np.ndarray, stats: PerStepStats, sum_eta_T: np.ndarray,
     worst = np.where(np.isfinite(worst), worst, np.nan)
     eta_names = [ETA[0], ETA[1].format(pct=int(round(stats.tail_q * 100))), ETA[2]]
     values = [1.0 - worst[:, 0], 1.0 - worst[:, 1], 1.0 - worst[:, 2], worst[:, 3], worst[:, 4], worst[:, 5]]
-    data = pd.DataFrame({"x": axis_at(x_T, first), **{n: f32(v) for n, v in zip([*eta_names, *LOAD], values)}})
+    names = [*eta_names, *LOAD]
+    data = with_gaps(pd.DataFrame({"x": axis_at(x_T, first), **{n: f32(v) for n, v in zip(names, values)}}), names)
     temporal = is_temporal(x_T)
     x = time_x(x_title, temporal)
 

@@ -15,13 +15,16 @@ from moe_monitor.dashboard.analytics.series import downsample_max
 from moe_monitor.dashboard.analytics.timing import AllToAllShare, LineFit
 from moe_monitor.dashboard.figures.common import (
     DARK,
+    DOT_PX,
     MAX_COLUMNS,
     PURPLE,
     RED,
+    SEGMENT,
     Chart,
     Marks,
     axis_at,
     chart,
+    dots_layer,
     f32,
     hover_rule,
     legend_colour,
@@ -32,6 +35,7 @@ from moe_monitor.dashboard.figures.common import (
     time_x,
     whole_axis,
 )
+from moe_monitor.dashboard.figures.gaps import with_gaps
 
 PHASE_COLOURS = {"dispatch": "#1f77b4", "compute": "#2ca02c", "combine": "#ff7f0e", "layer": DARK}
 PHASES = ("dispatch", "compute", "combine")
@@ -65,21 +69,30 @@ def rank_breakdown(dispatch_R: np.ndarray, compute_R: np.ndarray, combine_R: np.
 def phases_over_steps(step_T: np.ndarray, dispatch_T: np.ndarray, compute_T: np.ndarray, combine_T: np.ndarray,
                       layer_T: np.ndarray, what: str, marks: Marks = ()) -> Chart:
     """Per step (float [T] seconds each): dispatch, compute and combine (mean over ranks) stacked as areas and
-    the layer's wall time (slowest rank) as a line; binned by max to MAX_COLUMNS columns."""
+    the layer's wall time (slowest rank) as a line; binned by max to MAX_COLUMNS columns. Dataset "main": x, one
+    column each in ms, segment and dot (figures.gaps: areas and line break at holes, lone steps are points)."""
     stacked = np.stack([dispatch_T, compute_T, combine_T, layer_T], axis=1).astype(np.float64) * MS
     binned, first = downsample_max(stacked, MAX_COLUMNS)
-    data = pd.DataFrame({"x": axis_at(step_T, first), **{n: f32(binned[:, i]) for i, n in
-                                                         enumerate((*PHASES, "layer"))}})
+    names = [*PHASES, "layer"]
+    data = with_gaps(pd.DataFrame({"x": axis_at(step_T, first), **{n: f32(binned[:, i]) for i, n in enumerate(names)}}),
+                     names)
     x = time_x("step", False)
     legend = legend_colour([*PHASES, "layer (wall, slowest rank)"], [*(PHASE_COLOURS[p] for p in PHASES), DARK])
-    layers = [{"data": named("main"), "transform": [{"fold": list(PHASES), "as": ["phase", "ms"]}],
-               "mark": {"type": "area", "opacity": 0.8},
-               "encoding": {"x": x, "y": {"field": "ms", "type": "quantitative", "stack": True, "title": "ms"},
-                            "color": {"field": "phase", "type": "nominal", **legend},
-                            "order": {"field": "phase", "sort": "descending"}}},
-              {"data": named("main"), "mark": {"type": "line", "strokeWidth": 2},
-               "encoding": {"x": x, "y": {"field": "layer", "type": "quantitative"},
-                            "color": {"datum": "layer (wall, slowest rank)"}}},
+    # stacked by hand: Vega-Lite's own stack fills every x of every segment with zeros, joining the holes again
+    stacked_phases = [{"fold": list(PHASES), "as": ["phase", "ms"]},
+                      {"stack": "ms", "groupby": ["x"], "sort": [{"field": "phase", "order": "descending"}],
+                       "as": ["ms_from", "ms_to"]}]
+    colour = {"field": "phase", "type": "nominal", **legend}
+    y = {"field": "ms_to", "type": "quantitative", "title": "ms"}
+    layers = [{"data": named("main"), "transform": stacked_phases, "mark": {"type": "area", "opacity": 0.8},
+               "encoding": {"x": x, "y": y, "y2": {"field": "ms_from"}, "color": colour, "detail": SEGMENT}},
+              {"data": named("main"), "transform": [{"filter": "datum.dot"}, *stacked_phases],
+               "mark": {"type": "point", "filled": True, "size": DOT_PX, "opacity": 1},  # lone steps: a point each
+               "encoding": {"x": x, "y": y, "color": colour}},
+              {"data": named("main"), "encoding": {"x": x, "y": {"field": "layer", "type": "quantitative"},
+                                                   "color": {"datum": "layer (wall, slowest rank)"}},
+               "layer": [{"mark": {"type": "line", "strokeWidth": 2}, "encoding": {"detail": SEGMENT}},
+                         dots_layer()]},
               hover_rule(x, [time_tooltip("step", False), *_ms_tip((*PHASES, "layer"))]),
               *marks_layers(x)]
     return chart(layers, f"Layer time over steps ({what}, bin max)", main=data, marks=marks_data(marks))
