@@ -293,7 +293,7 @@ class WatchedRun:
         bad = 0
         for rec in records:
             try:
-                check_aggregate(rec)  # before anything: a bad record must not restart the window
+                checked = check_aggregate(rec)  # before anything: a bad record must not restart the window
                 if not self._current_epoch(rec):
                     self.skipped_old_records += 1
                     continue
@@ -302,7 +302,7 @@ class WatchedRun:
                     self.skipped_overlap += 1
                     continue
                 try:
-                    if not window.add_aggregate(rec):  # changes nothing when it raises
+                    if not window.add_aggregate(rec, checked):  # changes nothing when it raises
                         self.late_outside += 1
                         continue
                 except DuplicateRecord:  # a rank the row holds already (a retried write, a switch of feed)

@@ -24,7 +24,13 @@ from moe_monitor.core.loadmodel import gpu_weights, slot_weights, weighted_loads
 from moe_monitor.core.timeline import index_in_force
 from moe_monitor.dashboard.analytics.balance import balancedness, busiest_per_layer
 from moe_monitor.dashboard.live.layout_changes import LayoutChange
-from moe_monitor.dashboard.live.record_checks import PHASE_CODE, bounded_int, check_aggregate, check_counts
+from moe_monitor.dashboard.live.record_checks import (
+    PHASE_CODE,
+    CheckedStep,
+    bounded_int,
+    check_aggregate,
+    check_counts,
+)
 
 PHASE_FILTERS = {"both": tuple(range(len(core.PHASES))), "prefill": (PHASE_CODE["prefill"],),
                  "decode": (PHASE_CODE["decode"],), "train": (PHASE_CODE["train"],)}
@@ -224,15 +230,15 @@ class StepWindow:
         self._times_bytes = 0  # held for them
 
     # ------------------------------------------------------------------------------------------ writes
-    def add_aggregate(self, rec: core.AggregateRecord) -> bool:
+    def add_aggregate(self, rec: core.AggregateRecord, checked: CheckedStep | None = None) -> bool:
         """Sum an aggregated step (the ranks the aggregator summed) into the row of its step exactly as those
         ranks' own records would have been: ranks present, world size, tokens, each rank's dropped count. A new
         row for a new step; a late entry (rec.late: ranks that arrived after the step was written) adds into
         its step's row while that row is in the ring, and is not added (returns False: the caller counts it)
         once the row has left or was never read. Returns True when added. ValueError, with the window left as
         it was, for a record of another shape, a rank already in the row (a duplicate) or a step older than a
-        full ring."""
-        got = check_aggregate(rec)
+        full ring. checked: check_aggregate(rec) when the caller has it already."""
+        got = check_aggregate(rec) if checked is None else checked
         counts = self.checked_counts(rec.counts_LE, f"aggregated step {got.step}", MAX_AGGREGATE_CELL,
                                      "(sums of int32 counts over at most 65,536 ranks)")
         if got.late and got.step not in self._slot_of_step:

@@ -16,6 +16,10 @@ from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 from moe_monitor.dashboard.views.staleness import staleness_section
 
+# the tables' number formats, drawn by the browser (a pandas Styler costs the server a render of every cell per tick)
+PERCENT = st.column_config.NumberColumn(format="percent")
+TIMES_MEAN = st.column_config.NumberColumn(format="%.2fx")
+
 
 def page() -> None:
     st.title("Experts")
@@ -54,8 +58,8 @@ def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
     st.subheader(f"The experts of GPU {gpu} (node {layout.node_of(gpu)})")
     mine = hottest_on(counts_LE, layout.layout_LP, layout.gpus, gpu, top_n)
     st.dataframe(pd.DataFrame([{"layer": h.layer, "expert": h.expert, "share of the GPU's tokens": h.share}
-                               for h in mine], columns=["layer", "expert", "share of the GPU's tokens"])
-                 .style.format({"share of the GPU's tokens": "{:.1%}"}), hide_index=True)
+                               for h in mine], columns=["layer", "expert", "share of the GPU's tokens"]),
+                 hide_index=True, column_config={"share of the GPU's tokens": PERCENT})
     left, right = st.columns(2)
     with left:
         st.subheader(f"Top {top_n} hot experts")
@@ -66,8 +70,8 @@ def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
             row["nodes"] = ", ".join(map(str, sorted({layout.node_of(g) for g in held})))
         table = pd.DataFrame(rows, columns=["layer", "expert", "tokens", "share", "x_mean", "GPUs", "nodes"])
         table = table.rename(columns={"share": "share of the layer", "x_mean": "x the layer's mean expert"})
-        st.dataframe(table.style.format({"share of the layer": "{:.1%}", "x the layer's mean expert": "{:.2f}x"}),
-                     hide_index=True)
+        st.dataframe(table, hide_index=True, column_config={"share of the layer": PERCENT,
+                                                            "x the layer's mean expert": TIMES_MEAN})
     with right:
         dead_LE = dead_experts(counts_LE)
         st.subheader(f"Dead experts: {int(dead_LE.sum())}")

@@ -50,8 +50,8 @@ def live() -> None:
 def render(current: PageData) -> None:
     """The answer and its picture above the fold; every other figure one click down. The rebalance line and
     the alert rules are judged once: a warning above when they call for one, a caption in the details else."""
+    first_screen(current)  # the chart first: the rest is judged while the browser draws it
     rebalance, alert = rebalance_line(current), _alert_line(current)
-    first_screen(current)
     balanced_backend(current)
     for text, warn in (rebalance, alert):
         if warn:
