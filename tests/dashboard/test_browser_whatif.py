@@ -1,7 +1,7 @@
 """The What-if page in a real browser: a private redis-server filled by the real collector, `streamlit run
-app.py` against it, headless Debian chromium through playwright. Clicking a GPU bar of the plotly chart
-lists that GPU's experts; a screenshot lands in the test's tmp_path. Apply: off, the page says so and offers no
-button; on (the server's MOE_APPLY_RUNS and secret), the EP runtime's own request watch refuses the page's request
+app.py` against it, headless Debian chromium through playwright. Clicking a GPU bar of the Vega-Lite chart lists
+that GPU's experts, and clicking one of them picks it for an edit; a screenshot lands in the test's tmp_path.
+Apply: off, the page says so and offers no button; on (the server's MOE_APPLY_RUNS and secret), the EP runtime's own request watch refuses the page's request
 as expired (a 1 ms request lifetime) or too large (a runtime that holds one slot per rank), and an unsigned and an
 other-run request written into the run's request stream by someone else, and the page shows each reason."""
 from __future__ import annotations
@@ -49,29 +49,65 @@ def app_url(tmp_path):
         yield url
 
 
+# The bars of one colour on a Vega-Lite chart's canvas, left to right: [{x, y, height}] in page pixels (x, y: the
+# bar's centre). Reads the canvas's pixels, so it finds what the user sees, whatever the chart's data.
+BARS_OF = """(chart, rgb) => {
+  const canvas = chart.querySelector('canvas');
+  if (!canvas || !canvas.width) return [];
+  const box = canvas.getBoundingClientRect();
+  const scale = canvas.width / box.width;
+  const px = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+  const hit = (x, y) => { const i = 4 * (y * canvas.width + x);
+    return px[i + 3] > 200 && rgb.every((c, k) => Math.abs(px[i + k] - c) <= 8); };
+  const bars = [];
+  let run = null;
+  for (let x = 0; x < canvas.width; x++) {
+    let top = -1, bottom = -1;
+    for (let y = 0; y < canvas.height; y++) if (hit(x, y)) { if (top < 0) top = y; bottom = y; }
+    if (top >= 0 && run) { run.x1 = x; run.top = Math.min(run.top, top); run.bottom = Math.max(run.bottom, bottom); }
+    else if (top >= 0) run = {x0: x, x1: x, top, bottom};
+    else if (run) { bars.push(run); run = null; }
+  }
+  if (run) bars.push(run);
+  return bars.filter(b => b.x1 - b.x0 >= 3 * scale).map(b => ({
+    x: box.left + (b.x0 + b.x1 + 1) / 2 / scale, y: box.top + (b.top + b.bottom + 1) / 2 / scale,
+    height: (b.bottom - b.top + 1) / scale}));
+}"""
+WHATIF_BLUE, PICKED_RED = [0x1F, 0x77, 0xB4], [0xD6, 0x27, 0x28]
+
+
+def _bars_once(page, chart, rgb: list[int], enough: str) -> list[dict]:
+    """The chart's bars of colour rgb as soon as `enough` (a JS condition on `bars`) holds."""
+    condition = f"([chart, rgb]) => {{ const bars = ({BARS_OF})(chart, rgb); return ({enough}) ? bars : null; }}"
+    return page.wait_for_function(condition, arg=[chart.element_handle(), rgb], timeout=30_000).json_value()
+
+
 @pytest.mark.browser
-def test_click_gpu_bar_lists_its_experts(app_url, tmp_path):
+def test_click_gpu_bar_lists_its_experts_and_an_expert_bar_picks_it(app_url, tmp_path):
     with chromium_page(1500, 2600) as page:
         page.goto(f"{app_url}/what-if")
-        chart = page.locator(".js-plotly-plot").first
-        chart.wait_for(timeout=60_000)
-        page.get_by_text("Click a GPU bar").wait_for(timeout=30_000)
+        page.get_by_text("Click a GPU bar").wait_for(timeout=90_000)  # drawn once the plan is in
         assert page.get_by_text("Experts on GPU").count() == 0
-        # the what-if trace is the second bar trace; click its tallest bar
-        bars = chart.locator(".barlayer .trace").nth(1).locator(".point path")
-        bars.first.wait_for(timeout=30_000)
-        boxes = [bars.nth(i).bounding_box() for i in range(bars.count())]
-        gpu = max(range(len(boxes)), key=lambda i: boxes[i]["height"] if boxes[i] else -1)
-        box = boxes[gpu]
-        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-        heading = page.get_by_text(f"Experts on GPU {gpu} ")
-        heading.wait_for(timeout=30_000)
+        charts = page.locator('[data-testid="stVegaLiteChart"]')
+        bars_chart = charts.first                                   # the before/after bars come first
+        # one what-if bar per GPU, GPU 0 leftmost, then the legend's swatch on the right
+        bars = _bars_once(page, bars_chart, WHATIF_BLUE, "bars.length === 5")[:4]
+        gpu = max(range(len(bars)), key=lambda i: bars[i]["height"])
+        page.mouse.click(bars[gpu]["x"], bars[gpu]["y"])
+        page.get_by_text(f"Experts on GPU {gpu} ").wait_for(timeout=30_000)
+        expect(page.get_by_label("GPU", exact=True)).to_have_value(str(gpu))
         page.locator('[data-testid="stDataFrame"]').first.wait_for(timeout=30_000)
-        page.wait_for_timeout(1000)
+        expert_chart = charts.nth(1)                                # the GPU's experts, below the bars
+        expert_bars = _bars_once(page, expert_chart, WHATIF_BLUE, "bars.length > 0")
+        assert expert_chart.evaluate(BARS_OF, PICKED_RED) == []    # no expert picked yet
+        first = expert_bars[0]                                      # the heaviest expert on the GPU
+        page.mouse.click(first["x"], first["y"])
+        expect(page.get_by_label("expert", exact=True)).not_to_have_value("", timeout=30_000)
+        picked = _bars_once(page, expert_chart, PICKED_RED, "bars.length === 1")  # its bar turns red
+        assert abs(picked[0]["x"] - first["x"]) < 3, (picked, first)
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(tmp_path / "whatif.png"), full_page=True)
         assert (tmp_path / "whatif.png").stat().st_size > 10_000
-
 
 
 @pytest.mark.browser

@@ -98,12 +98,12 @@ def render(current: PageData) -> None:
     layer = controls.layer_picker(before)
     metrics_box, notes_box, bars_box, plan_box = st.empty(), st.container(), st.empty(), st.container()
     jobs = _Jobs(current, layout, window, view, data, data_key, picks, state)
-    looked = jobs.look()
-    if looked.waiting:  # what needs no plan first: the current layout's figures
+    if jobs.look(ask=False).waiting:  # what needs no plan first (the current layout's figures), then ask for it
         _metrics(metrics_box, layout.layout_LP, None, before, None, data, sizes, sizes_note, jobs.redundant)
         draw(whatif_figures.before_after_bars(
             before.mean_load_LG[layer], None, None, f"Layer {layer}: mean GPU load per step, current layout "
             "(the what-if layout's beside it once planned)", UNIT), "whatif_bars_current", bars_box)
+    looked = jobs.look()
     _budget(data, data_key, G, picks, jobs.plan_nodes, jobs.groups, sizes, state)
     st.subheader("Placement staleness")
     staleness_section(current)
@@ -203,11 +203,13 @@ class _Jobs:
             return self.data_key, "repair", self.picks.move_budget
         return self.data_key, self.picks.redundant, self.plan_nodes, self.groups, self.picks.policy
 
-    def _from(self, store: dict, key: tuple, worker_key: tuple, owner: tuple, prepare, max_entries: int = 8):
+    def _from(self, store: dict, key: tuple, worker_key: tuple, owner: tuple, prepare, max_entries: int = 8,
+              ask: bool = True):
         """(value, None) from store[key], kept there once the worker answered (a ValueError too, raised here as
-        cached() does), or (None, the worker's answer) while it computes."""
+        cached() does), or (None, the worker's answer) while it computes (ask False: look without asking)."""
         if key not in store:
-            answer = plan_worker.ask(worker_key, prepare, owner)
+            answer = plan_worker.ask(worker_key, prepare, owner) if ask else \
+                plan_worker.peek(worker_key) or plan_worker.Answer(False, time.monotonic())
             if not answer.done:
                 return None, answer
             if answer.error is not None and not isinstance(answer.error, ValueError):
@@ -219,12 +221,13 @@ class _Jobs:
             raise value
         return value, None
 
-    def look(self) -> Looked:
+    def look(self, ask: bool = True) -> Looked:
+        """What the page has so far; ask False: only look (the caches and the worker), starting nothing."""
         waiting: list[tuple[tuple, plan_worker.Answer]] = []
         advice, advice_error, advice_done = None, "", True
         try:
             advice, answer = self._from(self.state.advice, self.data_key, self.advice_key, self.owner("advice"),
-                                        self._prepare_advice, max_entries=4)
+                                        self._prepare_advice, max_entries=4, ask=ask)
             if answer is not None:
                 waiting.append((self.advice_key, answer))
                 advice_done = False
@@ -240,10 +243,11 @@ class _Jobs:
         if self.repairing:
             budget, horizon = self.picks.move_budget, self.horizon
             result, answer = self._from(self.state.plans, (self.data_key, "repair", budget), self.repair_worker_key,
-                                        self.owner("plan"), lambda: lambda: whatif_repair.repair(fit, lay, G, budget))
+                                        self.owner("plan"), lambda: lambda: whatif_repair.repair(fit, lay, G, budget),
+                                        ask=ask)
             curve, curve_answer = self._from(self.state.plans, (self.data_key, "repair", horizon),
                                              self.curve_worker_key, self.owner("curve"),
-                                             lambda: lambda: whatif_repair.repair(fit, lay, G, horizon))
+                                             lambda: lambda: whatif_repair.repair(fit, lay, G, horizon), ask=ask)
             waiting += [(k, a) for k, a in ((self.repair_worker_key, answer), (self.curve_worker_key, curve_answer))
                         if a is not None]
         else:
@@ -251,8 +255,9 @@ class _Jobs:
             result, answer = self._from(self.state.plans, self.plan_key(),
                                         self.plan_worker_key, self.owner("plan"),
                                         lambda: lambda: plan(fit, G, picks.redundant, nodes=nodes, groups=groups,
-                                                             policy=picks.policy))
-            plan_worker.release(self.owner("curve"))
+                                                             policy=picks.policy), ask=ask)
+            if ask:
+                plan_worker.release(self.owner("curve"))
             if answer is not None:
                 waiting.append((self.plan_worker_key, answer))
         return Looked(advice, advice_error, advice_done, result, curve, tuple(waiting))
