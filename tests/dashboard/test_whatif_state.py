@@ -37,25 +37,29 @@ def gpu_set(layout, layer, gpu):
 
 
 @pytest.mark.parametrize("event, want", [
-    ({"selection": {"points": [{"x": 2, "customdata": [2]}]}}, 2),
-    ({"selection": {"points": [{"x": 1.2, "customdata": {"0": 1}}]}}, 1),   # typed array row, grouped bar
-    ({"selection": {"points": [{"x": 2.8}]}}, 3),                            # no customdata: nearest GPU
-    ({"selection": {"points": []}}, None), (None, None), ({}, None),
-    ({"selection": {"points": [{"customdata": [9]}]}}, None),                 # outside 0..G-1
-    ({"selection": {"points": [{"customdata": ["GPU x"]}]}}, None),
+    ({"selection": {edits.GPU_PARAM: [{"gpu": 2}]}}, 2),                   # st.vega_lite_chart's event
+    ({edits.GPU_PARAM: [{"gpu": 1}, {"gpu": 3}]}, 1),                       # its "selection" part; shift-click: first
+    ({"selection": {edits.GPU_PARAM: [{"gpu": [3]}]}}, 3),                  # a point selection's store form
+    ({"selection": {edits.GPU_PARAM: [{"gpu": 2.0}]}}, 2),
+    ({"selection": {edits.GPU_PARAM: []}}, None), ({"selection": {edits.GPU_PARAM: {}}}, None),  # cleared
+    (None, None), ({}, None),
+    ({"selection": {edits.GPU_PARAM: [{"gpu": 9}]}}, None),                 # outside 0..G-1
+    ({"selection": {edits.GPU_PARAM: [{"gpu": 1.5}]}}, None),               # not a GPU
+    ({"selection": {edits.GPU_PARAM: [{"gpu": "GPU x"}]}}, None),
+    ({"selection": {edits.EXPERT_PARAM: [{"expert": 2}]}}, None),           # another chart's selection
 ])
 def test_clicked_gpu(event, want):
     assert edits.clicked_gpu(event, G) == want
 
 
-def test_clicked_expert_needs_customdata():
-    assert edits.clicked_expert({"selection": {"points": [{"x": "e7 (x2)", "customdata": [7]}]}}, 8) == 7
-    assert edits.clicked_expert({"selection": {"points": [{"x": "e7"}]}}, 8) is None
+def test_clicked_expert_reads_the_expert_field():
+    assert edits.clicked_expert({"selection": {edits.EXPERT_PARAM: [{"expert": 7}]}}, 8) == 7
+    assert edits.clicked_expert({"selection": {edits.EXPERT_PARAM: [{"label": "e7 (x2)"}]}}, 8) is None
 
 
 def test_click_add_replica_then_undo():
     session = edits.new_session(("k",), LAYOUT, G)
-    gpu_click = {"selection": {"points": [{"customdata": [3]}]}}
+    gpu_click = {"selection": {edits.GPU_PARAM: [{"gpu": 3}]}}
     target = edits.clicked_gpu(gpu_click, G)
     action = edits.Action("add", 1, 7, target)          # hot expert 7 of layer 1 gets a second replica
     edited = edits.apply_action(session, action, COUNTS)
