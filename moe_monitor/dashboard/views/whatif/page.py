@@ -3,8 +3,9 @@ the current layout on the score window, edit it by clicking (a GPU bar lists its
 replica or moves), undo, export it as SGLang JSON, apply it to the running engine (views/whatif/apply.py: off
 unless the server enables it), and see the replica-budget curve and the traffic model. No auto-refresh (but for
 the answer to an Apply): the inputs are frozen until "Re-read the window", and plans are cached per input, so
-clicks never re-plan. The page's state (page_state()) and the widgets it reads belong to controls.py; this module
-lays the page out.
+clicks never re-plan. The current layout's figures come first; the advisor's decision and the plan (or repair) are
+computed on dashboard.live.plan_worker's thread while this run waits, interruptibly, and their parts fill in when
+ready. The page's state (page_state()) and the widgets it reads belong to controls.py; this module lays it out.
 
 Shape legend (README, Conventions): T steps, W windows, L layers, E logical experts, P slots, G GPUs."""
 from __future__ import annotations
