@@ -3,7 +3,8 @@ costs, why, and what to do, in one sentence; and the per-GPU series its picture 
 
 In time (a cost model): the GPU the layers wait for longest, and the series is the wait charged to each GPU.
 In tokens (no cost model): the straggler of the window's loads, and the series is each GPU's mean load.
-Thresholds in docs/dashboard.md ("The first screen"). Shape legend: T rows, L layers, E experts, G GPUs.
+Thresholds in docs/dashboard.md ("The first screen"); the tone's are analytics.levels'. Shape legend: T rows,
+L layers, E experts, G GPUs.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from moe_monitor.core.costmodel import ReducedTimes, Verdict, verdict_of
 from moe_monitor.core.loadmodel import replica_counts
 from moe_monitor.dashboard.analytics.balance import Straggler
+from moe_monitor.dashboard.analytics.levels import IDLE_SHARE, LOST_SHARE
 from moe_monitor.dashboard.analytics.timecost import duration_text, share_text
 
 MIN_RATIO = 1.05         # a token straggler carries at least this times the mean GPU's load ...
@@ -141,12 +143,12 @@ def _in_time(gpu: int | None, verdict: Verdict, wait_G: np.ndarray, per_node: in
     if gpu is None:
         spread = "" if total <= 0 else f"; no GPU accounts for more than {share_text(float(wait_G.max() / total))} of it"
         sentence = f"**No persistent straggler**: the MoE layers lose {cost}{spread}. {_to_do(advice)}"
-        return Answer(None, sentence, "ok" if verdict.lost_share < 0.1 else "warn", wait_G * 1e3, title, unit)
+        return Answer(None, sentence, "ok" if verdict.lost_share < LOST_SHARE.bad else "warn", wait_G * 1e3, title, unit)
     why = verdict.why + (f"; its hottest experts: {_hot(hot)}" if hot and verdict.cause != "slow GPU" else "")
     sentence = (f"**{_gpu(gpu, per_node)} holds the MoE layers back**: they lose {cost}, "
                 f"{share_text(float(wait_G[gpu] / total))} of it waiting for this GPU. Why: {why}. "
                 f"{_to_do(advice)}")
-    return Answer(gpu, sentence, "bad" if verdict.lost_share >= 0.1 else "warn", wait_G * 1e3, title, unit)
+    return Answer(gpu, sentence, "bad" if verdict.lost_share >= LOST_SHARE.bad else "warn", wait_G * 1e3, title, unit)
 
 
 def _in_tokens(gpu: int | None, straggler: Straggler | None, per_node: int, idle_share: float,
@@ -160,12 +162,12 @@ def _in_tokens(gpu: int | None, straggler: Straggler | None, per_node: int, idle
                 f"{straggler.basis}")
         sentence = (f"**No persistent straggler**{note}: GPUs idle {idle} of the time waiting{near}. "
                     f"{_to_do(advice)}")
-        return Answer(None, sentence, "ok" if not idle_share >= 0.2 else "warn", series, title, load_unit)
+        return Answer(None, sentence, "ok" if not idle_share >= IDLE_SHARE.bad else "warn", series, title, load_unit)
     why = f"its hottest experts: {_hot(hot)}" if hot else "it holds more of the routed experts"
     sentence = (f"**{_gpu(gpu, per_node)} holds the MoE layers back**{note}: busiest in "
                 f"{share_text(straggler.busiest_share)} of {straggler.basis} at {straggler.ratio_to_mean:.2f}× the "
                 f"mean load; GPUs idle {idle} of the time waiting. Why: {why}. {_to_do(advice)}")
-    return Answer(gpu, sentence, "bad" if idle_share >= 0.2 else "warn", series, title, load_unit)
+    return Answer(gpu, sentence, "bad" if idle_share >= IDLE_SHARE.bad else "warn", series, title, load_unit)
 
 
 def _hours(hours: float) -> str:

@@ -6,12 +6,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from moe_monitor.dashboard.analytics import levels
 from moe_monitor.dashboard.analytics.balance import step_vs_window
 from moe_monitor.dashboard.analytics.timecost import layer_regimes, regime_line, regime_rows
 from moe_monitor.dashboard.figures import load as load_figures
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
+from moe_monitor.dashboard.views.badges import coloured
 from moe_monitor.dashboard.views.common import PageData, poll_and_caption
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
@@ -42,10 +44,11 @@ def render(current: PageData) -> None:
     finite = svw.per_step_TL[np.isfinite(svw.per_step_TL)]
     worst = float(finite.max()) if finite.size else float("nan")
     row = snap.row_name
-    st.markdown(f"**Per-{row} vs window-sum imbalance.** Window sum (median layer): "
-                f"{format_number(float(_nanmedian(svw.window_sum_L)))} · per {row}, p99 (median layer): "
-                f"{format_number(float(_nanmedian(svw.per_step_p99_L)))} · worst single {row} and layer: {format_number(worst)}. "
-                "A window sum averages the tail away: the layer waits on each step's busiest GPU."
+    window_sum, p99 = float(_nanmedian(svw.window_sum_L)), float(_nanmedian(svw.per_step_p99_L))
+    st.markdown(f"**Per-{row} vs window-sum imbalance.** Window sum (median layer): {_judged(window_sum)} · per "
+                f"{row}, p99 (median layer): {_judged(p99)} · worst single {row} and layer: {_judged(worst)}. "
+                "A window sum averages the tail away: the layer waits on each step's busiest GPU. Colours: "
+                f"imbalance (max/mean) {levels.IMBALANCE.says()}."
                 + ("" if not snap.resolution_s else " A bucket is a sum itself: the per-step tail is on the "
                    "Overview (from the buckets' per-step histograms)."))
     draw(load_figures.step_vs_window_figure(svw), "devices_step_vs_window")
@@ -63,6 +66,11 @@ def regimes_section(snap: Snapshot) -> None:
     st.markdown(regime_line(reg))
     st.dataframe(pd.DataFrame(regime_rows(reg)), hide_index=True)
     st.caption(f"predicted for {snap.time.model.label()}; per layer, means over the window's {snap.row_name}s.")
+
+
+def _judged(imbalance: float) -> str:
+    """An imbalance (max/mean) as markdown coloured by its level."""
+    return coloured(format_number(imbalance), levels.IMBALANCE.level(imbalance))
 
 
 def _nanmedian(values: np.ndarray) -> float:

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import streamlit as st
 
-from moe_monitor.dashboard.analytics import alerts
+from moe_monitor.dashboard.analytics import alerts, levels
 from moe_monitor.dashboard.analytics import answer as answers
 from moe_monitor.dashboard.analytics.timecost import (
     BALANCED_BY_CONSTRUCTION,
@@ -27,6 +27,7 @@ from moe_monitor.dashboard.live.layout import in_force_note
 from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
+from moe_monitor.dashboard.views.badges import judged_metric, ruled_metric
 from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
@@ -125,40 +126,46 @@ def details(current: PageData, quiet_lines: list[str]) -> None:
     time_lines(snap)
     row = snap.row_name
     latest = f"step {snap.latest_step}" if not snap.resolution_s else f"the {row} starting {snap.x_T[snap.latest]} UTC"
-    good = " 1 is perfect; above 0.9 good; below 0.8 the GPUs wait a fifth of the time or more."
     cols = st.columns(4)
-    cols[0].metric("balancedness now (p50 over layers)" if not snap.resolution_s else
-                   "balancedness, latest bucket sum (p50 over layers)", format_number(snap.eta_now.p50),
-                   help=f"eta = mean/max GPU load of {latest}; min {format_number(snap.eta_now.min)}, "
-                        f"p90 {format_number(snap.eta_now.p90)} across layers." + good)
-    cols[1].metric(f"balancedness, window per-{row} mean (p50)", format_number(snap.eta_step_mean.p50),
-                   help=f"per layer, the mean over {row}s of per-{row} eta; min {format_number(snap.eta_step_mean.min)}, "
-                        f"p90 {format_number(snap.eta_step_mean.p90)} across layers. The figure to watch." + good)
-    cols[2].metric("balancedness, window sum (p50)", format_number(snap.eta_window_sum.p50),
-                   help=f"eta of loads summed over the window; min {format_number(snap.eta_window_sum.min)}, "
-                        f"p90 {format_number(snap.eta_window_sum.p90)}. A window sum hides the per-step tail: it "
-                        "reads higher than the per-step mean.")
-    cols[3].metric("idle share (1 - eta, window mean)", format_number(snap.idle_share, ".1%"),
-                   help="share of MoE time the average GPU waits for the busiest one, in tokens: 0 is perfect, "
-                        "under 10% good, over 20% worth a new layout")
+    ruled_metric(cols[0], "balancedness now (p50 over layers)" if not snap.resolution_s else
+                 "balancedness, latest bucket sum (p50 over layers)", snap.eta_now.p50, format_number(snap.eta_now.p50),
+                 levels.BALANCEDNESS, f"eta = mean/max GPU load of {latest}; min {format_number(snap.eta_now.min)}, "
+                 f"p90 {format_number(snap.eta_now.p90)} across layers. 1 is perfect.")
+    ruled_metric(cols[1], f"balancedness, window per-{row} mean (p50)", snap.eta_step_mean.p50,
+                 format_number(snap.eta_step_mean.p50), levels.BALANCEDNESS,
+                 f"per layer, the mean over {row}s of per-{row} eta; min {format_number(snap.eta_step_mean.min)}, "
+                 f"p90 {format_number(snap.eta_step_mean.p90)} across layers. The figure to watch; 1 is perfect.")
+    ruled_metric(cols[2], "balancedness, window sum (p50)", snap.eta_window_sum.p50,
+                 format_number(snap.eta_window_sum.p50), levels.BALANCEDNESS,
+                 f"eta of loads summed over the window; min {format_number(snap.eta_window_sum.min)}, "
+                 f"p90 {format_number(snap.eta_window_sum.p90)}. A window sum hides the per-step tail: it reads higher "
+                 "than the per-step mean.")
+    ruled_metric(cols[3], "idle share (1 - eta, window mean)", snap.idle_share, format_number(snap.idle_share, ".1%"),
+                 levels.IDLE_SHARE, "share of MoE time the average GPU waits for the busiest one, in tokens: 0 is "
+                 "perfect; at 20% a new layout is worth it.")
     steptails.overview_section(current)
     cols = st.columns(4)
     cols[0].metric("steps/s", format_number(snap.steps_per_s, ".2f"))
     cols[1].metric("tokens/s", format_number(snap.tokens_per_s, ",.0f"))
-    cols[2].metric("dropped steps (collectors)", f"{watched.dropped_steps:,}",
-                   help="steps the collectors could not publish (their queue was full): 0 is right")
-    cols[3].metric("bad records skipped", f"{watched.notes().bad_records:,}", help="0 is right")
+    ruled_metric(cols[2], "dropped steps (collectors)", watched.dropped_steps, f"{watched.dropped_steps:,}",
+                 levels.DROPPED_STEPS, "steps the collectors could not publish (their queue was full).")
+    skipped = watched.notes().bad_records
+    ruled_metric(cols[3], "bad records skipped", skipped, f"{skipped:,}", levels.SKIPPED_RECORDS)
     health = watched.source.health()
     cols = st.columns(4)
-    cols[0].metric("source", "ok" if health.reachable else "down",
-                   help=f"{health.where}; poll round trip "
-                        f"{'n/a' if health.latency_ms is None else f'{health.latency_ms:.1f} ms'}")
-    cols[1].metric("poll round trip", "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms",
-                   help="under 10 ms on one host is usual")
-    cols[2].metric("collector last wrote", _age(health.last_seen_s, _recorded(watched)),
-                   help="a live run writes every step: more than 15 s means it stopped")
+    judged_metric(cols[0], "source", "ok" if health.reachable else "down", levels.GOOD if health.reachable else levels.BAD,
+                  f"{health.where}; poll round trip "
+                  f"{'n/a' if health.latency_ms is None else f'{health.latency_ms:.1f} ms'}")
+    ruled_metric(cols[1], "poll round trip", health.latency_ms,
+                 "n/a" if health.latency_ms is None else f"{health.latency_ms:.1f} ms", levels.POLL_MS,
+                 "in ms; under 10 ms on one host is usual.")
+    recorded = _recorded(watched)
+    silent_s = None if recorded or health.last_seen_s is None else max(0.0, time.time() - health.last_seen_s)
+    ruled_metric(cols[2], "collector last wrote", silent_s, _age(health.last_seen_s, recorded), levels.SILENT_S,
+                 "seconds since; a live run writes every step: 15 s or more means it stopped.")
     errors = [f"rank {rank}: {r.get('last_error')}" for rank, r in health.collectors.items() if r.get("last_error")]
-    cols[3].metric("collector errors", str(len(errors)), help="; ".join(errors) or "none reported")
+    judged_metric(cols[3], "collector errors", str(len(errors)), levels.COLLECTOR_ERRORS.level(len(errors)),
+                  ("; ".join(errors) or "none reported") + f". {levels.COLLECTOR_ERRORS.says().capitalize()}.")
     if snap.straggler is not None:
         s = snap.straggler
         st.markdown(f"**Busiest GPU over the window: {snap.gpu_name(s.gpu)}** — busiest in {s.busiest_share:.0%} of "
@@ -207,11 +214,12 @@ def per_step_section(snap: Snapshot) -> None:
         return
     pct = int(round(ps.tail_q * 100))
     cols = st.columns(4)
-    cols[0].metric("per-step balancedness, median", format_number(ps.eta_p50),
-                   help="median of per-(step, layer) eta over the window, from the buckets' histograms "
-                        "(exact to the bin width, 0.01)")
-    cols[1].metric(f"per-step balancedness, worst {pct}%", format_number(ps.eta_tail),
-                   help=f"{pct}% of (step, layer) pairs fall below this eta: the per-step tail a bucket sum hides")
+    ruled_metric(cols[0], "per-step balancedness, median", ps.eta_p50, format_number(ps.eta_p50), levels.BALANCEDNESS,
+                 "median of per-(step, layer) eta over the window, from the buckets' histograms (exact to the bin "
+                 "width, 0.01).")
+    ruled_metric(cols[1], f"per-step balancedness, worst {pct}%", ps.eta_tail, format_number(ps.eta_tail),
+                 levels.BALANCEDNESS, f"{pct}% of (step, layer) pairs fall below this eta: the per-step tail a bucket "
+                 "sum hides.")
     cols[2].metric("busiest GPU per step, mean", format_number(ps.busiest_mean, ",.0f"),
                    help="tokens of the busiest GPU per step (mean over layers), averaged over the window's steps")
     cols[3].metric("busiest GPU per step, peak", format_number(ps.busiest_peak, ",.0f"),

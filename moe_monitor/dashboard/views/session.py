@@ -20,6 +20,7 @@ import streamlit as st
 from moe_monitor import core
 from moe_monitor.core.clientcache import shared_client
 from moe_monitor.core.redaction import scrub
+from moe_monitor.dashboard.analytics.levels import SILENT_S
 from moe_monitor.dashboard.live.rollups import RollupRun
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource, RunListing, read_runs
@@ -29,7 +30,7 @@ from moe_monitor.dashboard.sources.trace import TraceSource
 REDIS_TIMEOUT_S = 0.5
 REDIS_RETRIES = 1
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-STALE_AFTER_S = 15.0
+STALE_AFTER_S = SILENT_S.bad  # a run silent this long stopped writing (the Overview colours the same rule)
 REFRESH_S = 1.0
 RESOLVED_PHASE = "resolved_phase"  # session key: the phase filter the last tick applied ("auto" resolved)
 

@@ -6,9 +6,11 @@ import pandas as pd
 import streamlit as st
 
 from moe_monitor.core.dispatch import DISPATCH_POLICIES
+from moe_monitor.dashboard.analytics import levels
 from moe_monitor.dashboard.analytics import tails as tails_rows
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.steptails import LP_ROWS_PER_CALL, LiveTails, live_tails
+from moe_monitor.dashboard.views.badges import ruled_metric
 from moe_monitor.dashboard.views.common import PageData
 
 
@@ -55,18 +57,22 @@ def summary_metrics(live: LiveTails, policy: str, run_policy_name: str) -> None:
     and a caption saying under which policy and over which steps."""
     figures = tails_rows.summary(live.tails)
     cols = st.columns(6)
-    cols[0].metric("step imbalance p50", format_number(_n(figures["p50"])),
-                   help="max/mean GPU load of each (step, layer) pair with tokens, median over the window's pairs")
-    cols[1].metric("step imbalance p99", format_number(_n(figures["p99"])),
-                   help="the tail a window sum averages away: 1% of (step, layer) pairs are worse")
-    cols[2].metric("step imbalance max", format_number(_n(figures["max"])), help="the worst (step, layer) pair")
-    cols[3].metric("share of the ideal", format_number(_n(figures["ideal_fraction"]), ".1%"),
-                   help="mean/max GPU load averaged over the pairs: the share of the force-balanced ideal reached")
+    pairs = "max/mean GPU load of each (step, layer) pair with tokens"
+    ruled_metric(cols[0], "step imbalance p50", figures["p50"], format_number(_n(figures["p50"])), levels.IMBALANCE,
+                 f"{pairs}, median over the window's pairs; 1 is perfect.")
+    ruled_metric(cols[1], "step imbalance p99", figures["p99"], format_number(_n(figures["p99"])), levels.IMBALANCE,
+                 f"{pairs}: the tail a window sum averages away, 1% of the pairs are worse.")
+    ruled_metric(cols[2], "step imbalance max", figures["max"], format_number(_n(figures["max"])), levels.IMBALANCE,
+                 f"{pairs}: the worst one.")
+    ruled_metric(cols[3], "share of the ideal", figures["ideal_fraction"],
+                 format_number(_n(figures["ideal_fraction"]), ".1%"), levels.SHARE_OF_IDEAL,
+                 "mean/max GPU load averaged over the pairs: the share of the force-balanced ideal reached.")
     cols[4].metric("expert skew p99", format_number(_n(figures["skew_p99"])),
                    help="per (step, layer): on the worst GPU, its busiest expert slot over its mean slot (what a "
                         "grouped GEMM padding every expert to the largest pays); p99 over the pairs")
-    cols[5].metric("window imbalance", format_number(_n(figures["window_imbalance"])),
-                   help="max/mean of the loads summed over the window, mean over layers (at most the worst step's)")
+    ruled_metric(cols[5], "window imbalance", figures["window_imbalance"],
+                 format_number(_n(figures["window_imbalance"])), levels.IMBALANCE,
+                 "max/mean of the loads summed over the window, mean over layers (at most the worst step's).")
     whose = "the run's" if policy == run_policy_name else f"compared; the run's is {run_policy_name}"
     catching_up = (f" — **{live.pending:,} older steps still being solved** (lp: at most {LP_ROWS_PER_CALL} steps "
                    "a refresh, the newest first)" if live.pending else "")
