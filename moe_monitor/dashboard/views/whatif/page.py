@@ -183,11 +183,13 @@ class _Jobs:
         self.redundant = slots - data.num_experts if self.repairing or state.show_advice == data_key else \
             picks.redundant
         fit, lay = _digest(data.fit_WLE), _digest(layout.layout_LP)
-        model = _time_model(current)
-        meta = current.watched.source.meta()
+        meta, model = current.watched.source.meta(), _time_model(current)
+        self.meta, self.model = meta, model  # what the advisor prices with, read here: prepare only copies
         prices = (model.label(), model.gpus, model.nodes) if model is not None else whatif_traffic.run_sizes(meta)[0]
-        self.advice_key = ("advice", current.settings.monitor_key(), current.phase, data.as_of_step, lay,
-                           layout.gpus, prices)
+        # the advisor reads the window in view up to the frozen newest step: a run's steps never change, and a
+        # recording's range (moving_span) says where it starts
+        self.advice_key = ("advice", current.settings.monitor_key(), current.phase, data.as_of_step,
+                           *moving_span(current), lay, layout.gpus, prices)
         self.plan_worker_key = ("plan", fit, layout.gpus, picks.redundant, self.plan_nodes, self.groups, picks.policy)
         self.horizon = whatif_repair.curve_horizon(data.num_layers, picks.move_budget)
         self.repair_worker_key = ("repair", fit, lay, layout.gpus, picks.move_budget)
@@ -269,8 +271,7 @@ class _Jobs:
         view, data = self.view, self.data
         slots = view.slots_T[view.step_T <= data.as_of_step][-DEFAULT_WINDOW:]
         counts_TLE = self.window.counts_CLE[slots]
-        layout_LP, gpus = self.layout.layout_LP.copy(), self.layout.gpus
-        meta, model = self.current.watched.source.meta(), _time_model(self.current)
+        layout_LP, gpus, meta, model = self.layout.layout_LP.copy(), self.layout.gpus, self.meta, self.model
         return lambda: whatif_advice.advice_on_window(counts_TLE, layout_LP, gpus, meta, model)
 
 
