@@ -80,9 +80,12 @@ def _set_width(page, steps: int, shows, tries: int = 3) -> None:
 
 
 def _label(page) -> tuple[int, int]:
-    text = page.get_by_text(re.compile(r"Replay window: steps \d+–\d+")).first.inner_text()
-    first, last = re.search(r"steps (\d+)–(\d+)", text).groups()
+    first, last = re.search(r"steps (\d+)–(\d+)", _label_text(page)).groups()
     return int(first), int(last)
+
+
+def _label_text(page) -> str:
+    return page.get_by_text(re.compile(r"Replay window: steps \d+–\d+")).first.inner_text()
 
 
 def _wait_label(page, ok, what: str, timeout_s: float = 90.0) -> tuple[int, int]:
@@ -99,7 +102,12 @@ def _wait_label(page, ok, what: str, timeout_s: float = 90.0) -> tuple[int, int]
         if seen is not None and ok(seen):
             return seen
         page.wait_for_timeout(250)
-    raise AssertionError(f"{what}: the label read {seen}")
+    try:  # "· playing" or "· paused", and whether a run is under way: what stopped it
+        running = page.locator('[data-testid="stStatusWidget"]').count() > 0
+        said = f"{_label_text(page)!r}; a run under way: {running}"
+    except Exception as exc:
+        said = f"no label ({exc})"
+    raise AssertionError(f"{what}: the label read {seen} ({said})")
 
 
 @pytest.mark.browser

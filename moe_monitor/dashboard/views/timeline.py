@@ -4,8 +4,8 @@ dashboard.live.playback, the range's window dashboard.live.replay, the pause das
 
 Session state owned here: "timeline" ((source key, RangeReplay, Playback, playback clock)), "timeline_failed"
 ((source key, when, why) of a timeline that could not be read), "live_pause" ((run key, Paused)),
-"timeline_note" (a callback's one-run message) and the widgets' keys timeline_*, live_pause_button /
-live_resume_button.
+"timeline_note" (a callback's one-run message), "timeline_frame" (this run drew a playing recording) and the
+widgets' keys timeline_*, live_pause_button / live_resume_button.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, replace
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from moe_monitor import core
 from moe_monitor.dashboard.live import playback
@@ -20,10 +21,11 @@ from moe_monitor.dashboard.live.pause import Paused
 from moe_monitor.dashboard.live.replay import RangeReplay
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.live.window import MAX_CAPACITY, MAX_WINDOW_BYTES
-from moe_monitor.dashboard.views.session import RESOLVED_PHASE, Settings
+from moe_monitor.dashboard.views.session import REFRESH_S, RESOLVED_PHASE, Settings
 
 _STATE, _PAUSE, _NOTE, _FAILED = "timeline", "live_pause", "timeline_note", "timeline_failed"
 _PAUSE_ERROR = "live_pause_error"  # why the last pause was refused (shown once)
+_FRAME = "timeline_frame"  # this run drew a playing recording (replay_controls sets it, keep_playing takes it)
 RETRY_S = 10.0  # a recording whose timeline could not be read is asked again after this long
 _RANGE, _SPEED = "timeline_range", "timeline_speed"
 RANGE_LABEL = "Range of the recording (steps)"
@@ -84,6 +86,7 @@ def replay_controls(cfg: Settings, source) -> WatchedRun | None:
         now = time.monotonic()
         state.pb = playback.advance(state.pb, timeline, now - state.clock_s)
         state.clock_s = now
+        st.session_state[_FRAME] = True  # keep_playing asks for the next frame at the end of this run
     _draw(state, cfg)
     try:
         return state.replay.show(state.pb.first, state.pb.last)
@@ -202,10 +205,18 @@ def _on_rebalance() -> None:
 
 
 def keep_playing() -> None:
-    """At the end of a page's fragment: while a recording plays at max speed, the next frame starts now."""
-    state = _state()
-    if state is not None and state.pb.playing and state.pb.speed == playback.MAX_SPEED:
-        st.rerun(scope="fragment")
+    """At the end of a page's fragment: while the recording drawn in this run plays, this run asks for the next
+    frame itself (at max speed now, else once REFRESH_S has passed since this frame's advance), so play never
+    rests on the fragment's run_every alone: that is a browser-side timer, dropped by every full run and armed
+    again only when a full run reaches the fragment. A full run cannot ask (Streamlit refuses a fragment-scoped
+    rerun there) and needs not: it arms the timer itself."""
+    state, drawn = _state(), st.session_state.pop(_FRAME, False)
+    ctx = get_script_run_ctx()
+    if state is None or not drawn or not state.pb.playing or ctx is None or not ctx.fragment_ids_this_run:
+        return
+    if state.pb.speed != playback.MAX_SPEED:
+        time.sleep(max(0.0, min(REFRESH_S, state.clock_s + REFRESH_S - time.monotonic())))
+    st.rerun(scope="fragment")
 
 
 def live_controls(cfg: Settings, watched: WatchedRun) -> WatchedRun:
