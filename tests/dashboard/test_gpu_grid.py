@@ -94,6 +94,8 @@ def test_missing_readings_are_gaps_not_zeros():
     power_0 = grid.mean_MRB[POWER, 0]  # NVML could not read the power from 15 s on: the last bins are gaps
     assert np.isnan(power_0[-2:]).all() and (power_0[:8] == 500).all() and np.isnan(grid.latest_MR[POWER, 0])
     assert not (grid.mean_MRB == 0).any()
+    clock_heat = gpu_figures.nvml_heatmaps(grid, marked_row=None)[0]  # a gap draws no rect
+    assert len(clock_heat.data["cells"]) == np.isfinite(grid.mean_MRB[CLOCK]).sum() < 2 * 12
 
 
 def test_a_device_silent_for_longer_than_the_span_keeps_its_row_and_latest_reading():
@@ -135,4 +137,4 @@ def test_256_gpus_a_full_ring_each_stay_under_the_cell_budget():
     heatmaps = gpu_figures.nvml_heatmaps(grid, marked_row=200)
     assert len(heatmaps) == len(gpu_figures.HEAT_PANELS)
     assert all(len(h.data["cells"]) == gpus * bins <= gpu_figures.NVML_HEAT_CELLS for h in heatmaps)
-    assert heatmaps[0].data["marked"]["name"].tolist() == ["GPU 200"]
+    assert heatmaps[0].data["marked"]["row"].tolist() == [200] and heatmaps[0].spec["params"][0]["value"][200] == "GPU 200"

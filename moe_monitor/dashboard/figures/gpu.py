@@ -18,7 +18,6 @@ from moe_monitor.dashboard.figures.common import (
     Chart,
     chart,
     f32,
-    heat_cells,
     legend_colour,
     marks_data,
     marks_layers,
@@ -113,29 +112,32 @@ def _where(grid: GpuGrid) -> list[str]:
 def nvml_heatmaps(grid: GpuGrid, marked_row: int | None) -> list[Chart]:
     """One GPU x time heatmap per HEAT_PANELS field (rows: grid.names_R; columns: the grid's time bins, seconds
     before the newest reading; colour: the bin mean, no rect where no reading). marked_row: the row outlined
-    in red (the GPU the Overview names; None: none). The spec depends on the rows' names only. Datasets:
-    "bins" (bin, x, x2, frm, to), "rows" (row, name, where), "cells" (bin, row, value), "marked" (name)."""
+    in red (the GPU the Overview names; None: none). The spec depends on the rows' names only: they ride in it
+    as params "rowNames" and "rowDevices", indexed by row in the browser, so a cell is four numbers. Datasets:
+    "cells" (x, x2, row, value; bins without a reading left out), "marked" (row)."""
     rows = len(grid.names_R)
     newest = grid.newest_s if grid.edges_s.size else 0.0
     edges = f32(grid.edges_s - newest)
-    bins = pd.DataFrame({"bin": np.arange(max(edges.size - 1, 0), dtype=np.uint16), "x": edges[:-1], "x2": edges[1:]})
-    named_rows = pd.DataFrame({"row": np.arange(rows, dtype=np.uint16), "name": pd.Series(grid.names_R, dtype=object),
-                               "where": pd.Series(_where(grid), dtype=object)})
-    marked = pd.DataFrame({"name": pd.Series([] if marked_row is None else [grid.names_R[marked_row]], dtype=object)})
+    bins = max(edges.size - 1, 0)
+    marked = pd.DataFrame({"row": np.asarray([] if marked_row is None else [marked_row], dtype=np.uint16)})
     x = {"field": "x", "type": "quantitative", "title": X_TITLE, "scale": {"nice": False}}
-    y = {"field": "name", "type": "ordinal", "title": None, "scale": {"domain": list(grid.names_R)},
-         "axis": {"labelOverlap": True, **({"labelFontSize": 9} if rows > 64 else {})}}
+    y = {"field": "row", "type": "ordinal", "title": None, "scale": {"domain": list(range(rows))},
+         "axis": {"labelExpr": "rowNames[datum.value]", "labelOverlap": True,
+                  **({"labelFontSize": 9} if rows > 64 else {})}}
+    params = [{"name": "rowNames", "value": list(grid.names_R)}, {"name": "rowDevices", "value": _where(grid)}]
     plot_px = max(MIN_ROWS_PX, min(rows * ROW_PX, MAX_ROWS_PX))
+    row_C = np.repeat(np.arange(rows, dtype=np.uint16), bins)
+    bin_C = np.tile(np.arange(bins), rows)
     charts = []
     for field, title, unit, scale, fmt in HEAT_PANELS:
-        values_BR = grid.mean_MRB[grid.field(field)].T / scale
-        cells = heat_cells(values_BR, "row", "value")
-        cells["row"] = cells["row"].astype(np.uint16)
+        value_C = (grid.mean_MRB[grid.field(field)] / scale).ravel()
+        read = np.isfinite(value_C)
+        cells = pd.DataFrame({"x": edges[:-1][bin_C[read]] if bins else f32([]),
+                              "x2": edges[1:][bin_C[read]] if bins else f32([]),
+                              "row": row_C[read], "value": f32(value_C[read])})
         rect = {"data": named("cells"),
-                "transform": [{"lookup": "bin", "from": {"data": named("bins"), "key": "bin", "fields": ["x", "x2"]}},
-                              {"lookup": "row", "from": {"data": named("rows"), "key": "row",
-                                                         "fields": ["name", "where"]}},
-                              {"filter": "isValid(datum.value) && isFinite(datum.value)"}],
+                "transform": [{"calculate": "rowNames[datum.row]", "as": "name"},
+                              {"calculate": "rowDevices[datum.row]", "as": "where"}],
                 "mark": {"type": "rect"},
                 "encoding": {"x": x, "x2": {"field": "x2"}, "y": y,
                              "color": {"field": "value", "type": "quantitative", "scale": {"scheme": "viridis"},
@@ -146,12 +148,12 @@ def nvml_heatmaps(grid: GpuGrid, marked_row: int | None) -> list[Chart]:
                                          {"field": "x2", "title": "to", "format": ".1f"},
                                          {"field": "value", "title": f"{title} ({unit}, bin mean)",
                                           "type": "quantitative", "format": fmt}]}}
-        outline = {"data": named("marked"), "mark": {"type": "rect", "filled": False, "stroke": RED,
-                                                     "strokeWidth": 2},
+        outline = {"data": named("marked"), "transform": [{"calculate": "rowNames[datum.row]", "as": "name"}],
+                   "mark": {"type": "rect", "filled": False, "stroke": RED, "strokeWidth": 2},
                    "encoding": {"y": y, "x": {"value": 0}, "x2": {"value": "width"},
                                 "tooltip": [{"field": "name", "title": NAMED}]}}
-        charts.append(chart([rect, outline], f"{title} ({unit}, bin mean)", plot_px + CHROME_PX,
-                            bins=bins, rows=named_rows, cells=cells, marked=marked))
+        spec = chart([rect, outline], f"{title} ({unit}, bin mean)", plot_px + CHROME_PX, cells=cells, marked=marked)
+        charts.append(Chart({**spec.spec, "params": params}, spec.data))
     return charts
 
 
