@@ -93,12 +93,19 @@ def serve_floor(work: Path, port: int) -> subprocess.Popen:
     return proc
 
 
-def serve(root: Path | None, port: int, redis_url: str, log: Path) -> subprocess.Popen:
-    """The dashboard of the tree at root (None: this one) on port, reading redis_url."""
+def serve(root: Path | None, port: int, redis_url: str, log: Path, rev: str = "") -> subprocess.Popen:
+    """The dashboard of the tree at root (None: this one) on port, reading redis_url; a baseline (root exported
+    from rev) serves with rev's own .streamlit/config.toml (this tree's when rev has none)."""
     cwd = child_cwd(root)
     if root is not None:
         imported_from(root)
-        shutil.copytree(REPO / ".streamlit", cwd / ".streamlit", dirs_exist_ok=True)
+        own = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:.streamlit/config.toml"], capture_output=True,
+                             timeout=60)
+        if own.returncode == 0:
+            (cwd / ".streamlit").mkdir(exist_ok=True)
+            (cwd / ".streamlit" / "config.toml").write_bytes(own.stdout)
+        else:
+            shutil.copytree(REPO / ".streamlit", cwd / ".streamlit", dirs_exist_ok=True)
     app = str(cwd / "moe_monitor" / "dashboard" / "app.py")
     args = [a if a != "moe_monitor/dashboard/app.py" else app for a in STREAMLIT_APP]
     with open(log, "w") as out:
@@ -156,7 +163,7 @@ def main() -> int:
         writer.start()
         for name, root in found.items():
             port = free_port()
-            procs[name] = serve(root, port, server.url, work / f"{len(procs)}.log")
+            procs[name] = serve(root, port, server.url, work / f"{len(procs)}.log", name)
             urls[name] = f"http://127.0.0.1:{port}"
         port = free_port()
         procs["floor"] = serve_floor(work, port)

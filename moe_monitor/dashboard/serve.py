@@ -1,7 +1,8 @@
 """The command line that serves the dashboard: `streamlit run` of the app inside this package, with the settings
 the house needs passed as flags (so an installed wheel serves it the same from any folder, with no
 .streamlit/config.toml beside it): loopback only, headless, no usage statistics, uploads up to 256 MiB,
-exception types only for viewers (messages and tracebacks go to the server's console)."""
+exception types only for viewers (messages and tracebacks go to the server's console), no forced garbage
+collection after each run."""
 from __future__ import annotations
 
 import sys
@@ -19,6 +20,7 @@ SETTINGS = {
     "client.showSidebarNavigation": "true",
     "client.toolbarMode": "minimal",
     "client.showErrorDetails": "type",
+    "runner.postScriptGC": "false",  # no forced full collection after every run (.streamlit/config.toml says why)
 }
 
 
