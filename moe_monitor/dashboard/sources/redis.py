@@ -239,6 +239,24 @@ class RedisSource:
             self._last_step_id = page[-1][0]
         return found
 
+    def continues(self) -> bool:
+        """Whether a copy of this source may poll on from where it stands (dashboard.live.seeds): the per-rank
+        steps are read forwards (the newest window handed over, no aggregate feeding them), the step stream still
+        holds the entry read last and the run's metadata is the bytes decoded. One round trip; False when Redis
+        does not answer. A run written afresh under the same name fails it: its streams hold other entries."""
+        if not self._last_step_id or self._backlog or self._handover or self._meta_raw is None or self._meta_error:
+            return False
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xrange(core.steps_key(self.run), self._last_step_id, self._last_step_id, count=1)
+            pipe.getrange(core.meta_key(self.run), 0, core.MAX_META_BYTES)
+            held, raw = pipe.execute()
+        except core.REDIS_ERRORS:
+            return False
+        except RedisClusterException:
+            return False
+        return bool(held) and raw == self._meta_raw
+
     def _read_meta(self, raw, batch: Batch) -> None:
         """Decode the metadata's bytes (GETRANGE: b"" when absent) unless they are the ones decoded last."""
         self._meta_read_at = time.monotonic()

@@ -18,6 +18,7 @@ from moe_monitor.dashboard.analytics.timecost import time_model_for
 from moe_monitor.dashboard.figures.units import format_duration
 from moe_monitor.dashboard.live.layout import ResolvedLayout, resolve_layout
 from moe_monitor.dashboard.live.rollups import full_resolution_line
+from moe_monitor.dashboard.live.seeds import SEEDS
 from moe_monitor.dashboard.live.snapshot import Snapshot, analyse
 from moe_monitor.dashboard.live.watched import RunView
 from moe_monitor.dashboard.sources.base import is_seekable
@@ -102,6 +103,8 @@ def poll_and_analyse(require_steps: bool = True, full_resolution: bool = False) 
         watched = shown
         resolution = f"full resolution: {watched.window.size if watched.window else 0:,} steps of the recording"
     else:
+        if cfg.source == "redis":
+            SEEDS.offer(cfg.monitor_key(), live)  # before the tick: as the last run left it, loads cached
         live.tick()
         rolled = None if full_resolution else rollup_run_for(cfg, live)
         if rolled is not None:  # hours of history: the buckets, beside the live run that keeps polling

@@ -2,7 +2,8 @@
 
 The Redis client is made once per URL (core.clientcache.shared_client: at most 16 kept for the whole server, the
 least recently used closed first, so typed URLs cannot pile up sockets) with explicit timeouts; the WatchedRun (source +
-window) lives in st.session_state so every page and every fragment rerun continues from the last id seen.
+window) lives in st.session_state so every page and every fragment rerun continues from the last id seen (a new
+session's live run starts from another session's copy when the server holds one: dashboard.live.seeds).
 At a rollup resolution (hours of history) a RollupRun rides on that WatchedRun, also kept in the session.
 This module owns the session-state entries the live pages share ("settings", "watched_run", "rollup_run") and
 the session's own trace uploads ("own_uploads": the only uploads its trace picker offers, so that a session's
@@ -22,6 +23,7 @@ from moe_monitor.core.clientcache import shared_client
 from moe_monitor.core.redaction import scrub
 from moe_monitor.dashboard.analytics.levels import SILENT_S
 from moe_monitor.dashboard.live.rollups import RollupRun
+from moe_monitor.dashboard.live.seeds import SEEDS
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource, RunListing, read_runs
 from moe_monitor.dashboard.sources.rollups import RollupSource, available_resolutions
@@ -184,6 +186,10 @@ def watched_run_for(cfg: Settings) -> WatchedRun | None:
     if cfg.source == "redis":
         if not cfg.run:
             return None
+        seeded = SEEDS.take(key)  # another session's copy of this run, polling on from where it stands
+        if seeded is not None:
+            st.session_state["watched_run"] = (key, seeded)
+            return seeded
         source = RedisSource(redis_client(cfg.redis_url), cfg.redis_url, cfg.run, cfg.window_steps)
     else:
         if not cfg.trace_path:
