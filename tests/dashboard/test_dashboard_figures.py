@@ -197,13 +197,17 @@ def test_nvml_charts_keep_gaps_and_share_one_time_span():
                                      [(102.0, "engine rebalanced")])
     assert [c.spec["title"]["text"] for c in charts] == ["the GPU", *(t for t, _ in gpu_figures.PANELS[1:])]
     nvml = charts[1].data["nvml"]
-    assert list(nvml.columns) == ["t", "util %", "used", "total", "power", "limit", "SM clock", "temperature"]
+    assert list(nvml.columns) == ["t", "util %", "used", "total", "power", "limit", "SM clock", "temperature",
+                                  "segment", "dot"]
     assert nvml["power"].isna().all()  # never invented
     assert nvml["total"].iloc[0] == 8.0 and charts[0].data["load"]["t"].iloc[-1] == 0.0
     assert all(list(c.data["span"]["t"]) == [-4.0, 0.0] for c in charts)
     assert all(list(c.data["marks"]["x"]) == [-2.0] for c in charts)
     only_load = gpu_figures.nvml_charts([], np.array([1.0, 2.0]), np.array([3.0, 4.0]), "the GPU")
     assert len(only_load) == 1 and list(only_load[0].data["load"]["load"]) == [3.0, 4.0]
+    holed = gpu_figures.nvml_charts(nvml_rows(np.r_[100.0 + np.arange(60), 200.0 + np.arange(60)]), np.array([]),
+                                    np.array([]), "the GPU")[1].data["nvml"]  # the collector was away 40 s
+    assert list(holed["segment"].iloc[[0, 59, 60, 119]]) == [0, 0, 1, 1] and not holed["dot"].any()
 
 
 def test_time_charts_in_milliseconds_and_the_fit_as_data():

@@ -15,14 +15,17 @@ from moe_monitor.dashboard.figures.common import (
     GREY,
     HEAT_COLUMNS,
     RED,
+    SEGMENT,
     Chart,
     chart,
+    dots_layer,
     f32,
     legend_colour,
     marks_data,
     marks_layers,
     named,
 )
+from moe_monitor.dashboard.figures.gaps import with_gaps
 from moe_monitor.dashboard.figures.units import GIB
 from moe_monitor.dashboard.live.gpu_history import GpuGrid
 
@@ -47,7 +50,7 @@ def nvml_charts(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray,
     """Panels over wall time (seconds before the latest reading), one chart each, on one time span: the EP GPU's
     expert load (titled `title`), then, when NVML readings exist, utilisation (time-based), memory used/total,
     power vs limit, SM clock and temperature (dashed: the limit or total). Values NVML could not read are gaps
-    (NaN). marks: (unix time, label) of each layout change in view, a dashed rule on every panel. Datasets of
+    (NaN), and so are holes in time (figures.gaps). marks: (unix time, label) of each layout change in view, a dashed rule on every panel. Datasets of
     each: "load" (t, load) or "nvml" (t and one column per series), "span" (the first and last time of both,
     drawn unseen so the panels share their time axis), "marks" (x: seconds before the latest reading)."""
     panels = PANELS if rows else PANELS[:1]
@@ -55,9 +58,9 @@ def nvml_charts(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray,
     load_time_s_T = np.asarray(load_time_s_T, dtype=np.float64)
     times = np.concatenate([t, load_time_s_T])
     now = float(times.max()) if times.size else 0.0
-    load = pd.DataFrame({"t": f32(load_time_s_T - now), "load": f32(load_T)})
-    nvml = pd.DataFrame({"t": f32(t - now), **{label: _series(rows, field, scale) for _, fields in PANELS[1:]
-                                               for field, scale, label, _ in fields}})
+    load = with_gaps(pd.DataFrame({"t": f32(load_time_s_T - now), "load": f32(load_T)}), ["load"], x="t")
+    nvml_series = {label: _series(rows, field, scale) for _, fields in PANELS[1:] for field, scale, label, _ in fields}
+    nvml = with_gaps(pd.DataFrame({"t": f32(t - now), **nvml_series}), list(nvml_series), x="t")
     span = pd.DataFrame({"t": f32([times.min() - now, 0.0] if times.size else [])})
     marked = marks_data([(time_s - now, label) for time_s, label in marks])
     charts = []
@@ -68,17 +71,20 @@ def nvml_charts(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray,
         dashed = [label for _, _, label, dash in fields if dash]
         unit = panel_title if i else "tokens/step"
         lines = {"data": named(source), "transform": [{"fold": names, "as": ["series", "value"]}],
-                 "mark": {"type": "line", "strokeWidth": 1.5},
                  "encoding": {"x": x, "y": {"field": "value", "type": "quantitative", "title": None},
                               "color": {"field": "series", "type": "nominal", "legend": None,
                                         "scale": {"domain": names, "range": [GREY if n in dashed else BLUE
                                                                              for n in names]}},
-                              "strokeDash": {"field": "series", "type": "nominal", "legend": None,
-                                             "scale": {"domain": names, "range": [[4, 3] if n in dashed else [1, 0]
-                                                                                  for n in names]}},
                               "tooltip": [{"field": "t", "title": "s before the latest", "format": ".1f"},
                                           {"field": "series", "title": "what"},
-                                          {"field": "value", "title": unit, "format": ",.1f"}]}}
+                                          {"field": "value", "title": unit, "format": ",.1f"}]},
+                 "layer": [{"mark": {"type": "line", "strokeWidth": 1.5},
+                            "encoding": {"detail": SEGMENT,
+                                         "strokeDash": {"field": "series", "type": "nominal", "legend": None,
+                                                        "scale": {"domain": names,
+                                                                  "range": [[4, 3] if n in dashed else [1, 0]
+                                                                            for n in names]}}}},
+                           dots_layer()]}
         unseen = {"data": named("span"), "mark": {"type": "rule", "opacity": 0}, "encoding": {"x": x}}
         charts.append(chart([lines, unseen, *marks_layers(x)], title if i == 0 else panel_title,
                             PANEL_PX + 90 if i == 0 else PANEL_PX, **{source: load if i == 0 else nvml},
