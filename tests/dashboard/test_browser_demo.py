@@ -75,7 +75,7 @@ def test_demo_live_in_chromium(demo, tmp_path):
         assert page.locator('[data-testid="stException"]').count() == 0, "time shows a traceback"
         _shot(page, tmp_path, "time")
         page.goto(f"{demo}/what-if")
-        page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+        page.locator('[data-testid="stVegaLiteChart"] canvas').first.wait_for(timeout=120_000)
         page.wait_for_timeout(2000)
         assert page.locator('[data-testid="stException"]').count() == 0, "what-if shows a traceback"
         _shot(page, tmp_path, "whatif")

@@ -1,9 +1,7 @@
-"""What every figure builder shares: the live pages' Vega-Lite house conventions, and the What-if page's plotly
-helpers (its bars are clickable, which Vega-Lite charts here are not).
+"""What every figure builder shares: the dashboard's Vega-Lite house conventions.
 
-A live page redraws every second. Streamlit mounts a plotly chart whose figure changed afresh (a blank frame);
-a Vega-Lite chart without selections keeps its view and swaps the rows of its named datasets in place while
-its spec stays the same. So a builder returns a Chart: a spec that depends on the page's state only (titles,
+A live page redraws every second. A Vega-Lite chart keeps its view and swaps the rows of its named datasets in
+place while its spec stays the same. So a builder returns a Chart: a spec that depends on the page's state only (titles,
 units, the choices made; never the data) and its datasets (pandas, float32 where it helps). Layout changes are
 rows of the "marks" dataset (a dashed rule and its label), not spec. The renderer is fixed (canvas, aria off):
 Streamlit's frontend otherwise picks one by row count and re-creates the view when a dataset crosses 2,000 rows.
@@ -16,7 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import pyarrow as pa
 
 from moe_monitor.dashboard.analytics.series import small_ints
@@ -212,14 +209,3 @@ def whole_axis(field: str, title: str, count: int = 0) -> dict:
 def f32(values) -> np.ndarray:
     """values as a float32 array (half the bytes of float64 in the page payload)."""
     return np.asarray(values, dtype=np.float32)
-
-
-def figure(traces: list[dict], title: str, x_title: str, y_title: str, height: int = HEIGHT_PX,
-           **layout) -> go.Figure:
-    """A plotly figure from trace dicts (each with "type") and the house layout (the What-if page's)."""
-    base = dict(template={}, title=dict(text=title), height=height, margin=dict(l=50, r=20, t=40, b=40),
-                legend=dict(orientation="h", y=-0.2), xaxis=dict(title=dict(text=x_title)),
-                yaxis=dict(title=dict(text=y_title)))
-    for name, value in layout.items():
-        base[name] = {**base[name], **value} if isinstance(base.get(name), dict) and isinstance(value, dict) else value
-    return go.Figure(dict(data=traces, layout=base))
