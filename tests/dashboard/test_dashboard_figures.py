@@ -208,6 +208,13 @@ def test_nvml_charts_keep_gaps_and_share_one_time_span():
     holed = gpu_figures.nvml_charts(nvml_rows(np.r_[100.0 + np.arange(60), 200.0 + np.arange(60)]), np.array([]),
                                     np.array([]), "the GPU")[1].data["nvml"]  # the collector was away 40 s
     assert list(holed["segment"].iloc[[0, 59, 60, 119]]) == [0, 0, 1, 1] and not holed["dot"].any()
+    # the load line over time breaks by step ids: prefill steps (every 10th, 200 ms) among 30 ms decode steps
+    # leave no hole; steps 300-399 missing do
+    step_T = np.r_[np.arange(300), np.arange(400, 700)]
+    time_T = np.cumsum(np.where(step_T % 10 == 0, 0.2, 0.03))
+    load = gpu_figures.nvml_charts([], time_T, np.ones(600), "the GPU", load_step_T=step_T)[0].data["load"]
+    assert sorted(set(load["segment"])) == [0, 1] and list(load["segment"].iloc[[299, 300]]) == [0, 1]
+    assert "step" not in load.columns
 
 
 def test_time_charts_in_milliseconds_and_the_fit_as_data():

@@ -26,7 +26,7 @@ def nvml_reading(rank: int, slow_gpu: int, k: int) -> dict:
 
 
 def fill_gpus(client, run: str, gpus: int, hot_gpu: int, slow_gpu: int, steps: int = 12, samples: int = 20,
-              now_s: float | None = None) -> None:
+              now_s: float | None = None, hot_share: float = 0.5) -> None:
     """A run of `gpus` ranks on `gpus` EP GPUs (8 to a node) whose hot expert sits on hot_gpu (the straggler),
     its steps and `samples` NVML readings per rank, one a second, ending now; slow_gpu reads low clocks."""
     now = time.time() if now_s is None else now_s
@@ -37,7 +37,7 @@ def fill_gpus(client, run: str, gpus: int, hot_gpu: int, slow_gpu: int, steps: i
     pipe = client.pipeline(transaction=False)
     for step in range(steps):
         for rank in range(gpus):
-            counts = synthfill.skewed_counts(rng, 2, experts, 64, hot_expert=hot_gpu * SLOTS, hot_share=0.5)
+            counts = synthfill.skewed_counts(rng, 2, experts, 64, hot_expert=hot_gpu * SLOTS, hot_share=hot_share)
             pipe.xadd(core.steps_key(run), core.encode_step(core.StepRecord(
                 run=run, rank=rank, world_size=gpus, step=step, time_s=now - steps + step, phase="decode",
                 tokens=64, counts_LE=counts)))
@@ -120,7 +120,7 @@ def test_devices_are_rows_by_host_when_no_pairing_is_claimed(redis_url, monkeypa
     at.switch_page("page_files/gpus.py").run()
     assert not at.exception, at.exception
     assert any("Rows: NVML devices by host and index (not paired: 1 rank(s) for 4 EP GPUs" in c.value
-               and "has no row here" in c.value for c in at.caption), [c.value for c in at.caption]
+               and "none outlined" in c.value for c in at.caption), [c.value for c in at.caption]
     table = at.dataframe[0].value
     assert table["GPU"].tolist() == ["box #0", "box #1", "box #2", "box #3"]
     assert "expert load" not in " ".join(table.columns)
@@ -136,3 +136,19 @@ def test_a_run_without_nvml_samples_shows_the_expert_load_alone(redis_url, monke
     assert not at.exception, at.exception
     assert [i.value for i in at.info] == ["The collector has not sent any NVML sample for this run yet."]
     assert not at.subheader and not at.dataframe and len(at.get("vega_lite_chart")) == 1
+
+
+def test_without_a_straggler_no_gpu_is_marked_as_named(redis_url, monkeypatch):
+    """An even run: the Overview names no GPU, so no row is outlined or called named (the busiest GPU was, before);
+    the detail still opens on the busiest GPU."""
+    client = core.connect(redis_url, timeout_s=2.0)
+    fill_gpus(client, "even8", gpus=8, hot_gpu=0, slow_gpu=6, hot_share=0.0, steps=40)
+    at = run_app(redis_url, monkeypatch)
+    at.switch_page("page_files/gpus.py").run()
+    assert not at.exception, at.exception
+    assert any("none outlined: the Overview names no persistent straggler" in c.value for c in at.caption), \
+        [c.value for c in at.caption]
+    assert not at.dataframe[0].value["named"].any()
+    heat = [data for _, data in charts(at) if "cells" in data]
+    assert heat and all(data["marked"] == [] for data in heat)
+    assert len([m for m in at.metric if m.label.endswith("expert load, latest step")]) == 1

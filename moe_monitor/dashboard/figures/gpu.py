@@ -46,11 +46,12 @@ def _series(rows: list[dict], name: str, scale: float = 1.0) -> np.ndarray:
 
 
 def nvml_charts(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray, title: str,
-                marks: Sequence[tuple[float, str]] = ()) -> list[Chart]:
+                marks: Sequence[tuple[float, str]] = (), load_step_T: np.ndarray | None = None) -> list[Chart]:
     """Panels over wall time (seconds before the latest reading), one chart each, on one time span: the EP GPU's
     expert load (titled `title`), then, when NVML readings exist, utilisation (time-based), memory used/total,
     power vs limit, SM clock and temperature (dashed: the limit or total). Values NVML could not read are gaps
-    (NaN), and so are holes in time (figures.gaps). marks: (unix time, label) of each layout change in view, a dashed rule on every panel. Datasets of
+    (NaN), and so are holes (figures.gaps: in the readings' times; in the load's step ids load_step_T when
+    given, since steps of uneven length leave no hole). marks: (unix time, label) of each layout change in view, a dashed rule on every panel. Datasets of
     each: "load" (t, load) or "nvml" (t and one column per series), "span" (the first and last time of both,
     drawn unseen so the panels share their time axis), "marks" (x: seconds before the latest reading)."""
     panels = PANELS if rows else PANELS[:1]
@@ -58,7 +59,11 @@ def nvml_charts(rows: list[dict], load_time_s_T: np.ndarray, load_T: np.ndarray,
     load_time_s_T = np.asarray(load_time_s_T, dtype=np.float64)
     times = np.concatenate([t, load_time_s_T])
     now = float(times.max()) if times.size else 0.0
-    load = with_gaps(pd.DataFrame({"t": f32(load_time_s_T - now), "load": f32(load_T)}), ["load"], x="t")
+    load = pd.DataFrame({"t": f32(load_time_s_T - now), "load": f32(load_T)})
+    if load_step_T is not None:
+        load = with_gaps(load.assign(step=np.asarray(load_step_T)), ["load"], x="step").drop(columns="step")
+    else:
+        load = with_gaps(load, ["load"], x="t")
     nvml_series = {label: _series(rows, field, scale) for _, fields in PANELS[1:] for field, scale, label, _ in fields}
     nvml = with_gaps(pd.DataFrame({"t": f32(t - now), **nvml_series}), list(nvml_series), x="t")
     span = pd.DataFrame({"t": f32([times.min() - now, 0.0] if times.size else [])})

@@ -255,9 +255,14 @@ def asked_gpu(widget_key: str) -> None:
         st.session_state[widget_key] = int(asked)
 
 
+def overview_named(snap: Snapshot) -> int | None:
+    """The GPU the Overview's answer names (dashboard.analytics.answer); None: no persistent straggler."""
+    return answers.named(snap.straggler, snap.layout.gpus, snap.time_rows).gpu
+
+
 def named_or_busiest(snap: Snapshot) -> int:
-    """The GPU the Overview's answer names (dashboard.analytics.answer), else the busiest on average."""
-    named = answers.named(snap.straggler, snap.layout.gpus, snap.time_rows).gpu
+    """The GPU the Overview's answer names, else the busiest on average."""
+    named = overview_named(snap)
     if named is not None:
         return named
     return snap.straggler.gpu if snap.straggler is not None else 0

@@ -18,7 +18,14 @@ from moe_monitor.dashboard.figures import gpu as gpu_figures
 from moe_monitor.dashboard.figures.units import GIB
 from moe_monitor.dashboard.live.gpu_history import GpuHistory, gpu_grid, grid_rows
 from moe_monitor.dashboard.views import measured, timeline
-from moe_monitor.dashboard.views.common import PageData, ago, asked_gpu, named_or_busiest, poll_and_caption
+from moe_monitor.dashboard.views.common import (
+    PageData,
+    ago,
+    asked_gpu,
+    named_or_busiest,
+    overview_named,
+    poll_and_caption,
+)
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
@@ -46,7 +53,7 @@ def render(current: PageData) -> None:
     if not history.series and not history.unavailable:
         st.info("The collector has not sent any NVML sample for this run yet.")
     gpus = snap.layout.gpus if snap is not None else max(1, len(history.devices()))
-    named = named_or_busiest(snap) if snap is not None else None
+    named = overview_named(snap) if snap is not None else None  # marked as named only when the Overview names it
     pairs, note = history.pairing(gpus, current.watched.world_size)
     if history.series:
         every_gpu(current, history, gpus, pairs, note, named)
@@ -54,7 +61,7 @@ def render(current: PageData) -> None:
     st.number_input("EP GPU (-1: the GPU the Overview names)", min_value=-1, value=-1, step=1, key="gpu_panel_gpu")
     gpu = int(st.session_state.get("gpu_panel_gpu", -1))
     if gpu < 0:
-        gpu = named if named is not None else 0
+        gpu = named_or_busiest(snap) if snap is not None else 0
     one_gpu(current, min(max(gpu, 0), gpus - 1), pairs, note)
 
 
@@ -70,7 +77,7 @@ def every_gpu(current: PageData, history: GpuHistory, gpus: int, pairs: dict, no
         f"NVML devices by host and index ({note or 'no pairing claimed'})"
     outlined = f"; red outline: GPU {named}, {gpu_figures.NAMED}" if marked is not None else (
         f"; GPU {named}, {gpu_figures.NAMED}, has no row here: no NVML device is paired with an EP GPU"
-        if named is not None else "")
+        if named is not None else "; none outlined: the Overview names no persistent straggler")
     bins = max(grid.edges_s.size - 1, 0)
     span = f"the last {grid.edges_s[-1] - grid.edges_s[0]:,.0f} s in {bins} equal time bins" if bins else "no time"
     st.caption(f"Rows: {paired}{outlined}. Columns: {span}, each the mean of the readings in it (no colour: no "
@@ -136,7 +143,7 @@ def one_gpu(current: PageData, gpu: int, pairs: dict, note: str) -> None:
     # the GPU and device are said above (metric, caption): a title naming them would change with the named GPU
     title = "The GPU's expert load" + (" and its NVML device's readings" if rows and paired else "")
     for i, panel in enumerate(gpu_figures.nvml_charts(rows if paired else [], snap.view.time_s_T, load_T, title,
-                                                      snap.time_marks())):
+                                                      snap.time_marks(), load_step_T=snap.view.step_T)):
         draw(panel, f"gpu_panel_fig_{i}")
     if rows and not paired:
         st.caption("The NVML device's readings (not paired with an EP GPU):")
