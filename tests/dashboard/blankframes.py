@@ -3,7 +3,7 @@ frame and counts the frames in which a chart on screen is blank (its plot not dr
 screen than at the start. On screen: not in a closed expander, not a stale element Streamlit is about to drop
 (those are zero pixels tall)."""
 
-CHARTS = '[data-testid="stPlotlyChart"], [data-testid="stVegaLiteChart"]'  # plotly and Vega-Lite charts
+CHARTS = '[data-testid="stVegaLiteChart"]'  # every chart of the dashboard is Vega-Lite
 SAMPLER = """(ms) => new Promise(resolve => {
   const CHARTS = '""" + CHARTS.replace("'", "\\'") + """';
   const onScreen = () => [...document.querySelectorAll(CHARTS)]

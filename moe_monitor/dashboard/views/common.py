@@ -173,7 +173,7 @@ def shown_phase(chosen: str, window) -> tuple[str, str]:
 def _status_banners(cfg: Settings, watched: RunView) -> None:
     health = watched.source.health()
     notes = watched.notes()
-    if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s > STALE_AFTER_S:
+    if cfg.source == "redis" and health.last_seen_s is not None and time.time() - health.last_seen_s >= STALE_AFTER_S:
         rows = "buckets" if watched.window is not None and watched.window.resolution_s else "steps"
         st.warning(f"**Run `{cfg.run}` stopped writing**: last seen {ago(health.last_seen_s)}. Showing its last "
                    f"{watched.window.size if watched.window else 0} {rows}.")

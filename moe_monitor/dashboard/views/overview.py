@@ -242,7 +242,7 @@ def rebalance_line(current: PageData) -> tuple[str, bool]:
     now_s = float(snap.view.time_s_T[-1]) if _recorded(watched) and snap.view.num_steps else time.time()
     health = rebalances_of(watched.source.meta(), watched.layouts.changes, now_s)
     text = f"Rebalancing: {health.sentence()}."
-    if health.stopped and snap.eta_step_mean.p50 < 0.8:
+    if health.stopped and levels.BALANCEDNESS.level(snap.eta_step_mean.p50) == levels.BAD:
         return text + f" Balancedness stays at {snap.eta_step_mean.p50:.2f}: check the engine's rebalancer.", True
     return text, False
 
