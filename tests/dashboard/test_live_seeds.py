@@ -1,13 +1,17 @@
 """A new session starts from another session's copy of a live run (dashboard.live.seeds) against a real
 redis-server: the copy polls on to the same window a fresh read gives, never changes the kept copy, and a run
-written afresh under the same name (or a copy too old) is read afresh."""
+written afresh under the same name (or a copy too old) is read afresh; a copy too old to be given out gives its
+memory budget back at the next offer or take, one session at a time copies a run, and a copy made mid-step
+assembles that step with the ranks written after it."""
+import threading
 import time
 
 import numpy as np
 
 from moe_monitor import core
 from moe_monitor.core import membudget
-from moe_monitor.dashboard.live.seeds import BUDGET_SHARE, Seeds
+from moe_monitor.dashboard.live import seeds as seeds_module
+from moe_monitor.dashboard.live.seeds import BUDGET_SHARE, MAX_AGE_S, Seeds, copy_bytes
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.live.window import StepWindow
 from moe_monitor.dashboard.sources.redis import RedisSource
@@ -67,15 +71,125 @@ def test_a_run_written_afresh_under_the_same_name_is_read_afresh(redis_url):
     assert seeds.take(("k",)) is None  # and the copy is dropped
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 def test_a_copy_too_old_or_of_no_run_is_not_given(redis_url):
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "old", steps=10)
-    seeds = Seeds(max_age_s=0.0)
+    clock = Clock()
+    seeds = Seeds(clock=clock)
     seeds.offer(("k",), _watch(redis_url, "old"))
-    assert seeds.take(("k",)) is None
+    clock.now_s += MAX_AGE_S  # as old as may be given out
+    assert seeds.take(("k",)) is not None
+    clock.now_s += 0.001
+    assert seeds.take(("k",)) is None and seeds.held_keys() == []
     empty = WatchedRun(RedisSource(client, redis_url, "nothing", WINDOW), WINDOW)
-    Seeds().offer(("n",), empty)  # no window yet: nothing kept
-    assert Seeds().take(("n",)) is None
+    seeds.offer(("n",), empty)  # no window yet: nothing kept
+    assert seeds.held_keys() == []
+    assert seeds.take(("n",)) is None
+
+
+def test_a_copy_too_old_gives_its_budget_back_at_the_next_offer_or_take_of_any_run(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    for run in ("a", "b", "c"):
+        synthfill.fill(client, run, steps=20)
+    clock = Clock()
+    with membudget.using(membudget.MemoryBudget(256 << 20)) as budget:
+        owners = {run: _watch(redis_url, run) for run in ("a", "b", "c")}
+        sessions = budget.reserved_bytes
+        seeds = Seeds(clock=clock)
+        seeds.offer(("a",), owners["a"])
+        one_copy = budget.reserved_bytes - sessions
+        assert one_copy >= owners["a"].window.reserved_bytes > 0
+        clock.now_s += MAX_AGE_S + 1
+        assert seeds.take(("elsewhere",)) is None  # a take of another key drops it
+        assert seeds.held_keys() == [] and budget.reserved_bytes == sessions
+        seeds.offer(("b",), owners["b"])
+        clock.now_s += MAX_AGE_S + 1
+        seeds.offer(("c",), owners["c"])  # and so does an offer of another key
+        assert seeds.held_keys() == [("c",)] and budget.reserved_bytes == sessions + one_copy
+        assert all(owner.window.reserved_bytes > 0 for owner in owners.values())  # the sessions' own windows
+        seeds.clear()
+        assert budget.reserved_bytes == sessions
+
+
+def test_one_session_at_a_time_copies_a_run(redis_url, monkeypatch):
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "busy", steps=10)
+    first, second = _watch(redis_url, "busy"), _watch(redis_url, "busy")
+    copying, go_on, copies = threading.Event(), threading.Event(), []
+    real_copy = seeds_module._copy
+
+    def slow_copy(watched):
+        copies.append(watched)
+        copying.set()
+        go_on.wait(timeout=30)
+        return real_copy(watched)
+
+    monkeypatch.setattr(seeds_module, "_copy", slow_copy)
+    seeds = Seeds(every_s=0.0)
+    offering = threading.Thread(target=seeds.offer, args=(("k",), first))
+    offering.start()
+    assert copying.wait(timeout=30)
+    seeds.offer(("k",), second)  # the first is copying the run: no second copy
+    assert copies == [first] and seeds.held_keys() == []
+    go_on.set()
+    offering.join(timeout=30)
+    assert not offering.is_alive() and seeds.held_keys() == [("k",)]
+
+
+def test_the_budget_share_counts_the_gpu_readings_a_copy_holds(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "gpus", steps=10)
+    need = StepWindow.step_bytes(4, 16) * WINDOW
+    with membudget.using(membudget.MemoryBudget(8 * need)) as budget:
+        watched = _watch(redis_url, "gpus")
+        assert copy_bytes(watched) < BUDGET_SHARE * budget.available_bytes
+        seeds = Seeds(every_s=0.0)
+        seeds.offer(("k",), watched)
+        assert seeds.held_keys() == [("k",)]
+        gpu = {"index": 0, "name": "H100", "sm_clock_mhz": 1980, "power_usage_w": 400.0, "temperature_c": 60,
+               "gpu_utilization_percent": 90, "memory_used_bytes": 1 << 30}
+        for i in range(watched.gpus.max_samples):
+            watched.gpus.add(core.GpuSample(rank=0, host="h", time_s=float(i), status="ok", gpus=[dict(gpu)]))
+        assert copy_bytes(watched) > BUDGET_SHARE * budget.available_bytes > watched.window.reserved_bytes
+        seeds.clear()
+        seeds.offer(("k",), watched)
+        assert seeds.held_keys() == []
+
+
+def test_a_copy_made_mid_step_assembles_that_step_with_the_ranks_written_after_it(redis_url):
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "mid", steps=10, world_size=2)
+    rank0 = synthfill.fill(client, "mid", steps=1, first_step=10, world_size=2, ranks=[0], meta=False, seed=3)[0]
+    owner = _watch(redis_url, "mid")  # rank 0 of step 10 read, waiting for rank 1
+    assert owner.assembler.pending_steps == 1 and not owner.window.holds(10)
+    seeds = Seeds()
+    seeds.offer(("k",), owner)
+
+    def step_10(watched: WatchedRun) -> tuple[int, np.ndarray]:
+        window = watched.window
+        slot = int(window.ordered_slots()[-1])
+        assert int(window.step_C[slot]) == 10
+        return int(window.ranks_C[slot]), window.counts_CLE[slot]
+
+    early = seeds.take(("k",))  # polls before rank 1 is written, its copy older than the deadline
+    early.assembler.deadline_s = 0.0
+    early.tick()
+    assert step_10(early)[0] == 1  # written short at its deadline, as the aggregator would
+    rank1 = synthfill.fill(client, "mid", steps=1, first_step=10, world_size=2, ranks=[1], meta=False, seed=4)[0]
+    late = seeds.take(("k",))  # a copy older than the deadline: rank 1 is in its first poll
+    late.assembler.deadline_s = 0.0
+    for watched in (late, early):  # the early one takes rank 1 as a late entry into the row
+        watched.tick()
+        ranks, counts = step_10(watched)
+        assert ranks == 2 and np.array_equal(counts, rank0 + rank1)
 
 
 def test_a_copy_given_out_is_not_offered_back_before_it_ticks(redis_url):
