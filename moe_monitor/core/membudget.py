@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 ENV_VAR = "MOE_MONITOR_MEMORY_BUDGET"
@@ -108,6 +108,7 @@ class MemoryBudget:
         self.label, self.shared_by, self.setting = label, shared_by, setting
         self._reserved = 0
         self._lock = threading.Lock()
+        self._reliefs: list[weakref.WeakMethod] = []  # add_relief()
 
     @property
     def reserved_bytes(self) -> int:
@@ -134,11 +135,26 @@ class MemoryBudget:
             self._reserved += nbytes
         return Reservation(self, nbytes)
 
+    def add_relief(self, give_back: Callable[[], object]) -> None:
+        """Register a bound method (held weakly) that gives back what can go without loss (copies kept for later);
+        reserve_rows() calls it when rows do not all fit, before it collects garbage and asks again."""
+        with self._lock:
+            self._reliefs = [r for r in self._reliefs if r() is not None and r() != give_back]
+            self._reliefs.append(weakref.WeakMethod(give_back))
+
+    def _relieve(self) -> None:
+        with self._lock:
+            reliefs = [r() for r in self._reliefs]
+        for give_back in reliefs:
+            if give_back is not None:
+                give_back()
+
     def reserve_rows(self, row_bytes: int, rows: int, fixed_bytes: int = 0,
                      collect: bool = True) -> tuple[Reservation, int] | None:
         """(reservation, granted rows) for fixed_bytes plus as many rows of row_bytes as fit, at most `rows`;
-        None when not even one row fits. collect: when the rows do not all fit, collect garbage once first
-        (holders of sessions that ended may still wait in a reference cycle) and ask again."""
+        None when not even one row fits. collect: when the rows do not all fit, call the reliefs (add_relief) and
+        collect garbage once first (holders of sessions that ended may still wait in a reference cycle) and ask
+        again."""
         if row_bytes < 1 or rows < 1 or fixed_bytes < 0:
             raise ValueError(f"rows of {row_bytes} bytes x {rows} (+{fixed_bytes}) is not a request")
         for attempt in range(2 if collect else 1):
@@ -150,6 +166,7 @@ class MemoryBudget:
                     self._reserved += nbytes
                     return Reservation(self, nbytes), granted
             if attempt == 0 and collect:
+                self._relieve()
                 gc.collect()
         return None
 

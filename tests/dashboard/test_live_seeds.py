@@ -215,3 +215,23 @@ def test_no_copy_of_a_window_that_holds_much_of_what_the_budget_has_left(redis_u
         seeds = Seeds()
         seeds.offer(("k",), watched)
         assert seeds.take(("k",)) is None
+
+
+def test_a_session_short_of_rows_drops_the_copies_first(redis_url):
+    """Room for the copy (within BUDGET_SHARE of what is free) but not for it and a window of 4 more: the new rows
+    come from the copy, dropped by the budget's relief (without it, the window got fewer rows than it asked)."""
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "a", steps=20)
+    with membudget.using(membudget.MemoryBudget(256 << 20)) as probe:
+        held = _watch(redis_url, "a")
+        one_window = probe.reserved_bytes
+        del held
+    seeds = Seeds()
+    with membudget.using(membudget.MemoryBudget(int(one_window * 5.2))) as budget:
+        owner = _watch(redis_url, "a")
+        seeds.offer(("a",), owner)
+        assert seeds.held_keys() == [("a",)] and budget.available_bytes < 4 * one_window
+        rows = 4 * owner.window.capacity
+        got = budget.reserve_rows(owner.window.reserved_bytes // owner.window.capacity, rows)
+        assert got is not None and got[1] == rows, "the copy was not given back"
+        assert seeds.held_keys() == [] and owner.window.reserved_bytes > 0

@@ -5,8 +5,9 @@ left off instead of reading and decoding the whole window again. No Streamlit; d
 A copy is offered by a session's WatchedRun before a tick (at most every OFFER_EVERY_S per run, one copier at a
 time) and given out while it is younger than MAX_AGE_S and its source says a copy may go on (RedisSource.continues:
 the same streams, the same metadata); anything else starts afresh. Each copy holds its own bytes of the memory
-budget, given back as soon as it is dropped: every offer and take drops the copies older than MAX_AGE_S. None is
-made of a run holding more than BUDGET_SHARE of what the budget has left (window, rings, GPU readings).
+budget, given back as soon as it is dropped: every offer and take drops the copies older than MAX_AGE_S, and a
+session short of rows drops them all (MemoryBudget.add_relief). None is made of a run holding more than
+BUDGET_SHARE of what the budget has left (window, rings, GPU readings).
 """
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ class Seeds:
                     gone = self._dropping(gone)
         if kept is not None:
             _close(gone)
+            if kept.window is not None:  # a session short of rows drops the copies first
+                kept.window.budget.add_relief(self.clear)
 
     def take(self, key: tuple) -> WatchedRun | None:
         """A WatchedRun of its own for a new session, copied from the one kept for key; None when none is kept,
