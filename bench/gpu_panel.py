@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from bench.baseline import trees
 from bench.malloc_env import pin_malloc
-from bench.pages import blank_frames, serve
+from bench.pages import blank_frames, serve, stop_all
 
 pin_malloc()
 
@@ -101,15 +100,7 @@ def main() -> int:
         finally:
             stop.set()
             writer.join(10)
-            for proc in procs.values():
-                if proc.poll() is None:
-                    os.killpg(proc.pid, 15)
-                    try:
-                        proc.wait(20)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(proc.pid, 9)
-            server.stop()
-            shutil.rmtree(work, ignore_errors=True)
+            stop_all(procs.values(), server, work)
     return 0
 
 

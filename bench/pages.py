@@ -117,6 +117,19 @@ def serve(root: Path | None, port: int, redis_url: str, log: Path, rev: str = ""
     return proc
 
 
+def stop_all(procs, server: RedisServer, work: Path) -> None:
+    """Stop the servers' process groups (SIGTERM, SIGKILL after 20 s), the Redis server, and remove work."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+    server.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def first_chart_s(browser, url: str, context=None) -> float:
     """Seconds from asking for url until a chart on screen has drawn: in a new browser context (nothing cached),
     or in a new tab of `context` (a browser that opened the dashboard before: its scripts cached)."""
@@ -219,15 +232,7 @@ def main() -> int:
             browser.close()
     finally:
         stop.set()
-        for proc in procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, 15)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, 9)
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_all(procs.values(), server, work)
     return 0
 
 
