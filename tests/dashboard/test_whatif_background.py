@@ -2,7 +2,8 @@
 current layout's figures and a "planning" line, then the plan's, with the numbers of a direct planner call on the
 page's frozen windows; a session that changes its inputs while it waits leaves its old plan behind. AppTest
 against a real redis-server; the worker's thread is held busy by a computation the test releases, and the page
-waits for it at most MAX_WAIT_S (0 here: the run ends at once, as it does after MAX_WAIT_S in a browser)."""
+waits for it at most MAX_WAIT_S (0 here: the run ends at once, as it does after MAX_WAIT_S in a browser). A failure
+(not a refusal) of a computation or of its prepare is a line on the page, asked again on the next run."""
 import json
 import threading
 from pathlib import Path
@@ -43,6 +44,19 @@ def busy(redis_url, monkeypatch):
     monkeypatch.setenv("REDIS_URL", redis_url)
     yield redis_url, gate
     gate.set()
+    assert plan_worker.wait_idle(60)
+    plan_worker.forget()
+
+
+@pytest.fixture
+def idle(redis_url, monkeypatch):
+    """A filled run, the worker free; the page ends its run at once (MAX_WAIT_S 0)."""
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, RUN, steps=40, num_layers=L, num_experts=E, gpus=G)
+    plan_worker.forget()
+    monkeypatch.setattr(whatif_page, "MAX_WAIT_S", 0.0)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    yield redis_url
     assert plan_worker.wait_idle(60)
     plan_worker.forget()
 
@@ -103,3 +117,65 @@ def test_a_session_that_changes_its_inputs_leaves_its_old_plan(busy):
     assert not at.exception, at.exception
     assert plans() == [0]  # R = 4's computation, never started, is dropped
     assert any("planning …" in c.value for c in at.caption)
+
+
+def _once(exc: BaseException, then):
+    """A callable that raises exc on its first call, then calls then; and the list of its calls."""
+    calls = []
+
+    def call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise exc
+        return then(*args, **kwargs)
+
+    return call, calls
+
+
+def _settled(at):
+    """Runs the page again until nothing is waited for (each run asks; the worker computes in between)."""
+    for _ in range(5):
+        assert plan_worker.wait_idle(60)
+        at.run()
+        assert not at.exception, at.exception
+        if not any("…" in c.value for c in at.caption):
+            return at
+    raise AssertionError([c.value for c in at.caption])
+
+
+def test_a_failed_plan_is_a_line_then_asked_again(idle, monkeypatch):
+    flaky, calls = _once(MemoryError("no room for the plan"), plan)
+    monkeypatch.setattr(whatif_page, "plan", flaky)
+    at = app_test().run()
+    at.switch_page("page_files/whatif.py")
+    told = []
+    for _ in range(4):  # the run that reads the failure says so (and asks nothing more); the next asks again
+        at.run()
+        assert not at.exception, at.exception
+        told += [e.value for e in at.error if "Planning failed (MemoryError: no room for the plan)" in e.value]
+        if told:
+            break
+        assert plan_worker.wait_idle(60)
+    assert told and calls == [1]
+    _settled(at)
+    assert len(calls) == 2 and not at.error
+    assert _metric(at, "balancedness (score window)")
+
+
+def test_a_failed_advice_copy_is_the_advisors_line_then_asked_again(busy, monkeypatch):
+    _, gate = busy  # the plan waits behind another session's: the run ends with the advisor's line drawn
+    prepare = whatif_page._Jobs._prepare_advice
+    flaky, calls = _once(MemoryError("cannot copy the window"), prepare)
+    monkeypatch.setattr(whatif_page._Jobs, "_prepare_advice", flaky)
+    at = app_test().run()
+    at.switch_page("page_files/whatif.py").run()
+    assert not at.exception, at.exception  # the copy failed on the page's thread, in ask: an answer, not raised
+    assert any("no decision on this window (it failed: MemoryError: cannot copy the window" in c.value
+               for c in at.caption), [c.value for c in at.caption]
+    gate.set()
+    assert any("no decision on this window (it failed: MemoryError: cannot copy the window" in c.value
+               for c in at.caption), [c.value for c in at.caption]
+    _settled(at)
+    assert len(calls) == 2
+    assert not any("it failed" in c.value for c in at.caption)
+    assert any(m.label == "balancedness (score window)" for m in at.metric)

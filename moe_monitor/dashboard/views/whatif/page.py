@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ from moe_monitor.dashboard.whatif import edits
 from moe_monitor.dashboard.whatif import repair as whatif_repair
 from moe_monitor.dashboard.whatif import score as whatif_score
 from moe_monitor.dashboard.whatif import traffic as whatif_traffic
-from moe_monitor.dashboard.whatif.cache import cached
+from moe_monitor.dashboard.whatif.cache import Refused, cached
 from moe_monitor.planner.advisor import DEFAULT_MAX_MOVES, DEFAULT_WINDOW, Advice
 from moe_monitor.planner.api import PlanResult, plan
 from moe_monitor.planner.bounds import best_bound
@@ -57,6 +57,8 @@ def page() -> None:
         render(current)
     except ValueError as exc:
         st.error(f"Cannot plan with these inputs: {exc}")
+    except plan_worker.Failed as exc:
+        st.error(f"Planning failed ({exc}); the page asks for it again on its next run.")
 
 
 def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindow, view: WindowView, picks: Inputs,
@@ -194,6 +196,8 @@ class _Jobs:
         self.horizon = whatif_repair.curve_horizon(data.num_layers, picks.move_budget)
         self.repair_worker_key = ("repair", fit, lay, layout.gpus, picks.move_budget)
         self.curve_worker_key = ("repair", fit, lay, layout.gpus, self.horizon)
+        self.failed: dict[tuple, plan_worker.Failure] = {}  # failed on this run: asked again on the next only
+        self.owners: dict[tuple, tuple] = {}  # worker key -> the owner name this session asks it as
 
     def owner(self, what: str) -> tuple[str, str]:
         return self.state.owner, what
@@ -208,20 +212,27 @@ class _Jobs:
 
     def _from(self, store: dict, key: tuple, worker_key: tuple, owner: tuple, prepare, max_entries: int = 8,
               ask: bool = True):
-        """(value, None) from store[key], kept there once the worker answered (a ValueError too, raised here as
-        cached() does), or (None, the worker's answer) while it computes (ask False: look without asking)."""
+        """(value, None) from store[key], kept there once the worker answered (a refusal too, raised here afresh
+        as cached() does), or (None, the worker's answer) while it computes (ask False: look without asking). A
+        failure (not a refusal) raises plan_worker.Failed afresh; the key is let go, and asked again next run."""
+        if worker_key in self.failed:
+            raise self.failed[worker_key].exception()
+        self.owners[worker_key] = owner
         if key not in store:
             answer = plan_worker.ask(worker_key, prepare, owner) if ask else \
-                plan_worker.peek(worker_key) or plan_worker.Answer(False, time.monotonic())
+                plan_worker.peek(worker_key, owner) or plan_worker.Answer(False, time.monotonic())
             if not answer.done:
                 return None, answer
-            if answer.error is not None and not isinstance(answer.error, ValueError):
-                raise answer.error
-            cached(store, key, lambda: answer.error or answer.value, max_entries=max_entries)
+            failure = answer.error
+            if failure is not None and not failure.refused:
+                plan_worker.release(owner)
+                self.failed[worker_key] = failure
+                raise failure.exception()
+            cached(store, key, lambda: Refused(failure.message) if failure else answer.value, max_entries=max_entries)
         plan_worker.release(owner)  # the page's cache holds it now
         value = store[key]
-        if isinstance(value, ValueError):
-            raise value
+        if isinstance(value, Refused):
+            raise ValueError(value.message)
         return value, None
 
     def look(self, ask: bool = True) -> Looked:
@@ -236,6 +247,8 @@ class _Jobs:
                 advice_done = False
         except ValueError as exc:
             advice_error = str(exc)
+        except plan_worker.Failed as exc:
+            advice_error = f"it failed: {exc}; asked again on the page's next run"
         result: Result | None = None
         curve = None
         if self.state.show_advice == self.data_key and (not advice_done or advice is not None and advice.moves > 0):
@@ -293,7 +306,7 @@ def _settle(jobs: _Jobs, looked: Looked, advisor_box: DeltaGenerator, notes_box:
         line.caption(_waiting_line(looked))
         if time.monotonic() >= deadline:
             with notes_box:
-                _poll_plan(tuple(key for key, _ in looked.waiting))
+                _poll_plan(tuple((key, jobs.owners[key]) for key, _ in looked.waiting))
             return None, advisor_drawn
         time.sleep(POLL_S)
         looked = jobs.look()
@@ -302,8 +315,10 @@ def _settle(jobs: _Jobs, looked: Looked, advisor_box: DeltaGenerator, notes_box:
 
 
 def _since(answer: plan_worker.Answer) -> str:
-    return f"{time.monotonic() - answer.asked_s:.1f} s" + (
-        f", {answer.ahead} computation(s) ahead of it" if answer.ahead else "")
+    waited = f"{time.monotonic() - answer.asked_s:.1f} s"
+    if answer.busy:
+        return f"{waited}; the planner is busy ({answer.ahead} computations queued), this one waits for room"
+    return waited + (f", {answer.ahead} computation(s) ahead of it" if answer.ahead else "")
 
 
 def _waiting_line(looked: Looked) -> str:
@@ -313,14 +328,17 @@ def _waiting_line(looked: Looked) -> str:
     if "repair" in names:
         names = [what["repair"] + (" and its moves curve" if names.count("repair") > 1 else "")]
     oldest = min((answer for _, answer in looked.waiting), key=lambda a: a.asked_s)
+    busy = [answer for _, answer in looked.waiting if answer.busy]
+    if busy:  # not queued yet: say so, whichever waited longest
+        oldest = replace(oldest, busy=True, ahead=busy[0].ahead)
     return f"{' · '.join(dict.fromkeys(names))} … {_since(oldest)} (the current layout's figures are shown meanwhile)"
 
 
 @st.fragment(run_every=FRAGMENT_POLL_S)
-def _poll_plan(keys: tuple) -> None:
-    """After MAX_WAIT_S: a line with the time waited, every FRAGMENT_POLL_S, until every key is answered (or gone:
-    the page asks again), then the page again."""
-    answers = [plan_worker.peek(key) for key in keys]
+def _poll_plan(asked: tuple) -> None:
+    """After MAX_WAIT_S: a line with the time waited, every FRAGMENT_POLL_S, until every (key, owner) asked is
+    answered (or not kept: busy, the page asks again), then the page again. Each look keeps the owner's hold."""
+    answers = [plan_worker.peek(key, owner) for key, owner in asked]
     waited = [a for a in answers if a is not None and not a.done]
     if len(waited) < len(answers):
         st.rerun(scope="app")
