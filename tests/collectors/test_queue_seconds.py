@@ -2,6 +2,8 @@
 as many seconds of history while Redis is down as a slow one, and never more than queue_bytes of records."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from moe_monitor import core
@@ -14,6 +16,18 @@ def _record(step: int, time_s: float, num_layers: int = 2, num_experts: int = 8)
                            counts_LE=np.zeros((num_layers, num_experts), np.int32))
 
 
+def _steps_within_slots(mon, count: int, rate_hz: float) -> None:
+    """`count` steps at about rate_hz, each once the publisher has a host slot free: on a busy machine its thread
+    can fall 256 slots (256 ms at this rate) behind, and a step that finds no slot is dropped by design (the
+    model never waits), which is not what the queue's tests are about."""
+    period, due = 1.0 / rate_hz, time.monotonic()
+    for _ in range(count):
+        assert wait_until(lambda: len(mon._free_slots) > 0)
+        _steps(mon, 1, 1e9)
+        due += period
+        time.sleep(max(0.0, due - time.monotonic()))
+
+
 def test_a_fast_loop_keeps_its_outage_by_default(server):  # noqa: F811
     """Redis SIGKILLed, then 3,000 steps at 1,000 steps/s (3 s): with the default options
     every one is kept and arrives once Redis is back, in order (a queue of 1,024 steps dropped 1,976)."""
@@ -22,7 +36,7 @@ def test_a_fast_loop_keeps_its_outage_by_default(server):  # noqa: F811
     _steps(mon, 5, 400)
     assert wait_until(lambda: mon.stats()["published_steps"] == 5)
     server.kill()
-    _steps(mon, during, 1000)
+    _steps_within_slots(mon, during, 1000)
     assert wait_until(lambda: mon.stats()["queued_steps"] + mon.stats()["dropped_steps"] == during
                       and "ConnectionError" in mon.stats()["last_error"])
     stats = mon.stats()
