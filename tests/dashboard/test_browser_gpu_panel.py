@@ -39,10 +39,10 @@ def _write(url: str, gpus: int, stop: threading.Event) -> None:
     while not stop.is_set():
         now = time.time()
         pipe = client.pipeline(transaction=False)
-        counts = synthfill.skewed_counts(rng, 2, experts, 64 * gpus, hot_expert=hot * SLOTS, hot_share=0.1)
+        counts = synthfill.skewed_counts(rng, 2, experts, 1024 * gpus, hot_expert=hot * SLOTS, hot_share=0.5)
         for rank in range(gpus):  # the same counts split over the ranks: what matters is their sum
             pipe.xadd(core.steps_key(RUN), core.encode_step(core.StepRecord(
-                run=RUN, rank=rank, world_size=gpus, step=step, time_s=now, phase="decode", tokens=64,
+                run=RUN, rank=rank, world_size=gpus, step=step, time_s=now, phase="decode", tokens=1024,
                 counts_LE=counts // gpus + (counts % gpus > rank))))
             if step % 2 == 0:
                 pipe.xadd(core.gpu_key(RUN), core.encode_gpu_sample(core.GpuSample(
