@@ -4,6 +4,9 @@ screen than at the start. On screen: not in a closed expander, not a stale eleme
 (those are zero pixels tall)."""
 
 CHARTS = '[data-testid="stVegaLiteChart"]'  # every chart of the dashboard is Vega-Lite
+# true once at least `least` charts on screen have drawn (a canvas or the SVG marks)
+DRAWN = """([charts, least]) => [...document.querySelectorAll(charts)].filter(c => !c.closest('details:not([open])')
+    && c.getBoundingClientRect().height >= 20 && c.querySelector('canvas, svg.marks')).length >= least"""
 SAMPLER = """(ms) => new Promise(resolve => {
   const CHARTS = '""" + CHARTS.replace("'", "\\'") + """';
   const onScreen = () => [...document.querySelectorAll(CHARTS)]

@@ -16,7 +16,7 @@ import pytest
 
 from moe_monitor import core
 from moe_monitor.demo.localredis import RedisServer, free_port
-from tests.dashboard.blankframes import CHARTS, SAMPLER
+from tests.dashboard.blankframes import CHARTS, DRAWN, SAMPLER
 from tests.dashboard.test_gpu_panel_every_gpu import SLOTS, nvml_reading
 from tests.support import synthfill
 from tests.support.browserkit import chromium_page, serving_app
@@ -69,10 +69,6 @@ def live_app(request, tmp_path_factory):
         stop.set()
         writer.join(10)
         server.stop()
-
-
-DRAWN = """([charts, least]) => [...document.querySelectorAll(charts)].filter(c => !c.closest('details:not([open])')
-    && c.getBoundingClientRect().height >= 20 && c.querySelector('.main-svg, canvas, svg.marks')).length >= least"""
 
 
 @pytest.mark.browser
