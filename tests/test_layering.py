@@ -30,7 +30,7 @@ if len(sys.argv) > 2:
     at = AppTest.from_file(sys.argv[2], default_timeout=30).run()
     assert not at.exception, at.exception
     for page in ("devices", "experts", "gpus", "time", "whatif"):
-        at.switch_page(f"page_files/{page}.py").run()
+        at.switch_page(f"page_files/{page}.py").run().run()  # live pages open with one chart, then whole
         assert not at.exception, at.exception
 loaded = sorted({m.split(".")[0] for m in sys.modules})
 print("IMPORTED", len(names), "LOADED", " ".join(loaded))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from moe_monitor.collectors import ExpertLoadMonitor
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 from tests.support.browserkit import app_on_private_redis, chromium_page
 
 RUN = "time-run"
@@ -82,7 +82,7 @@ def test_devices_active_experts_and_regimes(redis_server, monkeypatch):
     redis_server.client().flushdb()
     fill(redis_server.url)
     at = run_app(redis_server.url, monkeypatch)
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     table = at.dataframe[-1].value
     assert table["active experts/GPU, max"].tolist() == [2.0, 2.0] and table["mean"].tolist() == [1.25, 1.25]

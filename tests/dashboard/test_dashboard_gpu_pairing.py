@@ -4,7 +4,7 @@ import time
 
 from moe_monitor import core
 from tests.support import synthfill
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 
 def nvml(client, run, rank, host, index, util):
@@ -22,7 +22,7 @@ def test_ep_gpu_is_paired_with_its_ranks_device(redis_url, monkeypatch):
     nvml(client, "pair", rank=0, host="node-b", index=3, util=11)  # sorted by host it would come second
     nvml(client, "pair", rank=1, host="node-a", index=0, util=77)
     at = run_app(redis_url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert any("NVML device 3 on `node-b`" in c.value and "beside EP GPU 0 (rank 0)" in c.value for c in at.caption), \
         [c.value for c in at.caption]
@@ -34,7 +34,7 @@ def test_no_pairing_is_claimed_when_ranks_do_not_match_gpus(redis_url, monkeypat
     synthfill.fill(client, "nopair", steps=8, world_size=1, gpus=4, num_experts=16, gpu_status="none")
     nvml(client, "nopair", rank=0, host="node-a", index=0, util=40)
     at = run_app(redis_url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert any("not paired: 1 rank(s) for 4 EP GPUs" in c.value for c in at.caption), [c.value for c in at.caption]
     assert any("(not paired with an EP GPU)" in c.value for c in at.caption)

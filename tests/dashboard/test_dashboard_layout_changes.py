@@ -31,7 +31,7 @@ from moe_monitor.dashboard.live.window import StepWindow
 from moe_monitor.dashboard.sources.base import Batch
 from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.dashboard.sources.trace import TraceSource
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 from tests.support.assembled import add_rank
 from tests.support.listsource import ListSource
 from tests.support.synthfill import make_meta
@@ -237,7 +237,7 @@ def test_overview_and_devices_pages_show_the_change(redis_server, redis_url, mon
     lines = [md.value for md in at.markdown if md.value.startswith("**Layout in force:**")]
     assert len(lines) == 1 and "engine rebalance since step 4" in lines[0], lines
     assert any("layout: engine rebalance at step 4" in c.value for c in at.caption)
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     marked = []
     for chart in at.get("vega_lite_chart"):

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from moe_monitor.collectors import ExpertLoadMonitor
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 LAYOUT_LP = [[0, 1, 0, 2], [0, 1, 0, 2]]
 IDS = torch.tensor([0] * 8 + [1] * 4).reshape(-1, 1)
@@ -39,7 +39,7 @@ def test_measured_vs_estimated_on_the_gpu_panel(redis_server, monkeypatch):
     redis_server.client().flushdb()
     _fill(redis_server.url, "measured-run", steps=6, physical=True)
     at = run_app(redis_server.url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert [s.value for s in at.subheader] == ["Measured vs estimated"]
     assert _metric(at, "estimated, step 5") == "1.333"
@@ -56,6 +56,6 @@ def test_no_section_without_physical_records(redis_server, monkeypatch):
     redis_server.client().flushdb()
     _fill(redis_server.url, "logical-only", steps=3, physical=False)
     at = run_app(redis_server.url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert not at.subheader and len(at.get("vega_lite_chart")) == 1

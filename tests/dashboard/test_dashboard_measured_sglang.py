@@ -16,7 +16,7 @@ from tests.collectors.test_sglang_bridge import (  # noqa: F401 (real: a fixture
     real,
 )
 from tests.collectors.test_sglang_physical import write_dump
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 
 def test_the_bridge_s_physical_records_on_the_gpu_panel(tmp_path, redis_server, monkeypatch, real):  # noqa: F811
@@ -33,7 +33,7 @@ def test_the_bridge_s_physical_records_on_the_gpu_panel(tmp_path, redis_server, 
     assert np.isfinite(want.won_T).all()
 
     at = run_app(redis_server.url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["estimated, step 42"] == f"{want.estimated_T[-1]:.3f}"

@@ -7,7 +7,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page, whole
 
 RUN = "pages-run"
 
@@ -60,7 +60,7 @@ def app(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
     at = app_test().run()
     assert not at.exception, at.exception
-    return at
+    return whole(at)
 
 
 def metric(at, label_start: str) -> str:
@@ -93,13 +93,13 @@ def test_phase_filter_applies(filled, monkeypatch, phase):
     assert 0 < want["steps"] < both["steps"]  # the real run has both phases
     assert any(f"phase: {phase} · {want['steps']} steps in window" in c.value for c in at.caption)
     assert metric(at, "balancedness now") == f"{want['eta_now_p50']:.3f}"
-    at.switch_page("page_files/experts.py").run()
+    open_page(at, "page_files/experts.py")
     assert not at.exception and any(f"phase: {phase}" in c.value for c in at.caption)
 
 
 def test_devices(filled, monkeypatch):
     at = app(filled, monkeypatch)
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     assert len(at.get("vega_lite_chart")) == 5 and not at.get("plotly_chart")
     assert any("Per-step vs window-sum imbalance" in md.value for md in at.markdown)
@@ -107,7 +107,7 @@ def test_devices(filled, monkeypatch):
 
 def test_experts(filled, monkeypatch):
     at = app(filled, monkeypatch)
-    at.switch_page("page_files/experts.py").run()
+    open_page(at, "page_files/experts.py")
     assert not at.exception, at.exception
     assert len(at.get("vega_lite_chart")) == 3  # layer x expert, expert x time, drift (staleness: on request)
     want = expected(filled, RUN)
@@ -124,7 +124,7 @@ def test_experts(filled, monkeypatch):
 
 def test_gpu_panel_without_nvidia_gpu(filled, monkeypatch):
     at = app(filled, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     nvml = [w.value for w in at.warning if "No NVIDIA GPU / NVML not available" in w.value]
     assert len(nvml) == 1 and "(rank 0)" in nvml[0], nvml  # once for the run
@@ -133,7 +133,7 @@ def test_gpu_panel_without_nvidia_gpu(filled, monkeypatch):
     assert len(loads) == 1 and loads[0].label.startswith(f"GPU {straggler} (") and loads[0].value.endswith("tokens")
     assert len(at.get("vega_lite_chart")) == 1  # the expert load alone: no NVML readings
     at.query_params["gpu"] = "1"  # the Overview's drill-down link
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert [m.label for m in at.metric if m.label.endswith("expert load, latest step")] == \
         ["GPU 1 (node 0) expert load, latest step"]
     assert at.number_input(key="gpu_panel_gpu").value == 1 and "gpu" not in at.query_params

@@ -22,7 +22,7 @@ from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.dashboard.sources.rollups import RollupSource, available_resolutions
 from tests.support import synthfill
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 L, E, GPUS = 3, 16, 4
 RUN = "roll-run"
@@ -198,13 +198,13 @@ def test_pages_at_a_rollup_resolution_say_so_and_count_bad_entries(redis_url, mo
     assert labels["per-step balancedness, median"] == f"{merged.eta_quantile(0.5):.3f}"
     assert labels["busiest GPU per step, peak"] == f"{merged.max_load_peak:,.0f}"
     assert len(at.get("vega_lite_chart")) == 4  # the answer, the per-GPU bars, what the bucket sums hide (2)
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     assert any(line in c.value for c in at.caption) and len(at.get("vega_lite_chart")) == 5
     assert any("Per-1-minute bucket vs window-sum imbalance" in md.value for md in at.markdown)
-    at.switch_page("page_files/time.py").run()  # layer timings need single steps
+    open_page(at, "page_files/time.py")  # layer timings need single steps
     assert not at.exception, at.exception
-    at.switch_page("page_files/experts.py").run()
+    open_page(at, "page_files/experts.py")
     assert not at.exception and any(line in c.value for c in at.caption)
     at.sidebar.number_input(key="span_hours").set_value(2).run()
     assert not at.exception and any("1-minute rollups: last 2 h, 120 buckets" in c.value for c in at.caption)

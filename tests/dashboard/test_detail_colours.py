@@ -9,7 +9,7 @@ from streamlit.proto.Metric_pb2 import Metric as MetricProto
 
 from moe_monitor import core
 from tests.support import synthfill
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 pytestmark = pytest.mark.app
 RED, GREEN = MetricProto.MetricColor.RED, MetricProto.MetricColor.GREEN
@@ -32,7 +32,7 @@ def test_a_lopsided_run_reads_red_and_its_clean_counters_green(redis_url, monkey
     assert _metric(at, "step imbalance p99").proto.color == RED
     assert not _metric(at, "steps/s").proto.delta  # no rule, no colour
 
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     assert _metric(at, "step imbalance p50").proto.color == RED
     line = next(md.value for md in at.markdown if "Per-step vs window-sum imbalance" in md.value)
@@ -50,7 +50,7 @@ def test_an_even_run_reads_green_on_devices(redis_url, monkeypatch):
             tokens=int(counts.sum()), counts_LE=counts)))
     client.zadd(core.RUNS_KEY, {run: now})
     at = run_app(redis_url, monkeypatch, phase="auto")
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     good = _metric(at, "step imbalance p99")
     assert float(good.value) < 1.1 and good.proto.color == GREEN and good.proto.delta == "good"

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from moe_monitor import core
 from tests.support import synthfill
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 SLOTS = 2  # experts per GPU (contiguous layout: expert e on GPU e // SLOTS)
 
@@ -63,7 +63,7 @@ def test_every_gpu_is_a_row_and_the_straggler_is_marked(redis_url, monkeypatch):
     client = core.connect(redis_url, timeout_s=2.0)
     fill_gpus(client, "all32", gpus=32, hot_gpu=5, slow_gpu=5)
     at = run_app(redis_url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert [s.value for s in at.subheader][:2] == ["Every GPU", "One GPU"]
     assert any("red outline: GPU 5, the GPU the Overview names" in c.value for c in at.caption), \
@@ -99,7 +99,7 @@ def test_the_number_input_and_the_overview_link_still_pick_the_detail(redis_url,
     fill_gpus(client, "all8", gpus=8, hot_gpu=2, slow_gpu=6)
     at = run_app(redis_url, monkeypatch)
     at.query_params["gpu"] = "6"
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert at.number_input(key="gpu_panel_gpu").value == 6
     assert next(m.value for m in at.metric if m.label == "SM clock") == "1410 MHz"
@@ -117,7 +117,7 @@ def test_devices_are_rows_by_host_when_no_pairing_is_claimed(redis_url, monkeypa
         client.xadd(core.gpu_key("unpaired"), core.encode_gpu_sample(core.GpuSample(
             rank=0, host="box", time_s=now - 5 + k, status="ok", gpus=[nvml_reading(i, 3, k) for i in range(4)])))
     at = run_app(redis_url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert any("Rows: NVML devices by host and index (not paired: 1 rank(s) for 4 EP GPUs" in c.value
                and "none outlined" in c.value for c in at.caption), [c.value for c in at.caption]
@@ -132,7 +132,7 @@ def test_a_run_without_nvml_samples_shows_the_expert_load_alone(redis_url, monke
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "nonvml", steps=8, world_size=2, gpus=2, num_experts=16, gpu_status="none")
     at = run_app(redis_url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert [i.value for i in at.info] == ["The collector has not sent any NVML sample for this run yet."]
     assert not at.subheader and not at.dataframe and len(at.get("vega_lite_chart")) == 1
@@ -144,7 +144,7 @@ def test_without_a_straggler_no_gpu_is_marked_as_named(redis_url, monkeypatch):
     client = core.connect(redis_url, timeout_s=2.0)
     fill_gpus(client, "even8", gpus=8, hot_gpu=0, slow_gpu=6, hot_share=0.0, steps=40)
     at = run_app(redis_url, monkeypatch)
-    at.switch_page("page_files/gpus.py").run()
+    open_page(at, "page_files/gpus.py")
     assert not at.exception, at.exception
     assert any("none outlined: the Overview names no persistent straggler" in c.value for c in at.caption), \
         [c.value for c in at.caption]

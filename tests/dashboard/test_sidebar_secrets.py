@@ -9,7 +9,7 @@ import pytest
 from moe_monitor import core
 from moe_monitor.demo.localredis import RedisServer
 from tests.support import synthfill
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 
 PASSWORD = "pw-Zq8-never-shown"
 RUN = "secret-run"
@@ -53,7 +53,7 @@ def test_url_field_shows_the_redacted_url_and_the_run_is_read(locked_redis, monk
     assert next(m.value for m in at.metric if m.label == "source") == "ok"
     assert any("12 steps in window" in c.value for c in at.caption)
     assert_no_password(at)
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     assert_no_password(at)
 

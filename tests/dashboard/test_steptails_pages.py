@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
 from moe_monitor.core.steptails import step_tails
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page, whole
 from tests.support.synthfill import fill, make_meta
 
 RUN = "tails-run"
@@ -32,7 +32,7 @@ def _app(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
     at = app_test().run()
     assert not at.exception, at.exception
-    return at
+    return whole(at)
 
 
 def _metric(at, label: str) -> str:
@@ -59,7 +59,7 @@ def test_overview_shows_the_per_step_tails_under_the_runs_policy(filled, monkeyp
 def test_devices_shows_the_per_layer_table(filled, monkeypatch):
     url, counts_TLE = filled
     at = _app(url, monkeypatch)
-    at.switch_page("page_files/devices.py").run()
+    open_page(at, "page_files/devices.py")
     assert not at.exception, at.exception
     at.selectbox(key="devices_dispatch_policy").set_value("lp").run()
     assert not at.exception, at.exception

@@ -19,7 +19,7 @@ from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.redis import RedisSource
 from moe_monitor.dashboard.views.time import NO_TIMINGS
 from tests.support import synthfill
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, G, R = 2, 8, 2, 2
@@ -56,8 +56,7 @@ def app(url: str, monkeypatch, page: str) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
     at = app_test().run()
     assert not at.exception, at.exception
-    at.switch_page(page).run()
-    assert not at.exception, at.exception
+    open_page(at, page)
     return at
 
 

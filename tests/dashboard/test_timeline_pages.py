@@ -15,7 +15,7 @@ from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.sources.trace import TraceSource
 from moe_monitor.dashboard.views import timeline
 from tests.support import synthfill
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page, whole
 from tests.support.listsource import recording, write_jsonl
 
 WIDTH = 20
@@ -50,7 +50,7 @@ def replay_app(request, tmp_path, monkeypatch):
     at.session_state["window_steps"] = WIDTH
     if request.param == "listsource":
         at.session_state["watched_run"] = (("trace", "rec.jsonl", WIDTH), WatchedRun(src, WIDTH))
-    at = _ok(at.run())
+    at = _ok(whole(at.run()))
     if request.param != "listsource":   # the real TraceSource the page built can seek
         source = at.session_state["watched_run"][1].source
         assert isinstance(source, TraceSource) and is_seekable(source)
@@ -75,7 +75,7 @@ def test_seek_and_step_move_the_window_every_page_analyses(replay_app):
     held = [shown for shown in ((100, 119), (30, 59), (31, 60), (29, 58)) if timeline.range_key(shown) in at.session_state]
     assert held == [(29, 58)]  # the slider's state of the range shown only, however often the range moved
     for page in ("devices", "experts", "gpus"):
-        _ok(at.switch_page(f"page_files/{page}.py").run())
+        _ok(open_page(at, f"page_files/{page}.py"))
         assert _window(at) == (29, 58, 30)
         if page != "gpus":
             assert _in_window(at) == 30
@@ -127,7 +127,7 @@ def test_play_advances_the_window(replay_app):
 
 def test_the_staleness_figure_on_experts_and_whatif(replay_app):
     at = replay_app
-    _ok(at.switch_page("page_files/experts.py").run())
+    _ok(open_page(at, "page_files/experts.py"))
     assert len(at.get("vega_lite_chart")) == 3 and not any("Placement staleness" in c.value for c in at.caption)
     _ok(at.toggle(key="experts_staleness").set_value(True).run())   # asked for: it costs a few plans
     charts = at.get("vega_lite_chart")
@@ -150,7 +150,7 @@ def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redi
     _ok(at.run())
     assert _in_window(at) == 30  # the view is frozen ...
     assert any("Paused" in i.value and "12 new steps waiting" in i.value for i in at.info)  # ... polling is not
-    _ok(at.switch_page("page_files/devices.py").run())
+    _ok(open_page(at, "page_files/devices.py"))
     assert _in_window(at) == 30
     _ok(at.button(key="live_resume_button").click().run())
     assert _in_window(at) == 42  # nothing lost

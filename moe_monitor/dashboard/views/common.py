@@ -36,6 +36,8 @@ from moe_monitor.dashboard.views.session import (
     watched_run_for,
 )
 
+_OPENED = "_page_opened"  # session state: the page whose live ticks ran last
+
 
 @dataclass
 class PageData:
@@ -198,6 +200,16 @@ def _status_banners(cfg: Settings, watched: RunView) -> None:
         st.warning(f"Skipped {notes.bad_records} bad record(s); the latest: {latest}")
     if notes.read_error:
         st.warning(f"The rollup stream could not be read: {safe_text(notes.read_error, cfg.redis_url)}")
+
+
+def opening_tick(page: str) -> bool:
+    """True on the first live tick of `page` since it opened (a new session, or back from another page): that
+    tick draws the page down to its first chart and stops, the next one (REFRESH_S later) draws the rest, so
+    the browser draws the first chart before every other one. A widget or sidebar change on the same page is
+    no opening: what is drawn stays drawn."""
+    opened = st.session_state.get(_OPENED) != page
+    st.session_state[_OPENED] = page
+    return opened
 
 
 def poll_and_caption(require_steps: bool = True) -> PageData | None:

@@ -14,7 +14,7 @@ from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.badges import coloured
-from moe_monitor.dashboard.views.common import PageData, poll_and_caption
+from moe_monitor.dashboard.views.common import PageData, opening_tick, poll_and_caption
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
@@ -28,14 +28,17 @@ def page() -> None:
 def live() -> None:
     current = poll_and_caption()
     if current is not None:
-        render(current)
+        render(current, whole=not opening_tick("devices"))
     timeline.keep_playing()
 
 
-def render(current: PageData) -> None:
+def render(current: PageData, whole: bool = True) -> None:
+    """whole=False: the first chart only (dashboard.views.common.opening_tick)."""
     snap = current.snapshot
     unit, marks, x_T, x_title = snap.unit, snap.axis_marks(), snap.x_T, snap.x_title
     draw(load_figures.load_bands(x_T, snap.loads_TG, unit, marks, x_title), "devices_bands")
+    if not whole:
+        return
     draw(load_figures.gpu_time_heatmap(x_T, snap.loads_TG, unit, marks, x_title, snap.layout.gpus_per_node),
          "devices_gpu_time")
     draw(load_figures.eta_over_time(x_T, snap.eta_TL, marks, x_title), "devices_eta_time")

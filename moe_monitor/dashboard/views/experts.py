@@ -11,7 +11,7 @@ from moe_monitor.dashboard.analytics.balance import worst_layer
 from moe_monitor.dashboard.analytics.experts import dead_experts, gpus_holding, hot_experts, js_divergence
 from moe_monitor.dashboard.figures import experts as expert_figures
 from moe_monitor.dashboard.views import timeline
-from moe_monitor.dashboard.views.common import PageData, asked_gpu, named_or_busiest, poll_and_caption
+from moe_monitor.dashboard.views.common import PageData, asked_gpu, named_or_busiest, opening_tick, poll_and_caption
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 from moe_monitor.dashboard.views.staleness import staleness_section
@@ -38,18 +38,21 @@ def live() -> None:
     current = poll_and_caption()
     if current is not None:
         render(current, int(st.session_state.get("experts_layer", -1)), int(st.session_state.get("experts_top_n", 10)),
-               int(st.session_state.get("experts_gpu", -1)))
+               int(st.session_state.get("experts_gpu", -1)), whole=not opening_tick("experts"))
     timeline.keep_playing()
 
 
-def render(current: PageData, layer: int, top_n: int, gpu: int = -1) -> None:
-    """layer -1: the layer with the lowest balancedness over the window; gpu -1: the GPU the Overview names."""
+def render(current: PageData, layer: int, top_n: int, gpu: int = -1, whole: bool = True) -> None:
+    """layer -1: the layer with the lowest balancedness over the window; gpu -1: the GPU the Overview names;
+    whole=False: the first chart only (dashboard.views.common.opening_tick)."""
     snap, window, layout = current.snapshot, current.watched.window, current.layout
     counts_LE = snap.view.counts_sum_LE
     asked = layer
     layer = worst_layer(snap.eta_TL) if layer < 0 else min(layer, window.num_layers - 1)
     gpu = named_or_busiest(snap) if gpu < 0 else min(gpu, layout.gpus - 1)
     draw(expert_figures.layer_expert_heatmap(counts_LE), "experts_layer_expert")
+    if not whole:
+        return
     counts_TE = window.layer_counts(snap.view.slots_T, layer)
     st.caption(f"Below: layer {layer}" + (" (the lowest balancedness over the window; pick another above)"
                                           if asked < 0 else ""))

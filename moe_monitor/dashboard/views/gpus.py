@@ -23,6 +23,7 @@ from moe_monitor.dashboard.views.common import (
     ago,
     asked_gpu,
     named_or_busiest,
+    opening_tick,
     overview_named,
     poll_and_caption,
 )
@@ -42,12 +43,13 @@ def page() -> None:
 def live() -> None:
     current = poll_and_caption(require_steps=False)
     if current is not None:
-        render(current)
+        render(current, whole=not opening_tick("gpus"))
     timeline.keep_playing()
 
 
-def render(current: PageData) -> None:
-    """Every GPU, then the one chosen in the number input (-1: the one the Overview names, else the busiest)."""
+def render(current: PageData, whole: bool = True) -> None:
+    """Every GPU, then the one chosen in the number input (-1: the one the Overview names, else the busiest);
+    whole=False: down to the first chart (dashboard.views.common.opening_tick)."""
     history, snap = current.watched.gpus, current.snapshot
     unavailable_line(history.unavailable)
     if not history.series and not history.unavailable:
@@ -56,18 +58,22 @@ def render(current: PageData) -> None:
     named = overview_named(snap) if snap is not None else None  # marked as named only when the Overview names it
     pairs, note = history.pairing(gpus, current.watched.world_size)
     if history.series:
-        every_gpu(current, history, gpus, pairs, note, named)
+        every_gpu(current, history, gpus, pairs, note, named, whole)
+        if not whole:
+            return
         st.subheader("One GPU")
     st.number_input("EP GPU (-1: the GPU the Overview names)", min_value=-1, value=-1, step=1, key="gpu_panel_gpu")
     gpu = int(st.session_state.get("gpu_panel_gpu", -1))
     if gpu < 0:
         gpu = named_or_busiest(snap) if snap is not None else 0
-    one_gpu(current, min(max(gpu, 0), gpus - 1), pairs, note)
+    one_gpu(current, min(max(gpu, 0), gpus - 1), pairs, note, whole)
 
 
-def every_gpu(current: PageData, history: GpuHistory, gpus: int, pairs: dict, note: str, named: int | None) -> None:
+def every_gpu(current: PageData, history: GpuHistory, gpus: int, pairs: dict, note: str, named: int | None,
+              whole: bool = True) -> None:
     """The all-GPU view: the latest readings against expert load (a chart and a table), then per reading a
-    GPU x time heatmap; the GPU the Overview names is outlined in red where it is a row."""
+    GPU x time heatmap; the GPU the Overview names is outlined in red where it is a row. whole=False: the
+    first chart only."""
     snap = current.snapshot
     rows = grid_rows(pairs, history.devices(), gpus)
     grid = gpu_grid(history.readings(), rows, gpu_figures.grid_bins(len(rows)))
@@ -87,11 +93,13 @@ def every_gpu(current: PageData, history: GpuHistory, gpus: int, pairs: dict, no
         left, right = st.columns([2, 3])
         with left:
             draw(gpu_figures.latest_against_load(grid, load_G, named, unit), "gpu_panel_latest")
+        if not whole:
+            return
         latest_table(right, gpu_figures.latest_table(grid, load_G, named), unit)
-    else:
+    elif whole:
         latest_table(st, gpu_figures.latest_table(grid, None, None), "")
     columns = st.columns(HEATMAP_COLUMNS)
-    for i, heat in enumerate(gpu_figures.nvml_heatmaps(grid, marked)):
+    for i, heat in enumerate(gpu_figures.nvml_heatmaps(grid, marked)[:None if whole else 1]):
         draw(heat, f"gpu_panel_heat_{i}", columns[i % HEATMAP_COLUMNS])
 
 
@@ -111,8 +119,9 @@ def latest_table(container, table, unit: str) -> None:
         "reading age s": number("age s", format="%.1f", help="seconds before the newest reading of any device")})
 
 
-def one_gpu(current: PageData, gpu: int, pairs: dict, note: str) -> None:
-    """One EP GPU: its NVML device's latest readings and their history beside its expert load."""
+def one_gpu(current: PageData, gpu: int, pairs: dict, note: str, whole: bool = True) -> None:
+    """One EP GPU: its NVML device's latest readings and their history beside its expert load; whole=False:
+    down to its first chart."""
     history, snap = current.watched.gpus, current.snapshot
     device = pairs.get(gpu)
     if device is None and history.series:
@@ -145,6 +154,8 @@ def one_gpu(current: PageData, gpu: int, pairs: dict, note: str) -> None:
     for i, panel in enumerate(gpu_figures.nvml_charts(rows if paired else [], snap.view.time_s_T, load_T, title,
                                                       snap.time_marks(), load_step_T=snap.view.step_T)):
         draw(panel, f"gpu_panel_fig_{i}")
+        if not whole:
+            return
     if rows and not paired:
         st.caption("The NVML device's readings (not paired with an EP GPU):")
         for i, panel in enumerate(gpu_figures.nvml_charts(rows, [], [], "NVML device (not paired)")[1:]):

@@ -28,7 +28,7 @@ from moe_monitor.dashboard.live.layout_changes import rebalances_of
 from moe_monitor.dashboard.live.snapshot import Snapshot
 from moe_monitor.dashboard.views import steptails, timeline
 from moe_monitor.dashboard.views.badges import judged_metric, ruled_metric
-from moe_monitor.dashboard.views.common import PageData, ago, poll_and_caption
+from moe_monitor.dashboard.views.common import PageData, ago, opening_tick, poll_and_caption
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 from moe_monitor.dashboard.whatif import advice as whatif_advice
@@ -44,14 +44,17 @@ def page() -> None:
 def live() -> None:
     current = poll_and_caption()
     if current is not None:
-        render(current)
+        render(current, whole=not opening_tick("overview"))
     timeline.keep_playing()
 
 
-def render(current: PageData) -> None:
+def render(current: PageData, whole: bool = True) -> None:
     """The answer and its picture above the fold; every other figure one click down. The rebalance line and
-    the alert rules are judged once: a warning above when they call for one, a caption in the details else."""
+    the alert rules are judged once: a warning above when they call for one, a caption in the details else.
+    whole=False: the first screen only (dashboard.views.common.opening_tick)."""
     first_screen(current)  # the chart first: the rest is judged while the browser draws it
+    if not whole:
+        return
     rebalance, alert = rebalance_line(current), _alert_line(current)
     balanced_backend(current)
     for text, warn in (rebalance, alert):

@@ -11,7 +11,7 @@ from moe_monitor.dashboard.analytics import timing
 from moe_monitor.dashboard.figures import time as time_figures
 from moe_monitor.dashboard.figures.units import format_number
 from moe_monitor.dashboard.views import timeline
-from moe_monitor.dashboard.views.common import PageData, caption, named_or_busiest, poll_and_analyse
+from moe_monitor.dashboard.views.common import PageData, caption, named_or_busiest, opening_tick, poll_and_analyse
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.session import REFRESH_S
 
@@ -31,7 +31,7 @@ def page() -> None:
 def live() -> None:
     current = poll_and_analyse(full_resolution=True)  # layer timings are per step
     if current is not None:
-        render(current)
+        render(current, whole=not opening_tick("time"))
     timeline.keep_playing()
 
 
@@ -59,7 +59,8 @@ def _share(value: float) -> str:
     return "n/a" if not np.isfinite(value) else f"{value:.1%}"
 
 
-def render(current: PageData) -> None:
+def render(current: PageData, whole: bool = True) -> None:
+    """whole=False: down to the first chart (dashboard.views.common.opening_tick)."""
     snap, ring = current.snapshot, current.watched.timings
     if snap is None:
         return
@@ -91,6 +92,8 @@ def render(current: PageData) -> None:
     cols[4].metric("layer time, p99", _ms(summary.layer_p99_s), help="per (step, layer), its slowest rank")
     draw(time_figures.rank_breakdown(timing.mean_over(d_TR, 0), timing.mean_over(c_TR, 0), timing.mean_over(b_TR, 0),
                                      timing.mean_over(l_TR, 0), what), "time_ranks")
+    if not whole:
+        return
     draw(time_figures.phases_over_steps(view.step_T, timing.mean_over(d_TR, 1), timing.mean_over(c_TR, 1),
                                         timing.mean_over(b_TR, 1), timing.max_over(l_TR, 1), what, snap.step_marks()),
          "time_steps")

@@ -1,0 +1,40 @@
+"""A live page opens with its first chart and is drawn whole on its next run (views.common.opening_tick), on
+the real app (AppTest) against a real redis-server filled by the real collector. What is drawn stays drawn: a
+widget change on the page, or the sidebar's, is no opening."""
+
+import pytest
+
+from tests.support.apptest import app_test
+
+RUN = "opening-run"
+WHOLE = {"devices": 5, "experts": 3}  # charts once drawn whole
+
+
+@pytest.fixture(scope="module")
+def filled(redis_server):
+    from tests.support.realfill import fill_with_collector
+
+    redis_server.client().flushdb()
+    fill_with_collector(redis_server.url, RUN, steps=30)
+    return redis_server.url
+
+
+def charts(at) -> int:
+    assert not at.exception, at.exception
+    return len(at.get("vega_lite_chart"))
+
+
+@pytest.mark.parametrize("page", ["devices", "experts"])
+def test_a_page_opens_with_its_first_chart_then_is_drawn_whole(filled, monkeypatch, page):
+    monkeypatch.setenv("REDIS_URL", filled)
+    at = app_test().run()
+    assert charts(at) == 1  # the Overview opens with its picture ...
+    assert not any(e.label.startswith("Every figure") for e in at.expander)
+    assert charts(at.run()) >= 1 and any(e.label.startswith("Every figure") for e in at.expander)  # ... then all
+    assert charts(at.switch_page(f"page_files/{page}.py").run()) == 1
+    assert charts(at.run()) == WHOLE[page]
+    at.sidebar.number_input(key="window_steps").set_value(20).run()  # a sidebar change: no opening
+    assert charts(at) == WHOLE[page]
+    assert charts(at.switch_page("page_files/overview.py").run()) == 1  # another page, then back: opens again
+    assert charts(at.switch_page(f"page_files/{page}.py").run()) == 1
+    assert charts(at.run()) == WHOLE[page]
