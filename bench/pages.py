@@ -7,8 +7,9 @@ git archive, bench/baseline.py) serve it side by side; for each repeat, each tre
 context opens the page and the time until a chart on screen has drawn is taken (a new session on a warm
 server). Medians of the repeats, interleaved, beside the floor: a bare Streamlit page with one small live
 Vega-Lite chart (what Streamlit and chromium take before a page of ours does anything); and the same in a new tab
-of a browser that opened the dashboard before (its scripts cached, as a returning user's). Then blank-chart frames
-over --watch-s seconds of live refresh per page (tests/dashboard/blankframes.py).
+of a browser that opened the dashboard before (its scripts cached, as a returning user's); and from a click on the
+page in the sidebar of an Overview just opened. Then blank-chart frames over --watch-s seconds of live refresh per
+page (tests/dashboard/blankframes.py).
 
     python -m bench.pages [--repeats 5] [--baseline REV] [--watch-s 10] [--pages overview,devices]
 """
@@ -52,6 +53,9 @@ live()
 """  # the floor: a bare Streamlit page whose only content is one small live Vega-Lite chart
 DRAWN = """(charts) => [...document.querySelectorAll(charts)].some(c => !c.closest('details:not([open])')
     && c.getBoundingClientRect().height >= 20 && c.querySelector('.main-svg, canvas, svg.marks'))"""
+# the same for a chart the page drew after a click (a chart on screen before it carries data-before)
+DRAWN_SINCE = DRAWN.replace("!c.closest", "!c.dataset.before && !c.closest")
+MARK_BEFORE = "(charts) => document.querySelectorAll(charts).forEach(c => { c.dataset.before = '1'; })"
 
 
 def write(url: str, stop: threading.Event) -> None:
@@ -147,6 +151,23 @@ def first_chart_s(browser, url: str, context=None) -> float:
             context.close()
 
 
+def navigated_s(browser, base: str, page: str) -> float:
+    """Seconds from a click on `page` in the sidebar's navigation, on the Overview of a new session, until a
+    chart of that page has drawn: what a user who opened the dashboard waits for each page after the first."""
+    context = browser.new_context(viewport={"width": 1600, "height": 1000})
+    try:
+        tab = context.new_page()
+        tab.goto(f"{base}/overview")
+        tab.wait_for_function(DRAWN, arg=CHARTS, timeout=120_000)
+        tab.evaluate(MARK_BEFORE, CHARTS)
+        began = time.perf_counter()
+        tab.click(f'[data-testid="stSidebarNav"] a[href$="/{page}"]')
+        tab.wait_for_function(DRAWN_SINCE, arg=CHARTS, timeout=120_000)
+        return time.perf_counter() - began
+    finally:
+        context.close()
+
+
 def blank_frames(browser, url: str, watch_s: float) -> dict:
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
     try:
@@ -189,6 +210,7 @@ def main() -> int:
         time.sleep(3.0)  # the window fills with live steps
         times: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in pages}
         warm: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in pages}
+        clicked: dict[tuple[str, str], list[float]] = {(n, p): [] for n in found for p in pages if p != "overview"}
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             first_chart_s(browser, floor_url)
@@ -206,6 +228,8 @@ def main() -> int:
                     for page in pages:
                         times[(name, page)].append(first_chart_s(browser, f"{urls[name]}/{page}"))
                         warm[(name, page)].append(first_chart_s(browser, f"{urls[name]}/{page}", cached[name]))
+                        if page != "overview":
+                            clicked[(name, page)].append(navigated_s(browser, urls[name], page))
             print(f"time to the first chart on screen, {LAYERS} layers x {EXPERTS} experts, {GPUS} GPUs, live at "
                   f"10 steps/s, 1600x1000; median of {args.repeats} new sessions each (interleaved):")
             names = list(found)
@@ -222,6 +246,11 @@ def main() -> int:
                 ratio = "" if len(names) < 2 else f"  ratio {medians[0] / medians[1]:.2f}"
                 print(f"  {page:9s} " + " · ".join(f"{n} {m:5.2f} s" for n, m in zip(names, medians)) + ratio)
             print(f"  the floor {statistics.median(floor_warm_s):5.2f} s")
+            print("from a click on the page in the sidebar, on the Overview of a new session:")
+            for page in (p for p in pages if p != "overview"):
+                medians = [statistics.median(clicked[(n, page)]) for n in names]
+                ratio = "" if len(names) < 2 else f"  ratio {medians[0] / medians[1]:.2f}"
+                print(f"  {page:9s} " + " · ".join(f"{n} {m:5.2f} s" for n, m in zip(names, medians)) + ratio)
             print(f"blank-chart frames over {args.watch_s:.0f} s of live refresh (frames seen):")
             for page in (p for p in pages if p != "what-if"):  # What-if does not refresh on its own
                 cells = []

@@ -24,7 +24,7 @@ from moe_monitor.dashboard.whatif import edits
 from moe_monitor.dashboard.whatif import repair as whatif_repair
 from moe_monitor.dashboard.whatif import score as whatif_score
 from moe_monitor.dashboard.whatif.edits import layout_json
-from tests.support.apptest import run_app
+from tests.support.apptest import open_page, run_app
 from tests.support.synthfill import fill
 
 RUN, L, E, G = "vllm-unused", 2, 8, 4
@@ -66,9 +66,7 @@ def test_pages_and_the_whatif_read_an_engine_layout_with_unused_slots(vllm_run, 
     url, counts_TLE = vllm_run
     at = run_app(url, monkeypatch)
     for page in ("devices", "experts", "whatif"):
-        at.switch_page(f"page_files/{page}.py").run()
-        if page != "whatif":
-            at.run()  # a live page opens with its first chart (views.common.opening_tick), then is drawn whole
+        open_page(at, f"page_files/{page}.py")
         assert not at.exception, (page, at.exception)
         assert not at.error, (page, [e.value for e in at.error])
     assert not any("Rebalance advisor: no decision" in c.value for c in at.caption)

@@ -2,8 +2,11 @@
 the real app (AppTest) against a real redis-server filled by the real collector. What is drawn stays drawn: a
 widget change on the page, or the sidebar's, is no opening."""
 
+import json
+
 import pytest
 
+from moe_monitor.dashboard.live import plan_worker
 from tests.support.apptest import app_test
 
 RUN = "opening-run"
@@ -38,3 +41,22 @@ def test_a_page_opens_with_its_first_chart_then_is_drawn_whole(filled, monkeypat
     assert charts(at.switch_page("page_files/overview.py").run()) == 1  # another page, then back: opens again
     assert charts(at.switch_page(f"page_files/{page}.py").run()) == 1
     assert charts(at.run()) == WHOLE[page]
+
+
+def test_the_whatif_opens_with_the_current_layout_then_its_inputs_and_plan(filled, monkeypatch):
+    monkeypatch.setenv("REDIS_URL", filled)
+    at = app_test().run()
+    at.switch_page("page_files/whatif.py").run()
+    titles = [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
+    assert len(titles) == 1 and "current layout" in titles[0]  # the current layout's bars, nothing planned yet
+    line = next(c.value for c in at.caption if c.value.startswith("Planning inputs: "))  # the picks it opened on
+    assert not [w for w in (*at.main.selectbox, *at.main.number_input) if (w.key or "").startswith("whatif_")]
+    assert not any("Placement staleness" in s.value for s in at.subheader)
+    assert plan_worker.wait_idle(120)
+    at.run()  # what the next run draws (the page asks for it itself, FRAGMENT_POLL_S later)
+    assert not at.exception, at.exception
+    r, policy = at.selectbox(key="whatif_r").value, at.selectbox(key="whatif_policy").value
+    assert f"R = {r} redundant slots" in line and f"policy {policy}" in line  # the widgets open on those picks
+    assert f"scored on the newest {at.number_input(key='whatif_score').value} steps" in line
+    assert any("Placement staleness" in s.value for s in at.subheader)
+    assert len(at.get("vega_lite_chart")) > 1

@@ -72,7 +72,7 @@ def test_devices_shows_the_per_layer_table(filled, monkeypatch):
 def test_whatif_shows_the_policies_table(filled, monkeypatch):
     url, counts_TLE = filled
     at = _app(url, monkeypatch)
-    at.switch_page("page_files/whatif.py").run()
+    open_page(at, "page_files/whatif.py")
     assert not at.exception, at.exception
     table = next(df.value for df in at.dataframe if "per-step imbalance p99" in df.value.columns)
     assert list(table["layout"]) == ["current"] * 4 + ["what-if"] * 4

@@ -133,7 +133,7 @@ def test_the_staleness_figure_on_experts_and_whatif(replay_app):
     charts = at.get("vega_lite_chart")
     assert len(charts) == 4
     assert any("Placement staleness" in c.value for c in at.caption)
-    _ok(at.switch_page("page_files/whatif.py").run())
+    _ok(open_page(at, "page_files/whatif.py"))
     assert any("Placement staleness" in c.value for c in at.caption)
 
 

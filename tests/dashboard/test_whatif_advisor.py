@@ -10,7 +10,7 @@ from moe_monitor.planner.advisor import advise, advise_now
 from moe_monitor.planner.repair import experts_copied
 from moe_monitor.planner.simulate import CostModel
 from tests.support import synthfill
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page
 
 L, E, G = 4, 16, 4
 COST = CostModel.for_sizes(64, 32, 2)
@@ -69,7 +69,7 @@ def test_the_advisor_line_on_the_whatif_page(redis_url, monkeypatch, skewed):
     at = app_test()
     at.session_state["run"] = run
     at.run()
-    at.switch_page("page_files/whatif.py").run()
+    open_page(at, "page_files/whatif.py")
     assert not at.exception, at.exception
     lines = [x.value for x in (*at.success, *at.info) if "Rebalance advisor" in x.value]
     assert len(lines) == 1

@@ -20,7 +20,7 @@ from moe_monitor.dashboard.sources import request_status
 from moe_monitor.dashboard.sources.apply_gate import ApplyGate, gate_from_env
 from moe_monitor.dashboard.sources.request_status import outcome
 from tests.support import synthfill
-from tests.support.apptest import app_test, run_app
+from tests.support.apptest import app_test, open_page, run_app
 from tests.support.waiting import wait_until
 
 L, E, G, R = 2, 8, 2, 2
@@ -46,7 +46,7 @@ def _whatif(url: str, monkeypatch, runs: str | None = None, secret: str | None =
     assert not at.exception, at.exception
     if run is not None:
         at.selectbox(key="run").set_value(run).run()
-    at.switch_page("page_files/whatif.py").run()
+    open_page(at, "page_files/whatif.py")
     assert not at.exception, at.exception
     return at
 

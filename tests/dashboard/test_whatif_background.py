@@ -20,7 +20,7 @@ from moe_monitor.dashboard.views.whatif.controls import STATE_KEY
 from moe_monitor.dashboard.whatif import score as whatif_score
 from moe_monitor.planner.api import plan
 from tests.support import synthfill
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page
 
 RUN, L, E, G = "background", 4, 16, 4
 
@@ -72,7 +72,7 @@ def _metric(at, label: str):
 def test_current_layout_first_then_the_plan_with_a_direct_planners_numbers(busy):
     _, gate = busy
     at = app_test().run()
-    at.switch_page("page_files/whatif.py").run()
+    open_page(at, "page_files/whatif.py")
     assert not at.exception, at.exception
     state = at.session_state[STATE_KEY]
     data = state.windows[1]
@@ -110,7 +110,7 @@ def test_current_layout_first_then_the_plan_with_a_direct_planners_numbers(busy)
 
 def test_a_session_that_changes_its_inputs_leaves_its_old_plan(busy):
     at = app_test().run()
-    at.switch_page("page_files/whatif.py").run()
+    open_page(at, "page_files/whatif.py")
     plans = lambda: sorted(k[3] for k in plan_worker._ENTRIES if k[0] == "plan")  # noqa: E731 (R of each plan asked)
     assert plans() == [4]
     at.selectbox(key="whatif_r").set_value(0).run()
@@ -168,7 +168,7 @@ def test_a_failed_advice_copy_is_the_advisors_line_then_asked_again(busy, monkey
     flaky, calls = _once(MemoryError("cannot copy the window"), prepare)
     monkeypatch.setattr(whatif_page._Jobs, "_prepare_advice", flaky)
     at = app_test().run()
-    at.switch_page("page_files/whatif.py").run()
+    at.switch_page("page_files/whatif.py").run()  # the page's opening run asks (views.common.opening_tick)
     assert not at.exception, at.exception  # the copy failed on the page's thread, in ask: an answer, not raised
     assert any("no decision on this window (it failed: MemoryError: cannot copy the window" in c.value
                for c in at.caption), [c.value for c in at.caption]

@@ -16,7 +16,7 @@ from moe_monitor.planner.api import plan
 from moe_monitor.planner.edits import add_replica
 from moe_monitor.planner.io import load_counts
 from moe_monitor.planner.repair import experts_copied
-from tests.support.apptest import app_test
+from tests.support.apptest import app_test, open_page
 
 APP = str(Path(__file__).resolve().parents[2] / "moe_monitor" / "dashboard" / "app.py")
 RUN = "whatif-run"
@@ -67,7 +67,7 @@ def expected(url: str, redundant: int, policy: str = "auto") -> dict:
 def page(url, monkeypatch) -> AppTest:
     monkeypatch.setenv("REDIS_URL", url)
     at = app_test().run()
-    at.switch_page("page_files/whatif.py").run()
+    open_page(at, "page_files/whatif.py")
     assert not at.exception, at.exception
     return at
 

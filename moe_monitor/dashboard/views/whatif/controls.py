@@ -163,19 +163,28 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def default_inputs(num_experts: int, gpus: int, current_slots: int, current_nodes: int, steps: int) -> Inputs:
+    """The picks before the user picks: what planning_inputs() draws first (and the page opens with)."""
+    r_options = feasible_redundant(num_experts, gpus, 2 * gpus) or [0]
+    current_r = current_slots - num_experts
+    redundant = current_r if current_r > 0 and current_r in r_options else next((r for r in r_options if r > 0), 0)
+    nodes = current_nodes if current_nodes in _divisors(gpus) else 1
+    return Inputs(redundant=redundant, nodes=nodes, groups=0, policy=POLICIES[0], fit=512.0, unit="steps",
+                  score_steps=max(1, min(64, steps // 4)), hold_out=True, node_cap=0, move_budget=0)
+
+
 def planning_inputs(num_experts: int, gpus: int, current_slots: int, current_nodes: int, steps: int) -> Inputs:
-    """Draw the planning controls; returns the picks."""
+    """Draw the planning controls (default_inputs() first); returns the picks."""
+    first = default_inputs(num_experts, gpus, current_slots, current_nodes, steps)
     top = st.columns(4)
     repairing = bool(st.session_state.get(_MOVES))  # a move budget keeps the current slots: no R/groups/policy
     r_options = feasible_redundant(num_experts, gpus, 2 * gpus) or [0]
-    current_r = current_slots - num_experts
-    default_r = current_r if current_r > 0 and current_r in r_options else next((r for r in r_options if r > 0), 0)
-    redundant = top[0].selectbox("redundant slots R", r_options, index=r_options.index(default_r), key="whatif_r",
-                                 disabled=repairing,
-                                 help=f"(E + R) must split evenly over {gpus} GPUs; current layout: R = {current_r}")
+    redundant = top[0].selectbox("redundant slots R", r_options, index=r_options.index(first.redundant),
+                                 key="whatif_r", disabled=repairing,
+                                 help=f"(E + R) must split evenly over {gpus} GPUs; current layout: R = "
+                                      f"{current_slots - num_experts}")
     node_options = _divisors(gpus)
-    nodes = top[1].selectbox("nodes", node_options, key="whatif_nodes",
-                             index=node_options.index(current_nodes) if current_nodes in node_options else 0)
+    nodes = top[1].selectbox("nodes", node_options, key="whatif_nodes", index=node_options.index(first.nodes))
     group_options = [0] + [k for k in _divisors(num_experts) if k > 1 and k % nodes == 0]
     groups = top[2].selectbox("expert groups (hierarchical)", group_options, key="whatif_groups", disabled=repairing,
                               format_func=lambda k: "none (global)" if k == 0 else str(k),
@@ -183,11 +192,11 @@ def planning_inputs(num_experts: int, gpus: int, current_slots: int, current_nod
     policy = top[3].selectbox("policy", POLICIES, key="whatif_policy", disabled=repairing,
                               help="auto: hierarchical with groups, else robust over the fit windows")
     row = st.columns([1, 1, 1, 1, 1, 1])
-    fit = row[0].number_input("fit window", min_value=1, value=512, step=1, key="whatif_fit")
+    fit = row[0].number_input("fit window", min_value=1, value=int(first.fit), step=1, key="whatif_fit")
     unit = row[1].radio("fit window in", ("steps", "minutes"), horizontal=True, key="whatif_unit")
-    score_steps = row[2].number_input("score window (newest steps)", min_value=1,
-                                      value=max(1, min(64, steps // 4)), step=1, key="whatif_score")
-    hold_out = row[3].checkbox("fit ends where the score window starts", value=True, key="whatif_hold_out",
+    score_steps = row[2].number_input("score window (newest steps)", min_value=1, value=first.score_steps, step=1,
+                                      key="whatif_score")
+    hold_out = row[3].checkbox("fit ends where the score window starts", value=first.hold_out, key="whatif_hold_out",
                                help="score on steps the plan never saw (held out)")
     node_cap = row[4].number_input("node cap per token (0 = none)", min_value=0, max_value=gpus, value=0,
                                    step=1, key="whatif_node_cap", disabled=nodes == 1,
@@ -204,11 +213,19 @@ def refresh_button(container: DeltaGenerator) -> None:
     container.button("Re-read the window", on_click=on_refresh, key="whatif_refresh_button")
 
 
+def worst_layer(before: Score) -> int:
+    """The layer the picker shows first: the current layout's worst of the layers with tokens."""
+    return max(_layers(before), key=lambda layer: before.imbalance_sum_L[layer])
+
+
+def _layers(before: Score) -> list[int]:
+    return [int(layer) for layer in np.flatnonzero(before.active_L)] or list(range(before.active_L.size))
+
+
 def layer_picker(before: Score) -> int:
-    """The layer to show and edit (layers with tokens; the current layout's worst by default)."""
-    layers = [int(layer) for layer in np.flatnonzero(before.active_L)] or list(range(before.active_L.size))
-    worst = max(layers, key=lambda layer: before.imbalance_sum_L[layer])
-    return int(st.selectbox("layer to show and edit", layers, index=layers.index(worst), key="whatif_layer",
+    """The layer to show and edit (layers with tokens; worst_layer() first)."""
+    layers = _layers(before)
+    return int(st.selectbox("layer to show and edit", layers, index=layers.index(worst_layer(before)), key="whatif_layer",
                             format_func=lambda layer: f"layer {layer} (current layout: imbalance "
                                                       f"{before.imbalance_sum_L[layer]:.3f})"))
 

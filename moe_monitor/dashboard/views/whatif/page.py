@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.dashboard.figures import whatif as whatif_figures
@@ -25,7 +26,7 @@ from moe_monitor.dashboard.figures.units import format_bytes, format_number
 from moe_monitor.dashboard.live import plan_worker
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.window import StepWindow, WindowView
-from moe_monitor.dashboard.views.common import PageData, caption, poll_and_analyse
+from moe_monitor.dashboard.views.common import PageData, caption, opening_tick, poll_and_analyse
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.staleness import moving_span, staleness_section
 from moe_monitor.dashboard.views.whatif import controls
@@ -44,6 +45,7 @@ from moe_monitor.planner.bounds import best_bound
 from moe_monitor.planner.budget import bytes_per_expert, replica_budget_curve
 
 UNIT = "tokens/step"
+PICKS_PX, LAYER_PX = 172, 68  # the planning inputs' and the layer picker's heights at 1600 px wide (held on opening)
 MOVES_LABEL = "moves (expert copies onto GPUs)"  # what planner.repair.experts_copied counts
 
 
@@ -54,7 +56,7 @@ def page() -> None:
         return
     caption(current)
     try:
-        render(current)
+        render(current, opening=opening_tick("whatif"))
     except ValueError as exc:
         st.error(f"Cannot plan with these inputs: {exc}")
     except plan_worker.Failed as exc:
@@ -76,13 +78,21 @@ def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindo
     return state.windows
 
 
-def render(current: PageData) -> None:
+def render(current: PageData, opening: bool = False) -> None:
+    """opening (the page's first run since it opened: views.common.opening_tick): the current layout's figures
+    on the default picks, their widgets sent after its chart; the plan and the rest on the next run."""
     layout, snapshot, window = current.layout, current.snapshot, current.watched.window
     if layout is None or snapshot is None or window is None:  # poll_and_analyse() gives all three when there are steps
         return
     view, state = snapshot.view, controls.page_state()
     E, G = window.num_experts, layout.gpus
-    picks = controls.planning_inputs(E, G, layout.layout_LP.shape[1], layout.nodes, view.num_steps)
+    shape = (E, G, layout.layout_LP.shape[1], layout.nodes, view.num_steps)
+    picks_box = st.container()
+    if opening:
+        picks = controls.default_inputs(*shape)
+    else:
+        with picks_box:
+            picks = controls.planning_inputs(*shape)
     data_key, data = _frozen_windows(current, layout, window, view, picks, state)
     newer = int(view.step_T[-1]) - data.as_of_step
     left, right = st.columns([4, 1])
@@ -98,15 +108,25 @@ def render(current: PageData) -> None:
     if sizes_note:
         st.info(f"Bytes and memory below use {sizes_note}.")
     before = whatif_score.score(layout.layout_LP, data.score_TLE, G)
-    layer = controls.layer_picker(before)
+    layer_box = st.container()
+    layer = controls.worst_layer(before) if opening else _in(layer_box, controls.layer_picker, before)
     metrics_box, notes_box, bars_box, plan_box = st.empty(), st.container(), st.empty(), st.container()
     jobs = _Jobs(current, layout, window, view, data, data_key, picks, state)
-    if jobs.look(ask=False).waiting:  # what needs no plan first (the current layout's figures), then ask for it
-        _metrics(metrics_box, layout.layout_LP, None, before, None, data, sizes, sizes_note, jobs.redundant)
+    if opening or jobs.look(ask=False).waiting:  # what needs no plan first (the current layout's figures)
         draw(whatif_figures.before_after_bars(
             before.mean_load_LG[layer], None, None, f"Layer {layer}: mean GPU load per step, current layout "
             "(the what-if layout's beside it once planned)", UNIT), "whatif_bars_current", bars_box)
-    looked = jobs.look()
+        _metrics(metrics_box, layout.layout_LP, None, before, None, data, sizes, sizes_note, jobs.redundant)
+    looked = jobs.look()  # then ask for what needs the plan
+    if opening:  # the widgets hold their places (their picks are the defaults); they, the plan and the rest next run
+        picks_box.container(height=PICKS_PX, border=False).caption(f"Planning inputs: {_picks_line(picks)}")
+        layer_box.container(height=LAYER_PX, border=False)
+        notes_box.caption(_waiting_line(looked) if looked.waiting else "")
+        if looked.advice_done:  # decided before (cached), or refused: said now
+            _advisor_line(advisor_box, looked, data_key, state, view.num_steps)
+        with notes_box:
+            _then_whole()
+        return
     _budget(data, data_key, G, picks, jobs.plan_nodes, jobs.groups, sizes, state)
     st.subheader("Placement staleness")
     staleness_section(current)
@@ -332,6 +352,25 @@ def _waiting_line(looked: Looked) -> str:
     if busy:  # not queued yet: say so, whichever waited longest
         oldest = replace(oldest, busy=True, ahead=busy[0].ahead)
     return f"{' · '.join(dict.fromkeys(names))} … {_since(oldest)} (the current layout's figures are shown meanwhile)"
+
+
+def _picks_line(picks: Inputs) -> str:
+    return (f"R = {picks.redundant} redundant slots · {picks.nodes} node(s) · policy {picks.policy} · fit on "
+            f"{picks.fit:g} {picks.unit} · scored on the newest {picks.score_steps} steps")
+
+
+def _in(box: DeltaGenerator, draw_widget, *args):
+    """draw_widget(*args) drawn in box; its value."""
+    with box:
+        return draw_widget(*args)
+
+
+@st.fragment(run_every=FRAGMENT_POLL_S)
+def _then_whole() -> None:
+    """On the page's opening run, nothing; on its own first tick (FRAGMENT_POLL_S later), the page again, whole."""
+    ctx = get_script_run_ctx()
+    if ctx is not None and ctx.fragment_ids_this_run:
+        st.rerun(scope="app")
 
 
 @st.fragment(run_every=FRAGMENT_POLL_S)
