@@ -152,3 +152,25 @@ def test_a_health_hash_with_too_many_fields_is_not_read(redis_url):
     assert len(batch.steps) == 3 and batch.bad_records == 1 and "not read" in batch.last_error
     assert source.health().reachable and source.health().collectors == {}
     assert source.poll(100).bad_records == 0  # counted once, not at every poll
+
+
+def test_a_poll_takes_every_rank_s_nvml_samples_of_four_seconds(redis_url):
+    """64 ranks sampling NVML every 0.25 s write 1,024 samples in 4 s: a poll takes them all (a page of
+    GPU_PER_RANK a rank, not a fixed 600 that falls further behind at every poll)."""
+    client = core.connect(redis_url, timeout_s=2.0)
+    synthfill.fill(client, "nvml-many", steps=4, world_size=64)
+    source = RedisSource(client, redis_url, "nvml-many", window_steps=50)
+    source.poll(10_000)  # the metadata, the steps and the backlog of samples (none yet)
+
+    def write(count: int) -> None:
+        pipe = client.pipeline(transaction=False)
+        for i in range(count):
+            sample = core.GpuSample(rank=i % 64, host=f"h{i % 64 // 8}", time_s=time.time(), status="ok",
+                                    gpus=[{"index": i % 8, "sm_clock_mhz": 1980.0}])
+            pipe.xadd(core.gpu_key("nvml-many"), core.encode_gpu_sample(sample))
+        pipe.execute()
+
+    write(1024)
+    assert len(source.poll(10_000).gpu_samples) == 1024
+    write(1500)  # more than a page: the rest comes with the next poll, none lost
+    assert len(source.poll(10_000).gpu_samples) + len(source.poll(10_000).gpu_samples) == 1500

@@ -36,7 +36,8 @@ from moe_monitor.dashboard.sources.streams import (
 # core.connect client raises ConnectionError instead)
 UNREACHABLE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError, RedisClusterException)
 META_REFRESH_S = 5.0
-GPU_BACKLOG = 600
+GPU_BACKLOG = 600  # NVML samples a poll at least; GPU_PER_RANK per rank where the run has more ranks
+GPU_PER_RANK = 16  # 4 s of samples at the collector's fastest (0.25 s): a poll a second keeps up with margin
 TIMING_PAGE = 4096  # timing entries a poll (58 layers: ~1.1 kB an entry)
 LAYOUT_PAGE = 64  # layout entries a poll (a 58 x 288 map is ~67 kB; a stream holds ~1000)
 PAGE_ENTRIES = 200
@@ -135,15 +136,15 @@ class RedisSource:
             else:
                 step_entries = self._read_forward(self._last_step_id, max_entries, batch)
             pipe = self.client.pipeline(transaction=False)
-            gpu = core.gpu_key(self.run)
+            gpu, world = core.gpu_key(self.run), self._meta.world_size if self._meta else 1
+            gpu_page = max(GPU_BACKLOG, GPU_PER_RANK * max(1, world))
             if self._last_gpu_id is None:
-                pipe.xrevrange(gpu, count=GPU_BACKLOG)
+                pipe.xrevrange(gpu, count=gpu_page)
             else:
-                pipe.xrange(gpu, min=exclusive(self._last_gpu_id), count=GPU_BACKLOG)
+                pipe.xrange(gpu, min=exclusive(self._last_gpu_id), count=gpu_page)
             pipe.xrange(core.layouts_key(self.run), min=exclusive(self._last_layout_id), count=LAYOUT_PAGE)
             timings = core.timings_key(self.run)
             if self._last_timing_id is None:
-                world = self._meta.world_size if self._meta else 1
                 pipe.xrevrange(timings, count=min(TIMING_PAGE, self.window_steps * max(1, world)))
             else:
                 pipe.xrange(timings, min=exclusive(self._last_timing_id), count=TIMING_PAGE)
