@@ -96,9 +96,9 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
-BENCH_BASELINE ?= dc0a029
+BENCH_BASELINE ?= fd057e1
 # the main before this tree's pages changed: bench.pages shows each page's time to its first chart beside it
-PAGES_BASELINE ?= dc0a029
+PAGES_BASELINE ?= fd057e1
 bench: venv
 	bash scripts/system-deps.sh --with-browser
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
