@@ -36,7 +36,7 @@ from moe_monitor.dashboard.views.session import (
     watched_run_for,
 )
 
-_OPENED = "_page_opened"  # session state: the page whose live ticks ran last
+_OPENED = "_page_opened"  # session state: the page that ran last
 
 
 @dataclass
@@ -203,10 +203,10 @@ def _status_banners(cfg: Settings, watched: RunView) -> None:
 
 
 def opening_tick(page: str) -> bool:
-    """True on the first live tick of `page` since it opened (a new session, or back from another page): that
-    tick draws the page down to its first chart and stops, the next one (REFRESH_S later) draws the rest, so
-    the browser draws the first chart before every other one. A widget or sidebar change on the same page is
-    no opening: what is drawn stays drawn."""
+    """True on the first run of `page` since it opened (a new session, or back from another page): that run
+    draws the page down to its first chart and stops, the next one (a live page's next tick) draws the rest, so
+    the browser draws the first chart before every other element. A widget or sidebar change on the same page
+    is no opening: what is drawn stays drawn."""
     opened = st.session_state.get(_OPENED) != page
     st.session_state[_OPENED] = page
     return opened
