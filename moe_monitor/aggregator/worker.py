@@ -376,10 +376,12 @@ class Aggregator:
                 replayed += 1
                 if not self._still_holding():
                     return
-        claimed = 0
+        claimed, take = 0, self._take(now)  # the steps a claim writes are committed as a read's are
         for entries, gone in claim(self.client, self.run, GROUP, self.consumer, o.read_count):
             claimed += len(entries)
-            out = self.reader.ingest(self.assembler, entries, now)
+            out = self.reader.ingest(self.assembler, entries, now, take)
+            if not self.holder:  # an early commit found the lease gone: the holder claims these entries again
+                return
             out.acks.extend(gone)
             self.committer.queue(out, now, self.assembler, self.rollups)
             if not self._still_holding():
@@ -425,11 +427,11 @@ class Aggregator:
             return Output()
         self.recovered_entries += len(lost)
         self._log(f"aggregate {self.run}: {len(lost)} entries delivered while Redis did not answer read again")
-        out = Output()
+        out, take = Output(), self._take(now)
         for first in range(0, len(lost), self.options.read_count):
             ids = lost[first:first + self.options.read_count]
             entries = stream_entries(self.client.xclaim(self.steps_key, GROUP, self.consumer, 0, list(ids)))
-            out.extend(self.reader.ingest(self.assembler, [(i, f) for i, f in entries if f is not None], now))
+            out.extend(self.reader.ingest(self.assembler, [(i, f) for i, f in entries if f is not None], now, take))
             out.acks.extend(i for i, f in entries if f is None)
             claimed = {i for i, _ in entries}
             out.acks.extend(i for i in ids if i not in claimed)  # trimmed away meanwhile: nothing to read
@@ -447,7 +449,7 @@ class Aggregator:
             return Output()
         entries = stream_entries(self.client.xclaim(self.steps_key, GROUP, self.consumer, idle_ms, ids))
         out = self.reader.ingest(self.assembler, [(entry_id, fields) for entry_id, fields in entries
-                                                  if fields is not None], now)
+                                                  if fields is not None], now, self._take(now))
         out.acks.extend(entry_id for entry_id, fields in entries if fields is None)
         return out
 

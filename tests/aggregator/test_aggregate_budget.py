@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from moe_monitor import core
+from moe_monitor.aggregator.options import GROUP
 from moe_monitor.aggregator.progress import decode_progress, state_key
 from moe_monitor.aggregator.service import serve
+from moe_monitor.aggregator.worker import Aggregator
 from moe_monitor.core.membudget import format_bytes
 from tests.support.aggregates import aggregates, options, publish, rank_record
 from tests.support.synthfill import make_meta
@@ -99,3 +101,33 @@ def test_runs_that_stopped_give_their_share_back(redis_url):
         for worker in workers.values():
             worker.close()
         client.close()
+
+
+def test_a_takeover_of_pending_wide_steps_stays_within_the_budget(redis_url):
+    """A dead aggregator left 100 wide entries pending (read, never acknowledged): the one taking over claims
+    them page by page and commits the steps the budget writes early as it goes, as a read does; before, it
+    held every step it wrote until the whole claim was done (841 MiB on a busy machine)."""
+    client = core.connect(redis_url)
+    client.set(core.meta_key("left"), core.encode_meta(make_meta("left", WIDE_L, WIDE_E, gpus=4, world_size=4)))
+    zeros = np.zeros((WIDE_L, WIDE_E), dtype=np.int32)
+    for first in range(0, WIDE_STEPS, 25):
+        publish(client, [rank_record("left", s, 0, zeros, 4) for s in range(first, first + 25)])
+    client.xgroup_create(core.steps_key("left"), GROUP, id="0")
+    delivered = client.xreadgroup(GROUP, "dead", {core.steps_key("left"): ">"}, count=WIDE_STEPS)
+    assert len(delivered[0][1]) == WIDE_STEPS and client.xpending(core.steps_key("left"), GROUP)["pending"] == WIDE_STEPS
+    del delivered
+    client.zadd(core.RUNS_KEY, {"left": time.time()})
+    if not Path("/proc/self/status").exists() or not reset_peak():
+        pytest.skip("needs Linux's /proc/self/status and clear_refs to read the peak resident set")
+    base = status_mib("VmRSS")
+    worker = Aggregator(redis_url, "left", options(deadline_s=60.0, memory_budget_bytes=BUDGET, block_ms=0,
+                                                   lease_s=30.0))
+    try:
+        assert worker.step()  # the lease, and the takeover: every pending entry claimed
+        peak = status_mib("VmHWM") - base
+        wide = worker.assembler.counters
+        assert worker.synced and wide.budget_writes >= WIDE_STEPS - 40  # written early, with the ranks they had
+        assert client.xpending(core.steps_key("left"), GROUP)["pending"] <= WIDE_STEPS - wide.budget_writes
+    finally:
+        worker.close()
+    assert peak << 20 < BUDGET + SLACK, f"the process grew {peak} MiB"
