@@ -131,3 +131,4 @@ def test_a_takeover_of_pending_wide_steps_stays_within_the_budget(redis_url):
     finally:
         worker.close()
     assert peak << 20 < BUDGET + SLACK, f"the process grew {peak} MiB"
+    print(f"the takeover grew the process {peak} MiB at most (budget {format_bytes(BUDGET)})")
