@@ -120,8 +120,8 @@ def test_a_takeover_of_pending_wide_steps_stays_within_the_budget(redis_url):
     if not Path("/proc/self/status").exists() or not reset_peak():
         pytest.skip("needs Linux's /proc/self/status and clear_refs to read the peak resident set")
     base = status_mib("VmRSS")
-    worker = Aggregator(redis_url, "left", options(deadline_s=60.0, memory_budget_bytes=BUDGET, block_ms=0,
-                                                   lease_s=30.0))
+    worker = Aggregator(redis_url, "left", options(deadline_s=60.0, memory_budget_bytes=BUDGET // 2, block_ms=0,
+                                                   lease_s=30.0))  # the wide run's share in the test above
     try:
         assert worker.step()  # the lease, and the takeover: every pending entry claimed
         peak = status_mib("VmHWM") - base
@@ -131,4 +131,4 @@ def test_a_takeover_of_pending_wide_steps_stays_within_the_budget(redis_url):
     finally:
         worker.close()
     assert peak << 20 < BUDGET + SLACK, f"the process grew {peak} MiB"
-    print(f"the takeover grew the process {peak} MiB at most (budget {format_bytes(BUDGET)})")
+    print(f"the takeover grew the process {peak} MiB at most (budget {format_bytes(BUDGET // 2)})")
