@@ -26,12 +26,9 @@ from bench.pages import blank_frames, serve, stop_all
 pin_malloc()
 
 from moe_monitor.demo.localredis import RedisServer, free_port
-from tests.dashboard.blankframes import CHARTS
+from tests.dashboard.blankframes import CHARTS, DRAWN
 from tests.dashboard.test_browser_gpu_panel import HOT_SLOW, _write
 from tests.support.browserkit import CHROMIUM, CHROMIUM_ARGS
-
-DRAWN = """([charts, least]) => [...document.querySelectorAll(charts)].filter(c => !c.closest('details:not([open])')
-    && c.getBoundingClientRect().height >= 20 && c.querySelector('.main-svg, canvas, svg.marks')).length >= least"""
 
 
 def chart_times_s(browser, url: str, every: int) -> tuple[float, float]:

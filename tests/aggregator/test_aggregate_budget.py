@@ -105,8 +105,8 @@ def test_runs_that_stopped_give_their_share_back(redis_url):
 
 def test_a_takeover_of_pending_wide_steps_stays_within_the_budget(redis_url):
     """A dead aggregator left 100 wide entries pending (read, never acknowledged): the one taking over claims
-    them page by page and commits the steps the budget writes early as it goes, as a read does; before, it
-    held every step it wrote until the whole claim was done (841 MiB on a busy machine)."""
+    them page by page and hands the steps the budget writes early to the committer as it goes, as a read does;
+    before, it held every step it wrote until the whole claim was done (931 MiB here)."""
     client = core.connect(redis_url)
     client.set(core.meta_key("left"), core.encode_meta(make_meta("left", WIDE_L, WIDE_E, gpus=4, world_size=4)))
     zeros = np.zeros((WIDE_L, WIDE_E), dtype=np.int32)

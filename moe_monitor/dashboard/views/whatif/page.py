@@ -80,7 +80,7 @@ def _frozen_windows(current: PageData, layout: ResolvedLayout, window: StepWindo
 
 def render(current: PageData, opening: bool = False) -> None:
     """opening (the page's first run since it opened: views.common.opening_tick): the current layout's figures
-    on the default picks, their widgets sent after its chart; the plan and the rest on the next run."""
+    on the default picks, the widgets' places held empty; the widgets, the plan and the rest on the next run."""
     layout, snapshot, window = current.layout, current.snapshot, current.watched.window
     if layout is None or snapshot is None or window is None:  # poll_and_analyse() gives all three when there are steps
         return
@@ -109,7 +109,11 @@ def render(current: PageData, opening: bool = False) -> None:
         st.info(f"Bytes and memory below use {sizes_note}.")
     before = whatif_score.score(layout.layout_LP, data.score_TLE, G)
     layer_box = st.container()
-    layer = controls.worst_layer(before) if opening else _in(layer_box, controls.layer_picker, before)
+    if opening:
+        layer = controls.worst_layer(before)
+    else:
+        with layer_box:
+            layer = controls.layer_picker(before)
     metrics_box, notes_box, bars_box, plan_box = st.empty(), st.container(), st.empty(), st.container()
     jobs = _Jobs(current, layout, window, view, data, data_key, picks, state)
     if opening or jobs.look(ask=False).waiting:  # what needs no plan first (the current layout's figures)
@@ -121,7 +125,8 @@ def render(current: PageData, opening: bool = False) -> None:
     if opening:  # the widgets hold their places (their picks are the defaults); they, the plan and the rest next run
         picks_box.container(height=PICKS_PX, border=False).caption(f"Planning inputs: {_picks_line(picks)}")
         layer_box.container(height=LAYER_PX, border=False)
-        notes_box.caption(_waiting_line(looked) if looked.waiting else "")
+        if looked.waiting:
+            notes_box.caption(_waiting_line(looked))
         if looked.advice_done:  # decided before (cached), or refused: said now
             _advisor_line(advisor_box, looked, data_key, state, view.num_steps)
         with notes_box:
@@ -357,12 +362,6 @@ def _waiting_line(looked: Looked) -> str:
 def _picks_line(picks: Inputs) -> str:
     return (f"R = {picks.redundant} redundant slots · {picks.nodes} node(s) · policy {picks.policy} · fit on "
             f"{picks.fit:g} {picks.unit} · scored on the newest {picks.score_steps} steps")
-
-
-def _in(box: DeltaGenerator, draw_widget, *args):
-    """draw_widget(*args) drawn in box; its value."""
-    with box:
-        return draw_widget(*args)
 
 
 @st.fragment(run_every=FRAGMENT_POLL_S)
