@@ -60,3 +60,22 @@ def test_the_whatif_opens_with_the_current_layout_then_its_inputs_and_plan(fille
     assert f"scored on the newest {at.number_input(key='whatif_score').value} steps" in line
     assert any("Placement staleness" in s.value for s in at.subheader)
     assert len(at.get("vega_lite_chart")) > 1
+
+
+def test_a_new_session_draws_the_sidebars_widgets_on_its_second_run_with_the_same_settings(filled, monkeypatch):
+    """The first run of a session takes the widgets' values undrawn (a value kept under a widget's key, else its
+    default), so the page's first chart is the run's only heavy element; the next run draws them."""
+    monkeypatch.setenv("REDIS_URL", filled)
+    at = app_test(phase="auto")
+    at.session_state["window_steps"] = 20
+    at.run()
+    assert charts(at) == 1
+    assert not [*at.sidebar.radio, *at.sidebar.selectbox, *at.sidebar.number_input, *at.sidebar.text_input]
+    first = at.session_state["settings"]
+    assert (first.run, first.phase, first.window_steps, first.layer, first.summed) == (RUN, "auto", 20, None, False)
+    at.run()
+    assert not at.exception, at.exception
+    assert [w.key for w in at.sidebar.radio] == ["source_kind", "phase"]
+    assert at.sidebar.selectbox(key="run").value == RUN and at.sidebar.number_input(key="window_steps").value == 20
+    assert at.session_state["settings"] == first
+    assert any(e.label.startswith("Every figure") for e in at.expander)  # and the Overview whole

@@ -141,7 +141,7 @@ def test_a_live_run_paused_keeps_its_window_and_resume_shows_every_new_step(redi
     client = core.connect(redis_url, timeout_s=2.0)
     synthfill.fill(client, "pause-run", steps=30, num_layers=2, num_experts=8, gpus=2)
     monkeypatch.setenv("REDIS_URL", redis_url)
-    at = _ok(app_test().run())
+    at = whole(_ok(app_test().run()))  # the sidebar's widgets drawn
     at.sidebar.selectbox(key="run").set_value("pause-run")
     _ok(at.run())
     assert _in_window(at) == 30

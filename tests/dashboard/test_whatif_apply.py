@@ -42,8 +42,7 @@ def _whatif(url: str, monkeypatch, runs: str | None = None, secret: str | None =
         else:
             monkeypatch.setenv(name, value)
     monkeypatch.delenv("MOE_APPLY_SECRET_FILE", raising=False)
-    at = app_test().run()
-    assert not at.exception, at.exception
+    at = run_app(url, monkeypatch)
     if run is not None:
         at.selectbox(key="run").set_value(run).run()
     open_page(at, "page_files/whatif.py")

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import streamlit as st
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from moe_monitor.dashboard.analytics import answer as answers
 from moe_monitor.dashboard.analytics import phases
@@ -210,6 +211,15 @@ def opening_tick(page: str) -> bool:
     opened = st.session_state.get(_OPENED) != page
     st.session_state[_OPENED] = page
     return opened
+
+
+@st.fragment(run_every=1.0)
+def whole_app_next_tick() -> None:
+    """Nothing on the run that draws it; on its own first tick a second later, the whole app again: what an
+    opening run that left parts undrawn (the sidebar's widgets, the What-if's inputs) calls to draw them."""
+    ctx = get_script_run_ctx()
+    if ctx is not None and ctx.fragment_ids_this_run:
+        st.rerun(scope="app")
 
 
 def poll_and_caption(require_steps: bool = True) -> PageData | None:

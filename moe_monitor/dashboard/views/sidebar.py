@@ -18,6 +18,7 @@ import streamlit as st
 
 from moe_monitor.core.layouts import parse_engine_layout_json
 from moe_monitor.core.tracefile import sandbox
+from moe_monitor.dashboard.views.common import whole_app_next_tick
 from moe_monitor.dashboard.views.session import (
     SAMPLE_PREFIX,
     Settings,
@@ -47,8 +48,25 @@ NO_SAMPLE = "(none)"
 
 
 def sidebar() -> Settings:
-    sb = st.sidebar
-    sb.header("MoE load monitor")
+    """The settings, kept in the session. A new session's first run draws the header only and takes the widgets'
+    values without drawing them, so that the page's first chart draws sooner; a tick later the app runs whole."""
+    st.sidebar.header("MoE load monitor")
+    if st.session_state.get(_SHOWN):
+        cfg = _settings(st.sidebar)
+    else:
+        st.session_state[_SHOWN] = True
+        cfg = _settings(_Unshown())
+        with st.sidebar:
+            whole_app_next_tick()
+    keep_settings(cfg)
+    return cfg
+
+
+_SHOWN = "_sidebar_shown"  # session state: this session has drawn the sidebar's widgets
+
+
+def _settings(sb) -> Settings:
+    """The widgets in sb (the sidebar, or _Unshown: their values undrawn) and the Settings they choose."""
     source = sb.radio("Source", ("Live Redis", "Trace file"), horizontal=True, key="source_kind")
     redis_url, run, trace_path = env_redis_url(), None, ""
     if source == "Live Redis":
@@ -77,12 +95,40 @@ def sidebar() -> Settings:
                                      "(step, layer). The sum over layers lets hot GPUs of different layers cancel.")
     layer = None if layer_choice in (None, PER_LAYER, ALL_LAYERS) else int(layer_choice.split()[1])
     gpus, per_node, uploaded = _layout_controls(sb)
-    cfg = Settings(source="redis" if source == "Live Redis" else "trace", redis_url=redis_url, run=run,
-                   trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer,
-                   summed=layer_choice == ALL_LAYERS, gpus=gpus,
-                   gpus_per_node=per_node, uploaded_layout=uploaded, resolution_s=resolution_s, span_s=span_s)
-    keep_settings(cfg)
-    return cfg
+    return Settings(source="redis" if source == "Live Redis" else "trace", redis_url=redis_url, run=run,
+                    trace_path=trace_path, phase=phase, window_steps=window_steps, layer=layer,
+                    summed=layer_choice == ALL_LAYERS, gpus=gpus,
+                    gpus_per_node=per_node, uploaded_layout=uploaded, resolution_s=resolution_s, span_s=span_s)
+
+
+class _Unshown:
+    """The sidebar's widgets, undrawn: each returns what its widget would (the value kept under its key, else
+    its default); the rest draws nothing."""
+
+    def radio(self, label, options, index=0, key=None, **_):
+        kept = st.session_state.get(key)
+        return kept if kept in options else options[index]
+
+    selectbox = radio
+
+    def number_input(self, label, value=None, key=None, **_):
+        return st.session_state.get(key, value)
+
+    def text_input(self, label, value="", key=None, **_):
+        return st.session_state.get(key, value)
+
+    def file_uploader(self, *_, **__):
+        return None
+
+    def container(self, *_, **__):
+        return self
+
+    expander = container
+
+    def header(self, *_, **__):
+        return None
+
+    caption = error = header
 
 
 FULL = "steps (full resolution)"
@@ -167,17 +213,16 @@ def _trace_controls(sb) -> str:
     names = [name for name in trace_files(root) if not is_upload(name) or name in mine]
     if st.session_state.get("trace_path") not in (None, *names):
         del st.session_state["trace_path"]  # its file is gone: fall back to the newest
-    with picker:
-        name = None
-        if names:
-            name = st.selectbox("Trace file", names, key="trace_path",
+    name = None
+    if names:
+        name = picker.selectbox("Trace file", names, key="trace_path",
                                 help="Recordings in the trace folder and your own uploads, newest first.")
-        st.caption(("" if names else "No trace file here yet. ")
+    picker.caption(("" if names else "No trace file here yet. ")
                    + f"Trace folder: `{root}` (set MOE_TRACE_DIR before starting the dashboard to use another; "
                      "record with `collectors.record_trace(...)`, `trace_path=` at attach or `moe-monitor record`, "
                      "or upload below).")
-        samples = sorted(n for n in trace_files(samples_root()) if n.endswith(".parquet"))
-        sample = st.selectbox("Or a shipped sample", [NO_SAMPLE, *samples], key="trace_sample",
+    samples = sorted(n for n in trace_files(samples_root()) if n.endswith(".parquet"))
+    sample = picker.selectbox("Or a shipped sample", [NO_SAMPLE, *samples], key="trace_sample",
                               help="Sample traces shipped in traces/samples/ (the demo, real DeepSeek-V3 counts).")
     if sample and sample != NO_SAMPLE:
         return SAMPLE_PREFIX + sample
@@ -220,22 +265,22 @@ def _trace_upload(sb, root: Path) -> None:
 
 
 def _layout_controls(sb) -> tuple[int | None, int | None, tuple[tuple[int, ...], ...] | None]:
-    with sb.expander("Layout and topology"):
-        st.caption("Default: the run's metadata (else contiguous, E/G experts per GPU). 0 = from the run.")
-        gpus = int(st.number_input("GPUs", min_value=0, max_value=4096, value=0, step=1, key="gpus_override"))
-        per_node = int(st.number_input("GPUs per node", min_value=0, max_value=4096, value=0, step=1,
-                                       key="gpus_per_node_override"))
-        upload = st.file_uploader('Layout JSON ({"physical_to_logical_map": [[...]]})', type=["json"],
-                                  key="layout_upload", help="SGLang's or vLLM's map ([layers][slots], -1 for an "
-                                  "unused slot), or a list per GPU ([layers][GPUs][slots of the GPU])")
-        uploaded = None
-        if upload is not None:
-            try:
-                uploaded, listed_gpus, note = read_uploaded_layout(upload.getvalue(), gpus or None)
-                gpus = gpus or listed_gpus or 0
-                st.caption(f"Using {upload.name}: {note}.")
-            except ValueError as exc:
-                st.error(str(exc))
+    box = sb.expander("Layout and topology")
+    box.caption("Default: the run's metadata (else contiguous, E/G experts per GPU). 0 = from the run.")
+    gpus = int(box.number_input("GPUs", min_value=0, max_value=4096, value=0, step=1, key="gpus_override"))
+    per_node = int(box.number_input("GPUs per node", min_value=0, max_value=4096, value=0, step=1,
+                                    key="gpus_per_node_override"))
+    upload = box.file_uploader('Layout JSON ({"physical_to_logical_map": [[...]]})', type=["json"],
+                               key="layout_upload", help="SGLang's or vLLM's map ([layers][slots], -1 for an "
+                               "unused slot), or a list per GPU ([layers][GPUs][slots of the GPU])")
+    uploaded = None
+    if upload is not None:
+        try:
+            uploaded, listed_gpus, note = read_uploaded_layout(upload.getvalue(), gpus or None)
+            gpus = gpus or listed_gpus or 0
+            box.caption(f"Using {upload.name}: {note}.")
+        except ValueError as exc:
+            box.error(str(exc))
     return gpus or None, per_node or None, uploaded
 
 

@@ -18,7 +18,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 from streamlit.delta_generator import DeltaGenerator
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from moe_monitor.core.costmodel import TimeModel
 from moe_monitor.dashboard.figures import whatif as whatif_figures
@@ -26,7 +25,7 @@ from moe_monitor.dashboard.figures.units import format_bytes, format_number
 from moe_monitor.dashboard.live import plan_worker
 from moe_monitor.dashboard.live.layout import ResolvedLayout
 from moe_monitor.dashboard.live.window import StepWindow, WindowView
-from moe_monitor.dashboard.views.common import PageData, caption, opening_tick, poll_and_analyse
+from moe_monitor.dashboard.views.common import PageData, caption, opening_tick, poll_and_analyse, whole_app_next_tick
 from moe_monitor.dashboard.views.draw import draw
 from moe_monitor.dashboard.views.staleness import moving_span, staleness_section
 from moe_monitor.dashboard.views.whatif import controls
@@ -130,7 +129,7 @@ def render(current: PageData, opening: bool = False) -> None:
         if looked.advice_done:  # decided before (cached), or refused: said now
             _advisor_line(advisor_box, looked, data_key, state, view.num_steps)
         with notes_box:
-            _then_whole()
+            whole_app_next_tick()
         return
     _budget(data, data_key, G, picks, jobs.plan_nodes, jobs.groups, sizes, state)
     st.subheader("Placement staleness")
@@ -362,14 +361,6 @@ def _waiting_line(looked: Looked) -> str:
 def _picks_line(picks: Inputs) -> str:
     return (f"R = {picks.redundant} redundant slots · {picks.nodes} node(s) · policy {picks.policy} · fit on "
             f"{picks.fit:g} {picks.unit} · scored on the newest {picks.score_steps} steps")
-
-
-@st.fragment(run_every=FRAGMENT_POLL_S)
-def _then_whole() -> None:
-    """On the page's opening run, nothing; on its own first tick (FRAGMENT_POLL_S later), the page again, whole."""
-    ctx = get_script_run_ctx()
-    if ctx is not None and ctx.fragment_ids_this_run:
-        st.rerun(scope="app")
 
 
 @st.fragment(run_every=FRAGMENT_POLL_S)
