@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from moe_monitor.demo.localredis import free_port
-from tests.support.browserkit import chromium_page, serving
+from tests.support.browserkit import SIDEBAR_WIDGETS, chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,12 +25,19 @@ def demo(tmp_path):
         yield url
 
 
+# the What-if whole (its inputs drawn) with its plan on screen: no figure still "…", no planning line
+PLANNED = """() => document.querySelector('[data-testid="stMain"] [data-testid="stSelectbox"]')
+    && ![...document.querySelectorAll('[data-testid="stMetricValue"]')].some(e => e.innerText.includes('…'))
+    && !/planning …|still computing …/.test(document.body.innerText)"""
+
+
 def _metric_values(page) -> list[str]:
     return page.locator('[data-testid="stMetricValue"]').all_inner_texts()
 
 
 def _shot(page, tmp_path: Path, name: str, for_docs: bool = True) -> None:
     path = tmp_path / f"{name}.png"
+    page.locator(SIDEBAR_WIDGETS).first.wait_for(timeout=60_000)  # the page as it stays, not its opening run
     page.screenshot(path=str(path), full_page=False)
     docs = os.environ.get("MOE_DOCS_SCREENSHOTS")
     if docs and for_docs:
@@ -76,7 +83,8 @@ def test_demo_live_in_chromium(demo, tmp_path):
         _shot(page, tmp_path, "time")
         page.goto(f"{demo}/what-if")
         page.locator('[data-testid="stVegaLiteChart"] canvas').first.wait_for(timeout=120_000)
-        page.wait_for_timeout(2000)
+        page.wait_for_function(PLANNED, timeout=180_000)
+        page.wait_for_timeout(1000)
         assert page.locator('[data-testid="stException"]').count() == 0, "what-if shows a traceback"
         _shot(page, tmp_path, "whatif")
 

@@ -17,7 +17,7 @@ from moe_monitor import core
 from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.dashboard.blankframes import CHARTS, SAMPLER
 from tests.support import synthfill
-from tests.support.browserkit import chromium_page, serving_app
+from tests.support.browserkit import SIDEBAR_WIDGETS, chromium_page, serving_app
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "live"
@@ -71,6 +71,7 @@ def test_the_answer_and_its_picture_are_above_the_fold_and_never_blank(live_app,
         page.get_by_text("phase: decode (auto: decode", exact=False).first.wait_for(timeout=30_000)
         for what, box in (("the answer", answer.bounding_box()), ("the picture", picture.bounding_box())):
             assert box is not None and box["y"] + box["height"] <= 1000, f"{what} ends below the fold: {box}"
+        page.locator(SIDEBAR_WIDGETS).first.wait_for(timeout=60_000)  # the sidebar drawn too
         shot = tmp_path / "first-screen.png"
         page.screenshot(path=str(shot), full_page=False)
         if os.environ.get("MOE_DOCS_SCREENSHOTS"):

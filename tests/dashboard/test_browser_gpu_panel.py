@@ -19,7 +19,7 @@ from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.dashboard.blankframes import CHARTS, DRAWN, SAMPLER
 from tests.dashboard.test_gpu_panel_every_gpu import SLOTS, nvml_reading
 from tests.support import synthfill
-from tests.support.browserkit import chromium_page, serving_app
+from tests.support.browserkit import SIDEBAR_WIDGETS, chromium_page, serving_app
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "every-gpu"
@@ -96,5 +96,6 @@ def test_every_gpu_on_one_screen_with_the_straggler_marked(live_app, tmp_path):
         if docs and gpus == 32:  # the all-GPU view from its heading down
             page.get_by_role("heading", name="Every GPU").evaluate("e => e.scrollIntoView({block: 'start'})")
             page.wait_for_function(DRAWN, arg=[CHARTS, 6], timeout=30_000)
+            page.locator(SIDEBAR_WIDGETS).first.wait_for(timeout=60_000)
             page.screenshot(path=str(tmp_path / "gpus-all.png"), full_page=False)
             shutil.copy(tmp_path / "gpus-all.png", (ROOT / docs) / "gpus-all.png")

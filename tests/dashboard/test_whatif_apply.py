@@ -20,7 +20,7 @@ from moe_monitor.dashboard.sources import request_status
 from moe_monitor.dashboard.sources.apply_gate import ApplyGate, gate_from_env
 from moe_monitor.dashboard.sources.request_status import outcome
 from tests.support import synthfill
-from tests.support.apptest import app_test, open_page, run_app
+from tests.support.apptest import open_page, run_app
 from tests.support.waiting import wait_until
 
 L, E, G, R = 2, 8, 2, 2

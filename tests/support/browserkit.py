@@ -14,6 +14,8 @@ from pathlib import Path
 CHROMIUM = "/usr/bin/chromium"  # Debian's chromium; never a browser downloaded by playwright
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
+# the sidebar's widgets on screen: a new session draws them on its second run (views.sidebar.sidebar)
+SIDEBAR_WIDGETS = '[data-testid="stSidebar"] [data-testid="stRadio"]'
 
 
 def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:

@@ -1,6 +1,7 @@
 """The sidebar: source (live Redis or trace file), run, phase filter, window size, resolution (full, or the
 aggregator's 1 s / 60 s rollups), layer choice and the layout override / upload. Returns a Settings and keeps
-it in the session (dashboard.views.session owns the state); pages read it with session.settings().
+it in the session (dashboard.views.session owns the state); pages read it with session.settings(). A new
+session's first run draws no widget (their values are taken undrawn); its next run, a second later, draws them.
 
 Nothing secret reaches the browser: the Redis URL field shows REDIS_URL redacted (core.redact). Trace files are
 picked from the trace folder (session.trace_root()), never typed; an upload is checked in a child process under
