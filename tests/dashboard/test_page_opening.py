@@ -45,21 +45,25 @@ def test_a_page_opens_with_its_first_chart_then_is_drawn_whole(filled, monkeypat
 
 def test_the_whatif_opens_with_the_current_layout_then_its_inputs_and_plan(filled, monkeypatch):
     monkeypatch.setenv("REDIS_URL", filled)
+    asked, ask = [], plan_worker.ask
+    monkeypatch.setattr(plan_worker, "ask", lambda key, *rest: asked.append(key) or ask(key, *rest))
     at = app_test().run()
     at.switch_page("page_files/whatif.py").run()
+    assert asked == []  # the opening run plans nothing (a plan computing beside it would slow its first chart)
     titles = [json.loads(c.proto.spec)["title"]["text"] for c in at.get("vega_lite_chart")]
     assert len(titles) == 1 and "current layout" in titles[0]  # the current layout's bars, nothing planned yet
     line = next(c.value for c in at.caption if c.value.startswith("Planning inputs: "))  # the picks it opened on
     assert not [w for w in (*at.main.selectbox, *at.main.number_input) if (w.key or "").startswith("whatif_")]
     assert not any("Placement staleness" in s.value for s in at.subheader)
-    assert plan_worker.wait_idle(120)
-    at.run()  # what the next run draws (the page asks for it itself, FRAGMENT_POLL_S later)
+    at.run()  # what the next run draws (the page asks for it itself, a tick later)
     assert not at.exception, at.exception
+    assert asked  # the advisor and the plan, asked for by the page drawn whole
     r, policy = at.selectbox(key="whatif_r").value, at.selectbox(key="whatif_policy").value
     assert f"R = {r} redundant slots" in line and f"policy {policy}" in line  # the widgets open on those picks
     assert f"scored on the newest {at.number_input(key='whatif_score').value} steps" in line
     assert any("Placement staleness" in s.value for s in at.subheader)
     assert len(at.get("vega_lite_chart")) > 1
+    assert plan_worker.wait_idle(120)  # nothing left computing for the next test
 
 
 def test_a_new_session_draws_the_sidebars_widgets_on_its_second_run_with_the_same_settings(filled, monkeypatch):

@@ -168,7 +168,10 @@ def test_a_failed_advice_copy_is_the_advisors_line_then_asked_again(busy, monkey
     flaky, calls = _once(MemoryError("cannot copy the window"), prepare)
     monkeypatch.setattr(whatif_page._Jobs, "_prepare_advice", flaky)
     at = app_test().run()
-    at.switch_page("page_files/whatif.py").run()  # the page's opening run asks (views.common.opening_tick)
+    at.switch_page("page_files/whatif.py").run()  # the page's opening run only looks (views.common.opening_tick)
+    assert not at.exception, at.exception
+    assert calls == []
+    at.run()  # the next run asks
     assert not at.exception, at.exception  # the copy failed on the page's thread, in ask: an answer, not raised
     assert any("no decision on this window (it failed: MemoryError: cannot copy the window" in c.value
                for c in at.caption), [c.value for c in at.caption]

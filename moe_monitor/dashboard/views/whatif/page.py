@@ -120,13 +120,14 @@ def render(current: PageData, opening: bool = False) -> None:
             before.mean_load_LG[layer], None, None, f"Layer {layer}: mean GPU load per step, current layout "
             "(the what-if layout's beside it once planned)", UNIT), "whatif_bars_current", bars_box)
         _metrics(metrics_box, layout.layout_LP, None, before, None, data, sizes, sizes_note, jobs.redundant)
-    looked = jobs.look()  # then ask for what needs the plan
+    # then ask for what needs the plan; the opening only looks (planning beside it would slow its first chart)
+    looked = jobs.look(ask=not opening)
     if opening:  # the widgets hold their places (their picks are the defaults); they, the plan and the rest next run
         picks_box.container(height=PICKS_PX, border=False).caption(f"Planning inputs: {_picks_line(picks)}")
         layer_box.container(height=LAYER_PX, border=False)
         if looked.waiting:
             notes_box.caption(_waiting_line(looked))
-        if looked.advice_done:  # decided before (cached), or refused: said now
+        if looked.advice is not None or looked.advice_error:  # decided before (cached), or refused: said now
             _advisor_line(advisor_box, looked, data_key, state, view.num_steps)
         with notes_box:
             whole_app_next_tick()
