@@ -96,9 +96,9 @@ docs: venv
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d site
 
 # the previous main, measured beside this tree by the benchmarks that compare (bench.collector --baseline)
-BENCH_BASELINE ?= fd057e1
+BENCH_BASELINE ?= cecf8f4
 # the main before this tree's pages changed: bench.pages shows each page's time to its first chart beside it
-PAGES_BASELINE ?= fd057e1
+PAGES_BASELINE ?= cecf8f4
 bench: venv
 	bash scripts/system-deps.sh --with-browser
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
