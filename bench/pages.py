@@ -36,7 +36,7 @@ import numpy as np
 from moe_monitor import core
 from moe_monitor.demo.localredis import RedisServer, free_port
 from tests.dashboard.blankframes import CHARTS, DRAWN, SAMPLER
-from tests.support.browserkit import CHROMIUM, CHROMIUM_ARGS, STREAMLIT_APP, wait_http
+from tests.support.browserkit import CHROMIUM, CHROMIUM_ARGS, SIDEBAR_WIDGETS, STREAMLIT_APP, wait_http
 
 RUN = "bench-pages"
 PAGES = ("overview", "devices", "experts", "gpus", "time", "what-if")
@@ -56,7 +56,7 @@ ONE_DRAWN = [CHARTS, 1]  # DRAWN's argument: a chart on screen has drawn
 MARK_BEFORE = "(charts) => document.querySelectorAll(charts).forEach(c => { c.dataset.before = '1'; })"
 ONE_DRAWN_SINCE = [CHARTS + ":not([data-before])", 1]
 # the Overview drawn whole (its second run: the sidebar's widgets and the details' expander on screen)
-WHOLE = """() => document.querySelector('[data-testid="stSidebar"] [data-testid="stRadio"]')
+WHOLE = """() => document.querySelector('""" + SIDEBAR_WIDGETS + """')
     && [...document.querySelectorAll('[data-testid="stExpander"]')].some(e => e.textContent.includes('Every figure'))"""
 
 

@@ -25,6 +25,7 @@ from moe_monitor.dashboard.live.watched import RunView
 from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.views import timeline
 from moe_monitor.dashboard.views.session import (
+    REFRESH_S,
     RESOLVED_PHASE,
     STALE_AFTER_S,
     Settings,
@@ -213,7 +214,7 @@ def opening_tick(page: str) -> bool:
     return opened
 
 
-@st.fragment(run_every=1.0)
+@st.fragment(run_every=REFRESH_S)
 def whole_app_next_tick() -> None:
     """Nothing on the run that draws it; on its own first tick a second later, the whole app again: what an
     opening run that left parts undrawn (the sidebar's widgets, the What-if's inputs) calls to draw them."""
