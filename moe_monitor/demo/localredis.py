@@ -27,6 +27,9 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> bool:
     return False
 
 
+PORT_TRIES = 5
+
+
 class RedisServer:
     """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
 
@@ -37,8 +40,17 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
-        self.port = free_port()
         self.password = password
+        for _ in range(PORT_TRIES):  # another process may take the free port before redis-server binds it
+            self.port = free_port()
+            self._start(exe, tmp_dir, password, tls_cert_key, own_session)
+            if self._serving():
+                return
+            self.stop()
+        raise RuntimeError(f"redis-server did not start on a free port in {PORT_TRIES} tries")
+
+    def _start(self, exe: str, tmp_dir, password: str | None, tls_cert_key: tuple[str, str] | None,
+               own_session: bool) -> None:
         args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", str(tmp_dir), "--daemonize", "no", "--loglevel", "warning"]
         if tls_cert_key:
@@ -53,9 +65,20 @@ class RedisServer:
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         if tls_cert_key:
             self.url = f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={tls_cert_key[0]}"
-        if not wait_for_port(self.port):
-            self.stop()
-            raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def _serving(self) -> bool:
+        """Whether the server on the port is this child (not another process that took the port first)."""
+        if not wait_for_port(self.port) or self.proc.poll() is not None:
+            return False
+        client = None
+        try:
+            client = self.client()
+            return int(client.info("server")["process_id"]) == self.proc.pid
+        except Exception:  # noqa: BLE001 (someone else's server: another password, no TLS, not Redis at all)
+            return False
+        finally:
+            if client is not None:
+                client.close()
 
     def client(self):
         from moe_monitor import core

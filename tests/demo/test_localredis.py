@@ -1,0 +1,26 @@
+"""The private redis-server finds a port of its own even when another server takes the free port first."""
+from __future__ import annotations
+
+import itertools
+
+from moe_monitor.demo import localredis
+from moe_monitor.demo.localredis import RedisServer
+
+
+def test_a_port_taken_before_redis_binds_it_is_passed_over(tmp_path, monkeypatch):
+    squatter = RedisServer(tmp_path)
+    real_free_port = localredis.free_port
+    ports = itertools.chain([squatter.port], iter(real_free_port, None))  # the first "free" port is taken
+    monkeypatch.setattr(localredis, "free_port", lambda: next(ports))
+    squatter.client().set("whose", "squatter")
+    try:
+        mine = RedisServer(tmp_path)
+        try:
+            assert mine.port != squatter.port
+            assert int(mine.client().info("server")["process_id"]) == mine.proc.pid
+            assert mine.client().get("whose") is None
+        finally:
+            mine.stop()
+        assert squatter.client().get("whose") == b"squatter"
+    finally:
+        squatter.stop()
