@@ -73,7 +73,7 @@ test: venv system-deps
 	$(PY) -m pytest -q $(PARALLEL) -m "$(FAST)"
 
 # everything CI runs: lint, the docs, every test, the soak test (8 collectors x 50 steps/s x 60 s into one Redis;
-# about 2 minutes), then the engine and framework tests in their own environments (about 3.4 GB; about 8 minutes)
+# about 2 minutes), then the engine and framework tests in their own environments (about 3.4 GB; about 15 minutes)
 test-all: venv system-deps lint docs
 	$(PY) -m pytest -q $(PARALLEL)
 	MOE_SOAK=1 $(PY) -m pytest -q -p no:cacheprovider tests/collectors/test_faults_soak.py
