@@ -1,10 +1,5 @@
 """Compact counts on the wire: the narrowest integer type that holds a record's counts, zstd-compressed where
-that pays (a decode step of 64 tokens x top-8 on 58 x 256 experts: 59,392 bytes as int32, 14,848 as uint8,
-about 6,000 compressed; `make bench` prints the figures).
-
-zstd was measured against lz4 on real-shaped counts (bench/wire.py): at level 1 its records are 0.43-0.68x the
-size of lz4's, for 0.8-2.1x lz4's compression time and 1.7-2.5x its decompression time (tens of microseconds a
-record either way); the bytes are what Redis holds and every reader pulls, so records use zstd.
+that pays (level 1; zstd against lz4 and the bytes a record takes: docs/wire.md, `python -m bench.wire`).
 
 Decoding trusts nothing: the type must be one of COUNT_TYPES, a compressed payload must declare its size in its
 frame header and that size must be exactly the [L, E] cells times the type's width (no decompression bomb),
