@@ -47,7 +47,9 @@ class RedisServer:
             if self._serving():
                 return
             self.stop()
-        raise RuntimeError(f"redis-server did not start on a free port in {PORT_TRIES} tries")
+        code = self.proc.returncode
+        raise RuntimeError(f"redis-server did not start in {PORT_TRIES} tries"
+                           + (f" (it exited with code {code})" if code else ""))
 
     def _start(self, exe: str, tmp_dir, password: str | None, tls_cert_key: tuple[str, str] | None,
                own_session: bool) -> None:
@@ -66,10 +68,12 @@ class RedisServer:
         if tls_cert_key:
             self.url = f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={tls_cert_key[0]}"
 
-    def _serving(self) -> bool:
+    def _serving(self, timeout_s: float = 10.0) -> bool:
         """Whether the server on the port is this child (not another process that took the port first)."""
-        if not wait_for_port(self.port) or self.proc.poll() is not None:
-            return False
+        deadline = time.monotonic() + timeout_s
+        while not wait_for_port(self.port, timeout_s=0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:  # exited: the port taken, a bad option
+                return False
         client = None
         try:
             client = self.client()

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from moe_monitor.demo import localredis
 from moe_monitor.demo.localredis import RedisServer
 
@@ -24,3 +26,9 @@ def test_a_port_taken_before_redis_binds_it_is_passed_over(tmp_path, monkeypatch
         assert squatter.client().get("whose") == b"squatter"
     finally:
         squatter.stop()
+
+
+def test_a_server_that_exits_is_reported_with_its_exit_code(tmp_path):
+    missing = str(tmp_path / "no-such-cert.pem")
+    with pytest.raises(RuntimeError, match=r"did not start in 5 tries \(it exited with code \d+\)"):
+        RedisServer(tmp_path, tls_cert_key=(missing, missing))
