@@ -220,16 +220,18 @@ def test_lapsed_keys_make_room_done_first_never_the_running_one(monkeypatch):
 
 
 def test_a_failure_is_told_afresh_to_each_owner_then_retried():
-    calls = []
+    calls, both_asked = [], threading.Event()
 
     def flaky():
         calls.append(1)
         if len(calls) == 1:
+            assert both_asked.wait(30)  # else b could be told at its first ask, before a is
             raise MemoryError("no room for the copy")
         return "planned"
 
     plan_worker.ask(("plan",), lambda: flaky, owner="a")
     plan_worker.ask(("plan",), lambda: flaky, owner="b")
+    both_asked.set()
     assert plan_worker.wait_idle(30)
     told = plan_worker.ask(("plan",), lambda: flaky, owner="a")
     assert told.done and told.error == plan_worker.Failure("MemoryError", "no room for the copy", refused=False)
