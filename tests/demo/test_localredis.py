@@ -1,4 +1,5 @@
-"""The private redis-server finds a port of its own even when another server takes the free port first."""
+"""The private redis-server takes a port of its own, even when another server takes the free port first, and
+one that cannot start says why."""
 from __future__ import annotations
 
 import itertools
