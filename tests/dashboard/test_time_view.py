@@ -202,7 +202,6 @@ def test_ep_runtime_end_to_end_feeds_the_time_page(redis_url, monkeypatch):
     """The CPU EP runtime (2 ranks, 12 steps, small batches) publishes timings for every step and rank; a
     WatchedRun sees them all and the Time page draws its charts."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "moe_monitor.demo.ep", "--ranks", "2", "--steps", "12", "--seconds", "0",
                            "--batch", "1", "--seq-len", "8", "--redis", redis_url, "--run", "ep-time"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
@@ -219,4 +218,3 @@ def test_ep_runtime_end_to_end_feeds_the_time_page(redis_url, monkeypatch):
     assert np.isfinite(view.layer_TRL).all() and np.isfinite(view.compute_TRL).all()
     at = app(redis_url, monkeypatch, "page_files/time.py")
     assert len(at.get("vega_lite_chart")) == 5 and not at.error
-    assert time.monotonic() - started < 90
