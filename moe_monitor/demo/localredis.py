@@ -46,10 +46,10 @@ class RedisServer:
             self._start(exe, tmp_dir, password, tls_cert_key, own_session)
             if self._serving():
                 return
+            exited = self.proc.poll()  # its own exit, before stop() ends a child that only lost the port
             self.stop()
-        code = self.proc.returncode
         raise RuntimeError(f"redis-server did not start in {PORT_TRIES} tries"
-                           + (f" (it exited with code {code})" if code else ""))
+                           + (f" (it exited with code {exited})" if exited else ""))
 
     def _start(self, exe: str, tmp_dir, password: str | None, tls_cert_key: tuple[str, str] | None,
                own_session: bool) -> None:
@@ -74,15 +74,13 @@ class RedisServer:
         while not wait_for_port(self.port, timeout_s=0.2):
             if self.proc.poll() is not None or time.monotonic() > deadline:  # exited: the port taken, a bad option
                 return False
-        client = None
+        client = self.client()  # lazy: nothing is sent before info()
         try:
-            client = self.client()
             return int(client.info("server")["process_id"]) == self.proc.pid
         except Exception:  # noqa: BLE001 (someone else's server: another password, no TLS, not Redis at all)
             return False
         finally:
-            if client is not None:
-                client.close()
+            client.close()
 
     def client(self):
         from moe_monitor import core
