@@ -106,7 +106,7 @@ PAGES_BASELINE ?= cecf8f4
 bench: venv
 	bash scripts/system-deps.sh --with-browser
 	@export MOE_BENCH_BASELINE=$(BENCH_BASELINE); \
-	for b in collector step_boundary publishing capture_compiled dashboard planner dispatch diagnose traces ep costmodel wire aggregate_tick session_copy scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
+	for b in collector step_boundary publishing capture_compiled dashboard planner dispatch diagnose traces ep costmodel wire aggregate_tick session_copy layout_check scale faults; do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done; \
 	echo "== bench.pages"; $(PY) -m bench.pages --baseline $(PAGES_BASELINE) || exit 1; \
 	echo "== bench.gpu_panel"; $(PY) -m bench.gpu_panel || exit 1; \
 	echo "== bench.vllm_plugin"; if [ -x $(ENGINES)/bin/python ]; then $(ENGINES)/bin/python -m bench.vllm_plugin || exit 1; \

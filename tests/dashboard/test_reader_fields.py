@@ -187,13 +187,10 @@ def test_identical_metadata_bytes_decode_once(redis_url, monkeypatch):
     assert len(calls) == 2 and watched.source.meta().layout.gpus == 8
 
 
-def test_layout_validation_of_a_large_layout_is_fast():
-    import time
-
+def test_a_layout_of_the_whole_cell_budget_is_checked_and_its_bad_layer_named():
     rows = np.tile(np.arange(1024), (1024, 1)).tolist()  # 1024 layers x 1024 slots: the cell budget
-    started = time.perf_counter()
+    # how long the check takes: bench.layout_check
     core.Layout(gpus=8, nodes=1, physical_to_logical_map=rows).validate(1024, 1024)
-    assert time.perf_counter() - started < 1.0
     rows[700][5] = 6
     with pytest.raises(ValueError, match="layer 700"):
         core.Layout(gpus=8, nodes=1, physical_to_logical_map=rows).validate(1024, 1024)
