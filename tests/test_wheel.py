@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from moe_monitor.demo.localredis import free_port
-from tests.support.browserkit import chromium_page, wait_http
+from tests.support.browserkit import PORT, chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,20 +78,11 @@ def test_the_installed_command_lists_its_subcommands(installed):
 @pytest.mark.browser
 def test_the_installed_dashboard_serves_the_overview(installed, tmp_path):
     _, bin_dir, env, _ = installed
-    port = free_port()
-    log = open(tmp_path / "dashboard.log", "w")  # noqa: SIM115 (the child's log, closed below)
-    proc = subprocess.Popen([str(bin_dir / "moe-monitor"), "dashboard", "--port", str(port), "--redis",
-                             f"redis://127.0.0.1:{free_port()}/0"], cwd=tmp_path, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/_stcore/health", 120, proc)
-        with chromium_page(1400, 1000) as page:
-            page.goto(f"http://127.0.0.1:{port}/")
-            page.get_by_role("heading", name="Overview").wait_for(timeout=60_000)
-            page.get_by_text("No Redis reachable").first.wait_for(timeout=60_000)  # the page ran, in its own words
-            assert page.locator('[data-testid="stException"]').count() == 0
-    finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(30)
-        log.close()
+    args = ["dashboard", "--port", PORT, "--redis", f"redis://127.0.0.1:{free_port()}/0"]
+    with serving(args, tmp_path / "dashboard.log", env, ready_s=120, program=str(bin_dir / "moe-monitor"),
+                 cwd=tmp_path) as url, chromium_page(1400, 1000) as page:
+        page.goto(f"{url}/")
+        page.get_by_role("heading", name="Overview").wait_for(timeout=60_000)
+        page.get_by_text("No Redis reachable").first.wait_for(timeout=60_000)  # the page ran, in its own words
+        assert page.locator('[data-testid="stException"]').count() == 0
     assert "127.0.0.1" in (tmp_path / "dashboard.log").read_text()

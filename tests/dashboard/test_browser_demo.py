@@ -11,17 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from moe_monitor.demo.localredis import free_port
-from tests.support.browserkit import SIDEBAR_WIDGETS, chromium_page, serving
+from tests.support.browserkit import PORT, SIDEBAR_WIDGETS, chromium_page, serving
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def demo(tmp_path):
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    with serving(["-m", "moe_monitor", "demo", "--port", str(port)], port, tmp_path / "demo.log", env, ready_s=120) as url:
+    with serving(["-m", "moe_monitor", "demo", "--port", PORT], tmp_path / "demo.log", env, ready_s=120) as url:
         yield url
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from moe_monitor import core
-from moe_monitor.demo.localredis import RedisServer, free_port
+from moe_monitor.demo.localredis import RedisServer
 from tests.dashboard.blankframes import CHARTS, SAMPLER
 from tests.support import synthfill
 from tests.support.browserkit import SIDEBAR_WIDGETS, chromium_page, serving_app
@@ -50,8 +50,7 @@ def live_app(tmp_path):
     writer = threading.Thread(target=_write, args=(server.url, stop, 0), daemon=True)
     try:
         writer.start()
-        port = free_port()
-        with serving_app(port, tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
+        with serving_app(tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
             yield url
     finally:
         stop.set()

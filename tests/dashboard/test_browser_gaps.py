@@ -7,8 +7,7 @@ import os
 
 import pytest
 
-from moe_monitor.demo.localredis import free_port
-from tests.support.browserkit import STREAMLIT_APP, chromium_page, serving
+from tests.support.browserkit import PORT, STREAMLIT_APP, chromium_page, serving
 
 SCRIPT = "tests/support/gapped_charts.py"
 COUNTS = """keys => Object.fromEntries(keys.map(key => {
@@ -22,9 +21,8 @@ DRAWN = """() => [...document.querySelectorAll('[data-testid="stVegaLiteChart"]'
 
 @pytest.mark.browser
 def test_a_hole_splits_every_line_and_a_lone_step_is_a_point(tmp_path):
-    port = free_port()
-    app = [*STREAMLIT_APP[:3], SCRIPT, *STREAMLIT_APP[4:], "--server.port", str(port)]
-    with serving(app, port, tmp_path / "streamlit.log", dict(os.environ)) as url, chromium_page(1400, 2400) as page:
+    app = [*STREAMLIT_APP[:3], SCRIPT, *STREAMLIT_APP[4:], "--server.port", PORT]
+    with serving(app, tmp_path / "streamlit.log", dict(os.environ)) as url, chromium_page(1400, 2400) as page:
         problems: list[str] = []
         page.on("pageerror", lambda exc: problems.append(str(exc)))
         page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from moe_monitor import core
-from moe_monitor.demo.localredis import RedisServer, free_port
+from moe_monitor.demo.localredis import RedisServer
 from tests.dashboard.blankframes import CHARTS, DRAWN, SAMPLER
 from tests.dashboard.test_gpu_panel_every_gpu import SLOTS, nvml_reading
 from tests.support import synthfill
@@ -63,7 +63,7 @@ def live_app(request, tmp_path_factory):
     writer = threading.Thread(target=_write, args=(server.url, gpus, stop), daemon=True)
     try:
         writer.start()
-        with serving_app(free_port(), tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
+        with serving_app(tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
             yield gpus, url
     finally:
         stop.set()

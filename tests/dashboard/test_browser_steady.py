@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from moe_monitor import core
-from moe_monitor.demo.localredis import RedisServer, free_port
+from moe_monitor.demo.localredis import RedisServer
 from tests.dashboard.blankframes import CHARTS, DRAWN, SAMPLER
 from tests.support import synthfill
 from tests.support.browserkit import chromium_page, serving_app
@@ -69,7 +69,7 @@ def live_app(tmp_path_factory):
     writer = threading.Thread(target=_write, args=(server.url, stop), daemon=True)
     try:
         writer.start()
-        with serving_app(free_port(), tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
+        with serving_app(tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
             yield url
     finally:
         stop.set()

@@ -9,7 +9,7 @@ import re
 import pytest
 
 from moe_monitor.demo.localredis import free_port
-from tests.support.browserkit import chromium_page, serving
+from tests.support.browserkit import PORT, chromium_page, serving
 from tests.support.listsource import recording, write_jsonl
 
 STREAMLIT = ["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.headless", "true", "--browser.gatherUsageStats", "false",
@@ -21,9 +21,8 @@ def app_url(tmp_path):
     folder = tmp_path / "recordings"  # the server's log stays out of the trace picker
     folder.mkdir()
     write_jsonl(recording(steps=400, step_s=0.1), folder / "rec.jsonl")
-    port = free_port()
     env = dict(os.environ, MOE_TRACE_DIR=str(folder), REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
-    with serving([*STREAMLIT, "--server.port", str(port)], port, tmp_path / "streamlit.log", env) as url:
+    with serving([*STREAMLIT, "--server.port", PORT], tmp_path / "streamlit.log", env) as url:
         yield url
 
 

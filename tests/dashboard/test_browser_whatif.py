@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect
 
-from moe_monitor.demo.localredis import RedisServer, free_port
-from tests.support.browserkit import chromium_page, serving
+from moe_monitor.demo.localredis import RedisServer
+from tests.support.browserkit import chromium_page, serving_app
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = "whatif-browser"
@@ -32,12 +32,9 @@ def _app(tmp_path, apply_env: dict[str, str]):
     server = RedisServer(tmp_path)
     try:
         fill_with_collector(server.url, RUN, steps=40)
-        port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in APPLY_ENV}
         env.update(REDIS_URL=server.url, **apply_env)
-        with serving(["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.port", str(port), "--server.headless", "true",
-                      "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-                     port, tmp_path / "streamlit.log", env) as url:
+        with serving_app(tmp_path / "streamlit.log", env) as url:
             yield url, server.url
     finally:
         server.stop()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from moe_monitor.collectors.torchtitan import attach
-from moe_monitor.demo.localredis import RedisServer, free_port
+from moe_monitor.demo.localredis import RedisServer
 from tests.frameworks import torchtitan_support as tt
 from tests.support.browserkit import chromium_page, serving_app
 
@@ -32,8 +32,7 @@ def test_a_torchtitan_training_run_shows_live_with_phase_train(tmp_path: Path):
     monitor = attach(model, server.url, run=RUN, optimizers=optimizers)
     try:
         tt.train(model, optimizers, iterations=2, micro_batches=1, seed=5)
-        port = free_port()
-        with serving_app(port, tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url, \
+        with serving_app(tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url, \
                 chromium_page(1500, 1800) as page:
             page.goto(f"{url}/overview")
             page.get_by_text(re.compile(  # the default, auto, opens on the phase the run spends its time in

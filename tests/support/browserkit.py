@@ -1,5 +1,5 @@
-"""What the browser tests share: a server process (the demo or the app) started and stopped with its log,
-waiting for it to answer, and Debian chromium's path and flags."""
+"""What the browser tests share: a server process (the demo or the app) on a port of its own, started and
+stopped with its log, waiting for it to answer, and Debian chromium's path and flags."""
 from __future__ import annotations
 
 import contextlib
@@ -16,44 +16,97 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 # the sidebar's widgets on screen: a new session draws them on its second run (views.sidebar.sidebar)
 SIDEBAR_WIDGETS = '[data-testid="stSidebar"] [data-testid="stRadio"]'
+ROOT = Path(__file__).resolve().parents[2]
+PORT = "{port}"  # in serving()'s arguments: the free port of that try
+PORT_TRIES = 5
 
 
-def wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
-    """Return once url answers 200; RuntimeError if proc exits first, TimeoutError after timeout_s."""
+def listening_inodes(port: int) -> set[str]:
+    """The inodes of the TCP sockets listening on port (IPv4 and IPv6), from /proc/net."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(fields[9])
+    return inodes
+
+
+def group_listens_on(pgid: int, port: int) -> bool:
+    """Whether a process of process group pgid holds a socket listening on port."""
+    held = {f"socket:[{inode}]" for inode in listening_inodes(port)}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[2]) != pgid:  # after the name: state, ppid, pgrp
+                continue
+            if any(os.readlink(fd) in held for fd in (stat.parent / "fd").iterdir()):
+                return True
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+    return False
+
+
+def wait_own_http(url: str, port: int, timeout_s: float, proc: subprocess.Popen) -> bool:
+    """True once url answers 200 from proc's process group; False when another process holds the port (it
+    answers there, or proc exited while it listens); RuntimeError when proc exits with the port free,
+    TimeoutError after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if listening_inodes(port):
+                return False
             raise RuntimeError(f"the server process exited early with code {proc.returncode}")
         try:
             with urllib.request.urlopen(url, timeout=1) as resp:
                 if resp.status == 200:
-                    return
+                    return group_listens_on(proc.pid, port)
         except OSError:
             time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer within {timeout_s} s")
 
 
-ROOT = Path(__file__).resolve().parents[2]
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM proc's process group, SIGKILL after 20 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
-def serving(python_args: list[str], port: int, log_path: Path, env: dict[str, str], ready_s: float = 60):
-    """`python <python_args>` started in the repo root in its own process group, its output in log_path;
-    yields http://127.0.0.1:<port> once /_stcore/health answers, and stops the whole group afterwards
-    (SIGTERM, then SIGKILL after 20 s)."""
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, *python_args], cwd=ROOT, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+def serving(args: list[str], log_path: Path, env: dict[str, str], ready_s: float = 60,
+            program: str | None = None, cwd: Path = ROOT):
+    """`program <args>` (python by default) started in cwd in its own process group, its output in log_path,
+    with PORT in args replaced by a free port; yields http://127.0.0.1:<port> once /_stcore/health answers
+    from that group, and stops the whole group afterwards. Another process may take the free port first: the
+    server then exits or another one answers, and the next try takes another port (PORT_TRIES in all)."""
+    from moe_monitor.demo.localredis import free_port
+
+    for _ in range(PORT_TRIES):
+        port = free_port()
+        with open(log_path, "w") as log:
+            argv = [program or sys.executable, *(arg.replace(PORT, str(port)) for arg in args)]
+            proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
         try:
-            wait_http(f"http://127.0.0.1:{port}/_stcore/health", ready_s, proc)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
+            if wait_own_http(f"http://127.0.0.1:{port}/_stcore/health", port, ready_s, proc):
+                break
+        except BaseException:
+            _stop_group(proc)
+            raise
+        _stop_group(proc)
+    else:
+        raise RuntimeError(f"another process took each of {PORT_TRIES} free ports first: {log_path}")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop_group(proc)
 
 
 STREAMLIT_APP = ["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--server.headless", "true",
@@ -61,9 +114,9 @@ STREAMLIT_APP = ["-m", "streamlit", "run", "moe_monitor/dashboard/app.py", "--se
 
 
 @contextlib.contextmanager
-def serving_app(port: int, log_path: Path, env: dict[str, str]):
-    """serving() of the dashboard app (`streamlit run app.py`, headless, no file watcher) on `port`."""
-    with serving([*STREAMLIT_APP, "--server.port", str(port)], port, log_path, env) as url:
+def serving_app(log_path: Path, env: dict[str, str]):
+    """serving() of the dashboard app (`streamlit run app.py`, headless, no file watcher) on a free port."""
+    with serving([*STREAMLIT_APP, "--server.port", PORT], log_path, env) as url:
         yield url
 
 
@@ -71,13 +124,12 @@ def serving_app(port: int, log_path: Path, env: dict[str, str]):
 def app_on_private_redis(tmp_path: Path, fill):
     """The dashboard app serving a private redis-server (demo.localredis.RedisServer) that fill(server) filled
     first; yields the app's URL."""
-    from moe_monitor.demo.localredis import RedisServer, free_port
+    from moe_monitor.demo.localredis import RedisServer
 
     server = RedisServer(tmp_path)
     try:
         fill(server)
-        port = free_port()
-        with serving_app(port, tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
+        with serving_app(tmp_path / "streamlit.log", dict(os.environ, REDIS_URL=server.url)) as url:
             yield url
     finally:
         server.stop()
