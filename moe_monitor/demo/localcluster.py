@@ -16,7 +16,7 @@ import redis
 from redis.cluster import key_slot
 
 from moe_monitor.demo.children import start_child
-from moe_monitor.demo.localredis import free_port, wait_for_port
+from moe_monitor.demo.localredis import PORT_TRIES, free_port, own_server, wait_for_port
 
 
 class LocalCluster:
@@ -51,21 +51,29 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ starting
     def _start_node(self, exe: str, node_timeout_ms: int) -> None:
-        """One redis-server child on a free client port and a free cluster bus port; waits for its port."""
-        port, bus = free_port(), free_port()
-        folder = self.dir / f"node-{port}"
-        folder.mkdir(parents=True, exist_ok=True)
-        args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                "--cluster-port", str(bus), "--cluster-config-file", f"nodes-{port}.conf",
-                "--cluster-node-timeout", str(node_timeout_ms), "--save", "", "--appendonly", "no",
-                "--repl-diskless-sync-delay", "0", "--dir", str(folder), "--daemonize", "no", "--loglevel", "warning"]
-        if self.password:
-            args += ["--requirepass", self.password, "--masterauth", self.password]
-        self._args[port] = args
-        self._launch(port)
+        """One redis-server child on a free client port and a free cluster bus port, serving on the client port
+        itself; another pair of ports when another process took one first (PORT_TRIES in all)."""
+        for _ in range(PORT_TRIES):
+            port, bus = free_port(), free_port()
+            folder = self.dir / f"node-{port}"
+            folder.mkdir(parents=True, exist_ok=True)
+            args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                    "--cluster-port", str(bus), "--cluster-config-file", f"nodes-{port}.conf",
+                    "--cluster-node-timeout", str(node_timeout_ms), "--save", "", "--appendonly", "no",
+                    "--repl-diskless-sync-delay", "0", "--dir", str(folder), "--daemonize", "no",
+                    "--loglevel", "warning"]
+            if self.password:
+                args += ["--requirepass", self.password, "--masterauth", self.password]
+            proc = start_child(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if own_server(proc, port, self.url_of(port)):
+                self.procs[port], self._args[port] = proc, args
+                return
+            proc.kill()
+            proc.wait()
+        raise RuntimeError(f"redis-server (cluster node) did not start in {PORT_TRIES} tries")
 
     def _launch(self, port: int) -> None:
-        """Start (again) the node of port with its own arguments (its nodes-<port>.conf keeps its identity)."""
+        """Start again the node of port with its own arguments (its nodes-<port>.conf keeps its identity)."""
         self.procs[port] = start_child(self._args[port], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if not wait_for_port(port):
             raise RuntimeError(f"redis-server (cluster node) did not start on port {port}")

@@ -30,6 +30,24 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> bool:
 PORT_TRIES = 5
 
 
+def own_server(proc: subprocess.Popen, port: int, url: str, timeout_s: float = 10.0) -> bool:
+    """Whether the redis-server answering on 127.0.0.1:port (url) is proc, not another process that took the
+    port first; False when proc exits first (the port taken, a bad option) or nothing answers in timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not wait_for_port(port, timeout_s=0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+    import redis  # a plain client: a cluster node is asked before its cluster exists
+
+    client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    try:
+        return int(client.info("server")["process_id"]) == proc.pid
+    except Exception:  # noqa: BLE001 (someone else's server: another password, no TLS, not Redis at all)
+        return False
+    finally:
+        client.close()
+
+
 class RedisServer:
     """A redis-server child process on 127.0.0.1:port, no persistence. `url` for clients."""
 
@@ -44,7 +62,7 @@ class RedisServer:
         for _ in range(PORT_TRIES):  # another process may take the free port before redis-server binds it
             self.port = free_port()
             self._start(exe, tmp_dir, password, tls_cert_key, own_session)
-            if self._serving():
+            if own_server(self.proc, self.port, self.url):
                 return
             exited = self.proc.poll()  # its own exit, before stop() ends a child that only lost the port
             self.stop()
@@ -67,20 +85,6 @@ class RedisServer:
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         if tls_cert_key:
             self.url = f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={tls_cert_key[0]}"
-
-    def _serving(self, timeout_s: float = 10.0) -> bool:
-        """Whether the server on the port is this child (not another process that took the port first)."""
-        deadline = time.monotonic() + timeout_s
-        while not wait_for_port(self.port, timeout_s=0.2):
-            if self.proc.poll() is not None or time.monotonic() > deadline:  # exited: the port taken, a bad option
-                return False
-        client = self.client()  # lazy: nothing is sent before info()
-        try:
-            return int(client.info("server")["process_id"]) == self.proc.pid
-        except Exception:  # noqa: BLE001 (someone else's server: another password, no TLS, not Redis at all)
-            return False
-        finally:
-            client.close()
 
     def client(self):
         from moe_monitor import core

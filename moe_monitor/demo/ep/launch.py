@@ -7,20 +7,14 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 import tempfile
 import time
 from pathlib import Path
 
+from moe_monitor.demo.localredis import free_port
+
 from .config import EPConfig
 from .worker import run_rank
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def launch(cfg: EPConfig, result_dir: str | Path | None = None, timeout_s: float | None = None) -> list[dict]:
