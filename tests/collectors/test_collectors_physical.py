@@ -3,6 +3,8 @@ moe:{R}:physical as the engine gave them, bad input refused with one ValueError 
 queue drops and counts, a run that reports none never writes the stream."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import redis
@@ -80,18 +82,24 @@ def test_a_full_inbox_drops_and_counts(redis_url):
 
 
 class _PartialSink:
-    """Takes physical records; its first write lands only the first of them (PartialWrite), later ones all."""
+    """Takes physical records; its first write of more than one lands only the first of them (PartialWrite),
+    every other write all. No write ends before the test has submitted every record (`submitted`), so a
+    write of more than one comes whatever the threads' timing."""
 
     name, keeps_health = "partial", False  # the publisher's own errors stay in last_error
 
     def __init__(self):
         self.steps: list[int] = []
         self.calls = 0
+        self.refused = False
+        self.submitted = threading.Event()
 
     def write(self, records, samples, health, layouts=(), physical=()):
         from moe_monitor.collectors.sinks import PartialWrite
+        self.submitted.wait(10)
         self.calls += 1
-        if self.calls == 1 and len(physical) > 1:
+        if not self.refused and len(physical) > 1:
+            self.refused = True
             self.steps.append(physical[0].step)
             raise PartialWrite("1 of 2 commands: OOM", frozenset(), True, physical_landed=frozenset({0}))
         self.steps += [rec.step for rec in physical]
@@ -101,7 +109,6 @@ class _PartialSink:
 
 
 def test_what_landed_of_a_partial_write_is_not_sent_again():
-    import threading
     import time
 
     from moe_monitor.collectors.physical import PhysicalJob
@@ -114,6 +121,7 @@ def test_what_landed_of_a_partial_write_is_not_sent_again():
                                         source="engine", counts=np.ones((2, 4), dtype=np.int32)))
     pub.submit_physical(PhysicalJob(run="pw", step=9, rank=0, time_s=1.0, gpus=2, instance="i", source="engine",
                                     counts=-np.ones((2, 4), dtype=np.int32)))  # refused on the publisher thread
+    sink.submitted.set()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and len(sink.steps) < 3:
         threading.Event().wait(0.02)
