@@ -150,15 +150,29 @@ class ClusterBatch(QueuedCommands):
                 except RedisClusterException as exc:
                     command.result = _as_redis_error(exc)
         replies = [command.result for command in stack]
-        if any(isinstance(reply, _REMAP) for reply in replies):
-            self._remap()
+        failed = [command for command in stack if isinstance(command.result, _REMAP)]
+        if failed:
+            self._remap(failed[0])
         return replies
 
-    def _remap(self) -> None:
+    def _remap(self, failed: PipelineCommand | None = None) -> None:
         """Read the slot map again (CLUSTER SLOTS from a node that answers); when none does, the next command
-        tries again anyway."""
+        tries again anyway. failed: a command whose node did not answer; that node is asked last (redis-py's
+        last_failed_node_name, where it has one), so a stalled node costs a write one socket timeout, not two."""
+        manager = self._cluster.nodes_manager
+        name = None
+        if failed is not None:
+            with contextlib.suppress(Exception):
+                slot = self._cluster.determine_slot(*failed.args)
+                name = None if slot is None else manager.get_node_from_slot(slot).name
         with contextlib.suppress(Exception):
-            self._cluster.nodes_manager.initialize()
+            if name is None:
+                manager.initialize()
+                return
+            try:
+                manager.initialize(last_failed_node_name=name)
+            except TypeError:  # an older redis-py has no such argument: the nodes in its own order
+                manager.initialize()
 
 
 class AutoClient:
