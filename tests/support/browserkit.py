@@ -18,7 +18,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 SIDEBAR_WIDGETS = '[data-testid="stSidebar"] [data-testid="stRadio"]'
 ROOT = Path(__file__).resolve().parents[2]
 PORT = "{port}"  # in serving()'s arguments: the free port of that try
-PORT_TRIES = 5
 
 
 def listening_inodes(port: int) -> set[str]:
@@ -85,11 +84,12 @@ def serving(args: list[str], log_path: Path, env: dict[str, str], ready_s: float
     """`program <args>` (python by default) started in cwd in its own process group, its output in log_path,
     with PORT in args replaced by a free port; yields http://127.0.0.1:<port> once /_stcore/health answers
     from that group, and stops the whole group afterwards. Another process may take the free port first: the
-    server then exits or another one answers, and the next try takes another port (PORT_TRIES in all)."""
-    from moe_monitor.demo.localredis import free_port
+    server then exits or another one answers, and the next try takes another port (localredis.PORT_TRIES in
+    all)."""
+    from moe_monitor.demo import localredis  # looked up at each call: a test may replace its free_port
 
-    for _ in range(PORT_TRIES):
-        port = free_port()
+    for _ in range(localredis.PORT_TRIES):
+        port = localredis.free_port()
         with open(log_path, "w") as log:
             argv = [program or sys.executable, *(arg.replace(PORT, str(port)) for arg in args)]
             proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -102,7 +102,7 @@ def serving(args: list[str], log_path: Path, env: dict[str, str], ready_s: float
             raise
         _stop_group(proc)
     else:
-        raise RuntimeError(f"another process took each of {PORT_TRIES} free ports first: {log_path}")
+        raise RuntimeError(f"another process took each of {localredis.PORT_TRIES} free ports first: {log_path}")
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
