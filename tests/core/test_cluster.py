@@ -215,7 +215,10 @@ def test_failover_mid_run_loses_only_counted_in_flight_steps(failover_cluster, s
     assert stats["sinks"]["redis"]["max_write_s"] <= 2 * timeout_s + 0.5, stats  # as test_faults bounds it
     live = core.connect(cluster.url_of(new))  # cluster.url may name the node that failed
     stream = [core.decode_step(f).step for _, f in live.xrange(core.steps_key(run))]
-    assert stream == sorted(stream)  # what was retried landed in step order
+    # a batch the old master ran and passed on but never answered is written again (docs/wire.md, Duplicates;
+    # the readers skip it): the first landing of each step is in step order
+    firsts = list(dict.fromkeys(stream))
+    assert firsts == sorted(firsts)  # what was retried landed in step order
 
     got = _window_steps(watched)
     for step, counts_LE in got.items():
