@@ -1,4 +1,4 @@
-"""core.packed.PackedPipeline (AutoClient.batch() on a single Redis) against the tests' real redis-server: the
+"""core.client.PackedPipeline (AutoClient.batch() on a single Redis) against the tests' real redis-server: the
 replies are redis-py's pipeline's, in order, a refused command in its place; a connection left with an unread
 reply is never used again."""
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from moe_monitor import core
-from moe_monitor.core import packed as packed_module
-from moe_monitor.core.packed import PackedPipeline
+from moe_monitor.core import client as client_module
+from moe_monitor.core.client import PackedPipeline
 from moe_monitor.core.runwrite import queue_batch, queue_xadd
 
 
@@ -94,7 +94,7 @@ def test_a_step_batch_lands_as_the_readers_decode_it(redis_url, monkeypatch, hir
     """What RedisSink sends through batch(): a batch's XADDs of encoded steps (core.runwrite.queue_batch), then a
     plain command, packed by hiredis or by redis-py's packer; read back with core.decode_step."""
     if not hiredis_packer:
-        monkeypatch.setattr(packed_module, "_hiredis_pack", None)
+        monkeypatch.setattr(client_module, "_hiredis_pack", None)
     client = core.connect(redis_url, timeout_s=2.0)
     try:
         many = [core.StepRecord(run="packed", rank=1, world_size=2, step=step, time_s=1.0 + step, phase="decode",
