@@ -251,9 +251,9 @@ class ClusterBatch(QueuedCommands):
                 except RedisClusterException as exc:
                     command.result = _as_redis_error(exc)
         replies = [command.result for command in stack]
-        failed = [command for command in stack if isinstance(command.result, _REMAP)]
-        if failed:
-            self._remap(failed[0])
+        failed = next((command for command in stack if isinstance(command.result, _REMAP)), None)
+        if failed is not None:
+            self._remap(failed)
         return replies
 
     def _remap(self, failed: PipelineCommand | None = None) -> None:
