@@ -2,30 +2,22 @@
 as many seconds of history while Redis is down as a slow one, and never more than queue_bytes of records."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from moe_monitor import core
-from tests.collectors.test_faults import _monitor, _records, _steps, server  # noqa: F401 (server: a fixture)
+from tests.collectors.test_faults import (
+    _monitor,
+    _records,
+    _steps,
+    _steps_within_slots,
+    server,  # noqa: F401 (a fixture)
+)
 from tests.support.waiting import wait_until
 
 
 def _record(step: int, time_s: float, num_layers: int = 2, num_experts: int = 8) -> core.StepRecord:
     return core.StepRecord(run="q", rank=0, world_size=1, step=step, time_s=time_s, phase="decode", tokens=1,
                            counts_LE=np.zeros((num_layers, num_experts), np.int32))
-
-
-def _steps_within_slots(mon, count: int, rate_hz: float) -> None:
-    """`count` steps at about rate_hz, each once the publisher has a host slot free: on a busy machine its thread
-    can fall 256 slots (256 ms at this rate) behind, and a step that finds no slot is dropped by design (the
-    model never waits), which is not what the queue's tests are about."""
-    period, due = 1.0 / rate_hz, time.monotonic()
-    for _ in range(count):
-        assert wait_until(lambda: len(mon._free_slots) > 0)
-        _steps(mon, 1, 1e9)
-        due += period
-        time.sleep(max(0.0, due - time.monotonic()))
 
 
 def test_a_fast_loop_keeps_its_outage_by_default(server):  # noqa: F811
