@@ -36,7 +36,7 @@ def _steps(mon: ExpertLoadMonitor, count: int, rate_hz: float) -> None:
             time.sleep(delay)
 
 
-def _steps_within_slots(mon, count: int, rate_hz: float) -> None:
+def _steps_within_slots(mon: ExpertLoadMonitor, count: int, rate_hz: float) -> None:
     """`count` steps at about rate_hz, each once the publisher has a host slot free: on a busy machine its thread
     can fall all 256 slots behind, and a step that finds no slot is dropped by design (the model never waits),
     which is not what the queue's tests are about."""
