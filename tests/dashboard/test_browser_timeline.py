@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -39,24 +40,25 @@ def test_overview_answers_at_its_own_path(app_url):
         assert page.locator('[data-testid="stException"]').count() == 0
 
 
-def _toggle(page, name: str, then: str, tries: int = 3) -> None:
-    """Click button `name` until button `then` shows. A click that lands while the page reruns can be lost on a
-    loaded machine, but a click repeated while the first one's rerun is still going toggles twice: a click is
-    only repeated once the app is idle (no running indicator) and `then` has still not shown."""
+def _press(page, name: str, says: str, tries: int = 3) -> None:
+    """Click button `name` until the replay line says `says` ("playing" or "paused"). A click that lands while
+    the page reruns can be lost on a loaded machine: it is repeated once the app is idle (no running indicator)
+    and the line still does not say it."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     running = page.locator('[data-testid="stStatusWidget"]')
+    line = page.locator('[data-testid="stMarkdown"]', has_text=re.compile(rf"Replay window: .* · {says}"))
     for _ in range(tries):
-        if page.get_by_role("button", name=then).count():
+        if line.count():
             return
-        page.get_by_role("button", name=name).click()
+        page.get_by_role("button", name=name, exact=True).click()
         try:
-            page.get_by_role("button", name=then).wait_for(timeout=60_000)
+            line.first.wait_for(timeout=60_000)
             return
         except PlaywrightTimeout:
             running.first.wait_for(state="hidden", timeout=120_000)  # the rerun ended; was the click lost?
             continue
-    raise AssertionError(f"{then!r} never showed after {tries} clicks on {name!r}")
+    raise AssertionError(f"the replay line never said {says!r} after {tries} clicks on {name!r}")
 
 
 def _set_width(page, steps: int, shows, tries: int = 3) -> None:
@@ -87,9 +89,9 @@ def _label_text(page) -> str:
     return page.get_by_text(re.compile(r"Replay window: steps \d+–\d+")).first.inner_text()
 
 
-def _wait_label(page, ok, what: str, timeout_s: float = 90.0) -> tuple[int, int]:
+def _wait_label(page, ok, what: str, timeout_s: float = 90.0, log: Path | None = None) -> tuple[int, int]:
     """The replay label once ok(label) holds (read every 0.25 s): a condition, never a fixed wait, so a slow
-    machine only makes it take longer."""
+    machine only makes it take longer. On failure it says what the page showed and ends with the server's log."""
     import time
 
     deadline, seen = time.monotonic() + timeout_s, None
@@ -101,12 +103,15 @@ def _wait_label(page, ok, what: str, timeout_s: float = 90.0) -> tuple[int, int]
         if seen is not None and ok(seen):
             return seen
         page.wait_for_timeout(250)
-    try:  # "· playing" or "· paused", and whether a run is under way: what stopped it
+    try:  # "· playing" or "· paused", how many labels, whether a run is under way: what stopped it
         running = page.locator('[data-testid="stStatusWidget"]').count() > 0
-        said = f"{_label_text(page)!r}; a run under way: {running}"
+        labels = page.get_by_text(re.compile(r"Replay window: steps")).count()
+        line = page.locator('[data-testid="stMarkdown"]', has_text="Replay window").first.inner_text()
+        said = f"{line!r}; {labels} label(s); a run under way: {running}"
     except Exception as exc:
         said = f"no label ({exc})"
-    raise AssertionError(f"{what}: the label read {seen} ({said})")
+    tail = "" if log is None else "\nthe server's log, its end:\n" + "\n".join(log.read_text().splitlines()[-60:])
+    raise AssertionError(f"{what}: the label read {seen} ({said}){tail}")
 
 
 @pytest.mark.browser
@@ -116,12 +121,13 @@ def test_a_trace_plays_and_the_step_label_advances(app_url, tmp_path):
         page.get_by_text("Trace file").first.click()
         page.get_by_text(re.compile(r"Replay window: steps")).first.wait_for(timeout=60_000)
         _set_width(page, 50, re.compile(r"Replay window: steps 350–399"))
-        _toggle(page, "▶ play", "⏸ pause")  # at the end: starts again from the beginning, at 1x
-        first = _wait_label(page, lambda s: s[0] < 300, "play did not start again from the beginning")
+        _press(page, "▶ play", "playing")  # at the end: starts again from the beginning, at 1x
+        log = tmp_path / "streamlit.log"
+        first = _wait_label(page, lambda s: s[0] < 300, "play did not start again from the beginning", log=log)
         assert first[1] - first[0] == 49, first
-        later = _wait_label(page, lambda s: s[0] > first[0], "the label did not advance while playing")
+        later = _wait_label(page, lambda s: s[0] > first[0], "the label did not advance while playing", log=log)
         assert later[1] - later[0] == 49, (first, later)
-        _toggle(page, "⏸ pause", "▶ play")
+        _press(page, "⏸ pause", "paused")
         # paused: a tick already under way may still land once; then the label holds
         recent: list[tuple[int, int]] = []
 
@@ -129,7 +135,7 @@ def test_a_trace_plays_and_the_step_label_advances(app_url, tmp_path):
             recent.append(label)
             return len(recent) >= 8 and len(set(recent[-8:])) == 1
 
-        held = _wait_label(page, settled, "the label did not settle after pause")
+        held = _wait_label(page, settled, "the label did not settle after pause", log=log)
         page.wait_for_timeout(2500)  # nothing may move it now: a longer wait on a slower machine changes nothing
         assert _label(page) == held
         assert page.locator('[data-testid="stException"]').count() == 0

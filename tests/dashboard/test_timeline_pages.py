@@ -5,11 +5,13 @@ paused while steps keep arriving in Redis, and resumed with nothing lost; the st
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from moe_monitor import core
+from moe_monitor.dashboard.live import playback
 from moe_monitor.dashboard.live.watched import WatchedRun
 from moe_monitor.dashboard.sources.base import is_seekable
 from moe_monitor.dashboard.sources.trace import TraceSource
@@ -119,10 +121,31 @@ def test_play_advances_the_window(replay_app):
     _ok(at.run())
     after = _window(at)
     assert after[0] > before[0] and after[2] == before[2]
-    _ok(at.button(key="timeline_play").click().run())  # pause
+    _ok(at.button(key="timeline_pause").click().run())
     held = _window(at)
     _ok(at.run())
     assert _window(at) == held
+
+
+def test_a_click_delivered_twice_plays_once_and_pauses_once():
+    """Streamlit can deliver one click twice (a run_every tick that fires between the click and the browser's
+    flush of it carries the click too): the second delivery changes nothing, where a toggle undid the first."""
+    import streamlit as st
+
+    tl = recording().timeline()
+    state = timeline._Replay(("a recording",), SimpleNamespace(timeline=tl), playback.initial(tl, WIDTH))
+    st.session_state["timeline"] = state
+    try:
+        timeline._on_play()
+        played = state.pb
+        timeline._on_play()
+        assert played.playing and state.pb == played
+        timeline._on_replay_pause()
+        paused = state.pb
+        timeline._on_replay_pause()
+        assert not paused.playing and state.pb == paused and (paused.first, paused.last) == (played.first, played.last)
+    finally:
+        del st.session_state["timeline"]
 
 
 def test_the_staleness_figure_on_experts_and_whatif(replay_app):

@@ -108,18 +108,20 @@ def _draw(state: _Replay, cfg: Settings) -> None:
             st.slider(RANGE_LABEL, min_value=int(step_T[0]), max_value=int(step_T[-1]),
                       key=key, on_change=_on_range, args=(shown,), label_visibility="collapsed",
                       help="Every page analyses the steps of this range. Drag either end, or the range.")
-        cols = st.columns([1, 1, 1, 2, 2, 2])
+        cols = st.columns([1, 1, 1, 1, 3, 2, 2])
         cols[0].button("◀ step", key="timeline_back", on_click=_on_shift, args=(-1,), help="One step back")
-        cols[1].button("⏸ pause" if pb.playing else "▶ play", key="timeline_play", on_click=_on_play)
-        cols[2].button("step ▶", key="timeline_forward", on_click=_on_shift, args=(1,), help="One step forward")
+        # both always drawn, neither a toggle: a click delivered twice plays (or pauses) once
+        cols[1].button("▶ play", key="timeline_play", on_click=_on_play, disabled=pb.playing)
+        cols[2].button("⏸ pause", key="timeline_pause", on_click=_on_replay_pause, disabled=not pb.playing)
+        cols[3].button("step ▶", key="timeline_forward", on_click=_on_shift, args=(1,), help="One step forward")
         if _SPEED not in st.session_state:
             st.session_state[_SPEED] = pb.speed
-        cols[3].radio("speed", playback.SPEEDS, key=_SPEED, horizontal=True, on_change=_on_speed,
+        cols[4].radio("speed", playback.SPEEDS, key=_SPEED, horizontal=True, on_change=_on_speed,
                       label_visibility="collapsed", help="1x: the recording's own pace; 10x; max: as fast as "
                       "the page renders (a tenth of the window per frame)")
-        cols[4].button("worst step", key="timeline_worst", on_click=_on_worst,
+        cols[5].button("worst step", key="timeline_worst", on_click=_on_worst,
                        help="Centre the window on the step with the lowest balancedness (of the phase in view)")
-        cols[5].button("next rebalance", key="timeline_rebalance", on_click=_on_rebalance,
+        cols[6].button("next rebalance", key="timeline_rebalance", on_click=_on_rebalance,
                        help="Centre the window on the next layout change (an engine rebalance or an applied layout)")
         note = st.session_state.get(_NOTE)  # an answer stays until the next move
         if note:
@@ -160,15 +162,21 @@ def _on_shift(by: int) -> None:
 
 
 def _on_play() -> None:
+    """Play; nothing when already playing. Streamlit can deliver one click twice (a run_every tick that fires
+    between the click and the browser's flush of it carries the click too), so neither button toggles."""
     st.session_state.pop(_NOTE, None)
     state = _state()
-    if state is None:
-        return
-    if state.pb.playing:
-        state.pb = replace(state.pb, playing=False)
-    else:
+    if state is not None and not state.pb.playing:
         state.pb = playback.play(state.pb, state.replay.timeline)
         state.clock_s = time.monotonic()
+
+
+def _on_replay_pause() -> None:
+    """Pause the replay; nothing when already paused (see _on_play)."""
+    st.session_state.pop(_NOTE, None)
+    state = _state()
+    if state is not None and state.pb.playing:
+        state.pb = replace(state.pb, playing=False)
 
 
 def _on_speed() -> None:
