@@ -30,6 +30,17 @@ def app_url(tmp_path: Path):
         yield url
 
 
+def _wait_text(page, text: str, where) -> None:
+    """Wait until `text` shows; the steps in view can still be arriving when the caption is first drawn (the
+    window fills over the first ticks), so the caption's count is waited for, never read at one moment."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.get_by_text(text).first.wait_for(timeout=60_000)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{text!r} never showed; the caption read {where.first.inner_text()!r}") from None
+
+
 @pytest.mark.browser
 def test_overview_shows_the_per_step_tails_and_whatif_the_policies(app_url, tmp_path):
     with chromium_page(1500, 2600) as page:
@@ -39,7 +50,9 @@ def test_overview_shows_the_per_step_tails_and_whatif_the_policies(app_url, tmp_
         page.get_by_text("Every figure:", exact=False).first.click(timeout=90_000)  # one click down
         page.get_by_text("step imbalance p99").wait_for(timeout=90_000)
         page.get_by_text("expert skew p99").first.wait_for(timeout=30_000)
-        page.get_by_text("Per-step figures under dispatch policy").wait_for(timeout=30_000)
+        caption = page.get_by_text("Per-step figures under dispatch policy")
+        caption.wait_for(timeout=30_000)
+        _wait_text(page, "(the run's), over 40 of 40 steps", caption)  # the caption first drawn may count fewer
         assert page.get_by_text("(the run's), over 40 of 40 steps").count() == 1
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(tmp_path / "overview-tails.png"), full_page=True)
