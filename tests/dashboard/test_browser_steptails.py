@@ -31,8 +31,9 @@ def app_url(tmp_path: Path):
 
 
 def _wait_text(page, text: str, where) -> None:
-    """Wait until `text` shows; the steps in view can still be arriving when the caption is first drawn (the
-    window fills over the first ticks), so the caption's count is waited for, never read at one moment."""
+    """Wait until `text` shows: until the run that the phase click started has redrawn the details, they still
+    show the phase before (one of the fill's two alternating phases, half the steps), so the caption's count
+    is waited for, never read at one moment."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
@@ -52,7 +53,7 @@ def test_overview_shows_the_per_step_tails_and_whatif_the_policies(app_url, tmp_
         page.get_by_text("expert skew p99").first.wait_for(timeout=30_000)
         caption = page.get_by_text("Per-step figures under dispatch policy")
         caption.wait_for(timeout=30_000)
-        _wait_text(page, "(the run's), over 40 of 40 steps", caption)  # the caption first drawn may count fewer
+        _wait_text(page, "(the run's), over 40 of 40 steps", caption)
         assert page.get_by_text("(the run's), over 40 of 40 steps").count() == 1
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(tmp_path / "overview-tails.png"), full_page=True)
