@@ -47,7 +47,7 @@ def _press(page, name: str, says: str, tries: int = 3) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     running = page.locator('[data-testid="stStatusWidget"]')
-    line = page.locator('[data-testid="stMarkdown"]', has_text=re.compile(rf"Replay window: .* · {says}"))
+    line = _line(page, f"· {says}")
     for _ in range(tries):
         if line.count():
             return
@@ -59,6 +59,11 @@ def _press(page, name: str, says: str, tries: int = 3) -> None:
             running.first.wait_for(state="hidden", timeout=120_000)  # the rerun ended; was the click lost?
             continue
     raise AssertionError(f"the replay line never said {says!r} after {tries} clicks on {name!r}")
+
+
+def _line(page, says: str = ""):
+    """The replay line ("Replay window: steps A–B ... · playing" or "· paused"), the one that says `says`."""
+    return page.locator('[data-testid="stMarkdown"]', has_text=re.compile(rf"Replay window: .*{says}"))
 
 
 def _set_width(page, steps: int, shows, tries: int = 3) -> None:
@@ -106,7 +111,7 @@ def _wait_label(page, ok, what: str, timeout_s: float = 90.0, log: Path | None =
     try:  # "· playing" or "· paused", how many labels, whether a run is under way: what stopped it
         running = page.locator('[data-testid="stStatusWidget"]').count() > 0
         labels = page.get_by_text(re.compile(r"Replay window: steps")).count()
-        line = page.locator('[data-testid="stMarkdown"]', has_text="Replay window").first.inner_text()
+        line = _line(page).first.inner_text()
         said = f"{line!r}; {labels} label(s); a run under way: {running}"
     except Exception as exc:
         said = f"no label ({exc})"

@@ -134,7 +134,7 @@ def test_a_click_delivered_twice_plays_once_and_pauses_once():
 
     tl = recording().timeline()
     state = timeline._Replay(("a recording",), SimpleNamespace(timeline=tl), playback.initial(tl, WIDTH))
-    st.session_state["timeline"] = state
+    st.session_state[timeline._STATE] = state
     try:
         timeline._on_play()
         played = state.pb
@@ -145,7 +145,7 @@ def test_a_click_delivered_twice_plays_once_and_pauses_once():
         timeline._on_replay_pause()
         assert not paused.playing and state.pb == paused and (paused.first, paused.last) == (played.first, played.last)
     finally:
-        del st.session_state["timeline"]
+        del st.session_state[timeline._STATE]
 
 
 def test_the_staleness_figure_on_experts_and_whatif(replay_app):
